@@ -1,0 +1,106 @@
+"""The ``file`` backend: bare paths, ``file:`` URLs, and ``-`` for stdin/stdout.
+
+Paths are taken verbatim: spaces, ``#`` and ``?`` are part of the file name,
+and ``file:`` URLs are not percent-decoded (as in webdataset).
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import os
+import sys
+from typing import IO, Iterator, Optional
+
+from wds_cloud.atomic import AtomicFile
+from wds_cloud.backend import Backend, ObjectInfo
+from wds_cloud.errors import ShardNotFoundError
+from wds_cloud.hookspecs import hookimpl
+
+
+def local_path(url: str) -> str:
+    """The filesystem path of a bare path or ``file:`` URL."""
+    url = os.fspath(url)
+    if url.startswith("file://"):
+        rest = url[7:]
+        return rest[len("localhost"):] if rest.startswith("localhost/") else rest
+    if url.startswith("file:"):
+        return url[5:]
+    return url
+
+
+class _Unclosable(io.RawIOBase):
+    """stdin/stdout as a stream whose close() leaves the process's own stream open."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def readable(self) -> bool:
+        return self._stream.readable()
+
+    def writable(self) -> bool:
+        return self._stream.writable()
+
+    def readinto(self, buffer) -> int:
+        data = self._stream.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def write(self, data) -> int:
+        return self._stream.write(data)
+
+    def close(self) -> None:
+        if self._stream.writable():
+            self._stream.flush()
+        super().close()
+
+
+class FileBackend(Backend):
+    scheme = "file"
+
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None) -> IO[bytes]:
+        if url == "-":
+            stream = io.BufferedReader(_Unclosable(sys.stdin.buffer))
+            if offset:
+                stream.read(offset)
+            return stream
+        path = local_path(url)
+        try:
+            stream = open(path, "rb", buffering=bufsize or self.settings.bufsize)
+        except FileNotFoundError as exc:
+            raise ShardNotFoundError(
+                f"{url}: no such file (looked for {os.path.abspath(path)!r}); "
+                "check the path and the shard spec's brace ranges", url=url,
+            ) from exc
+        except IsADirectoryError as exc:
+            raise ShardNotFoundError(f"{url}: is a directory, not a shard file", url=url) from exc
+        if offset:
+            stream.seek(offset)
+        return stream
+
+    def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
+        if url == "-":
+            return io.BufferedWriter(_Unclosable(sys.stdout.buffer))
+        return AtomicFile(local_path(url), bufsize or self.settings.bufsize)
+
+    def stat(self, url: str) -> ObjectInfo:
+        try:
+            st = os.stat(local_path(url))
+        except FileNotFoundError as exc:
+            raise ShardNotFoundError(f"{url}: no such file", url=url) from exc
+        return ObjectInfo(url, st.st_size, f"{st.st_mtime_ns:x}-{st.st_size:x}")
+
+    def list(self, prefix: str) -> Iterator[str]:
+        path = local_path(prefix)
+        scheme_prefix = prefix[: len(prefix) - len(path)]
+        if os.path.isdir(path):
+            for name in sorted(os.listdir(path)):
+                yield scheme_prefix + os.path.join(path, name)
+            return
+        for name in sorted(glob.glob(glob.escape(path) + "*")):
+            yield scheme_prefix + name
+
+
+@hookimpl(trylast=True)
+def wds_cloud_register_backends(register) -> None:
+    register("file", FileBackend, description="local files, file: URLs, and - for stdin/stdout")

@@ -1,0 +1,41 @@
+"""The ``pipe`` backend: ``pipe:COMMAND`` reads the command's stdout or writes its stdin."""
+
+from __future__ import annotations
+
+from typing import IO, Optional
+
+from wds_cloud.backend import Backend
+from wds_cloud.errors import ConfigError
+from wds_cloud.hookspecs import hookimpl
+from wds_cloud.pipes import Pipe
+from wds_cloud.security import check_pipe
+
+
+class PipeBackend(Backend):
+    scheme = "pipe"
+
+    def _command(self, url: str) -> str:
+        check_pipe(url, self.settings)
+        command = url[len("pipe:"):]
+        if not command.strip():
+            raise ConfigError(f"{url!r} has no command: write pipe:COMMAND, e.g. 'pipe:cat shard.tar'", url=url)
+        return command
+
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None) -> IO[bytes]:
+        pipe = Pipe(self._command(url), "rb", bufsize or self.settings.bufsize, url=url)
+        if offset:  # a command's output cannot seek: skip what was asked to be skipped
+            remaining = offset
+            while remaining > 0:
+                chunk = pipe.read(min(remaining, 1 << 20))
+                if not chunk:
+                    break
+                remaining -= len(chunk)
+        return pipe
+
+    def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
+        return Pipe(self._command(url), "wb", bufsize or self.settings.bufsize, url=url)
+
+
+@hookimpl(trylast=True)
+def wds_cloud_register_backends(register) -> None:
+    register("pipe", PipeBackend, description="a shell command's stdout (read) or stdin (write)")

@@ -1,0 +1,76 @@
+"""What a storage backend provides: the contract every plugin's backend follows.
+
+A backend object is made by the factory a plugin registers, one per
+(scheme, storage options) pair, and is shared by all opens in a process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from typing import IO, Iterator, Optional, Sequence
+
+from .config import Settings
+from .errors import MissingExtraError
+
+__all__ = ["Backend", "ObjectInfo", "missing_modules", "require"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectInfo:
+    """What ``stat`` tells: the size in bytes and, where the store has one, a version tag."""
+
+    url: str
+    size: Optional[int]
+    version: Optional[str] = None
+
+
+def missing_modules(modules: Sequence[str]) -> list[str]:
+    """The names in ``modules`` that cannot be imported here."""
+    missing = []
+    for name in modules:
+        try:
+            if importlib.util.find_spec(name) is None:
+                missing.append(name)
+        except (ImportError, ValueError):
+            missing.append(name)
+    return missing
+
+
+def require(scheme: str, modules: Sequence[str], extra: Optional[str]) -> None:
+    """Raise :class:`MissingExtraError` with the install line if a module is missing."""
+    missing = missing_modules(modules)
+    if missing:
+        hint = f"pip install 'wds_cloud[{extra}]'" if extra else f"pip install {' '.join(missing)}"
+        raise MissingExtraError(f"{scheme}:// needs {', '.join(missing)}: {hint}")
+
+
+class Backend:
+    """Base class for backends.  Subclasses override what their store supports.
+
+    ``open_read`` returns a binary file object streaming from ``offset``;
+    ``open_write`` returns one whose ``close()`` publishes the object and whose
+    ``abort()`` (or leaving a ``with`` block by an exception) discards it;
+    ``stat`` returns an :class:`ObjectInfo`; ``list`` yields the URLs under a prefix.
+    """
+
+    scheme = ""
+
+    def __init__(self, settings: Settings, **storage_options: object) -> None:
+        self.settings = settings
+        self.storage_options = storage_options
+
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None) -> IO[bytes]:
+        raise NotImplementedError(f"{self.scheme}: backend cannot read")
+
+    def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
+        raise NotImplementedError(f"{self.scheme}: backend cannot write")
+
+    def stat(self, url: str) -> ObjectInfo:
+        raise NotImplementedError(f"{self.scheme}: backend cannot stat")
+
+    def list(self, prefix: str) -> Iterator[str]:
+        raise NotImplementedError(f"{self.scheme}: backend cannot list")
+
+    def __repr__(self) -> str:  # never show storage options: they may hold credentials
+        return f"<{type(self).__name__} scheme={self.scheme!r}>"

@@ -1,0 +1,76 @@
+"""The ``wds-cloud`` command line: ``backends`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from . import __version__, config
+
+__all__ = ["main"]
+
+
+def _backends(args: argparse.Namespace) -> int:
+    from .registry import get_registry
+
+    registry = get_registry(config.current())
+    rows = [("SCHEME", "PLUGIN", "DISTRIBUTION", "STATUS")]
+    for scheme in registry.schemes():
+        claim = registry.claims[scheme]
+        missing = claim.missing()
+        status = "ready" if not missing else f"needs {claim.install_hint()}"
+        rows.append((f"{scheme}:", claim.plugin, claim.distribution or "-", status))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:3])) + "  " + row[3])
+    if registry.skipped:
+        print(f"\nplugins disabled by WDS_PLUGINS/WDS_DISABLE_PLUGINS: {', '.join(registry.skipped)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="wds-cloud",
+        description="Stream WebDataset tar shards from local disk, pipes and object stores.",
+        epilog="Run 'wds-cloud COMMAND --help' for a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"wds-cloud {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    backends = commands.add_parser(
+        "backends", help="list the URL schemes, the plugin providing each, and whether it is ready",
+        description="List every URL scheme the installed plugins provide, the plugin and distribution "
+                    "behind it, and whether it is ready or which extra it needs.",
+    )
+    backends.set_defaults(func=_backends)
+    try:
+        from .demo import add_parser as add_demo
+    except ImportError:  # pragma: no cover - the demo module ships with the package
+        add_demo = None
+    if add_demo is not None:
+        add_demo(commands)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a CLI user gets the message, not a traceback
+        from .errors import WdsCloudError
+
+        if not isinstance(exc, (WdsCloudError, OSError)):
+            raise
+        print(f"wds-cloud: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

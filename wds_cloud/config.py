@@ -1,0 +1,173 @@
+"""Settings: the only place wds_cloud reads the process environment.
+
+Everything else receives a :class:`Settings`.  ``Settings.from_environ(environ)``
+takes the mapping as a parameter, so tests pass a plain dict; :func:`current`
+is the one call that hands it ``os.environ``, and it runs when a dataset or an
+opener is built, never at import time.  ``docs/environment.md`` lists every
+variable read here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from typing import Optional
+
+from .errors import ConfigError
+
+__all__ = ["Settings", "current", "parse_size", "parse_bool", "ENV_VARS"]
+
+#: Every variable name ``from_environ`` looks up (``WDS_<NAME>`` for ``${NAME}``
+#: substitution in shard specs is the one family read by prefix).
+ENV_VARS = (
+    "WDS_PLUGINS",
+    "WDS_DISABLE_PLUGINS",
+    "WDS_SECURE",
+    "WDS_ALLOW_UNTRUSTED_PIPES",
+    "WDS_ALLOW_PICKLE",
+    "WDS_REWRITE",
+    "GOPEN_REWRITE",
+    "GOPEN_VERBOSE",
+    "GOPEN_BUFFER",
+    "WDS_SEED",
+    "WDS_EPOCH",
+    "WDS_VERBOSE_CACHE",
+    "WDS_CACHE",
+    "WDS_CACHE_SIZE",
+    "WDS_SHOW_SEED",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+)
+
+_TRUE = {"1", "true", "yes", "on", "y", "t"}
+_FALSE = {"0", "false", "no", "off", "n", "f", ""}
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bool(name: str, value: Optional[str], default: bool = False) -> bool:
+    """Parse a boolean environment value (``1/0``, ``true/false``, ``yes/no``, ``on/off``)."""
+    if value is None:
+        return default
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ConfigError(f"{name}={value!r} is not a boolean: use 1 or 0 (also true/false, yes/no, on/off)")
+
+
+def parse_size(name: str, value: object) -> int:
+    """Parse a byte count such as ``1e10``, ``50GB``, ``512MiB`` or ``4096``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    match = _SIZE.match(str(value))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS:
+        raise ConfigError(
+            f"{name}={value!r} is not a size: write a number of bytes such as 1e10 or 4096, "
+            f"or a number with a unit (kB, MB, GB, TB, KiB, MiB, GiB, TiB), such as 50GB"
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def _parse_int(name: str, value: Optional[str], default: Optional[int]) -> Optional[int]:
+    if value is None or value.strip() == "":
+        return default
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not an integer: set it to a whole number such as 42") from None
+
+
+def _parse_list(value: Optional[str]) -> Optional[tuple[str, ...]]:
+    if value is None:
+        return None
+    return tuple(item.strip() for item in re.split(r"[,:\s]+", value) if item.strip())
+
+
+def parse_rewrites(name: str, value: Optional[str]) -> tuple[tuple[str, str], ...]:
+    """Parse ``prefix=replacement;prefix=replacement`` rewrite rules."""
+    if not value:
+        return ()
+    rules = []
+    for part in value.split(";"):
+        if not part.strip():
+            continue
+        if "=" not in part:
+            raise ConfigError(
+                f"{name} rule {part!r} has no '=': write rules as prefix=replacement, separated by ';'"
+            )
+        prefix, replacement = part.split("=", 1)
+        rules.append((prefix.strip(), replacement))  # the replacement is exact: 'pipe:echo ' keeps its space
+    return tuple(rules)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Immutable configuration; build it with :meth:`from_environ` or directly in tests."""
+
+    plugins_allow: Optional[tuple[str, ...]] = None
+    plugins_block: tuple[str, ...] = ()
+    secure: bool = False
+    allow_untrusted_pipes: bool = False
+    allow_pickle: bool = False
+    rewrites: tuple[tuple[str, str], ...] = ()
+    verbose: bool = False
+    bufsize: int = 1 << 20
+    seed: Optional[int] = None
+    epoch: Optional[int] = None
+    cache_dir: Optional[str] = None
+    cache_size: Optional[int] = None
+    verbose_cache: bool = False
+    show_seed: bool = False
+    rank: Optional[int] = None
+    world_size: Optional[int] = None
+    local_rank: Optional[int] = None
+    #: ``WDS_<NAME>`` variables as sorted (NAME, value) pairs, for ``${NAME}`` in shard specs.
+    template_vars: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> "Settings":
+        """Read every setting from ``environ`` (normally ``os.environ``)."""
+        get = environ.get
+        block = _parse_list(get("WDS_DISABLE_PLUGINS")) or ()
+        cache_size = get("WDS_CACHE_SIZE")
+        return cls(
+            plugins_allow=_parse_list(get("WDS_PLUGINS")),
+            plugins_block=block,
+            secure=parse_bool("WDS_SECURE", get("WDS_SECURE")),
+            allow_untrusted_pipes=parse_bool("WDS_ALLOW_UNTRUSTED_PIPES", get("WDS_ALLOW_UNTRUSTED_PIPES")),
+            allow_pickle=parse_bool("WDS_ALLOW_PICKLE", get("WDS_ALLOW_PICKLE")),
+            # WDS_REWRITE rules come first, so where both variables match a URL WDS_REWRITE wins.
+            rewrites=parse_rewrites("WDS_REWRITE", get("WDS_REWRITE"))
+            + parse_rewrites("GOPEN_REWRITE", get("GOPEN_REWRITE")),
+            verbose=parse_bool("GOPEN_VERBOSE", get("GOPEN_VERBOSE")),
+            bufsize=parse_size("GOPEN_BUFFER", get("GOPEN_BUFFER")) if get("GOPEN_BUFFER") else 1 << 20,
+            seed=_parse_int("WDS_SEED", get("WDS_SEED"), None),
+            epoch=_parse_int("WDS_EPOCH", get("WDS_EPOCH"), None),
+            cache_dir=get("WDS_CACHE") or None,
+            cache_size=parse_size("WDS_CACHE_SIZE", cache_size) if cache_size else None,
+            verbose_cache=parse_bool("WDS_VERBOSE_CACHE", get("WDS_VERBOSE_CACHE")),
+            show_seed=parse_bool("WDS_SHOW_SEED", get("WDS_SHOW_SEED")),
+            rank=_parse_int("RANK", get("RANK"), None),
+            world_size=_parse_int("WORLD_SIZE", get("WORLD_SIZE"), None),
+            local_rank=_parse_int("LOCAL_RANK", get("LOCAL_RANK"), None),
+            template_vars=tuple(sorted((k[4:], v) for k, v in environ.items() if k.startswith("WDS_") and len(k) > 4)),
+        )
+
+    def replace(self, **changes: object) -> "Settings":
+        """Return a copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)
+
+
+def current() -> Settings:
+    """Settings from this process's environment, read now."""
+    return Settings.from_environ(os.environ)

@@ -1,0 +1,49 @@
+"""Security policy: where shell commands and pickles are allowed.
+
+``pipe:`` URLs written in the program run as in webdataset.  A URL that came
+from data (a remote shard spec, an index file) is wrapped in :class:`UntrustedURL`
+by whoever read it, and a URL produced by a rewrite rule that turned something
+else into ``pipe:`` is treated the same; neither runs a command unless the user
+set ``WDS_ALLOW_UNTRUSTED_PIPES=1``.  ``WDS_SECURE=1`` (or
+``wds_cloud.utils.enforce_security = True``) forbids ``pipe:`` altogether.
+"""
+
+from __future__ import annotations
+
+from .config import Settings
+from .errors import SecurityError, redact
+
+__all__ = ["UntrustedURL", "is_secure", "check_pipe", "untrusted"]
+
+
+class UntrustedURL(str):
+    """A URL string that came from data rather than from the program."""
+
+    __slots__ = ()
+
+
+def untrusted(url: str) -> UntrustedURL:
+    return url if isinstance(url, UntrustedURL) else UntrustedURL(url)
+
+
+def is_secure(settings: Settings) -> bool:
+    """True when security is enforced by the settings or by ``utils.enforce_security``."""
+    from . import utils  # the module-level flag is read at call time, as upstream users expect
+
+    return bool(settings.secure or utils.enforce_security)
+
+
+def check_pipe(url: str, settings: Settings) -> None:
+    """Refuse ``url`` (a ``pipe:`` URL) when the settings forbid running it."""
+    if is_secure(settings):
+        raise SecurityError(
+            f"refusing to run {redact(url)!r}: pipe: URLs are forbidden while WDS_SECURE=1 "
+            "(or wds_cloud.utils.enforce_security) is set; use a storage URL such as s3:// or https:// instead",
+            url=url,
+        )
+    if isinstance(url, UntrustedURL) and not settings.allow_untrusted_pipes:
+        raise SecurityError(
+            f"refusing to run {redact(url)!r}: this shell command came from data or from a rewrite rule, "
+            "not from your program; if you trust its source, set WDS_ALLOW_UNTRUSTED_PIPES=1",
+            url=url,
+        )

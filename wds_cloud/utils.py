@@ -1,0 +1,176 @@
+"""Small helpers shared across the library, at webdataset's ``utils`` module path.
+
+``enforce_security`` is a module-level flag read at call time: set
+``wds_cloud.utils.enforce_security = True`` to forbid ``pipe:`` URLs and unsafe
+decoders in this process (``WDS_SECURE=1`` does the same from the environment).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import glob
+import itertools
+import sys
+import warnings
+from typing import Any, Callable, Iterable, Iterator
+
+import braceexpand
+
+__all__ = [
+    "enforce_security", "pytorch_worker_info", "pytorch_worker_seed", "make_seed", "is_iterable",
+    "identity", "obsolete", "ObsoleteException", "deprecated", "glob_with_braces", "fnmatch_with_braces",
+    "repeatedly", "repeatedly0", "guard_no_torch",
+]
+
+enforce_security = False
+
+
+class ObsoleteException(Exception):
+    """Raised by functions marked :func:`obsolete`."""
+
+
+def identity(x: Any) -> Any:
+    return x
+
+
+def is_iterable(obj: Any) -> bool:
+    """True for iterables other than strings and bytes."""
+    if isinstance(obj, (str, bytes, bytearray)):
+        return False
+    try:
+        iter(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def deprecated(arg: Any = None, *, reason: str = "") -> Any:
+    """Mark a function deprecated: each call warns with ``DeprecationWarning``."""
+
+    def wrap(f: Callable) -> Callable:
+        message = f"{f.__name__} is deprecated" + (f": {reason}" if reason else "")
+
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            warnings.warn(message, DeprecationWarning, stacklevel=2)
+            return f(*args, **kw)
+
+        return wrapper
+
+    if callable(arg):
+        return wrap(arg)
+    if isinstance(arg, str):
+        reason = arg
+    return wrap
+
+
+def obsolete(arg: Any = None, *, reason: str = "") -> Any:
+    """Mark a function obsolete: calling it raises :class:`ObsoleteException`."""
+
+    def wrap(f: Callable) -> Callable:
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            raise ObsoleteException(f"{f.__name__} is obsolete" + (f": {reason}" if reason else ""))
+
+        return wrapper
+
+    if callable(arg):
+        return wrap(arg)
+    if isinstance(arg, str):
+        reason = arg
+    return wrap
+
+
+def _torch_distributed() -> tuple[int, int]:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return 0, 1
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def pytorch_worker_info(group: Any = None) -> tuple[int, int, int, int]:
+    """(rank, world_size, worker, num_workers) from torch.distributed / the environment and the DataLoader."""
+    from . import config
+
+    settings = config.current()
+    rank, world_size = _torch_distributed()
+    if world_size == 1 and settings.rank is not None and settings.world_size is not None:
+        rank, world_size = settings.rank, settings.world_size
+    worker, num_workers = 0, 1
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            worker, num_workers = info.id, info.num_workers
+    return rank, world_size, worker, num_workers
+
+
+def pytorch_worker_seed(group: Any = None) -> int:
+    """A seed that differs across ranks and DataLoader workers."""
+    rank, world_size, worker, num_workers = pytorch_worker_info(group)
+    return rank * 1000 + worker
+
+
+def make_seed(*args: Any) -> int:
+    """A 31-bit seed from any hashable values (stable across processes for ints and strings)."""
+    seed = 0
+    for arg in args:
+        seed = (seed * 31 + (arg if isinstance(arg, int) else _stable_hash(str(arg)))) & 0x7FFFFFFF
+    return seed
+
+
+def _stable_hash(text: str) -> int:
+    h = 0
+    for byte in text.encode("utf-8"):
+        h = (h * 131 + byte) & 0x7FFFFFFF
+    return h
+
+
+def repeatedly0(loader: Iterable, nepochs: int = sys.maxsize, nbatches: int = sys.maxsize) -> Iterator:
+    """Iterate over ``loader`` for up to ``nepochs`` passes and ``nbatches`` items in all."""
+    for _ in range(nepochs):
+        yield from itertools.islice(loader, nbatches)
+
+
+def repeatedly(source: Iterable, nepochs: Any = None, nbatches: Any = None, nsamples: Any = None,
+               batchsize: Callable = len) -> Iterator:
+    """Iterate over ``source`` again and again until a bound (epochs, batches or samples) is met."""
+    epoch = 0
+    batches = 0
+    samples = 0
+    while nepochs is None or epoch < nepochs:
+        produced = False
+        for item in source:
+            produced = True
+            yield item
+            batches += 1
+            if nbatches is not None and batches >= nbatches:
+                return
+            if nsamples is not None:
+                samples += batchsize(item)
+                if samples >= nsamples:
+                    return
+        epoch += 1
+        if not produced:
+            return
+
+
+def glob_with_braces(pattern: str) -> list[str]:
+    """``glob`` after brace expansion."""
+    return [p for expanded in braceexpand.braceexpand(pattern) for p in glob.glob(expanded)]
+
+
+def fnmatch_with_braces(filename: str, pattern: str) -> bool:
+    """``fnmatch`` against any brace expansion of ``pattern``."""
+    return any(fnmatch.fnmatch(filename, p) for p in braceexpand.braceexpand(pattern))
+
+
+def guard_no_torch() -> None:
+    """Used in tests: fail when torch was imported although nothing asked for it."""
+    if "torch" in sys.modules:
+        raise AssertionError("torch was imported")
+
