@@ -6,7 +6,21 @@ the package does no I/O and loads no plugin; plugins load on first use.
 
 __version__ = "0.1.0"
 
-from . import errors, utils
+from . import errors, tenbin, utils
+from .autodecode import (
+    Continue,
+    Decoder,
+    gzfilter,
+    handle_extension,
+    imagehandler,
+    torch_audio,
+    torch_loads,
+    torch_video,
+    pytorch_weights_only,
+)
+from .cache import LRUCleanup, pipe_cleaner
+from .compat import FluidInterface, FluidWrapper, WebDataset, WebLoader
+from .config import Settings
 from .errors import (
     ConfigError,
     CorruptShardError,
@@ -25,21 +39,86 @@ from .errors import (
     UnknownSchemeError,
     WdsCloudError,
 )
+from .extradatasets import MockDataset, repeatedly, with_epoch, with_length
+from .filters import (
+    Cached,
+    LMDBCached,
+    associate,
+    batched,
+    decode,
+    detshuffle,
+    extract_keys,
+    getfirst,
+    info,
+    map,
+    map_dict,
+    map_tuple,
+    pipelinefilter,
+    rename,
+    rename_keys,
+    rsample,
+    select,
+    shuffle,
+    slice,
+    to_tuple,
+    transform_with,
+    unbatched,
+    xdecode,
+)
 from .gopen import gopen, gopen_schemes, reader
+from .handlers import (
+    ignore_and_continue,
+    ignore_and_stop,
+    reraise_exception,
+    warn_and_continue,
+    warn_and_stop,
+)
 from .hookspecs import hookimpl
-from .config import Settings
+from .mix import RandomMix, RoundRobin
+from .pipeline import DataPipeline
+from .shardlists import (
+    MultiShardSample,
+    ResampledShards,
+    SimpleShardList,
+    non_empty,
+    resampled,
+    shardspec,
+    single_node_only,
+    split_by_node,
+    split_by_worker,
+)
+from .stages import PipelineStage
+from .tariterators import tarfile_samples, tarfile_to_samples
 
 __all__ = [
     "__version__",
+    # pipeline
+    "DataPipeline", "WebDataset", "WebLoader", "FluidInterface", "FluidWrapper", "PipelineStage",
+    "MockDataset", "with_epoch", "with_length", "repeatedly",
+    # shard lists
+    "SimpleShardList", "ResampledShards", "MultiShardSample", "shardspec", "resampled", "non_empty",
+    "single_node_only", "split_by_node", "split_by_worker",
+    # tar
+    "tarfile_samples", "tarfile_to_samples",
+    # filters
+    "associate", "batched", "unbatched", "decode", "xdecode", "detshuffle", "shuffle", "extract_keys",
+    "getfirst", "info", "map", "map_dict", "map_tuple", "pipelinefilter", "rename", "rename_keys", "rsample",
+    "select", "slice", "to_tuple", "transform_with", "Cached", "LMDBCached",
+    # decoding
+    "Continue", "Decoder", "DecodingError", "gzfilter", "handle_extension", "imagehandler", "torch_audio",
+    "torch_video", "torch_loads", "pytorch_weights_only",
+    # handlers
+    "reraise_exception", "warn_and_continue", "ignore_and_continue", "warn_and_stop", "ignore_and_stop",
+    # mixing
+    "RandomMix", "RoundRobin",
+    # I/O
+    "gopen", "gopen_schemes", "reader", "LRUCleanup", "pipe_cleaner",
     # configuration and plugins
     "Settings", "hookimpl",
-    # I/O
-    "gopen", "gopen_schemes", "reader",
     # modules
-    "errors", "utils",
+    "errors", "tenbin", "utils",
     # errors
-    "WdsCloudError", "ConfigError", "UnknownSchemeError", "CorruptShardError", "DecodingError",
-    "SampleError", "StateMismatchError", "MissingExtraError", "PluginError", "PluginConflictError",
-    "ShardNotFoundError", "SecurityError", "CredentialsError", "TransferError", "PipeError",
-    "ObjectChangedError",
+    "WdsCloudError", "ConfigError", "UnknownSchemeError", "CorruptShardError", "SampleError",
+    "StateMismatchError", "MissingExtraError", "PluginError", "PluginConflictError", "ShardNotFoundError",
+    "SecurityError", "CredentialsError", "TransferError", "PipeError", "ObjectChangedError",
 ]

@@ -1,0 +1,410 @@
+"""Decoding sample fields by their extension: text, numbers, JSON, arrays, images, tensors.
+
+A handler is ``f(key, data)`` returning the decoded value, ``None`` to pass
+(the next handler is tried), or :class:`Continue` to hand a changed key/data
+to the next handlers (``gzfilter`` un-gzips ``x.json.gz`` into ``x.json``).
+
+Safe by default: pickle (``.pyd``, ``.pkl``, ``.pickle``) and ``torch.load``
+without ``weights_only`` are refused unless the user opts in with
+``decode(..., allow_pickle=True)`` or ``WDS_ALLOW_PICKLE=1``; ``WDS_SECURE=1``
+(or ``utils.enforce_security``) refuses them even then.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import gzip
+import io
+import json
+import os
+import re
+import tempfile
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from . import config, utils
+from .errors import DecodingError, MissingExtraError, SecurityError, redact
+
+__all__ = [
+    "Continue", "Decoder", "DecodingError", "ImageHandler", "imagehandler", "imagespecs", "IMAGE_EXTENSIONS",
+    "handle_extension", "basichandlers", "decoders", "default_decoder", "default_pre_handlers",
+    "default_post_handlers", "gzfilter", "unpickle_loads", "tenbin_loads", "msgpack_loads", "npy_loads",
+    "npz_loads", "cbor_loads", "torch_loads", "pytorch_weights_only", "torch_video", "torch_audio",
+    "json_loads",
+]
+
+_pickle_allowed: contextvars.ContextVar[bool] = contextvars.ContextVar("wds_cloud_pickle_allowed", default=False)
+
+
+def _security_enforced() -> bool:
+    return bool(utils.enforce_security) or config.current().secure
+
+
+def _pickle_permitted() -> bool:
+    if _security_enforced():
+        return False
+    return _pickle_allowed.get() or config.current().allow_pickle
+
+
+_PICKLE_HOW = ("pass decode(..., allow_pickle=True) or set WDS_ALLOW_PICKLE=1, and only for data you trust: "
+               "unpickling runs code from the file")
+
+
+def _refuse(what: str) -> SecurityError:
+    if _security_enforced():
+        return SecurityError(f"refusing to decode {what}: WDS_SECURE=1 (or utils.enforce_security) forbids it")
+    return SecurityError(f"refusing to decode {what} by default; {_PICKLE_HOW}")
+
+
+class Continue:
+    """Returned by a handler to pass a new key and data on to the following handlers."""
+
+    def __init__(self, key: str, data: Any) -> None:
+        self.key = key
+        self.data = data
+
+
+def handle_extension(extensions: str, f: Callable[[Any], Any]) -> Callable:
+    """A handler applying ``f(data)`` to fields whose extension is one of ``extensions`` (space separated).
+
+    Extensions may have several parts: ``"seg.png"`` matches ``x.seg.png`` only.
+    """
+    targets = [e.split(".") for e in extensions.lower().split()]
+
+    def handler(key: str, data: Any) -> Any:
+        parts = key.lower().split(".")
+        for target in targets:
+            if len(target) <= len(parts) and parts[-len(target):] == target:
+                return f(data)
+        return None
+
+    handler.extensions = {t[-1] for t in targets}  # type: ignore[attr-defined]
+    return handler
+
+
+def json_loads(data: Any) -> Any:
+    return json.loads(data)
+
+
+def _text(data: Any) -> str:
+    return bytes(data).decode("utf-8") if not isinstance(data, bytes) else data.decode("utf-8")
+
+
+def _int(data: Any) -> int:
+    return int(bytes(data))
+
+
+def npy_loads(data: Any) -> np.ndarray:
+    """A ``.npy`` array (pickled object arrays are refused)."""
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def npz_loads(data: Any) -> dict:
+    """The arrays of a ``.npz`` file as a dict."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+        return dict(archive)
+
+
+def tenbin_loads(data: Any) -> Any:
+    """A tenbin buffer: one array, or a list when it holds several."""
+    from . import tenbin
+
+    arrays = tenbin.decode_buffer(data)
+    return arrays[0] if len(arrays) == 1 else arrays
+
+
+def msgpack_loads(data: Any) -> Any:
+    try:
+        import msgpack
+    except ImportError:
+        raise MissingExtraError("decoding .mp/.msgpack needs msgpack: pip install msgpack") from None
+    return msgpack.unpackb(data, raw=False)
+
+
+def cbor_loads(data: Any) -> Any:
+    try:
+        import cbor2
+    except ImportError:
+        raise MissingExtraError("decoding .cbor needs cbor2: pip install cbor2") from None
+    return cbor2.loads(data)
+
+
+def unpickle_loads(data: Any) -> Any:
+    """Unpickle a field: refused unless pickle is allowed (see the module docstring)."""
+    if not _pickle_permitted():
+        raise _refuse("a pickle (.pyd/.pkl/.pickle)")
+    import pickle
+
+    return pickle.loads(data)
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise MissingExtraError("this decoder needs torch: pip install 'wds_cloud[torch]'") from None
+    return torch
+
+
+def pytorch_weights_only(data: Any) -> Any:
+    """``torch.load`` with ``weights_only=True``: tensors and plain containers, no code."""
+    return _torch().load(io.BytesIO(data), weights_only=True)
+
+
+def torch_loads(data: Any) -> Any:
+    """A ``.pth`` field: ``weights_only`` loading, or a full ``torch.load`` when pickle is allowed."""
+    torch = _torch()
+    if _pickle_permitted():
+        return torch.load(io.BytesIO(data), weights_only=False)
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as exc:
+        if "weights_only" in str(exc) or "Unsupported global" in str(exc):
+            raise _refuse("a .pth file that needs full torch.load (it holds objects, not only tensors)") from exc
+        raise
+
+
+def _via_tempfile(data: Any, extension: str, load: Callable[[str], Any]) -> Any:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"file.{extension}")
+        with open(path, "wb") as f:
+            f.write(data)
+        return load(path)
+
+
+def torch_video(key: str, data: Any) -> Any:
+    """Decode video fields (mp4, ogv, mjpeg, avi, mov, h264, mpg, webm, wmv) with torchvision."""
+    extension = re.sub(r".*[.]", "", key).lower()
+    if extension not in "mp4 ogv mjpeg avi mov h264 mpg webm wmv".split():
+        return None
+    try:
+        import torchvision.io
+    except ImportError:
+        raise MissingExtraError("decoding video needs torchvision: pip install torchvision") from None
+    return _via_tempfile(data, extension, lambda p: torchvision.io.read_video(p, pts_unit="sec"))
+
+
+def torch_audio(key: str, data: Any) -> Any:
+    """Decode audio fields (flac, mp3, sox, wav, m4a, ogg, wma) with torchaudio."""
+    extension = re.sub(r".*[.]", "", key).lower()
+    if extension not in "flac mp3 sox wav m4a ogg wma".split():
+        return None
+    try:
+        import torchaudio
+    except ImportError:
+        raise MissingExtraError("decoding audio needs torchaudio: pip install torchaudio") from None
+    return _via_tempfile(data, extension, torchaudio.load)
+
+
+decoders: dict[str, Callable[[Any], Any]] = {
+    "txt": _text, "text": _text, "transcript": _text,
+    "cls": _int, "cls2": _int, "class": _int, "count": _int, "index": _int, "inx": _int, "id": _int,
+    "json": json_loads, "jsn": json_loads,
+    "pyd": unpickle_loads, "pickle": unpickle_loads, "pkl": unpickle_loads,
+    "pth": torch_loads,
+    "ten": tenbin_loads, "tb": tenbin_loads,
+    "mp": msgpack_loads, "msgpack": msgpack_loads, "msg": msgpack_loads,
+    "npy": npy_loads, "npz": npz_loads,
+    "cbor": cbor_loads,
+}
+
+
+def basichandlers(key: str, data: Any) -> Any:
+    """Decode by the last extension of ``key`` with the :data:`decoders` table; None if unknown."""
+    extension = key[key.rfind(".") + 1:].lower()
+    f = decoders.get(extension)
+    return f(data) if f is not None else None
+
+
+# name -> (result type, pixel type, PIL mode)
+imagespecs = {
+    "l8": ("numpy", "uint8", "L"), "rgb8": ("numpy", "uint8", "RGB"), "rgba8": ("numpy", "uint8", "RGBA"),
+    "l": ("numpy", "float", "L"), "rgb": ("numpy", "float", "RGB"), "rgba": ("numpy", "float", "RGBA"),
+    "torchl8": ("torch", "uint8", "L"), "torchrgb8": ("torch", "uint8", "RGB"), "torchrgba8": ("torch", "uint8", "RGBA"),
+    "torchl": ("torch", "float", "L"), "torchrgb": ("torch", "float", "RGB"), "torch": ("torch", "float", "RGB"),
+    "torchrgba": ("torch", "float", "RGBA"),
+    "pill": ("pil", None, "L"), "pil": ("pil", None, None), "pilrgb": ("pil", None, "RGB"),
+    "pilrgba": ("pil", None, "RGBA"),
+}
+
+IMAGE_EXTENSIONS = ["jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm"]
+_PIL_FORMATS = {"jpg": ["JPEG"], "jpeg": ["JPEG"], "png": ["PNG"], "ppm": ["PPM"], "pgm": ["PPM"], "pbm": ["PPM"],
+                "pnm": ["PPM"]}
+
+
+class ImageHandler:
+    """Decode image fields with Pillow into numpy (HWC), torch (CHW) or PIL, as ``imagespec`` says.
+
+    Floats are in [0, 1].  Grey images are HxW.
+    """
+
+    def __init__(self, imagespec: str, extensions: Any = None) -> None:
+        if imagespec not in imagespecs:
+            raise ValueError(f"unknown image spec {imagespec!r}; known: {' '.join(imagespecs)}")
+        self.imagespec = imagespec
+        self.atype, self.etype, self.mode = imagespecs[imagespec]
+        if self.atype == "torch":
+            _torch()
+        self.extensions = set(extensions if extensions is not None else IMAGE_EXTENSIONS)
+
+    def __call__(self, key: str, data: Any) -> Any:
+        extension = key[key.rfind(".") + 1:].lower()
+        if extension not in self.extensions:
+            return None
+        return self.decode_any(data, extension)
+
+    def decode_any(self, data: Any, extension: Optional[str] = None) -> Any:
+        try:
+            import PIL.Image
+        except ImportError:
+            raise MissingExtraError("decoding images needs Pillow: pip install 'wds_cloud[image]'") from None
+        image = PIL.Image.open(io.BytesIO(data), formats=_PIL_FORMATS.get(extension or "", None))
+        image.load()
+        if self.mode is not None and image.mode != self.mode:
+            image = image.convert(self.mode)
+        if self.atype == "pil":
+            return image
+        array = np.asarray(image)
+        if self.etype == "float":
+            array = array.astype(np.float32) / 255.0
+        if self.atype == "numpy":
+            return array
+        torch = _torch()
+        if array.ndim == 3:
+            array = array.transpose(2, 0, 1)
+        return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def imagehandler(imagespec: str, extensions: Any = None) -> ImageHandler:
+    """An :class:`ImageHandler` for ``imagespec`` (``"rgb8"``, ``"torchrgb"``, ``"pil"``, ...)."""
+    return ImageHandler(imagespec, extensions)
+
+
+def gzfilter(key: str, data: Any) -> Any:
+    """Un-gzip ``*.gz`` fields and pass them on without the ``.gz``."""
+    if not key.endswith(".gz"):
+        return None
+    return Continue(key[:-3], gzip.decompress(data))
+
+
+default_pre_handlers = [gzfilter]
+default_post_handlers = [basichandlers]
+
+
+def _by_extension(handler: Any) -> Optional[frozenset]:
+    """For our own handlers: the extensions they claim (lets the Decoder plan per field name)."""
+    if handler is basichandlers:
+        return frozenset(decoders)
+    if isinstance(handler, ImageHandler):
+        return frozenset(handler.extensions)
+    return None
+
+
+class Decoder:
+    """Decode the fields of a sample with ``pre + handlers + post`` (first non-None result wins).
+
+    ``only`` limits decoding to the named fields; fields starting with ``_`` are
+    never decoded.  ``allow_pickle=True`` opts in to pickle and full ``torch.load``.
+    """
+
+    def __init__(self, handlers: Any = None, pre: Optional[list] = None, post: Optional[list] = None,
+                 only: Any = None, partial: bool = False, allow_pickle: Optional[bool] = None) -> None:
+        handlers = list(handlers or [])
+        handlers = [imagehandler(h) if isinstance(h, str) else h for h in handlers]
+        for h in handlers:
+            if not callable(h):
+                raise TypeError(f"decoder handlers are callables or image specs, not {h!r}")
+        self.handlers = (default_pre_handlers if pre is None else pre) + handlers + (
+            default_post_handlers if post is None else post)
+        if isinstance(only, str):
+            only = only.split()
+        self.only = set(only) if only is not None else None
+        self.partial = partial
+        self.allow_pickle = allow_pickle
+        self._plans: dict[str, Optional[Callable]] = {}
+        self._plannable = all(h is gzfilter or _by_extension(h) is not None for h in self.handlers)
+
+    def _plan(self, field: str) -> Optional[Callable]:
+        """The single handler that will decode ``field`` (only when every handler is one of ours)."""
+        if field.endswith(".gz"):
+            return None
+        extension = field[field.rfind(".") + 1:].lower()
+        for h in self.handlers:
+            if h is gzfilter:
+                continue
+            if extension in _by_extension(h):
+                return h
+        return _NOTHING
+
+    def decode1(self, key: str, data: Any) -> Any:
+        """Decode one field named ``key``; undecodable data is returned as is."""
+        for f in self.handlers:
+            result = f(key, data)
+            if isinstance(result, Continue):
+                key, data = result.key, result.data
+                continue
+            if result is not None:
+                return result
+        return data
+
+    def __call__(self, sample: dict) -> dict:
+        token = _pickle_allowed.set(True) if self.allow_pickle else None
+        try:
+            return self._decode(sample)
+        finally:
+            if token is not None:
+                _pickle_allowed.reset(token)
+
+    def _decode(self, sample: dict) -> dict:
+        result = {}
+        plannable = self._plannable
+        plans = self._plans
+        for field, value in sample.items():
+            if field[0] == "_" or not isinstance(value, (bytes, bytearray, memoryview)) or (
+                    self.only is not None and field not in self.only):
+                result[field] = value
+                continue
+            try:
+                if plannable:
+                    plan = plans.get(field, _UNPLANNED)
+                    if plan is _UNPLANNED:
+                        plan = plans[field] = self._plan(field)
+                    if plan is _NOTHING:
+                        result[field] = value
+                        continue
+                    if plan is not None:
+                        decoded = plan("." + field, value)
+                        result[field] = value if decoded is None else decoded
+                        continue
+                result[field] = self.decode1("." + field, value)
+            except SecurityError as exc:
+                raise _decoding_error(sample, field, exc, str(exc)) from exc
+            except MissingExtraError:
+                raise
+            except Exception as exc:
+                raise _decoding_error(sample, field, exc, f"{type(exc).__name__}: {exc}") from exc
+        return result
+
+
+_UNPLANNED = object()
+_NOTHING = object()
+
+
+def _decoding_error(sample: dict, field: str, exc: Exception, why: str) -> DecodingError:
+    url = sample.get("__url__")
+    return DecodingError(
+        f"{redact(url) if url else '<no url>'}: cannot decode field {field!r} of sample "
+        f"{sample.get('__key__')!r}: {why}",
+        url=url, key=sample.get("__key__"), field=field,
+    )
+
+
+def refuse_if_unsafe(path: str, decoder: Callable, sample: dict) -> None:
+    """Used by ``xdecode``: refuse pickle decoders unless allowed."""
+    if decoder in (unpickle_loads, torch_loads) and not _pickle_permitted():
+        exc = _refuse(f"field {path!r} (pickle)")
+        raise _decoding_error(sample, path, exc, str(exc))
+
+
+default_decoder = Decoder()

@@ -1,0 +1,261 @@
+"""Opening shards, directly or through a local shard cache.
+
+``StreamingOpen`` opens each shard URL with ``gopen``.  ``FileCache`` serves a
+shard from the cache directory when present, and otherwise streams it from
+its URL while writing the bytes to the cache (the first sample does not wait
+for the download); the cache entry appears under its final name only once the
+whole shard has been read.  Local files are read in place, never copied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import time
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+from .atomic import AtomicFile
+from .handlers import reraise_exception
+from .registry import split_scheme
+from .stages import PipelineStage
+
+__all__ = ["FileCache", "StreamingOpen", "url_to_cache_name", "download", "check_tar_format", "pipe_cleaner",
+           "LRUCleanup", "cached_url_opener"]
+
+log = logging.getLogger("wds_cloud.cache")
+
+_URLISH = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://\S+$")
+
+
+def pipe_cleaner(spec: str) -> str:
+    """The object URL inside a ``pipe:`` command (``pipe:curl -s https://h/x.tar`` -> ``https://h/x.tar``)."""
+    if not spec.startswith("pipe:"):
+        return spec
+    for token in reversed(spec[5:].split()):
+        token = token.strip("'\"")
+        if _URLISH.match(token):
+            return token
+    return spec
+
+
+def url_to_cache_name(url: str, ndir: int = 0) -> str:
+    """A safe, collision-free, readable cache file name for ``url``.
+
+    Readable part: scheme, bucket/host and path joined by ``__`` with unsafe
+    characters replaced; a hash of the whole URL keeps distinct URLs apart.
+    """
+    url = pipe_cleaner(url)
+    scheme, rest = split_scheme(url)
+    readable = (scheme or "file") + "__" + rest.lstrip("/")
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", readable.replace("/", "__")).strip("._") or "shard"
+    digest = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    base, ext = _split_ext(readable)
+    base = base[-(150 - len(ext)):]  # bounded length, keeping the end of the path (the shard name)
+    return f"{base}.{digest}{ext}"
+
+
+def _split_ext(name: str) -> tuple[str, str]:
+    m = re.search(r"(\.tar(\.gz|\.bz2|\.xz|\.zst)?|\.tgz)$", name)
+    return (name[:m.start()], m.group(0)) if m else (name, "")
+
+
+_MAGIC_OK = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
+
+
+def check_tar_format(fname: str) -> bool:
+    """True if ``fname`` starts like a tar file (plain, gzip, bz2, xz or zstd); needs no ``file`` command."""
+    with open(fname, "rb") as f:
+        head = f.read(512)
+    if head.startswith(_MAGIC_OK):
+        return True
+    return len(head) == 512 and (head[257:262] == b"ustar" or head == bytes(512) or _plausible_v7(head))
+
+
+def _plausible_v7(head: bytes) -> bool:
+    try:
+        stored = int(head[148:154].strip(b"\0 ") or b"0", 8)
+    except ValueError:
+        return False
+    return stored == sum(head[:148]) + 256 + sum(head[156:])
+
+
+def download(url: str, dest: str, chunk_size: int = 1 << 20, verbose: bool = False) -> str:
+    """Copy ``url`` to the local file ``dest`` (atomically); returns ``dest``."""
+    from .gopen import gopen
+
+    with gopen(url) as stream, AtomicFile(dest) as out:
+        while True:
+            data = stream.read(chunk_size)
+            if not data:
+                break
+            out.write(data)
+    if verbose:
+        log.info("downloaded %s to %s", url, dest)
+    return dest
+
+
+class LRUCleanup:
+    """Delete the least recently used files of ``cache_dir`` until it holds at most ``cache_size`` bytes."""
+
+    def __init__(self, cache_dir: Optional[str] = None, cache_size: int = int(1e12),
+                 keyfn: Callable[[str], float] = os.path.getatime, verbose: bool = False, interval: float = 30) -> None:
+        self.cache_dir = cache_dir
+        self.cache_size = cache_size
+        self.keyfn = keyfn
+        self.verbose = verbose
+        self.interval = interval
+        self.last_run = 0.0
+
+    def set_cache_dir(self, cache_dir: str) -> None:
+        self.cache_dir = cache_dir
+
+    def cleanup(self, protect: Iterable[str] = ()) -> None:
+        if self.cache_dir is None or (self.interval and time.time() - self.last_run < self.interval):
+            return
+        self.last_run = time.time()
+        protect = {os.path.abspath(p) for p in protect}
+        files = []
+        for root, _, names in os.walk(self.cache_dir):
+            for name in names:
+                if name.endswith(".partial") or name.startswith("."):
+                    continue
+                path = os.path.join(root, name)
+                try:
+                    files.append((self.keyfn(path), os.path.getsize(path), path))
+                except OSError:
+                    continue
+        total = sum(size for _, size, _ in files)
+        for _, size, path in sorted(files):
+            if total <= self.cache_size:
+                break
+            if os.path.abspath(path) in protect:
+                continue
+            try:
+                os.unlink(path)
+                total -= size
+                if self.verbose:
+                    log.info("cache: evicted %s", path)
+            except OSError:
+                pass
+
+    def __call__(self, *args: Any, **kw: Any) -> None:
+        self.cleanup(*args, **kw)
+
+
+class StreamingOpen(PipelineStage):
+    """Open each ``{"url": ...}`` with ``gopen``, adding ``stream`` (and ``local_path`` for local files)."""
+
+    def __init__(self, handler: Callable = reraise_exception, storage_options: Optional[dict] = None) -> None:
+        self.handler = handler
+        self.storage_options = storage_options
+
+    def run(self, src: Iterable[dict]) -> Iterator[dict]:
+        from .gopen import gopen
+
+        for sample in src:
+            url = sample["url"]
+            try:
+                stream = gopen(url, "rb", storage_options=self.storage_options)
+            except Exception as exn:
+                if self.handler(exn):
+                    continue
+                break
+            out = dict(sample, stream=stream)
+            local = _local_path(url)
+            if local is not None:
+                out["local_path"] = local
+            yield out
+
+
+def _local_path(url: str) -> Optional[str]:
+    scheme, _ = split_scheme(url)
+    if scheme not in (None, "file") or url == "-":
+        return None
+    from wds_cloud_plugins.file import local_path
+
+    return local_path(url)
+
+
+class _Tee:
+    """Reads from ``source`` and copies every byte to ``sink``; publishes the sink only at EOF."""
+
+    def __init__(self, source: Any, sink: AtomicFile) -> None:
+        self.source = source
+        self.sink = sink
+        self.complete = False
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.source.read(size)
+        if data:
+            self.sink.write(data)
+        elif size != 0 and not self.complete:
+            self.complete = True
+            self.sink.close()
+        return data
+
+    def close(self) -> None:
+        if not self.complete:
+            self.sink.abort()  # an early stop or an error never leaves a partial cache entry
+        self.source.close()
+
+
+class FileCache(PipelineStage):
+    """Serve shards from ``cache_dir``, filling it while streaming on a miss."""
+
+    def __init__(self, cache_dir: Optional[str] = None, *, url_to_name: Callable[[str], str] = url_to_cache_name,
+                 verbose: bool = False, validator: Callable[[str], bool] = check_tar_format,
+                 handler: Callable = reraise_exception, cache_size: int = -1, cache_cleanup_interval: float = 30,
+                 storage_options: Optional[dict] = None) -> None:
+        from . import config
+
+        self.cache_dir = os.path.expanduser(cache_dir or config.current().cache_dir or "~/.cache/wds_cloud")
+        self.url_to_name = url_to_name
+        self.verbose = verbose
+        self.validator = validator
+        self.handler = handler
+        self.storage_options = storage_options
+        self.cleaner = LRUCleanup(self.cache_dir, cache_size, verbose=verbose,
+                                  interval=cache_cleanup_interval) if cache_size and cache_size > 0 else None
+
+    def path_for(self, url: str) -> str:
+        name = self.url_to_name(url)
+        path = os.path.normpath(os.path.join(self.cache_dir, name))
+        if not path.startswith(os.path.abspath(self.cache_dir) + os.sep) and not path.startswith(
+                os.path.normpath(self.cache_dir) + os.sep):
+            raise ValueError(f"url_to_name({url!r}) gave {name!r}, which leaves the cache directory")
+        return path
+
+    def run(self, src: Iterable[dict]) -> Iterator[dict]:
+        from .gopen import gopen
+
+        os.makedirs(self.cache_dir, exist_ok=True)
+        for sample in src:
+            url = sample["url"]
+            try:
+                local = _local_path(url)
+                if local is not None:  # local files are read in place
+                    yield dict(sample, stream=gopen(url, "rb"), local_path=local)
+                    continue
+                path = self.path_for(url)
+                if os.path.exists(path):
+                    if self.verbose:
+                        log.info("cache hit %s -> %s", url, path)
+                    os.utime(path)
+                    yield dict(sample, stream=open(path, "rb"), local_path=path)
+                    continue
+                if self.cleaner is not None:
+                    self.cleaner.cleanup()
+                stream = gopen(url, "rb", storage_options=self.storage_options)
+                yield dict(sample, stream=_Tee(stream, AtomicFile(path)), local_path=path)
+            except Exception as exn:
+                if self.handler(exn):
+                    continue
+                break
+
+
+def cached_url_opener(data: Iterable[dict], handler: Callable = reraise_exception, cache_dir: Optional[str] = None,
+                      **kw: Any) -> Iterator[dict]:
+    """Functional form of :class:`FileCache`."""
+    return FileCache(cache_dir, handler=handler, **kw).run(data)

@@ -1,0 +1,216 @@
+"""The fluent API: ``WebDataset(url).shuffle(1000).decode("rgb").to_tuple("png", "json")``.
+
+Every fluent method returns a new pipeline.  ``WebDataset`` honours all of its
+arguments, including those webdataset 1.0.2 accepts and then ignores
+(``repeat=``, ``url_to_name=``), and takes a few of its own: ``keys=`` (how
+member names split into key and field), ``storage_options=`` (passed to the
+storage backend).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
+
+from . import autodecode, cache, config, filters, shardlists
+from .handlers import reraise_exception
+from .pipeline import DataPipeline
+from .pytorch import DataLoader
+from .tariterators import tarfile_to_samples
+
+__all__ = ["FluidInterface", "WebDataset", "FluidWrapper", "WebLoader", "check_empty"]
+
+log = logging.getLogger("wds_cloud.compat")
+
+
+class FluidInterface:
+    """Fluent methods shared by ``WebDataset``, ``FluidWrapper`` and ``WebLoader``."""
+
+    def batched(self, batchsize: int, collation_fn: Optional[Callable] = filters.default_collation_fn,
+                partial: bool = True) -> Any:
+        return self.compose(filters.batched(batchsize, collation_fn=collation_fn, partial=partial))
+
+    def unbatched(self) -> Any:
+        return self.compose(filters.unbatched())
+
+    def listed(self, batchsize: int, partial: bool = True) -> Any:
+        return self.compose(filters.batched(batchsize, collation_fn=None, partial=partial))
+
+    def unlisted(self) -> Any:
+        return self.compose(filters.unlisted())
+
+    def log_keys(self, logfile: Optional[str] = None) -> Any:
+        return self.compose(filters.log_keys(logfile))
+
+    def shuffle(self, size: int, **kw: Any) -> Any:
+        if size < 1:
+            return self
+        return self.compose(filters.shuffle(size, **kw))
+
+    def map(self, f: Callable, handler: Callable = reraise_exception) -> Any:
+        return self.compose(filters.map(f, handler=handler))
+
+    def decode(self, *args: Any, pre: Optional[list] = None, post: Optional[list] = None, only: Any = None,
+               partial: bool = False, handler: Callable = reraise_exception, allow_pickle: Optional[bool] = None) -> Any:
+        """Decode fields by extension; string arguments are image specs (``"rgb8"``, ``"torchrgb"``, ``"pil"``)."""
+        handlers = [autodecode.ImageHandler(x) if isinstance(x, str) else x for x in args]
+        decoder = autodecode.Decoder(handlers, pre=pre, post=post, only=only, partial=partial,
+                                     allow_pickle=allow_pickle)
+        return self.map(decoder, handler=handler)
+
+    def map_dict(self, handler: Callable = reraise_exception, **kw: Callable) -> Any:
+        return self.compose(filters.map_dict(handler=handler, **kw))
+
+    def select(self, predicate: Callable, **kw: Any) -> Any:
+        return self.compose(filters.select(predicate, **kw))
+
+    def to_tuple(self, *args: str, **kw: Any) -> Any:
+        return self.compose(filters.to_tuple(*args, **kw))
+
+    def map_tuple(self, *args: Optional[Callable], handler: Callable = reraise_exception) -> Any:
+        return self.compose(filters.map_tuple(*args, handler=handler))
+
+    def slice(self, *args: Any) -> Any:
+        return self.compose(filters.slice(*args))
+
+    def rename(self, **kw: Any) -> Any:
+        return self.compose(filters.rename(**kw))
+
+    def rsample(self, p: float = 0.5) -> Any:
+        return self.compose(filters.rsample(p))
+
+    def rename_keys(self, *args: Any, **kw: Any) -> Any:
+        return self.compose(filters.rename_keys(*args, **kw))
+
+    def extract_keys(self, *args: Any, **kw: Any) -> Any:
+        return self.compose(filters.extract_keys(*args, **kw))
+
+    def xdecode(self, *args: Any, **kw: Any) -> Any:
+        return self.compose(filters.xdecode(*args, **kw))
+
+    def mcached(self) -> Any:
+        return self.compose(filters.Cached())
+
+    def lmdb_cached(self, *args: Any, **kw: Any) -> Any:
+        return self.compose(filters.LMDBCached(*args, **kw))
+
+
+def check_empty(source: Iterable) -> Iterator:
+    """Pass samples through; raise a ValueError with the likely causes if there were none."""
+    count = 0
+    for sample in source:
+        yield sample
+        count += 1
+    if count == 0:
+        raise ValueError(
+            "the dataset produced no samples: its shards may be empty, or this worker got none "
+            "(fewer shards than nodes x workers); check the shard spec, use fewer workers, "
+            "or pass empty_check=False if empty workers are expected"
+        )
+
+
+class WebDataset(DataPipeline, FluidInterface):
+    """Samples from WebDataset shards named by ``urls`` (a spec string, a list, a JSON/YAML spec, a directory/).
+
+    ``shardshuffle``: shuffle the shard order each epoch (a number or True); the
+    order is a function of (``seed``, epoch) and identical on every node and
+    worker, so splitting gives each a disjoint share.  ``resampled=True`` draws
+    shards with replacement forever.  ``cache_dir``/``cache_size`` stream remote
+    shards through a local cache.  ``handler`` decides what a damaged shard does.
+    """
+
+    def __init__(self, urls: Any, handler: Callable = reraise_exception, mode: Optional[str] = None,
+                 resampled: bool = False, repeat: bool = False, shardshuffle: Union[int, bool, None] = None,
+                 cache_size: Any = -1, cache_dir: Optional[str] = None,
+                 url_to_name: Callable[[str], str] = cache.url_to_cache_name, detshuffle: bool = False,
+                 nodesplitter: Optional[Callable] = shardlists.single_node_only,
+                 workersplitter: Optional[Callable] = shardlists.split_by_worker,
+                 select_files: Optional[Callable] = None, rename_files: Optional[Callable] = None,
+                 empty_check: bool = True, verbose: bool = False, seed: Optional[int] = None,
+                 keys: Union[str, Callable, None] = None, storage_options: Optional[dict] = None) -> None:
+        super().__init__()
+        settings = config.current()
+        if resampled:
+            mode = "resampled"
+        if shardshuffle is True:
+            shardshuffle = 100
+        if isinstance(seed, str):
+            seed = config.Settings.from_environ({"WDS_SEED": seed}).seed
+        # Without a seed every node must still agree on the order, so the default is fixed.
+        self.seed = seed if seed is not None else (settings.seed if settings.seed is not None else 0)
+        self.verbose = verbose
+        self.storage_options = storage_options
+        if cache_dir is None:
+            cache_dir = settings.cache_dir
+        if settings.cache_size is not None and cache_size in (-1, None):
+            cache_size = settings.cache_size
+        cache_size = config.parse_size("cache_size", cache_size) if cache_size not in (None, -1) else -1
+
+        self._shards = self._url_source(urls, mode, bool(shardshuffle))
+        self.append(self._shards)
+        if nodesplitter is not None:
+            self.append(nodesplitter)
+        if workersplitter:
+            self.append(workersplitter)
+        if verbose:
+            self.append(filters.map(_log_shard))
+        if cache_dir is None or cache_size == 0:
+            self.append(cache.StreamingOpen(handler=handler, storage_options=storage_options))
+        else:
+            self.append(cache.FileCache(cache_dir, url_to_name=url_to_name, cache_size=cache_size, handler=handler,
+                                        verbose=verbose, storage_options=storage_options))
+        self.append(tarfile_to_samples(handler=handler, select_files=select_files, rename_files=rename_files,
+                                       keys=keys))
+        if empty_check:
+            self.append(check_empty)
+        if repeat:
+            self.repeat()
+
+    def _url_source(self, urls: Any, mode: Optional[str], shuffle: bool) -> Any:
+        if isinstance(urls, dict) or (isinstance(urls, str) and re.search(r"\.ya?ml$", urls)):
+            return shardlists.MultiShardSample(urls)
+        if isinstance(urls, str) and urls.endswith("/") and not urls.endswith("://"):
+            return shardlists.DirectoryShardList(urls, mode=mode or "resample")
+        if mode == "resampled":
+            return shardlists.ResampledShards(urls, seed=self.seed, deterministic=True)
+        if isinstance(urls, str) or isinstance(urls, (list, tuple)) or hasattr(urls, "__iter__"):
+            source = urls if isinstance(urls, str) else list(urls)
+            return shardlists.SimpleShardList(source, seed=self.seed if shuffle else None)
+        raise ValueError(f"cannot read shards from {type(urls).__name__}: give a spec string, a list of URLs, "
+                         "a .json/.yaml dataset spec, or a directory ending in /")
+
+    def __enter__(self) -> "WebDataset":
+        return self
+
+    def __exit__(self, *args: Any) -> None:
+        self.close()
+
+
+def _log_shard(sample: dict) -> dict:
+    log.info("opening shard %s", sample.get("url"))
+    return sample
+
+
+class FluidWrapper(DataPipeline, FluidInterface):
+    """Give any iterable the fluent methods: ``FluidWrapper(dataset).batched(16)``."""
+
+    def __init__(self, initial: Any) -> None:
+        super().__init__()
+        self.append(initial)
+
+
+class WebLoader(DataPipeline, FluidInterface):
+    """A ``DataLoader`` (torch's, or our stand-in without torch) with the fluent methods."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(DataLoader(*args, **kw))
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        loader = self.pipeline[0] if self.pipeline else None
+        dataset = getattr(loader, "dataset", None)
+        if dataset is not None and hasattr(dataset, "set_epoch"):
+            dataset.set_epoch(epoch)
+
+

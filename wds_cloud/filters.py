@@ -1,0 +1,589 @@
+"""Stream filters: shuffling, selecting, mapping, renaming, tupling, batching, decoding.
+
+Each ``_name(data, ...)`` is a generator over a stream of samples; the public
+``name(...)`` is its curried stage (see :mod:`wds_cloud.stages`).  Every filter
+that calls user code takes ``handler=`` (see :mod:`wds_cloud.handlers`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import logging
+import random
+import re
+import sys
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import numpy as np
+
+from .handlers import reraise_exception
+from .stages import FilterFunction, PipelineStage, RestCurried, compose, pipeline, pipelinefilter
+from .utils import make_seed
+
+__all__ = [
+    "FilterFunction", "RestCurried", "PipelineStage", "pipelinefilter", "compose", "pipeline", "getfirst",
+    "transform_with", "identity", "info", "shuffle", "detshuffle", "select", "log_keys", "decode", "map",
+    "rename", "associate", "map_dict", "to_tuple", "map_tuple", "unlisted", "unbatched", "rsample", "slice",
+    "extract_keys", "rename_keys", "xdecode", "batched", "default_collation_fn", "default_decoders",
+    "find_decoder", "Cached", "LMDBCached", "reraise_exception",
+]
+
+log = logging.getLogger("wds_cloud.filters")
+
+
+def identity(x: Any) -> Any:
+    return x
+
+
+def getfirst(a: dict, keys: Any, default: Any = None, missing_is_error: bool = True) -> Any:
+    """The value of the first of ``keys`` (a list, or a string of alternatives joined by ``;``) in ``a``."""
+    if isinstance(keys, str):
+        keys = keys.split(";")
+    for k in keys:
+        if k in a:
+            return a[k]
+    if missing_is_error:
+        raise ValueError(f"none of the fields {list(keys)} is in sample {a.get('__key__')!r} "
+                         f"(fields present: {sorted(k for k in a if not k.startswith('__'))})")
+    return default
+
+
+def transform_with(sample: Any, transformers: Optional[list]) -> Any:
+    """Apply ``transformers[i]`` to ``sample[i]`` (None leaves an element alone)."""
+    if transformers is None or len(transformers) == 0:
+        return sample
+    result = list(sample)
+    if len(transformers) > len(result):
+        raise ValueError(f"{len(transformers)} transformers for a sample of {len(result)} elements")
+    for i, f in enumerate(transformers):
+        if f is not None:
+            result[i] = f(sample[i])
+    return tuple(result) if isinstance(sample, tuple) else result
+
+
+def _info(data: Iterable, fmt: Optional[str] = None, n: int = 3, every: int = -1, width: int = 50,
+          stream: Any = None, name: str = "") -> Iterator:
+    """Pass samples through, printing a short description of the first ``n`` and then every ``every``-th."""
+    stream = stream or sys.stderr
+    for i, sample in enumerate(data):
+        if i < n or (every > 0 and (i + 1) % every == 0):
+            if fmt is None:
+                print("---", name, file=stream)
+                for k, v in (sample.items() if isinstance(sample, dict) else enumerate(sample)):
+                    print(k, repr(v)[:width], file=stream)
+            else:
+                print(fmt.format(**sample), file=stream)
+        yield sample
+
+
+info = pipelinefilter(_info)
+
+
+def _pick(buf: list, rng: random.Random) -> Any:
+    k = rng.randint(0, len(buf) - 1)
+    buf[k], buf[-1] = buf[-1], buf[k]
+    return buf.pop()
+
+
+def _shuffle(data: Iterable, bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random] = None,
+             handler: Any = None, seed: Optional[int] = None) -> Iterator:
+    """Shuffle through a buffer of ``bufsize`` samples, starting once ``initial`` are buffered."""
+    if rng is None:
+        rng = random.Random(seed) if seed is not None else random.Random()
+    initial = min(initial, bufsize)
+    buf: list = []
+    it = iter(data)
+    for sample in it:
+        buf.append(sample)
+        if len(buf) < bufsize:
+            try:
+                buf.append(next(it))  # grow the buffer while consuming
+            except StopIteration:
+                pass
+        if len(buf) >= initial:
+            yield _pick(buf, rng)
+    while buf:
+        yield _pick(buf, rng)
+
+
+shuffle = pipelinefilter(_shuffle)
+
+
+class detshuffle(PipelineStage):
+    """Deterministic shuffle: the order is a function of (seed, epoch); the epoch advances each run.
+
+    Unlike webdataset, a seed given as text (``WDS_SEED``) is accepted.
+    """
+
+    def __init__(self, bufsize: int = 1000, initial: int = 100, seed: Any = 0, epoch: int = -1) -> None:
+        self.bufsize = bufsize
+        self.initial = initial
+        self.seed = int(seed) if isinstance(seed, str) and seed.strip().lstrip("-").isdigit() else seed
+        self.epoch = epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch - 1  # run() advances before use
+
+    def run(self, src: Iterable) -> Iterator:
+        self.epoch += 1
+        rng = random.Random(make_seed(self.seed, self.epoch))
+        return _shuffle(src, self.bufsize, self.initial, rng)
+
+
+def _select(data: Iterable, predicate: Callable) -> Iterator:
+    """Keep the samples for which ``predicate(sample)`` is true."""
+    for sample in data:
+        if predicate(sample):
+            yield sample
+
+
+select = pipelinefilter(_select)
+
+
+def _log_keys(data: Iterable, logfile: Optional[str] = None) -> Iterator:
+    """Append each sample's ``__url__`` and ``__key__`` to ``logfile`` (or the debug log)."""
+    out = open(logfile, "a") if logfile else None
+    try:
+        for sample in data:
+            line = f"{sample.get('__url__')}\t{sample.get('__key__')}"
+            if out:
+                print(line, file=out, flush=True)
+            else:
+                log.debug("%s", line)
+            yield sample
+    finally:
+        if out:
+            out.close()
+
+
+log_keys = pipelinefilter(_log_keys)
+
+
+def _decode(data: Iterable, *args: Any, handler: Callable = reraise_exception, **kw: Any) -> Iterator:
+    """Decode each sample's fields with a :class:`Decoder` built from ``args``."""
+    from .autodecode import Decoder
+
+    decoder = Decoder(list(args), **kw) if not (len(args) == 1 and isinstance(args[0], Decoder)) else args[0]
+    for sample in data:
+        try:
+            decoded = decoder(sample)
+        except Exception as exn:
+            if handler(exn):
+                continue
+            break
+        yield decoded
+
+
+decode = pipelinefilter(_decode)
+
+
+def _map(data: Iterable, f: Callable, handler: Callable = reraise_exception) -> Iterator:
+    """``f(sample)`` for each sample; None drops the sample; a dict result keeps ``__key__``."""
+    for sample in data:
+        try:
+            result = f(sample)
+        except Exception as exn:
+            if handler(exn):
+                continue
+            break
+        if result is None:
+            continue
+        if isinstance(sample, dict) and isinstance(result, dict) and "__key__" in sample:
+            result["__key__"] = sample["__key__"]
+        yield result
+
+
+map = pipelinefilter(_map)
+
+
+def _rename(data: Iterable, handler: Callable = reraise_exception, keep: bool = True, **kw: str) -> Iterator:
+    """Rename fields: ``rename(image="jpg;png")`` takes the first of jpg/png as ``image``."""
+    for sample in data:
+        try:
+            used = set()
+            result = {}
+            for new, old in kw.items():
+                for alternative in old.split(";"):
+                    if alternative in sample:
+                        result[new] = sample[alternative]
+                        used.add(alternative)
+                        break
+                else:
+                    raise ValueError(f"rename: sample {sample.get('__key__')!r} has none of {old!r} "
+                                     f"(fields: {sorted(k for k in sample if not k.startswith('__'))})")
+            for k, v in sample.items():
+                if k.startswith("__") or (keep and k not in used and k not in result):
+                    result.setdefault(k, v)
+        except Exception as exn:
+            if handler(exn):
+                continue
+            break
+        yield result
+
+
+rename = pipelinefilter(_rename)
+
+
+def _associate(data: Iterable, associator: Any, **kw: Any) -> Iterator:
+    """Merge extra fields into each sample: from a dict keyed by ``__key__``, or ``associator(key)``."""
+    for sample in data:
+        extra = associator(sample["__key__"]) if callable(associator) else associator.get(sample["__key__"])
+        if extra:
+            sample.update(extra)
+        yield sample
+
+
+associate = pipelinefilter(_associate)
+
+
+def _map_dict(data: Iterable, handler: Callable = reraise_exception, **kw: Callable) -> Iterator:
+    """Apply ``kw[field]`` to each named field."""
+    for sample in data:
+        try:
+            for k, f in kw.items():
+                sample[k] = f(sample[k])
+        except Exception as exn:
+            if handler(exn):
+                continue
+            break
+        yield sample
+
+
+map_dict = pipelinefilter(_map_dict)
+
+
+def _to_tuple(data: Iterable, *args: str, handler: Callable = reraise_exception, missing_is_error: bool = True,
+              none_is_error: Optional[bool] = None) -> Iterator:
+    """Turn dict samples into tuples of the named fields (``"jpg;png cls"`` or ``"jpg;png", "cls"``)."""
+    if none_is_error is None:
+        none_is_error = missing_is_error
+    if len(args) == 1 and isinstance(args[0], str) and " " in args[0]:
+        args = tuple(args[0].split())
+    fields = [a.split(";") for a in args]
+    for sample in data:
+        try:
+            result = tuple(getfirst(sample, f, missing_is_error=missing_is_error) for f in fields)
+            if none_is_error and any(x is None for x in result):
+                raise ValueError(f"to_tuple{args}: a field of sample {sample.get('__key__')!r} is None")
+        except Exception as exn:
+            if handler(exn):
+                continue
+            break
+        yield result
+
+
+to_tuple = pipelinefilter(_to_tuple)
+
+
+def _map_tuple(data: Iterable, *args: Optional[Callable], handler: Callable = reraise_exception) -> Iterator:
+    """Apply ``args[i]`` to element i of each tuple sample."""
+    for sample in data:
+        try:
+            result = transform_with(sample, list(args))
+        except Exception as exn:
+            if handler(exn):
+                continue
+            break
+        yield result
+
+
+map_tuple = pipelinefilter(_map_tuple)
+
+
+def _unlisted(data: Iterable) -> Iterator:
+    """Flatten a stream of lists."""
+    for batch in data:
+        if not isinstance(batch, list):
+            raise TypeError(f"unlisted expects lists, got {type(batch).__name__}")
+        yield from batch
+
+
+unlisted = pipelinefilter(_unlisted)
+
+
+def _unbatched(data: Iterable) -> Iterator:
+    """Split batches (tuples/lists of columns, or dicts of columns) back into samples."""
+    for batch in data:
+        if isinstance(batch, dict):
+            columns = {k: v for k, v in batch.items()}
+            n = len(next(iter(columns.values()))) if columns else 0
+            for i in range(n):
+                yield {k: v[i] for k, v in columns.items()}
+            continue
+        if not isinstance(batch, (tuple, list)) or len(batch) == 0:
+            raise TypeError(f"unbatched expects a non-empty tuple/list of columns, got {type(batch).__name__}")
+        for i in range(len(batch[0])):
+            yield tuple(column[i] for column in batch)
+
+
+unbatched = pipelinefilter(_unbatched)
+
+
+def _rsample(data: Iterable, p: float = 0.5, seed: Optional[int] = None) -> Iterator:
+    """Keep each sample with probability ``p``."""
+    rng = random.Random(seed)
+    for sample in data:
+        if rng.random() < p:
+            yield sample
+
+
+rsample = pipelinefilter(_rsample)
+
+
+def _slice(data: Iterable, *args: Any) -> Iterator:
+    """``itertools.islice`` as a stage."""
+    return itertools.islice(data, *args)
+
+
+slice = pipelinefilter(_slice)
+
+
+def _extract_keys(source: Iterable, *patterns: str, duplicate_is_error: bool = True,
+                  ignore_missing: bool = False) -> Iterator:
+    """Tuples of the fields matching each glob pattern (``"*.jpg"``, ``"cls"``)."""
+    for sample in source:
+        result = []
+        for pattern in patterns:
+            matches = [v for k, v in sample.items()
+                       if not k.startswith("__") and (k == pattern or fnmatch.fnmatch("." + k, pattern))]
+            if len(matches) == 0:
+                if ignore_missing:
+                    continue
+                raise ValueError(f"extract_keys: no field of sample {sample.get('__key__')!r} matches {pattern!r}")
+            if len(matches) > 1 and duplicate_is_error:
+                raise ValueError(f"extract_keys: several fields of sample {sample.get('__key__')!r} match {pattern!r}")
+            result.append(matches[0])
+        yield tuple(result)
+
+
+extract_keys = pipelinefilter(_extract_keys)
+
+
+def _rename_keys(source: Iterable, *args: tuple, keep_unselected: bool = False, must_match: bool = True,
+                 duplicate_is_error: bool = True, **kw: str) -> Iterator:
+    """Rename fields by glob pattern: ``rename_keys(image="*.jpg", ("label", "*.cls"))``."""
+    renamings = list(args) + [(new, pattern) for new, pattern in kw.items()]
+    for sample in source:
+        new_sample = {}
+        matched = {k: False for k, _ in renamings}
+        for path, value in sample.items():
+            if path.startswith("__"):
+                new_sample[path] = value
+                continue
+            for new, pattern in renamings:
+                if fnmatch.fnmatch(path.lower(), pattern):
+                    if new in new_sample and duplicate_is_error:
+                        raise ValueError(f"rename_keys: {path!r} and another field both become {new!r} "
+                                         f"in sample {sample.get('__key__')!r}")
+                    new_sample[new] = value
+                    matched[new] = True
+                    break
+            else:
+                if keep_unselected:
+                    new_sample[path] = value
+        if must_match and not all(matched.values()):
+            missing = [k for k, v in matched.items() if not v]
+            raise ValueError(f"rename_keys: no field of sample {sample.get('__key__')!r} for {missing} "
+                             f"(fields: {sorted(k for k in sample if not k.startswith('__'))})")
+        yield new_sample
+
+
+rename_keys = pipelinefilter(_rename_keys)
+
+
+def _default_decoders() -> list:
+    from . import autodecode as ad
+
+    return [
+        ("*.bgr8.png *.bgr8.jpg *.bgr8.jpeg", lambda data: ad.imagehandler("rgb8")("png", data)[..., ::-1]),
+        ("*.jpg *.jpeg *.png *.ppm *.pgm *.pbm *.pnm *.tif *.tiff *.webp *.bmp", ad.imagehandler("rgb8").decode_any),
+        ("*.txt *.text *.transcript", lambda data: bytes(data).decode("utf-8")),
+        ("*.cls *.cls2 *.class *.count *.index *.inx *.id", lambda data: int(bytes(data))),
+        ("*.json *.jsn", ad.json_loads),
+        ("*.npy", ad.npy_loads),
+        ("*.npz", ad.npz_loads),
+        ("*.ten *.tb", ad.tenbin_loads),
+        ("*.mp *.msgpack *.msg", ad.msgpack_loads),
+        ("*.cbor", ad.cbor_loads),
+        ("*.pyd *.pickle *.pkl", ad.unpickle_loads),
+        ("*.pth", ad.torch_loads),
+    ]
+
+
+class _LazyDecoders(list):
+    """``default_decoders`` built on first use, so importing filters does not import autodecode."""
+
+    def _load(self) -> None:
+        if not list.__len__(self):
+            self.extend(_default_decoders())
+
+    def __iter__(self):
+        self._load()
+        return list.__iter__(self)
+
+    def __len__(self) -> int:
+        self._load()
+        return list.__len__(self)
+
+    def __getitem__(self, i):
+        self._load()
+        return list.__getitem__(self, i)
+
+
+default_decoders = _LazyDecoders()
+
+
+def find_decoder(decoders: Iterable, path: str) -> Optional[Callable]:
+    """The decoder of the first ``(patterns, fn)`` whose space-separated glob patterns match ``path``."""
+    fname = re.sub(r".*/", "", path)
+    if fname.startswith("__"):
+        return lambda x: x
+    for patterns, fun in decoders:
+        for pattern in patterns.split():
+            if fnmatch.fnmatch(fname.lower(), pattern) or fnmatch.fnmatch("." + fname.lower(), pattern):
+                return fun
+    return None
+
+
+def _xdecode(source: Iterable, *args: tuple, must_decode: bool = True, defaults: Any = default_decoders,
+             **kw: Callable) -> Iterator:
+    """Decode fields by glob pattern: ``xdecode(("*.jpg", fn), png=fn2)``; honours WDS_SECURE."""
+    from .autodecode import refuse_if_unsafe
+
+    decoders = list(args) + [(f"*.{k}", v) for k, v in kw.items()] + list(defaults or [])
+    for sample in source:
+        result = {}
+        for path, data in sample.items():
+            if path.startswith("__"):
+                result[path] = data
+                continue
+            decoder = find_decoder(decoders, "x." + path if "." not in path else path)
+            if decoder is False:
+                result[path] = data
+                continue
+            if decoder is None:
+                if must_decode:
+                    raise ValueError(f"xdecode: no decoder for field {path!r} of sample {sample.get('__key__')!r}; "
+                                     "pass one, or must_decode=False")
+                result[path] = data
+                continue
+            refuse_if_unsafe(path, decoder, sample)
+            result[path] = decoder(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
+        yield result
+
+
+xdecode = pipelinefilter(_xdecode)
+
+
+def default_collation_fn(samples: list, combine_tensors: bool = True, combine_scalars: bool = True) -> Any:
+    """Turn a list of samples (tuples, lists or dicts) into a batch of columns.
+
+    Numbers become numpy arrays, numpy arrays are stacked, tensors are stacked
+    with torch, everything else stays a list.
+    """
+    if not samples:
+        return samples
+    first = samples[0]
+    if isinstance(first, dict):
+        keys = first.keys()
+        return {k: _collate_column([s[k] for s in samples], combine_tensors, combine_scalars) for k in keys}
+    if not isinstance(first, (list, tuple)):
+        raise TypeError(f"default_collation_fn batches tuples, lists or dicts, not {type(first).__name__}")
+    columns = list(zip(*samples))
+    return [_collate_column(list(c), combine_tensors, combine_scalars) for c in columns]
+
+
+def _collate_column(column: list, combine_tensors: bool, combine_scalars: bool) -> Any:
+    first = column[0]
+    if isinstance(first, (int, float)) and not isinstance(first, bool):
+        return np.array(column) if combine_scalars else column
+    if isinstance(first, np.ndarray):
+        return np.stack(column) if combine_tensors else column
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(first, torch.Tensor):
+        return torch.stack(column) if combine_tensors else column
+    return column
+
+
+def _batched(data: Iterable, batchsize: int = 20, collation_fn: Optional[Callable] = default_collation_fn,
+             partial: bool = True) -> Iterator:
+    """Group samples into batches of ``batchsize``; ``partial=False`` drops a short last batch."""
+    batch: list = []
+    for sample in data:
+        batch.append(sample)
+        if len(batch) >= batchsize:
+            yield collation_fn(batch) if collation_fn is not None else batch
+            batch = []
+    if batch and partial:
+        yield collation_fn(batch) if collation_fn is not None else batch
+
+
+batched = pipelinefilter(_batched)
+
+
+class Cached(PipelineStage):
+    """Keep the samples of the first pass in memory and replay them on later passes."""
+
+    def __init__(self) -> None:
+        self.cached: Optional[list] = None
+
+    def run(self, source: Iterable) -> Iterator:
+        if self.cached is not None:
+            yield from self.cached
+            return
+        collected = []
+        for sample in source:
+            collected.append(sample)
+            yield sample
+        self.cached = collected
+
+
+class LMDBCached(PipelineStage):
+    """Cache the samples of the first pass in an LMDB file (needs the ``lmdb`` module).
+
+    Samples are stored with ``pickler`` (default: :mod:`pickle`), so constructing
+    this stage is an explicit opt-in to unpickling that file; it is refused under
+    ``WDS_SECURE=1``.
+    """
+
+    def __init__(self, fname: str, map_size: float = 1e12, pickler: Any = None, chunksize: int = 500) -> None:
+        from .autodecode import _security_enforced
+        from .errors import MissingExtraError, SecurityError
+
+        if _security_enforced():
+            raise SecurityError("LMDBCached stores samples with pickle and is refused under WDS_SECURE=1")
+        try:
+            import lmdb
+        except ImportError:
+            raise MissingExtraError("LMDBCached needs the lmdb module: pip install lmdb") from None
+        import pickle
+
+        self.db = lmdb.open(fname, readonly=False, map_size=int(map_size))
+        self.pickler = pickler or pickle
+        self.chunksize = chunksize
+
+    def is_complete(self) -> bool:
+        with self.db.begin(write=False) as txn:
+            return txn.get(b"_") is not None
+
+    def add_samples(self, samples: Iterable) -> Iterator:
+        txn = self.db.begin(write=True)
+        for i, sample in enumerate(samples):
+            txn.put(f"{i:012d}".encode(), self.pickler.dumps(sample))  # padded: cursor order is sample order
+            yield sample
+            if (i + 1) % self.chunksize == 0:
+                txn.commit()
+                txn = self.db.begin(write=True)
+        txn.put(b"_", b"1")
+        txn.commit()
+
+    def run(self, samples: Iterable) -> Iterator:
+        if self.is_complete():
+            with self.db.begin(write=False) as txn:
+                for key, value in txn.cursor():
+                    if key != b"_":
+                        yield self.pickler.loads(value)
+        else:
+            yield from self.add_samples(samples)
+

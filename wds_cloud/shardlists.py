@@ -1,0 +1,339 @@
+"""Shard lists: from a spec like ``data-{000..099}.tar::extra-{0..9}.tar`` to ``{"url": ...}`` items.
+
+Also the splitters that give each node and DataLoader worker its share of the
+shards, and resampling (shards drawn with replacement, forever).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import sys
+from itertools import islice
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
+
+import braceexpand
+
+from . import config, utils
+from .security import untrusted
+from .stages import PipelineStage
+
+__all__ = [
+    "envsubst", "expand_urls", "expand_source", "SimpleShardList", "ResampledShards", "ResampledShardList",
+    "MultiShardSample", "DirectoryShardList", "split_by_node", "split_by_worker", "single_node_only",
+    "non_empty", "resampled", "shardspec", "shard_order",
+]
+
+_VAR = re.compile(r"\$\{(\w+)\}|\$(\w+)")
+
+
+def envsubst(s: str, settings: Optional[config.Settings] = None) -> str:
+    """Replace ``${NAME}`` (and ``$NAME``) with the value of ``WDS_NAME``; unknown names stay as written."""
+    if "$" not in s:
+        return s
+    values = dict((settings or config.current()).template_vars)
+
+    def replace(m: re.Match) -> str:
+        name = m.group(1) or m.group(2)
+        return values.get(name, m.group(0))
+
+    return _VAR.sub(replace, s)
+
+
+def expand_urls(urls: Union[str, Iterable[str]]) -> list[str]:
+    """Expand ``::``-joined specs, ``${NAME}`` and brace ranges into a list of URLs."""
+    if isinstance(urls, str):
+        result = []
+        for spec in urls.split("::"):
+            spec = envsubst(spec)
+            result.extend(braceexpand.braceexpand(spec))
+        return result
+    return [u for url in urls for u in (expand_urls(url) if isinstance(url, str) and
+                                        ("{" in url or "::" in url or "$" in url) else [url])]
+
+
+def expand_source(source: Any, max_urls: int = int(1e9)) -> list[str]:
+    """The URLs a dataset source names: a spec string, a list of URLs, or a ``.json``/``.yaml`` spec file."""
+    if isinstance(source, (list, tuple)):
+        return expand_urls(list(source))[:max_urls]
+    if isinstance(source, str):
+        if re.search(r"\.(json|ya?ml)$", source):
+            return _spec_file_urls(source)[:max_urls]
+        return expand_urls(source)[:max_urls]
+    if isinstance(source, dict):
+        return _spec_urls(source, "")[:max_urls]
+    raise TypeError(f"cannot expand a shard source of type {type(source).__name__}: give a spec string or a list")
+
+
+def _spec_file_urls(url: str) -> list[str]:
+    """Read a dataset description (wids-style JSON index, or YAML) and return its shard URLs.
+
+    The URLs come from data, so any ``pipe:`` among them is untrusted.
+    """
+    from .gopen import gopen
+
+    with gopen(url) as stream:
+        text = stream.read().decode("utf-8")
+    if url.endswith(".json"):
+        spec = json.loads(text)
+    else:
+        try:
+            import yaml
+        except ImportError:
+            from .errors import MissingExtraError
+
+            raise MissingExtraError(f"{url}: reading a YAML dataset spec needs PyYAML: pip install pyyaml") from None
+        spec = yaml.safe_load(text)
+    return _spec_urls(spec, url)
+
+
+def _spec_urls(spec: Any, where: str) -> list[str]:
+    base = where.rsplit("/", 1)[0] + "/" if "/" in where else ""
+    if isinstance(spec, dict) and "shardlist" in spec:  # wids index
+        entries = spec["shardlist"]
+        urls = [e["url"] if isinstance(e, dict) else e for e in entries]
+    elif isinstance(spec, dict) and "datasets" in spec:  # webdataset YAML spec
+        urls = []
+        for ds in spec["datasets"]:
+            prefix = ds.get("buckets", [""])[0] if isinstance(ds.get("buckets"), list) else ds.get("buckets", "")
+            for shards in ds.get("shards", []):
+                urls.extend(expand_urls(prefix.rstrip("/") + "/" + shards if prefix else shards))
+    elif isinstance(spec, list):
+        urls = list(spec)
+    else:
+        raise ValueError(f"{where}: not a dataset spec: expected a 'shardlist' (wids JSON) or 'datasets' (YAML)")
+    resolved = []
+    for u in urls:
+        if base and not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]+:|^/", u):
+            u = base + u
+        resolved.append(untrusted(u))
+    return resolved
+
+
+def shard_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The shuffled order of ``n`` shards for (seed, epoch): the same on every rank and worker."""
+    order = list(range(n))
+    random.Random(utils.make_seed(seed, epoch)).shuffle(order)
+    return order
+
+
+class SimpleShardList(PipelineStage):
+    """The URLs of a spec, in order, or shuffled per epoch when ``seed`` is given."""
+
+    def __init__(self, urls: Any, seed: Optional[int] = None) -> None:
+        self.urls = expand_source(urls) if not isinstance(urls, list) else expand_urls(urls)
+        if not self.urls:
+            raise ValueError(f"the shard spec {urls!r} names no shards")
+        self.seed = seed
+        self.epoch = -1
+        self._epoch_set = False
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self._epoch_set = True
+
+    def run(self) -> Iterator[dict]:
+        if not self._epoch_set:
+            self.epoch += 1
+        self._epoch_set = False
+        urls = self.urls
+        if self.seed is not None:
+            urls = [urls[i] for i in shard_order(len(urls), self.seed, self.epoch)]
+        for url in urls:
+            yield {"url": url}
+
+    def __iter__(self) -> Iterator[dict]:
+        return self.run()
+
+    def __call__(self, src: Any = None) -> Iterator[dict]:
+        return self.run()
+
+
+def split_by_node(src: Iterable, group: Any = None) -> Iterator:
+    """Every ``world_size``-th item starting at ``rank`` (torch.distributed, or RANK/WORLD_SIZE)."""
+    rank, world_size, _, _ = utils.pytorch_worker_info(group=group)
+    if world_size > 1:
+        yield from islice(src, rank, None, world_size)
+    else:
+        yield from src
+
+
+def single_node_only(src: Iterable, group: Any = None) -> Iterator:
+    """Pass items through, refusing to run on more than one node."""
+    rank, world_size, _, _ = utils.pytorch_worker_info(group=group)
+    if world_size > 1:
+        raise ValueError(
+            f"this dataset uses single_node_only but runs on {world_size} nodes (rank {rank}); "
+            "pass nodesplitter=wds.split_by_node to give each node its own shards"
+        )
+    yield from src
+
+
+def split_by_worker(src: Iterable) -> Iterator:
+    """Every ``num_workers``-th item starting at this DataLoader worker's id."""
+    _, _, worker, num_workers = utils.pytorch_worker_info()
+    if num_workers > 1:
+        yield from islice(src, worker, None, num_workers)
+    else:
+        yield from src
+
+
+def non_empty(src: Iterable) -> Iterator:
+    """Pass items through; raise if there were none."""
+    count = 0
+    for item in src:
+        yield item
+        count += 1
+    if count == 0:
+        raise ValueError("no samples or shards were produced (fewer shards than nodes x workers?)")
+
+
+class ResampledShards(PipelineStage):
+    """Shard URLs drawn with replacement, ``nshards`` per pass (forever by default).
+
+    The draw is deterministic per (seed, epoch, rank, worker) when ``seed`` is given
+    (or ``WDS_SEED`` is set), and differs between ranks and workers.
+    """
+
+    def __init__(self, urls: Any, nshards: int = sys.maxsize, worker_seed: Optional[Callable] = None,
+                 deterministic: bool = False, max_urls: int = int(1e6), empty_check: bool = True,
+                 seed: Optional[int] = None) -> None:
+        self.urls = expand_source(urls, max_urls) if not isinstance(urls, list) else expand_urls(urls)
+        if empty_check and not self.urls:
+            raise ValueError(f"the shard spec {urls!r} names no shards")
+        self.nshards = nshards
+        self.worker_seed = worker_seed
+        self.deterministic = deterministic
+        self.seed = seed
+        self.epoch = -1
+        self._epoch_set = False
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self._epoch_set = True
+
+    def run(self) -> Iterator[dict]:
+        if not self._epoch_set:
+            self.epoch += 1
+        self._epoch_set = False
+        seed = self.seed if self.seed is not None else config.current().seed
+        if self.worker_seed is not None:
+            rng = random.Random(utils.make_seed(self.worker_seed(), self.epoch))
+        elif seed is not None or self.deterministic:
+            rank, _, worker, _ = utils.pytorch_worker_info()
+            rng = random.Random(utils.make_seed(seed or 0, self.epoch, rank, worker))
+        else:
+            rng = random.Random()
+        for _ in range(self.nshards):
+            yield {"url": rng.choice(self.urls)}
+
+    def __iter__(self) -> Iterator[dict]:
+        return self.run()
+
+    def __call__(self, src: Any = None) -> Iterator[dict]:
+        return self.run()
+
+
+ResampledShardList = ResampledShards
+
+
+def resampled(src: Iterable, n: int = sys.maxsize) -> Iterator:
+    """Draw items of ``src`` with replacement, ``n`` times."""
+    items = list(src)
+    rng = random.Random()
+    for _ in range(n):
+        yield rng.choice(items)
+
+
+class MultiShardSample(PipelineStage):
+    """Shards from a YAML/dict description mixing several datasets, each with an optional ``choose`` count."""
+
+    def __init__(self, fname: Any) -> None:
+        if isinstance(fname, dict):
+            spec = fname
+        else:
+            try:
+                import yaml
+            except ImportError:
+                from .errors import MissingExtraError
+
+                raise MissingExtraError("MultiShardSample reads YAML and needs PyYAML: pip install pyyaml") from None
+            with open(fname) as stream:
+                spec = yaml.safe_load(stream)
+        self.sources = []
+        prefix = spec.get("prefix", "")
+        for ds in spec["datasets"]:
+            buckets = ds.get("buckets", prefix)
+            buckets = buckets[0] if isinstance(buckets, list) else buckets
+            urls = expand_urls(ds["shards"])
+            urls = [os.path.join(buckets, u) if buckets else u for u in urls]
+            self.sources.append({"name": ds.get("name", ""), "urls": urls,
+                                 "perepoch": ds.get("perepoch", -1), "choose": ds.get("choose", -1)})
+        self.rng = random.Random()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.rng = random.Random(epoch)
+
+    def get_shards_for_epoch(self) -> list[str]:
+        result = []
+        for source in self.sources:
+            urls = source["urls"]
+            if source["choose"] > 0:
+                result.extend(self.rng.choices(urls, k=source["choose"]))
+            elif source["perepoch"] > 0:
+                result.extend(self.rng.sample(urls, source["perepoch"]))
+            else:
+                result.extend(urls)
+        self.rng.shuffle(result)
+        return result
+
+    def run(self) -> Iterator[dict]:
+        for url in self.get_shards_for_epoch():
+            yield {"url": url}
+
+    def __call__(self, src: Any = None) -> Iterator[dict]:
+        return self.run()
+
+
+class DirectoryShardList(PipelineStage):
+    """The ``*.tar`` (or ``pattern``) files of a directory, re-listed on every pass.
+
+    With ``mode="resample"`` shards are drawn with replacement forever; ``select``
+    and ``sort`` control which files and in which order.
+    """
+
+    def __init__(self, path: str, pattern: str = "*.{tar,tgz,tar.gz}", poll: int = 1, pid: Any = None,
+                 mode: str = "resample", select: str = "random", fate: Any = None) -> None:
+        self.path = path
+        self.pattern = pattern
+        self.mode = mode
+        self.select_mode = select
+        self.rng = random.Random()
+
+    def _files(self) -> list[str]:
+        return sorted(utils.glob_with_braces(os.path.join(self.path, self.pattern)))
+
+    def run(self) -> Iterator[dict]:
+        files = self._files()
+        if self.mode == "resample":
+            while files:
+                yield {"url": self.rng.choice(files)}
+                files = self._files()
+        else:
+            for f in files:
+                yield {"url": f}
+
+    def __call__(self, src: Any = None) -> Iterator[dict]:
+        return self.run()
+
+
+def shardspec(spec: Any) -> PipelineStage:
+    """A shard list for ``spec``: a YAML file -> :class:`MultiShardSample`, else :class:`SimpleShardList`."""
+    if isinstance(spec, str) and re.search(r"\.ya?ml$", spec) and os.path.exists(spec):
+        return MultiShardSample(spec)
+    return SimpleShardList(spec)
