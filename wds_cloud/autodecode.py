@@ -273,7 +273,10 @@ class ImageHandler:
         torch = _torch()
         if array.ndim == 3:
             array = array.transpose(2, 0, 1)
-        return torch.from_numpy(np.ascontiguousarray(array))
+        array = np.ascontiguousarray(array)
+        if not array.flags.writeable:
+            array = array.copy()
+        return torch.from_numpy(array)
 
 
 def imagehandler(imagespec: str, extensions: Any = None) -> ImageHandler:

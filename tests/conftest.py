@@ -1,0 +1,43 @@
+"""Fixtures for reading tests: small shard sets written to a temporary directory."""
+
+import io
+import json
+import tarfile
+
+import pytest
+
+
+def make_shards(directory, nshards=3, per_shard=10, images=False):
+    """Write ``nshards`` tar shards of ``per_shard`` samples each; returns the brace spec."""
+    if images:
+        from PIL import Image
+        import numpy as np
+    for s in range(nshards):
+        with tarfile.open(directory / f"shard-{s:03d}.tar", "w") as tar:
+            for i in range(per_shard):
+                key = f"s{s}_{i:04d}"
+                fields = {"txt": f"text {s} {i}".encode(), "cls": str(s * per_shard + i).encode(),
+                          "json": json.dumps({"s": s, "i": i}).encode()}
+                if images:
+                    rng = np.random.default_rng(s * 1000 + i)
+                    pixels = rng.integers(0, 255, (8, 12, 3), dtype=np.uint8)
+                    out = io.BytesIO()
+                    Image.fromarray(pixels).save(out, format="PNG")
+                    fields["png"] = out.getvalue()
+                for ext, data in fields.items():
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return str(directory / f"shard-{{000..{nshards - 1:03d}}}.tar")
+
+
+@pytest.fixture
+def shards(tmp_path):
+    """Three shards of ten samples (txt, cls, json)."""
+    return make_shards(tmp_path)
+
+
+@pytest.fixture
+def image_shards(tmp_path):
+    """Two shards of five samples, each with a small PNG."""
+    return make_shards(tmp_path, nshards=2, per_shard=5, images=True)
