@@ -29,3 +29,26 @@ def test_no_command_prints_help(capsys):
     """Without a command the usage is printed and the exit status is 2."""
     assert main([]) == 2
     assert "usage" in capsys.readouterr().out
+
+
+def test_demo_runs_and_cleans_up(tmp_path, capsys, monkeypatch):
+    """`wds-cloud demo` writes, reads back every sample, prints one, and removes its temporary data."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["demo", "--samples", "40", "--shards", "2", "--workers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "read 40 samples" in out and "one sample: image uint8 (64, 64, 3)" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_to_a_given_location(tmp_path, capsys):
+    """--url writes the dataset where asked and leaves it there."""
+    assert main(["demo", "--samples", "10", "--shards", "1", "--workers", "0", "--url", str(tmp_path)]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["demo-000000.tar"]
+
+
+def test_demo_rejects_bad_numbers(capsys):
+    """Nonsense counts are refused with a message."""
+    assert main(["demo", "--samples", "0"]) == 2
+    assert "at least 1" in capsys.readouterr().err

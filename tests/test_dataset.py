@@ -380,3 +380,27 @@ def test_single_node_only_message(monkeypatch, shards):
         list(wds.WebDataset(shards, shardshuffle=False))
     got = list(wds.WebDataset(shards, shardshuffle=False, nodesplitter=wds.split_by_node))
     assert {s["__url__"][-7:-4] for s in got} == {"001"}
+
+
+def test_lmdbcached_needs_lmdb(monkeypatch, tmp_path):
+    """LMDBCached without the lmdb module says how to install it; under WDS_SECURE it is refused."""
+    import sys
+
+    from wds_cloud.errors import MissingExtraError
+
+    monkeypatch.setitem(sys.modules, "lmdb", None)
+    with pytest.raises(MissingExtraError, match="pip install lmdb"):
+        wds.LMDBCached(str(tmp_path / "db"))
+    monkeypatch.setenv("WDS_SECURE", "1")
+    with pytest.raises(SecurityError):
+        wds.LMDBCached(str(tmp_path / "db"))
+
+
+def test_tenbin_every_dtype():
+    """tenbin round-trips every numeric dtype, uint32 and bool included."""
+    for dtype in ["float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                  "uint64", "bool"]:
+        a = (np.arange(12) % 2).astype(dtype).reshape(3, 4)
+        b = np.zeros((2,), dtype=dtype)
+        out = wds.tenbin.decode_buffer(wds.tenbin.encode_buffer([a, b], infos=["x", "y"]), infos=True)
+        assert out[1] == ["x", "y"] and np.array_equal(out[0][0], a) and out[0][0].dtype == a.dtype

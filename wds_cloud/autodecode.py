@@ -265,6 +265,8 @@ class ImageHandler:
             image = image.convert(self.mode)
         if self.atype == "pil":
             return image
+        # A read-only view of Pillow's pixel bytes, as webdataset returns: copying a large image
+        # to make it writable costs a fair share of the decoding time (batching copies anyway).
         array = np.asarray(image)
         if self.etype == "float":
             array = array.astype(np.float32) / 255.0
@@ -275,7 +277,7 @@ class ImageHandler:
             array = array.transpose(2, 0, 1)
         array = np.ascontiguousarray(array)
         if not array.flags.writeable:
-            array = array.copy()
+            array = array.copy()  # torch tensors must own writable memory
         return torch.from_numpy(array)
 
 

@@ -1,0 +1,191 @@
+"""``wds-cloud demo``: write a small synthetic image dataset, then stream it back for training.
+
+The dataset (real JPEG and PNG images made with Pillow, with ``.json`` and
+``.cls`` fields) goes to a temporary directory by default, or under any URL
+given with ``--url``.  It is read back through
+``WebDataset -> shuffle -> decode -> to_tuple -> DataLoader`` with worker
+processes, with a progress bar and the throughput, and one decoded sample is
+printed.  A temporary directory is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from typing import Any, Optional
+
+__all__ = ["add_parser", "run_demo", "write_demo_dataset"]
+
+LABELS = ["circle", "square", "stripes", "noise"]
+
+
+def _image(index: int, size: int) -> Any:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(index)
+    label = index % len(LABELS)
+    y, x = np.mgrid[0:size, 0:size]
+    base = rng.integers(0, 256, 3)
+    if label == 0:
+        mask = (x - size / 2) ** 2 + (y - size / 2) ** 2 < (size / 3) ** 2
+    elif label == 1:
+        mask = (abs(x - size / 2) < size / 4) & (abs(y - size / 2) < size / 4)
+    elif label == 2:
+        mask = (x // 4) % 2 == 0
+    else:
+        mask = rng.random((size, size)) < 0.5
+    pixels = np.zeros((size, size, 3), dtype=np.uint8)
+    pixels[mask] = base
+    pixels[~mask] = 255 - base
+    return Image.fromarray(pixels), label
+
+
+def write_demo_dataset(url: str, samples: int, shards: int, size: int = 64, progress: Optional[Any] = None) -> str:
+    """Write ``samples`` samples in ``shards`` shards under ``url``; returns the shard spec."""
+    from .gopen import gopen
+
+    per_shard = -(-samples // shards)
+    index = 0
+    for shard in range(shards):
+        target = f"{url.rstrip('/')}/demo-{shard:06d}.tar"
+        with gopen(target, "wb") as stream, tarfile.open(fileobj=stream, mode="w|") as tar:
+            for _ in range(min(per_shard, samples - index)):
+                image, label = _image(index, size)
+                fmt = "jpg" if index % 2 == 0 else "png"
+                encoded = io.BytesIO()
+                image.save(encoded, format="JPEG" if fmt == "jpg" else "PNG", quality=90)
+                fields = {fmt: encoded.getvalue(), "cls": str(label).encode(),
+                          "json": json.dumps({"index": index, "label": LABELS[label], "format": fmt}).encode()}
+                for ext, data in fields.items():
+                    info = tarfile.TarInfo(f"sample{index:07d}.{ext}")
+                    info.size = len(data)
+                    info.mtime = 0
+                    tar.addfile(info, io.BytesIO(data))
+                index += 1
+                if progress:
+                    progress(index)
+    return f"{url.rstrip('/')}/demo-{{000000..{shards - 1:06d}}}.tar"
+
+
+class _Progress:
+    """A one-line progress bar on stderr (plain lines when stderr is not a terminal)."""
+
+    def __init__(self, label: str, total: int, stream: Any = None) -> None:
+        self.label = label
+        self.total = total
+        self.stream = stream or sys.stderr
+        self.start = time.perf_counter()
+        self.last = 0.0
+        self.tty = getattr(self.stream, "isatty", lambda: False)()
+
+    def __call__(self, done: int) -> None:
+        now = time.perf_counter()
+        if done < self.total and now - self.last < (0.1 if self.tty else 2.0):
+            return
+        self.last = now
+        rate = done / max(now - self.start, 1e-9)
+        width = 30
+        filled = int(width * done / max(self.total, 1))
+        bar = "#" * filled + "-" * (width - filled)
+        line = f"{self.label:8s} [{bar}] {done}/{self.total}  {rate:,.0f} samples/s"
+        if self.tty:
+            self.stream.write("\r" + line + ("\n" if done >= self.total else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def run_demo(url: Optional[str] = None, samples: int = 2000, workers: int = 2, shards: int = 4,
+             batch_size: int = 32, keep: bool = False, out: Any = None) -> dict:
+    """Run the demo; returns the figures it printed."""
+    out = out or sys.stdout
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        from .errors import MissingExtraError
+
+        raise MissingExtraError("the demo makes images with Pillow: pip install 'wds_cloud[image]'") from None
+    import numpy as np
+
+    from . import WebDataset, WebLoader
+    from .pytorch import HAVE_TORCH
+
+    temporary = url is None
+    location = tempfile.mkdtemp(prefix="wds-cloud-demo-") if temporary else url
+    try:
+        print(f"writing {samples} samples in {shards} shards to {location}", file=out)
+        started = time.perf_counter()
+        spec = write_demo_dataset(location, samples, shards, progress=_Progress("writing", samples))
+        write_seconds = time.perf_counter() - started
+
+        dataset = (WebDataset(spec, shardshuffle=True, seed=0).shuffle(500, seed=0).decode("rgb8")
+                   .to_tuple("jpg;png", "json", "cls").batched(batch_size, partial=True))
+        if not HAVE_TORCH:
+            print("torch is not installed: reading in this process (pip install 'wds_cloud[torch]' for workers)",
+                  file=out)
+            workers = 0
+        loader = WebLoader(dataset, batch_size=None, num_workers=min(workers, shards))
+        print(f"reading with {min(workers, shards)} DataLoader workers: "
+              "WebDataset -> shuffle -> decode('rgb8') -> to_tuple -> batched -> DataLoader", file=out)
+        progress = _Progress("reading", samples)
+        started = time.perf_counter()
+        count = 0
+        nbytes = 0
+        first = None
+        for images, metas, labels in loader:  # the workers send whole batches, not single samples
+            count += len(images)
+            nbytes += images.nbytes
+            if first is None:
+                first = (images[0], metas[0], labels[0])
+            progress(count)
+        seconds = time.perf_counter() - started
+        rate = count / max(seconds, 1e-9)
+        print(f"read {count} samples in {seconds:.2f} s: {rate:,.0f} samples/s, "
+              f"{nbytes / max(seconds, 1e-9) / 1e6:,.1f} MB/s of decoded pixels", file=out)
+        if first is not None:
+            image, meta, label = first
+            array = np.asarray(image)
+            print(f"one sample: image {array.dtype} {tuple(array.shape)} (mean {array.mean():.1f}), "
+                  f"cls {int(label)} ({LABELS[int(label)]}), json {json.dumps(meta)}", file=out)
+        if count != samples:
+            raise RuntimeError(f"the demo read {count} samples but wrote {samples}")
+        return {"samples": count, "seconds": seconds, "rate": rate, "write_seconds": write_seconds}
+    finally:
+        if temporary and not keep:
+            shutil.rmtree(location, ignore_errors=True)
+        elif temporary:
+            print(f"kept the dataset in {location}", file=out)
+
+
+def _main(args: argparse.Namespace) -> int:
+    if args.samples < 1 or args.shards < 1 or args.workers < 0:
+        print("wds-cloud demo: --samples and --shards must be at least 1, --workers at least 0", file=sys.stderr)
+        return 2
+    run_demo(args.url, args.samples, args.workers, args.shards, keep=args.keep)
+    return 0
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "demo", help="write a small image dataset and stream it back through a DataLoader",
+        description="Write a synthetic image dataset (JPEG and PNG with .json and .cls) and stream it back "
+                    "through WebDataset -> shuffle -> decode -> to_tuple -> DataLoader, showing progress and "
+                    "throughput.  By default it uses a temporary directory, removed afterwards.",
+    )
+    parser.add_argument("--url", default=None,
+                        help="where to write the shards: a directory or any URL gopen can write "
+                             "(default: a temporary directory)")
+    parser.add_argument("--samples", type=int, default=2000, help="number of samples (default: 2000)")
+    parser.add_argument("--shards", type=int, default=4, help="number of shards (default: 4)")
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (default: 2)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary dataset and print where it is")
+    parser.set_defaults(func=_main)
+
+
