@@ -89,6 +89,7 @@ from .shardlists import (
 )
 from .stages import PipelineStage
 from .tariterators import tarfile_samples, tarfile_to_samples
+from .writer import ShardWriter, TarWriter, numpy_dumps, torch_dumps
 
 __all__ = [
     "__version__",
@@ -113,6 +114,8 @@ __all__ = [
     "RandomMix", "RoundRobin",
     # I/O
     "gopen", "gopen_schemes", "reader", "LRUCleanup", "pipe_cleaner",
+    # writing
+    "TarWriter", "ShardWriter", "numpy_dumps", "torch_dumps",
     # configuration and plugins
     "Settings", "hookimpl",
     # modules

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import weakref
 from typing import Optional
@@ -24,6 +25,20 @@ log = logging.getLogger("wds_cloud.pipes")
 
 STDERR_TAIL_BYTES = 4096
 STDERR_TAIL_LINES = 10
+
+
+def _die_with_parent() -> None:
+    """In the child: ask Linux to kill it when the writing process dies.
+
+    A ``pipe:`` writer such as ``cat > x.tmp && mv x.tmp x`` must not see a clean
+    end of input (and publish a partial shard) because its parent was killed.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
 
 
 def _kill_group(proc: subprocess.Popen, grace: float = 1.0) -> None:
@@ -97,6 +112,7 @@ class Pipe:
             stdin=subprocess.DEVNULL if reading else subprocess.PIPE,
             stdout=subprocess.PIPE if reading else subprocess.DEVNULL,
             stderr=self._stderr, start_new_session=True, env=env,
+            preexec_fn=None if reading or not sys.platform.startswith("linux") else _die_with_parent,
         )
         self.stream = self.proc.stdout if reading else self.proc.stdin
         # If the object is dropped without close(), the children are still ended.

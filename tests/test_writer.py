@@ -1,0 +1,307 @@
+"""TarWriter and ShardWriter: round trips, reproducibility, crash safety, validation."""
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import wds_cloud as wds
+from wds_cloud.errors import CorruptShardError, SampleError
+from wds_cloud.records import RecordWriter, cbors_to_samples, msgpacks_to_samples
+from wds_cloud.writer import ShardWriter, TarWriter
+
+from .strategies import sample_lists
+
+
+def read_back(url, decode=True):
+    ds = wds.WebDataset(url, shardshuffle=False, empty_check=False)
+    return list(ds.decode("rgb8", allow_pickle=True) if decode else ds)
+
+
+def test_every_encoder_round_trips(tmp_path):
+    """Every default encoder gives back what was written."""
+    torch = pytest.importorskip("torch")
+    image = (np.arange(8 * 12 * 3) % 256).astype(np.uint8).reshape(8, 12, 3)
+    sample = {
+        "__key__": "k", "cls": 3, "txt": "héllo", "json": {"a": [1, 2]}, "npy": np.arange(5, dtype=np.uint32),
+        "npz": {"x": np.ones(3)}, "pyd": {"p": 1}, "pth": torch.arange(4), "ten": np.eye(2, dtype=np.float32),
+        "mp": {"m": 1}, "cbor": {"c": 2}, "png": image, "ppm": image, "tiff": image, "jpg": image,
+        "json.gz": {"z": 1}, "bin": b"\x00\x01",
+    }
+    url = str(tmp_path / "all.tar")
+    with TarWriter(url) as writer:
+        writer.write(sample)
+    got = read_back(url)[0]
+    assert got["cls"] == 3 and got["txt"] == "héllo" and got["json"] == {"a": [1, 2]}
+    assert got["npy"].dtype == np.uint32 and np.array_equal(got["npz"]["x"], np.ones(3))
+    assert got["pyd"] == {"p": 1} and torch.equal(got["pth"], torch.arange(4))
+    assert np.array_equal(got["ten"], np.eye(2)) and got["mp"] == {"m": 1} and got["cbor"] == {"c": 2}
+    from PIL import Image
+
+    for ext in ("png", "ppm"):
+        assert np.array_equal(got[ext], image), ext
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(got["tiff"]))), image)
+    assert np.abs(got["jpg"].astype(int) - image).mean() < 20
+    assert got["json.gz"] == {"z": 1} and got["bin"] == b"\x00\x01"
+
+
+@pytest.mark.parametrize("name, compress", [("a.tar", None), ("a.tgz", None), ("a.tar.gz", None),
+                                            ("a.tar.bz2", None), ("a.tar.xz", None), ("a.tar.zst", None),
+                                            ("b.tar", "gz"), ("b.tar", True), ("b.tar", "xz"), ("b.tar", "zstd")])
+def test_compression_round_trip(tmp_path, name, compress):
+    """Compression by name or by argument; the reader detects it from the bytes."""
+    url = str(tmp_path / name)
+    with TarWriter(url, compress=compress) as writer:
+        for i in range(20):
+            writer.write({"__key__": f"{i:04d}", "txt": f"sample {i}" * 20})
+    assert [s["txt"] for s in read_back(url)] == [f"sample {i}" * 20 for i in range(20)]
+    if name.endswith(".tar") and compress is None:
+        with tarfile.open(url) as tar:
+            assert tar.getnames()[0] == "0000.txt"
+
+
+@given(items=sample_lists(max_size=6))
+def test_write_then_read_gives_the_same_samples(items):
+    """Property: any samples written with encoder=False read back identically."""
+    buf = io.BytesIO()
+    writer = TarWriter(buf, encoder=False)
+    for key, fields in items:
+        if len({f.lower() for f in fields}) < len(fields) or any("." in key.rsplit("/", 1)[-1] for _ in [0]):
+            continue
+        writer.write(dict(fields, __key__=key))
+    writer.close()
+    from wds_cloud.tariterators import shard_samples
+
+    buf.seek(0)
+    written = [(k, f) for k, f in items if not any("." in k.rsplit("/", 1)[-1] for _ in [0])]
+    got = list(shard_samples("m", buf))
+    assert [(s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")}) for s in got] == [
+        (k, {f.lower(): v for f, v in sorted(fields.items())}) for k, fields in written]
+
+
+def test_reproducible(tmp_path):
+    """The same samples give byte-identical shards, compressed or not."""
+    def write(path, **kw):
+        with TarWriter(str(path), **kw) as writer:
+            for i in range(10):
+                writer.write({"__key__": f"{i}", "json": {"i": i}, "npy": np.arange(i)})
+        return path.read_bytes()
+
+    for suffix in ("tar", "tar.gz", "tar.xz"):
+        first = write(tmp_path / f"a.{suffix}")
+        time.sleep(0.01)
+        assert first == write(tmp_path / f"b.{suffix}"), suffix
+    assert write(tmp_path / "m1.tar", mtime=1234) != write(tmp_path / "m2.tar")
+
+
+def test_gnu_tar_lists_what_we_wrote(tmp_path):
+    """GNU tar lists our members, long names included, and extracts them."""
+    long_key = "dir/" + "x" * 120 + "/" + "y" * 120
+    url = str(tmp_path / "g.tar")
+    with TarWriter(url) as writer:
+        writer.write({"__key__": "a", "txt": "hello"})
+        writer.write({"__key__": long_key, "txt": "long"})
+    listing = subprocess.run(["tar", "tvf", url], capture_output=True, text=True, check=True).stdout
+    assert "a.txt" in listing and f"{long_key}.txt" in listing
+    out = tmp_path / "x"
+    out.mkdir()
+    subprocess.run(["tar", "xf", url, "-C", str(out)], check=True)
+    assert (out / "a.txt").read_text() == "hello" and (out / f"{long_key}.txt").read_text() == "long"
+    with tarfile.open(url) as tar:
+        assert tar.getnames() == ["a.txt", f"{long_key}.txt"]
+
+
+def test_format_is_honoured(tmp_path):
+    """format='ustar' refuses long names; 'gnu' writes GNU long names; 'pax' PAX headers."""
+    long_key = "z" * 300
+    with pytest.raises(SampleError, match="does not fit a ustar header"):
+        TarWriter(io.BytesIO(), format="ustar").write({"__key__": long_key, "txt": "x"})
+    for fmt, expected in (("gnu", tarfile.GNU_FORMAT), ("pax", tarfile.PAX_FORMAT)):
+        buf = io.BytesIO()
+        with TarWriter(buf, format=fmt) as writer:
+            writer.write({"__key__": long_key, "txt": "x"})
+        raw = buf.getvalue()
+        assert (b"././@LongLink" in raw) == (fmt == "gnu") and (b"PaxHeader" in raw) == (fmt == "pax")
+        with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+            assert tar.getnames() == [f"{long_key}.txt"]
+
+
+@pytest.mark.parametrize("key, why", [("", "empty"), ("/abs/k", "absolute"), ("a/../b", "'..'"),
+                                      ("a/b.c", "contains a dot"), (7, "must be a string")])
+def test_invalid_keys_refused(key, why):
+    """Keys the reader could not give back are refused, saying why and how to fix it."""
+    with pytest.raises(SampleError, match=why):
+        TarWriter(io.BytesIO()).write({"__key__": key, "txt": "x"})
+
+
+def test_duplicate_and_missing_fields_refused():
+    """Fields that readers would see as one, a missing key, and non-bytes with encoder=False are refused."""
+    with pytest.raises(SampleError, match="same field"):
+        TarWriter(io.BytesIO()).write({"__key__": "k", "txt": "a", "TXT": "b"})
+    with pytest.raises(SampleError, match="needs a '__key__'"):
+        TarWriter(io.BytesIO()).write({"txt": "a"})
+    with pytest.raises(SampleError, match="bytes only"):
+        TarWriter(io.BytesIO(), encoder=False).write({"__key__": "k", "txt": "a"})
+
+
+def test_keep_meta_and_custom_encoders(tmp_path):
+    """keep_meta writes __ fields; a handler dict and a callable encoder are used."""
+    buf = io.BytesIO()
+    with TarWriter(buf, keep_meta=True, encoder={"txt": lambda s: s.upper().encode()}) as writer:
+        writer.write({"__key__": "k", "txt": "abc", "__note__": b"n"})
+    with tarfile.open(fileobj=io.BytesIO(buf.getvalue())) as tar:
+        assert sorted(tar.getnames()) == ["k.__note__", "k.txt"]
+        assert tar.extractfile("k.txt").read() == b"ABC"
+    buf = io.BytesIO()
+    with TarWriter(buf, encoder=lambda s: {"__key__": s["__key__"], "bin": b"custom"}) as writer:
+        writer.write({"__key__": "k", "anything": object()})
+    assert b"custom" in buf.getvalue()
+
+
+def test_exception_in_with_block_leaves_no_shard(tmp_path):
+    """An exception inside `with TarWriter(path)` leaves nothing under the name."""
+    url = tmp_path / "broken.tar"
+    with pytest.raises(RuntimeError):
+        with TarWriter(str(url)) as writer:
+            writer.write({"__key__": "k", "txt": "x"})
+            raise RuntimeError("boom")
+    assert os.listdir(tmp_path) == []
+
+
+def test_shardwriter_limits_and_records(tmp_path):
+    """maxcount starts new shards; no empty trailing shard; post runs; shards are recorded."""
+    posted = []
+    with ShardWriter(str(tmp_path / "s-%06d.tar"), maxcount=4, post=posted.append, start_shard=3) as sink:
+        for i in range(10):
+            sink.write({"__key__": f"{i:03d}", "txt": "x"})
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["s-000003.tar", "s-000004.tar", "s-000005.tar"]
+    assert [s["samples"] for s in sink.shards] == [4, 4, 2] and posted == [s["name"] for s in sink.shards]
+    assert all(s["bytes"] == os.path.getsize(s["name"]) for s in sink.shards)
+    assert len(read_back(str(tmp_path / "s-{000003..000005}.tar"), decode=False)) == 10
+
+
+def test_shardwriter_maxsize_counts_real_bytes(tmp_path):
+    """maxsize counts bytes written after compression; {shard:06d} patterns work; opener is used."""
+    opened = []
+
+    def opener(name):
+        opened.append(name)
+        return open(name, "wb")
+
+    with ShardWriter(str(tmp_path / "c-{shard:06d}.tar"), maxcount=10**6, maxsize=30000, opener=opener) as sink:
+        for i in range(20):
+            sink.write({"__key__": f"{i:03d}", "bin": os.urandom(5000)})
+    assert len(sink.shards) >= 3 and opened == [s["name"] for s in sink.shards]
+    assert all(s["bytes"] < 30000 + 10240 + 6000 for s in sink.shards)
+    with ShardWriter(str(tmp_path / "z-%06d.tar.gz"), maxsize=2000) as sink:
+        for i in range(20):
+            sink.write({"__key__": f"{i:03d}", "txt": "a" * 5000})
+    assert len(sink.shards) < 20  # 5000 compressible bytes count as their compressed size
+    assert os.path.getsize(sink.shards[0]["name"]) == sink.shards[0]["bytes"]
+
+
+def test_shardwriter_exception_keeps_finished_shards(tmp_path):
+    """An exception escaping the with block keeps finished shards and discards the one in progress."""
+    with pytest.raises(KeyError):
+        with ShardWriter(str(tmp_path / "e-%06d.tar"), maxcount=3) as sink:
+            for i in range(5):
+                sink.write({"__key__": f"{i}", "txt": "x"})
+            raise KeyError("boom")
+    assert os.listdir(tmp_path) == ["e-000000.tar"]
+    sink.close()  # idempotent after abort
+
+
+def test_shardwriter_error_names_shard_and_key(tmp_path):
+    """An encoding error names the shard and the sample key."""
+    with ShardWriter(str(tmp_path / "n-%06d.tar")) as sink:
+        with pytest.raises(SampleError, match=r"n-000000.tar.*'bad'"):
+            sink.write({"__key__": "bad", "weird": object()})
+
+
+WRITER_SCRIPT = textwrap.dedent("""
+    import sys, time, wds_cloud as wds
+    sink = wds.ShardWriter(sys.argv[1], maxcount=1000)
+    for i in range(100000):
+        sink.write({"__key__": "%06d" % i, "txt": "x" * 1000})
+        if i == 50:
+            print("ready", flush=True)
+            time.sleep(60)
+""")
+
+
+@pytest.mark.parametrize("via_pipe", [False, True])
+def test_killed_writer_leaves_no_partial_shard(tmp_path, via_pipe):
+    """A writer process killed mid-shard leaves nothing under the shard's final name (also through pipe:)."""
+    final = tmp_path / "k-000000.tar"
+    pattern = str(tmp_path / "k-%06d.tar")
+    if via_pipe:  # the command publishes by renaming only after a clean end of its input
+        pattern = f"pipe:cat > {tmp_path}/k-%06d.tar.tmp && mv {tmp_path}/k-%06d.tar.tmp {tmp_path}/k-%06d.tar"
+        pattern = pattern.replace("%06d", "{shard:06d}")
+    proc = subprocess.Popen([sys.executable, "-c", WRITER_SCRIPT, pattern], stdout=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"ready"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    time.sleep(0.3)
+    assert not final.exists()
+
+
+def test_full_disk(tmp_path):
+    """A full disk raises OSError saying so, and leaves neither the shard nor a partial file."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        with pytest.raises(OSError, match="disk is full") as info:
+            with TarWriter(str(mount / "big.tar")) as writer:
+                for i in range(100):
+                    writer.write({"__key__": f"{i}", "bin": os.urandom(50000)})
+        assert info.value.errno == 28
+        assert os.listdir(mount) == []
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.mark.parametrize("fmt, stage", [("cbor", cbors_to_samples), ("msgpack", msgpacks_to_samples)])
+def test_record_streams(tmp_path, fmt, stage):
+    """CBOR and msgpack record files round-trip; a truncated one raises CorruptShardError."""
+    url = str(tmp_path / f"r.{fmt}")
+    with RecordWriter(url, fmt) as writer:
+        for i in range(5):
+            writer.write({"i": i, "data": b"x" * i})
+    got = list(stage()([{"url": url}]))
+    assert [r["i"] for r in got] == list(range(5)) and got[0]["__url__"] == url
+    with open(url, "rb") as f:
+        data = f.read()
+    (tmp_path / f"t.{fmt}").write_bytes(data[:-2])
+    with pytest.raises(CorruptShardError, match="truncated"):
+        list(stage()([{"url": str(tmp_path / f"t.{fmt}")}]))
+    got = list(wds.DataPipeline(wds.SimpleShardList(url), stage()))
+    assert len(got) == 5
+
+
+@given(st.lists(st.binary(max_size=200), max_size=20))
+def test_shardwriter_partitions_samples(payloads):
+    """Property: ShardWriter with a small maxcount writes every sample exactly once, in order."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with ShardWriter(os.path.join(tmp, "p-%04d.tar"), maxcount=3, encoder=False) as sink:
+            for i, payload in enumerate(payloads):
+                sink.write({"__key__": f"{i:04d}", "bin": payload})
+        assert sum(s["samples"] for s in sink.shards) == len(payloads)
+        if payloads:
+            spec = os.path.join(tmp, "p-{0000..%04d}.tar" % (len(sink.shards) - 1))
+            assert [s["bin"] for s in read_back(spec, decode=False)] == payloads

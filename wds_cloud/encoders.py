@@ -1,0 +1,201 @@
+"""Encoding sample fields to bytes by their extension, for the writers.
+
+``cls txt json npy npz pyd pth ten mp cbor jpg png ppm tiff`` (and aliases) are
+known; a ``.gz`` suffix gzips the encoding of the inner extension.  Bytes are
+always written as they are.  Writing pickle (``pyd``) is safe: only reading it
+is refused by default.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import pickle
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import MissingExtraError
+
+__all__ = ["imageencoder", "bytestr", "numpy_dumps", "numpy_npz_dumps", "torch_dumps", "tenbin_dumps", "cbor_dumps",
+           "mp_dumps", "default_handlers", "make_handlers", "encode_based_on_extension1",
+           "encode_based_on_extension", "make_encoder"]
+
+
+def bytestr(data: Any) -> bytes:
+    """Bytes as they are; text as UTF-8; anything else through ``str``."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    if isinstance(data, str):
+        return data.encode("utf-8")
+    return str(data).encode("utf-8")
+
+
+def imageencoder(image: Any, format: str = "PNG") -> bytes:
+    """Encode a numpy array (HWC or HW; uint8, or floats in [0, 1]), a CHW tensor, or a PIL image."""
+    try:
+        import PIL.Image
+    except ImportError:
+        raise MissingExtraError("encoding images needs Pillow: pip install 'wds_cloud[image]'") from None
+    if not isinstance(image, PIL.Image.Image):
+        if hasattr(image, "detach"):  # a torch tensor: CHW -> HWC
+            image = image.detach().cpu().numpy()
+            if image.ndim == 3:
+                image = image.transpose(1, 2, 0)
+        image = np.asarray(image)
+        if image.ndim == 3 and image.shape[2] == 1:
+            image = image[:, :, 0]
+        if image.dtype in (np.float16, np.float32, np.float64):
+            image = np.clip(image * 255.0 + 0.5, 0, 255).astype(np.uint8)
+        elif image.dtype != np.uint8:
+            raise ValueError(f"images are encoded from uint8 or float arrays, not {image.dtype}")
+        image = PIL.Image.fromarray(image)
+    format = format.upper()
+    if format == "JPG":
+        format = "JPEG"
+    elif format in ("PGM", "PBM", "PNM"):
+        format = "PPM"
+    elif format == "TIF":
+        format = "TIFF"
+    out = io.BytesIO()
+    options = {"quality": 95} if format == "JPEG" else {}
+    if format == "JPEG" and image.mode not in ("RGB", "L", "CMYK"):
+        image = image.convert("RGB")
+    image.save(out, format=format, **options)
+    return out.getvalue()
+
+
+def numpy_dumps(data: np.ndarray) -> bytes:
+    """An array as a ``.npy`` file."""
+    out = io.BytesIO()
+    np.save(out, np.asarray(data), allow_pickle=False)
+    return out.getvalue()
+
+
+def numpy_npz_dumps(data: Any) -> bytes:
+    """A dict of arrays (or one array) as a ``.npz`` file."""
+    out = io.BytesIO()
+    if isinstance(data, dict):
+        np.savez(out, **{k: np.asarray(v) for k, v in data.items()})
+    else:
+        np.savez(out, np.asarray(data))
+    return out.getvalue()
+
+
+def torch_dumps(data: Any) -> bytes:
+    """``torch.save`` into bytes."""
+    try:
+        import torch
+    except ImportError:
+        raise MissingExtraError("encoding .pth needs torch: pip install 'wds_cloud[torch]'") from None
+    out = io.BytesIO()
+    torch.save(data, out)
+    return out.getvalue()
+
+
+def tenbin_dumps(data: Any) -> bytes:
+    """One array or a list of arrays as a tenbin buffer."""
+    from . import tenbin
+
+    arrays = list(data) if isinstance(data, (list, tuple)) else [data]
+    return bytes(tenbin.encode_buffer([np.asarray(a) for a in arrays]))
+
+
+def cbor_dumps(data: Any) -> bytes:
+    try:
+        import cbor2
+    except ImportError:
+        raise MissingExtraError("encoding .cbor needs cbor2: pip install cbor2") from None
+    return cbor2.dumps(data)
+
+
+def mp_dumps(data: Any) -> bytes:
+    try:
+        import msgpack
+    except ImportError:
+        raise MissingExtraError("encoding .mp/.msgpack needs msgpack: pip install msgpack") from None
+    return msgpack.packb(data, use_bin_type=True)
+
+
+def _image(fmt: str) -> Callable[[Any], bytes]:
+    def encode(data: Any) -> bytes:
+        return imageencoder(data, fmt)
+
+    return encode
+
+
+def make_handlers() -> dict[str, Callable[[Any], bytes]]:
+    """A fresh copy of the default extension -> encoder table."""
+    handlers: dict[str, Callable[[Any], bytes]] = {}
+    for ext in ("cls", "cls2", "class", "count", "index", "inx", "id"):
+        handlers[ext] = lambda x: str(int(x)).encode("ascii") if not isinstance(x, (bytes, str)) else bytestr(x)
+    for ext in ("txt", "text", "transcript"):
+        handlers[ext] = bytestr
+    for ext in ("json", "jsn"):
+        handlers[ext] = lambda x: json.dumps(x).encode("utf-8")
+    for ext in ("pyd", "pickle", "pkl"):
+        handlers[ext] = pickle.dumps
+    handlers["pth"] = torch_dumps
+    handlers["ten"] = handlers["tb"] = tenbin_dumps
+    handlers["mp"] = handlers["msgpack"] = handlers["msg"] = mp_dumps
+    handlers["cbor"] = cbor_dumps
+    handlers["npy"] = numpy_dumps
+    handlers["npz"] = numpy_npz_dumps
+    for ext, fmt in (("jpg", "JPEG"), ("jpeg", "JPEG"), ("png", "PNG"), ("ppm", "PPM"), ("pgm", "PPM"),
+                     ("pbm", "PPM"), ("pnm", "PPM"), ("tif", "TIFF"), ("tiff", "TIFF"), ("webp", "WEBP"),
+                     ("bmp", "BMP")):
+        handlers[ext] = _image(fmt)
+    return handlers
+
+
+default_handlers = make_handlers()
+
+
+def encode_based_on_extension1(data: Any, tname: str, handlers: dict) -> bytes:
+    """Encode one value for the field ``tname`` (bytes pass through; ``x.gz`` gzips ``x``'s encoding)."""
+    if tname.startswith("__"):
+        return bytestr(data)
+    if tname.endswith(".gz"):
+        inner = data if isinstance(data, (bytes, bytearray)) else encode_based_on_extension1(data, tname[:-3], handlers)
+        return gzip.compress(bytes(inner), mtime=0)
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    extension = tname[tname.rfind(".") + 1:].lower()
+    handler = handlers.get(extension)
+    if handler is None:
+        if isinstance(data, str):
+            return data.encode("utf-8")
+        raise ValueError(f"no encoder for the field {tname!r} ({type(data).__name__}): give bytes, "
+                         "use a known extension, or pass encoder= with a handler for it")
+    return handler(data)
+
+
+def encode_based_on_extension(sample: dict, handlers: dict) -> dict:
+    """Encode every field of ``sample``."""
+    return {k: encode_based_on_extension1(v, k, handlers) if k != "__key__" else v for k, v in sample.items()}
+
+
+def make_encoder(spec: Any) -> Callable[[dict], dict]:
+    """The encoder for ``spec``: False (bytes only), True (defaults), a dict of handlers, or a callable."""
+    if spec is False or spec is None:
+        return _bytes_only
+    if callable(spec):
+        return spec
+    if isinstance(spec, dict):
+        handlers = spec
+    elif spec is True:
+        handlers = default_handlers
+    else:
+        raise ValueError(f"encoder must be True, False, a dict of handlers or a callable, not {spec!r}")
+    return lambda sample: encode_based_on_extension(sample, handlers)
+
+
+def _bytes_only(sample: dict) -> dict:
+    for k, v in sample.items():
+        if k != "__key__" and not k.startswith("__") and not isinstance(v, (bytes, bytearray, memoryview)):
+            raise ValueError(f"encoder=False writes bytes only, but field {k!r} of sample {sample.get('__key__')!r} "
+                             f"is {type(v).__name__}: encode it first or use encoder=True")
+    return sample
+
+

@@ -1,0 +1,285 @@
+"""``TarWriter`` and ``ShardWriter``: reproducible, crash-safe WebDataset shards, written anywhere.
+
+Reproducible by default: the same samples give byte-identical shards (every
+member has the same fixed mtime, 0, unless ``mtime=`` is given; fields are
+written in sorted order; ustar headers, with a PAX header only when a name or a
+size needs one).  Output goes through ``gopen``, so any registered backend can
+be written to, and a shard appears under its final name only when it is
+complete: an exception in a ``with`` block, or a killed process, leaves nothing
+under that name.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import IO, Any, Callable, Optional, Union
+
+from .encoders import (
+    bytestr,
+    default_handlers,
+    encode_based_on_extension,
+    encode_based_on_extension1,
+    imageencoder,
+    make_encoder,
+    make_handlers,
+    numpy_dumps,
+    torch_dumps,
+)
+from .errors import SampleError, redact
+from .tarwrite import Compressor, MemberWriter, compression_for
+
+__all__ = ["TarWriter", "ShardWriter", "default_handlers", "make_handlers", "make_encoder",
+           "encode_based_on_extension", "encode_based_on_extension1", "imageencoder", "bytestr", "numpy_dumps",
+           "torch_dumps", "check_key"]
+
+log = logging.getLogger("wds_cloud.writer")
+
+
+def check_key(key: Any) -> str:
+    """Refuse keys the reader could not give back unchanged; returns the key."""
+    if not isinstance(key, str):
+        raise SampleError(f"__key__ must be a string, not {type(key).__name__} ({key!r})")
+    why = None
+    if key == "":
+        why = "it is empty"
+    elif key.startswith("/"):
+        why = "it is an absolute path; use a relative one such as 'train/000001'"
+    elif ".." in key.split("/"):
+        why = "it contains a '..' path component"
+    elif "." in key.rsplit("/", 1)[-1]:
+        why = ("its last path component contains a dot, where readers split the key from the field; "
+               "replace the dot (e.g. with '_') or read with keys='last_dot'")
+    elif "\0" in key:
+        why = "it contains a NUL character"
+    if why:
+        raise SampleError(f"invalid sample key {key!r}: {why}", key=key)
+    return key
+
+
+class TarWriter:
+    """Write samples (dicts with ``__key__``) as a tar shard to a file object or a URL.
+
+    ``encoder``: True (encode by extension), False (bytes only), a dict of
+    extension handlers, or a callable on the sample.  ``compress``: True/"gz",
+    "bz2", "xz", "zstd", or None to follow the name (``.tgz``, ``.tar.gz``,
+    ``.tar.bz2``, ``.tar.xz``, ``.tar.zst``).  ``format``: "pax" (default: ustar,
+    PAX only when needed), "gnu" or "ustar" (strict).
+    """
+
+    def __init__(self, fileobj: Union[str, IO[bytes]], user: str = "bigdata", group: str = "bigdata",
+                 mode: int = 0o0444, compress: Optional[Union[bool, str]] = None, encoder: Any = True,
+                 keep_meta: bool = False, mtime: Optional[float] = None, format: Any = None,
+                 storage_options: Optional[dict] = None) -> None:
+        name = fileobj if isinstance(fileobj, str) else getattr(fileobj, "name", None)
+        self.name = name if isinstance(name, str) else None
+        if compress is None and self.name:
+            compress = compression_for(self.name)
+        elif compress is True:
+            compress = "gz"
+        if isinstance(fileobj, str):
+            from .gopen import gopen
+
+            stream = gopen(fileobj, "wb", storage_options=storage_options)
+            self._own = True
+        else:
+            stream = fileobj
+            self._own = False
+        self._raw = stream
+        self.compression = compress or None
+        self.stream = Compressor(stream, compress) if compress else stream
+        self.encoder = make_encoder(encoder)
+        self.keep_meta = keep_meta
+        self.members = MemberWriter(self.stream, mtime=int(mtime) if mtime is not None else 0, mode=mode,
+                                    user=user, group=group, format=format)
+        self.written = 0  # tar bytes (before compression)
+        self.count = 0
+        self.closed = False
+
+    @property
+    def size(self) -> int:
+        """Bytes written so far: compressed bytes when compressing, tar bytes otherwise."""
+        return self.stream.tell() if self.compression else self.written
+
+    def __enter__(self) -> "TarWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+        else:
+            self.close()
+
+    def write(self, obj: dict) -> int:
+        """Write one sample; returns the bytes it took in the tar stream."""
+        if self.closed:
+            raise ValueError(f"{self._where()}: write() after close()")
+        if "__key__" not in obj:
+            raise SampleError(f"{self._where()}: a sample needs a '__key__' (fields: {sorted(obj)})")
+        key = check_key(obj["__key__"])
+        try:
+            encoded = self.encoder(obj)
+        except SampleError:
+            raise
+        except Exception as exc:
+            raise SampleError(f"{self._where()}: cannot encode sample {key!r}: {exc}", key=key) from exc
+        seen: dict[str, str] = {}
+        members = []
+        for field in sorted(encoded):
+            if field == "__key__" or (field.startswith("_") and not self.keep_meta):
+                continue
+            value = encoded[field]
+            if not isinstance(value, (bytes, bytearray, memoryview)):
+                raise SampleError(f"{self._where()}: field {field!r} of sample {key!r} is {type(value).__name__} "
+                                  "after encoding; the encoder must return bytes", key=key)
+            lowered = field.lower()
+            if lowered in seen:
+                raise SampleError(f"{self._where()}: sample {key!r} has fields {seen[lowered]!r} and {field!r}, "
+                                  "which readers see as the same field", key=key)
+            seen[lowered] = field
+            if field == "" or "/" in field:
+                raise SampleError(f"{self._where()}: invalid field name {field!r} in sample {key!r}", key=key)
+            members.append((f"{key}.{field}", value))
+        if not members:
+            raise SampleError(f"{self._where()}: sample {key!r} has no fields to write", key=key)
+        total = 0
+        for name, value in members:
+            total += self.members.add(name, value)
+        self.written += total
+        self.count += 1
+        return total
+
+    def _where(self) -> str:
+        return redact(self.name) if self.name else "TarWriter"
+
+    def close(self) -> None:
+        """Finish the archive and publish it (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.written += self.members.finish(self.written)
+            if self.compression:
+                self.stream.close()
+            elif self._own:
+                self._raw.close()
+            else:
+                flush = getattr(self._raw, "flush", None)
+                if flush:
+                    flush()
+        except BaseException:
+            self._abort_streams()
+            raise
+
+    def abort(self) -> None:
+        """Discard the shard: nothing appears under its name (for a URL or an atomic stream)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._abort_streams()
+
+    def _abort_streams(self) -> None:
+        abort = getattr(self._raw, "abort", None)
+        if abort is not None:
+            abort()
+        elif self._own:
+            self._raw.close()
+
+
+class ShardWriter:
+    """Write samples to a numbered series of shards: ``ShardWriter("out-%06d.tar", maxcount=10000)``.
+
+    A new shard starts when the current one holds ``maxcount`` samples or
+    ``maxsize`` bytes (real bytes written: headers, padding, after compression).
+    ``pattern`` uses ``%06d`` or ``{shard:06d}``.  ``post(fname)`` runs after each
+    shard is closed; ``opener(fname)`` opens it (default ``gopen(fname, "wb")``).
+    ``shards`` records (name, samples, bytes) of every finished shard.  No empty
+    shard is ever written.  If an exception leaves the ``with`` block, finished
+    shards stay and the shard in progress is discarded.
+    """
+
+    def __init__(self, pattern: str, maxcount: int = 100000, maxsize: float = 3e9, post: Optional[Callable] = None,
+                 start_shard: int = 0, verbose: int = 0, opener: Optional[Callable] = None, **kw: Any) -> None:
+        if maxcount < 1 or maxsize <= 0:
+            raise ValueError("ShardWriter needs maxcount >= 1 and maxsize > 0")
+        self.pattern = pattern
+        self.maxcount = maxcount
+        self.maxsize = maxsize
+        self.post = post
+        self.opener = opener
+        self.verbose = verbose
+        self.kw = kw
+        self.shard = start_shard
+        self.tarstream: Optional[TarWriter] = None
+        self.fname: Optional[str] = None
+        self.count = 0
+        self.total = 0
+        self.shards: list[dict] = []
+        self.closed = False
+        self._started = 0.0
+
+    def _name(self, shard: int) -> str:
+        if "{" in self.pattern:
+            return self.pattern.format(shard=shard)
+        return self.pattern % shard
+
+    def next_stream(self) -> None:
+        """Finish the current shard and start the next one."""
+        self.finish()
+        self.fname = self._name(self.shard)
+        if self.verbose:
+            log.info("writing shard %s (%d samples and %d bytes so far)", self.fname, self.total,
+                     sum(s["bytes"] for s in self.shards))
+        self.shard += 1
+        stream = self.opener(self.fname) if self.opener else self.fname
+        self.tarstream = TarWriter(stream, **self.kw)
+        if self.opener:  # the writer owns what the opener gave it: closing the shard closes the stream
+            self.tarstream.name = self.fname
+            self.tarstream._own = True
+        self.count = 0
+        self._started = time.time()
+
+    def write(self, obj: dict) -> int:
+        """Write one sample, starting a new shard when the current one is full."""
+        if self.closed:
+            raise ValueError("ShardWriter.write() after close()")
+        if self.tarstream is None or self.count >= self.maxcount or self.tarstream.size >= self.maxsize:
+            self.next_stream()
+        size = self.tarstream.write(obj)
+        self.count += 1
+        self.total += 1
+        return size
+
+    def finish(self) -> None:
+        """Close the current shard, record it, and run ``post``."""
+        if self.tarstream is None:
+            return
+        stream, self.tarstream = self.tarstream, None
+        stream.close()
+        self.shards.append({"name": self.fname, "samples": stream.count, "bytes": stream.size})
+        if self.post is not None:
+            self.post(self.fname)
+
+    def abort(self) -> None:
+        """Discard the shard in progress; finished shards stay."""
+        if self.tarstream is not None:
+            self.tarstream.abort()
+            self.tarstream = None
+        self.closed = True
+
+    def close(self) -> None:
+        """Finish the last shard (idempotent)."""
+        if self.closed:
+            return
+        self.finish()
+        self.closed = True
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+        else:
+            self.close()
+
