@@ -28,8 +28,9 @@ def _clean_wds_environment(monkeypatch):
     gopen = importlib.import_module("wds_cloud.gopen")  # the attribute is the function, as upstream
 
     for name in list(os.environ):
-        if name.startswith(("WDS_", "GOPEN_")) or name in config.ENV_VARS:
+        if (name.startswith(("WDS_", "GOPEN_")) or name in config.ENV_VARS) and name not in ("HOME", "XDG_CONFIG_HOME"):
             monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WDS_CLOUD_CONFIG", os.path.join(os.path.dirname(__file__), "tests", "no-such-profiles.toml"))
     registry.reset()
     saved = dict(gopen._user_openers)
     security = utils.enforce_security

@@ -1,10 +1,16 @@
 """Fixtures for reading tests: small shard sets written to a temporary directory."""
 
+import importlib
 import io
 import json
+import pathlib
 import tarfile
 
 import pytest
+
+from wds_cloud import registry
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def make_shards(directory, nshards=3, per_shard=10, images=False):
@@ -41,3 +47,30 @@ def shards(tmp_path):
 def image_shards(tmp_path):
     """Two shards of five samples, each with a small PNG."""
     return make_shards(tmp_path, nshards=2, per_shard=5, images=True)
+
+
+from .cloud import (  # noqa: E402,F401  (session fixtures for the backend tests)
+    ais_servers,
+    az_container,
+    azurite_endpoint,
+    gcs_bucket,
+    gcs_endpoint,
+    http_store,
+    moto_endpoint,
+    s3_bucket,
+)
+
+
+@pytest.fixture
+def installed_example(tmp_path, monkeypatch):
+    """The docs example plugin made discoverable by a temporary dist-info folder on sys.path."""
+    dist = tmp_path / "wds_cloud_memory-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: wds-cloud-memory\nVersion: 0.1.0\n")
+    (dist / "entry_points.txt").write_text("[wds_cloud]\nmemory = wds_cloud_memory\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(ROOT / "docs" / "examples" / "wds-cloud-memory"))
+    importlib.invalidate_caches()
+    registry.reset()
+    yield
+    registry.reset()

@@ -136,21 +136,6 @@ def test_rewrite_hook_is_firstresult():
     assert reg.rewrite("a://x") == "file:x"
 
 
-@pytest.fixture
-def installed_example(tmp_path, monkeypatch):
-    """The docs example plugin made discoverable by a temporary dist-info folder on sys.path."""
-    dist = tmp_path / "wds_cloud_memory-0.1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: wds-cloud-memory\nVersion: 0.1.0\n")
-    (dist / "entry_points.txt").write_text("[wds_cloud]\nmemory = wds_cloud_memory\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.syspath_prepend(str(ROOT / "docs" / "examples" / "wds-cloud-memory"))
-    importlib.invalidate_caches()
-    registry.reset()
-    yield
-    registry.reset()
-
-
 def test_out_of_tree_plugin_is_discovered_and_opens(installed_example):
     """A third-party plugin found through its dist-info serves its scheme through gopen."""
     reg = registry.get_registry(Settings())

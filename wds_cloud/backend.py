@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from typing import IO, Iterator, Optional, Sequence
+from typing import IO, Any, Callable, Iterator, Optional, Sequence
 
 from .config import Settings
 from .errors import MissingExtraError
 
-__all__ = ["Backend", "ObjectInfo", "missing_modules", "require"]
+__all__ = ["Backend", "ReadStream", "ObjectInfo", "missing_modules", "require", "fsspec_list"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +45,29 @@ def require(scheme: str, modules: Sequence[str], extra: Optional[str]) -> None:
         raise MissingExtraError(f"{scheme}:// needs {', '.join(missing)}: {hint}")
 
 
+class ReadStream:
+    """Base for backends' read streams: subclasses implement ``read``; this adds the rest."""
+
+    closed = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def __enter__(self) -> "ReadStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.closed = True
+
+
 class Backend:
     """Base class for backends.  Subclasses override what their store supports.
 
@@ -74,3 +97,19 @@ class Backend:
 
     def __repr__(self) -> str:  # never show storage options: they may hold credentials
         return f"<{type(self).__name__} scheme={self.scheme!r}>"
+
+
+def fsspec_list(fs: Any, scheme: str, prefix: str, translate: Callable) -> Iterator[str]:
+    """The object URLs under ``prefix`` (a folder, or the start of names), through an fsspec filesystem."""
+    path = prefix.split("://", 1)[1]
+    folder = path if path.endswith("/") else path.rsplit("/", 1)[0] + "/" if "/" in path else path
+    try:
+        fs.invalidate_cache()
+        names = fs.find(folder.rstrip("/"))
+    except FileNotFoundError:
+        return
+    except Exception as exc:
+        raise translate(exc, prefix) from exc
+    for name in sorted(names):
+        if name.startswith(path):
+            yield f"{scheme}://{name}"

@@ -40,6 +40,12 @@ ENV_VARS = (
     "RANK",
     "WORLD_SIZE",
     "LOCAL_RANK",
+    "AIS_ENDPOINT",
+    "AIS_AUTHN_TOKEN",
+    "USE_AIS_FOR",
+    "WDS_CLOUD_CONFIG",
+    "XDG_CONFIG_HOME",
+    "HOME",
 )
 
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
@@ -93,6 +99,29 @@ def _parse_list(value: Optional[str]) -> Optional[tuple[str, ...]]:
     return tuple(item.strip() for item in re.split(r"[,:\s]+", value) if item.strip())
 
 
+_AIS_SCHEMES = {"gs", "gcs", "s3", "az", "abfs", "ais"}
+
+
+def _parse_schemes(value: Optional[str]) -> tuple[str, ...]:
+    schemes = _parse_list(value) or ()
+    unknown = [s for s in schemes if s not in _AIS_SCHEMES]
+    if unknown:
+        raise ConfigError(f"USE_AIS_FOR={value!r} names {unknown}: list schemes AIStore can proxy, "
+                          "separated by ':' (gs:s3:az)")
+    expanded = set(schemes)
+    expanded |= {"gcs"} if "gs" in expanded else set()
+    expanded |= {"abfs"} if "az" in expanded else set()
+    return tuple(sorted(expanded))
+
+
+def _cloud_config_path(get) -> Optional[str]:
+    explicit = get("WDS_CLOUD_CONFIG")
+    if explicit:
+        return explicit
+    base = get("XDG_CONFIG_HOME") or (os.path.join(get("HOME"), ".config") if get("HOME") else None)
+    return os.path.join(base, "wds_cloud", "config.toml") if base else None
+
+
 def parse_rewrites(name: str, value: Optional[str]) -> tuple[tuple[str, str], ...]:
     """Parse ``prefix=replacement;prefix=replacement`` rewrite rules."""
     if not value:
@@ -132,7 +161,12 @@ class Settings:
     world_size: Optional[int] = None
     local_rank: Optional[int] = None
     #: ``WDS_<NAME>`` variables as sorted (NAME, value) pairs, for ``${NAME}`` in shard specs.
-    template_vars: tuple[tuple[str, str], ...] = ()
+    template_vars: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False)
+    ais_endpoint: Optional[str] = None
+    ais_token: Optional[str] = dataclasses.field(default=None, repr=False)  # a credential: never shown
+    use_ais_for: tuple[str, ...] = ()
+    #: the per-bucket profiles file (TOML); it need not exist
+    cloud_config: Optional[str] = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> "Settings":
@@ -161,6 +195,10 @@ class Settings:
             world_size=_parse_int("WORLD_SIZE", get("WORLD_SIZE"), None),
             local_rank=_parse_int("LOCAL_RANK", get("LOCAL_RANK"), None),
             template_vars=tuple(sorted((k[4:], v) for k, v in environ.items() if k.startswith("WDS_") and len(k) > 4)),
+            ais_endpoint=(get("AIS_ENDPOINT") or "").rstrip("/") or None,
+            ais_token=get("AIS_AUTHN_TOKEN") or None,
+            use_ais_for=_parse_schemes(get("USE_AIS_FOR")),
+            cloud_config=_cloud_config_path(get),
         )
 
     def replace(self, **changes: object) -> "Settings":

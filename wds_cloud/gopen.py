@@ -14,7 +14,7 @@ import shlex
 from collections.abc import MutableMapping
 from typing import IO, Any, Callable, Iterator, Optional
 
-from . import config
+from . import config, profiles
 from .config import Settings
 from .errors import UnknownSchemeError, WdsCloudError, redact
 from .pipes import Pipe
@@ -67,10 +67,20 @@ def _annotate(exc: BaseException, given: str, rewritten: str) -> None:
 
 
 def open_backend(url: str, settings: Optional[Settings] = None, storage_options: Optional[dict] = None):
-    """The backend object that serves ``url`` (no rewriting)."""
+    """The backend object that serves ``url`` (no rewriting).
+
+    Schemes named in ``USE_AIS_FOR`` go to the ``ais`` backend, which fetches them
+    through the AIStore gateway; storage options come from the matching profiles
+    of the profiles file, then from ``storage_options``.
+    """
     settings = settings or config.current()
-    scheme, _ = split_scheme(url)
-    return get_registry(settings).backend(scheme or "file", url, settings, **(storage_options or {}))
+    scheme = split_scheme(url)[0] or "file"
+    registry = get_registry(settings)
+    if scheme in settings.use_ais_for:
+        return registry.backend("ais", url, settings)
+    options = profiles.options_for(url, settings, storage_options) if scheme not in ("file", "pipe") else (
+        storage_options or {})
+    return registry.backend(scheme, url, settings, **options)
 
 
 def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0,

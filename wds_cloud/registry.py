@@ -188,7 +188,7 @@ class Registry:
             return self.claims[scheme]
         except KeyError:
             pass
-        known = ", ".join(f"{s}:" for s in self.schemes()) or "(none: no plugin is loaded)"
+        known = ", ".join(self._describe(s) for s in self.schemes()) or "(none: no plugin is loaded)"
         hint = ""
         if scheme in _WELL_KNOWN_EXTRAS:
             hint = (f"; {scheme}: URLs need the {_WELL_KNOWN_EXTRAS[scheme]!r} extra: "
@@ -200,6 +200,10 @@ class Registry:
             "For a local path containing ':', write it as ./path or file:path",
             url=url, scheme=scheme,
         )
+
+    def _describe(self, scheme: str) -> str:
+        claim = self.claims[scheme]
+        return f"{scheme}: (needs {claim.install_hint()})" if claim.missing() else f"{scheme}:"
 
     def backend(self, scheme: str, url: str = "", settings: Optional[Settings] = None,
                 **storage_options: Any) -> Backend:

@@ -1,0 +1,118 @@
+"""The ``ais`` backend: AIStore's HTTP API at ``AIS_ENDPOINT``, and proxying of cloud schemes.
+
+``ais://bucket/object`` is read with ``GET /v1/objects/bucket/object`` on the
+gateway, which redirects to the target holding the object.  With
+``USE_AIS_FOR=gs:s3:az``, ``gs://``, ``s3://`` and ``az://`` URLs are read the
+same way with ``provider=gcp|aws|azure``: AIStore fetches the object from the
+cloud and caches it.  ``AIS_AUTHN_TOKEN`` is sent as a bearer token.  Only the
+standard library is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from typing import IO, Any, Iterator, Optional
+
+from wds_cloud.backend import Backend, ObjectInfo
+from wds_cloud.errors import ConfigError, TransferError, redact
+from wds_cloud.hookspecs import hookimpl
+from wds_cloud.httpstream import HTTPReadStream, raise_for_status, request
+from wds_cloud.uploads import SpooledPut
+
+PROVIDERS = {"ais": "ais", "s3": "aws", "gs": "gcp", "gcs": "gcp", "az": "azure", "abfs": "azure"}
+HINT = "set AIS_AUTHN_TOKEN to a valid AIStore token"
+
+
+class AISBackend(Backend):
+    scheme = "ais"
+
+    def _endpoint(self, url: str) -> str:
+        endpoint = self.storage_options.get("endpoint") or self.settings.ais_endpoint
+        if not endpoint:
+            raise ConfigError(f"{redact(url)}: no AIStore gateway is configured; set AIS_ENDPOINT, "
+                              "e.g. AIS_ENDPOINT=http://ais-gateway:51080", url=url)
+        return str(endpoint).rstrip("/")
+
+    def _headers(self) -> dict:
+        token = self.storage_options.get("token") or self.settings.ais_token
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _object_url(self, url: str) -> str:
+        scheme, rest = url.split("://", 1)
+        provider = PROVIDERS.get(scheme)
+        if provider is None:
+            raise ConfigError(f"{redact(url)}: AIStore cannot proxy the scheme {scheme!r}")
+        bucket, _, name = rest.partition("/")
+        if not bucket or not name:
+            raise ConfigError(f"{redact(url)}: expected {scheme}://BUCKET/OBJECT")
+        return (f"{self._endpoint(url)}/v1/objects/{urllib.parse.quote(bucket)}/{urllib.parse.quote(name)}"
+                f"?provider={provider}")
+
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **conditions: Any) -> IO[bytes]:
+        headers = self._headers()
+        if conditions.get("version"):
+            headers["If-Match"] = conditions["version"]
+        return HTTPReadStream(self._object_url(url), offset, headers, display_url=url, credentials_hint=HINT)
+
+    def stat(self, url: str) -> ObjectInfo:
+        conn, response = request("HEAD", self._object_url(url), self._headers(), display_url=url)
+        try:
+            raise_for_status(response, url, HINT)
+            length = response.getheader("Content-Length")
+            version = response.getheader("ETag") or response.getheader("Ais-Version")
+            return ObjectInfo(url, int(length) if length is not None else None, version)
+        finally:
+            response.close()
+            conn.close()
+
+    def list(self, prefix: str) -> Iterator[str]:
+        scheme, rest = prefix.split("://", 1)
+        bucket, _, name_prefix = rest.partition("/")
+        token = ""
+        while True:
+            body = json.dumps({"action": "list", "value": {"prefix": name_prefix, "continuation_token": token}})
+            url = f"{self._endpoint(prefix)}/v1/buckets/{urllib.parse.quote(bucket)}?provider={PROVIDERS[scheme]}"
+            headers = dict(self._headers(), **{"Content-Type": "application/json"})
+            conn, response = request("GET", url, headers, body=body.encode(), display_url=prefix)
+            try:
+                raise_for_status(response, prefix, HINT)
+                page = json.loads(response.read() or b"{}")
+            finally:
+                response.close()
+                conn.close()
+            for entry in sorted(page.get("entries") or [], key=lambda e: e["name"]):
+                yield f"{scheme}://{bucket}/{entry['name']}"
+            token = page.get("continuation_token") or ""
+            if not token:
+                return
+
+    def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
+        target = self._object_url(url)
+
+        def send(body, size: int) -> None:
+            # The gateway redirects a PUT to a target: ask where first, then send the body there once.
+            conn, response = request("PUT", target, dict(self._headers(), **{"Content-Length": "0"}),
+                                     follow_redirects=False, display_url=url)
+            try:
+                location = response.getheader("Location")
+                if response.status not in (301, 302, 307, 308) or not location:
+                    raise_for_status(response, url, HINT)
+                    raise TransferError(f"{redact(url)}: the AIStore gateway did not redirect the upload", url=url)
+            finally:
+                response.close()
+                conn.close()
+            headers = dict(self._headers(), **{"Content-Length": str(size)})
+            conn, response = request("PUT", location, headers, body=body, display_url=url)
+            try:
+                raise_for_status(response, url, HINT)
+            finally:
+                response.close()
+                conn.close()
+
+        return SpooledPut(url, send)
+
+
+@hookimpl(trylast=True)
+def wds_cloud_register_backends(register) -> None:
+    register("ais", AISBackend, description="AIStore (AIS_ENDPOINT), and USE_AIS_FOR proxying")

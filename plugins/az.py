@@ -1,0 +1,171 @@
+"""The ``az`` (and ``abfs``) backend: adlfs for credentials, stat, listing and writes; streamed downloads.
+
+Storage options are adlfs's (``connection_string``, ``account_name`` with
+``account_key``/``sas_token``/``credential``, ``anon``, ``account_host``).
+Without options adlfs reads the standard variables
+(``AZURE_STORAGE_CONNECTION_STRING``, ``AZURE_STORAGE_ACCOUNT_NAME``,
+``AZURE_STORAGE_ACCOUNT_KEY``, ``AZURE_STORAGE_SAS_TOKEN``, ...).  Reads stream
+one download per shard through adlfs's own client, chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import IO, Any, Iterator, Optional
+
+from wds_cloud.backend import Backend, ObjectInfo, ReadStream, fsspec_list, require
+from wds_cloud.errors import CredentialsError, ShardNotFoundError, TransferError, redact
+from wds_cloud.hookspecs import hookimpl
+from wds_cloud.httpstream import AccessDeniedError
+from wds_cloud.uploads import FsspecUpload
+
+REQUIRES = ("adlfs",)
+CREDENTIALS_HINT = ("set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with "
+                    "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN, or pass them in storage_options "
+                    "(connection_string=..., account_name=..., account_key=...)")
+
+
+def translate(exc: BaseException, url: str) -> BaseException:
+    if isinstance(exc, (ShardNotFoundError, CredentialsError, TransferError)):
+        return exc
+    shown = redact(url)
+    name = type(exc).__name__
+    status = getattr(exc, "status_code", None)
+    code = str(getattr(exc, "error_code", "") or "")
+    if isinstance(exc, FileNotFoundError) or status == 404 or name == "ResourceNotFoundError":
+        what = "the container does not exist" if "Container" in code else "no such object"
+        return ShardNotFoundError(f"{shown}: {what}", url=url)
+    if name == "ClientAuthenticationError" or code in ("AuthenticationFailed", "AuthorizationFailure") or \
+            status == 401:
+        return CredentialsError(f"{shown}: Azure rejected the credentials ({code or status}); {CREDENTIALS_HINT}",
+                                url=url)
+    if status == 403 or isinstance(exc, PermissionError):
+        return AccessDeniedError(f"{shown}: access denied by Azure ({code or exc})", url=url)
+    if name in ("ServiceRequestError", "ServiceResponseError") or isinstance(exc, ConnectionError):
+        return TransferError(f"{shown}: cannot reach the Azure endpoint ({exc}); check that it is running and "
+                             "that the account URL / connection string is right", url=url, cause=exc)
+    if isinstance(exc, ValueError) and "credential" in str(exc).lower():
+        return CredentialsError(f"{shown}: {exc}; {CREDENTIALS_HINT}", url=url)
+    return exc
+
+
+class _ChunkStream(ReadStream):
+    """A blob download read chunk by chunk through adlfs's async client, from synchronous code."""
+
+    def __init__(self, fs: Any, url: str, container: str, blob: str, offset: int, version: Optional[str]) -> None:
+        from fsspec.asyn import sync
+
+        self._sync = sync
+        self._loop = fs.loop
+        self.url = url
+        client = fs.service_client.get_blob_client(container, blob)
+        kwargs: dict[str, Any] = {"offset": offset, "max_concurrency": 1}
+        if version:
+            from azure.core import MatchConditions
+
+            kwargs.update(etag=version, match_condition=MatchConditions.IfNotModified)
+        try:
+            self._downloader = sync(self._loop, client.download_blob, **kwargs)
+        except Exception as exc:
+            raise translate(exc, url) from exc
+        props = self._downloader.properties
+        self.size = props.size
+        self.etag = props.etag
+        self._chunks = self._downloader.chunks()
+        self._buffer = b""
+        self._eof = False
+        self.closed = False
+
+    def _next(self) -> bytes:
+        async def step():
+            try:
+                return await self._chunks.__anext__()
+            except StopAsyncIteration:
+                return None
+
+        try:
+            return self._sync(self._loop, step)
+        except Exception as exc:
+            raise translate(exc, self.url) from exc
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            parts = [self._buffer]
+            while not self._eof:
+                chunk = self._next()
+                if chunk is None:
+                    self._eof = True
+                else:
+                    parts.append(chunk)
+            self._buffer = b""
+            return b"".join(parts)
+        while len(self._buffer) < size and not self._eof:
+            chunk = self._next()
+            if chunk is None:
+                self._eof = True
+            else:
+                self._buffer = self._buffer + chunk if self._buffer else chunk
+        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+    def close(self) -> None:
+        self.closed = True
+        self._chunks = None
+
+
+class AzureBackend(Backend):
+    scheme = "az"
+
+    def __init__(self, settings, **storage_options: Any) -> None:
+        super().__init__(settings, **storage_options)
+        self._fs = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    @property
+    def fs(self) -> Any:
+        require("az", REQUIRES, "az")
+        if self._pid != os.getpid():
+            self._fs, self._pid = None, os.getpid()
+        with self._lock:
+            if self._fs is None:
+                import adlfs
+
+                try:
+                    self._fs = adlfs.AzureBlobFileSystem(skip_instance_cache=True, **self.storage_options)
+                except Exception as exc:
+                    raise translate(exc, f"{self.scheme}://") from exc
+        return self._fs
+
+    @staticmethod
+    def _path(url: str) -> str:
+        return url.split("://", 1)[1]
+
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **conditions: Any) -> IO[bytes]:
+        container, _, blob = self._path(url).partition("/")
+        return _ChunkStream(self.fs, url, container, blob, offset, conditions.get("version"))
+
+    def stat(self, url: str) -> ObjectInfo:
+        try:
+            self.fs.invalidate_cache(self._path(url))
+            info = self.fs.info(self._path(url))
+        except Exception as exc:
+            raise translate(exc, url) from exc
+        return ObjectInfo(url, info.get("size"), info.get("etag"))
+
+    def list(self, prefix: str) -> Iterator[str]:
+        yield from fsspec_list(self.fs, prefix.split("://", 1)[0], prefix, translate)
+
+    def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
+        try:
+            f = self.fs.open(self._path(url), "wb", block_size=max(bufsize or 0, 8 << 20))
+        except Exception as exc:
+            raise translate(exc, url) from exc
+        return FsspecUpload(f, url, translate)
+
+
+@hookimpl(trylast=True)
+def wds_cloud_register_backends(register) -> None:
+    register("az", AzureBackend, requires=REQUIRES, extra="az", description="Azure Blob Storage")
+    register("abfs", AzureBackend, requires=REQUIRES, extra="az", description="Azure Blob Storage (alias of az)")

@@ -1,0 +1,83 @@
+"""The ``http`` and ``https`` backends: one streaming GET per shard, HEAD for stat, PUT for writes.
+
+Storage options: ``headers`` (a dict sent with every request, e.g. an
+``Authorization`` header) and ``timeout`` (seconds, default 60).  Listing a
+prefix reads the links of the server's HTML index page.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import urllib.parse
+from typing import IO, Iterator, Optional
+
+from wds_cloud.backend import Backend, ObjectInfo
+from wds_cloud.errors import redact
+from wds_cloud.hookspecs import hookimpl
+from wds_cloud.httpstream import HTTPReadStream, raise_for_status, request
+from wds_cloud.uploads import SpooledPut
+
+HINT = "pass the header it needs in storage_options={'headers': {'Authorization': ...}}"
+
+
+class HTTPBackend(Backend):
+    scheme = "http"
+
+    @property
+    def _headers(self) -> dict:
+        return dict(self.storage_options.get("headers") or {})
+
+    @property
+    def _timeout(self) -> float:
+        return float(self.storage_options.get("timeout", 60.0))
+
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None) -> IO[bytes]:
+        return HTTPReadStream(url, offset, self._headers, self._timeout, credentials_hint=HINT)
+
+    def stat(self, url: str) -> ObjectInfo:
+        conn, response = request("HEAD", url, self._headers, timeout=self._timeout)
+        try:
+            raise_for_status(response, url, HINT)
+            length = response.getheader("Content-Length")
+            return ObjectInfo(url, int(length) if length is not None else None, response.getheader("ETag"))
+        finally:
+            response.close()
+            conn.close()
+
+    def list(self, prefix: str) -> Iterator[str]:
+        base = prefix if prefix.endswith("/") else prefix.rsplit("/", 1)[0] + "/"
+        conn, response = request("GET", base, self._headers, timeout=self._timeout)
+        try:
+            raise_for_status(response, base, HINT)
+            page = response.read().decode("utf-8", "replace")
+        finally:
+            response.close()
+            conn.close()
+        seen = set()
+        for href in re.findall(r'href="([^"]+)"', page):
+            url = urllib.parse.urljoin(base, html.unescape(href))
+            if url.startswith(prefix) and url != base and url not in seen and "?" not in url[len(base):]:
+                seen.add(url)
+                yield url
+
+    def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
+        def send(body, size: int) -> None:
+            headers = dict(self._headers, **{"Content-Length": str(size)})
+            conn, response = request("PUT", url, headers, body=body, timeout=self._timeout)
+            try:
+                raise_for_status(response, url, HINT)
+            finally:
+                response.close()
+                conn.close()
+
+        return SpooledPut(url, send)
+
+    def __repr__(self) -> str:
+        return f"<HTTPBackend {redact(self.scheme)}>"
+
+
+@hookimpl(trylast=True)
+def wds_cloud_register_backends(register) -> None:
+    register("http", HTTPBackend, description="HTTP: streaming GET with Range, HEAD, PUT")
+    register("https", HTTPBackend, description="HTTPS: streaming GET with Range, HEAD, PUT")

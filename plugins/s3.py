@@ -1,0 +1,183 @@
+"""The ``s3`` backend: s3fs for stat, listing and (multipart) writes; one boto3 GET per shard for reads.
+
+Storage options are s3fs's (``key``, ``secret``, ``token``, ``endpoint_url``,
+``profile``, ``anon``, ``client_kwargs``, ``config_kwargs``); the same options
+build the boto3 client that streams reads, so both always use the same
+credentials.  Without options, the standard AWS environment applies
+(``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``,
+``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3`` for S3-compatible stores, ...).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import IO, Any, Iterator, Optional
+
+from wds_cloud.backend import Backend, ObjectInfo, ReadStream, fsspec_list, require
+from wds_cloud.errors import CredentialsError, ShardNotFoundError, TransferError, redact
+from wds_cloud.hookspecs import hookimpl
+from wds_cloud.httpstream import AccessDeniedError
+from wds_cloud.uploads import FsspecUpload
+
+REQUIRES = ("s3fs", "boto3")
+CREDENTIALS_HINT = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
+                    "storage_options={'key': ..., 'secret': ...}; for a public bucket pass {'anon': True}")
+
+
+def split(url: str) -> tuple[str, str]:
+    rest = url.split("://", 1)[1] if "://" in url else url.split(":", 1)[1].lstrip("/")
+    bucket, _, key = rest.partition("/")
+    return bucket, key
+
+
+def translate(exc: BaseException, url: str) -> BaseException:
+    """botocore/s3fs errors as wds_cloud errors that say what to do."""
+    import botocore.exceptions as bex
+
+    if isinstance(exc, (ShardNotFoundError, CredentialsError, TransferError)):
+        return exc
+    shown = redact(url)
+    if isinstance(exc, (bex.NoCredentialsError, bex.PartialCredentialsError)):
+        return CredentialsError(f"{shown}: no AWS credentials were found; {CREDENTIALS_HINT}", url=url)
+    if isinstance(exc, (bex.EndpointConnectionError, bex.ConnectTimeoutError, bex.ReadTimeoutError,
+                        bex.ConnectionClosedError)):
+        return TransferError(f"{shown}: cannot connect to the S3 endpoint ({exc}); check that it is running "
+                             "and that endpoint_url / AWS_ENDPOINT_URL is right", url=url, cause=exc)
+    if isinstance(exc, bex.ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in ("NoSuchKey", "404", "NotFound"):
+            return ShardNotFoundError(f"{shown}: no such object", url=url)
+        if code == "NoSuchBucket":
+            return ShardNotFoundError(f"{shown}: the bucket {split(url)[0]!r} does not exist", url=url)
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
+            return CredentialsError(f"{shown}: S3 rejected the credentials ({code}); {CREDENTIALS_HINT}", url=url)
+        if code in ("AccessDenied", "403") or status == 403:
+            return AccessDeniedError(f"{shown}: access denied by S3; the credentials in use may not access "
+                                     "this object", url=url)
+        return TransferError(f"{shown}: S3 error {code or status}: {exc}", url=url, status=status)
+    if isinstance(exc, FileNotFoundError):
+        return ShardNotFoundError(f"{shown}: no such object", url=url)
+    if isinstance(exc, PermissionError):
+        return AccessDeniedError(f"{shown}: access denied by S3 ({exc})", url=url)
+    return exc
+
+
+class _Body(ReadStream):
+    """A boto3 StreamingBody as a file object; errors while reading become TransferErrors."""
+
+    def __init__(self, response: dict, url: str, offset: int) -> None:
+        self._body = response["Body"]
+        self._raw = getattr(self._body, "_raw_stream", None)
+        self.url = url
+        self.etag = response.get("ETag")
+        self.version = response.get("VersionId")
+        length = response.get("ContentLength")
+        content_range = response.get("ContentRange")
+        self.size = int(content_range.rsplit("/", 1)[1]) if content_range else (
+            length + offset if length is not None else None)
+        self.closed = False
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._body.read(None if size is None or size < 0 else size)
+        except Exception as exc:
+            raise translate(exc, self.url) from exc
+
+    def close(self) -> None:
+        self.closed = True
+        self._body.close()
+
+
+class S3Backend(Backend):
+    scheme = "s3"
+
+    def __init__(self, settings, **storage_options: Any) -> None:
+        super().__init__(settings, **storage_options)
+        self._lock = threading.Lock()
+        self._client = None
+        self._fs = None
+        self._pid = os.getpid()
+
+    def _fork_check(self) -> None:
+        if self._pid != os.getpid():  # clients and event loops never cross a fork
+            self._client = self._fs = None
+            self._pid = os.getpid()
+
+    @property
+    def fs(self) -> Any:
+        require("s3", REQUIRES, "s3")
+        self._fork_check()
+        if self._fs is None:
+            import s3fs
+
+            self._fs = s3fs.S3FileSystem(skip_instance_cache=True, **self.storage_options)
+        return self._fs
+
+    @property
+    def client(self) -> Any:
+        require("s3", REQUIRES, "s3")
+        self._fork_check()
+        with self._lock:
+            if self._client is None:
+                self._client = self._make_client()
+        return self._client
+
+    def _make_client(self) -> Any:
+        import boto3
+        import botocore
+        from botocore.config import Config
+
+        options = dict(self.storage_options)
+        client_kwargs = dict(options.get("client_kwargs") or {})
+        config_kwargs = dict(options.get("config_kwargs") or {})
+        config_kwargs.setdefault("max_pool_connections", 32)
+        if options.get("anon"):
+            config_kwargs["signature_version"] = botocore.UNSIGNED
+        session = boto3.session.Session(profile_name=options.get("profile"))
+        if options.get("endpoint_url"):
+            client_kwargs.setdefault("endpoint_url", options["endpoint_url"])
+        for ours, theirs in (("key", "aws_access_key_id"), ("secret", "aws_secret_access_key"),
+                             ("token", "aws_session_token")):
+            if options.get(ours):
+                client_kwargs.setdefault(theirs, options[ours])
+        return session.client("s3", config=Config(**config_kwargs), **client_kwargs)
+
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **conditions: Any) -> IO[bytes]:
+        bucket, key = split(url)
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
+        if offset:
+            kwargs["Range"] = f"bytes={offset}-"
+        if conditions.get("version"):
+            kwargs["IfMatch"] = conditions["version"]
+        try:
+            response = self.client.get_object(**kwargs)
+        except Exception as exc:
+            raise translate(exc, url) from exc
+        return _Body(response, url, offset)
+
+    def stat(self, url: str) -> ObjectInfo:
+        bucket, key = split(url)
+        try:
+            self.fs.invalidate_cache(f"{bucket}/{key}")
+            info = self.fs.info(f"{bucket}/{key}")
+        except Exception as exc:
+            raise translate(exc, url) from exc
+        return ObjectInfo(url, info.get("size"), info.get("VersionId") or info.get("ETag"))
+
+    def list(self, prefix: str) -> Iterator[str]:
+        yield from fsspec_list(self.fs, "s3", prefix, translate)
+
+    def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
+        bucket, key = split(url)
+        try:
+            f = self.fs.open(f"{bucket}/{key}", "wb", block_size=max(bufsize or 0, 8 << 20))
+        except Exception as exc:
+            raise translate(exc, url) from exc
+        return FsspecUpload(f, url, translate)
+
+
+@hookimpl(trylast=True)
+def wds_cloud_register_backends(register) -> None:
+    register("s3", S3Backend, requires=REQUIRES, extra="s3", description="Amazon S3 and S3-compatible stores")

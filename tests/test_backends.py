@@ -1,0 +1,254 @@
+"""Every backend against a real server on loopback, through the shared conformance suite, and more."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import wds_cloud as wds
+from wds_cloud.errors import CredentialsError, MissingExtraError, ShardNotFoundError, TransferError
+from wds_cloud.gopen import gopen, open_backend
+from wds_cloud.testing.conformance import BackendConformance
+from wds_cloud.writer import TarWriter
+
+from .cloud import AIS_TOKEN, HTTP_TOKEN, free_port, unique
+
+
+class TestFile(BackendConformance):
+    @pytest.fixture
+    def base_url(self, tmp_path):
+        return f"{tmp_path}/"
+
+
+class TestFileURL(BackendConformance):
+    @pytest.fixture
+    def base_url(self, tmp_path):
+        return f"file://{tmp_path}/"
+
+
+class TestHTTP(BackendConformance):
+    @pytest.fixture
+    def base_url(self, http_store):
+        return f"{http_store[0].url}/{unique('p')}/"
+
+    @pytest.fixture
+    def storage_options(self):
+        return {"headers": {"Authorization": f"Bearer {HTTP_TOKEN}"}}
+
+    def bad_credentials(self, storage_options):
+        return {"headers": {"Authorization": "Bearer wrong-token-123"}}
+
+
+class TestS3(BackendConformance):
+    @pytest.fixture
+    def base_url(self, s3_bucket):
+        return f"s3://{s3_bucket[0]}/prefix/"
+
+    @pytest.fixture
+    def storage_options(self, s3_bucket):
+        return s3_bucket[1]
+
+    def bad_credentials(self, storage_options):
+        return {"endpoint_url": storage_options["endpoint_url"]}  # no credentials at all
+
+
+class TestGCS(BackendConformance):
+    @pytest.fixture
+    def base_url(self, gcs_bucket):
+        return f"gs://{gcs_bucket[0]}/prefix/"
+
+    @pytest.fixture
+    def storage_options(self, gcs_bucket):
+        return gcs_bucket[1]
+
+
+class TestAzure(BackendConformance):
+    @pytest.fixture
+    def base_url(self, az_container):
+        return f"az://{az_container[0]}/prefix/"
+
+    @pytest.fixture
+    def storage_options(self, az_container):
+        return az_container[1]
+
+    def bad_credentials(self, storage_options):
+        wrong = storage_options["connection_string"].replace("AccountKey=Eby8", "AccountKey=AAAA")
+        return {"connection_string": wrong}
+
+
+class TestAIS(BackendConformance):
+    @pytest.fixture
+    def base_url(self, ais_servers, monkeypatch):
+        gateway, _, _, buckets = ais_servers
+        bucket = unique("ais")
+        buckets.add(("ais", bucket))
+        monkeypatch.setenv("AIS_ENDPOINT", gateway.url)
+        return f"ais://{bucket}/prefix/"
+
+    @pytest.fixture
+    def storage_options(self):
+        return {"token": AIS_TOKEN}
+
+    def bad_credentials(self, storage_options):
+        return {"token": "wrong-token-456"}
+
+
+class TestThirdPartyPlugin(BackendConformance):
+    """The docs example plugin passes the same suite."""
+
+    @pytest.fixture
+    def base_url(self, installed_example):
+        return f"mem://{unique('b')}/"
+
+
+def tiny_shard(n=3) -> bytes:
+    import io
+
+    out = io.BytesIO()
+    with TarWriter(out) as writer:
+        for i in range(n):
+            writer.write({"__key__": f"{i:03d}", "txt": f"t{i}"})
+    return out.getvalue()
+
+
+def test_use_ais_for_routes_cloud_schemes_through_the_gateway(ais_servers, monkeypatch):
+    """USE_AIS_FOR=s3:gs sends s3:// and gs:// reads to AIStore with provider=aws / gcp."""
+    gateway, _, store, buckets = ais_servers
+    buckets.update({("aws", "cloudbkt"), ("gcp", "gbkt")})
+    store.put("aws/cloudbkt/data/shard.tar", tiny_shard())
+    store.put("gcp/gbkt/shard.tar", tiny_shard(2))
+    monkeypatch.setenv("AIS_ENDPOINT", gateway.url)
+    monkeypatch.setenv("AIS_AUTHN_TOKEN", AIS_TOKEN)
+    monkeypatch.setenv("USE_AIS_FOR", "s3:gs")
+    samples = list(wds.WebDataset("s3://cloudbkt/data/shard.tar", shardshuffle=False))
+    assert [s["__key__"] for s in samples] == ["000", "001", "002"]
+    assert samples[0]["__url__"] == "s3://cloudbkt/data/shard.tar"
+    assert len(list(wds.WebDataset("gs://gbkt/shard.tar", shardshuffle=False))) == 2
+    assert ("GET", "aws/cloudbkt/data/shard.tar", None) in store.requests
+
+
+def test_ais_without_endpoint_says_what_to_set(monkeypatch):
+    """An ais:// URL without AIS_ENDPOINT names the variable."""
+    with pytest.raises(ValueError, match="set AIS_ENDPOINT"):
+        gopen("ais://bucket/x.tar")
+
+
+def test_missing_ais_bucket(ais_servers, monkeypatch):
+    """A missing AIS bucket is a ShardNotFoundError naming the URL."""
+    monkeypatch.setenv("AIS_ENDPOINT", ais_servers[0].url)
+    with pytest.raises(ShardNotFoundError, match="ais://nobucket/x.tar"):
+        gopen("ais://nobucket/x.tar", storage_options={"token": AIS_TOKEN})
+
+
+def test_connection_refused_is_a_connection_error():
+    """A refused connection raises TransferError (a ConnectionError) naming the endpoint, not 'not found'."""
+    port = free_port()
+    with pytest.raises(ConnectionError) as info:
+        gopen(f"http://127.0.0.1:{port}/shard.tar")
+    assert isinstance(info.value, TransferError) and f"127.0.0.1:{port}" in str(info.value)
+    assert not isinstance(info.value, FileNotFoundError)
+
+
+def test_s3_dead_endpoint_is_a_connection_error():
+    """An S3 endpoint that is not there gives TransferError, naming endpoint_url."""
+    options = {"key": "k", "secret": "s", "endpoint_url": f"http://127.0.0.1:{free_port()}",
+               "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}}
+    with pytest.raises(TransferError, match="endpoint_url"):
+        gopen("s3://bucket/x.tar", storage_options=options)
+
+
+def test_s3_standard_environment(s3_bucket, monkeypatch):
+    """With no storage options, AWS_ENDPOINT_URL and the AWS_* keys configure s3:// (S3-compatible stores)."""
+    bucket, options = s3_bucket
+    with gopen(f"s3://{bucket}/env.tar", "wb", storage_options=options) as f:
+        f.write(tiny_shard())
+    monkeypatch.setenv("AWS_ENDPOINT_URL", options["endpoint_url"])
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    assert len(list(wds.WebDataset(f"s3://{bucket}/env.tar", shardshuffle=False))) == 3
+
+
+def test_missing_s3_credentials_name_the_settings(s3_bucket):
+    """No AWS credentials: the error names the variables and options to set, and no secret."""
+    bucket, options = s3_bucket
+    with pytest.raises(CredentialsError, match="AWS_ACCESS_KEY_ID.*AWS_PROFILE"):
+        gopen(f"s3://{bucket}/x.tar", storage_options={"endpoint_url": options["endpoint_url"]})
+
+
+def test_gcs_emulator_environment(gcs_bucket, monkeypatch):
+    """STORAGE_EMULATOR_HOST points gs:// at an emulator without storage options."""
+    bucket, options = gcs_bucket
+    with gopen(f"gs://{bucket}/env.tar", "wb", storage_options=options) as f:
+        f.write(tiny_shard())
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", options["endpoint_url"])
+    assert len(list(wds.WebDataset(f"gs://{bucket}/env.tar", shardshuffle=False,
+                                   storage_options={"token": "anon"}))) == 3
+
+
+def test_azure_connection_string_environment(az_container, monkeypatch):
+    """AZURE_STORAGE_CONNECTION_STRING configures az:// and abfs:// without storage options."""
+    container, options = az_container
+    with gopen(f"az://{container}/env.tar", "wb", storage_options=options) as f:
+        f.write(tiny_shard())
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", options["connection_string"])
+    assert len(list(wds.WebDataset(f"abfs://{container}/env.tar", shardshuffle=False))) == 3
+
+
+def test_per_bucket_profiles(s3_bucket, tmp_path, monkeypatch):
+    """Profiles from WDS_CLOUD_CONFIG give each bucket its endpoint and credentials; the longest prefix wins."""
+    bucket, options = s3_bucket
+    with gopen(f"s3://{bucket}/p.tar", "wb", storage_options=options) as f:
+        f.write(tiny_shard())
+    config = tmp_path / "profiles.toml"
+    config.write_text(f'''
+["s3://"]
+endpoint_url = "http://127.0.0.1:1"
+key = "wrong"
+secret = "wrong"
+
+["s3://{bucket}/"]
+endpoint_url = "{options["endpoint_url"]}"
+key = "testing"
+secret = "testing"
+''')
+    monkeypatch.setenv("WDS_CLOUD_CONFIG", str(config))
+    assert len(list(wds.WebDataset(f"s3://{bucket}/p.tar", shardshuffle=False))) == 3
+
+
+def test_bad_profiles_file(tmp_path, monkeypatch):
+    """A malformed profiles file is a ConfigError naming the file and the expected form."""
+    config = tmp_path / "profiles.toml"
+    config.write_text("this is = = not toml")
+    monkeypatch.setenv("WDS_CLOUD_CONFIG", str(config))
+    with pytest.raises(ValueError, match="profiles.toml.*TOML table per URL prefix"):
+        gopen("s3://bucket/x.tar")
+
+
+def test_credentials_never_in_reprs_or_errors(az_container):
+    """Backends' reprs and errors never show keys or connection strings."""
+    container, options = az_container
+    backend = open_backend(f"az://{container}/x", storage_options=options)
+    assert "AccountKey" not in repr(backend) and "Eby8" not in repr(backend)
+    with pytest.raises(ShardNotFoundError) as info:
+        gopen(f"az://{container}/missing.tar", storage_options=options)
+    assert "Eby8" not in str(info.value)
+    settings = wds.Settings.from_environ({"AIS_AUTHN_TOKEN": "sekret-token"})
+    assert "sekret" not in repr(settings)
+
+
+def test_missing_extra_names_the_install_line(monkeypatch):
+    """Without s3fs, s3:// fails at open time with the pip install line; the plugin still imports."""
+    monkeypatch.setitem(sys.modules, "s3fs", None)
+    with pytest.raises(MissingExtraError, match=r"pip install 'wds_cloud\[s3\]'"):
+        gopen("s3://bucket/x.tar", storage_options={"key": "k", "secret": "s"})
+
+
+def test_backends_command_lists_every_scheme_ready():
+    """`wds-cloud backends` shows every built-in scheme, ready once its extra is installed."""
+    script = os.path.join(os.path.dirname(sys.executable), "wds-cloud")
+    out = subprocess.run([script, "backends"], capture_output=True, text=True, check=True).stdout
+    for scheme in ("file", "pipe", "http", "https", "s3", "gs", "gcs", "az", "abfs", "ais"):
+        line = next(line for line in out.splitlines() if line.startswith(f"{scheme}:"))
+        assert line.rstrip().endswith("ready"), line

@@ -1,0 +1,185 @@
+"""One streaming HTTP GET as a binary file object, opened at a byte offset.
+
+Built on ``http.client``: the body is read straight from the socket into the
+caller's buffer, there is no block-range machinery, and nothing is shared
+across processes (a forked DataLoader worker opens its own connections).
+Redirects are followed (AIStore's gateway redirects every GET to a target).
+HTTP errors become the errors of :mod:`wds_cloud.errors`, with the URL.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import ssl
+import urllib.parse
+from typing import Mapping, Optional
+
+from .errors import CredentialsError, ShardNotFoundError, TransferError, redact
+
+__all__ = ["HTTPReadStream", "request", "raise_for_status", "AccessDeniedError", "connection_error"]
+
+REDIRECTS = {301, 302, 303, 307, 308}
+
+
+class AccessDeniedError(CredentialsError):
+    """The credentials were accepted but do not allow this operation."""
+
+
+def connection_error(url: str, exc: BaseException, what: str = "connect") -> TransferError:
+    """A TransferError naming the endpoint, for a refused, reset or timed-out connection."""
+    parts = urllib.parse.urlsplit(url)
+    endpoint = f"{parts.scheme}://{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+    reason = "connection refused" if isinstance(exc, ConnectionRefusedError) else (
+        "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else str(exc) or type(exc).__name__)
+    return TransferError(
+        f"cannot {what} {endpoint} for {redact(url)}: {reason}; check that the server is running and that "
+        "the endpoint (endpoint_url, AIS_ENDPOINT, ...) is right", url=url, endpoint=endpoint, cause=exc)
+
+
+def _connection(parts: urllib.parse.SplitResult, timeout: float) -> http.client.HTTPConnection:
+    if parts.scheme == "https":
+        return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout,
+                                           context=ssl.create_default_context())
+    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+
+
+def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, body: Optional[bytes] = None,
+            timeout: float = 60.0, max_redirects: int = 5, display_url: Optional[str] = None,
+            follow_redirects: bool = True):
+    """Send a request, following redirects unless told not to; returns (connection, response).
+
+    The caller closes both.
+    """
+    display_url = display_url or url
+    while True:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https"):
+            raise TransferError(f"{redact(display_url)}: cannot follow a redirect to {redact(url)}", url=display_url)
+        path = parts.path or "/"
+        if parts.query:
+            path += "?" + parts.query
+        conn = _connection(parts, timeout)
+        try:
+            conn.request(method, path, body=body, headers=dict(headers or {}))
+            response = conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise connection_error(url, exc) from exc
+        if not follow_redirects:
+            return conn, response
+        if response.status in REDIRECTS and response.getheader("Location") and max_redirects > 0:
+            location = urllib.parse.urljoin(url, response.getheader("Location"))
+            response.read()
+            conn.close()
+            url = location
+            max_redirects -= 1
+            continue
+        if response.status in REDIRECTS and response.getheader("Location"):
+            response.read()
+            conn.close()
+            raise TransferError(f"{redact(display_url)}: too many redirects (last to {redact(url)})", url=display_url)
+        return conn, response
+
+
+def raise_for_status(response: http.client.HTTPResponse, url: str, credentials_hint: str = "") -> None:
+    """Raise the matching wds_cloud error for a non-2xx response (reads its body for the message)."""
+    status = response.status
+    if 200 <= status < 300:
+        return
+    try:
+        detail = response.read(2000).decode("utf-8", "replace").strip()
+    except Exception:
+        detail = ""
+    detail = redact(detail.replace("\n", " ")[:300])
+    shown = redact(url)
+    if status == 404:
+        raise ShardNotFoundError(f"{shown}: no such object (HTTP 404{': ' + detail if detail else ''})", url=url)
+    if status == 401:
+        raise CredentialsError(f"{shown}: the server rejected the credentials (HTTP 401); "
+                               f"{credentials_hint or 'provide valid credentials'}", url=url)
+    if status == 403:
+        raise AccessDeniedError(f"{shown}: access denied (HTTP 403); the credentials in use may not read this "
+                                f"object{'; ' + credentials_hint if credentials_hint else ''}", url=url)
+    raise TransferError(f"{shown}: the server answered HTTP {status} {response.reason}"
+                        f"{': ' + detail if detail else ''}", url=url, status=status)
+
+
+class HTTPReadStream:
+    """The body of ``GET url`` from byte ``offset``, readable with ``read``/``readinto``.
+
+    ``size`` is the whole object's size and ``etag`` its version tag, when the
+    server sent them.
+    """
+
+    def __init__(self, url: str, offset: int = 0, headers: Optional[Mapping[str, str]] = None,
+                 timeout: float = 60.0, display_url: Optional[str] = None, credentials_hint: str = "") -> None:
+        self.url = display_url or url
+        self.offset = offset
+        request_headers = dict(headers or {})
+        if offset:
+            request_headers["Range"] = f"bytes={offset}-"
+        self._conn, self._response = request("GET", url, request_headers, timeout=timeout, display_url=self.url)
+        try:
+            if self._response.status == 416 and offset:  # reading from the very end: nothing left
+                self.size = offset
+                self._response.read()
+                self.remaining = 0
+                self.etag = None
+                self.headers = {}
+                self.closed = False
+                return
+            raise_for_status(self._response, self.url, credentials_hint)
+        except BaseException:
+            self.close()
+            raise
+        length = self._response.getheader("Content-Length")
+        self.remaining = int(length) if length is not None else None
+        content_range = self._response.getheader("Content-Range")
+        if offset and self._response.status == 200:  # the server ignored Range: skip what was asked to skip
+            self._discard(offset)
+            self.size = self.remaining
+        elif content_range and "/" in content_range and not content_range.endswith("*"):
+            self.size = int(content_range.rsplit("/", 1)[1])
+        else:
+            self.size = (self.remaining + offset) if self.remaining is not None else None
+        self.etag = self._response.getheader("ETag")
+        self.headers = self._response.headers
+        self.closed = False
+
+    def _discard(self, n: int) -> None:
+        while n > 0:
+            chunk = self._response.read(min(n, 1 << 20))
+            if not chunk:
+                break
+            n -= len(chunk)
+        if self.remaining is not None:
+            self.remaining -= self.offset
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._response.read(None if size is None or size < 0 else size)
+        except (OSError, http.client.HTTPException) as exc:
+            raise connection_error(self.url, exc, "read from") from exc
+
+    def readinto(self, buffer) -> int:
+        try:
+            return self._response.readinto(buffer)
+        except (OSError, http.client.HTTPException) as exc:
+            raise connection_error(self.url, exc, "read from") from exc
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            self._response.close()
+        finally:
+            self._conn.close()
+
+    def __enter__(self) -> "HTTPReadStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

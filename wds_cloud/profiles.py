@@ -1,0 +1,79 @@
+"""Per-bucket profiles: storage options chosen by URL prefix, from a TOML file.
+
+The file (``WDS_CLOUD_CONFIG``, default ``$XDG_CONFIG_HOME/wds_cloud/config.toml``
+or ``~/.config/wds_cloud/config.toml``) has one table per URL prefix; the keys of
+a table are the storage options of that backend.  Every prefix that matches a
+URL applies, longer prefixes over shorter ones, and options given to the
+dataset (``storage_options=``) over all of them::
+
+    ["s3://"]
+    profile = "research"
+
+    ["s3://minio-bucket/"]
+    endpoint_url = "http://127.0.0.1:9000"
+    key = "minio"
+    secret = "minio-secret"
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Optional
+
+from .config import Settings
+from .errors import ConfigError
+
+__all__ = ["load_profiles", "options_for"]
+
+_cache: dict[str, tuple[float, tuple]] = {}
+_lock = threading.Lock()
+
+
+def _toml() -> Any:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    return tomllib
+
+
+def load_profiles(path: Optional[str]) -> tuple[tuple[str, dict], ...]:
+    """The (prefix, options) pairs of the profiles file, longest prefix last; cached until the file changes."""
+    if not path:
+        return ()
+    try:
+        mtime = os.stat(path).st_mtime
+    except FileNotFoundError:
+        return ()
+    with _lock:
+        cached = _cache.get(path)
+        if cached and cached[0] == mtime:
+            return cached[1]
+    try:
+        with open(path, "rb") as f:
+            data = _toml().load(f)
+    except Exception as exc:
+        raise ConfigError(f"{path}: cannot read the wds_cloud profiles file: {exc}; it should hold one TOML "
+                          'table per URL prefix, e.g. ["s3://bucket/"] with endpoint_url = "..."') from exc
+    profiles = []
+    for prefix, options in data.items():
+        if not isinstance(options, dict) or "://" not in prefix and not prefix.endswith(":"):
+            raise ConfigError(f"{path}: [{prefix!r}] should be a URL prefix such as \"s3://bucket/\" "
+                              "holding storage options")
+        profiles.append((prefix, dict(options)))
+    result = tuple(sorted(profiles, key=lambda p: len(p[0])))
+    with _lock:
+        _cache[path] = (mtime, result)
+    return result
+
+
+def options_for(url: str, settings: Settings, storage_options: Optional[dict] = None) -> dict:
+    """The storage options for ``url``: matching profiles, then the dataset's own options."""
+    options: dict = {}
+    for prefix, values in load_profiles(settings.cloud_config):
+        if url.startswith(prefix):
+            options.update(values)
+    if storage_options:
+        options.update(storage_options)
+    return options

@@ -1,0 +1,1 @@
+"""Test helpers for plugin authors: the shared backend conformance suite (:mod:`.conformance`)."""

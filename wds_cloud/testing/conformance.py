@@ -1,0 +1,178 @@
+"""The backend conformance suite: every backend, built-in or third-party, passes the same tests.
+
+Use it from your plugin's tests by subclassing :class:`BackendConformance`
+and providing two fixtures (and, optionally, ``bad_credentials``)::
+
+    import pytest
+    from wds_cloud.testing.conformance import BackendConformance
+
+    class TestMyStore(BackendConformance):
+        @pytest.fixture
+        def base_url(self, my_server):
+            return "mystore://bucket/prefix/"      # a writable, empty prefix, ending in "/"
+
+        @pytest.fixture
+        def storage_options(self, my_server):
+            return {"endpoint_url": my_server.url}  # what gopen/WebDataset need to reach it
+
+        def bad_credentials(self, storage_options):
+            return dict(storage_options, key="wrong")  # or None if the store checks none
+
+The tests write small objects under ``base_url`` through ``gopen``, then read,
+stat, list and stream them, build a multi-shard ``WebDataset`` over the scheme,
+and read through a ``WDS_REWRITE`` rule that points at it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pytest
+
+from .. import gopen
+from ..compat import WebDataset
+from ..errors import CredentialsError, WdsCloudError
+from ..gopen import open_backend
+from ..writer import ShardWriter
+
+__all__ = ["BackendConformance"]
+
+PAYLOAD = bytes(range(256)) * 64 + b"the end"
+
+
+class BackendConformance:
+    """Mix-in test class; see the module docstring."""
+
+    supports_list = True
+    supports_write = True
+
+    @pytest.fixture
+    def base_url(self) -> str:  # pragma: no cover - provided by the subclass
+        raise NotImplementedError("provide a base_url fixture: a writable prefix ending in '/'")
+
+    @pytest.fixture
+    def storage_options(self) -> dict:
+        return {}
+
+    def bad_credentials(self, storage_options: dict) -> Optional[dict]:
+        """Storage options that the store must reject, or None when it checks no credentials."""
+        return None
+
+    # helpers
+    def put(self, url: str, data: bytes, storage_options: dict) -> None:
+        with gopen(url, "wb", storage_options=storage_options) as stream:
+            stream.write(data)
+
+    def get(self, url: str, storage_options: dict, offset: int = 0) -> bytes:
+        with gopen(url, "rb", offset=offset, storage_options=storage_options) as stream:
+            chunks = []
+            while True:
+                chunk = stream.read(10000)
+                if not chunk:
+                    return b"".join(chunks)
+                chunks.append(chunk)
+
+    # the suite
+    def test_stream_whole_object(self, base_url: str, storage_options: dict) -> None:
+        """A whole object streams back byte for byte."""
+        self.put(base_url + "whole.bin", PAYLOAD, storage_options)
+        assert self.get(base_url + "whole.bin", storage_options) == PAYLOAD
+
+    def test_stream_from_offset(self, base_url: str, storage_options: dict) -> None:
+        """A read opened at a byte offset starts there."""
+        self.put(base_url + "offset.bin", PAYLOAD, storage_options)
+        for offset in (1, 4096, len(PAYLOAD) - 7):
+            assert self.get(base_url + "offset.bin", storage_options, offset) == PAYLOAD[offset:]
+
+    def test_stat_size_and_version(self, base_url: str, storage_options: dict) -> None:
+        """stat gives the size, and a version tag that changes when the object is replaced."""
+        url = base_url + "stat.bin"
+        self.put(url, PAYLOAD, storage_options)
+        backend = open_backend(url, storage_options=storage_options)
+        info = backend.stat(url)
+        assert info.size == len(PAYLOAD)
+        self.put(url, PAYLOAD[::-1] + b"x", storage_options)
+        info2 = backend.stat(url)
+        assert info2.size == len(PAYLOAD) + 1
+        if info.version is not None:
+            assert info2.version is not None and info2.version != info.version
+
+    def test_write_then_read_and_abort(self, base_url: str, storage_options: dict) -> None:
+        """A write is readable after close; an aborted write leaves no object under its name."""
+        if not self.supports_write:
+            pytest.skip("this backend cannot write")
+        self.put(base_url + "written.bin", b"hello", storage_options)
+        assert self.get(base_url + "written.bin", storage_options) == b"hello"
+        with pytest.raises(RuntimeError):
+            with gopen(base_url + "aborted.bin", "wb", storage_options=storage_options) as stream:
+                stream.write(PAYLOAD * 4)
+                raise RuntimeError("boom")
+        with pytest.raises(FileNotFoundError):
+            self.get(base_url + "aborted.bin", storage_options)
+
+    def test_list(self, base_url: str, storage_options: dict) -> None:
+        """list yields the URLs under a prefix."""
+        if not self.supports_list:
+            pytest.skip("this backend cannot list")
+        for name in ("list/a.tar", "list/b.tar", "other.tar"):
+            self.put(base_url + name, b"x", storage_options)
+        backend = open_backend(base_url, storage_options=storage_options)
+        found = sorted(backend.list(base_url + "list/"))
+        assert found == [base_url + "list/a.tar", base_url + "list/b.tar"]
+
+    def test_missing_object(self, base_url: str, storage_options: dict) -> None:
+        """A missing object raises FileNotFoundError (ShardNotFoundError) naming the URL."""
+        url = base_url + "no-such-object.tar"
+        with pytest.raises(FileNotFoundError) as info:
+            self.get(url, storage_options)
+        assert isinstance(info.value, WdsCloudError) and url in str(info.value)
+
+    def test_wrong_credentials(self, base_url: str, storage_options: dict) -> None:
+        """Rejected or missing credentials raise CredentialsError (a PermissionError) saying what to set."""
+        self.put(base_url + "secret.bin", b"x", storage_options)
+        bad = self.bad_credentials(storage_options)
+        if bad is None:
+            pytest.skip("this store checks no credentials")
+        with pytest.raises(PermissionError) as info:
+            self.get(base_url + "secret.bin", bad)
+        assert isinstance(info.value, CredentialsError)
+        for secret in _secrets(bad):
+            assert secret not in str(info.value)
+
+    def test_webdataset_over_the_scheme(self, base_url: str, storage_options: dict) -> None:
+        """ShardWriter writes shards to the scheme and WebDataset reads every sample back."""
+        pattern = base_url + "ds/shard-%06d.tar"
+        with ShardWriter(pattern, maxcount=7, storage_options=storage_options) as sink:
+            for i in range(20):
+                sink.write({"__key__": f"{i:04d}", "txt": f"sample {i}", "cls": i})
+        spec = base_url + "ds/shard-{000000..000002}.tar"
+        samples = list(WebDataset(spec, shardshuffle=False, storage_options=storage_options).decode())
+        assert [s["cls"] for s in samples] == list(range(20))
+        assert samples[0]["__url__"] == base_url + "ds/shard-000000.tar"
+
+    def test_rewrite_onto_the_scheme(self, base_url: str, storage_options: dict,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+        """A WDS_REWRITE rule sends another URL to this scheme; __url__ stays the URL given."""
+        self.put(base_url + "rw/shard.tar", _tiny_tar(), storage_options)
+        monkeypatch.setenv("WDS_REWRITE", f"virtual://data/={base_url}rw/")
+        samples = list(WebDataset("virtual://data/shard.tar", shardshuffle=False, storage_options=storage_options))
+        assert [s["__key__"] for s in samples] == ["a"] and samples[0]["__url__"] == "virtual://data/shard.tar"
+
+
+def _secrets(options: dict) -> list[str]:
+    return [str(v) for k, v in options.items()
+            if any(word in k for word in ("key", "secret", "token", "password", "connection")) and v
+            and len(str(v)) > 6]
+
+
+def _tiny_tar() -> bytes:
+    import io
+
+    from ..writer import TarWriter
+
+    out = io.BytesIO()
+    with TarWriter(out) as writer:
+        writer.write({"__key__": "a", "txt": "x"})
+    return out.getvalue()
+
+
