@@ -73,11 +73,13 @@ class _ChunkStream(ReadStream):
         self.size = props.size
         self.etag = props.etag
         self._chunks = self._downloader.chunks()
-        self._buffer = b""
+        self._chunk = b""
+        self._pos = 0
         self._eof = False
         self.closed = False
 
-    def _next(self) -> bytes:
+    def _next(self) -> bool:
+        """Load the next downloaded chunk; False at the end of the blob."""
         async def step():
             try:
                 return await self._chunks.__anext__()
@@ -85,29 +87,35 @@ class _ChunkStream(ReadStream):
                 return None
 
         try:
-            return self._sync(self._loop, step)
+            chunk = self._sync(self._loop, step)
         except Exception as exc:
             raise translate(exc, self.url) from exc
+        if chunk is None:
+            self._eof = True
+            return False
+        self._chunk, self._pos = chunk, 0
+        return True
 
     def read(self, size: int = -1) -> bytes:
         if size is None or size < 0:
-            parts = [self._buffer]
-            while not self._eof:
-                chunk = self._next()
-                if chunk is None:
-                    self._eof = True
-                else:
-                    parts.append(chunk)
-            self._buffer = b""
+            parts = [self._chunk[self._pos:]]
+            while self._next():
+                parts.append(self._chunk)
+            self._chunk, self._pos = b"", 0
             return b"".join(parts)
-        while len(self._buffer) < size and not self._eof:
-            chunk = self._next()
-            if chunk is None:
-                self._eof = True
-            else:
-                self._buffer = self._buffer + chunk if self._buffer else chunk
-        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        if self._pos >= len(self._chunk) and (self._eof or not self._next()):
+            return b""
+        data = self._chunk[self._pos:self._pos + size]  # may be shorter than size: a chunk boundary
+        self._pos += len(data)
         return data
+
+    def readinto(self, buffer) -> int:
+        if self._pos >= len(self._chunk) and (self._eof or not self._next()):
+            return 0
+        n = min(len(buffer), len(self._chunk) - self._pos)
+        memoryview(buffer).cast("B")[:n] = memoryview(self._chunk)[self._pos:self._pos + n]
+        self._pos += n
+        return n
 
     def close(self) -> None:
         self.closed = True

@@ -272,3 +272,26 @@ def ais_cluster(token: Optional[str] = None) -> tuple[Server, Server, Store, set
     gateway = Server(type("Gateway", (AISGatewayHandler,), {"store": store, "token": token, "target": target.url,
                                                            "buckets": buckets}))
     return gateway, target, store, buckets
+
+
+def main(argv=None) -> None:
+    """``python tests/servers.py http PORT [DIR]``: serve DIR's files over HTTP in this process (benchmarks)."""
+    import os
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 2 or args[0] != "http":
+        raise SystemExit("usage: python tests/servers.py http PORT [DIR]")
+    store = Store()
+    if len(args) > 2:
+        for name in sorted(os.listdir(args[2])):
+            with open(os.path.join(args[2], name), "rb") as f:
+                store.put("/" + name, f.read())
+    handler = type("Handler", (HTTPObjectHandler,), {"store": store})
+    httpd = ThreadingHTTPServer(("127.0.0.1", int(args[1])), handler)
+    httpd.daemon_threads = True
+    httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -53,7 +53,7 @@ __all__ = [
 _USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@:\s]*)(:[^/@\s]*)?@")
 _SECRET_QUERY = re.compile(
     r"(?i)([?&](?:sig|signature|token|access_token|x-amz-signature|x-amz-security-token|"
-    r"x-goog-signature|key|secret|password|sv|se)=)[^&#\s]*"
+    r"x-goog-signature|x-amz-credential|key|secret|password|sv|se)=)[^&#\s]*"
 )
 
 

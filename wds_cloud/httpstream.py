@@ -13,7 +13,7 @@ import http.client
 import socket
 import ssl
 import urllib.parse
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from .errors import CredentialsError, ShardNotFoundError, TransferError, redact
 
@@ -82,8 +82,12 @@ def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, 
         return conn, response
 
 
-def raise_for_status(response: http.client.HTTPResponse, url: str, credentials_hint: str = "") -> None:
-    """Raise the matching wds_cloud error for a non-2xx response (reads its body for the message)."""
+def raise_for_status(response: http.client.HTTPResponse, url: str, credentials_hint: str = "",
+                     error_body: Optional[Callable[[int, str, str], Optional[BaseException]]] = None) -> None:
+    """Raise the matching wds_cloud error for a non-2xx response (reads its body for the message).
+
+    ``error_body(status, body, url)`` may return a more specific error from the body (S3's XML codes).
+    """
     status = response.status
     if 200 <= status < 300:
         return
@@ -91,6 +95,10 @@ def raise_for_status(response: http.client.HTTPResponse, url: str, credentials_h
         detail = response.read(2000).decode("utf-8", "replace").strip()
     except Exception:
         detail = ""
+    if error_body is not None:
+        specific = error_body(status, detail, url)
+        if specific is not None:
+            raise specific
     detail = redact(detail.replace("\n", " ")[:300])
     shown = redact(url)
     if status == 404:
@@ -113,7 +121,8 @@ class HTTPReadStream:
     """
 
     def __init__(self, url: str, offset: int = 0, headers: Optional[Mapping[str, str]] = None,
-                 timeout: float = 60.0, display_url: Optional[str] = None, credentials_hint: str = "") -> None:
+                 timeout: float = 60.0, display_url: Optional[str] = None, credentials_hint: str = "",
+                 error_body: Optional[Callable[[int, str, str], Optional[BaseException]]] = None) -> None:
         self.url = display_url or url
         self.offset = offset
         request_headers = dict(headers or {})
@@ -129,7 +138,7 @@ class HTTPReadStream:
                 self.headers = {}
                 self.closed = False
                 return
-            raise_for_status(self._response, self.url, credentials_hint)
+            raise_for_status(self._response, self.url, credentials_hint, error_body)
         except BaseException:
             self.close()
             raise
@@ -160,16 +169,46 @@ class HTTPReadStream:
         return True
 
     def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            parts = []
+            while True:
+                chunk = self.read(1 << 20)
+                if not chunk:
+                    return b"".join(parts)
+                parts.append(chunk)
+        fp = self._response.fp
         try:
-            return self._response.read(None if size is None or size < 0 else size)
+            if self.remaining is None or fp is None:  # chunked or already finished: let http.client decode
+                return self._response.read(size)
+            # Straight from the socket's buffered reader: http.client's read(n) would fill a
+            # zeroed bytearray and copy it again.
+            data = fp.read(min(size, self.remaining)) if self.remaining else b""
         except (OSError, http.client.HTTPException) as exc:
             raise connection_error(self.url, exc, "read from") from exc
+        self.remaining -= len(data)
+        if not data and self.remaining and size:
+            raise self._short()
+        return data
 
     def readinto(self, buffer) -> int:
+        fp = self._response.fp
         try:
-            return self._response.readinto(buffer)
+            if self.remaining is None or fp is None:
+                return self._response.readinto(buffer)
+            view = memoryview(buffer).cast("B")
+            n = fp.readinto(view[:self.remaining]) if self.remaining else 0
         except (OSError, http.client.HTTPException) as exc:
             raise connection_error(self.url, exc, "read from") from exc
+        self.remaining -= n
+        if not n and self.remaining and len(buffer):
+            raise self._short()
+        return n
+
+    def _short(self) -> TransferError:
+        """The body ended before Content-Length said it would: a fault, never an end of file."""
+        received = (self.size or 0) - self.remaining
+        return TransferError(f"{redact(self.url)}: the connection closed after {received} of {self.size} bytes "
+                             "(a truncated response)", url=self.url, offset=received)
 
     def close(self) -> None:
         self.closed = True

@@ -16,6 +16,7 @@ uncompressed tar stream), the member when known, and what was wrong.
 from __future__ import annotations
 
 import bz2
+import io
 import lzma
 import zlib
 from typing import IO, Callable, Iterator, Optional
@@ -63,6 +64,8 @@ class _Prefixed:
         return self._stream.read(size)
 
     def readinto(self, buffer) -> int:
+        if not self._prefix and hasattr(self._stream, "readinto"):
+            return self._stream.readinto(buffer)  # straight into the caller's buffer
         data = self.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)
@@ -233,10 +236,10 @@ class TarMembers:
         if len(buf) - pos >= padded:
             self._pos = pos + padded
             return buf[pos:pos + size]
-        if size > self.chunk:  # large member: read the rest straight into one object
+        if size > self.chunk:  # large member: the rest goes straight from the stream into the payload
             head = buf[pos:]
-            rest = self._read_exact(size - len(head), name, header_offset)
-            self._base += len(buf) + len(rest)
+            data = self._read_payload(head, size, name, header_offset)
+            self._base += len(buf) + size - len(head)
             self._buf, self._pos = b"", 0
             pad = (-size) % 512
             if pad:
@@ -244,7 +247,7 @@ class TarMembers:
                     raise self._fail(f"the stream ended inside the padding after the {size} bytes of data",
                                      name, header_offset)
                 self._pos = pad
-            return head + rest
+            return data
         if not self._fill(padded):
             got = len(self._buf) - self._pos
             raise self._fail(f"the stream ended inside the member: expected {size} bytes of data, "
@@ -252,6 +255,36 @@ class TarMembers:
         data = self._buf[self._pos:self._pos + size]
         self._pos += padded
         return data
+
+    def _read_payload(self, head: bytes, size: int, name: str, header_offset: int) -> bytes:
+        """``head`` plus the rest of a ``size``-byte payload read from the stream, as one bytes object.
+
+        The bytes are read into the final object's own buffer (``BytesIO.getbuffer``;
+        ``getvalue`` then hands that buffer over without copying), so a large
+        payload is copied once, from the stream, instead of read and then joined.
+        """
+        readinto = getattr(self._stream, "readinto", None)
+        if readinto is None:
+            return head + self._read_exact(size - len(head), name, header_offset)
+        out = io.BytesIO()
+        out.seek(size - 1)
+        out.write(b"\0")
+        view = out.getbuffer()
+        try:
+            view[:len(head)] = head
+            have = len(head)
+            while have < size:
+                try:
+                    n = readinto(view[have:])
+                except self._errors as exc:
+                    raise self._fail(f"the {self.compression} stream is damaged or ended early ({exc})") from exc
+                if not n:
+                    raise self._fail(f"the stream ended inside the member: expected {size - len(head)} more "
+                                     f"bytes of data, got {have - len(head)}", name, header_offset)
+                have += n
+        finally:
+            view.release()
+        return out.getvalue()
 
     def _read_exact(self, size: int, name: str, header_offset: int) -> bytes:
         parts, have = [], 0
