@@ -26,6 +26,7 @@ HINT = "set AIS_AUTHN_TOKEN to a valid AIStore token"
 
 class AISBackend(Backend):
     scheme = "ais"
+    resumable = True
 
     def _endpoint(self, url: str) -> str:
         endpoint = self.storage_options.get("endpoint") or self.settings.ais_endpoint
@@ -49,11 +50,13 @@ class AISBackend(Backend):
         return (f"{self._endpoint(url)}/v1/objects/{urllib.parse.quote(bucket)}/{urllib.parse.quote(name)}"
                 f"?provider={provider}")
 
-    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **conditions: Any) -> IO[bytes]:
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
+                  timeout: Optional[float] = None) -> IO[bytes]:
         headers = self._headers()
-        if conditions.get("version"):
-            headers["If-Match"] = conditions["version"]
-        return HTTPReadStream(self._object_url(url), offset, headers, display_url=url, credentials_hint=HINT)
+        if version:
+            headers["If-Match"] = version
+        return HTTPReadStream(self._object_url(url), offset, headers, timeout or 60.0, display_url=url,
+                              credentials_hint=HINT)
 
     def stat(self, url: str) -> ObjectInfo:
         conn, response = request("HEAD", self._object_url(url), self._headers(), display_url=url)

@@ -15,7 +15,7 @@ import threading
 from typing import IO, Any, Iterator, Optional
 
 from wds_cloud.backend import Backend, ObjectInfo, ReadStream, fsspec_list, require
-from wds_cloud.errors import CredentialsError, ShardNotFoundError, TransferError, redact
+from wds_cloud.errors import CredentialsError, ObjectChangedError, ShardNotFoundError, TransferError, redact
 from wds_cloud.hookspecs import hookimpl
 from wds_cloud.httpstream import AccessDeniedError
 from wds_cloud.uploads import FsspecUpload
@@ -33,6 +33,10 @@ def translate(exc: BaseException, url: str) -> BaseException:
     name = type(exc).__name__
     status = getattr(exc, "status_code", None)
     code = str(getattr(exc, "error_code", "") or "")
+    if status == 412 or name == "ResourceModifiedError":
+        return ObjectChangedError(f"{shown}: the blob changed while it was being read", url=url)
+    if status in (429, 500, 502, 503, 504):
+        return TransferError(f"{shown}: Azure answered HTTP {status}; it will be retried", url=url, status=status)
     if isinstance(exc, FileNotFoundError) or status == 404 or name == "ResourceNotFoundError":
         what = "the container does not exist" if "Container" in code else "no such object"
         return ShardNotFoundError(f"{shown}: {what}", url=url)
@@ -70,8 +74,12 @@ class _ChunkStream(ReadStream):
         except Exception as exc:
             raise translate(exc, url) from exc
         props = self._downloader.properties
-        self.size = props.size
-        self.etag = props.etag
+        content_range = getattr(props, "content_range", None)
+        if content_range and "/" in content_range:  # "bytes a-b/TOTAL": the whole blob's size
+            self.size = int(content_range.rsplit("/", 1)[1])
+        else:
+            self.size = props.size + offset if props.size is not None else None
+        self.etag = self.version = props.etag
         self._chunks = self._downloader.chunks()
         self._chunk = b""
         self._pos = 0
@@ -124,6 +132,7 @@ class _ChunkStream(ReadStream):
 
 class AzureBackend(Backend):
     scheme = "az"
+    resumable = True
 
     def __init__(self, settings, **storage_options: Any) -> None:
         super().__init__(settings, **storage_options)
@@ -150,9 +159,10 @@ class AzureBackend(Backend):
     def _path(url: str) -> str:
         return url.split("://", 1)[1]
 
-    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **conditions: Any) -> IO[bytes]:
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
+                  timeout: Optional[float] = None) -> IO[bytes]:
         container, _, blob = self._path(url).partition("/")
-        return _ChunkStream(self.fs, url, container, blob, offset, conditions.get("version"))
+        return _ChunkStream(self.fs, url, container, blob, offset, version)
 
     def stat(self, url: str) -> ObjectInfo:
         try:

@@ -58,7 +58,7 @@ class _Unclosable(io.RawIOBase):
 class FileBackend(Backend):
     scheme = "file"
 
-    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None) -> IO[bytes]:
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **kw: object) -> IO[bytes]:
         if url == "-":
             stream = io.BufferedReader(_Unclosable(sys.stdin.buffer))
             if offset:

@@ -14,7 +14,7 @@ import threading
 from typing import IO, Any, Iterator, Optional
 
 from wds_cloud.backend import Backend, ObjectInfo, fsspec_list, require
-from wds_cloud.errors import CredentialsError, ShardNotFoundError, TransferError, redact
+from wds_cloud.errors import CredentialsError, ObjectChangedError, ShardNotFoundError, TransferError, redact
 from wds_cloud.hookspecs import hookimpl
 from wds_cloud.httpstream import AccessDeniedError, HTTPReadStream
 from wds_cloud.uploads import FsspecUpload
@@ -47,6 +47,7 @@ def translate(exc: BaseException, url: str) -> BaseException:
 
 class GCSBackend(Backend):
     scheme = "gs"
+    resumable = True
 
     def __init__(self, settings, **storage_options: Any) -> None:
         super().__init__(settings, **storage_options)
@@ -70,15 +71,25 @@ class GCSBackend(Backend):
     def _path(url: str) -> str:
         return url.split("://", 1)[1]
 
-    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **conditions: Any) -> IO[bytes]:
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
+                  timeout: Optional[float] = None) -> IO[bytes]:
         fs = self.fs
         headers: dict[str, str] = {}
         try:
             fs.credentials.apply(headers)
         except Exception as exc:
             raise translate(exc, url) from exc
-        media = fs.url(self._path(url), generation=conditions.get("version"))
-        return HTTPReadStream(media, offset, headers, display_url=url, credentials_hint=CREDENTIALS_HINT)
+        media = fs.url(self._path(url), generation=version)  # a resumed read asks for the generation first read
+        try:
+            stream = HTTPReadStream(media, offset, headers, timeout or 60.0, display_url=url,
+                                    credentials_hint=CREDENTIALS_HINT)
+        except ShardNotFoundError as exc:
+            if version:
+                raise ObjectChangedError(f"{redact(url)}: generation {version} is gone: the object was replaced "
+                                         "while it was being read", url=url) from exc
+            raise
+        stream.version = stream.headers.get("x-goog-generation") or stream.etag
+        return stream
 
     def stat(self, url: str) -> ObjectInfo:
         try:

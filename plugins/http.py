@@ -23,6 +23,7 @@ HINT = "pass the header it needs in storage_options={'headers': {'Authorization'
 
 class HTTPBackend(Backend):
     scheme = "http"
+    resumable = True
 
     @property
     def _headers(self) -> dict:
@@ -32,8 +33,12 @@ class HTTPBackend(Backend):
     def _timeout(self) -> float:
         return float(self.storage_options.get("timeout", 60.0))
 
-    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None) -> IO[bytes]:
-        return HTTPReadStream(url, offset, self._headers, self._timeout, credentials_hint=HINT)
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
+                  timeout: Optional[float] = None) -> IO[bytes]:
+        headers = self._headers
+        if version:
+            headers["If-Match"] = version
+        return HTTPReadStream(url, offset, headers, timeout or self._timeout, credentials_hint=HINT)
 
     def stat(self, url: str) -> ObjectInfo:
         conn, response = request("HEAD", url, self._headers, timeout=self._timeout)

@@ -21,7 +21,7 @@ class PipeBackend(Backend):
             raise ConfigError(f"{url!r} has no command: write pipe:COMMAND, e.g. 'pipe:cat shard.tar'", url=url)
         return command
 
-    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None) -> IO[bytes]:
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **kw: object) -> IO[bytes]:
         pipe = Pipe(self._command(url), "rb", bufsize or self.settings.bufsize, url=url)
         if offset:  # a command's output cannot seek: skip what was asked to be skipped
             remaining = offset

@@ -15,7 +15,7 @@ import threading
 from typing import IO, Any, Iterator, Optional
 
 from wds_cloud.backend import Backend, ObjectInfo, fsspec_list, require
-from wds_cloud.errors import CredentialsError, ShardNotFoundError, TransferError, redact
+from wds_cloud.errors import CredentialsError, ObjectChangedError, ShardNotFoundError, TransferError, redact
 from wds_cloud.hookspecs import hookimpl
 from wds_cloud.httpstream import AccessDeniedError, HTTPReadStream
 from wds_cloud.uploads import FsspecUpload
@@ -46,6 +46,11 @@ def _s3_error(status: int, body: str, url: str) -> Optional[BaseException]:
         return ShardNotFoundError(f"{shown}: the bucket {split(url)[0]!r} does not exist", url=url)
     if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
         return CredentialsError(f"{shown}: S3 rejected the credentials ({code}); {CREDENTIALS_HINT}", url=url)
+    if code == "PreconditionFailed":
+        return ObjectChangedError(f"{shown}: the object changed while it was being read", url=url)
+    if code in ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout"):
+        return TransferError(f"{shown}: S3 answered {code} (HTTP {status}); it will be retried", url=url,
+                             status=status if status >= 500 else 503)
     if code == "AccessDenied":
         return AccessDeniedError(f"{shown}: access denied by S3; the credentials in use may not read this "
                                  "object", url=url)
@@ -87,6 +92,7 @@ def translate(exc: BaseException, url: str) -> BaseException:
 
 class S3Backend(Backend):
     scheme = "s3"
+    resumable = True
 
     def __init__(self, settings, **storage_options: Any) -> None:
         super().__init__(settings, **storage_options)
@@ -139,7 +145,8 @@ class S3Backend(Backend):
                 client_kwargs.setdefault(theirs, options[ours])
         return session.client("s3", config=Config(**config_kwargs), **client_kwargs)
 
-    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **conditions: Any) -> IO[bytes]:
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
+                  timeout: Optional[float] = None) -> IO[bytes]:
         """One GET for the whole shard, signed by boto3 and streamed with http.client.
 
         The signed URL is made locally (no request) and read straight from the
@@ -147,14 +154,12 @@ class S3Backend(Backend):
         appears in messages (they name the s3:// URL).
         """
         bucket, key = split(url)
-        headers = {}
-        if conditions.get("version"):
-            headers["If-Match"] = conditions["version"]
+        headers = {"If-Match": version} if version else {}
         try:
             signed = self.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key},
                                                         ExpiresIn=3600)
-            return HTTPReadStream(signed, offset, headers, display_url=url, credentials_hint=CREDENTIALS_HINT,
-                                  error_body=_s3_error)
+            return HTTPReadStream(signed, offset, headers, timeout or 60.0, display_url=url,
+                                  credentials_hint=CREDENTIALS_HINT, error_body=_s3_error)
         except Exception as exc:
             raise translate(exc, url) from exc
 

@@ -71,19 +71,24 @@ class ReadStream:
 class Backend:
     """Base class for backends.  Subclasses override what their store supports.
 
-    ``open_read`` returns a binary file object streaming from ``offset``;
+    ``open_read`` returns a binary file object streaming from ``offset`` (with ``size``
+    and ``version`` attributes where known; ``version=`` pins a resumed read to the
+    version first read, and a changed object then raises ObjectChangedError);
     ``open_write`` returns one whose ``close()`` publishes the object and whose
     ``abort()`` (or leaving a ``with`` block by an exception) discards it;
     ``stat`` returns an :class:`ObjectInfo`; ``list`` yields the URLs under a prefix.
     """
 
     scheme = ""
+    #: reads are wrapped in a ResumableStream (resume at the next byte, pinned to the version)
+    resumable = False
 
     def __init__(self, settings: Settings, **storage_options: object) -> None:
         self.settings = settings
         self.storage_options = storage_options
 
-    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None) -> IO[bytes]:
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *,
+                  version: Optional[str] = None, timeout: Optional[float] = None) -> IO[bytes]:
         raise NotImplementedError(f"{self.scheme}: backend cannot read")
 
     def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:

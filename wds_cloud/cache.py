@@ -147,9 +147,15 @@ class LRUCleanup:
 class StreamingOpen(PipelineStage):
     """Open each ``{"url": ...}`` with ``gopen``, adding ``stream`` (and ``local_path`` for local files)."""
 
-    def __init__(self, handler: Callable = reraise_exception, storage_options: Optional[dict] = None) -> None:
+    def __init__(self, handler: Callable = reraise_exception, storage_options: Optional[dict] = None,
+                 retries: Optional[int] = None, timeout: Optional[float] = None, stats: Any = None) -> None:
+        from .resilient import StatsSink
+
         self.handler = handler
         self.storage_options = storage_options
+        self.retries = retries
+        self.timeout = timeout
+        self.stats = stats if stats is not None else StatsSink()
 
     def run(self, src: Iterable[dict]) -> Iterator[dict]:
         from .gopen import gopen
@@ -157,7 +163,8 @@ class StreamingOpen(PipelineStage):
         for sample in src:
             url = sample["url"]
             try:
-                stream = gopen(url, "rb", storage_options=self.storage_options)
+                stream = gopen(url, "rb", storage_options=self.storage_options, retries=self.retries,
+                               timeout=self.timeout, stats=self.stats)
             except Exception as exn:
                 if self.handler(exn):
                     continue
@@ -207,9 +214,14 @@ class FileCache(PipelineStage):
     def __init__(self, cache_dir: Optional[str] = None, *, url_to_name: Callable[[str], str] = url_to_cache_name,
                  verbose: bool = False, validator: Callable[[str], bool] = check_tar_format,
                  handler: Callable = reraise_exception, cache_size: int = -1, cache_cleanup_interval: float = 30,
-                 storage_options: Optional[dict] = None) -> None:
+                 storage_options: Optional[dict] = None, retries: Optional[int] = None,
+                 timeout: Optional[float] = None, stats: Any = None) -> None:
         from . import config
+        from .resilient import StatsSink
 
+        self.retries = retries
+        self.timeout = timeout
+        self.stats = stats if stats is not None else StatsSink()
         self.cache_dir = os.path.expanduser(cache_dir or config.current().cache_dir or "~/.cache/wds_cloud")
         self.url_to_name = url_to_name
         self.verbose = verbose
@@ -247,7 +259,8 @@ class FileCache(PipelineStage):
                     continue
                 if self.cleaner is not None:
                     self.cleaner.cleanup()
-                stream = gopen(url, "rb", storage_options=self.storage_options)
+                stream = gopen(url, "rb", storage_options=self.storage_options, retries=self.retries,
+                               timeout=self.timeout, stats=self.stats)
                 yield dict(sample, stream=_Tee(stream, AtomicFile(path)), local_path=path)
             except Exception as exn:
                 if self.handler(exn):

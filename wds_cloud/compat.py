@@ -17,6 +17,7 @@ from . import autodecode, cache, config, filters, shardlists
 from .handlers import reraise_exception
 from .pipeline import DataPipeline
 from .pytorch import DataLoader
+from .resilient import StatsSink, TransferStats
 from .tariterators import tarfile_to_samples
 
 __all__ = ["FluidInterface", "WebDataset", "FluidWrapper", "WebLoader", "check_empty"]
@@ -128,7 +129,8 @@ class WebDataset(DataPipeline, FluidInterface):
                  workersplitter: Optional[Callable] = shardlists.split_by_worker,
                  select_files: Optional[Callable] = None, rename_files: Optional[Callable] = None,
                  empty_check: bool = True, verbose: bool = False, seed: Optional[int] = None,
-                 keys: Union[str, Callable, None] = None, storage_options: Optional[dict] = None) -> None:
+                 keys: Union[str, Callable, None] = None, storage_options: Optional[dict] = None,
+                 retries: Optional[int] = None, timeout: Optional[float] = None) -> None:
         super().__init__()
         settings = config.current()
         if resampled:
@@ -155,11 +157,14 @@ class WebDataset(DataPipeline, FluidInterface):
             self.append(workersplitter)
         if verbose:
             self.append(filters.map(_log_shard))
+        self._stats = StatsSink()
         if cache_dir is None or cache_size == 0:
-            self.append(cache.StreamingOpen(handler=handler, storage_options=storage_options))
+            self.append(cache.StreamingOpen(handler=handler, storage_options=storage_options, retries=retries,
+                                            timeout=timeout, stats=self._stats))
         else:
             self.append(cache.FileCache(cache_dir, url_to_name=url_to_name, cache_size=cache_size, handler=handler,
-                                        verbose=verbose, storage_options=storage_options))
+                                        verbose=verbose, storage_options=storage_options, retries=retries,
+                                        timeout=timeout, stats=self._stats))
         self.append(tarfile_to_samples(handler=handler, select_files=select_files, rename_files=rename_files,
                                        keys=keys))
         if empty_check:
@@ -179,6 +184,16 @@ class WebDataset(DataPipeline, FluidInterface):
             return shardlists.SimpleShardList(source, seed=self.seed if shuffle else None)
         raise ValueError(f"cannot read shards from {type(urls).__name__}: give a spec string, a list of URLs, "
                          "a .json/.yaml dataset spec, or a directory ending in /")
+
+    @property
+    def stats(self) -> TransferStats:
+        """Transfer figures of the remote reads this process made for the dataset (a snapshot).
+
+        ``bytes``, ``seconds``, ``retries``, ``bytes_refetched``, ``time_lost``, ``streams``,
+        and the cache's ``cache_hits``, ``cache_misses``, ``cache_evictions``, ``bytes_saved``.
+        Each DataLoader worker process counts its own reads.
+        """
+        return self._stats.snapshot()
 
     def __enter__(self) -> "WebDataset":
         return self

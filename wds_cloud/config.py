@@ -46,6 +46,9 @@ ENV_VARS = (
     "WDS_CLOUD_CONFIG",
     "XDG_CONFIG_HOME",
     "HOME",
+    "WDS_RETRIES",
+    "WDS_RETRY_TIMEOUT",
+    "WDS_RETRY_BACKOFF",
 )
 
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
@@ -91,6 +94,15 @@ def _parse_int(name: str, value: Optional[str], default: Optional[int]) -> Optio
         return int(value.strip())
     except ValueError:
         raise ConfigError(f"{name}={value!r} is not an integer: set it to a whole number such as 42") from None
+
+
+def _parse_float(name: str, value: Optional[str], default: float) -> float:
+    if value is None or value.strip() == "":
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a number: give seconds, such as 30 or 0.5") from None
 
 
 def _parse_list(value: Optional[str]) -> Optional[tuple[str, ...]]:
@@ -167,6 +179,10 @@ class Settings:
     use_ais_for: tuple[str, ...] = ()
     #: the per-bucket profiles file (TOML); it need not exist
     cloud_config: Optional[str] = None
+    #: remote reads: attempts per fault, read timeout (s), and the first backoff delay (s)
+    retries: int = 6
+    retry_timeout: float = 60.0
+    retry_backoff: float = 0.2
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> "Settings":
@@ -199,6 +215,9 @@ class Settings:
             ais_token=get("AIS_AUTHN_TOKEN") or None,
             use_ais_for=_parse_schemes(get("USE_AIS_FOR")),
             cloud_config=_cloud_config_path(get),
+            retries=_parse_int("WDS_RETRIES", get("WDS_RETRIES"), 6),
+            retry_timeout=_parse_float("WDS_RETRY_TIMEOUT", get("WDS_RETRY_TIMEOUT"), 60.0),
+            retry_backoff=_parse_float("WDS_RETRY_BACKOFF", get("WDS_RETRY_BACKOFF"), 0.2),
         )
 
     def replace(self, **changes: object) -> "Settings":

@@ -19,6 +19,7 @@ from .config import Settings
 from .errors import UnknownSchemeError, WdsCloudError, redact
 from .pipes import Pipe
 from .registry import get_registry, split_scheme
+from .resilient import ResumableStream, RetryPolicy
 from .security import untrusted
 
 __all__ = [
@@ -85,12 +86,16 @@ def open_backend(url: str, settings: Optional[Settings] = None, storage_options:
 
 def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0,
           storage_options: Optional[dict] = None, settings: Optional[Settings] = None,
+          retries: Optional[int] = None, timeout: Optional[float] = None, stats: Any = None,
           **kw: Any) -> IO[bytes]:
     """Open ``url`` as a binary stream; ``mode`` is ``"rb"`` or ``"wb"``.
 
     ``offset`` starts a read at that byte; ``storage_options`` go to the backend
-    (fsspec-style: credentials, endpoint, ...).  A stream opened for writing
-    publishes its object only when closed without error.
+    (fsspec-style: credentials, endpoint, ...).  Remote reads resume after faults
+    at the next unread byte (``retries`` attempts per fault, ``timeout`` seconds
+    of silence count as a stall; defaults from ``WDS_RETRIES``/``WDS_RETRY_TIMEOUT``),
+    and add their transfer figures to ``stats`` (a :class:`~wds_cloud.resilient.StatsSink`).
+    A stream opened for writing publishes its object only when closed without error.
     """
     url = os.fspath(url) if not isinstance(url, str) else url
     if mode not in _READ_MODES | _WRITE_MODES:
@@ -106,9 +111,18 @@ def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0,
         if legacy is not None:
             return legacy(url, mode, bufsize, **kw)
         backend = open_backend(url, settings, storage_options)
-        if mode in _READ_MODES:
+        if mode not in _READ_MODES:
+            return backend.open_write(url, bufsize=bufsize)
+        if not backend.resumable:
             return backend.open_read(url, offset=offset, bufsize=bufsize)
-        return backend.open_write(url, bufsize=bufsize)
+        policy = RetryPolicy(attempts=max(1, retries if retries is not None else settings.retries),
+                             backoff=settings.retry_backoff,
+                             timeout=timeout if timeout is not None else settings.retry_timeout)
+
+        def opener(at: int, version: Optional[str]) -> IO[bytes]:
+            return backend.open_read(url, offset=at, bufsize=bufsize, version=version, timeout=policy.timeout)
+
+        return ResumableStream(opener, url, offset, policy, stats)
     except Exception as exc:
         if url != given:
             _annotate(exc, given, url)

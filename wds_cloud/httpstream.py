@@ -101,6 +101,11 @@ def raise_for_status(response: http.client.HTTPResponse, url: str, credentials_h
             raise specific
     detail = redact(detail.replace("\n", " ")[:300])
     shown = redact(url)
+    if status == 412:
+        from .errors import ObjectChangedError
+
+        raise ObjectChangedError(f"{shown}: the object changed while it was being read (HTTP 412)", url=url,
+                                 status=412)
     if status == 404:
         raise ShardNotFoundError(f"{shown}: no such object (HTTP 404{': ' + detail if detail else ''})", url=url)
     if status == 401:
@@ -134,7 +139,7 @@ class HTTPReadStream:
                 self.size = offset
                 self._response.read()
                 self.remaining = 0
-                self.etag = None
+                self.etag = self.version = None
                 self.headers = {}
                 self.closed = False
                 return
@@ -153,6 +158,7 @@ class HTTPReadStream:
         else:
             self.size = (self.remaining + offset) if self.remaining is not None else None
         self.etag = self._response.getheader("ETag")
+        self.version = self.etag
         self.headers = self._response.headers
         self.closed = False
 

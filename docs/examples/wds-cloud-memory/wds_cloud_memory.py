@@ -41,7 +41,7 @@ class _Upload(io.BytesIO):
 class MemoryBackend(Backend):
     scheme = "mem"
 
-    def open_read(self, url, offset=0, bufsize=None):
+    def open_read(self, url, offset=0, bufsize=None, **kw):
         try:
             return io.BytesIO(STORE[url][offset:])
         except KeyError:

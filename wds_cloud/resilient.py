@@ -1,0 +1,298 @@
+"""Read streams that survive faults: resume at the next unread byte, pinned to the version first read.
+
+A :class:`ResumableStream` wraps a backend's streaming read.  When the
+connection is reset, stalls past the read timeout, ends before the size the
+first response announced, or the store answers 5xx / 429 / ``SlowDown``, it
+reopens the object **at the next unread byte** with a Range request, after a
+bounded exponential backoff with jitter.  The resumed request is pinned to the
+version first read (``If-Match`` on the ETag, the GCS generation, the Azure
+ETag): if the object was replaced meanwhile, :class:`ObjectChangedError` is
+raised instead of splicing two versions.  The reader above sees one
+continuous byte stream, so no sample is lost and none is repeated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import socket
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from .errors import (
+    CredentialsError,
+    ObjectChangedError,
+    ShardNotFoundError,
+    TransferError,
+    WdsCloudError,
+    redact,
+)
+
+__all__ = ["RetryPolicy", "TransferStats", "ResumableStream", "is_transient"]
+
+log = logging.getLogger("wds_cloud.resilient")
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """How hard to try: ``attempts`` opens per fault (the first included), backoff bounds, read timeout."""
+
+    attempts: int = 6
+    backoff: float = 0.2
+    max_backoff: float = 5.0
+    timeout: float = 60.0
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        """Exponential backoff with full jitter, capped at ``max_backoff``."""
+        return rng.uniform(0, min(self.max_backoff, self.backoff * (2 ** (attempt - 1))))
+
+
+@dataclasses.dataclass
+class TransferStats:
+    """Transfer figures of one stream, or summed over a dataset's streams (see ``WebDataset.stats``)."""
+
+    streams: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    retries: int = 0
+    bytes_refetched: int = 0
+    time_lost: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_evictions: int = 0
+    bytes_saved: int = 0
+
+    def add(self, other: "TransferStats") -> None:
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+
+    @property
+    def rate(self) -> float:
+        """Bytes per second of the transfers counted."""
+        return self.bytes / self.seconds if self.seconds else 0.0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class StatsSink:
+    """A thread-safe running total of :class:`TransferStats`."""
+
+    def __init__(self) -> None:
+        self.total = TransferStats()
+        self._lock = threading.Lock()
+
+    def add(self, stats: TransferStats) -> None:
+        with self._lock:
+            self.total.add(stats)
+
+    def snapshot(self) -> TransferStats:
+        with self._lock:
+            return dataclasses.replace(self.total)
+
+    def __getstate__(self) -> dict:  # picklable for spawn-started workers (a lock is not)
+        return {"total": self.snapshot()}
+
+    def __setstate__(self, state: dict) -> None:
+        self.total = state["total"]
+        self._lock = threading.Lock()
+
+
+_PERMANENT = (ShardNotFoundError, CredentialsError, ObjectChangedError)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for faults worth a retry: connection trouble, timeouts, truncation, 5xx, 429/SlowDown."""
+    if isinstance(exc, _PERMANENT):
+        return False
+    if isinstance(exc, TransferError):
+        status = getattr(exc, "status", None)
+        return status is None or status >= 500 or status in (408, 429)
+    if isinstance(exc, WdsCloudError):
+        return False
+    return isinstance(exc, (ConnectionError, socket.timeout, TimeoutError, OSError))
+
+
+class ResumableStream:
+    """A read stream over ``opener(offset, version)`` that recovers from faults (see the module docstring)."""
+
+    def __init__(self, opener: Callable[..., Any], url: str, offset: int = 0,
+                 policy: Optional[RetryPolicy] = None, sink: Optional[StatsSink] = None,
+                 rng: Optional[random.Random] = None) -> None:
+        self.url = url
+        self.policy = policy or RetryPolicy()
+        self.stats = TransferStats(streams=1)
+        self._opener = opener
+        self._sink = sink
+        self._rng = rng or random.Random()
+        self._start = time.perf_counter()
+        self.position = offset
+        self.closed = False
+        self.version: Optional[str] = None
+        self.size: Optional[int] = None
+        self._stream = self._open(first=True)
+
+    # opening
+    def _open(self, first: bool = False) -> Any:
+        attempt = 0
+        started = time.perf_counter()
+        while True:
+            attempt += 1
+            try:
+                stream = self._opener(self.position, None if first else self.version)
+            except BaseException as exc:
+                if first and not is_transient(exc):
+                    raise
+                if self._is_version_change(exc):
+                    raise self._changed(exc) from exc
+                if not is_transient(exc) or attempt >= self.policy.attempts:
+                    raise self._exhausted(exc, attempt) if is_transient(exc) else exc
+                self._backoff(attempt, exc)
+                self.stats.time_lost += time.perf_counter() - started
+                started = time.perf_counter()
+                continue
+            if first:
+                self.version = getattr(stream, "version", None) or getattr(stream, "etag", None)
+                self.size = getattr(stream, "size", None)
+            else:
+                self._check_version(stream)
+            return stream
+
+    def _check_version(self, stream: Any) -> None:
+        """Guard for stores that ignore the pinning condition but report the version they served."""
+        served = getattr(stream, "version", None) or getattr(stream, "etag", None)
+        if served and self.version and served != self.version:
+            try:
+                stream.close()
+            finally:
+                raise self._changed(None)
+
+    def _is_version_change(self, exc: BaseException) -> bool:
+        return isinstance(exc, ObjectChangedError) or getattr(exc, "status", None) == 412
+
+    def _changed(self, exc: Optional[BaseException]) -> ObjectChangedError:
+        return ObjectChangedError(
+            f"{redact(self.url)}: the object changed while it was being read (version {self.version!r}, "
+            f"at byte {self.position} of {self.size}); two versions are never spliced: read it again",
+            url=self.url, offset=self.position)
+
+    def _exhausted(self, exc: BaseException, attempts: int) -> TransferError:
+        return TransferError(
+            f"{redact(self.url)}: giving up at byte {self.position}"
+            f"{f' of {self.size}' if self.size is not None else ''} after {attempts} attempts; "
+            f"last cause: {type(exc).__name__}: {exc}. Raise WDS_RETRIES or WDS_RETRY_TIMEOUT if the store "
+            "is only slow", url=self.url, offset=self.position, attempts=attempts, cause=exc)
+
+    def _backoff(self, attempt: int, exc: BaseException) -> None:
+        delay = self.policy.delay(attempt, self._rng)
+        self.stats.retries += 1
+        log.warning("%s: %s at byte %d; attempt %d of %d, retrying in %.2f s", redact(self.url),
+                    f"{type(exc).__name__}: {exc}", self.position, attempt, self.policy.attempts, delay)
+        time.sleep(delay)
+
+    def _recover(self, exc: BaseException) -> None:
+        """Reopen at the next unread byte; raises when the fault is permanent or attempts run out."""
+        started = time.perf_counter()
+        try:
+            self._stream.close()
+        except Exception:
+            pass
+        attempt = 1
+        while True:
+            if attempt >= self.policy.attempts:
+                raise self._exhausted(exc, attempt) from exc
+            self._backoff(attempt, exc)
+            attempt += 1
+            try:
+                stream = self._opener(self.position, self.version)
+                self._check_version(stream)
+                self._stream = stream
+                break
+            except BaseException as again:
+                if self._is_version_change(again):
+                    raise self._changed(again) from again
+                if not is_transient(again):
+                    raise
+                exc = again
+        self.stats.time_lost += time.perf_counter() - started
+        log.info("%s: resumed at byte %d after %s", redact(self.url), self.position, type(exc).__name__)
+
+    # reading
+    def readable(self) -> bool:
+        return True
+
+    def _short(self) -> Optional[TransferError]:
+        if self.size is not None and self.position < self.size:
+            return TransferError(f"{redact(self.url)}: the body ended at byte {self.position} of {self.size}",
+                                 url=self.url, offset=self.position)
+        return None
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            parts = []
+            while True:
+                chunk = self.read(1 << 20)
+                if not chunk:
+                    return b"".join(parts)
+                parts.append(chunk)
+        while True:
+            try:
+                data = self._stream.read(size)
+                if not data and size:
+                    short = self._short()
+                    if short is not None:
+                        raise short
+            except BaseException as exc:
+                if self._is_version_change(exc):
+                    raise self._changed(exc) from exc
+                if not is_transient(exc):
+                    raise
+                self._recover(exc)
+                continue
+            self.position += len(data)
+            self.stats.bytes += len(data)
+            return data
+
+    def readinto(self, buffer) -> int:
+        readinto = getattr(self._stream, "readinto", None)
+        if readinto is None:
+            data = self.read(len(buffer))
+            memoryview(buffer).cast("B")[: len(data)] = data
+            return len(data)
+        while True:
+            try:
+                n = self._stream.readinto(buffer)
+                if not n and len(buffer):
+                    short = self._short()
+                    if short is not None:
+                        raise short
+            except BaseException as exc:
+                if self._is_version_change(exc):
+                    raise self._changed(exc) from exc
+                if not is_transient(exc):
+                    raise
+                self._recover(exc)
+                continue
+            self.position += n
+            self.stats.bytes += n
+            return n
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._stream.close()
+        finally:
+            self.stats.seconds = time.perf_counter() - self._start
+            log.debug("%s: %s", redact(self.url), self.stats)
+            if self._sink is not None:
+                self._sink.add(self.stats)
+
+    def __enter__(self) -> "ResumableStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
