@@ -17,13 +17,30 @@ from typing import IO, Any, Iterator, Optional
 from wds_cloud.backend import Backend, ObjectInfo, ReadStream, fsspec_list, require
 from wds_cloud.errors import CredentialsError, ObjectChangedError, ShardNotFoundError, TransferError, redact
 from wds_cloud.hookspecs import hookimpl
-from wds_cloud.httpstream import AccessDeniedError
+from wds_cloud.httpstream import AccessDeniedError, HTTPReadStream
 from wds_cloud.uploads import FsspecUpload
 
 REQUIRES = ("adlfs",)
 CREDENTIALS_HINT = ("set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with "
                     "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN, or pass them in storage_options "
                     "(connection_string=..., account_name=..., account_key=...)")
+
+
+def _azure_error(status: int, body: str, url: str) -> Optional[BaseException]:
+    """An Azure XML error body as the matching wds_cloud error (None: the generic mapping)."""
+    import re
+
+    match = re.search(r"<Code>([^<]+)</Code>", body)
+    code = match.group(1) if match else ""
+    shown = redact(url)
+    if code in ("BlobNotFound", "ContainerNotFound"):
+        what = "the container does not exist" if code == "ContainerNotFound" else "no such object"
+        return ShardNotFoundError(f"{shown}: {what}", url=url)
+    if code in ("AuthenticationFailed", "AuthorizationFailure", "InvalidAuthenticationInfo"):
+        return CredentialsError(f"{shown}: Azure rejected the credentials ({code}); {CREDENTIALS_HINT}", url=url)
+    if code == "ConditionNotMet" or status == 412:
+        return ObjectChangedError(f"{shown}: the blob changed while it was being read", url=url)
+    return None
 
 
 def translate(exc: BaseException, url: str) -> BaseException:
@@ -49,6 +66,8 @@ def translate(exc: BaseException, url: str) -> BaseException:
     if name in ("ServiceRequestError", "ServiceResponseError") or isinstance(exc, ConnectionError):
         return TransferError(f"{shown}: cannot reach the Azure endpoint ({exc}); check that it is running and "
                              "that the account URL / connection string is right", url=url, cause=exc)
+    if name == "HttpResponseError" and "payload is not completed" in str(exc):
+        return TransferError(f"{shown}: the download was cut short ({exc})", url=url, cause=exc)
     if isinstance(exc, ValueError) and "credential" in str(exc).lower():
         return CredentialsError(f"{shown}: {exc}; {CREDENTIALS_HINT}", url=url)
     return exc
@@ -161,8 +180,40 @@ class AzureBackend(Backend):
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
                   timeout: Optional[float] = None) -> IO[bytes]:
+        """A shared-key or SAS credential gives one signed GET streamed with http.client, resumable at
+        any byte; other credentials (Azure AD) stream through adlfs's client chunk by chunk."""
         container, _, blob = self._path(url).partition("/")
-        return _ChunkStream(self.fs, url, container, blob, offset, version)
+        signed = self._signed_url(container, blob)
+        if signed is None:
+            return _ChunkStream(self.fs, url, container, blob, offset, version)
+        headers = {"If-Match": version} if version else {}
+        return HTTPReadStream(signed, offset, headers, timeout or 60.0, display_url=url,
+                              credentials_hint=CREDENTIALS_HINT, error_body=_azure_error)
+
+    def _signed_url(self, container: str, blob: str) -> Optional[str]:
+        import datetime
+        import urllib.parse
+
+        fs = self.fs
+        fields = {}
+        if getattr(fs, "connection_string", None):
+            fields = dict(part.split("=", 1) for part in fs.connection_string.split(";") if "=" in part)
+        name = fields.get("AccountName") or getattr(fs, "account_name", None)
+        key = fields.get("AccountKey") or getattr(fs, "account_key", None)
+        sas = fields.get("SharedAccessSignature") or getattr(fs, "sas_token", None)
+        endpoint = fields.get("BlobEndpoint") or getattr(fs, "account_url", None) or (
+            f"https://{name}.blob.core.windows.net" if name else None)
+        if not endpoint or not (key or sas):
+            return None
+        base = f"{endpoint.rstrip('/')}/{urllib.parse.quote(container)}/{urllib.parse.quote(blob)}"
+        if sas:
+            return f"{base}?{sas.lstrip('?')}"
+        from azure.storage.blob import BlobSasPermissions, generate_blob_sas
+
+        expiry = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=2)
+        token = generate_blob_sas(name, container, blob, account_key=key,
+                                  permission=BlobSasPermissions(read=True), expiry=expiry)
+        return f"{base}?{token}"
 
     def stat(self, url: str) -> ObjectInfo:
         try:

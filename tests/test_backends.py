@@ -39,6 +39,13 @@ class TestHTTP(BackendConformance):
     def bad_credentials(self, storage_options):
         return {"headers": {"Authorization": "Bearer wrong-token-123"}}
 
+    @pytest.fixture
+    def upstream(self, http_store):
+        return http_store[0].url
+
+    def route_through(self, proxy_url, base_url, storage_options):
+        return base_url.replace(base_url.split("/")[2], proxy_url.split("/")[2]), storage_options
+
 
 class TestS3(BackendConformance):
     @pytest.fixture
@@ -52,6 +59,13 @@ class TestS3(BackendConformance):
     def bad_credentials(self, storage_options):
         return {"endpoint_url": storage_options["endpoint_url"]}  # no credentials at all
 
+    @pytest.fixture
+    def upstream(self, moto_endpoint):
+        return moto_endpoint
+
+    def route_through(self, proxy_url, base_url, storage_options):
+        return base_url, dict(storage_options, endpoint_url=proxy_url)
+
 
 class TestGCS(BackendConformance):
     @pytest.fixture
@@ -61,6 +75,13 @@ class TestGCS(BackendConformance):
     @pytest.fixture
     def storage_options(self, gcs_bucket):
         return gcs_bucket[1]
+
+    @pytest.fixture
+    def upstream(self, gcs_endpoint):
+        return gcs_endpoint
+
+    def route_through(self, proxy_url, base_url, storage_options):
+        return base_url, dict(storage_options, endpoint_url=proxy_url)
 
 
 class TestAzure(BackendConformance):
@@ -75,6 +96,15 @@ class TestAzure(BackendConformance):
     def bad_credentials(self, storage_options):
         wrong = storage_options["connection_string"].replace("AccountKey=Eby8", "AccountKey=AAAA")
         return {"connection_string": wrong}
+
+    @pytest.fixture
+    def upstream(self, azurite_endpoint):
+        return azurite_endpoint[0]
+
+    def route_through(self, proxy_url, base_url, storage_options):
+        connection = storage_options["connection_string"]
+        endpoint = connection.split("BlobEndpoint=")[1].split("/devstoreaccount1")[0]
+        return base_url, {"connection_string": connection.replace(endpoint, proxy_url)}
 
 
 class TestAIS(BackendConformance):
@@ -92,6 +122,24 @@ class TestAIS(BackendConformance):
 
     def bad_credentials(self, storage_options):
         return {"token": "wrong-token-456"}
+
+    @pytest.fixture
+    def upstream(self, ais_servers):
+        """Faults go on the target (where the data flows); the gateway redirects through the proxy."""
+        gateway, target, _, _ = ais_servers
+        handler = gateway.httpd.RequestHandlerClass
+        yield target.url
+        handler.target = target.url
+
+    def route_through(self, proxy_url, base_url, storage_options):
+        import gc
+
+        from .servers import AISGatewayHandler
+
+        for cls in AISGatewayHandler.__subclasses__():
+            cls.target = proxy_url
+        gc.collect()
+        return base_url, storage_options
 
 
 class TestThirdPartyPlugin(BackendConformance):

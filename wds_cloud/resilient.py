@@ -129,6 +129,7 @@ class ResumableStream:
         self._rng = rng or random.Random()
         self._start = time.perf_counter()
         self.position = offset
+        self._failures = 0  # consecutive faults without a byte of progress
         self.closed = False
         self.version: Optional[str] = None
         self.size: Optional[int] = None
@@ -161,9 +162,11 @@ class ResumableStream:
             return stream
 
     def _check_version(self, stream: Any) -> None:
-        """Guard for stores that ignore the pinning condition but report the version they served."""
+        """Guard for stores that ignore the pinning condition: the version or size served must not change."""
         served = getattr(stream, "version", None) or getattr(stream, "etag", None)
-        if served and self.version and served != self.version:
+        size = getattr(stream, "size", None)
+        if (served and self.version and served != self.version) or (
+                size is not None and self.size is not None and size != self.size):
             try:
                 stream.close()
             finally:
@@ -199,12 +202,13 @@ class ResumableStream:
             self._stream.close()
         except Exception:
             pass
-        attempt = 1
+        # Attempts count the faults since the last byte of progress, so a fault that recurs at the
+        # same offset (a truncated object, a dead store) ends within the bounds.
+        self._failures += 1
         while True:
-            if attempt >= self.policy.attempts:
-                raise self._exhausted(exc, attempt) from exc
-            self._backoff(attempt, exc)
-            attempt += 1
+            if self._failures >= self.policy.attempts:
+                raise self._exhausted(exc, self._failures) from exc
+            self._backoff(self._failures, exc)
             try:
                 stream = self._opener(self.position, self.version)
                 self._check_version(stream)
@@ -215,6 +219,7 @@ class ResumableStream:
                     raise self._changed(again) from again
                 if not is_transient(again):
                     raise
+                self._failures += 1
                 exc = again
         self.stats.time_lost += time.perf_counter() - started
         log.info("%s: resumed at byte %d after %s", redact(self.url), self.position, type(exc).__name__)
@@ -251,6 +256,8 @@ class ResumableStream:
                     raise
                 self._recover(exc)
                 continue
+            if data:
+                self._failures = 0
             self.position += len(data)
             self.stats.bytes += len(data)
             return data
@@ -275,6 +282,8 @@ class ResumableStream:
                     raise
                 self._recover(exc)
                 continue
+            if n:
+                self._failures = 0
             self.position += n
             self.stats.bytes += n
             return n

@@ -21,6 +21,17 @@ and providing two fixtures (and, optionally, ``bad_credentials``)::
 The tests write small objects under ``base_url`` through ``gopen``, then read,
 stat, list and stream them, build a multi-shard ``WebDataset`` over the scheme,
 and read through a ``WDS_REWRITE`` rule that points at it.
+
+The fault tests run when the subclass also says how to reach the store through
+a :class:`~wds_cloud.testing.faults.FaultProxy` (connection resets, stalls,
+truncated bodies, 503 answers)::
+
+        def route_through(self, proxy_url, base_url, storage_options):
+            return base_url, dict(storage_options, endpoint_url=proxy_url)
+
+        @pytest.fixture
+        def upstream(self, my_server):
+            return my_server.url    # what the proxy forwards to
 """
 
 from __future__ import annotations
@@ -29,9 +40,12 @@ from typing import Optional
 
 import pytest
 
+import time
+
 from .. import gopen
 from ..compat import WebDataset
-from ..errors import CredentialsError, WdsCloudError
+from ..errors import CredentialsError, ObjectChangedError, TransferError, WdsCloudError
+from .faults import FaultProxy
 from ..gopen import open_backend
 from ..writer import ShardWriter
 
@@ -57,6 +71,29 @@ class BackendConformance:
     def bad_credentials(self, storage_options: dict) -> Optional[dict]:
         """Storage options that the store must reject, or None when it checks no credentials."""
         return None
+
+    def route_through(self, proxy_url: str, base_url: str, storage_options: dict) -> Optional[tuple[str, dict]]:
+        """(base_url, storage_options) that reach the store through the proxy; None skips the fault tests."""
+        return None
+
+    @pytest.fixture
+    def upstream(self) -> Optional[str]:
+        """The server address the fault proxy forwards to."""
+        return None
+
+    @pytest.fixture
+    def faults(self, upstream, base_url, storage_options, monkeypatch):
+        """A FaultProxy in front of the store and the (base_url, storage_options) that go through it."""
+        if upstream is None:
+            pytest.skip("this backend gives no route through a fault proxy")
+        proxy = FaultProxy(upstream)
+        route = self.route_through(proxy.url, base_url, storage_options)
+        if route is None:
+            proxy.stop()
+            pytest.skip("this backend gives no route through a fault proxy")
+        monkeypatch.setenv("WDS_RETRY_BACKOFF", "0.01")
+        yield proxy, route[0], route[1]
+        proxy.stop()
 
     # helpers
     def put(self, url: str, data: bytes, storage_options: dict) -> None:
@@ -157,6 +194,68 @@ class BackendConformance:
         monkeypatch.setenv("WDS_REWRITE", f"virtual://data/={base_url}rw/")
         samples = list(WebDataset("virtual://data/shard.tar", shardshuffle=False, storage_options=storage_options))
         assert [s["__key__"] for s in samples] == ["a"] and samples[0]["__url__"] == "virtual://data/shard.tar"
+
+
+    # faults
+    def _shards(self, base_url: str, storage_options: dict) -> tuple[str, list]:
+        pattern = base_url + "faults/shard-%06d.tar"
+        payload = bytes(range(256)) * 400  # 100 KB per sample
+        with ShardWriter(pattern, maxcount=20, storage_options=storage_options) as sink:
+            for i in range(50):
+                sink.write({"__key__": f"{i:04d}", "bin": payload[i:] + payload[:i], "cls": i})
+        spec = base_url + "faults/shard-{000000..000002}.tar"
+        clean = [(s["__key__"], s["bin"]) for s in WebDataset(spec, shardshuffle=False,
+                                                              storage_options=storage_options)]
+        return spec, clean
+
+    @pytest.mark.parametrize("fault", ["reset", "truncate", "error503", "stall"])
+    def test_faults_lose_and_repeat_nothing(self, faults, base_url: str, storage_options: dict,
+                                            fault: str) -> None:
+        """Through resets every ~1 MB, truncated bodies, 503s or a stall, the samples equal a clean read."""
+        proxy, proxied_base, proxied_options = faults
+        spec, clean = self._shards(base_url, storage_options)
+        spec = spec.replace(base_url, proxied_base)
+        timeout = None
+        if fault == "reset":
+            proxy.reset_after = 1_000_000
+        elif fault == "truncate":
+            proxy.truncate_after = 1_500_000
+        elif fault == "error503":
+            proxy.error_first = 2
+        else:
+            proxy.stall_after = 1_200_000
+            timeout = 1.0
+        dataset = WebDataset(spec, shardshuffle=False, storage_options=proxied_options, timeout=timeout)
+        got = [(s["__key__"], s["bin"]) for s in dataset]
+        assert got == clean
+        assert proxy.faults > 0 and dataset.stats.retries > 0
+
+    def test_object_replaced_mid_read(self, faults, base_url: str, storage_options: dict) -> None:
+        """An object replaced while it is read raises ObjectChangedError on resume: no splicing."""
+        proxy, proxied_base, proxied_options = faults
+        url = base_url + "changing.bin"
+        self.put(url, PAYLOAD * 50, storage_options)
+        proxy.reset_after = 400_000
+        with gopen(url.replace(base_url, proxied_base), storage_options=proxied_options) as stream:
+            assert stream.read(100_000) == (PAYLOAD * 50)[:100_000]
+            self.put(url, b"new version" * 50000, storage_options)
+            with pytest.raises(ObjectChangedError, match="changed"):
+                while stream.read(65536):
+                    pass
+
+    def test_dead_endpoint_fails_within_bounds(self, faults, base_url: str, storage_options: dict) -> None:
+        """An endpoint that keeps failing gives up after the attempts allowed, with the whole story."""
+        proxy, proxied_base, proxied_options = faults
+        url = base_url + "dead.bin"
+        self.put(url, PAYLOAD, storage_options)
+        proxy.error_first = 10**6
+        started = time.perf_counter()
+        with pytest.raises(TransferError) as info:
+            with gopen(url.replace(base_url, proxied_base), storage_options=proxied_options, retries=3) as stream:
+                stream.read()
+        assert time.perf_counter() - started < 30
+        message = str(info.value)
+        assert url.replace(base_url, proxied_base) in message and "3 attempts" in message and "byte 0" in message
 
 
 def _secrets(options: dict) -> list[str]:

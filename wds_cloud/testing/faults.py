@@ -1,0 +1,162 @@
+"""A fault-injecting TCP proxy on loopback, placed between a client and a real server.
+
+Faults apply to the server-to-client direction of each connection:
+``reset_after=N`` sends a TCP reset once N bytes went through, ``stall_after=N``
+stops forwarding (the client sees silence), ``truncate_after=N`` closes the
+connection cleanly (a short body), and ``error_first=K`` answers the first K
+requests itself with ``error_status`` (503 by default; ``error_body`` may hold an
+S3 ``SlowDown`` XML).  Settings may be changed while it runs.  Every loop is
+bounded: threads end when either side closes or the proxy stops.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from typing import Optional
+
+
+class FaultProxy:
+    def __init__(self, upstream: str, *, reset_after: Optional[int] = None, stall_after: Optional[int] = None,
+                 truncate_after: Optional[int] = None, error_first: int = 0, error_status: int = 503,
+                 error_body: bytes = b"") -> None:
+        host, port = upstream.split("//", 1)[-1].split("/", 1)[0].split(":")
+        self.upstream = (host, int(port))
+        self.reset_after = reset_after
+        self.stall_after = stall_after
+        self.truncate_after = truncate_after
+        self.error_first = error_first
+        self.error_status = error_status
+        self.error_body = error_body
+        self.connections = 0
+        self.faults = 0
+        self.bytes_forwarded = 0
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self._listener.settimeout(0.2)
+        self.port = self._listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _take_error(self) -> bool:
+        with self._lock:
+            if self.error_first > 0:
+                self.error_first -= 1
+                self.faults += 1
+                return True
+        return False
+
+    def _serve(self, client: socket.socket) -> None:
+        client.settimeout(30)
+        if self._take_error():
+            try:
+                client.recv(65536)
+                reason = {503: "Service Unavailable", 429: "Too Many Requests", 500: "Internal Server Error"}.get(
+                    self.error_status, "Error")
+                head = (f"HTTP/1.1 {self.error_status} {reason}\r\nContent-Length: {len(self.error_body)}\r\n"
+                        "Content-Type: application/xml\r\nConnection: close\r\n\r\n").encode()
+                client.sendall(head + self.error_body)
+            except OSError:
+                pass
+            finally:
+                client.close()
+            return
+        try:
+            upstream = socket.create_connection(self.upstream, timeout=30)
+        except OSError:
+            client.close()
+            return
+        threading.Thread(target=self._pump_requests, args=(client, upstream), daemon=True).start()
+        self._pump_responses(upstream, client)
+
+    def _pump_requests(self, client: socket.socket, upstream: socket.socket) -> None:
+        try:
+            while not self._stopped.is_set():
+                data = client.recv(65536)
+                if not data:
+                    break
+                upstream.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                upstream.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def _pump_responses(self, upstream: socket.socket, client: socket.socket) -> None:
+        sent = 0
+        try:
+            while not self._stopped.is_set():
+                data = upstream.recv(65536)
+                if not data:
+                    break
+                limit = min([x for x in (self.reset_after, self.stall_after, self.truncate_after) if x] or [0])
+                if limit and sent + len(data) >= limit:
+                    client.sendall(data[: max(0, limit - sent)])
+                    with self._lock:
+                        self.faults += 1
+                        self.bytes_forwarded += max(0, limit - sent)
+                    self._fault(client)
+                    return
+                client.sendall(data)
+                sent += len(data)
+                with self._lock:
+                    self.bytes_forwarded += len(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (client, upstream):
+                try:
+                    # shutdown wakes the other pump blocked in recv(); a bare close() would not, and the
+                    # connection would stay up until that recv returned.
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+
+    def _fault(self, client: socket.socket) -> None:
+        if self.stall_after and (not self.reset_after or self.stall_after <= self.reset_after):
+            deadline = time.time() + 60
+            while not self._stopped.is_set() and time.time() < deadline:
+                time.sleep(0.05)  # silence; the client's read timeout must notice
+            return
+        if self.truncate_after and (not self.reset_after or self.truncate_after <= self.reset_after):
+            client.shutdown(socket.SHUT_RDWR)
+            return
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends RST
+        try:
+            client.shutdown(socket.SHUT_RD)  # wake the request pump; the last close then resets
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._listener.close()
+        self._thread.join(timeout=5)
+
+
+SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+            b"<Message>Please reduce your request rate.</Message></Error>")
