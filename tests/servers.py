@@ -24,16 +24,19 @@ class Store:
 
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
+        self.etags: dict[str, str] = {}
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str, Optional[str]]] = []
         self.bytes_sent = 0
 
     def put(self, key: str, data: bytes) -> None:
+        etag = '"' + hashlib.md5(data).hexdigest() + '"'  # once per version, not per request
         with self.lock:
             self.objects[key] = data
+            self.etags[key] = etag
 
     def etag(self, key: str) -> str:
-        return '"' + hashlib.md5(self.objects[key]).hexdigest() + '"'
+        return self.etags[key]
 
 
 def _parse_range(header: Optional[str], size: int) -> Optional[tuple[int, int]]:
@@ -90,7 +93,8 @@ class _ObjectHandler(BaseHTTPRequestHandler):
         rng = _parse_range(self.headers.get("Range"), len(data))
         if rng and rng[0] >= len(data):
             return self._error(416, "range not satisfiable")
-        status, body = (206, data[rng[0]:rng[1] + 1]) if rng else (200, data)
+        view = memoryview(data)  # a Range answer must not copy the object (resumes would pay for it)
+        status, body = (206, view[rng[0]:rng[1] + 1]) if rng else (200, view)
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("ETag", etag)
@@ -102,10 +106,9 @@ class _ObjectHandler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command == "HEAD":
             return
-        view = memoryview(body)
-        for pos in range(0, len(view), 1 << 16):
-            self.wfile.write(view[pos:pos + (1 << 16)])
-            self.store.bytes_sent += min(1 << 16, len(view) - pos)
+        for pos in range(0, len(body), 1 << 16):
+            self.wfile.write(body[pos:pos + (1 << 16)])
+            self.store.bytes_sent += min(1 << 16, len(body) - pos)
 
     def _listing(self, prefix: str) -> None:
         names = sorted(k for k in self.store.objects if k.startswith(prefix))

@@ -102,6 +102,10 @@ class StatsSink:
 
 _PERMANENT = (ShardNotFoundError, CredentialsError, ObjectChangedError)
 
+#: the most one read asks of the network: a buffered read that fails part-way reports nothing of
+#: what it received, so progress is recorded (and refetched after a fault) in pieces of this size
+PIECE = 1 << 20
+
 
 def is_transient(exc: BaseException) -> bool:
     """True for faults worth a retry: connection trouble, timeouts, truncation, 5xx, 429/SlowDown."""
@@ -189,7 +193,10 @@ class ResumableStream:
             "is only slow", url=self.url, offset=self.position, attempts=attempts, cause=exc)
 
     def _backoff(self, attempt: int, exc: BaseException) -> None:
-        delay = self.policy.delay(attempt, self._rng)
+        # A connection lost after data flowed is retried at once; repeated failures, and a store that
+        # asks to slow down (429, 503, SlowDown), back off exponentially with jitter.
+        throttled = getattr(exc, "status", None) in (429, 503)
+        delay = 0.0 if attempt == 1 and not throttled else self.policy.delay(attempt, self._rng)
         self.stats.retries += 1
         log.warning("%s: %s at byte %d; attempt %d of %d, retrying in %.2f s", redact(self.url),
                     f"{type(exc).__name__}: {exc}", self.position, attempt, self.policy.attempts, delay)
@@ -242,6 +249,7 @@ class ResumableStream:
                 if not chunk:
                     return b"".join(parts)
                 parts.append(chunk)
+        size = min(size, PIECE)  # bounded pieces: a fault mid-read loses at most one piece
         while True:
             try:
                 data = self._stream.read(size)
@@ -268,9 +276,10 @@ class ResumableStream:
             data = self.read(len(buffer))
             memoryview(buffer).cast("B")[: len(data)] = data
             return len(data)
+        view = memoryview(buffer).cast("B")[:PIECE]  # bytes a failed readinto received are not counted
         while True:
             try:
-                n = self._stream.readinto(buffer)
+                n = self._stream.readinto(view)
                 if not n and len(buffer):
                     short = self._short()
                     if short is not None:
