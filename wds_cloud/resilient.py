@@ -103,7 +103,7 @@ class StatsSink:
 _PERMANENT = (ShardNotFoundError, CredentialsError, ObjectChangedError)
 
 #: the most one read asks of the network: a buffered read that fails part-way reports nothing of
-#: what it received, so progress is recorded (and refetched after a fault) in pieces of this size
+#: what it received, so progress is recorded (and at most this much refetched after a fault) in pieces of this size
 PIECE = 1 << 20
 
 
