@@ -1,8 +1,8 @@
-"""The ``s3`` backend: s3fs for stat, listing and (multipart) writes; one boto3 GET per shard for reads.
+"""The ``s3`` backend: s3fs for stat, listing and (multipart) writes; one signed GET per shard for reads.
 
 Storage options are s3fs's (``key``, ``secret``, ``token``, ``endpoint_url``,
 ``profile``, ``anon``, ``client_kwargs``, ``config_kwargs``); the same options
-build the boto3 client that streams reads, so both always use the same
+build the botocore client that signs the reads, so both always use the same
 credentials.  Without options, the standard AWS environment applies
 (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``,
 ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3`` for S3-compatible stores, ...).
@@ -20,7 +20,7 @@ from wds_cloud.hookspecs import hookimpl
 from wds_cloud.httpstream import AccessDeniedError, HTTPReadStream
 from wds_cloud.uploads import FsspecUpload
 
-REQUIRES = ("s3fs", "boto3")
+REQUIRES = ("s3fs", "botocore")
 CREDENTIALS_HINT = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
                     "storage_options={'key': ..., 'secret': ...}; for a public bucket pass {'anon': True}")
 
@@ -126,8 +126,9 @@ class S3Backend(Backend):
         return self._client
 
     def _make_client(self) -> Any:
-        import boto3
+        # botocore (which s3fs brings through aiobotocore) signs the GETs; boto3 is not needed.
         import botocore
+        import botocore.session
         from botocore.config import Config
 
         options = dict(self.storage_options)
@@ -136,14 +137,14 @@ class S3Backend(Backend):
         config_kwargs.setdefault("max_pool_connections", 32)
         if options.get("anon"):
             config_kwargs["signature_version"] = botocore.UNSIGNED
-        session = boto3.session.Session(profile_name=options.get("profile"))
+        session = botocore.session.Session(profile=options.get("profile"))
         if options.get("endpoint_url"):
             client_kwargs.setdefault("endpoint_url", options["endpoint_url"])
         for ours, theirs in (("key", "aws_access_key_id"), ("secret", "aws_secret_access_key"),
                              ("token", "aws_session_token")):
             if options.get(ours):
                 client_kwargs.setdefault(theirs, options[ours])
-        return session.client("s3", config=Config(**config_kwargs), **client_kwargs)
+        return session.create_client("s3", config=Config(**config_kwargs), **client_kwargs)
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
                   timeout: Optional[float] = None) -> IO[bytes]:
