@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from typing import IO, Any, Iterator, Optional
+from typing import IO, Iterator, Optional
 
 from wds_cloud.backend import Backend, ObjectInfo
 from wds_cloud.errors import ConfigError, TransferError, redact

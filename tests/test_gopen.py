@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-import wds_cloud
 from wds_cloud import gopen, gopen_schemes
 from wds_cloud.errors import SecurityError, ShardNotFoundError, UnknownSchemeError
 

@@ -1,6 +1,5 @@
 """The storage registry: collect every claim, then resolve; allow/block lists; out-of-tree plugins."""
 
-import importlib
 import pathlib
 import textwrap
 import types

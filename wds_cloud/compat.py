@@ -116,7 +116,8 @@ class WebDataset(DataPipeline, FluidInterface):
 
     ``shardshuffle``: shuffle the shard order each epoch (a number or True); the
     order is a function of (``seed``, epoch) and identical on every node and
-    worker, so splitting gives each a disjoint share.  ``resampled=True`` draws
+    worker, so splitting gives each a disjoint share.  It is always deterministic,
+    so ``detshuffle=`` changes nothing (accepted for compatibility).  ``resampled=True`` draws
     shards with replacement forever.  ``cache_dir``/``cache_size`` stream remote
     shards through a local cache.  ``handler`` decides what a damaged shard does.
     """
