@@ -10,15 +10,13 @@ one download per shard through adlfs's own client, chunk by chunk.
 
 from __future__ import annotations
 
-import os
-import threading
-from typing import IO, Any, Iterator, Optional
+from typing import IO, Any, Optional
 
-from wds_cloud.backend import Backend, ObjectInfo, ReadStream, fsspec_list, require
+from wds_cloud.backend import ReadStream
 from wds_cloud.errors import CredentialsError, ObjectChangedError, ShardNotFoundError, TransferError, redact
+from wds_cloud.fsbackend import FsspecBackend
 from wds_cloud.hookspecs import hookimpl
 from wds_cloud.httpstream import AccessDeniedError, HTTPReadStream
-from wds_cloud.uploads import FsspecUpload
 
 REQUIRES = ("adlfs",)
 CREDENTIALS_HINT = ("set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with "
@@ -149,40 +147,22 @@ class _ChunkStream(ReadStream):
         self._chunks = None
 
 
-class AzureBackend(Backend):
+class AzureBackend(FsspecBackend):
     scheme = "az"
-    resumable = True
+    requires = REQUIRES
+    extra = "az"
+    translate = staticmethod(translate)
 
-    def __init__(self, settings, **storage_options: Any) -> None:
-        super().__init__(settings, **storage_options)
-        self._fs = None
-        self._pid = os.getpid()
-        self._lock = threading.Lock()
+    def make_fs(self) -> Any:
+        import adlfs
 
-    @property
-    def fs(self) -> Any:
-        require("az", REQUIRES, "az")
-        if self._pid != os.getpid():
-            self._fs, self._pid = None, os.getpid()
-        with self._lock:
-            if self._fs is None:
-                import adlfs
-
-                try:
-                    self._fs = adlfs.AzureBlobFileSystem(skip_instance_cache=True, **self.storage_options)
-                except Exception as exc:
-                    raise translate(exc, f"{self.scheme}://") from exc
-        return self._fs
-
-    @staticmethod
-    def _path(url: str) -> str:
-        return url.split("://", 1)[1]
+        return adlfs.AzureBlobFileSystem(skip_instance_cache=True, **self.storage_options)
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
                   timeout: Optional[float] = None) -> IO[bytes]:
         """A shared-key or SAS credential gives one signed GET streamed with http.client, resumable at
         any byte; other credentials (Azure AD) stream through adlfs's client chunk by chunk."""
-        container, _, blob = self._path(url).partition("/")
+        container, _, blob = self.path(url).partition("/")
         signed = self._signed_url(container, blob)
         if signed is None:
             return _ChunkStream(self.fs, url, container, blob, offset, version)
@@ -214,24 +194,6 @@ class AzureBackend(Backend):
         token = generate_blob_sas(name, container, blob, account_key=key,
                                   permission=BlobSasPermissions(read=True), expiry=expiry)
         return f"{base}?{token}"
-
-    def stat(self, url: str) -> ObjectInfo:
-        try:
-            self.fs.invalidate_cache(self._path(url))
-            info = self.fs.info(self._path(url))
-        except Exception as exc:
-            raise translate(exc, url) from exc
-        return ObjectInfo(url, info.get("size"), info.get("etag"))
-
-    def list(self, prefix: str) -> Iterator[str]:
-        yield from fsspec_list(self.fs, prefix.split("://", 1)[0], prefix, translate)
-
-    def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
-        try:
-            f = self.fs.open(self._path(url), "wb", block_size=max(bufsize or 0, 8 << 20))
-        except Exception as exc:
-            raise translate(exc, url) from exc
-        return FsspecUpload(f, url, translate)
 
 
 @hookimpl(trylast=True)

@@ -9,15 +9,12 @@ URL with the same credentials.
 
 from __future__ import annotations
 
-import os
-import threading
-from typing import IO, Any, Iterator, Optional
+from typing import IO, Any, Optional
 
-from wds_cloud.backend import Backend, ObjectInfo, fsspec_list, require
 from wds_cloud.errors import CredentialsError, ObjectChangedError, ShardNotFoundError, TransferError, redact
+from wds_cloud.fsbackend import FsspecBackend
 from wds_cloud.hookspecs import hookimpl
 from wds_cloud.httpstream import AccessDeniedError, HTTPReadStream
-from wds_cloud.uploads import FsspecUpload
 
 REQUIRES = ("gcsfs",)
 CREDENTIALS_HINT = ("set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, run "
@@ -45,31 +42,19 @@ def translate(exc: BaseException, url: str) -> BaseException:
     return exc
 
 
-class GCSBackend(Backend):
+class GCSBackend(FsspecBackend):
     scheme = "gs"
-    resumable = True
+    requires = REQUIRES
+    extra = "gs"
+    translate = staticmethod(translate)
 
-    def __init__(self, settings, **storage_options: Any) -> None:
-        super().__init__(settings, **storage_options)
-        self._fs = None
-        self._pid = os.getpid()
-        self._lock = threading.Lock()
+    def make_fs(self) -> Any:
+        import gcsfs
 
-    @property
-    def fs(self) -> Any:
-        require("gs", REQUIRES, "gs")
-        if self._pid != os.getpid():
-            self._fs, self._pid = None, os.getpid()
-        with self._lock:
-            if self._fs is None:
-                import gcsfs
+        return gcsfs.GCSFileSystem(skip_instance_cache=True, **self.storage_options)
 
-                self._fs = gcsfs.GCSFileSystem(skip_instance_cache=True, **self.storage_options)
-        return self._fs
-
-    @staticmethod
-    def _path(url: str) -> str:
-        return url.split("://", 1)[1]
+    def version_of(self, info: dict) -> Optional[str]:
+        return str(info.get("generation") or info.get("etag") or "") or None
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
                   timeout: Optional[float] = None) -> IO[bytes]:
@@ -79,7 +64,7 @@ class GCSBackend(Backend):
             fs.credentials.apply(headers)
         except Exception as exc:
             raise translate(exc, url) from exc
-        media = fs.url(self._path(url), generation=version)  # a resumed read asks for the generation first read
+        media = fs.url(self.path(url), generation=version)  # a resumed read asks for the generation first read
         try:
             stream = HTTPReadStream(media, offset, headers, timeout or 60.0, display_url=url,
                                     credentials_hint=CREDENTIALS_HINT)
@@ -90,24 +75,6 @@ class GCSBackend(Backend):
             raise
         stream.version = stream.headers.get("x-goog-generation") or stream.etag
         return stream
-
-    def stat(self, url: str) -> ObjectInfo:
-        try:
-            self.fs.invalidate_cache(self._path(url))
-            info = self.fs.info(self._path(url))
-        except Exception as exc:
-            raise translate(exc, url) from exc
-        return ObjectInfo(url, info.get("size"), str(info.get("generation") or info.get("etag") or "") or None)
-
-    def list(self, prefix: str) -> Iterator[str]:
-        yield from fsspec_list(self.fs, prefix.split("://", 1)[0], prefix, translate)
-
-    def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
-        try:
-            f = self.fs.open(self._path(url), "wb", block_size=max(bufsize or 0, 8 << 20))
-        except Exception as exc:
-            raise translate(exc, url) from exc
-        return FsspecUpload(f, url, translate)
 
 
 @hookimpl(trylast=True)

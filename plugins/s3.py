@@ -11,14 +11,13 @@ credentials.  Without options, the standard AWS environment applies
 from __future__ import annotations
 
 import os
-import threading
-from typing import IO, Any, Iterator, Optional
+from typing import IO, Any, Optional
 
-from wds_cloud.backend import Backend, ObjectInfo, fsspec_list, require
+from wds_cloud.backend import require
 from wds_cloud.errors import CredentialsError, ObjectChangedError, ShardNotFoundError, TransferError, redact
+from wds_cloud.fsbackend import FsspecBackend
 from wds_cloud.hookspecs import hookimpl
 from wds_cloud.httpstream import AccessDeniedError, HTTPReadStream
-from wds_cloud.uploads import FsspecUpload
 
 REQUIRES = ("s3fs", "botocore")
 CREDENTIALS_HINT = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
@@ -90,39 +89,31 @@ def translate(exc: BaseException, url: str) -> BaseException:
     return exc
 
 
-class S3Backend(Backend):
+class S3Backend(FsspecBackend):
     scheme = "s3"
-    resumable = True
+    requires = REQUIRES
+    extra = "s3"
+    translate = staticmethod(translate)
 
     def __init__(self, settings, **storage_options: Any) -> None:
         super().__init__(settings, **storage_options)
-        self._lock = threading.Lock()
         self._client = None
-        self._fs = None
-        self._pid = os.getpid()
+        self._client_pid = os.getpid()
 
-    def _fork_check(self) -> None:
-        if self._pid != os.getpid():  # clients and event loops never cross a fork
-            self._client = self._fs = None
-            self._pid = os.getpid()
+    def make_fs(self) -> Any:
+        import s3fs
 
-    @property
-    def fs(self) -> Any:
-        require("s3", REQUIRES, "s3")
-        self._fork_check()
-        if self._fs is None:
-            import s3fs
+        return s3fs.S3FileSystem(skip_instance_cache=True, **self.storage_options)
 
-            self._fs = s3fs.S3FileSystem(skip_instance_cache=True, **self.storage_options)
-        return self._fs
+    def version_of(self, info: dict) -> Optional[str]:
+        return info.get("VersionId") or info.get("ETag")
 
     @property
     def client(self) -> Any:
         require("s3", REQUIRES, "s3")
-        self._fork_check()
         with self._lock:
-            if self._client is None:
-                self._client = self._make_client()
+            if self._client is None or self._client_pid != os.getpid():  # never across a fork
+                self._client, self._client_pid = self._make_client(), os.getpid()
         return self._client
 
     def _make_client(self) -> Any:
@@ -163,26 +154,6 @@ class S3Backend(Backend):
                                   credentials_hint=CREDENTIALS_HINT, error_body=_s3_error)
         except Exception as exc:
             raise translate(exc, url) from exc
-
-    def stat(self, url: str) -> ObjectInfo:
-        bucket, key = split(url)
-        try:
-            self.fs.invalidate_cache(f"{bucket}/{key}")
-            info = self.fs.info(f"{bucket}/{key}")
-        except Exception as exc:
-            raise translate(exc, url) from exc
-        return ObjectInfo(url, info.get("size"), info.get("VersionId") or info.get("ETag"))
-
-    def list(self, prefix: str) -> Iterator[str]:
-        yield from fsspec_list(self.fs, "s3", prefix, translate)
-
-    def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
-        bucket, key = split(url)
-        try:
-            f = self.fs.open(f"{bucket}/{key}", "wb", block_size=max(bufsize or 0, 8 << 20))
-        except Exception as exc:
-            raise translate(exc, url) from exc
-        return FsspecUpload(f, url, translate)
 
 
 @hookimpl(trylast=True)
