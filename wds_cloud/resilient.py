@@ -250,37 +250,22 @@ class ResumableStream:
                     return b"".join(parts)
                 parts.append(chunk)
         size = min(size, PIECE)  # bounded pieces: a fault mid-read loses at most one piece
-        while True:
-            try:
-                data = self._stream.read(size)
-                if not data and size:
-                    short = self._short()
-                    if short is not None:
-                        raise short
-            except BaseException as exc:
-                if self._is_version_change(exc):
-                    raise self._changed(exc) from exc
-                if not is_transient(exc):
-                    raise
-                self._recover(exc)
-                continue
-            if data:
-                self._failures = 0
-            self.position += len(data)
-            self.stats.bytes += len(data)
-            return data
+        return self._attempt(lambda: self._stream.read(size), size, len)
 
     def readinto(self, buffer) -> int:
-        readinto = getattr(self._stream, "readinto", None)
-        if readinto is None:
+        if getattr(self._stream, "readinto", None) is None:
             data = self.read(len(buffer))
             memoryview(buffer).cast("B")[: len(data)] = data
             return len(data)
         view = memoryview(buffer).cast("B")[:PIECE]  # bytes a failed readinto received are not counted
+        return self._attempt(lambda: self._stream.readinto(view), len(view), int)
+
+    def _attempt(self, step: Callable[[], Any], asked: int, count: Callable[[Any], int]) -> Any:
+        """Run one read ``step``, recovering from faults until it succeeds; count what it returned."""
         while True:
             try:
-                n = self._stream.readinto(view)
-                if not n and len(buffer):
+                result = step()
+                if not count(result) and asked:
                     short = self._short()
                     if short is not None:
                         raise short
@@ -291,11 +276,12 @@ class ResumableStream:
                     raise
                 self._recover(exc)
                 continue
+            n = count(result)
             if n:
                 self._failures = 0
             self.position += n
             self.stats.bytes += n
-            return n
+            return result
 
     def close(self) -> None:
         if self.closed:

@@ -119,7 +119,24 @@ def shard_order(n: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
-class SimpleShardList(PipelineStage):
+class _Epochs:
+    """Epoch bookkeeping of shard lists: ``set_epoch(n)`` fixes the next pass, else each pass advances."""
+
+    epoch = -1
+    _epoch_set = False
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self._epoch_set = True
+
+    def _next_epoch(self) -> int:
+        if not self._epoch_set:
+            self.epoch += 1
+        self._epoch_set = False
+        return self.epoch
+
+
+class SimpleShardList(_Epochs, PipelineStage):
     """The URLs of a spec, in order, or shuffled per epoch when ``seed`` is given."""
 
     def __init__(self, urls: Any, seed: Optional[int] = None) -> None:
@@ -127,20 +144,12 @@ class SimpleShardList(PipelineStage):
         if not self.urls:
             raise ValueError(f"the shard spec {urls!r} names no shards")
         self.seed = seed
-        self.epoch = -1
-        self._epoch_set = False
 
     def __len__(self) -> int:
         return len(self.urls)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        self._epoch_set = True
-
     def run(self) -> Iterator[dict]:
-        if not self._epoch_set:
-            self.epoch += 1
-        self._epoch_set = False
+        self._next_epoch()
         urls = self.urls
         if self.seed is not None:
             urls = [urls[i] for i in shard_order(len(urls), self.seed, self.epoch)]
@@ -193,7 +202,7 @@ def non_empty(src: Iterable) -> Iterator:
         raise ValueError("no samples or shards were produced (fewer shards than nodes x workers?)")
 
 
-class ResampledShards(PipelineStage):
+class ResampledShards(_Epochs, PipelineStage):
     """Shard URLs drawn with replacement, ``nshards`` per pass (forever by default).
 
     The draw is deterministic per (seed, epoch, rank, worker) when ``seed`` is given
@@ -210,17 +219,9 @@ class ResampledShards(PipelineStage):
         self.worker_seed = worker_seed
         self.deterministic = deterministic
         self.seed = seed
-        self.epoch = -1
-        self._epoch_set = False
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        self._epoch_set = True
 
     def run(self) -> Iterator[dict]:
-        if not self._epoch_set:
-            self.epoch += 1
-        self._epoch_set = False
+        self._next_epoch()
         seed = self.seed if self.seed is not None else config.current().seed
         if self.worker_seed is not None:
             rng = random.Random(utils.make_seed(self.worker_seed(), self.epoch))
