@@ -48,6 +48,9 @@ class TestHTTP(BackendConformance):
 
 
 class TestS3(BackendConformance):
+    throttle = (503, b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
+                     b"<Message>Please reduce your request rate.</Message></Error>")
+
     @pytest.fixture
     def base_url(self, s3_bucket):
         return f"s3://{s3_bucket[0]}/prefix/"

@@ -122,14 +122,19 @@ class HTTPReadStream:
     """The body of ``GET url`` from byte ``offset``, readable with ``read``/``readinto``.
 
     ``size`` is the whole object's size and ``etag`` its version tag, when the
-    server sent them.
+    server sent them.  Every read returns what one receive brought (``partial_reads``),
+    so a fault never discards bytes already received; ``skipped`` counts the bytes a
+    server that ignores Range sent before ``offset`` (refetched, then dropped).
     """
+
+    partial_reads = True
 
     def __init__(self, url: str, offset: int = 0, headers: Optional[Mapping[str, str]] = None,
                  timeout: float = 60.0, display_url: Optional[str] = None, credentials_hint: str = "",
                  error_body: Optional[Callable[[int, str, str], Optional[BaseException]]] = None) -> None:
         self.url = display_url or url
         self.offset = offset
+        self.skipped = 0
         request_headers = dict(headers or {})
         if offset:
             request_headers["Range"] = f"bytes={offset}-"
@@ -168,6 +173,7 @@ class HTTPReadStream:
             if not chunk:
                 break
             n -= len(chunk)
+            self.skipped += len(chunk)
         if self.remaining is not None:
             self.remaining -= self.offset
 
@@ -186,9 +192,10 @@ class HTTPReadStream:
         try:
             if self.remaining is None or fp is None:  # chunked or already finished: let http.client decode
                 return self._response.read(size)
-            # Straight from the socket's buffered reader: http.client's read(n) would fill a
-            # zeroed bytearray and copy it again.
-            data = fp.read(min(size, self.remaining)) if self.remaining else b""
+            # Straight from the socket's buffered reader (http.client's read(n) would fill a zeroed
+            # bytearray and copy it again), and at most one receive: what arrived is returned, so a
+            # connection lost later never takes bytes already received with it.
+            data = fp.read1(min(size, self.remaining)) if self.remaining else b""
         except (OSError, http.client.HTTPException) as exc:
             raise connection_error(self.url, exc, "read from") from exc
         self.remaining -= len(data)
@@ -202,7 +209,7 @@ class HTTPReadStream:
             if self.remaining is None or fp is None:
                 return self._response.readinto(buffer)
             view = memoryview(buffer).cast("B")
-            n = fp.readinto(view[:self.remaining]) if self.remaining else 0
+            n = fp.readinto1(view[:self.remaining]) if self.remaining else 0
         except (OSError, http.client.HTTPException) as exc:
             raise connection_error(self.url, exc, "read from") from exc
         self.remaining -= n

@@ -220,6 +220,7 @@ class ResumableStream:
                 stream = self._opener(self.position, self.version)
                 self._check_version(stream)
                 self._stream = stream
+                self.stats.bytes_refetched += getattr(stream, "skipped", 0)
                 break
             except BaseException as again:
                 if self._is_version_change(again):
@@ -242,23 +243,34 @@ class ResumableStream:
         return None
 
     def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (all that is left when negative); short only at the end of the object."""
         if size is None or size < 0:
-            parts = []
-            while True:
-                chunk = self.read(1 << 20)
-                if not chunk:
-                    return b"".join(parts)
-                parts.append(chunk)
-        size = min(size, PIECE)  # bounded pieces: a fault mid-read loses at most one piece
-        return self._attempt(lambda: self._stream.read(size), size, len)
+            size = 1 << 62
+        parts, want = [], size
+        while want > 0:
+            ask = min(want, PIECE)  # bounded pieces: a failed buffered read loses at most one piece
+            chunk = self._attempt(lambda: self._stream.read(ask), ask, len)
+            if not chunk:
+                break
+            parts.append(chunk)
+            want -= len(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def readinto(self, buffer) -> int:
+        """Fill ``buffer``; fewer bytes only at the end of the object."""
         if getattr(self._stream, "readinto", None) is None:
             data = self.read(len(buffer))
             memoryview(buffer).cast("B")[: len(data)] = data
             return len(data)
-        view = memoryview(buffer).cast("B")[:PIECE]  # bytes a failed readinto received are not counted
-        return self._attempt(lambda: self._stream.readinto(view), len(view), int)
+        view = memoryview(buffer).cast("B")
+        have = 0
+        while have < len(view):
+            piece = view[have:have + PIECE]
+            n = self._attempt(lambda: self._stream.readinto(piece), len(piece), int)
+            if not n:
+                break
+            have += n
+        return have
 
     def _attempt(self, step: Callable[[], Any], asked: int, count: Callable[[Any], int]) -> Any:
         """Run one read ``step``, recovering from faults until it succeeds; count what it returned."""
@@ -274,6 +286,9 @@ class ResumableStream:
                     raise self._changed(exc) from exc
                 if not is_transient(exc):
                     raise
+                if not getattr(self._stream, "partial_reads", False):
+                    # a buffered read that failed part-way received up to ``asked`` bytes it cannot report
+                    self.stats.bytes_refetched += asked
                 self._recover(exc)
                 continue
             n = count(result)

@@ -197,23 +197,28 @@ class BackendConformance:
 
 
     # faults
-    def _shards(self, base_url: str, storage_options: dict) -> tuple[str, list]:
+    #: how the store says "slow down": (status, body) the proxy answers with in the throttling test
+    throttle: tuple = (429, b"")
+
+    def _shards(self, base_url: str, storage_options: dict, per_shard: int = 20) -> tuple[str, list]:
+        """Three shards of ``per_shard`` 100 KB samples (the last one shorter) and their clean read."""
         pattern = base_url + "faults/shard-%06d.tar"
         payload = bytes(range(256)) * 400  # 100 KB per sample
-        with ShardWriter(pattern, maxcount=20, storage_options=storage_options) as sink:
-            for i in range(50):
+        with ShardWriter(pattern, maxcount=per_shard, storage_options=storage_options) as sink:
+            for i in range(per_shard * 5 // 2):
                 sink.write({"__key__": f"{i:04d}", "bin": payload[i:] + payload[:i], "cls": i})
         spec = base_url + "faults/shard-{000000..000002}.tar"
         clean = [(s["__key__"], s["bin"]) for s in WebDataset(spec, shardshuffle=False,
                                                               storage_options=storage_options)]
         return spec, clean
 
-    @pytest.mark.parametrize("fault", ["reset", "truncate", "error503", "stall"])
+    @pytest.mark.parametrize("fault", ["reset", "truncate", "error503", "throttled", "stall"])
     def test_faults_lose_and_repeat_nothing(self, faults, base_url: str, storage_options: dict,
                                             fault: str) -> None:
-        """Through resets every ~1 MB, truncated bodies, 503s or a stall, the samples equal a clean read."""
+        """Through resets every ~1 MB (over 20 MB of shards), truncated bodies, 503s, the store's
+        "slow down" answer or a stall, the samples equal a clean read."""
         proxy, proxied_base, proxied_options = faults
-        spec, clean = self._shards(base_url, storage_options)
+        spec, clean = self._shards(base_url, storage_options, per_shard=84 if fault == "reset" else 20)
         spec = spec.replace(base_url, proxied_base)
         timeout = None
         if fault == "reset":
@@ -222,6 +227,9 @@ class BackendConformance:
             proxy.truncate_after = 1_500_000
         elif fault == "error503":
             proxy.error_first = 2
+        elif fault == "throttled":
+            proxy.error_status, proxy.error_body = self.throttle
+            proxy.error_first = 3
         else:
             proxy.stall_after = 1_200_000
             timeout = 1.0
