@@ -10,8 +10,10 @@ HTTP errors become the errors of :mod:`wds_cloud.errors`, with the URL.
 from __future__ import annotations
 
 import http.client
+import io
 import socket
 import ssl
+import struct
 import urllib.parse
 from typing import Callable, Mapping, Optional
 
@@ -135,6 +137,8 @@ class HTTPReadStream:
         self.url = display_url or url
         self.offset = offset
         self.skipped = 0
+        self._pending: Optional[bytes] = None  # http.client's buffered body bytes, taken once
+        self._direct: Optional[bool] = None
         request_headers = dict(headers or {})
         if offset:
             request_headers["Range"] = f"bytes={offset}-"
@@ -180,6 +184,33 @@ class HTTPReadStream:
     def readable(self) -> bool:
         return True
 
+    def _socket(self) -> Optional[socket.socket]:
+        """The plain TCP socket, switched to kernel-side timeouts (http.client's buffer is drained first).
+
+        Reads then go straight to ``recv_into(..., MSG_WAITALL)``: one system call fills the
+        caller's buffer, and when the connection fails part-way the kernel still reports the
+        bytes it delivered, so nothing received is lost.  TLS sockets keep the buffered path.
+        """
+        if self._direct is False:
+            return None
+        sock = getattr(self._conn, "sock", None)
+        if self._direct is None:
+            if not isinstance(sock, socket.socket) or isinstance(sock, ssl.SSLSocket) or not hasattr(
+                    socket, "MSG_WAITALL") or not hasattr(socket, "SO_RCVTIMEO"):
+                self._direct = False
+                return None
+            timeout = sock.gettimeout() or 0.0
+            sock.settimeout(None)
+            seconds = int(timeout)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                            struct.pack("ll", seconds, int((timeout - seconds) * 1e6)))
+            self._direct = True
+        return sock
+
+    def _drain(self, fp) -> None:
+        """Take what http.client buffered with the headers (at most its buffer size), once."""
+        self._pending = fp.read1(min(self.remaining, max(io.DEFAULT_BUFFER_SIZE, 1 << 16)))
+
     def read(self, size: int = -1) -> bytes:
         if size is None or size < 0:
             parts = []
@@ -192,14 +223,20 @@ class HTTPReadStream:
         try:
             if self.remaining is None or fp is None:  # chunked or already finished: let http.client decode
                 return self._response.read(size)
-            # Straight from the socket's buffered reader (http.client's read(n) would fill a zeroed
-            # bytearray and copy it again), and at most one receive: what arrived is returned, so a
-            # connection lost later never takes bytes already received with it.
-            data = fp.read1(min(size, self.remaining)) if self.remaining else b""
+            size = min(size, self.remaining)
+            if not size:
+                return b""
+            if self._pending is None:
+                self._drain(fp)
+            if self._pending:
+                data, self._pending = self._pending[:size], self._pending[size:]
+            else:
+                sock = self._socket()
+                data = sock.recv(size, socket.MSG_WAITALL) if sock is not None else fp.read1(size)
         except (OSError, http.client.HTTPException) as exc:
             raise connection_error(self.url, exc, "read from") from exc
         self.remaining -= len(data)
-        if not data and self.remaining and size:
+        if not data:
             raise self._short()
         return data
 
@@ -208,12 +245,22 @@ class HTTPReadStream:
         try:
             if self.remaining is None or fp is None:
                 return self._response.readinto(buffer)
-            view = memoryview(buffer).cast("B")
-            n = fp.readinto1(view[:self.remaining]) if self.remaining else 0
+            view = memoryview(buffer).cast("B")[:self.remaining]
+            if not len(view):
+                return 0
+            if self._pending is None:
+                self._drain(fp)
+            if self._pending:
+                n = min(len(view), len(self._pending))
+                view[:n] = self._pending[:n]
+                self._pending = self._pending[n:]
+            else:
+                sock = self._socket()
+                n = sock.recv_into(view, len(view), socket.MSG_WAITALL) if sock is not None else fp.readinto1(view)
         except (OSError, http.client.HTTPException) as exc:
             raise connection_error(self.url, exc, "read from") from exc
         self.remaining -= n
-        if not n and self.remaining and len(buffer):
+        if not n:
             raise self._short()
         return n
 

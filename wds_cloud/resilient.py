@@ -247,8 +247,9 @@ class ResumableStream:
         if size is None or size < 0:
             size = 1 << 62
         parts, want = [], size
+        piece = size if getattr(self._stream, "partial_reads", False) else PIECE
         while want > 0:
-            ask = min(want, PIECE)  # bounded pieces: a failed buffered read loses at most one piece
+            ask = min(want, piece)  # bounded pieces: a failed buffered read loses at most one piece
             chunk = self._attempt(lambda: self._stream.read(ask), ask, len)
             if not chunk:
                 break
@@ -264,8 +265,9 @@ class ResumableStream:
             return len(data)
         view = memoryview(buffer).cast("B")
         have = 0
+        step = len(view) if getattr(self._stream, "partial_reads", False) else PIECE
         while have < len(view):
-            piece = view[have:have + PIECE]
+            piece = view[have:have + step]
             n = self._attempt(lambda: self._stream.readinto(piece), len(piece), int)
             if not n:
                 break
