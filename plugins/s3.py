@@ -150,10 +150,17 @@ class S3Backend(FsspecBackend):
         try:
             signed = self.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key},
                                                         ExpiresIn=3600)
-            return HTTPReadStream(signed, offset, headers, timeout or 60.0, display_url=url,
-                                  credentials_hint=CREDENTIALS_HINT, error_body=_s3_error)
+            stream = HTTPReadStream(signed, offset, headers, timeout or 60.0, display_url=url,
+                                    credentials_hint=CREDENTIALS_HINT, error_body=_s3_error)
         except Exception as exc:
             raise translate(exc, url) from exc
+        # A single-part upload's ETag is the MD5 of the object (not with SSE-KMS or SSE-C).
+        etag = (stream.etag or "").strip('"')
+        if (len(etag) == 32 and all(c in "0123456789abcdef" for c in etag.lower())
+                and stream.headers.get("x-amz-server-side-encryption") != "aws:kms"
+                and not stream.headers.get("x-amz-server-side-encryption-customer-algorithm")):
+            stream.md5 = etag.lower()
+        return stream
 
 
 @hookimpl(trylast=True)

@@ -1,10 +1,9 @@
-"""Opening shards, directly or through a local shard cache.
+"""Opening shards, directly or through the local shard cache; cache names and upstream's cache helpers.
 
-``StreamingOpen`` opens each shard URL with ``gopen``.  ``FileCache`` serves a
-shard from the cache directory when present, and otherwise streams it from
-its URL while writing the bytes to the cache (the first sample does not wait
-for the download); the cache entry appears under its final name only once the
-whole shard has been read.  Local files are read in place, never copied.
+``StreamingOpen`` opens each shard URL with ``gopen``.  ``FileCache`` is the
+pipeline stage of the shard cache (:mod:`wds_cloud.shardcache`): stream while
+filling, one download per shard across processes, bounded by LRU eviction.
+Local files are read in place, never copied, unless asked.
 """
 
 from __future__ import annotations
@@ -185,39 +184,25 @@ def _local_path(url: str) -> Optional[str]:
     return local_path(url)
 
 
-class _Tee:
-    """Reads from ``source`` and copies every byte to ``sink``; publishes the sink only at EOF."""
-
-    def __init__(self, source: Any, sink: AtomicFile) -> None:
-        self.source = source
-        self.sink = sink
-        self.complete = False
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.source.read(size)
-        if data:
-            self.sink.write(data)
-        elif size != 0 and not self.complete:
-            self.complete = True
-            self.sink.close()
-        return data
-
-    def close(self) -> None:
-        if not self.complete:
-            self.sink.abort()  # an early stop or an error never leaves a partial cache entry
-        self.source.close()
-
-
 class FileCache(PipelineStage):
-    """Serve shards from ``cache_dir``, filling it while streaming on a miss."""
+    """Serve shards through a local cache directory shared by every process on the machine.
+
+    On a miss the shard streams to the consumer while it is written to the cache (the first
+    sample does not wait for the download); processes that want the same shard meanwhile read
+    what has arrived instead of downloading it again; the entry is published only complete and
+    checked; ``cache_size`` bounds the directory by least-recently-used eviction.  Local files
+    are read in place unless ``cache_local=True``.  See :mod:`wds_cloud.shardcache`.
+    """
 
     def __init__(self, cache_dir: Optional[str] = None, *, url_to_name: Callable[[str], str] = url_to_cache_name,
                  verbose: bool = False, validator: Callable[[str], bool] = check_tar_format,
                  handler: Callable = reraise_exception, cache_size: int = -1, cache_cleanup_interval: float = 30,
                  storage_options: Optional[dict] = None, retries: Optional[int] = None,
-                 timeout: Optional[float] = None, stats: Any = None) -> None:
+                 timeout: Optional[float] = None, stats: Any = None, cache_local: bool = False,
+                 verify: bool = False) -> None:
         from . import config
         from .resilient import StatsSink
+        from .shardcache import ShardCache
 
         self.retries = retries
         self.timeout = timeout
@@ -225,43 +210,36 @@ class FileCache(PipelineStage):
         self.cache_dir = os.path.expanduser(cache_dir or config.current().cache_dir or "~/.cache/wds_cloud")
         self.url_to_name = url_to_name
         self.verbose = verbose
-        self.validator = validator
+        self.validator = validator  # accepted for compatibility; entries are checked by size and checksum
         self.handler = handler
         self.storage_options = storage_options
-        self.cleaner = LRUCleanup(self.cache_dir, cache_size, verbose=verbose,
-                                  interval=cache_cleanup_interval) if cache_size and cache_size > 0 else None
+        self.cache_local = cache_local
+        self.cache = ShardCache(self.cache_dir, cache_size, url_to_name=url_to_name, stats=self.stats,
+                                verify=verify)
 
     def path_for(self, url: str) -> str:
-        name = self.url_to_name(url)
-        path = os.path.normpath(os.path.join(self.cache_dir, name))
-        if not path.startswith(os.path.abspath(self.cache_dir) + os.sep) and not path.startswith(
-                os.path.normpath(self.cache_dir) + os.sep):
-            raise ValueError(f"url_to_name({url!r}) gave {name!r}, which leaves the cache directory")
-        return path
+        return self.cache.path_for(url)
 
     def run(self, src: Iterable[dict]) -> Iterator[dict]:
         from .gopen import gopen
 
-        os.makedirs(self.cache_dir, exist_ok=True)
+        os.makedirs(self.cache.directory, exist_ok=True)
         for sample in src:
             url = sample["url"]
             try:
                 local = _local_path(url)
-                if local is not None:  # local files are read in place
+                if local is not None and not self.cache_local:  # local files are read in place
                     yield dict(sample, stream=gopen(url, "rb"), local_path=local)
                     continue
-                path = self.path_for(url)
-                if os.path.exists(path):
-                    if self.verbose:
-                        log.info("cache hit %s -> %s", url, path)
-                    os.utime(path)
-                    yield dict(sample, stream=open(path, "rb"), local_path=path)
-                    continue
-                if self.cleaner is not None:
-                    self.cleaner.cleanup()
-                stream = gopen(url, "rb", storage_options=self.storage_options, retries=self.retries,
-                               timeout=self.timeout, stats=self.stats)
-                yield dict(sample, stream=_Tee(stream, AtomicFile(path)), local_path=path)
+
+                def opener(offset: int, url: str = url) -> Any:
+                    return gopen(url, "rb", offset=offset, storage_options=self.storage_options,
+                                 retries=self.retries, timeout=self.timeout, stats=self.stats)
+
+                stream = self.cache.open(url, opener)
+                if self.verbose:
+                    log.info("cache: %s via %s", url, self.cache.path_for(url))
+                yield dict(sample, stream=stream, local_path=self.cache.path_for(url))
             except Exception as exn:
                 if self.handler(exn):
                     continue

@@ -120,6 +120,30 @@ def raise_for_status(response: http.client.HTTPResponse, url: str, credentials_h
                         f"{': ' + detail if detail else ''}", url=url, status=status)
 
 
+def whole_object_md5(headers: Mapping[str, str], whole: bool) -> Optional[str]:
+    """The MD5 (hex) of the whole object a response names: GCS ``x-goog-hash``, Azure
+    ``x-ms-blob-content-md5``, or ``Content-MD5`` when the response carries the whole object."""
+    import base64
+    import binascii
+
+    values = []
+    for part in (headers.get("x-goog-hash") or "").split(","):
+        name, _, value = part.strip().partition("=")
+        if name == "md5":
+            values.append(value)
+    values.append(headers.get("x-ms-blob-content-md5") or "")
+    if whole:
+        values.append(headers.get("Content-MD5") or "")
+    for value in values:
+        try:
+            digest = base64.b64decode(value.strip(), validate=True) if value else b""
+        except (binascii.Error, ValueError):
+            continue
+        if len(digest) == 16:
+            return digest.hex()
+    return None
+
+
 class HTTPReadStream:
     """The body of ``GET url`` from byte ``offset``, readable with ``read``/``readinto``.
 
@@ -148,7 +172,7 @@ class HTTPReadStream:
                 self.size = offset
                 self._response.read()
                 self.remaining = 0
-                self.etag = self.version = None
+                self.etag = self.version = self.md5 = None
                 self.headers = {}
                 self.closed = False
                 return
@@ -169,6 +193,7 @@ class HTTPReadStream:
         self.etag = self._response.getheader("ETag")
         self.version = self.etag
         self.headers = self._response.headers
+        self.md5 = whole_object_md5(self.headers, whole=self._response.status == 200)
         self.closed = False
 
     def _discard(self, n: int) -> None:

@@ -137,6 +137,7 @@ class ResumableStream:
         self.closed = False
         self.version: Optional[str] = None
         self.size: Optional[int] = None
+        self.md5: Optional[str] = None  # the store's MD5 of the whole object (hex), when it gave one
         self._stream = self._open(first=True)
 
     # opening
@@ -161,6 +162,7 @@ class ResumableStream:
             if first:
                 self.version = getattr(stream, "version", None) or getattr(stream, "etag", None)
                 self.size = getattr(stream, "size", None)
+                self.md5 = getattr(stream, "md5", None)
             else:
                 self._check_version(stream)
             return stream

@@ -1,0 +1,542 @@
+"""A shard cache shared by every process on a machine: stream while filling, one download per shard, bounded.
+
+For an entry named ``N`` (see :func:`wds_cloud.cache.url_to_cache_name`) the cache directory holds:
+
+``N``
+    the complete shard, published by an atomic rename once its size (and the store's MD5, when
+    the store gave one) checked out.  Readers hold a shared ``flock`` on it while they read.
+``N.meta``
+    JSON written by us: the URL (redacted), size, version, the store's MD5, our CRC-32 and the
+    modification time of ``N`` when it was published.  Only files with a ``.meta`` are ever evicted.
+``N.part``
+    the shard while it is being filled.  Another process that wants ``N`` meanwhile reads the
+    bytes that have arrived and waits for the rest: the shard is downloaded once.
+``N.lock``
+    held (``flock``, exclusive) by the one process filling ``N``.  The kernel drops it when that
+    process dies, so a killed fill never blocks anyone: the next process that wants ``N`` takes
+    over and resumes the download at the end of ``N.part`` (pinned to the same version).
+
+A hit checks the entry's size and modification time against ``N.meta``; an entry changed since it
+was published is verified against its CRC-32 and fetched again when it differs.  Eviction is
+least-recently-used by last access, never takes an entry another reader holds, and never deletes
+a file that has no ``.meta`` of ours.  Locks are ``flock`` locks: the cache directory must be on a
+local filesystem (not NFS).  POSIX only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import queue
+import threading
+import time
+import zlib
+from typing import Any, Callable, Optional
+
+from .errors import ObjectChangedError, TransferError, redact
+from .resilient import StatsSink, TransferStats
+
+__all__ = ["ShardCache", "CachedShard"]
+
+log = logging.getLogger("wds_cloud.cache")
+
+POLL_MIN, POLL_MAX = 0.002, 0.05  # how often a reader waiting for a filler looks again (seconds)
+
+
+def _read_meta(path: str) -> Optional[dict]:
+    try:
+        with open(path + ".meta", "rb") as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_meta(path: str, meta: dict) -> None:
+    temp = f"{path}.meta.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(temp, "w") as f:
+        json.dump(meta, f)
+    os.replace(temp, path + ".meta")
+
+
+def _try_lock(path: str, mode: int = fcntl.LOCK_EX):
+    """The open lock file ``path`` with ``mode`` taken without waiting, or None when someone holds it."""
+    f = open(path, "ab")
+    try:
+        fcntl.flock(f.fileno(), mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
+def _unlink(*paths: str) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _crc_of(f: Any, length: Optional[int] = None) -> int:
+    crc, left = 0, length if length is not None else 1 << 62
+    f.seek(0)
+    while left > 0:
+        data = f.read(min(left, 1 << 22))
+        if not data:
+            break
+        crc = zlib.crc32(data, crc)
+        left -= len(data)
+    return crc
+
+
+class _Sink:
+    """Writes the bytes of a fill to ``N.part`` and hashes them, in a thread of its own.
+
+    The reader hands each piece over and goes on; a write that fails (a full disk) abandons the
+    cache entry, never the read.  Bytes already on disk before ``start`` are hashed first.
+    """
+
+    def __init__(self, part: str, start: int, want_md5: bool) -> None:
+        self.part = part
+        self.error: Optional[BaseException] = None
+        self.crc = 0
+        self.md5 = hashlib.md5() if want_md5 else None
+        self._queue: "queue.Queue[Optional[bytes]]" = queue.Queue(maxsize=64)
+        fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
+        self._file = os.fdopen(fd, "r+b", buffering=0)
+        self._file.truncate(start)
+        self._start = start
+        self._thread = threading.Thread(target=self._run, name="wds-cache-fill", daemon=True)
+        self._thread.start()
+
+    def _hash(self, data: Any) -> None:
+        self.crc = zlib.crc32(data, self.crc)
+        if self.md5 is not None:
+            self.md5.update(data)
+
+    def _run(self) -> None:
+        try:
+            left = self._start
+            self._file.seek(0)
+            while left > 0:
+                data = self._file.read(min(left, 1 << 22))
+                if not data:
+                    raise OSError(errno.EIO, f"{self.part} is shorter than it was a moment ago")
+                self._hash(data)
+                left -= len(data)
+            self._file.seek(self._start)
+        except BaseException as exc:
+            self.error = exc
+        while True:
+            data = self._queue.get()
+            if data is None:
+                return
+            if self.error is not None:
+                continue
+            try:
+                view = memoryview(data)
+                while len(view):
+                    view = view[self._file.write(view):]
+                self._hash(data)
+            except BaseException as exc:  # a full disk, a quota: the fill is abandoned, reading goes on
+                self.error = exc
+
+    def put(self, data: bytes) -> None:
+        if self.error is None:
+            self._queue.put(data)
+
+    def finish(self) -> None:
+        """Write everything queued and close the part file."""
+        self._queue.put(None)
+        self._thread.join()
+        self._file.close()
+
+
+class ShardCache:
+    """The cache directory and its rules (see the module docstring); picklable, so workers share it."""
+
+    def __init__(self, directory: str, size_limit: Optional[int] = None, *,
+                 url_to_name: Optional[Callable[[str], str]] = None, stats: Optional[StatsSink] = None,
+                 verify: bool = False) -> None:
+        from .cache import url_to_cache_name
+
+        self.directory = os.path.abspath(os.path.expanduser(directory))
+        self.size_limit = size_limit if size_limit and size_limit > 0 else None
+        self.url_to_name = url_to_name or url_to_cache_name
+        self.stats = stats if stats is not None else StatsSink()
+        self.verify = verify
+
+    def path_for(self, url: str) -> str:
+        """The entry path for ``url``; a name that would leave the cache directory is refused."""
+        name = self.url_to_name(url)
+        path = os.path.normpath(os.path.join(self.directory, name))
+        if not path.startswith(self.directory + os.sep) or os.path.basename(path).startswith("."):
+            raise ValueError(f"url_to_name({redact(url)!r}) gave {name!r}, which is not a plain name inside the "
+                             f"cache directory {self.directory}")
+        return path
+
+    def _count(self, **fields: int) -> None:
+        self.stats.add(TransferStats(**fields))
+
+    # opening
+    def open(self, url: str, opener: Callable[[int], Any]) -> Any:
+        """A read stream for ``url``: the cached copy, the fill in progress, or a new fill.
+
+        ``opener(offset)`` opens the remote object at a byte offset (a resumable stream with
+        ``size``, ``version`` and, when the store gives one, ``md5``).
+        """
+        path = self.path_for(url)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        poll = POLL_MIN
+        while True:
+            hit = self._open_entry(path)
+            if hit is not None:
+                self._count(cache_hits=1, bytes_saved=os.fstat(hit.fileno()).st_size)
+                return hit
+            lock = _try_lock(path + ".lock")
+            if lock is not None:
+                hit = self._open_entry(path)  # published a moment ago?
+                if hit is not None:
+                    lock.close()
+                    self._count(cache_hits=1, bytes_saved=os.fstat(hit.fileno()).st_size)
+                    return hit
+                _unlink(path)  # absent or damaged; we hold the fill lock
+                self._count(cache_misses=1)
+                return CachedShard(self, url, path, opener, lock=lock)
+            follower = CachedShard.follow(self, url, path, opener)
+            if follower is not None:
+                self._count(cache_hits=1)
+                return follower
+            time.sleep(poll)  # the filler has not started writing yet
+            poll = min(poll * 2, POLL_MAX)
+
+    def _open_entry(self, path: str) -> Optional[Any]:
+        """The complete entry, opened and held against eviction, or None (absent, or found damaged)."""
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+            st = os.fstat(f.fileno())
+            meta = _read_meta(path)
+            if st.st_nlink == 0 or meta is None or not meta.get("complete"):
+                f.close()
+                return None if st.st_nlink == 0 else self._discard(path, "it has no record of being complete")
+            if self.verify or st.st_size != meta["size"] or st.st_mtime_ns != meta["mtime_ns"]:
+                if st.st_size != meta["size"]:
+                    f.close()
+                    return self._discard(path, f"it holds {st.st_size} bytes, not {meta['size']}")
+                if _crc_of(f) != meta["crc32"]:
+                    f.close()
+                    return self._discard(path, "its checksum does not match")
+                meta["mtime_ns"] = st.st_mtime_ns
+                _write_meta(path, meta)
+            os.utime(f.fileno(), ns=(time.time_ns(), st.st_mtime_ns))  # last access, for LRU
+            f.seek(0)
+            return f
+        except BaseException:
+            f.close()
+            raise
+
+    def _discard(self, path: str, why: str) -> None:
+        log.warning("cache entry %s was changed or damaged since it was stored (%s); fetching it again", path, why)
+        lock = _try_lock(path + ".lock")
+        if lock is not None:
+            try:
+                _unlink(path, path + ".meta")
+            finally:
+                lock.close()
+        return None
+
+    # size bound
+    def make_room(self, keep: str) -> None:
+        """Evict least-recently-used entries until the cache, fills in progress included, fits the limit."""
+        if self.size_limit is None:
+            return
+        with open(os.path.join(self.directory, ".evict.lock"), "ab") as guard:
+            fcntl.flock(guard.fileno(), fcntl.LOCK_EX)
+            entries, total = [], 0
+            for root, dirs, names in os.walk(self.directory):
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                for name in names:
+                    if not name.endswith(".meta"):
+                        continue
+                    path = os.path.join(root, name[:-5])
+                    meta = _read_meta(path)
+                    if meta is None:
+                        continue
+                    try:
+                        st = os.stat(path if meta.get("complete") else path + ".part", follow_symlinks=False)
+                    except FileNotFoundError:
+                        if not meta.get("complete"):
+                            total += int(meta.get("size") or 0)  # a fill that is about to write
+                        continue
+                    size = max(st.st_size, int(meta.get("size") or 0))
+                    total += size
+                    if path != keep:
+                        entries.append((st.st_atime_ns, size, path, bool(meta.get("complete"))))
+            for _, size, path, complete in sorted(entries):
+                if total <= self.size_limit:
+                    break
+                if self._evict(path, complete):
+                    total -= size
+
+    def _evict(self, path: str, complete: bool) -> bool:
+        if complete:  # an entry someone reads holds a shared lock on it
+            try:
+                f = open(path, "rb")
+            except FileNotFoundError:
+                return False
+            with f:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return False
+                _unlink(path, path + ".meta")
+        else:  # an abandoned fill (nobody holds its lock)
+            lock = _try_lock(path + ".lock")
+            if lock is None:
+                return False
+            with lock:
+                _unlink(path + ".part", path + ".meta")
+        self._count(cache_evictions=1)
+        log.info("cache: evicted %s", path)
+        return True
+
+
+class CachedShard:
+    """The read stream of a shard being filled into the cache, by this process or another one.
+
+    A filler reads what is already in ``N.part`` (when it resumes), then the remote object,
+    handing every byte to a :class:`_Sink`; at the end it checks and publishes the entry.  A
+    follower reads ``N.part`` as it grows and waits at its end while the filler lives; when the
+    filler is gone before the end, the follower takes over the fill where it stopped.
+    """
+
+    def __init__(self, cache: ShardCache, url: str, path: str, opener: Callable[[int], Any], *,
+                 lock: Any = None) -> None:
+        self.cache = cache
+        self.url = url
+        self.path = path
+        self._opener = opener
+        self.position = 0
+        self.size: Optional[int] = None
+        self.closed = False
+        self._lock = None
+        self._remote = None
+        self._sink: Optional[_Sink] = None
+        self._file: Any = None
+        self._local_end = 0
+        self._meta: Optional[dict] = None
+        self._complete = False  # following a file that is now published whole
+        self._poll = POLL_MIN
+        if lock is not None:
+            try:
+                self._start_fill(lock)
+            except BaseException:
+                self._release()
+                lock.close()
+                raise
+
+    @classmethod
+    def follow(cls, cache: ShardCache, url: str, path: str, opener: Callable[[int], Any]) -> Optional["CachedShard"]:
+        """Follow the fill another process is doing, or None when it has not begun writing."""
+        meta = _read_meta(path)
+        if meta is None or meta.get("complete"):
+            return None
+        try:
+            f = open(path + ".part", "rb")
+        except FileNotFoundError:
+            return None
+        self = cls(cache, url, path, opener)
+        self._file, self.size = f, meta.get("size")
+        self._meta = meta
+        return self
+
+    # filling
+    def _start_fill(self, lock: Any) -> None:
+        """Begin (or resume, or take over) the fill; we hold ``N.lock``."""
+        self._lock = lock
+        part = self.path + ".part"
+        meta = _read_meta(self.path)
+        start = 0
+        if meta is not None and not meta.get("complete") and meta.get("size") and os.path.exists(part):
+            start = os.path.getsize(part)
+        remote = self._opener(start)
+        version, size = getattr(remote, "version", None), getattr(remote, "size", None)
+        if start and (str(version) != str(meta.get("version")) or size != meta.get("size")):
+            remote.close()  # the object changed since the interrupted fill: start again
+            if self.position:
+                self.close()
+                raise ObjectChangedError(
+                    f"{redact(self.url)}: the object changed while another process was caching it (at byte "
+                    f"{self.position}); two versions are never spliced: read it again", url=self.url,
+                    offset=self.position)
+            _unlink(part)
+            start, remote = 0, self._opener(0)
+            version, size = getattr(remote, "version", None), getattr(remote, "size", None)
+        if not start:
+            meta = {"url": redact(self.url), "size": size, "version": version,
+                    "md5": getattr(remote, "md5", None), "complete": False}
+            _write_meta(self.path, meta)
+        self._meta = meta
+        self.size = size
+        self._remote = remote
+        self._local_end = start
+        self._sink = _Sink(part, start, want_md5=bool(meta.get("md5")))
+        if start > self.position:  # the bytes up to ``start`` are read from the part file first
+            if self._file is None:
+                self._file = open(part, "rb")
+            self._file.seek(self.position)
+        elif self._file is not None:
+            self._file.close()
+            self._file = None
+        self.cache.make_room(keep=self.path)
+
+    def _publish(self) -> None:
+        sink, self._sink = self._sink, None
+        sink.finish()
+        try:
+            if sink.error is not None:
+                raise sink.error
+            expected = self._meta.get("md5")
+            if expected and sink.md5 is not None and sink.md5.hexdigest() != expected:
+                _unlink(self.path + ".part", self.path + ".meta")
+                raise TransferError(
+                    f"{redact(self.url)}: the {self.size} bytes received do not match the store's MD5 "
+                    f"{expected}; the cache entry was not kept: read the shard again", url=self.url)
+            part = self.path + ".part"
+            st = os.stat(part)
+            self._meta["size"] = self.size
+            if st.st_size != self.size:
+                raise OSError(errno.EIO, f"{part} holds {st.st_size} bytes, not {self.size}")
+            meta = dict(self._meta, complete=True, crc32=sink.crc, mtime_ns=st.st_mtime_ns)
+            _write_meta(self.path, meta)
+            os.replace(part, self.path)
+            log.debug("cache: stored %s as %s", redact(self.url), self.path)
+        except TransferError:
+            raise
+        except OSError as exc:
+            # A full disk or a failed write costs the cache entry, never the read.
+            log.warning("cache: could not store %s in %s (%s); reading it from the store again next time",
+                        redact(self.url), self.cache.directory, exc)
+            _unlink(self.path + ".part", self.path + ".meta")
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    # following
+    def _wait_or_take_over(self) -> None:
+        lock = _try_lock(self.path + ".lock")
+        if lock is None:  # the filler is alive: wait for more bytes
+            time.sleep(self._poll)
+            self._poll = min(self._poll * 2, POLL_MAX)
+            return
+        self._poll = POLL_MIN
+        ino = os.fstat(self._file.fileno()).st_ino
+
+        def ours(candidate: str) -> bool:
+            try:
+                return os.stat(candidate).st_ino == ino
+            except FileNotFoundError:
+                return False
+
+        if ours(self.path):  # published meanwhile: the file we read is complete
+            lock.close()
+            self._complete = True
+            return
+        if not ours(self.path + ".part"):
+            lock.close()
+            raise ObjectChangedError(f"{redact(self.url)}: the cache entry being read was replaced (the object "
+                                     "changed); read it again", url=self.url, offset=self.position)
+        log.info("cache: the process filling %s stopped at byte %d; taking over", self.path, self.position)
+        try:
+            self._start_fill(lock)
+        except BaseException:
+            self._release()
+            lock.close()
+            raise
+
+    # reading
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        while True:
+            want = view if self.size is None else view[:max(0, self.size - self.position)]
+            if not len(want):
+                if self._sink is not None:
+                    self._publish()
+                return 0
+            if self._remote is None:  # following
+                n = self._file.readinto(want)
+                if n or self._complete:
+                    self.position += n
+                    return n
+                self._wait_or_take_over()
+                continue
+            if self.position < self._local_end:  # resuming: the bytes already in the part file
+                n = self._file.readinto(want[:self._local_end - self.position])
+                if not n:
+                    raise TransferError(f"{redact(self.url)}: {self.path}.part shrank while it was read",
+                                        url=self.url, offset=self.position)
+                self.position += n
+                return n
+            n = self._remote.readinto(want)
+            if n:
+                self._sink.put(bytes(want[:n]))
+                self.position += n
+                if self.size is not None and self.position >= self.size:
+                    self._publish()
+                return n
+            if self.size is None:  # a stream of unknown length (a pipe) ends here
+                self.size = self.position
+                self._publish()
+            return 0
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            parts = []
+            while True:
+                chunk = self.read(1 << 20)
+                if not chunk:
+                    return b"".join(parts)
+                parts.append(chunk)
+        buffer = bytearray(size)
+        n = self.readinto(buffer)
+        return bytes(memoryview(buffer)[:n])
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self._sink is not None:  # stopped early: what arrived stays in N.part, to be resumed
+                sink, self._sink = self._sink, None
+                sink.finish()
+            for stream in (self._remote, self._file):
+                if stream is not None:
+                    stream.close()
+        finally:
+            self._release()
+            if self.size is not None and self._remote is None:
+                self.cache._count(bytes_saved=self.position)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def __enter__(self) -> "CachedShard":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
