@@ -54,6 +54,7 @@ class _ObjectHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     store: Store
     token: Optional[str] = None
+    rate: Optional[float] = None  # bytes per second per connection (benchmarks); None: as fast as possible
 
     def log_message(self, *args) -> None:  # quiet
         pass
@@ -106,9 +107,14 @@ class _ObjectHandler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command == "HEAD":
             return
+        started = time.perf_counter()
         for pos in range(0, len(body), 1 << 16):
             self.wfile.write(body[pos:pos + (1 << 16)])
             self.store.bytes_sent += min(1 << 16, len(body) - pos)
+            if self.rate:  # pace the answer like a store with this much bandwidth per connection
+                ahead = started + (pos + (1 << 16)) / self.rate - time.perf_counter()
+                if ahead > 0:
+                    time.sleep(ahead)
 
     def _listing(self, prefix: str) -> None:
         names = sorted(k for k in self.store.objects if k.startswith(prefix))
@@ -278,7 +284,8 @@ def ais_cluster(token: Optional[str] = None) -> tuple[Server, Server, Store, set
 
 
 def main(argv=None) -> None:
-    """``python tests/servers.py http PORT [DIR]``: serve DIR's files over HTTP in this process (benchmarks)."""
+    """``python tests/servers.py http PORT [DIR [MB_PER_S]]``: serve DIR's files over HTTP in this process
+    (benchmarks), each connection paced to MB_PER_S when given."""
     import os
     import sys
 
@@ -290,7 +297,8 @@ def main(argv=None) -> None:
         for name in sorted(os.listdir(args[2])):
             with open(os.path.join(args[2], name), "rb") as f:
                 store.put("/" + name, f.read())
-    handler = type("Handler", (HTTPObjectHandler,), {"store": store})
+    rate = float(args[3]) * 1e6 if len(args) > 3 else None
+    handler = type("Handler", (HTTPObjectHandler,), {"store": store, "rate": rate})
     httpd = ThreadingHTTPServer(("127.0.0.1", int(args[1])), handler)
     httpd.daemon_threads = True
     httpd.serve_forever()

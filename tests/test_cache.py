@@ -183,7 +183,32 @@ def test_corrupted_entry_is_detected_and_fetched_again(store, tmp_path, caplog):
     assert samples == clean
     assert stats["cache_misses"] == 1 and stats["cache_hits"] == 3
     assert proxy.bytes_forwarded - sent >= os.path.getsize(entry)
-    assert "checksum" in caplog.text and entry in caplog.text
+    assert "modified after it was stored" in caplog.text and entry in caplog.text
+
+
+def test_verify_checks_every_hit_against_its_checksum(store, tmp_path):
+    """With verify=True a damaged entry is caught even when its modification time was put back."""
+    from wds_cloud.gopen import gopen
+    from wds_cloud.shardcache import ShardCache
+
+    spec, options, clean, proxy = store
+    url = spec.replace("{000000..000003}", "000002")
+    cache = ShardCache(str(tmp_path / "cache"), verify=True)
+
+    def opener(offset):
+        return gopen(url, offset=offset, storage_options=options)
+
+    with cache.open(url, opener) as stream:
+        whole = stream.read()
+    entry = cache.path_for(url)
+    st = os.stat(entry)
+    with open(entry, "r+b") as f:
+        f.seek(1000)
+        f.write(b"\0" * 10 if whole[1000:1010] != b"\0" * 10 else b"\1" * 10)
+    os.utime(entry, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with cache.open(url, opener) as stream:
+        assert stream.read() == whole
+    assert cache.stats.snapshot().cache_misses == 2
 
 
 def test_a_full_disk_costs_the_cache_entry_not_the_read(store, tmp_path, spawn, caplog):

@@ -6,7 +6,7 @@ For an entry named ``N`` (see :func:`wds_cloud.cache.url_to_cache_name`) the cac
     the complete shard, published by an atomic rename once its size (and the store's MD5, when
     the store gave one) checked out.  Readers hold a shared ``flock`` on it while they read.
 ``N.meta``
-    JSON written by us: the URL (redacted), size, version, the store's MD5, our CRC-32 and the
+    JSON written by us: the URL (redacted), size, version, the store's MD5, our CRC-32 (``verify=True``) and the
     modification time of ``N`` when it was published.  Only files with a ``.meta`` are ever evicted.
 ``N.part``
     the shard while it is being filled.  Another process that wants ``N`` meanwhile reads the
@@ -16,8 +16,9 @@ For an entry named ``N`` (see :func:`wds_cloud.cache.url_to_cache_name`) the cac
     process dies, so a killed fill never blocks anyone: the next process that wants ``N`` takes
     over and resumes the download at the end of ``N.part`` (pinned to the same version).
 
-A hit checks the entry's size and modification time against ``N.meta``; an entry changed since it
-was published is verified against its CRC-32 and fetched again when it differs.  Eviction is
+A hit checks the entry's size and modification time against ``N.meta``: an entry written to since
+it was published is fetched again (with ``verify=True`` every entry carries a CRC-32, every hit is
+checked against it, and a modified entry whose bytes still match is kept).  Eviction is
 least-recently-used by last access, never takes an entry another reader holds, and never deletes
 a file that has no ``.meta`` of ours.  Locks are ``flock`` locks: the cache directory must be on a
 local filesystem (not NFS).  POSIX only.
@@ -46,6 +47,7 @@ __all__ = ["ShardCache", "CachedShard"]
 log = logging.getLogger("wds_cloud.cache")
 
 POLL_MIN, POLL_MAX = 0.002, 0.05  # how often a reader waiting for a filler looks again (seconds)
+BUFFER, BUFFERS = 1 << 20, 32  # a fill hands its bytes to the writer thread through 32 MB of reused buffers
 
 
 def _read_meta(path: str) -> Optional[dict]:
@@ -99,12 +101,15 @@ class _Sink:
     cache entry, never the read.  Bytes already on disk before ``start`` are hashed first.
     """
 
-    def __init__(self, part: str, start: int, want_md5: bool) -> None:
+    def __init__(self, part: str, start: int, want_md5: bool, want_crc: bool) -> None:
         self.part = part
         self.error: Optional[BaseException] = None
-        self.crc = 0
+        self.crc: Optional[int] = 0 if want_crc else None
         self.md5 = hashlib.md5() if want_md5 else None
-        self._queue: "queue.Queue[Optional[bytes]]" = queue.Queue(maxsize=64)
+        self._queue: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        # Reused 1 MB buffers: the bytes handed over are copied once into memory that is already mapped.
+        self._free: "queue.Queue[bytearray]" = queue.Queue()
+        self._buffers = 0  # made so far, on demand (a small shard needs few)
         fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
         self._file = os.fdopen(fd, "r+b", buffering=0)
         self._file.truncate(start)
@@ -113,13 +118,14 @@ class _Sink:
         self._thread.start()
 
     def _hash(self, data: Any) -> None:
-        self.crc = zlib.crc32(data, self.crc)
+        if self.crc is not None:
+            self.crc = zlib.crc32(data, self.crc)
         if self.md5 is not None:
             self.md5.update(data)
 
     def _run(self) -> None:
         try:
-            left = self._start
+            left = self._start if (self.crc is not None or self.md5 is not None) else 0
             self._file.seek(0)
             while left > 0:
                 data = self._file.read(min(left, 1 << 22))
@@ -131,22 +137,37 @@ class _Sink:
         except BaseException as exc:
             self.error = exc
         while True:
-            data = self._queue.get()
-            if data is None:
+            item = self._queue.get()
+            if item is None:
                 return
-            if self.error is not None:
-                continue
+            buffer, length = item
             try:
-                view = memoryview(data)
-                while len(view):
-                    view = view[self._file.write(view):]
-                self._hash(data)
+                if self.error is None:
+                    view = memoryview(buffer)[:length]
+                    self._hash(view)
+                    while len(view):
+                        view = view[self._file.write(view):]
             except BaseException as exc:  # a full disk, a quota: the fill is abandoned, reading goes on
                 self.error = exc
+            finally:
+                self._free.put(buffer)
 
-    def put(self, data: bytes) -> None:
-        if self.error is None:
-            self._queue.put(data)
+    def put(self, data: Any) -> None:
+        """Queue a copy of ``data`` (waits for a free buffer when the writer is behind)."""
+        view = memoryview(data).cast("B")
+        while len(view) and self.error is None:
+            try:
+                buffer = self._free.get_nowait()
+            except queue.Empty:
+                if self._buffers < BUFFERS:
+                    self._buffers += 1
+                    buffer = bytearray(BUFFER)
+                else:
+                    buffer = self._free.get()
+            n = min(len(view), BUFFER)
+            buffer[:n] = view[:n]
+            self._queue.put((buffer, n))
+            view = view[n:]
 
     def finish(self) -> None:
         """Write everything queued and close the part file."""
@@ -226,13 +247,15 @@ class ShardCache:
             if st.st_nlink == 0 or meta is None or not meta.get("complete"):
                 f.close()
                 return None if st.st_nlink == 0 else self._discard(path, "it has no record of being complete")
-            if self.verify or st.st_size != meta["size"] or st.st_mtime_ns != meta["mtime_ns"]:
-                if st.st_size != meta["size"]:
+            if st.st_size != meta["size"]:
+                f.close()
+                return self._discard(path, f"it holds {st.st_size} bytes, not {meta['size']}")
+            if st.st_mtime_ns != meta["mtime_ns"] or self.verify:
+                crc = meta.get("crc32")
+                if crc is None or _crc_of(f) != crc:  # written to since it was stored, and nothing vouches for it
                     f.close()
-                    return self._discard(path, f"it holds {st.st_size} bytes, not {meta['size']}")
-                if _crc_of(f) != meta["crc32"]:
-                    f.close()
-                    return self._discard(path, "its checksum does not match")
+                    return self._discard(path, "it was modified after it was stored" if crc is None
+                                         else "its checksum does not match")
                 meta["mtime_ns"] = st.st_mtime_ns
                 _write_meta(path, meta)
             os.utime(f.fileno(), ns=(time.time_ns(), st.st_mtime_ns))  # last access, for LRU
@@ -387,7 +410,7 @@ class CachedShard:
         self.size = size
         self._remote = remote
         self._local_end = start
-        self._sink = _Sink(part, start, want_md5=bool(meta.get("md5")))
+        self._sink = _Sink(part, start, want_md5=bool(meta.get("md5")), want_crc=self.cache.verify)
         if start > self.position:  # the bytes up to ``start`` are read from the part file first
             if self._file is None:
                 self._file = open(part, "rb")
@@ -493,7 +516,7 @@ class CachedShard:
                 return n
             n = self._remote.readinto(want)
             if n:
-                self._sink.put(bytes(want[:n]))
+                self._sink.put(want[:n])
                 self.position += n
                 if self.size is not None and self.position >= self.size:
                     self._publish()
