@@ -13,7 +13,7 @@ from typing import IO, Any, Callable, Iterator, Optional, Sequence
 from .config import Settings
 from .errors import MissingExtraError
 
-__all__ = ["Backend", "ReadStream", "ObjectInfo", "missing_modules", "require", "fsspec_list"]
+__all__ = ["Backend", "ReadStream", "ObjectInfo", "missing_modules", "require", "fsspec_list", "read_to_end"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +23,16 @@ class ObjectInfo:
     url: str
     size: Optional[int]
     version: Optional[str] = None
+
+
+def read_to_end(read: Callable[[int], bytes], piece: int = 1 << 20) -> bytes:
+    """Everything ``read(n)`` still returns, for streams whose ``read(-1)`` reads in pieces."""
+    parts = []
+    while True:
+        chunk = read(piece)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
 
 
 def missing_modules(modules: Sequence[str]) -> list[str]:

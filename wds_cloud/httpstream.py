@@ -17,6 +17,7 @@ import struct
 import urllib.parse
 from typing import Callable, Mapping, Optional
 
+from .backend import read_to_end
 from .errors import CredentialsError, ShardNotFoundError, TransferError, redact
 
 __all__ = ["HTTPReadStream", "request", "raise_for_status", "AccessDeniedError", "connection_error"]
@@ -238,12 +239,7 @@ class HTTPReadStream:
 
     def read(self, size: int = -1) -> bytes:
         if size is None or size < 0:
-            parts = []
-            while True:
-                chunk = self.read(1 << 20)
-                if not chunk:
-                    return b"".join(parts)
-                parts.append(chunk)
+            return read_to_end(self.read)
         fp = self._response.fp
         try:
             if self.remaining is None or fp is None:  # chunked or already finished: let http.client decode

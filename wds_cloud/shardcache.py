@@ -39,6 +39,7 @@ import time
 import zlib
 from typing import Any, Callable, Optional
 
+from .backend import read_to_end
 from .errors import ObjectChangedError, TransferError, redact
 from .resilient import StatsSink, TransferStats
 
@@ -82,16 +83,14 @@ def _unlink(*paths: str) -> None:
             os.unlink(path)
 
 
-def _crc_of(f: Any, length: Optional[int] = None) -> int:
-    crc, left = 0, length if length is not None else 1 << 62
+def _crc_of(f: Any) -> int:
+    crc = 0
     f.seek(0)
-    while left > 0:
-        data = f.read(min(left, 1 << 22))
+    while True:
+        data = f.read(1 << 22)
         if not data:
-            break
+            return crc
         crc = zlib.crc32(data, crc)
-        left -= len(data)
-    return crc
 
 
 class _Sink:
@@ -528,12 +527,7 @@ class CachedShard:
 
     def read(self, size: int = -1) -> bytes:
         if size is None or size < 0:
-            parts = []
-            while True:
-                chunk = self.read(1 << 20)
-                if not chunk:
-                    return b"".join(parts)
-                parts.append(chunk)
+            return read_to_end(self.read)
         buffer = bytearray(size)
         n = self.readinto(buffer)
         return bytes(memoryview(buffer)[:n])
