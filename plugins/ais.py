@@ -27,6 +27,7 @@ HINT = "set AIS_AUTHN_TOKEN to a valid AIStore token"
 class AISBackend(Backend):
     scheme = "ais"
     resumable = True
+    ranged_reads = True
 
     def _endpoint(self, url: str) -> str:
         endpoint = self.storage_options.get("endpoint") or self.settings.ais_endpoint
@@ -51,12 +52,12 @@ class AISBackend(Backend):
                 f"?provider={provider}")
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
-                  timeout: Optional[float] = None) -> IO[bytes]:
+                  timeout: Optional[float] = None, length: Optional[int] = None) -> IO[bytes]:
         headers = self._headers()
         if version:
             headers["If-Match"] = version
         return HTTPReadStream(self._object_url(url), offset, headers, timeout or 60.0, display_url=url,
-                              credentials_hint=HINT)
+                              credentials_hint=HINT, length=length)
 
     def stat(self, url: str) -> ObjectInfo:
         conn, response = request("HEAD", self._object_url(url), self._headers(), display_url=url)

@@ -148,6 +148,7 @@ class _ChunkStream(ReadStream):
 
 
 class AzureBackend(FsspecBackend):
+    ranged_reads = True
     scheme = "az"
     requires = REQUIRES
     extra = "az"
@@ -159,7 +160,7 @@ class AzureBackend(FsspecBackend):
         return adlfs.AzureBlobFileSystem(skip_instance_cache=True, **self.storage_options)
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
-                  timeout: Optional[float] = None) -> IO[bytes]:
+                  timeout: Optional[float] = None, length: Optional[int] = None) -> IO[bytes]:
         """A shared-key or SAS credential gives one signed GET streamed with http.client, resumable at
         any byte; other credentials (Azure AD) stream through adlfs's client chunk by chunk."""
         container, _, blob = self.path(url).partition("/")
@@ -168,7 +169,7 @@ class AzureBackend(FsspecBackend):
             return _ChunkStream(self.fs, url, container, blob, offset, version)
         headers = {"If-Match": version} if version else {}
         return HTTPReadStream(signed, offset, headers, timeout or 60.0, display_url=url,
-                              credentials_hint=CREDENTIALS_HINT, error_body=_azure_error)
+                              credentials_hint=CREDENTIALS_HINT, error_body=_azure_error, length=length)
 
     def _signed_url(self, container: str, blob: str) -> Optional[str]:
         import datetime

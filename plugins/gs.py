@@ -43,6 +43,7 @@ def translate(exc: BaseException, url: str) -> BaseException:
 
 
 class GCSBackend(FsspecBackend):
+    ranged_reads = True
     scheme = "gs"
     requires = REQUIRES
     extra = "gs"
@@ -57,7 +58,7 @@ class GCSBackend(FsspecBackend):
         return str(info.get("generation") or info.get("etag") or "") or None
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
-                  timeout: Optional[float] = None) -> IO[bytes]:
+                  timeout: Optional[float] = None, length: Optional[int] = None) -> IO[bytes]:
         fs = self.fs
         headers: dict[str, str] = {}
         try:
@@ -67,7 +68,7 @@ class GCSBackend(FsspecBackend):
         media = fs.url(self.path(url), generation=version)  # a resumed read asks for the generation first read
         try:
             stream = HTTPReadStream(media, offset, headers, timeout or 60.0, display_url=url,
-                                    credentials_hint=CREDENTIALS_HINT)
+                                    credentials_hint=CREDENTIALS_HINT, length=length)
         except ShardNotFoundError as exc:
             if version:
                 raise ObjectChangedError(f"{redact(url)}: generation {version} is gone: the object was replaced "

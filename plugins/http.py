@@ -24,6 +24,7 @@ HINT = "pass the header it needs in storage_options={'headers': {'Authorization'
 class HTTPBackend(Backend):
     scheme = "http"
     resumable = True
+    ranged_reads = True
 
     @property
     def _headers(self) -> dict:
@@ -34,11 +35,11 @@ class HTTPBackend(Backend):
         return float(self.storage_options.get("timeout", 60.0))
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
-                  timeout: Optional[float] = None) -> IO[bytes]:
+                  timeout: Optional[float] = None, length: Optional[int] = None) -> IO[bytes]:
         headers = self._headers
         if version:
             headers["If-Match"] = version
-        return HTTPReadStream(url, offset, headers, timeout or self._timeout, credentials_hint=HINT)
+        return HTTPReadStream(url, offset, headers, timeout or self._timeout, credentials_hint=HINT, length=length)
 
     def stat(self, url: str) -> ObjectInfo:
         conn, response = request("HEAD", url, self._headers, timeout=self._timeout)

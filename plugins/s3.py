@@ -90,6 +90,7 @@ def translate(exc: BaseException, url: str) -> BaseException:
 
 
 class S3Backend(FsspecBackend):
+    ranged_reads = True
     scheme = "s3"
     requires = REQUIRES
     extra = "s3"
@@ -138,7 +139,7 @@ class S3Backend(FsspecBackend):
         return session.create_client("s3", config=Config(**config_kwargs), **client_kwargs)
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
-                  timeout: Optional[float] = None) -> IO[bytes]:
+                  timeout: Optional[float] = None, length: Optional[int] = None) -> IO[bytes]:
         """One GET for the whole shard, signed by boto3 and streamed with http.client.
 
         The signed URL is made locally (no request) and read straight from the
@@ -151,7 +152,7 @@ class S3Backend(FsspecBackend):
             signed = self.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key},
                                                         ExpiresIn=3600)
             stream = HTTPReadStream(signed, offset, headers, timeout or 60.0, display_url=url,
-                                    credentials_hint=CREDENTIALS_HINT, error_body=_s3_error)
+                                    credentials_hint=CREDENTIALS_HINT, error_body=_s3_error, length=length)
         except Exception as exc:
             raise translate(exc, url) from exc
         # A single-part upload's ETag is the MD5 of the object (not with SSE-KMS or SSE-C).

@@ -92,6 +92,8 @@ class Backend:
     scheme = ""
     #: reads are wrapped in a ResumableStream (resume at the next byte, pinned to the version)
     resumable = False
+    #: ``open_read`` takes ``length=`` and then asks the store for no more than that many bytes
+    ranged_reads = False
 
     def __init__(self, settings: Settings, **storage_options: object) -> None:
         self.settings = settings

@@ -156,23 +156,34 @@ class StreamingOpen(PipelineStage):
         self.timeout = timeout
         self.stats = stats if stats is not None else StatsSink()
 
-    def run(self, src: Iterable[dict]) -> Iterator[dict]:
+    def open(self, url: str, offset: int = 0) -> dict:
+        """``{"stream": ..., "local_path": ...}`` for ``url``, read from byte ``offset``."""
         from .gopen import gopen
 
+        stream = gopen(url, "rb", offset=offset, storage_options=self.storage_options, retries=self.retries,
+                       timeout=self.timeout, stats=self.stats)
+        out = {"stream": stream}
+        local = _local_path(url)
+        if local is not None:
+            out["local_path"] = local
+        return out
+
+    def open_range(self, url: str, start: int, end: int) -> Any:
+        """Bytes ``[start, end)`` of ``url`` (a ranged read)."""
+        from .gopen import gopen
+
+        return gopen(url, "rb", offset=start, length=end - start, storage_options=self.storage_options,
+                     retries=self.retries, timeout=self.timeout, stats=self.stats)
+
+    def run(self, src: Iterable[dict]) -> Iterator[dict]:
         for sample in src:
-            url = sample["url"]
             try:
-                stream = gopen(url, "rb", storage_options=self.storage_options, retries=self.retries,
-                               timeout=self.timeout, stats=self.stats)
+                opened = self.open(sample["url"])
             except Exception as exn:
                 if self.handler(exn):
                     continue
                 break
-            out = dict(sample, stream=stream)
-            local = _local_path(url)
-            if local is not None:
-                out["local_path"] = local
-            yield out
+            yield dict(sample, **opened)
 
 
 def _local_path(url: str) -> Optional[str]:
@@ -216,34 +227,77 @@ class FileCache(PipelineStage):
         self.cache_local = cache_local
         self.cache = ShardCache(self.cache_dir, cache_size, url_to_name=url_to_name, stats=self.stats,
                                 verify=verify)
+        os.makedirs(self.cache_dir, exist_ok=True)
 
     def path_for(self, url: str) -> str:
         return self.cache.path_for(url)
 
-    def run(self, src: Iterable[dict]) -> Iterator[dict]:
+    def _remote(self, url: str, offset: int = 0, length: Optional[int] = None) -> Any:
         from .gopen import gopen
 
+        return gopen(url, "rb", offset=offset, length=length, storage_options=self.storage_options,
+                     retries=self.retries, timeout=self.timeout, stats=self.stats)
+
+    def open(self, url: str, offset: int = 0) -> dict:
+        """``{"stream": ..., "local_path": ...}`` for ``url`` through the cache, read from byte ``offset``.
+
+        A resumed read (``offset`` > 0) of a shard not yet cached streams it from its start, so
+        the entry is complete; the bytes before ``offset`` are skipped here.
+        """
+        from .gopen import gopen
+
+        local = _local_path(url)
+        if local is not None and not self.cache_local:  # local files are read in place
+            return {"stream": gopen(url, "rb", offset=offset), "local_path": local}
         os.makedirs(self.cache.directory, exist_ok=True)
-        for sample in src:
-            url = sample["url"]
+        stream = self.cache.open(url, lambda at, url=url: self._remote(url, at))
+        if self.verbose:
+            log.info("cache: %s via %s", url, self.cache.path_for(url))
+        if offset:
             try:
-                local = _local_path(url)
-                if local is not None and not self.cache_local:  # local files are read in place
-                    yield dict(sample, stream=gopen(url, "rb"), local_path=local)
-                    continue
+                if hasattr(stream, "seek") and hasattr(stream, "fileno"):
+                    stream.seek(offset)
+                else:
+                    left = offset
+                    while left > 0:
+                        chunk = stream.read(min(left, 1 << 20))
+                        if not chunk:
+                            break
+                        left -= len(chunk)
+            except BaseException:
+                stream.close()
+                raise
+        return {"stream": stream, "local_path": self.cache.path_for(url)}
 
-                def opener(offset: int, url: str = url) -> Any:
-                    return gopen(url, "rb", offset=offset, storage_options=self.storage_options,
-                                 retries=self.retries, timeout=self.timeout, stats=self.stats)
+    def open_range(self, url: str, start: int, end: int) -> Any:
+        """Bytes ``[start, end)`` of ``url``: from the cached copy when there is one, else a ranged read."""
+        from .gopen import gopen
 
-                stream = self.cache.open(url, opener)
-                if self.verbose:
-                    log.info("cache: %s via %s", url, self.cache.path_for(url))
-                yield dict(sample, stream=stream, local_path=self.cache.path_for(url))
+        local = _local_path(url)
+        if local is not None and not self.cache_local:
+            return gopen(url, "rb", offset=start, length=end - start)
+        entry = self.cache._open_entry(self.cache.path_for(url))
+        if entry is None:
+            return self._remote(url, start, end - start)
+        entry.seek(start)
+        return _bounded(entry, end - start)
+
+    def run(self, src: Iterable[dict]) -> Iterator[dict]:
+        for sample in src:
+            try:
+                opened = self.open(sample["url"])
             except Exception as exn:
                 if self.handler(exn):
                     continue
                 break
+            yield dict(sample, **opened)
+
+
+def _bounded(stream: Any, length: int) -> Any:
+    """At most ``length`` bytes of ``stream``."""
+    from .gopen import _Bounded
+
+    return _Bounded(stream, length)
 
 
 def cached_url_opener(data: Iterable[dict], handler: Callable = reraise_exception, cache_dir: Optional[str] = None,

@@ -18,9 +18,10 @@ from .handlers import reraise_exception
 from .pipeline import DataPipeline
 from .pytorch import DataLoader
 from .resilient import StatsSink, TransferStats
-from .tariterators import tarfile_to_samples
+from .stages import PipelineStage
+from .tariterators import TarSamples
 
-__all__ = ["FluidInterface", "WebDataset", "FluidWrapper", "WebLoader", "check_empty"]
+__all__ = ["FluidInterface", "WebDataset", "FluidWrapper", "WebLoader", "check_empty", "CheckEmpty"]
 
 log = logging.getLogger("wds_cloud.compat")
 
@@ -97,6 +98,29 @@ class FluidInterface:
         return self.compose(filters.LMDBCached(*args, **kw))
 
 
+class CheckEmpty(PipelineStage):
+    """:func:`check_empty` as a resumable stage: a resumed pass that yields nothing is not an error."""
+
+    def __init__(self) -> None:
+        self._seen = [False]
+        self._resume_seen = False
+
+    def run(self, src: Iterable) -> Iterator:
+        seen = self._seen = [self._resume_seen]
+        self._resume_seen = False
+        for sample in src:
+            seen[0] = True
+            yield sample
+        if not seen[0]:
+            next(check_empty(()))
+
+    def state_dict(self) -> dict:
+        return {"seen": self._seen[0]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume_seen = bool(state.get("seen"))
+
+
 def check_empty(source: Iterable) -> Iterator:
     """Pass samples through; raise a ValueError with the likely causes if there were none."""
     count = 0
@@ -131,7 +155,8 @@ class WebDataset(DataPipeline, FluidInterface):
                  select_files: Optional[Callable] = None, rename_files: Optional[Callable] = None,
                  empty_check: bool = True, verbose: bool = False, seed: Optional[int] = None,
                  keys: Union[str, Callable, None] = None, storage_options: Optional[dict] = None,
-                 retries: Optional[int] = None, timeout: Optional[float] = None) -> None:
+                 retries: Optional[int] = None, timeout: Optional[float] = None,
+                 equal_work: Union[int, str, None] = None) -> None:
         super().__init__()
         settings = config.current()
         if resampled:
@@ -160,16 +185,25 @@ class WebDataset(DataPipeline, FluidInterface):
             self.append(filters.map(_log_shard))
         self._stats = StatsSink()
         if cache_dir is None or cache_size == 0:
-            self.append(cache.StreamingOpen(handler=handler, storage_options=storage_options, retries=retries,
-                                            timeout=timeout, stats=self._stats))
+            opener = cache.StreamingOpen(handler=handler, storage_options=storage_options, retries=retries,
+                                         timeout=timeout, stats=self._stats)
         else:
-            self.append(cache.FileCache(cache_dir, url_to_name=url_to_name, cache_size=cache_size, handler=handler,
-                                        verbose=verbose, storage_options=storage_options, retries=retries,
-                                        timeout=timeout, stats=self._stats))
-        self.append(tarfile_to_samples(handler=handler, select_files=select_files, rename_files=rename_files,
-                                       keys=keys))
+            opener = cache.FileCache(cache_dir, url_to_name=url_to_name, cache_size=cache_size, handler=handler,
+                                     verbose=verbose, storage_options=storage_options, retries=retries,
+                                     timeout=timeout, stats=self._stats)
+        self.equal_work = _check_equal_work(equal_work)
+        self._counts = None
+        if self.equal_work in ("min", "max"):
+            if not isinstance(self._shards, shardlists.SimpleShardList):
+                raise ValueError(f"equal_work={equal_work!r} needs a fixed shard list (not resampled, a YAML mix "
+                                 "or a directory): give equal_work=N samples per worker instead")
+            self._counts = _shard_counts(urls, self._shards.urls)
+            self._nodesplitter = nodesplitter
+        self._reader = TarSamples(handler=handler, select_files=select_files, rename_files=rename_files, keys=keys,
+                                  opener=opener, limit=self._equal_limit if self.equal_work is not None else None)
+        self.append(self._reader)
         if empty_check:
-            self.append(check_empty)
+            self.append(CheckEmpty())
         if repeat:
             self.repeat()
 
@@ -186,6 +220,26 @@ class WebDataset(DataPipeline, FluidInterface):
         raise ValueError(f"cannot read shards from {type(urls).__name__}: give a spec string, a list of URLs, "
                          "a .json/.yaml dataset spec, or a directory ending in /")
 
+    def _equal_limit(self) -> int:
+        """The samples every DataLoader worker of every rank yields this epoch (``equal_work``)."""
+        from . import utils
+
+        if isinstance(self.equal_work, int):
+            return self.equal_work
+        rank, world_size, worker, num_workers = utils.pytorch_worker_info()
+        if self._nodesplitter is shardlists.single_node_only or self._nodesplitter is None:
+            world_size = 1
+        shards = self._shards
+        slots = shardlists.slot_shards(len(shards.urls), shards.seed, shards.epoch, world_size, num_workers)
+        totals = [sum(self._counts[i] for i in slot) for slot in slots]
+        if min(totals) == 0:
+            empty = totals.index(0)
+            raise ValueError(
+                f"equal_work={self.equal_work!r}: rank {empty // num_workers} worker {empty % num_workers} gets no "
+                f"samples this epoch ({len(shards.urls)} shards for {world_size} ranks x {num_workers} workers); "
+                "use at least as many shards as ranks x workers, or fewer workers")
+        return min(totals) if self.equal_work == "min" else max(totals)
+
     @property
     def stats(self) -> TransferStats:
         """Transfer figures of the remote reads this process made for the dataset (a snapshot).
@@ -201,6 +255,28 @@ class WebDataset(DataPipeline, FluidInterface):
 
     def __exit__(self, *args: Any) -> None:
         self.close()
+
+
+def _check_equal_work(value: Any) -> Union[int, str, None]:
+    if value is None or value is False:
+        return None
+    if value in ("min", "max"):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise ValueError(f"equal_work={value!r}: give 'min' (every worker yields as many samples as the smallest "
+                     "share, the rest are dropped), 'max' (as many as the largest share; short ones repeat their "
+                     "shards from the first), or a number of samples per worker and epoch")
+
+
+def _shard_counts(source: Any, urls: list) -> list:
+    counts = shardlists.index_counts(source)
+    if counts is None or any(url not in counts for url in urls):
+        raise ValueError(
+            "equal_work='min' or 'max' needs the number of samples in every shard: read the shards from a "
+            "JSON index whose entries give 'nsamples' (the wids format: {\"shardlist\": [{\"url\": ..., "
+            "\"nsamples\": ...}, ...]}), or give equal_work=N samples per worker and epoch")
+    return [counts[url] for url in urls]
 
 
 def _log_shard(sample: dict) -> dict:

@@ -23,7 +23,7 @@ from .utils import make_seed
 
 __all__ = [
     "FilterFunction", "RestCurried", "PipelineStage", "pipelinefilter", "compose", "pipeline", "getfirst",
-    "transform_with", "identity", "info", "shuffle", "detshuffle", "select", "log_keys", "decode", "map",
+    "transform_with", "identity", "info", "shuffle", "Shuffle", "detshuffle", "select", "log_keys", "decode", "map",
     "rename", "associate", "map_dict", "to_tuple", "map_tuple", "unlisted", "unbatched", "rsample", "slice",
     "extract_keys", "rename_keys", "xdecode", "batched", "default_collation_fn", "default_decoders",
     "find_decoder", "Cached", "LMDBCached", "reraise_exception",
@@ -89,46 +89,180 @@ def _pick(buf: list, rng: random.Random) -> Any:
 def _shuffle(data: Iterable, bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random] = None,
              handler: Any = None, seed: Optional[int] = None) -> Iterator:
     """Shuffle through a buffer of ``bufsize`` samples, starting once ``initial`` are buffered."""
-    if rng is None:
-        rng = random.Random(seed) if seed is not None else random.Random()
-    initial = min(initial, bufsize)
-    buf: list = []
-    it = iter(data)
-    for sample in it:
-        buf.append(sample)
-        if len(buf) < bufsize:
-            try:
-                buf.append(next(it))  # grow the buffer while consuming
-            except StopIteration:
-                pass
-        if len(buf) >= initial:
-            yield _pick(buf, rng)
-    while buf:
-        yield _pick(buf, rng)
+    return Shuffle(bufsize, initial, rng=rng, seed=seed).run(data)
 
 
-shuffle = pipelinefilter(_shuffle)
+class _ShuffleRun:
+    """The live part of one pass of a :class:`Shuffle`: its buffer, where each buffered sample came from, its RNG."""
+
+    __slots__ = ("buf", "locs", "urls", "counts", "rng", "tracked")
+
+    def __init__(self, rng: Any) -> None:
+        self.buf: list = []
+        self.locs: list = []  # (shard ref, start, end) of each buffered sample, in buffer order
+        self.urls: dict = {}  # shard ref -> (url, compressed), for the refs in the buffer
+        self.counts: dict = {}  # shard ref -> buffered samples from it
+        self.rng = rng
+        self.tracked = False
 
 
-class detshuffle(PipelineStage):
+class Shuffle(PipelineStage):
+    """Shuffle through a buffer of ``bufsize`` samples, starting once ``initial`` are buffered.
+
+    Resumable: when a shard reader feeds it (``source``, wired by ``DataPipeline``),
+    the state records the RNG (:class:`~wds_cloud.resume.SplitMix`: two integers)
+    and, for each buffered sample, the shard and byte range it came from; a
+    resumed pass gets the same samples back from the reader and puts them in
+    the same buffer positions.  ``rng`` (a ``random.Random``) is honoured;
+    its state is then saved whole.  Without ``seed`` or ``rng`` each pass draws
+    a fresh seed.  ``epoch_seeded=True`` (``detshuffle``) seeds each pass from
+    (``seed``, epoch).
+    """
+
+    def __init__(self, bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random] = None,
+                 handler: Any = None, seed: Any = None, epoch_seeded: bool = False, epoch: int = -1) -> None:
+        self.bufsize = bufsize
+        self.initial = min(initial, bufsize)
+        self.rng = rng
+        self.seed = int(seed) if isinstance(seed, str) and seed.strip().lstrip("-").isdigit() else seed
+        self.epoch_seeded = epoch_seeded
+        self.epoch = epoch
+        self.source: Any = None  # the TarSamples reader feeding this shuffle (set by DataPipeline)
+        self._live: Optional[_ShuffleRun] = None
+        self._resume: Optional[dict] = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch - 1  # run() advances before use
+
+    def _make_rng(self) -> Any:
+        from .resume import SplitMix
+
+        if self.rng is not None:
+            return self.rng
+        if self.epoch_seeded:
+            return SplitMix(make_seed(self.seed, self.epoch))
+        return SplitMix(self.seed)
+
+    def run(self, src: Iterable) -> Iterator:
+        resume, self._resume = self._resume, None
+        if resume is not None and "epoch" in resume:
+            self.epoch = resume["epoch"]
+        elif self.epoch_seeded:
+            self.epoch += 1
+        live = _ShuffleRun(self._make_rng())
+        self._live = live
+        return self._shuffle(src, live, resume)
+
+    def _shuffle(self, src: Iterable, live: _ShuffleRun, resume: Optional[dict]) -> Iterator:
+        buf, locs, urls, counts = live.buf, live.locs, live.urls, live.counts
+        cursor = getattr(self.source, "cursor", None)
+        live.tracked = cursor is not None
+        rng = live.rng
+        randbelow = getattr(rng, "randbelow", None) or (lambda n: rng.randint(0, n - 1))
+        bufsize, initial = self.bufsize, self.initial
+
+        def add(sample: Any) -> None:
+            buf.append(sample)
+            if cursor is not None:
+                ref = cursor.shard
+                if ref in counts:
+                    counts[ref] += 1
+                else:
+                    counts[ref] = 1
+                    urls[ref] = (cursor.url, cursor.compressed)
+                where = cursor.where
+                locs.append((ref, where[0], where[1]))
+
+        def pick() -> Any:
+            k = randbelow(len(buf))
+            buf[k], buf[-1] = buf[-1], buf[k]
+            if cursor is not None:
+                locs[k], locs[-1] = locs[-1], locs[k]
+                ref = locs.pop()[0]
+                counts[ref] -= 1
+                if not counts[ref]:
+                    del counts[ref], urls[ref]
+            return buf.pop()
+
+        it = iter(src)
+        if resume is not None:
+            from .resume import StateMismatchError
+
+            for _ in range(len(resume.get("buffer") or ())):
+                try:
+                    add(next(it))
+                except StopIteration:
+                    raise StateMismatchError("the shuffle buffer could not be refilled on resume: the stages "
+                                             "between the shard reader and the shuffle dropped samples") from None
+            if "rng" in resume:
+                if hasattr(rng, "getstate") and isinstance(rng, random.Random):
+                    version, internal, gauss = resume["rng"]
+                    rng.setstate((version, tuple(internal), gauss))
+                else:
+                    rng.setstate(resume["rng"])
+        for sample in it:
+            add(sample)
+            if len(buf) < bufsize:
+                try:
+                    add(next(it))  # grow the buffer while consuming
+                except StopIteration:
+                    pass
+            if len(buf) >= initial:
+                yield pick()
+        while buf:
+            yield pick()
+
+    def state_dict(self) -> dict:
+        live = self._live
+        config = {"bufsize": self.bufsize, "initial": self.initial}
+        if live is None:
+            return {"fresh": True, "config": config}
+        if live.buf and not live.tracked:
+            from .errors import StateMismatchError
+
+            raise StateMismatchError(
+                "this shuffle is not fed by a shard reader of the same pipeline, so the samples in its buffer "
+                "cannot be fetched again on resume; shuffle inside the dataset (WebDataset(...).shuffle(n)), "
+                "or take the state where the buffer is empty")
+        state = {"config": config, "rng": list(live.rng.getstate()),
+                 "urls": [[ref, url, compressed] for ref, (url, compressed) in live.urls.items()],
+                 "buffer": list(live.locs)}
+        if self.epoch_seeded:
+            state["epoch"] = self.epoch
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        from .resume import check_same
+
+        check_same("shuffle", state.get("config") or {}, {"bufsize": self.bufsize, "initial": self.initial})
+        self._resume = None if state.get("fresh") else state
+
+    def replay_locations(self, state: dict) -> list:
+        """``(url, start, end, compressed, ref)`` of the buffered samples of ``state``, in buffer order."""
+        if state.get("fresh"):
+            return []
+        urls = {ref: (url, compressed) for ref, url, compressed in state.get("urls") or ()}
+        out = []
+        for ref, start, end in state.get("buffer") or ():
+            url, compressed = urls[ref]
+            out.append((url, start, end, bool(compressed), ref))
+        return out
+
+
+def shuffle(bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random] = None, handler: Any = None,
+            seed: Optional[int] = None) -> Shuffle:
+    """The shuffle stage: a buffer of ``bufsize`` samples, output starting once ``initial`` are in."""
+    return Shuffle(bufsize, initial, rng=rng, handler=handler, seed=seed)
+
+
+class detshuffle(Shuffle):
     """Deterministic shuffle: the order is a function of (seed, epoch); the epoch advances each run.
 
     Unlike webdataset, a seed given as text (``WDS_SEED``) is accepted.
     """
 
     def __init__(self, bufsize: int = 1000, initial: int = 100, seed: Any = 0, epoch: int = -1) -> None:
-        self.bufsize = bufsize
-        self.initial = initial
-        self.seed = int(seed) if isinstance(seed, str) and seed.strip().lstrip("-").isdigit() else seed
-        self.epoch = epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch - 1  # run() advances before use
-
-    def run(self, src: Iterable) -> Iterator:
-        self.epoch += 1
-        rng = random.Random(make_seed(self.seed, self.epoch))
-        return _shuffle(src, self.bufsize, self.initial, rng)
+        super().__init__(bufsize, initial, seed=seed, epoch_seeded=True, epoch=epoch)
 
 
 def _select(data: Iterable, predicate: Callable) -> Iterator:

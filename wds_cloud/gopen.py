@@ -84,13 +84,14 @@ def open_backend(url: str, settings: Optional[Settings] = None, storage_options:
     return registry.backend(scheme, url, settings, **options)
 
 
-def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0,
+def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0, length: Optional[int] = None,
           storage_options: Optional[dict] = None, settings: Optional[Settings] = None,
           retries: Optional[int] = None, timeout: Optional[float] = None, stats: Any = None,
           **kw: Any) -> IO[bytes]:
     """Open ``url`` as a binary stream; ``mode`` is ``"rb"`` or ``"wb"``.
 
-    ``offset`` starts a read at that byte; ``storage_options`` go to the backend
+    ``offset`` starts a read at that byte and ``length`` ends it after that many
+    bytes (a ranged read: stores that support it send no more); ``storage_options`` go to the backend
     (fsspec-style: credentials, endpoint, ...).  Remote reads resume after faults
     at the next unread byte (``retries`` attempts per fault, ``timeout`` seconds
     of silence count as a stall; defaults from ``WDS_RETRIES``/``WDS_RETRY_TIMEOUT``),
@@ -114,19 +115,71 @@ def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0,
         if mode not in _READ_MODES:
             return backend.open_write(url, bufsize=bufsize)
         if not backend.resumable:
-            return backend.open_read(url, offset=offset, bufsize=bufsize)
+            stream = backend.open_read(url, offset=offset, bufsize=bufsize)
+            return stream if length is None else _Bounded(stream, length)
         policy = RetryPolicy(attempts=max(1, retries if retries is not None else settings.retries),
                              backoff=settings.retry_backoff,
                              timeout=timeout if timeout is not None else settings.retry_timeout)
 
+        end = offset + length if length is not None else None
+        ranged = end is not None and getattr(backend, "ranged_reads", False)
+
         def opener(at: int, version: Optional[str]) -> IO[bytes]:
+            if ranged:
+                return backend.open_read(url, offset=at, bufsize=bufsize, version=version, timeout=policy.timeout,
+                                         length=end - at)
             return backend.open_read(url, offset=at, bufsize=bufsize, version=version, timeout=policy.timeout)
 
-        return ResumableStream(opener, url, offset, policy, stats)
+        return ResumableStream(opener, url, offset, policy, stats, end=end)
     except Exception as exc:
         if url != given:
             _annotate(exc, given, url)
         raise
+
+
+class _Bounded:
+    """At most ``length`` bytes of ``stream`` (a ranged read over a backend that streams to the end)."""
+
+    def __init__(self, stream: IO[bytes], length: int) -> None:
+        self._stream = stream
+        self._left = length
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0 or size > self._left:
+            size = self._left
+        data = self._stream.read(size) if size else b""
+        self._left -= len(data)
+        return data
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")[:self._left]
+        if not len(view):
+            return 0
+        readinto = getattr(self._stream, "readinto", None)
+        if readinto is None:
+            data = self._stream.read(len(view))
+            n = len(data)
+            view[:n] = data
+        else:
+            n = readinto(view)
+        self._left -= n
+        return n
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._stream.close()
+
+    @property
+    def closed(self) -> bool:
+        return getattr(self._stream, "closed", False)
+
+    def __enter__(self) -> "_Bounded":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def reader(url: Any, **kw: Any) -> IO[bytes]:

@@ -158,14 +158,18 @@ class HTTPReadStream:
 
     def __init__(self, url: str, offset: int = 0, headers: Optional[Mapping[str, str]] = None,
                  timeout: float = 60.0, display_url: Optional[str] = None, credentials_hint: str = "",
-                 error_body: Optional[Callable[[int, str, str], Optional[BaseException]]] = None) -> None:
+                 error_body: Optional[Callable[[int, str, str], Optional[BaseException]]] = None,
+                 length: Optional[int] = None) -> None:
         self.url = display_url or url
         self.offset = offset
+        wanted = length
         self.skipped = 0
         self._pending: Optional[bytes] = None  # http.client's buffered body bytes, taken once
         self._direct: Optional[bool] = None
         request_headers = dict(headers or {})
-        if offset:
+        if wanted is not None:  # a bounded range: the server sends no more than asked
+            request_headers["Range"] = f"bytes={offset}-{offset + max(wanted, 1) - 1}"
+        elif offset:
             request_headers["Range"] = f"bytes={offset}-"
         self._conn, self._response = request("GET", url, request_headers, timeout=timeout, display_url=self.url)
         try:
@@ -184,9 +188,11 @@ class HTTPReadStream:
         length = self._response.getheader("Content-Length")
         self.remaining = int(length) if length is not None else None
         content_range = self._response.getheader("Content-Range")
-        if offset and self._response.status == 200:  # the server ignored Range: skip what was asked to skip
+        if (offset or wanted is not None) and self._response.status == 200:  # the server ignored Range
             self._discard(offset)
-            self.size = self.remaining
+            self.size = self.remaining + offset if self.remaining is not None else None
+            if wanted is not None and self.remaining is not None:
+                self.remaining = min(self.remaining, wanted)  # the rest of the body is left unread
         elif content_range and "/" in content_range and not content_range.endswith("*"):
             self.size = int(content_range.rsplit("/", 1)[1])
         else:

@@ -4,6 +4,9 @@ The first stage is called with no argument (a shard list, a dataset, a list)
 and every later stage receives the iterator of the one before.  ``with_epoch``
 and ``with_length`` return the pipeline itself and keep it picklable, so
 spawn-started DataLoader workers receive it intact.
+
+``state_dict()`` / ``load_state_dict(state)`` save and restore where the most
+recent iterator stands, at the last sample it yielded (see :mod:`wds_cloud.resume`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ class DataPipeline(IterableDataset, PipelineStage):
         self.size = None
         self._has_length = False
         self.epoch = None
+        self._progress = [0, 0]  # (pass, samples yielded) of the most recent iterator
+        self._resume_progress = None
+        self._worker_states = None  # per-DataLoader-worker states, applied in each worker (WebLoader)
         for arg in args:
             if arg is None:
                 continue
@@ -64,6 +70,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         """One pass through the pipeline."""
         if not self.pipeline:
             raise ValueError("this DataPipeline has no stages")
+        self._wire()
         source = self.invoke(self.pipeline[0])
         for step in self.pipeline[1:]:
             source = self.invoke(step, source)
@@ -71,18 +78,116 @@ class DataPipeline(IterableDataset, PipelineStage):
 
     def iterator(self) -> Iterator:
         """``repetitions`` passes; stops early when a pass yields nothing."""
-        for _ in range(self.repetitions):
-            count = 0
-            for sample in self.iterator1():
-                yield sample
-                count += 1
-            if count == 0:
-                break
+        return self._run(None, None)
 
     def __iter__(self) -> Iterator:
-        if self.repetitions != 1 and self.nsamples > 0:
-            return islice(self.iterator(), self.nsamples)
-        return self.iterator()
+        if self._worker_states is not None:
+            self._apply_worker_state()
+        resume, self._resume_progress = self._resume_progress, None
+        limit = self.nsamples if self.repetitions != 1 and self.nsamples > 0 else None
+        return self._run(resume, limit)
+
+    def _run(self, resume: Any, limit: Any) -> Iterator:
+        progress = self._progress = [0, 0]
+        first, count = (resume[0], resume[1]) if resume else (0, 0)
+        progress[1] = count
+        if limit is not None and count >= limit:
+            return
+        for repetition in range(first, self.repetitions):
+            progress[0] = repetition
+            produced = False
+            for sample in self.iterator1():
+                produced = True
+                count += 1
+                progress[1] = count
+                yield sample
+                if limit is not None and count >= limit:
+                    return
+            if not produced:
+                break
+
+    # resume
+    def _wire(self) -> None:
+        """Tell each shuffle which shard reader feeds it, so it can record where its samples came from."""
+        from .filters import Shuffle
+
+        reader = None
+        for stage in self.pipeline:
+            if isinstance(stage, Shuffle):
+                stage.source = reader
+                reader = None  # a second shuffle's items are not the reader's latest
+            elif isinstance(stage, DataPipeline):
+                reader = stage._feeding_reader()
+            elif type(stage).__name__ == "TarSamples":
+                reader = stage
+
+    def _feeding_reader(self) -> Any:
+        """The shard reader whose latest sample is this pipeline's latest output, if there is one."""
+        from .filters import Shuffle
+
+        reader = None
+        for stage in self.pipeline:
+            if isinstance(stage, Shuffle):
+                reader = None
+            elif isinstance(stage, DataPipeline):
+                reader = stage._feeding_reader()
+            elif type(stage).__name__ == "TarSamples":
+                reader = stage
+        return reader
+
+    def _stateful(self) -> list:
+        return [(i, stage) for i, stage in enumerate(self.pipeline)
+                if hasattr(stage, "state_dict") and hasattr(stage, "load_state_dict")]
+
+    def state_dict(self) -> dict:
+        """Where the most recent iterator stands, at the last sample it yielded: plain JSON.
+
+        Build an identical pipeline, ``load_state_dict`` it, and iterating yields exactly
+        the rest of the pass (shuffle buffer included).  Inside a DataLoader worker this
+        is that worker's state; ``WebLoader.state_dict()`` and torchdata's
+        ``StatefulDataLoader`` gather the workers' states.
+        """
+        from .resume import FORMAT
+
+        return {"format": FORMAT, "progress": list(self._progress),
+                "stages": [[i, type(stage).__name__, stage.state_dict()] for i, stage in self._stateful()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next iteration continue where ``state`` (from :meth:`state_dict`) stood."""
+        from .errors import StateMismatchError
+        from .filters import Shuffle
+        from .resume import FORMAT, check_same
+
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise StateMismatchError(
+                f"not a wds_cloud pipeline state (expected format {FORMAT!r}, got "
+                f"{state.get('format') if isinstance(state, dict) else type(state).__name__!r}): pass the dict "
+                "that state_dict() returned")
+        saved = {f"stage {i}": kind for i, kind, _ in state["stages"]}
+        here = {f"stage {i}": type(stage).__name__ for i, stage in self._stateful()}
+        check_same("pipeline (its stages differ)", saved, here)
+        self._wire()
+        for i, _, stage_state in state["stages"]:
+            self.pipeline[i].load_state_dict(stage_state)
+        for i, _, stage_state in state["stages"]:
+            stage = self.pipeline[i]
+            if isinstance(stage, Shuffle):
+                replay = stage.replay_locations(stage_state)
+                if replay:
+                    if stage.source is None:
+                        raise StateMismatchError("the saved state has samples in a shuffle buffer, but no shard "
+                                                 "reader feeds that shuffle here")
+                    stage.source.set_replay(replay)
+        self._resume_progress = list(state.get("progress") or (0, 0))
+
+    def _apply_worker_state(self) -> None:
+        from . import utils
+
+        _, _, worker, _ = utils.pytorch_worker_info()
+        state = self._worker_states.get(worker)
+        self._worker_states = None  # applied once (a persistent worker starts the next epoch afresh)
+        if state is not None:
+            self.load_state_dict(state)
 
     def __len__(self) -> int:
         if not self._has_length or self.size is None:

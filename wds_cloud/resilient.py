@@ -124,7 +124,7 @@ class ResumableStream:
 
     def __init__(self, opener: Callable[..., Any], url: str, offset: int = 0,
                  policy: Optional[RetryPolicy] = None, sink: Optional[StatsSink] = None,
-                 rng: Optional[random.Random] = None) -> None:
+                 rng: Optional[random.Random] = None, end: Optional[int] = None) -> None:
         self.url = url
         self.policy = policy or RetryPolicy()
         self.stats = TransferStats(streams=1)
@@ -133,6 +133,7 @@ class ResumableStream:
         self._rng = rng or random.Random()
         self._start = time.perf_counter()
         self.position = offset
+        self.end = end  # a ranged read stops here
         self._failures = 0  # consecutive faults without a byte of progress
         self.closed = False
         self.version: Optional[str] = None
@@ -239,7 +240,8 @@ class ResumableStream:
         return True
 
     def _short(self) -> Optional[TransferError]:
-        if self.size is not None and self.position < self.size:
+        limit = self.size if self.end is None or self.size is None else min(self.size, self.end)
+        if limit is not None and self.position < limit:
             return TransferError(f"{redact(self.url)}: the body ended at byte {self.position} of {self.size}",
                                  url=self.url, offset=self.position)
         return None
@@ -248,6 +250,8 @@ class ResumableStream:
         """Up to ``size`` bytes (all that is left when negative); short only at the end of the object."""
         if size is None or size < 0:
             size = 1 << 62
+        if self.end is not None:
+            size = max(0, min(size, self.end - self.position))
         parts, want = [], size
         piece = size if getattr(self._stream, "partial_reads", False) else PIECE
         while want > 0:
@@ -266,6 +270,8 @@ class ResumableStream:
             memoryview(buffer).cast("B")[: len(data)] = data
             return len(data)
         view = memoryview(buffer).cast("B")
+        if self.end is not None:
+            view = view[:max(0, self.end - self.position)]
         have = 0
         step = len(view) if getattr(self._stream, "partial_reads", False) else PIECE
         while have < len(view):

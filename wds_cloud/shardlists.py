@@ -23,7 +23,7 @@ from .stages import PipelineStage
 __all__ = [
     "envsubst", "expand_urls", "expand_source", "SimpleShardList", "ResampledShards", "ResampledShardList",
     "MultiShardSample", "DirectoryShardList", "split_by_node", "split_by_worker", "single_node_only",
-    "non_empty", "resampled", "shardspec", "shard_order",
+    "non_empty", "resampled", "shardspec", "shard_order", "index_counts", "slot_shards",
 ]
 
 _VAR = re.compile(r"\$\{(\w+)\}|\$(\w+)")
@@ -89,6 +89,29 @@ def _spec_file_urls(url: str) -> list[str]:
     return _spec_urls(spec, url)
 
 
+def index_counts(source: Any) -> Optional[dict]:
+    """``{url: nsamples}`` from a wids-style JSON index (a path or URL ending in ``.json``, or its dict), else None.
+
+    Only an index whose every entry gives ``nsamples`` counts; URLs are resolved as
+    :func:`expand_source` resolves them.
+    """
+    if isinstance(source, str) and source.endswith(".json"):
+        from .gopen import gopen
+
+        with gopen(source) as stream:
+            spec = json.loads(stream.read().decode("utf-8"))
+        where = source
+    elif isinstance(source, dict):
+        spec, where = source, ""
+    else:
+        return None
+    entries = spec.get("shardlist") if isinstance(spec, dict) else None
+    if not entries or not all(isinstance(e, dict) and isinstance(e.get("nsamples"), int) for e in entries):
+        return None
+    urls = _spec_urls({"shardlist": entries}, where)
+    return {str(url): entry["nsamples"] for url, entry in zip(urls, entries)}
+
+
 def _spec_urls(spec: Any, where: str) -> list[str]:
     base = where.rsplit("/", 1)[0] + "/" if "/" in where else ""
     if isinstance(spec, dict) and "shardlist" in spec:  # wids index
@@ -119,6 +142,16 @@ def shard_order(n: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
+def slot_shards(n: int, seed: Optional[int], epoch: int, world_size: int, num_workers: int) -> list[list[int]]:
+    """The shard indices each (rank, worker) slot reads in an epoch, slot ``rank * num_workers + worker``.
+
+    What ``split_by_node`` then ``split_by_worker`` give out of the (seed, epoch) order
+    (the listed order when ``seed`` is None).
+    """
+    order = shard_order(n, seed, epoch) if seed is not None else list(range(n))
+    return [order[rank::world_size][worker::num_workers] for rank in range(world_size) for worker in range(num_workers)]
+
+
 class _Epochs:
     """Epoch bookkeeping of shard lists: ``set_epoch(n)`` fixes the next pass, else each pass advances."""
 
@@ -134,6 +167,24 @@ class _Epochs:
             self.epoch += 1
         self._epoch_set = False
         return self.epoch
+
+    def _config(self) -> dict:
+        import hashlib
+
+        digest = hashlib.sha256("\n".join(self.urls).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+        return {"shards": len(self.urls), "urls_sha256": digest, "seed": self.seed,
+                "kind": type(self).__name__}
+
+    def state_dict(self) -> dict:
+        """The epoch of the most recent pass (the order of the shards follows from it)."""
+        return {"epoch": self.epoch, "config": self._config()}
+
+    def load_state_dict(self, state: dict) -> None:
+        from .resume import check_same
+
+        check_same("shard list", state.get("config") or {}, self._config())
+        if state.get("epoch", -1) >= 0:
+            self.set_epoch(state["epoch"])
 
 
 class SimpleShardList(_Epochs, PipelineStage):

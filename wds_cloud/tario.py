@@ -169,26 +169,44 @@ class TarMembers:
 
     ``select(name)`` returning False skips a member without copying it.
     ``offset`` after iteration is where the reader stopped; ``member_offset``
-    is the header offset of the member last yielded (both in the tar stream).
+    is the header offset of the member last yielded and ``record_start`` the
+    offset of its first header (a GNU long name or PAX header comes before the
+    member's own); ``archive_end`` is the offset of the end-of-archive block once
+    reached.  All offsets are in the (decompressed) tar stream.
+
+    ``start`` says that ``stream`` begins at that offset of a plain tar, at a
+    header (a resumed read: no compression is detected there); ``pax_global``
+    restores the global PAX records in force at that point.  With
+    ``ranged=True`` the stream is a byte range of whole members and may end
+    at a header boundary without the end-of-archive block.
     """
 
     def __init__(self, stream: IO[bytes], url: str = "", select: Optional[Callable[[str], bool]] = None,
-                 chunk: int = CHUNK) -> None:
+                 chunk: int = CHUNK, *, start: int = 0, pax_global: Optional[dict] = None,
+                 ranged: bool = False) -> None:
         self.url = url
         self.chunk = chunk
         self.select = select
         self.compression: Optional[str] = None
         self._source = stream
-        self._stream = None
+        self._stream = None if not start and not ranged else _Prefixed(b"", stream)
+        self._ranged = ranged
         self._buf = b""
         self._pos = 0
-        self._base = 0  # tar-stream offset of _buf[0]
-        self.member_offset = 0
+        self._base = start  # tar-stream offset of _buf[0]
+        self.member_offset = start
+        self.record_start = start
+        self.archive_end: Optional[int] = None
+        self._extended = False  # a long name or local PAX header began the current record
+        self._record_begin = start
         self._errors = _decompression_errors()
         self._special = False  # a long name or PAX records apply to the next header
         self._long_name: Optional[str] = None
         self._pax: dict[str, str] = {}
-        self._pax_global: dict[str, str] = {}
+        self._pax_global: dict[str, str] = dict(pax_global or {})
+        if self._pax_global:
+            self._pax = dict(self._pax_global)
+            self._special = True
 
     @property
     def offset(self) -> int:
@@ -326,6 +344,11 @@ class TarMembers:
             b - 256 if b > 127 else b for b in header[156:])
         return stored == signed + 256
 
+    @property
+    def pax_global(self) -> dict:
+        """The global PAX records in force (needed to resume a read in the middle of the archive)."""
+        return dict(self._pax_global)
+
     def __iter__(self) -> Iterator[tuple[str, bytes]]:
         if self._stream is None:
             self._stream, self.compression = open_decompressed(self._source)
@@ -360,7 +383,7 @@ class TarMembers:
                 pos = self._pos = nxt
                 if select is not None and not select(name):
                     continue
-                self.member_offset = self._base + header_pos
+                self.member_offset = self.record_start = self._base + header_pos
                 yield name, buf[start:start + size]
             mv.release()
             self._pos = pos
@@ -374,15 +397,21 @@ class TarMembers:
         """Handle one header in full generality: returns (name, data), None (nothing to yield), or _END."""
         if len(self._buf) - self._pos < 512 and not self._fill(512):
             got = len(self._buf) - self._pos
+            if self._ranged and not got and not self._extended:
+                return _END
             raise self._fail("the stream ended without the tar end-of-archive marker "
                              "(the shard is truncated)" + (f"; {got} stray bytes at the end" if got else ""))
         pos = self._pos
         header = self._buf[pos:pos + 512]
         header_offset = self._base + pos
         if header[0] == 0 and header == ZERO_BLOCK:
+            self.archive_end = header_offset
             self._pos = pos + 512
-            self._drain()
+            if not self._ranged:
+                self._drain()
             return _END
+        if not self._extended:
+            self._record_begin = header_offset
         if not self._checksum_ok(header):
             hint = ("this is not a tar archive" if header_offset == 0 and self.compression is None
                     else "the header checksum does not match")
@@ -410,7 +439,7 @@ class TarMembers:
         if typeflag == _GNU_LONGNAME:
             self._long_name = self._take(size, name, header_offset).split(b"\0", 1)[0].decode(
                 "utf-8", "surrogateescape")
-            self._special = True
+            self._special = self._extended = True
             return None
         if typeflag in (_PAX, _PAX_GLOBAL):
             records = self._parse_pax(self._take(size, name, header_offset), header_offset)
@@ -419,18 +448,21 @@ class TarMembers:
                 self._pax = dict(self._pax_global)
             else:
                 self._pax.update(records)
+                self._extended = True
             self._special = bool(self._pax)
             return None
         # This header consumes the pending long name and PAX records.
         self._long_name = None
         self._pax = dict(self._pax_global)
         self._special = bool(self._pax)
+        self._extended = False
         if typeflag in _REGULAR:
             if self.select is not None and not self.select(name):
                 self._skip(size, name, header_offset)
                 return None
             data = self._take(size, name, header_offset)
             self.member_offset = header_offset
+            self.record_start = self._record_begin
             return name, data
         if typeflag not in (49, 50, 51, 52, 53, 54):  # links, devices, dirs, fifos carry no data
             self._skip(size, name, header_offset)

@@ -14,7 +14,7 @@ kept for code that composes them itself, with webdataset's semantics.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 from .errors import CorruptShardError, redact
 from .filters import pipelinefilter
@@ -23,7 +23,7 @@ from .tario import TarMembers
 
 __all__ = [
     "base_plus_ext", "last_dot_split", "key_rule", "valid_sample", "url_opener", "tar_file_iterator",
-    "tar_file_expander", "group_by_keys", "tarfile_samples", "tarfile_to_samples", "meta_prefix",
+    "tar_file_expander", "group_by_keys", "tarfile_samples", "tarfile_to_samples", "TarSamples", "meta_prefix",
     "meta_suffix", "shard_samples",
 ]
 
@@ -209,16 +209,23 @@ def group_by_keys(data: Iterable[dict], keys: Callable = base_plus_ext, lcase: b
 def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcase: bool = True,
                   suffixes: Optional[Iterable[str]] = None, select_files: Optional[Callable] = None,
                   rename_files: Optional[Callable] = None, skip_meta: Optional[str] = _SKIP_META,
-                  local_path: Optional[str] = None) -> Iterator[dict]:
+                  local_path: Optional[str] = None, where: Optional[list] = None,
+                  members: Optional[TarMembers] = None) -> Iterator[dict]:
     """The samples of one shard, read and grouped in a single loop.
 
-    Raises on damage; a sample cut short by the damage is never yielded.
+    Raises on damage; a sample cut short by the damage is never yielded.  When
+    ``where`` (a list of two) is given, it holds the byte range ``[start, end)``
+    of each sample, in the tar stream, while that sample is being yielded;
+    ``end`` is also where the next sample begins.  ``members`` is a prepared
+    :class:`TarMembers` over ``stream`` (to read from a given offset).
     """
-    members = TarMembers(stream, url, select=_member_filter(skip_meta, select_files, rename_files))
+    if members is None:
+        members = TarMembers(stream, url, select=_member_filter(skip_meta, select_files, rename_files))
     suffixes = set(suffixes) if suffixes is not None else None
     fast_keys = keys is base_plus_ext
     current: Optional[dict] = None
     key = None
+    start = 0
     for name, data in members:
         if rename_files is not None:
             name = rename_files(name)
@@ -236,11 +243,14 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
             suffix = suffix.lower()
         if prefix != key or current is None:
             if current is not None:
+                if where is not None:
+                    where[0], where[1] = start, members.record_start
                 yield current
             current = {"__key__": prefix, "__url__": url}
             if local_path is not None:
                 current["__local_path__"] = local_path
             key = prefix
+            start = members.record_start
         if suffixes is not None and suffix not in suffixes:
             continue
         if suffix in current:
@@ -250,6 +260,8 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
                 url=url, member=name, offset=members.member_offset)
         current[suffix] = data
     if current is not None and len(current) > 2 + (local_path is not None):
+        if where is not None:
+            where[0], where[1] = start, members.archive_end if members.archive_end is not None else members.offset
         yield current
 
 
@@ -265,26 +277,224 @@ def tarfile_samples(src: Iterable[dict], handler: Callable = reraise_exception,
     whether to go on with the next shard (True) or stop (False); the sample
     the error cut short is never yielded.
     """
-    from .gopen import gopen
+    return TarSamples(handler=handler, select_files=select_files, rename_files=rename_files, keys=keys,
+                      lcase=lcase, suffixes=suffixes, opener=opener, **open_kw).run(src)
 
-    split = key_rule(keys)
-    for source in src:
+
+class _Cursor:
+    """Where one pass of a :class:`TarSamples` reader stands (read by ``state_dict`` and by the shuffle)."""
+
+    __slots__ = ("shard", "url", "offset", "compressed", "pax", "samples", "done", "where", "identity")
+
+    def __init__(self) -> None:
+        self.shard = 0  # index of the current shard among the shards this worker was given
+        self.url: Optional[str] = None
+        self.offset = 0  # where the next sample of the current shard begins
+        self.compressed = False
+        self.pax: dict = {}
+        self.samples = 0  # samples read in this pass
+        self.done = False
+        self.where = [0, 0]  # byte range of the sample last yielded
+        self.identity: Optional[dict] = None
+
+    def location(self) -> tuple:
+        """``(url, start, end, compressed)`` of the sample last yielded."""
+        return (self.url, self.where[0], self.where[1], self.compressed)
+
+
+class TarSamples:
+    """The shard reader stage: ``{"url": ...}`` items in, samples out; resumable mid-shard.
+
+    ``opener`` opens a shard: a callable ``opener(url)`` (webdataset style), or
+    an object with ``open(url, offset)`` returning ``{"stream": ..., "local_path": ...}``
+    (:class:`~wds_cloud.cache.StreamingOpen`, :class:`~wds_cloud.cache.FileCache`).
+    ``limit`` (an int, or a callable returning one at the start of a pass, see
+    ``WebDataset(equal_work=...)``) makes every pass yield exactly that many
+    samples: it stops early, or goes over this worker's shards again from the
+    first when they run short.
+
+    ``state_dict()`` is where the most recent pass stands, ``load_state_dict(state)``
+    makes the next pass continue from there (see :mod:`wds_cloud.resume`).
+    """
+
+    def __init__(self, handler: Callable = reraise_exception, select_files: Optional[Callable] = None,
+                 rename_files: Optional[Callable] = None, keys: Union[str, Callable, None] = None,
+                 lcase: bool = True, suffixes: Optional[Iterable[str]] = None, opener: Any = None,
+                 limit: Any = None, **open_kw: Any) -> None:
+        self.handler = handler
+        self.select_files = select_files
+        self.rename_files = rename_files
+        self.keys = keys
+        self.lcase = lcase
+        self.suffixes = suffixes
+        self.opener = opener
+        self.limit = limit
+        self.open_kw = open_kw
+        self.cursor: Optional[_Cursor] = None
+        self._resume: Optional[dict] = None
+        self._replay: list = []
+
+    def __call__(self, src: Iterable[dict]) -> Iterator[dict]:
+        return self.run(src)
+
+    def run(self, src: Iterable[dict]) -> Iterator[dict]:
+        cursor = _Cursor()
+        self.cursor = cursor
+        resume, replay = self._resume, self._replay
+        self._resume, self._replay = None, []
+        return self._samples(src, cursor, resume, replay)
+
+    # state
+    def state_dict(self) -> dict:
+        c = self.cursor
+        if c is None:
+            return {"fresh": True}
+        state = {"shard": c.shard, "url": c.url, "offset": c.offset, "samples": c.samples, "done": c.done,
+                 "identity": c.identity}
+        if c.compressed:
+            state["compressed"] = True
+        if c.pax:
+            state["pax"] = dict(c.pax)
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` on the next pass."""
+        self._resume = None if state.get("fresh") else dict(state)
+
+    def set_replay(self, replay: Sequence[tuple]) -> None:
+        """First yield the samples at ``replay`` (``(url, start, end, compressed, ref)``) on the next pass."""
+        self._replay = list(replay)
+
+    # opening
+    def _member_filter(self) -> Optional[Callable[[str], bool]]:
+        return _member_filter(_SKIP_META, self.select_files, self.rename_files)
+
+    def _open(self, source: dict, offset: int) -> tuple[Any, Optional[str]]:
+        """(stream, local path) for a shard item, positioned at ``offset`` where the opener can."""
+        from .gopen import gopen
+
         url = source["url"]
-        try:
-            stream = source["stream"] if "stream" in source else (opener or gopen)(url, **open_kw)
-        except Exception as exn:
-            if handler(exn):
-                continue
+        if "stream" in source:  # opened upstream (url_opener): it can only be read from its start
+            return source["stream"], source.get("local_path")
+        opener = self.opener
+        if opener is not None and hasattr(opener, "open"):
+            opened = opener.open(url, offset)
+            return opened["stream"], opened.get("local_path")
+        if opener is not None:
+            return opener(url, **self.open_kw), None
+        return gopen(url, offset=offset, **self.open_kw), None
+
+    def _range(self, url: str, start: int, end: int) -> Any:
+        from .gopen import gopen
+
+        opener = self.opener
+        if opener is not None and hasattr(opener, "open_range"):
+            return opener.open_range(url, start, end)
+        return gopen(url, offset=start, length=end - start, **self.open_kw)
+
+    def _whole(self, url: str) -> Any:
+        return self._open({"url": url}, 0)[0]
+
+    def _parse(self, stream: Any, url: str, start: int, ranged: bool) -> Iterator[tuple[int, dict]]:
+        where = [0, 0]
+        members = TarMembers(stream, url, select=self._member_filter(), start=start, ranged=ranged)
+        for sample in shard_samples(url, stream, keys=key_rule(self.keys), lcase=self.lcase, suffixes=self.suffixes,
+                                    rename_files=self.rename_files, where=where, members=members):
+            yield where[0], sample
+
+    # reading
+    def _samples(self, src: Iterable[dict], cursor: _Cursor, resume: Optional[dict],
+                 replay: list) -> Iterator[dict]:
+        from . import resume as resuming
+        from . import utils
+
+        rank, world_size, worker, num_workers = utils.pytorch_worker_info()
+        cursor.identity = {"rank": rank, "world_size": world_size, "worker": worker, "num_workers": num_workers}
+        if resume is not None:
+            resuming.check_same("dataset (rank and DataLoader worker)", resume.get("identity") or {},
+                                cursor.identity)
+            cursor.samples = resume.get("samples", 0)
+        if replay:
+            samples = resuming.refetch([loc[:4] for loc in replay], self._range, self._whole, self._parse)
+            for (url, start, end, compressed, ref), sample in zip(replay, samples):
+                cursor.shard, cursor.url, cursor.compressed = ref, url, compressed
+                cursor.where[0], cursor.where[1] = start, end
+                yield sample
+        if resume is not None and resume.get("done"):
+            cursor.done = True
+            cursor.shard, cursor.url, cursor.offset = resume["shard"], resume["url"], resume["offset"]
             return
-        try:
-            yield from shard_samples(url, stream, keys=split, lcase=lcase, suffixes=suffixes,
-                                     select_files=select_files, rename_files=rename_files,
-                                     local_path=source.get("local_path") or getattr(stream, "local_path", None))
-        except Exception as exn:
-            if not handler(exn):
-                return
-        finally:
-            _close(stream)
+        limit = self.limit() if callable(self.limit) else self.limit
+        skip = resume["shard"] if resume is not None else 0
+        split = key_rule(self.keys)
+        select = self._member_filter()
+        for index, source in enumerate(self._shards(src, cursor, limit)):
+            if index < skip:
+                continue
+            url = source["url"]
+            offset = 0
+            cursor.pax = {}
+            if resume is not None and index == skip:
+                if url != resume["url"]:
+                    resuming.check_same("dataset (the shard order differs)", {"shard": resume["url"]},
+                                        {"shard": url})
+                offset = resume["offset"]
+                cursor.pax = dict(resume.get("pax") or {})
+            cursor.shard, cursor.url, cursor.offset = index, url, offset
+            compressed = bool(resume is not None and index == skip and resume.get("compressed"))
+            stream = None
+            try:
+                stream, local_path = self._open(source, 0 if compressed else offset)
+                seekable = "stream" not in source and not compressed
+                members = TarMembers(stream, url, select=select, start=offset if seekable else 0,
+                                     pax_global=cursor.pax if seekable else None)
+                local_path = source.get("local_path") or local_path or getattr(stream, "local_path", None)
+                where = cursor.where
+                for sample in shard_samples(url, stream, keys=split, lcase=self.lcase, suffixes=self.suffixes,
+                                            rename_files=self.rename_files, local_path=local_path,
+                                            where=where, members=members):
+                    if where[0] < offset and not seekable:  # read from the start: skip what was delivered
+                        continue
+                    cursor.offset = where[1]
+                    cursor.compressed = members.compression is not None
+                    if members._pax_global:
+                        cursor.pax = members.pax_global
+                    cursor.samples += 1
+                    yield sample
+                    if limit is not None and cursor.samples >= limit:
+                        cursor.done = True
+                        return
+            except Exception as exn:
+                if not self.handler(exn):
+                    return
+            finally:
+                if stream is not None:
+                    _close(stream)
+        cursor.done = True
+
+    def _shards(self, src: Iterable[dict], cursor: _Cursor, limit: Optional[int]) -> Iterator[dict]:
+        """The shard items, and with a ``limit`` not yet reached, the same items again from the first."""
+        seen = []
+        for source in src:
+            if limit is not None:
+                seen.append(source)
+            yield source
+        if limit is None or cursor.samples >= limit:
+            return
+        if not seen:
+            rank, world_size, worker, num_workers = (cursor.identity or {}).values()
+            raise ValueError(
+                f"equal_work: rank {rank} worker {worker} was given no shards, so it cannot produce its "
+                f"{limit} samples; use at least {world_size * num_workers} shards "
+                "(ranks x workers) or fewer DataLoader workers")
+        while cursor.samples < limit:
+            before = cursor.samples
+            for source in seen:
+                yield {k: v for k, v in source.items() if k != "stream"}
+            if cursor.samples == before:
+                return  # the shards hold no samples: stop rather than loop forever
 
 
-tarfile_to_samples = pipelinefilter(tarfile_samples)
+def tarfile_to_samples(handler: Callable = reraise_exception, **kw: Any) -> TarSamples:
+    """The shard reader stage (``{"url": ...}`` items in, samples out): a resumable :class:`TarSamples`."""
+    return TarSamples(handler=handler, **kw)

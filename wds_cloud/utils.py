@@ -82,24 +82,35 @@ def obsolete(arg: Any = None, *, reason: str = "") -> Any:
     return wrap
 
 
-def _torch_distributed() -> tuple[int, int]:
+def _torch_distributed(group: Any = None) -> tuple[int, int]:
     torch = sys.modules.get("torch")
     if torch is None:
         return 0, 1
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
+        if group is not None:
+            return dist.get_rank(group), dist.get_world_size(group)
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
 
 def pytorch_worker_info(group: Any = None) -> tuple[int, int, int, int]:
-    """(rank, world_size, worker, num_workers) from torch.distributed / the environment and the DataLoader."""
+    """(rank, world_size, worker, num_workers) of this process.
+
+    Rank and world size come from ``torch.distributed`` when a process group is
+    initialized (``group`` picks one other than the default), else from the
+    ``RANK``/``WORLD_SIZE`` variables that ``torchrun`` sets (``LOCAL_RANK``
+    stands in for ``RANK`` when only it is set, as on a single node); the worker
+    from the DataLoader worker running this code.
+    """
     from . import config
 
     settings = config.current()
-    rank, world_size = _torch_distributed()
-    if world_size == 1 and settings.rank is not None and settings.world_size is not None:
-        rank, world_size = settings.rank, settings.world_size
+    rank, world_size = _torch_distributed(group)
+    if world_size == 1 and settings.world_size is not None:
+        env_rank = settings.rank if settings.rank is not None else settings.local_rank
+        if env_rank is not None:
+            rank, world_size = env_rank, settings.world_size
     worker, num_workers = 0, 1
     torch = sys.modules.get("torch")
     if torch is not None:
