@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 from . import autodecode, cache, config, filters, shardlists
 from .handlers import reraise_exception
 from .pipeline import DataPipeline
-from .pytorch import DataLoader
+from .pytorch import DataLoader, IterableDataset
 from .resilient import StatsSink, TransferStats
 from .stages import PipelineStage
 from .tariterators import TarSamples
@@ -115,7 +115,7 @@ class CheckEmpty(PipelineStage):
             next(check_empty(()))
 
     def state_dict(self) -> dict:
-        return {"seen": self._seen[0]}
+        return {"seen": self._seen[0] or self._resume_seen}
 
     def load_state_dict(self, state: dict) -> None:
         self._resume_seen = bool(state.get("seen"))
@@ -293,16 +293,224 @@ class FluidWrapper(DataPipeline, FluidInterface):
 
 
 class WebLoader(DataPipeline, FluidInterface):
-    """A ``DataLoader`` (torch's, or our stand-in without torch) with the fluent methods."""
+    """A ``DataLoader`` (torch's, or our stand-in without torch) with the fluent methods.
+
+    Each pass sets the dataset's epoch (0, 1, 2, ... unless ``set_epoch`` chose one), so
+    re-started workers get a new shard order every epoch.  When the dataset is resumable
+    (a ``WebDataset`` or ``DataPipeline``), ``state_dict()`` is where every worker stands
+    at the last item this loader yielded, and ``load_state_dict`` makes the next pass
+    continue from there, in the same worker order.
+    """
 
     def __init__(self, *args: Any, **kw: Any) -> None:
+        args = list(args)
+        dataset = args[0] if args else kw.get("dataset")
+        self._dataset = dataset
+        self._untag = None
+        if hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict") and not _sampled(args, kw):
+            batch_size = args[1] if len(args) > 1 else kw.get("batch_size", 1)
+            ended = _Ended(dataset)
+            if args:
+                args[0] = ended
+            else:
+                kw["dataset"] = ended
+            kw["collate_fn"] = _StateCollate(kw.get("collate_fn"), batch_size is None, ended)
+            num_workers = kw.get("num_workers", 0) if len(args) < 6 else args[5]
+            self._untag = _Untag(num_workers or 0)
+            self._untag.dataset = dataset
         super().__init__(DataLoader(*args, **kw))
+        if self._untag is not None:
+            self.append(self._untag)
+        self._auto_epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch)
-        loader = self.pipeline[0] if self.pipeline else None
-        dataset = getattr(loader, "dataset", None)
-        if dataset is not None and hasattr(dataset, "set_epoch"):
-            dataset.set_epoch(epoch)
+        self._auto_epoch = epoch
+        if self._dataset is not None and hasattr(self._dataset, "set_epoch"):
+            self._dataset.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator:
+        dataset = self._dataset
+        resuming = getattr(dataset, "_worker_states", None) is not None
+        if dataset is not None and hasattr(dataset, "set_epoch") and not resuming:
+            dataset.set_epoch(self._auto_epoch)  # before the workers start: each pass a new order
+        self._auto_epoch += 1
+        return super().__iter__()
+
+    def state_dict(self) -> dict:
+        """Every worker's dataset state at the last item yielded, and which worker comes next: plain JSON."""
+        from .filters import Shuffle
+
+        if self._untag is None:
+            raise TypeError("this WebLoader's dataset has no state_dict (give it a WebDataset or DataPipeline)")
+        for stage in self.pipeline[2:]:
+            if isinstance(stage, Shuffle):
+                stage.state_dict()  # raises if its buffer holds items, which cannot be fetched again
+        untag = self._untag
+        return {"format": "wds_cloud.loader/1", "num_workers": untag.num_workers, "next": untag.next,
+                "exhausted": sorted(untag.exhausted), "epoch": self._auto_epoch - 1,
+                "workers": [[w, s] for w, s in sorted(untag.states.items())],
+                "progress": list(self._progress[:2])}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next pass continue where ``state`` (from :meth:`state_dict`) stood."""
+        from .errors import StateMismatchError
+        from .resume import check_same
+
+        if self._untag is None:
+            raise TypeError("this WebLoader's dataset has no load_state_dict (give it a WebDataset or DataPipeline)")
+        if not isinstance(state, dict) or state.get("format") != "wds_cloud.loader/1":
+            raise StateMismatchError("not a WebLoader state: pass the dict that WebLoader.state_dict() returned")
+        check_same("WebLoader", {"num_workers": state["num_workers"]}, {"num_workers": self._untag.num_workers})
+        workers = {int(w): s for w, s in state["workers"]}
+        self._untag.resume(state["next"], set(state["exhausted"]), workers)
+        self._dataset._worker_states = dict(workers)
+        self._auto_epoch = state.get("epoch", 0) + 1
+        self._resume_progress = list(state.get("progress") or (0, 0))
 
 
+def _sampled(args: list, kw: dict) -> bool:
+    return bool(kw.get("sampler") or kw.get("batch_sampler"))
+
+
+class _EndMark:
+    """The item a worker yields after its last one (a picklable marker)."""
+
+    __slots__ = ()
+
+
+class _Tagged:
+    """A loader item with the worker that made it and that worker's dataset state just after it."""
+
+    __slots__ = ("item", "worker", "state", "end")
+
+    def __init__(self, item: Any, worker: int, state: Any, end: bool) -> None:
+        self.item, self.worker, self.state, self.end = item, worker, state, end
+
+    def __reduce__(self):
+        return (_Tagged, (self.item, self.worker, self.state, self.end))
+
+
+class _Ended(IterableDataset):
+    """The dataset followed by one :class:`_EndMark`, so the loader learns when a worker has finished."""
+
+    def __init__(self, dataset: Any) -> None:
+        super().__init__()
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator:
+        yield from self.dataset
+        yield _EndMark()
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+class _StateCollate:
+    """The loader's collate function, run in the worker: tags each item with the worker's state after it.
+
+    It runs right after the worker's dataset yielded the last item of the batch (or the
+    item, with ``batch_size=None``), so ``state_dict()`` there is exactly the state to
+    resume after it.
+    """
+
+    def __init__(self, collate: Optional[Callable], per_item: bool, ended: _Ended) -> None:
+        self.collate = collate
+        self.per_item = per_item
+        self.ended = ended
+
+    def _default(self, data: Any) -> Any:
+        try:
+            from torch.utils.data import default_collate, default_convert
+        except ImportError:
+            return data
+        return default_convert(data) if self.per_item else default_collate(data)
+
+    def __call__(self, data: Any) -> _Tagged:
+        worker, ended = 0, self.ended
+        try:
+            from torch.utils.data import get_worker_info
+        except ImportError:
+            info = None
+        else:
+            info = get_worker_info()
+        if info is not None:
+            worker = info.id
+            if isinstance(info.dataset, _Ended):
+                ended = info.dataset  # the copy this worker iterates (spawned workers unpickle it separately)
+        state = ended.dataset.state_dict()
+        if self.per_item:
+            if isinstance(data, _EndMark):
+                return _Tagged(None, worker, state, True)
+            return _Tagged(self.collate(data) if self.collate else self._default(data), worker, state, False)
+        items = [x for x in data if not isinstance(x, _EndMark)]
+        end = len(items) != len(data)
+        if not items:
+            return _Tagged(None, worker, state, True)
+        return _Tagged(self.collate(items) if self.collate else self._default(items), worker, state, end)
+
+
+class _Untag(PipelineStage):
+    """Main-process stage after the loader: strip the tags, keep each worker's latest state.
+
+    After a resume the loader starts its round-robin at worker 0, but the saved run was
+    due to continue at worker ``next``: items are held (at most one per worker) and given
+    out in the saved order, so the sequence is the one the uninterrupted run would have made.
+    """
+
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+        self.next: Optional[int] = 0
+        self.exhausted: set = set()
+        self.states: dict = {}
+        self._pending: Optional[tuple] = None
+        self.dataset: Any = None
+
+    def resume(self, next_worker: Optional[int], exhausted: set, states: dict) -> None:
+        self._pending = (next_worker, exhausted, states)
+
+    def run(self, src: Iterable) -> Iterator:
+        nxt, exhausted, states = self._pending or (0, set(), {})
+        self._pending = None
+        self.next, self.exhausted, self.states = nxt, set(exhausted), dict(states)
+        return self._reorder(src, max(1, self.num_workers))
+
+    def _after(self, worker: int, n: int) -> Optional[int]:
+        for step in range(1, n + 1):
+            candidate = (worker + step) % n
+            if candidate not in self.exhausted:
+                return candidate
+        return None
+
+    def _reorder(self, src: Iterable, n: int) -> Iterator:
+        from collections import deque
+
+        queues = [deque() for _ in range(n)]
+        for tagged in src:
+            if self.dataset is not None:
+                self.dataset._worker_states = None  # the workers have their states now
+            if not isinstance(tagged, _Tagged):
+                yield tagged
+                continue
+            queues[tagged.worker].append(tagged)
+            while self.next is not None and queues[self.next]:
+                worker = self.next
+                t = queues[worker].popleft()
+                self.states[worker] = t.state
+                if t.end:
+                    self.exhausted.add(worker)
+                self.next = self._after(worker, n)
+                if not (t.end and t.item is None):
+                    yield t.item
+        for queue in queues:  # the loader ended: anything still held goes out in worker order
+            while queue:
+                t = queue.popleft()
+                self.states[t.worker] = t.state
+                if not (t.end and t.item is None):
+                    yield t.item

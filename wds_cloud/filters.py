@@ -213,6 +213,8 @@ class Shuffle(PipelineStage):
             yield pick()
 
     def state_dict(self) -> dict:
+        if self._resume is not None:  # loaded, not yet iterated: still that state
+            return dict(self._resume)
         live = self._live
         config = {"bufsize": self.bufsize, "initial": self.initial}
         if live is None:

@@ -78,19 +78,19 @@ class DataPipeline(IterableDataset, PipelineStage):
 
     def iterator(self) -> Iterator:
         """``repetitions`` passes; stops early when a pass yields nothing."""
-        return self._run(None, None)
+        self._progress = [0, 0]
+        return self._run(self._progress, None)
 
     def __iter__(self) -> Iterator:
         if self._worker_states is not None:
             self._apply_worker_state()
         resume, self._resume_progress = self._resume_progress, None
         limit = self.nsamples if self.repetitions != 1 and self.nsamples > 0 else None
-        return self._run(resume, limit)
+        self._progress = [resume[0], resume[1]] if resume else [0, 0]  # at once: state_dict may come before next()
+        return self._run(self._progress, limit)
 
-    def _run(self, resume: Any, limit: Any) -> Iterator:
-        progress = self._progress = [0, 0]
-        first, count = (resume[0], resume[1]) if resume else (0, 0)
-        progress[1] = count
+    def _run(self, progress: list, limit: Any) -> Iterator:
+        first, count = progress
         if limit is not None and count >= limit:
             return
         for repetition in range(first, self.repetitions):
@@ -149,7 +149,8 @@ class DataPipeline(IterableDataset, PipelineStage):
         """
         from .resume import FORMAT
 
-        return {"format": FORMAT, "progress": list(self._progress),
+        progress = self._resume_progress if self._resume_progress is not None else self._progress
+        return {"format": FORMAT, "progress": list(progress[:2]),
                 "stages": [[i, type(stage).__name__, stage.state_dict()] for i, stage in self._stateful()]}
 
     def load_state_dict(self, state: dict) -> None:

@@ -346,6 +346,8 @@ class TarSamples:
 
     # state
     def state_dict(self) -> dict:
+        if self._resume is not None:  # loaded, not yet iterated: still that state
+            return dict(self._resume)
         c = self.cursor
         if c is None:
             return {"fresh": True}
