@@ -115,7 +115,7 @@ def unpack_locations(packed: Optional[dict]) -> list[tuple]:
 
 def refetch(locs: Sequence[tuple], read_range: Callable[[str, int, int], Any],
             read_from_start: Callable[[str], Any], parse: Callable[..., Iterable[tuple[int, dict]]],
-            threads: int = 16) -> list[dict]:
+            threads: int = 16, report: Optional[dict] = None) -> list[dict]:
     """The samples at ``locs`` (``(url, start, end, compressed)``), in that order.
 
     Plain shards: adjacent ranges of one shard are merged and each run is read
@@ -159,6 +159,9 @@ def refetch(locs: Sequence[tuple], read_range: Callable[[str, int, int], Any],
             stream.close()
         return out
 
+    if report is not None:
+        report.update(samples=len(locs), requests=len(runs) + len(whole),
+                      bytes=sum(end - start for _, start, end in runs) + sum(whole.values()))
     jobs = [(fetch_run, run[0], run) for run in runs] + [(fetch_whole, url, url) for url in whole]
     if not jobs:
         return []

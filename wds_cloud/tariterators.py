@@ -14,6 +14,7 @@ kept for code that composes them itself, with webdataset's semantics.
 from __future__ import annotations
 
 import re
+import time
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 from .errors import CorruptShardError, redact
@@ -333,6 +334,9 @@ class TarSamples:
         self.cursor: Optional[_Cursor] = None
         self._resume: Optional[dict] = None
         self._replay: list = []
+        #: what the last resume fetched again: samples, requests, bytes (compressed shards: bytes
+        #: decompressed), seconds
+        self.last_refetch: dict = {}
 
     def __call__(self, src: Iterable[dict]) -> Iterator[dict]:
         return self.run(src)
@@ -417,7 +421,12 @@ class TarSamples:
                                 cursor.identity)
             cursor.samples = resume.get("samples", 0)
         if replay:
-            samples = resuming.refetch([loc[:4] for loc in replay], self._range, self._whole, self._parse)
+            started = time.perf_counter()
+            report: dict = {}
+            samples = resuming.refetch([loc[:4] for loc in replay], self._range, self._whole, self._parse,
+                                       report=report)
+            report["seconds"] = time.perf_counter() - started
+            self.last_refetch = report
             for (url, start, end, compressed, ref), sample in zip(replay, samples):
                 cursor.shard, cursor.url, cursor.compressed = ref, url, compressed
                 cursor.where[0], cursor.where[1] = start, end
