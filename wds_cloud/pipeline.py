@@ -106,6 +106,23 @@ class DataPipeline(IterableDataset, PipelineStage):
             if not produced:
                 break
 
+    # pickling (spawn-started DataLoader workers)
+    def __getstate__(self) -> dict:
+        from . import utils
+
+        state = dict(self.__dict__)
+        # A spawned worker has no process group: it learns this rank from the pickle.
+        state["_dist_hint"] = utils._torch_distributed()
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        from . import utils
+
+        hint = state.pop("_dist_hint", None)
+        if hint is not None and hint[1] > 1:
+            utils.inherit_distributed(*hint)
+        self.__dict__.update(state)
+
     # resume
     def _wire(self) -> None:
         """Tell each shuffle which shard reader feeds it, so it can record where its samples came from."""

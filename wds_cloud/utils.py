@@ -13,7 +13,7 @@ import glob
 import itertools
 import sys
 import warnings
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import braceexpand
 
@@ -94,19 +94,32 @@ def _torch_distributed(group: Any = None) -> tuple[int, int]:
     return 0, 1
 
 
+_inherited: Optional[tuple[int, int]] = None
+
+
+def inherit_distributed(rank: int, world_size: int) -> None:
+    """Record the (rank, world size) of the process that started this one (a spawned DataLoader worker)."""
+    global _inherited
+    _inherited = (rank, world_size)
+
+
 def pytorch_worker_info(group: Any = None) -> tuple[int, int, int, int]:
     """(rank, world_size, worker, num_workers) of this process.
 
     Rank and world size come from ``torch.distributed`` when a process group is
     initialized (``group`` picks one other than the default), else from the
     ``RANK``/``WORLD_SIZE`` variables that ``torchrun`` sets (``LOCAL_RANK``
-    stands in for ``RANK`` when only it is set, as on a single node); the worker
-    from the DataLoader worker running this code.
+    stands in for ``RANK`` when only it is set, as on a single node); a
+    DataLoader worker started with "spawn" has no process group and uses the
+    rank its parent had when it pickled the dataset.  The worker comes from the
+    DataLoader worker running this code.
     """
     from . import config
 
     settings = config.current()
     rank, world_size = _torch_distributed(group)
+    if world_size == 1 and _inherited is not None and group is None:
+        rank, world_size = _inherited
     if world_size == 1 and settings.world_size is not None:
         env_rank = settings.rank if settings.rank is not None else settings.local_rank
         if env_rank is not None:
