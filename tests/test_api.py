@@ -93,6 +93,14 @@ def test_import_loads_no_plugin_and_works_without_torch(tmp_path):
         assert not r._registries
         ds = wds.WebDataset({str(shard)!r}, shardshuffle=False).decode().to_tuple("txt", "cls").batched(2)
         batches = list(wds.WebLoader(ds, batch_size=None, num_workers=0))
+        # resume works without torch too
+        first = wds.WebDataset({str(shard)!r}, shardshuffle=False).shuffle(3, seed=1)
+        it = iter(first)
+        head = [next(it)["__key__"] for _ in range(2)]
+        again = wds.WebDataset({str(shard)!r}, shardshuffle=False).shuffle(3, seed=1)
+        again.load_state_dict(first.state_dict())
+        keys = head + [s["__key__"] for s in again]
+        assert sorted(keys) == ["000", "001", "002", "003", "004"], keys
         assert "torch" not in sys.modules
         print([b[1].tolist() for b in batches])
     """)

@@ -31,8 +31,9 @@ else:
     class DataLoader:  # type: ignore[no-redef]
         """Stand-in for ``torch.utils.data.DataLoader`` without torch: iterates in this process.
 
-        ``batch_size=None`` passes items through; an integer batches them with
-        ``collate_fn`` (default: lists).  ``num_workers`` is accepted and ignored.
+        ``batch_size=None`` passes items through (through ``collate_fn`` when given,
+        as torch does); an integer batches them with ``collate_fn`` (default: lists).
+        ``num_workers`` is accepted and ignored.
         """
 
         def __init__(self, dataset: Any, batch_size: Optional[int] = 1, shuffle: bool = False, num_workers: int = 0,
@@ -45,7 +46,11 @@ else:
 
         def __iter__(self) -> Iterator:
             if self.batch_size is None:
-                yield from self.dataset
+                if self.collate_fn is None:
+                    yield from self.dataset
+                else:
+                    for item in self.dataset:
+                        yield self.collate_fn(item)
                 return
             batch: list = []
             for item in self.dataset:
