@@ -52,6 +52,9 @@ def _parse_range(header: Optional[str], size: int) -> Optional[tuple[int, int]]:
 
 class _ObjectHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes: with Nagle's algorithm the body would wait for the
+    # client's delayed ACK of the headers (tens of ms per small response), which real stores do not do.
+    disable_nagle_algorithm = True
     store: Store
     token: Optional[str] = None
     rate: Optional[float] = None  # bytes per second per connection (benchmarks); None: as fast as possible

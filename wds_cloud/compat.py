@@ -349,7 +349,7 @@ class WebLoader(DataPipeline, FluidInterface):
         untag = self._untag
         return {"format": "wds_cloud.loader/1", "num_workers": untag.num_workers, "next": untag.next,
                 "exhausted": sorted(untag.exhausted), "epoch": self._auto_epoch - 1,
-                "workers": [[w, s] for w, s in sorted(untag.states.items())],
+                "workers": [[w, _jsonable(s)] for w, s in sorted(untag.states.items())],
                 "progress": list(self._progress[:2])}
 
     def load_state_dict(self, state: dict) -> None:
@@ -367,6 +367,42 @@ class WebLoader(DataPipeline, FluidInterface):
         self._dataset._worker_states = dict(workers)
         self._auto_epoch = state.get("epoch", 0) + 1
         self._resume_progress = list(state.get("progress") or (0, 0))
+
+
+def _jsonable(value: Any) -> Any:
+    """A copy of a resolved worker state that later batches cannot change (tuples are JSON arrays as they are)."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _resolve(state: Any, mirrors: dict, key: tuple) -> Any:
+    """A worker's full state from the delta it sent: shuffle journals replayed onto the buffers seen before."""
+    from .filters import apply_journal
+
+    if not isinstance(state, dict) or "stages" not in state:
+        return state
+    stages = []
+    for i, kind, stage in state["stages"]:
+        where = key + (i,)
+        if isinstance(stage, dict) and "run" in stage:
+            stage = dict(stage)
+            run = stage.pop("run")
+            if "buffer" in stage:
+                buffer = list(stage["buffer"])
+            else:
+                seen_run, previous = mirrors.get(where, (None, None))
+                if seen_run != run:  # cannot happen: a pass sends its whole buffer first
+                    raise RuntimeError("a worker sent a shuffle journal without the buffer it applies to")
+                buffer = apply_journal(previous, stage.pop("journal"))
+            mirrors[where] = (run, buffer)
+            stage["buffer"] = buffer
+        elif isinstance(stage, dict) and "stages" in stage:
+            stage = _resolve(stage, mirrors, where)
+        stages.append([i, kind, stage])
+    return dict(state, stages=stages)
 
 
 def _sampled(args: list, kw: dict) -> bool:
@@ -444,7 +480,9 @@ class _StateCollate:
             worker = info.id
             if isinstance(info.dataset, _Ended):
                 ended = info.dataset  # the copy this worker iterates (spawned workers unpickle it separately)
-        state = ended.dataset.state_dict()
+        dataset = ended.dataset
+        fast = getattr(dataset, "_fast_state", None)
+        state = fast() if fast is not None else dataset.state_dict()
         if self.per_item:
             if isinstance(data, _EndMark):
                 return _Tagged(None, worker, state, True)
@@ -471,6 +509,7 @@ class _Untag(PipelineStage):
         self.states: dict = {}
         self._pending: Optional[tuple] = None
         self.dataset: Any = None
+        self._mirrors: dict = {}  # (worker, stage path) -> (pass id, shuffle buffer) for the journals
 
     def resume(self, next_worker: Optional[int], exhausted: set, states: dict) -> None:
         self._pending = (next_worker, exhausted, states)
@@ -479,6 +518,7 @@ class _Untag(PipelineStage):
         nxt, exhausted, states = self._pending or (0, set(), {})
         self._pending = None
         self.next, self.exhausted, self.states = nxt, set(exhausted), dict(states)
+        self._mirrors = {}
         return self._reorder(src, max(1, self.num_workers))
 
     def _after(self, worker: int, n: int) -> Optional[int]:
@@ -502,7 +542,7 @@ class _Untag(PipelineStage):
             while self.next is not None and queues[self.next]:
                 worker = self.next
                 t = queues[worker].popleft()
-                self.states[worker] = t.state
+                self.states[worker] = _resolve(t.state, self._mirrors, (worker,))
                 if t.end:
                     self.exhausted.add(worker)
                 self.next = self._after(worker, n)
@@ -511,6 +551,6 @@ class _Untag(PipelineStage):
         for queue in queues:  # the loader ended: anything still held goes out in worker order
             while queue:
                 t = queue.popleft()
-                self.states[t.worker] = t.state
+                self.states[t.worker] = _resolve(t.state, self._mirrors, (t.worker,))
                 if not (t.end and t.item is None):
                     yield t.item

@@ -225,6 +225,22 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
+_last: Optional[tuple[dict, Settings]] = None
+
+
 def current() -> Settings:
-    """Settings from this process's environment, read now."""
-    return Settings.from_environ(os.environ)
+    """Settings from this process's environment as it is now.
+
+    Parsed again only when the environment changed since the last call (one dict
+    comparison), since every open asks for them.
+    """
+    global _last
+    raw = getattr(os.environ, "_data", None)
+    last = _last
+    if raw is not None and last is not None and last[0] == raw:
+        return last[1]
+    snapshot = dict(raw) if raw is not None else None
+    settings = Settings.from_environ(os.environ)
+    if snapshot is not None:
+        _last = (snapshot, settings)
+    return settings

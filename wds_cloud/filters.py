@@ -95,7 +95,7 @@ def _shuffle(data: Iterable, bufsize: int = 1000, initial: int = 100, rng: Optio
 class _ShuffleRun:
     """The live part of one pass of a :class:`Shuffle`: its buffer, where each buffered sample came from, its RNG."""
 
-    __slots__ = ("buf", "locs", "urls", "counts", "rng", "tracked")
+    __slots__ = ("buf", "locs", "urls", "counts", "rng", "tracked", "journal", "run_id")
 
     def __init__(self, rng: Any) -> None:
         self.buf: list = []
@@ -104,13 +104,15 @@ class _ShuffleRun:
         self.counts: dict = {}  # shard ref -> buffered samples from it
         self.rng = rng
         self.tracked = False
+        self.journal: Optional[list] = None  # buffer changes since the last delta (see Shuffle._fast_state)
+        self.run_id = id(self)
 
 
 class Shuffle(PipelineStage):
     """Shuffle through a buffer of ``bufsize`` samples, starting once ``initial`` are buffered.
 
     Resumable: when a shard reader feeds it (``source``, wired by ``DataPipeline``),
-    the state records the RNG (:class:`~wds_cloud.resume.SplitMix`: two integers)
+    the state records the RNG (:class:`~wds_cloud.resume.CountedRandom`: two integers)
     and, for each buffered sample, the shard and byte range it came from; a
     resumed pass gets the same samples back from the reader and puts them in
     the same buffer positions.  ``rng`` (a ``random.Random``) is honoured;
@@ -135,13 +137,13 @@ class Shuffle(PipelineStage):
         self.epoch = epoch - 1  # run() advances before use
 
     def _make_rng(self) -> Any:
-        from .resume import SplitMix
+        from .resume import CountedRandom
 
         if self.rng is not None:
             return self.rng
         if self.epoch_seeded:
-            return SplitMix(make_seed(self.seed, self.epoch))
-        return SplitMix(self.seed)
+            return CountedRandom(make_seed(self.seed, self.epoch))
+        return CountedRandom(self.seed)
 
     def run(self, src: Iterable) -> Iterator:
         resume, self._resume = self._resume, None
@@ -171,7 +173,10 @@ class Shuffle(PipelineStage):
                     counts[ref] = 1
                     urls[ref] = (cursor.url, cursor.compressed)
                 where = cursor.where
-                locs.append((ref, where[0], where[1]))
+                loc = (ref, where[0], where[1])
+                locs.append(loc)
+                if live.journal is not None:
+                    live.journal.append(loc)
 
         def pick() -> Any:
             k = randbelow(len(buf))
@@ -182,6 +187,8 @@ class Shuffle(PipelineStage):
                 counts[ref] -= 1
                 if not counts[ref]:
                     del counts[ref], urls[ref]
+                if live.journal is not None:
+                    live.journal.append(k)
             return buf.pop()
 
         it = iter(src)
@@ -195,7 +202,7 @@ class Shuffle(PipelineStage):
                     raise StateMismatchError("the shuffle buffer could not be refilled on resume: the stages "
                                              "between the shard reader and the shuffle dropped samples") from None
             if "rng" in resume:
-                if hasattr(rng, "getstate") and isinstance(rng, random.Random):
+                if isinstance(rng, random.Random):
                     version, internal, gauss = resume["rng"]
                     rng.setstate((version, tuple(internal), gauss))
                 else:
@@ -212,13 +219,21 @@ class Shuffle(PipelineStage):
         while buf:
             yield pick()
 
+    def _config(self) -> dict:
+        return {"bufsize": self.bufsize, "initial": self.initial}
+
     def state_dict(self) -> dict:
+        """The RNG and, for each buffered sample, ``[shard ref, start, end]``: plain JSON."""
         if self._resume is not None:  # loaded, not yet iterated: still that state
             return dict(self._resume)
         live = self._live
-        config = {"bufsize": self.bufsize, "initial": self.initial}
         if live is None:
-            return {"fresh": True, "config": config}
+            return {"fresh": True, "config": self._config()}
+        state = self._head(live)
+        state["buffer"] = list(live.locs)  # tuples: JSON arrays
+        return state
+
+    def _head(self, live: _ShuffleRun) -> dict:
         if live.buf and not live.tracked:
             from .errors import StateMismatchError
 
@@ -226,17 +241,36 @@ class Shuffle(PipelineStage):
                 "this shuffle is not fed by a shard reader of the same pipeline, so the samples in its buffer "
                 "cannot be fetched again on resume; shuffle inside the dataset (WebDataset(...).shuffle(n)), "
                 "or take the state where the buffer is empty")
-        state = {"config": config, "rng": list(live.rng.getstate()),
-                 "urls": [[ref, url, compressed] for ref, (url, compressed) in live.urls.items()],
-                 "buffer": list(live.locs)}
+        rng = live.rng.getstate()
+        state = {"config": self._config(), "rng": list(rng) if not isinstance(rng, list) else rng,
+                 "urls": [[ref, url, compressed] for ref, (url, compressed) in live.urls.items()]}
         if self.epoch_seeded:
             state["epoch"] = self.epoch
+        return state
+
+    def _fast_state(self) -> dict:
+        """The state as a delta, for a loader that sends one with every batch (see ``compat.WebLoader``).
+
+        The first call of a pass sends the whole buffer (``"buffer"``) and starts a journal;
+        later calls send only the journal (``"journal"``: a location appended, or the index of
+        a sample picked, in order), which :func:`apply_journal` replays onto the previous buffer.
+        """
+        if self._resume is not None or self._live is None:
+            return self.state_dict()
+        live = self._live
+        state = self._head(live)
+        state["run"] = live.run_id
+        if live.journal is None:
+            state["buffer"] = list(live.locs)
+        else:
+            state["journal"] = live.journal
+        live.journal = []
         return state
 
     def load_state_dict(self, state: dict) -> None:
         from .resume import check_same
 
-        check_same("shuffle", state.get("config") or {}, {"bufsize": self.bufsize, "initial": self.initial})
+        check_same("shuffle", state.get("config") or {}, self._config())
         self._resume = None if state.get("fresh") else state
 
     def replay_locations(self, state: dict) -> list:
@@ -249,6 +283,18 @@ class Shuffle(PipelineStage):
             url, compressed = urls[ref]
             out.append((url, start, end, bool(compressed), ref))
         return out
+
+
+def apply_journal(buffer: list, journal: list) -> list:
+    """Replay a :meth:`Shuffle._fast_state` journal onto ``buffer`` (in place): the buffer after it."""
+    out = buffer
+    for op in journal:
+        if isinstance(op, int):
+            out[op] = out[-1]
+            out.pop()
+        else:
+            out.append(op)
+    return out
 
 
 def shuffle(bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random] = None, handler: Any = None,

@@ -153,8 +153,15 @@ class DataPipeline(IterableDataset, PipelineStage):
         return reader
 
     def _stateful(self) -> list:
-        return [(i, stage) for i, stage in enumerate(self.pipeline)
-                if hasattr(stage, "state_dict") and hasattr(stage, "load_state_dict")]
+        pipeline = self.pipeline
+        cached = self.__dict__.get("_stateful_cache")
+        if cached is not None and cached[0] == len(pipeline) and all(
+                pipeline[i] is stage for i, stage in cached[1]):
+            return cached[1]
+        found = [(i, stage) for i, stage in enumerate(pipeline)
+                 if hasattr(stage, "state_dict") and hasattr(stage, "load_state_dict")]
+        self._stateful_cache = (len(pipeline), found)
+        return found
 
     def state_dict(self) -> dict:
         """Where the most recent iterator stands, at the last sample it yielded: plain JSON.
@@ -164,11 +171,21 @@ class DataPipeline(IterableDataset, PipelineStage):
         is that worker's state; ``WebLoader.state_dict()`` and torchdata's
         ``StatefulDataLoader`` gather the workers' states.
         """
+        return self._state(False)
+
+    def _fast_state(self) -> dict:
+        """:meth:`state_dict` where stages may give arrays instead of lists (for passing between processes)."""
+        return self._state(True)
+
+    def _state(self, fast: bool) -> dict:
         from .resume import FORMAT
 
         progress = self._resume_progress if self._resume_progress is not None else self._progress
-        return {"format": FORMAT, "progress": list(progress[:2]),
-                "stages": [[i, type(stage).__name__, stage.state_dict()] for i, stage in self._stateful()]}
+        stages = []
+        for i, stage in self._stateful():
+            getter = getattr(stage, "_fast_state", None) if fast else None
+            stages.append([i, type(stage).__name__, getter() if getter is not None else stage.state_dict()])
+        return {"format": FORMAT, "progress": list(progress[:2]), "stages": stages}
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next iteration continue where ``state`` (from :meth:`state_dict`) stood."""

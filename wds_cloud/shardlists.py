@@ -171,9 +171,13 @@ class _Epochs:
     def _config(self) -> dict:
         import hashlib
 
-        digest = hashlib.sha256("\n".join(self.urls).encode("utf-8", "surrogateescape")).hexdigest()[:16]
-        return {"shards": len(self.urls), "urls_sha256": digest, "seed": self.seed,
-                "kind": type(self).__name__}
+        key = (len(self.urls), self.seed)
+        cached = self.__dict__.get("_config_cache")
+        if cached is None or cached[0] != key:  # hashing every URL on every state_dict() would cost
+            digest = hashlib.sha256("\n".join(self.urls).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+            cached = self._config_cache = (key, {"shards": len(self.urls), "urls_sha256": digest, "seed": self.seed,
+                                                 "kind": type(self).__name__})
+        return dict(cached[1])
 
     def state_dict(self) -> dict:
         """The epoch of the most recent pass (the order of the shards follows from it)."""
