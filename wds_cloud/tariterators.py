@@ -13,6 +13,7 @@ kept for code that composes them itself, with webdataset's semantics.
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
@@ -435,6 +436,10 @@ class TarSamples:
             cursor.done = True
             cursor.shard, cursor.url, cursor.offset = resume["shard"], resume["url"], resume["offset"]
             return
+        src = iter(src)
+        first = next(src, None)  # pulled before the limit: the shard list has begun its epoch
+        if first is not None:
+            src = itertools.chain([first], src)
         limit = self.limit() if callable(self.limit) else self.limit
         skip = resume["shard"] if resume is not None else 0
         split = key_rule(self.keys)
