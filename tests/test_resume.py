@@ -357,3 +357,27 @@ def test_webloader_new_order_each_epoch(tmp_path):
     loader = wds.WebLoader(ds, batch_size=None, num_workers=2)
     first, second = [k for (k,) in loader], [k for (k,) in loader]
     assert sorted(first) == sorted(second) and first != second
+
+
+def test_data_pipeline_resume(tmp_path):
+    """The composable form, as webdataset users write it."""
+    urls = write_shards(tmp_path, [8, 13, 6])
+
+    def build():
+        return wds.DataPipeline(
+            wds.SimpleShardList(urls, seed=2),
+            wds.split_by_worker,
+            wds.tarfile_to_samples(),
+            wds.shuffle(6, seed=4),
+            wds.to_tuple("__key__", "txt"),
+        )
+
+    full = [k for k, _ in build()]
+    assert len(full) == 27
+    for cut in (1, 6, 13, 26):
+        ds = build()
+        it = iter(ds)
+        head = [next(it)[0] for _ in range(cut)]
+        again = build()
+        again.load_state_dict(json.loads(json.dumps(ds.state_dict())))
+        assert head + [k for k, _ in again] == full

@@ -349,13 +349,18 @@ class TarMembers:
         """The global PAX records in force (needed to resume a read in the middle of the archive)."""
         return dict(self._pax_global)
 
-    def __iter__(self) -> Iterator[tuple[str, bytes]]:
+    def begin(self) -> None:
+        """Detect the compression and read the first block (done by iteration when not called)."""
         if self._stream is None:
             self._stream, self.compression = open_decompressed(self._source)
             if not self._fill(512):
                 got = len(self._buf)
                 raise self._fail("the stream is empty (not a tar archive)" if not got else
                                  f"the stream has only {got} bytes (not a tar archive)")
+
+    def __iter__(self) -> Iterator[tuple[str, bytes]]:
+        if self._stream is None:
+            self.begin()
         select = self.select
         adler32 = zlib.adler32
         while True:

@@ -216,9 +216,10 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
     """The samples of one shard, read and grouped in a single loop.
 
     Raises on damage; a sample cut short by the damage is never yielded.  When
-    ``where`` (a list of two) is given, it holds the byte range ``[start, end)``
-    of each sample, in the tar stream, while that sample is being yielded;
-    ``end`` is also where the next sample begins.  ``members`` is a prepared
+    ``where`` (a list of three) is given, ``where[:2]`` holds the byte range
+    ``[start, end)`` of each sample, in the tar stream, while that sample is
+    being yielded (``end`` is also where the next sample begins), and
+    ``where[2]`` is incremented for each sample.  ``members`` is a prepared
     :class:`TarMembers` over ``stream`` (to read from a given offset).
     """
     if members is None:
@@ -247,6 +248,7 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
             if current is not None:
                 if where is not None:
                     where[0], where[1] = start, members.record_start
+                    where[2] += 1
                 yield current
             current = {"__key__": prefix, "__url__": url}
             if local_path is not None:
@@ -264,6 +266,7 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
     if current is not None and len(current) > 2 + (local_path is not None):
         if where is not None:
             where[0], where[1] = start, members.archive_end if members.archive_end is not None else members.offset
+            where[2] += 1
         yield current
 
 
@@ -284,24 +287,38 @@ def tarfile_samples(src: Iterable[dict], handler: Callable = reraise_exception,
 
 
 class _Cursor:
-    """Where one pass of a :class:`TarSamples` reader stands (read by ``state_dict`` and by the shuffle)."""
+    """Where one pass of a :class:`TarSamples` reader stands (read by ``state_dict`` and by the shuffle).
 
-    __slots__ = ("shard", "url", "offset", "compressed", "pax", "samples", "done", "where", "identity")
+    ``where`` is ``[start, end, samples]``: the byte range of the sample last yielded (``end`` is
+    where the next one begins) and the samples read in this pass, kept up to date by
+    :func:`shard_samples` itself, so the reader adds no work per sample.
+    """
+
+    __slots__ = ("shard", "url", "compressed", "done", "where", "identity", "members", "base_pax")
 
     def __init__(self) -> None:
         self.shard = 0  # index of the current shard among the shards this worker was given
         self.url: Optional[str] = None
-        self.offset = 0  # where the next sample of the current shard begins
         self.compressed = False
-        self.pax: dict = {}
-        self.samples = 0  # samples read in this pass
         self.done = False
-        self.where = [0, 0]  # byte range of the sample last yielded
+        self.where = [0, 0, 0]
         self.identity: Optional[dict] = None
+        self.members: Optional[TarMembers] = None  # of the current shard
+        self.base_pax: dict = {}  # global PAX records in force where the current read began
 
-    def location(self) -> tuple:
-        """``(url, start, end, compressed)`` of the sample last yielded."""
-        return (self.url, self.where[0], self.where[1], self.compressed)
+    @property
+    def offset(self) -> int:
+        """Where the next sample of the current shard begins."""
+        return self.where[1]
+
+    @property
+    def samples(self) -> int:
+        return self.where[2]
+
+    @property
+    def pax(self) -> dict:
+        members = self.members
+        return members.pax_global if members is not None and members._pax_global else self.base_pax
 
 
 class TarSamples:
@@ -403,7 +420,7 @@ class TarSamples:
         return self._open({"url": url}, 0)[0]
 
     def _parse(self, stream: Any, url: str, start: int, ranged: bool) -> Iterator[tuple[int, dict]]:
-        where = [0, 0]
+        where = [0, 0, 0]
         members = TarMembers(stream, url, select=self._member_filter(), start=start, ranged=ranged)
         for sample in shard_samples(url, stream, keys=key_rule(self.keys), lcase=self.lcase, suffixes=self.suffixes,
                                     rename_files=self.rename_files, where=where, members=members):
@@ -417,10 +434,11 @@ class TarSamples:
 
         rank, world_size, worker, num_workers = utils.pytorch_worker_info()
         cursor.identity = {"rank": rank, "world_size": world_size, "worker": worker, "num_workers": num_workers}
+        where = cursor.where
         if resume is not None:
             resuming.check_same("dataset (rank and DataLoader worker)", resume.get("identity") or {},
                                 cursor.identity)
-            cursor.samples = resume.get("samples", 0)
+            where[2] = resume.get("samples", 0)
         if replay:
             started = time.perf_counter()
             report: dict = {}
@@ -430,12 +448,14 @@ class TarSamples:
             self.last_refetch = report
             for (url, start, end, compressed, ref), sample in zip(replay, samples):
                 cursor.shard, cursor.url, cursor.compressed = ref, url, compressed
-                cursor.where[0], cursor.where[1] = start, end
+                where[0], where[1] = start, end
                 yield sample
-        if resume is not None and resume.get("done"):
-            cursor.done = True
-            cursor.shard, cursor.url, cursor.offset = resume["shard"], resume["url"], resume["offset"]
-            return
+        if resume is not None:
+            cursor.shard, cursor.url, where[1] = resume["shard"], resume["url"], resume["offset"]
+            cursor.compressed, cursor.base_pax = bool(resume.get("compressed")), dict(resume.get("pax") or {})
+            if resume.get("done"):
+                cursor.done = True
+                return
         src = iter(src)
         first = next(src, None)  # pulled before the limit: the shard list has begun its epoch
         if first is not None:
@@ -448,38 +468,41 @@ class TarSamples:
             if index < skip:
                 continue
             url = source["url"]
-            offset = 0
-            cursor.pax = {}
-            if resume is not None and index == skip:
+            offset, pax = 0, {}
+            resuming_here = resume is not None and index == skip
+            if resuming_here:
                 if url != resume["url"]:
                     resuming.check_same("dataset (the shard order differs)", {"shard": resume["url"]},
                                         {"shard": url})
-                offset = resume["offset"]
-                cursor.pax = dict(resume.get("pax") or {})
-            cursor.shard, cursor.url, cursor.offset = index, url, offset
-            compressed = bool(resume is not None and index == skip and resume.get("compressed"))
+                offset, pax = resume["offset"], dict(resume.get("pax") or {})
+            compressed = bool(resuming_here and resume.get("compressed"))
+            cursor.shard, cursor.url, cursor.members, cursor.base_pax = index, url, None, pax
+            where[1] = offset
             stream = None
             try:
                 stream, local_path = self._open(source, 0 if compressed else offset)
                 seekable = "stream" not in source and not compressed
                 members = TarMembers(stream, url, select=select, start=offset if seekable else 0,
-                                     pax_global=cursor.pax if seekable else None)
+                                     pax_global=pax if seekable else None)
+                members.begin()
+                cursor.compressed = members.compression is not None
+                cursor.members = members
                 local_path = source.get("local_path") or local_path or getattr(stream, "local_path", None)
-                where = cursor.where
-                for sample in shard_samples(url, stream, keys=split, lcase=self.lcase, suffixes=self.suffixes,
-                                            rename_files=self.rename_files, local_path=local_path,
-                                            where=where, members=members):
-                    if where[0] < offset and not seekable:  # read from the start: skip what was delivered
-                        continue
-                    cursor.offset = where[1]
-                    cursor.compressed = members.compression is not None
-                    if members._pax_global:
-                        cursor.pax = members.pax_global
-                    cursor.samples += 1
-                    yield sample
-                    if limit is not None and cursor.samples >= limit:
-                        cursor.done = True
-                        return
+                samples = shard_samples(url, stream, keys=split, lcase=self.lcase, suffixes=self.suffixes,
+                                        rename_files=self.rename_files, local_path=local_path,
+                                        where=where, members=members)
+                if limit is None and seekable:
+                    yield from samples  # shard_samples keeps the cursor up to date
+                else:
+                    delivered = -1 if seekable else offset  # read from the start: skip what was delivered
+                    for sample in samples:
+                        if where[0] < delivered:
+                            where[2] -= 1
+                            continue
+                        yield sample
+                        if limit is not None and where[2] >= limit:
+                            cursor.done = True
+                            return
             except Exception as exn:
                 if not self.handler(exn):
                     return
