@@ -381,3 +381,20 @@ def test_data_pipeline_resume(tmp_path):
         again = build()
         again.load_state_dict(json.loads(json.dumps(ds.state_dict())))
         assert head + [k for k, _ in again] == full
+
+
+def test_state_urls_are_data(tmp_path):
+    """A state naming a shard outside the dataset (a pipe: command, say) is refused, never run."""
+    urls = write_shards(tmp_path, [10, 10])
+    ds = wds.WebDataset(urls, shardshuffle=False).shuffle(5, seed=2)
+    it = iter(ds)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(ds.state_dict()))
+    shuffle = [s for _, kind, s in state["stages"] if kind == "Shuffle"][0]
+    marker = tmp_path / "ran"
+    shuffle["urls"][0][1] = f"pipe:touch {marker}; cat {urls[0]}"
+    again = wds.WebDataset(urls, shardshuffle=False).shuffle(5, seed=2)
+    with pytest.raises(StateMismatchError, match="shard list does not"):
+        again.load_state_dict(state)
+    assert not marker.exists()

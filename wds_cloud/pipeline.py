@@ -212,8 +212,42 @@ class DataPipeline(IterableDataset, PipelineStage):
                     if stage.source is None:
                         raise StateMismatchError("the saved state has samples in a shuffle buffer, but no shard "
                                                  "reader feeds that shuffle here")
-                    stage.source.set_replay(replay)
+                    stage.source.set_replay(self._trusted_replay(replay))
         self._resume_progress = list(state.get("progress") or (0, 0))
+
+    def _shard_urls(self) -> dict:
+        """The shard URLs this pipeline's shard lists name (as the program gave them), by text."""
+        urls: dict = {}
+        for stage in self.pipeline:
+            if isinstance(stage, DataPipeline):
+                urls.update(stage._shard_urls())
+            elif isinstance(getattr(stage, "urls", None), list):
+                urls.update((str(u), u) for u in stage.urls)
+        return urls
+
+    def _trusted_replay(self, replay: list) -> list:
+        """The replay locations with their URLs taken from the shard list, never from the state.
+
+        A state is data: a URL in it that the shard list does not name is refused (it could name
+        any file or a ``pipe:`` command); without a shard list to check against, it is marked
+        untrusted, so a ``pipe:`` one runs only with ``WDS_ALLOW_UNTRUSTED_PIPES=1``.
+        """
+        from .errors import StateMismatchError, redact
+        from .security import untrusted
+
+        known = self._shard_urls()
+        out = []
+        for url, start, end, compressed, ref in replay:
+            if known:
+                if url not in known:
+                    raise StateMismatchError(
+                        f"the saved state names the shard {redact(url)!r}, which this dataset's shard list does "
+                        "not: load a state saved by a dataset over the same shards", url=url)
+                url = known[url]
+            else:
+                url = untrusted(url)
+            out.append((url, start, end, compressed, ref))
+        return out
 
     def _apply_worker_state(self) -> None:
         from . import utils
