@@ -57,7 +57,7 @@ def checkpoint_and_resume(wds, url: str, size: int) -> dict:
     text = json.dumps(state)
     del it, ds
     shuffle = [s for _, kind, s in state["stages"] if kind == "Shuffle"][0]
-    buffered = sum(end - start for _, start, end in shuffle["buffer"])
+    buffered = 512 * sum(blocks for _, _, blocks in shuffle["buffer"])
     started = time.perf_counter()
     again = build(wds, url)
     again.load_state_dict(json.loads(text))

@@ -136,7 +136,7 @@ def test_state_is_small_json(tmp_path):
     assert buffered > 100
     positions = len(json.dumps(shuffle["buffer"]))
     assert len(text) - positions < 1024, text[:2000]
-    assert positions / buffered < 28  # a few bytes per buffered sample: [shard, start, end]
+    assert positions / buffered < 16  # a few bytes per buffered sample: [shard, first block, blocks]
 
 
 def test_later_stages_and_epochs(tmp_path):
@@ -238,28 +238,41 @@ def test_second_shuffle_cannot_be_saved_mid_buffer(tmp_path):
         ds.state_dict()
 
 
-def test_resume_over_s3(s3_bucket, tmp_path):
-    """Remote shards: the buffered samples come back with ranged reads, consumed shards stay unread."""
+@pytest.fixture(scope="module")
+def s3_shards(moto_endpoint, tmp_path_factory):
+    """Four shards of uneven sizes in a bucket on the moto server: (urls, storage_options)."""
     import boto3
 
-    bucket, options = s3_bucket
-    client = boto3.client("s3", endpoint_url=options["endpoint_url"], aws_access_key_id="testing",
+    from .cloud import unique
+
+    options = {"key": "testing", "secret": "testing", "endpoint_url": moto_endpoint}
+    client = boto3.client("s3", endpoint_url=moto_endpoint, aws_access_key_id="testing",
                           aws_secret_access_key="testing", region_name="us-east-1")
-    local = write_shards(tmp_path, [12, 5, 9, 14], payload=200)
+    bucket = unique("resume")
+    client.create_bucket(Bucket=bucket)
     urls = []
-    for path in local:
+    for path in write_shards(tmp_path_factory.mktemp("s3"), [12, 5, 9, 14], payload=200):
         name = path.rsplit("/", 1)[1]
         client.put_object(Bucket=bucket, Key=f"d/{name}", Body=pathlib.Path(path).read_bytes())
         urls.append(f"s3://{bucket}/d/{name}")
+    return urls, options
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), bufsize=st.sampled_from([1, 9, 50]), seed=st.integers(0, 2**31 - 1))
+def test_interrupt_anywhere_s3(s3_shards, data, bufsize, seed):
+    """Remote shards: buffered samples come back with ranged reads, consumed shards stay unread."""
+    urls, options = s3_shards
 
     def build():
-        return wds.WebDataset(urls, shardshuffle=True, seed=8, storage_options=options).shuffle(9, seed=5)
+        return wds.WebDataset(urls, shardshuffle=True, seed=seed, storage_options=options).shuffle(bufsize,
+                                                                                                   seed=seed)
 
     full = keys_of(build())
     assert len(full) == 40
-    for cuts in ([3], [17, 30], [39]):
-        got, _ = resume_in_pieces(build, cuts)
-        assert keys_of(got) == full
+    cuts = sorted(data.draw(st.lists(st.integers(0, 40), min_size=1, max_size=3)))
+    got, _ = resume_in_pieces(build, cuts)
+    assert keys_of(got) == full
 
 
 def test_resume_rereads_only_the_buffered_samples(http_store, tmp_path):
@@ -286,7 +299,7 @@ def test_resume_rereads_only_the_buffered_samples(http_store, tmp_path):
     state = ds.state_dict()
     shuffle = [s for _, kind, s in state["stages"] if kind == "Shuffle"][0]
     reader_state = [s for _, kind, s in state["stages"] if kind == "TarSamples"][0]
-    buffered = sum(end - start for _, start, end in shuffle["buffer"])
+    buffered = 512 * sum(blocks for _, _, blocks in shuffle["buffer"])
     assert reader_state["url"] == urls[1]
     again = build()
     again.load_state_dict(state)
@@ -398,3 +411,25 @@ def test_state_urls_are_data(tmp_path):
     with pytest.raises(StateMismatchError, match="shard list does not"):
         again.load_state_dict(state)
     assert not marker.exists()
+
+
+def test_webloader_resume_with_loader_batching(tmp_path):
+    """batch_size=N in the loader: torch collates in the workers; the state rides along with each batch."""
+    pytest.importorskip("torch")
+    urls = write_shards(tmp_path, [11, 9, 14, 6, 10])
+
+    def loader():
+        ds = wds.WebDataset(urls, shardshuffle=True, seed=3).shuffle(8, seed=7).to_tuple("__key__", "txt")
+        return wds.WebLoader(ds, batch_size=4, num_workers=2)
+
+    full = [list(b[0]) for b in loader()]
+    assert sorted(k for b in full for k in b) == sorted(keys_of(wds.WebDataset(urls)))
+    for cut in (3, len(full) - 1):
+        first = loader()
+        it = iter(first)
+        head = [list(next(it)[0]) for _ in range(cut)]
+        state = json.loads(json.dumps(first.state_dict()))
+        del it
+        second = loader()
+        second.load_state_dict(state)
+        assert head + [list(b[0]) for b in second] == full

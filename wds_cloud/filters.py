@@ -99,7 +99,7 @@ class _ShuffleRun:
 
     def __init__(self, rng: Any) -> None:
         self.buf: list = []
-        self.locs: list = []  # (shard ref, start, end) of each buffered sample, in buffer order
+        self.locs: list = []  # (shard ref, first block, blocks) of each buffered sample, in buffer order
         self.urls: dict = {}  # shard ref -> (url, compressed), for the refs in the buffer
         self.counts: dict = {}  # shard ref -> buffered samples from it
         self.rng = rng
@@ -173,7 +173,8 @@ class Shuffle(PipelineStage):
                     counts[ref] = 1
                     urls[ref] = (cursor.url, cursor.compressed)
                 where = cursor.where
-                loc = (ref, where[0], where[1])
+                start = where[0]
+                loc = (ref, start >> 9, (where[1] - start) >> 9)  # tar offsets are in 512-byte blocks
                 locs.append(loc)
                 if live.journal is not None:
                     live.journal.append(loc)
@@ -223,7 +224,10 @@ class Shuffle(PipelineStage):
         return {"bufsize": self.bufsize, "initial": self.initial}
 
     def state_dict(self) -> dict:
-        """The RNG and, for each buffered sample, ``[shard ref, start, end]``: plain JSON."""
+        """The RNG and, for each buffered sample, ``[shard ref, first block, blocks]``: plain JSON.
+
+        Positions are in 512-byte tar blocks (``"block": 512``); ``"urls"`` maps shard refs to URLs.
+        """
         if self._resume is not None:  # loaded, not yet iterated: still that state
             return dict(self._resume)
         live = self._live
@@ -243,7 +247,7 @@ class Shuffle(PipelineStage):
                 "or take the state where the buffer is empty")
         rng = live.rng.getstate()
         state = {"config": self._config(), "rng": list(rng) if not isinstance(rng, list) else rng,
-                 "urls": [[ref, url, compressed] for ref, (url, compressed) in live.urls.items()]}
+                 "urls": [[ref, url, compressed] for ref, (url, compressed) in live.urls.items()], "block": 512}
         if self.epoch_seeded:
             state["epoch"] = self.epoch
         return state
@@ -278,10 +282,11 @@ class Shuffle(PipelineStage):
         if state.get("fresh"):
             return []
         urls = {ref: (url, compressed) for ref, url, compressed in state.get("urls") or ()}
+        block = state.get("block", 512)
         out = []
-        for ref, start, end in state.get("buffer") or ():
+        for ref, first, blocks in state.get("buffer") or ():
             url, compressed = urls[ref]
-            out.append((url, start, end, bool(compressed), ref))
+            out.append((url, first * block, (first + blocks) * block, bool(compressed), ref))
         return out
 
 
