@@ -374,7 +374,7 @@ class TarSamples:
         if c is None:
             return {"fresh": True}
         state = {"shard": c.shard, "url": c.url, "offset": c.offset, "samples": c.samples, "done": c.done,
-                 "identity": c.identity}
+                 "identity": dict(c.identity) if c.identity is not None else None}
         if c.compressed:
             state["compressed"] = True
         if c.pax:
