@@ -142,14 +142,16 @@ def main() -> None:
                 lambda: wds.WebDataset(medium, shardshuffle=True).shuffle(BUFFER).decode("rgb8").to_tuple(
                     "jpg", "cls").batched(32),
         }
+        pairs = {"raw: shuffle(1000).batched(32)": 5 * args.repeat}
         print("\nper-step cost of state_dict(), in-process, 8,000 ~22 KB jpg samples, a step = a batch of 32; "
-              f"CPU time of the process, best of {2 * args.repeat + 1}, alternating")
-        print("| pipeline | epoch | per step | with state_dict() every step | state_dict() per call (median) | "
-              "calls x cost / epoch |")
+              "CPU time of the process; plain and with-state epochs alternate, the difference is the median "
+              "of the pairs' differences")
+        print("| pipeline | epoch (best) | per step | with state_dict() every step: median pair difference | "
+              "state_dict() per call (median) | calls x cost / epoch |")
         print("|---|---|---|---|---|---|")
         for name, pipeline in pipelines.items():
             plain, stepped, calls = [], [], []
-            for _ in range(2 * args.repeat + 1):
+            for _ in range(pairs.get(name, args.repeat)):
                 plain.append(epoch(pipeline(), None, time.process_time))
                 ds = pipeline()
 
@@ -159,22 +161,27 @@ def main() -> None:
                     calls.append(time.perf_counter() - started)
 
                 stepped.append(epoch(ds, take, time.process_time))
-            base, with_state = min(t for t, _ in plain), min(t for t, _ in stepped)
+            base = min(t for t, _ in plain)
+            diffs = sorted(s / p - 1 for (p, _), (s, _) in zip(plain, stepped))
             steps = plain[0][1]
             per_call = sorted(calls)[len(calls) // 2]
-            print(f"| {name} | {base * 1000:.0f} ms | {base / steps * 1e3:.2f} ms | {with_state * 1000:.0f} ms "
-                  f"({with_state / base - 1:+.1%}) | {per_call * 1e6:.1f} us | **{per_call * steps / base:.2%}** |")
+            print(f"| {name} | {base * 1000:.0f} ms | {base / steps * 1e3:.2f} ms | **{diffs[len(diffs) // 2]:+.1%}** "
+                  f"(of {len(diffs)} pairs; quartiles {diffs[len(diffs) // 4]:+.1%} / {diffs[3 * len(diffs) // 4]:+.1%}) | "
+                  f"{per_call * 1e6:.1f} us | {per_call * steps / base:.2%} |")
 
         raw = pipelines["raw: shuffle(1000).batched(32)"]
         rows = {"torch DataLoader": [], "WebLoader": []}
-        for _ in range(args.repeat):
+        for _ in range(3 * args.repeat):
             for name in rows:
                 cls = torch.utils.data.DataLoader if name == "torch DataLoader" else wds.WebLoader
                 loader = cls(raw(), batch_size=None, num_workers=2)
                 rows[name].append(epoch(loader, None)[0])
         t_torch, t_ours = min(rows["torch DataLoader"]), min(rows["WebLoader"])
-        print(f"\nraw batches, 2 workers: torch DataLoader {8000 / t_torch:,.0f} samples/s, WebLoader (every batch "
-              f"carries its worker's state) {8000 / t_ours:,.0f} samples/s: {t_ours / t_torch - 1:+.1%} time")
+        diffs = sorted(o / t - 1 for t, o in zip(rows["torch DataLoader"], rows["WebLoader"]))
+        print(f"\nraw batches, 2 workers, {len(diffs)} alternating pairs: torch DataLoader {8000 / t_torch:,.0f} "
+              f"samples/s, WebLoader (every batch carries its worker's state) {8000 / t_ours:,.0f} samples/s "
+              f"(best of each); median pair difference {diffs[len(diffs) // 2]:+.1%} time "
+              f"(quartiles {diffs[len(diffs) // 4]:+.1%} / {diffs[3 * len(diffs) // 4]:+.1%})")
     finally:
         server.terminate()
         server.wait()

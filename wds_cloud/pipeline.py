@@ -17,6 +17,7 @@ from itertools import islice
 from typing import Any, Callable, Iterator
 
 from .pytorch import DataLoader, IterableDataset
+from .resume import FORMAT
 from .stages import PipelineStage
 
 __all__ = ["DataPipeline", "add_length_method"]
@@ -153,14 +154,14 @@ class DataPipeline(IterableDataset, PipelineStage):
         return reader
 
     def _stateful(self) -> list:
+        """``(index, kind, stage)`` of the stages that save state (cached while the stage list is unchanged)."""
         pipeline = self.pipeline
         cached = self.__dict__.get("_stateful_cache")
-        if cached is not None and cached[0] == len(pipeline) and all(
-                pipeline[i] is stage for i, stage in cached[1]):
+        if cached is not None and cached[0] == pipeline:  # list equality: identity first, element by element
             return cached[1]
-        found = [(i, stage) for i, stage in enumerate(pipeline)
+        found = [(i, type(stage).__name__, stage) for i, stage in enumerate(pipeline)
                  if hasattr(stage, "state_dict") and hasattr(stage, "load_state_dict")]
-        self._stateful_cache = (len(pipeline), found)
+        self._stateful_cache = (list(pipeline), found)
         return found
 
     def state_dict(self) -> dict:
@@ -178,14 +179,13 @@ class DataPipeline(IterableDataset, PipelineStage):
         return self._state(True)
 
     def _state(self, fast: bool) -> dict:
-        from .resume import FORMAT
-
         progress = self._resume_progress if self._resume_progress is not None else self._progress
-        stages = []
-        for i, stage in self._stateful():
-            getter = getattr(stage, "_fast_state", None) if fast else None
-            stages.append([i, type(stage).__name__, getter() if getter is not None else stage.state_dict()])
-        return {"format": FORMAT, "progress": list(progress[:2]), "stages": stages}
+        if fast:
+            stages = [[i, kind, getattr(stage, "_fast_state", stage.state_dict)()]
+                      for i, kind, stage in self._stateful()]
+        else:
+            stages = [[i, kind, stage.state_dict()] for i, kind, stage in self._stateful()]
+        return {"format": FORMAT, "progress": [progress[0], progress[1]], "stages": stages}
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next iteration continue where ``state`` (from :meth:`state_dict`) stood."""
@@ -199,7 +199,7 @@ class DataPipeline(IterableDataset, PipelineStage):
                 f"{state.get('format') if isinstance(state, dict) else type(state).__name__!r}): pass the dict "
                 "that state_dict() returned")
         saved = {f"stage {i}": kind for i, kind, _ in state["stages"]}
-        here = {f"stage {i}": type(stage).__name__ for i, stage in self._stateful()}
+        here = {f"stage {i}": kind for i, kind, _ in self._stateful()}
         check_same("pipeline (its stages differ)", saved, here)
         self._wire()
         for i, _, stage_state in state["stages"]:
