@@ -433,3 +433,25 @@ def test_webloader_resume_with_loader_batching(tmp_path):
         second = loader()
         second.load_state_dict(state)
         assert head + [list(b[0]) for b in second] == full
+
+
+def test_resume_through_the_shard_cache(s3_shards, tmp_path):
+    """With a cache the current shard is read from the cached copy (or filled whole), and resume stays exact."""
+    urls, options = s3_shards
+
+    def build():
+        return wds.WebDataset(urls, shardshuffle=True, seed=6, storage_options=options,
+                              cache_dir=str(tmp_path / "cache")).shuffle(7, seed=1)
+
+    full = keys_of(build())  # fills the cache
+    for cuts in ([5], [18, 33]):
+        got, _ = resume_in_pieces(build, cuts)
+        assert keys_of(got) == full
+    cold = tmp_path / "cold"
+
+    def build_cold():
+        return wds.WebDataset(urls, shardshuffle=True, seed=6, storage_options=options,
+                              cache_dir=str(cold)).shuffle(7, seed=1)
+
+    got, _ = resume_in_pieces(build_cold, [21])
+    assert keys_of(got) == full
