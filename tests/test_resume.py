@@ -316,7 +316,7 @@ def test_resume_rereads_only_the_buffered_samples(http_store, tmp_path):
 
 
 def test_stateful_dataloader_two_workers(tmp_path):
-    torch = pytest.importorskip("torch")  # noqa: F841
+    pytest.importorskip("torch")
     sdl = pytest.importorskip("torchdata.stateful_dataloader")
     urls = write_shards(tmp_path, [11, 9, 14, 6, 10])
 

@@ -13,10 +13,10 @@ import logging
 import re
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
-from . import autodecode, cache, config, filters, shardlists
+from . import autodecode, cache, config, filters, loaderstate, shardlists
 from .handlers import reraise_exception
 from .pipeline import DataPipeline
-from .pytorch import DataLoader, IterableDataset
+from .pytorch import DataLoader
 from .resilient import StatsSink, TransferStats
 from .stages import PipelineStage
 from .tariterators import TarSamples
@@ -309,14 +309,14 @@ class WebLoader(DataPipeline, FluidInterface):
         self._untag = None
         if hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict") and not _sampled(args, kw):
             batch_size = args[1] if len(args) > 1 else kw.get("batch_size", 1)
-            ended = _Ended(dataset)
+            ended = loaderstate.Ended(dataset)
             if args:
                 args[0] = ended
             else:
                 kw["dataset"] = ended
-            kw["collate_fn"] = _StateCollate(kw.get("collate_fn"), batch_size is None, ended)
+            kw["collate_fn"] = loaderstate.StateCollate(kw.get("collate_fn"), batch_size is None, ended)
             num_workers = kw.get("num_workers", 0) if len(args) < 6 else args[5]
-            self._untag = _Untag(num_workers or 0)
+            self._untag = loaderstate.Untag(num_workers or 0)
             self._untag.dataset = dataset
         super().__init__(DataLoader(*args, **kw))
         if self._untag is not None:
@@ -349,7 +349,7 @@ class WebLoader(DataPipeline, FluidInterface):
         untag = self._untag
         return {"format": "wds_cloud.loader/1", "num_workers": untag.num_workers, "next": untag.next,
                 "exhausted": sorted(untag.exhausted), "epoch": self._auto_epoch - 1,
-                "workers": [[w, _jsonable(s)] for w, s in sorted(untag.states.items())],
+                "workers": [[w, loaderstate.jsonable(s)] for w, s in sorted(untag.states.items())],
                 "progress": list(self._progress[:2])}
 
     def load_state_dict(self, state: dict) -> None:
@@ -369,188 +369,5 @@ class WebLoader(DataPipeline, FluidInterface):
         self._resume_progress = list(state.get("progress") or (0, 0))
 
 
-def _jsonable(value: Any) -> Any:
-    """A copy of a resolved worker state that later batches cannot change (tuples are JSON arrays as they are)."""
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-def _resolve(state: Any, mirrors: dict, key: tuple) -> Any:
-    """A worker's full state from the delta it sent: shuffle journals replayed onto the buffers seen before."""
-    from .filters import apply_journal
-
-    if not isinstance(state, dict) or "stages" not in state:
-        return state
-    stages = []
-    for i, kind, stage in state["stages"]:
-        where = key + (i,)
-        if isinstance(stage, dict) and "run" in stage:
-            stage = dict(stage)
-            run = stage.pop("run")
-            if "buffer" in stage:
-                buffer = list(stage["buffer"])
-            else:
-                seen_run, previous = mirrors.get(where, (None, None))
-                if seen_run != run:  # cannot happen: a pass sends its whole buffer first
-                    raise RuntimeError("a worker sent a shuffle journal without the buffer it applies to")
-                buffer = apply_journal(previous, stage.pop("journal"))
-            mirrors[where] = (run, buffer)
-            stage["buffer"] = buffer
-        elif isinstance(stage, dict) and "stages" in stage:
-            stage = _resolve(stage, mirrors, where)
-        stages.append([i, kind, stage])
-    return dict(state, stages=stages)
-
-
 def _sampled(args: list, kw: dict) -> bool:
     return bool(kw.get("sampler") or kw.get("batch_sampler"))
-
-
-class _EndMark:
-    """The item a worker yields after its last one (a picklable marker)."""
-
-    __slots__ = ()
-
-
-class _Tagged:
-    """A loader item with the worker that made it and that worker's dataset state just after it."""
-
-    __slots__ = ("item", "worker", "state", "end")
-
-    def __init__(self, item: Any, worker: int, state: Any, end: bool) -> None:
-        self.item, self.worker, self.state, self.end = item, worker, state, end
-
-    def __reduce__(self):
-        return (_Tagged, (self.item, self.worker, self.state, self.end))
-
-
-class _Ended(IterableDataset):
-    """The dataset followed by one :class:`_EndMark`, so the loader learns when a worker has finished."""
-
-    def __init__(self, dataset: Any) -> None:
-        super().__init__()
-        self.dataset = dataset
-
-    def __iter__(self) -> Iterator:
-        yield from self.dataset
-        yield _EndMark()
-
-    def set_epoch(self, epoch: int) -> None:
-        if hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(epoch)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "dataset":
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
-
-
-class _StateCollate:
-    """The loader's collate function, run in the worker: tags each item with the worker's state after it.
-
-    It runs right after the worker's dataset yielded the last item of the batch (or the
-    item, with ``batch_size=None``), so ``state_dict()`` there is exactly the state to
-    resume after it.
-    """
-
-    def __init__(self, collate: Optional[Callable], per_item: bool, ended: _Ended) -> None:
-        self.collate = collate
-        self.per_item = per_item
-        self.ended = ended
-
-    def _default(self, data: Any) -> Any:
-        try:
-            from torch.utils.data import default_collate, default_convert
-        except ImportError:
-            return data
-        return default_convert(data) if self.per_item else default_collate(data)
-
-    def __call__(self, data: Any) -> _Tagged:
-        worker, ended = 0, self.ended
-        try:
-            from torch.utils.data import get_worker_info
-        except ImportError:
-            info = None
-        else:
-            info = get_worker_info()
-        if info is not None:
-            worker = info.id
-            if isinstance(info.dataset, _Ended):
-                ended = info.dataset  # the copy this worker iterates (spawned workers unpickle it separately)
-        dataset = ended.dataset
-        fast = getattr(dataset, "_fast_state", None)
-        state = fast() if fast is not None else dataset.state_dict()
-        if self.per_item:
-            if isinstance(data, _EndMark):
-                return _Tagged(None, worker, state, True)
-            return _Tagged(self.collate(data) if self.collate else self._default(data), worker, state, False)
-        items = [x for x in data if not isinstance(x, _EndMark)]
-        end = len(items) != len(data)
-        if not items:
-            return _Tagged(None, worker, state, True)
-        return _Tagged(self.collate(items) if self.collate else self._default(items), worker, state, end)
-
-
-class _Untag(PipelineStage):
-    """Main-process stage after the loader: strip the tags, keep each worker's latest state.
-
-    After a resume the loader starts its round-robin at worker 0, but the saved run was
-    due to continue at worker ``next``: items are held (at most one per worker) and given
-    out in the saved order, so the sequence is the one the uninterrupted run would have made.
-    """
-
-    def __init__(self, num_workers: int) -> None:
-        self.num_workers = num_workers
-        self.next: Optional[int] = 0
-        self.exhausted: set = set()
-        self.states: dict = {}
-        self._pending: Optional[tuple] = None
-        self.dataset: Any = None
-        self._mirrors: dict = {}  # (worker, stage path) -> (pass id, shuffle buffer) for the journals
-
-    def resume(self, next_worker: Optional[int], exhausted: set, states: dict) -> None:
-        self._pending = (next_worker, exhausted, states)
-
-    def run(self, src: Iterable) -> Iterator:
-        nxt, exhausted, states = self._pending or (0, set(), {})
-        self._pending = None
-        self.next, self.exhausted, self.states = nxt, set(exhausted), dict(states)
-        self._mirrors = {}
-        return self._reorder(src, max(1, self.num_workers))
-
-    def _after(self, worker: int, n: int) -> Optional[int]:
-        for step in range(1, n + 1):
-            candidate = (worker + step) % n
-            if candidate not in self.exhausted:
-                return candidate
-        return None
-
-    def _reorder(self, src: Iterable, n: int) -> Iterator:
-        from collections import deque
-
-        queues = [deque() for _ in range(n)]
-        for tagged in src:
-            if self.dataset is not None:
-                self.dataset._worker_states = None  # the workers have their states now
-            if not isinstance(tagged, _Tagged):
-                yield tagged
-                continue
-            queues[tagged.worker].append(tagged)
-            while self.next is not None and queues[self.next]:
-                worker = self.next
-                t = queues[worker].popleft()
-                self.states[worker] = _resolve(t.state, self._mirrors, (worker,))
-                if t.end:
-                    self.exhausted.add(worker)
-                self.next = self._after(worker, n)
-                if not (t.end and t.item is None):
-                    yield t.item
-        for queue in queues:  # the loader ended: anything still held goes out in worker order
-            while queue:
-                t = queue.popleft()
-                self.states[t.worker] = _resolve(t.state, self._mirrors, (t.worker,))
-                if not (t.end and t.item is None):
-                    yield t.item

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import sys
-from itertools import islice
 from typing import Any, Callable, Iterator
 
 from .pytorch import DataLoader, IterableDataset

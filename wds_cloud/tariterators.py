@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 from .errors import CorruptShardError, redact
-from .filters import pipelinefilter
+from .filters import pipelinefilter  # noqa: F401 - importable from here, as upstream
 from .handlers import reraise_exception
 from .tario import TarMembers
 

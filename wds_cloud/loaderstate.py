@@ -1,0 +1,205 @@
+"""How a ``WebLoader`` knows where each DataLoader worker stands.
+
+Worker processes cannot be asked for their state; instead each item carries
+it.  The loader's collate function (:class:`StateCollate`) runs in the worker
+right after the dataset yielded the item (or the last item of a batch), so the
+dataset's state taken there is exactly the state to resume after that item; it
+travels with the item as a :class:`Tagged`.  Only the changes to a shuffle
+buffer travel (a journal), and :func:`resolve` replays them in the main
+process.  :class:`Ended` makes each worker send an :class:`EndMark` when it has
+finished.  In the main process :class:`Untag` strips the tags, keeps each
+worker's latest state, and after a resume gives items out in the worker order
+the interrupted run was due to follow.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+from .pytorch import IterableDataset
+from .stages import PipelineStage
+
+__all__ = ["EndMark", "Tagged", "Ended", "StateCollate", "Untag", "resolve", "jsonable"]
+
+
+def jsonable(value: Any) -> Any:
+    """A copy of a resolved worker state that later batches cannot change (tuples are JSON arrays as they are)."""
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def resolve(state: Any, mirrors: dict, key: tuple) -> Any:
+    """A worker's full state from the delta it sent: shuffle journals replayed onto the buffers seen before."""
+    from .filters import apply_journal
+
+    if not isinstance(state, dict) or "stages" not in state:
+        return state
+    stages = []
+    for i, kind, stage in state["stages"]:
+        where = key + (i,)
+        if isinstance(stage, dict) and "run" in stage:
+            stage = dict(stage)
+            run = stage.pop("run")
+            if "buffer" in stage:
+                buffer = list(stage["buffer"])
+            else:
+                seen_run, previous = mirrors.get(where, (None, None))
+                if seen_run != run:  # cannot happen: a pass sends its whole buffer first
+                    raise RuntimeError("a worker sent a shuffle journal without the buffer it applies to")
+                buffer = apply_journal(previous, stage.pop("journal"))
+            mirrors[where] = (run, buffer)
+            stage["buffer"] = buffer
+        elif isinstance(stage, dict) and "stages" in stage:
+            stage = resolve(stage, mirrors, where)
+        stages.append([i, kind, stage])
+    return dict(state, stages=stages)
+
+
+class EndMark:
+    """The item a worker yields after its last one (a picklable marker)."""
+
+    __slots__ = ()
+
+
+class Tagged:
+    """A loader item with the worker that made it and that worker's dataset state just after it."""
+
+    __slots__ = ("item", "worker", "state", "end")
+
+    def __init__(self, item: Any, worker: int, state: Any, end: bool) -> None:
+        self.item, self.worker, self.state, self.end = item, worker, state, end
+
+    def __reduce__(self):
+        return (Tagged, (self.item, self.worker, self.state, self.end))
+
+
+class Ended(IterableDataset):
+    """The dataset followed by one :class:`EndMark`, so the loader learns when a worker has finished."""
+
+    def __init__(self, dataset: Any) -> None:
+        super().__init__()
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator:
+        yield from self.dataset
+        yield EndMark()
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+class StateCollate:
+    """The loader's collate function, run in the worker: tags each item with the worker's state after it.
+
+    It runs right after the worker's dataset yielded the last item of the batch (or the
+    item, with ``batch_size=None``), so ``state_dict()`` there is exactly the state to
+    resume after it.
+    """
+
+    def __init__(self, collate: Optional[Callable], per_item: bool, ended: Ended) -> None:
+        self.collate = collate
+        self.per_item = per_item
+        self.ended = ended
+
+    def _default(self, data: Any) -> Any:
+        try:
+            from torch.utils.data import default_collate, default_convert
+        except ImportError:
+            return data
+        return default_convert(data) if self.per_item else default_collate(data)
+
+    def __call__(self, data: Any) -> Tagged:
+        worker, ended = 0, self.ended
+        try:
+            from torch.utils.data import get_worker_info
+        except ImportError:
+            info = None
+        else:
+            info = get_worker_info()
+        if info is not None:
+            worker = info.id
+            if isinstance(info.dataset, Ended):
+                ended = info.dataset  # the copy this worker iterates (spawned workers unpickle it separately)
+        dataset = ended.dataset
+        fast = getattr(dataset, "_fast_state", None)
+        state = fast() if fast is not None else dataset.state_dict()
+        if self.per_item:
+            if isinstance(data, EndMark):
+                return Tagged(None, worker, state, True)
+            return Tagged(self.collate(data) if self.collate else self._default(data), worker, state, False)
+        items = [x for x in data if not isinstance(x, EndMark)]
+        end = len(items) != len(data)
+        if not items:
+            return Tagged(None, worker, state, True)
+        return Tagged(self.collate(items) if self.collate else self._default(items), worker, state, end)
+
+
+class Untag(PipelineStage):
+    """Main-process stage after the loader: strip the tags, keep each worker's latest state.
+
+    After a resume the loader starts its round-robin at worker 0, but the saved run was
+    due to continue at worker ``next``: items are held (at most one per worker) and given
+    out in the saved order, so the sequence is the one the uninterrupted run would have made.
+    """
+
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+        self.next: Optional[int] = 0
+        self.exhausted: set = set()
+        self.states: dict = {}
+        self._pending: Optional[tuple] = None
+        self.dataset: Any = None
+        self._mirrors: dict = {}  # (worker, stage path) -> (pass id, shuffle buffer) for the journals
+
+    def resume(self, next_worker: Optional[int], exhausted: set, states: dict) -> None:
+        self._pending = (next_worker, exhausted, states)
+
+    def run(self, src: Iterable) -> Iterator:
+        nxt, exhausted, states = self._pending or (0, set(), {})
+        self._pending = None
+        self.next, self.exhausted, self.states = nxt, set(exhausted), dict(states)
+        self._mirrors = {}
+        return self._reorder(src, max(1, self.num_workers))
+
+    def _after(self, worker: int, n: int) -> Optional[int]:
+        for step in range(1, n + 1):
+            candidate = (worker + step) % n
+            if candidate not in self.exhausted:
+                return candidate
+        return None
+
+    def _reorder(self, src: Iterable, n: int) -> Iterator:
+        from collections import deque
+
+        queues = [deque() for _ in range(n)]
+        for tagged in src:
+            if self.dataset is not None:
+                self.dataset._worker_states = None  # the workers have their states now
+            if not isinstance(tagged, Tagged):
+                yield tagged
+                continue
+            queues[tagged.worker].append(tagged)
+            while self.next is not None and queues[self.next]:
+                worker = self.next
+                t = queues[worker].popleft()
+                self.states[worker] = resolve(t.state, self._mirrors, (worker,))
+                if t.end:
+                    self.exhausted.add(worker)
+                self.next = self._after(worker, n)
+                if not (t.end and t.item is None):
+                    yield t.item
+        for queue in queues:  # the loader ended: anything still held goes out in worker order
+            while queue:
+                t = queue.popleft()
+                self.states[t.worker] = resolve(t.state, self._mirrors, (t.worker,))
+                if not (t.end and t.item is None):
+                    yield t.item
