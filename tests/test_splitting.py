@@ -134,3 +134,22 @@ def test_the_readme_recipe_runs():
                          timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ok: both ranks made the same number of batches" in out.stdout
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_torch_dataloader_epochs_advance_without_set_epoch(tmp_path, persistent):
+    """torch's DataLoader restarts its workers from the main process's copy every epoch; the shard
+    order still moves on, and is the one set_epoch(n) would give."""
+    torch = pytest.importorskip("torch")
+    urls = write_shards(tmp_path, [4] * 8)
+
+    def loader(epoch=None):
+        ds = wds.WebDataset(urls, shardshuffle=True, seed=3).to_tuple("__key__")
+        if epoch is not None:
+            ds.set_epoch(epoch)
+        return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=persistent)
+
+    dl = loader()
+    passes = [[k for (k,) in dl] for _ in range(3)]
+    assert passes[0] != passes[1] != passes[2]
+    assert passes == [[k for (k,) in loader(e)] for e in range(3)]

@@ -152,8 +152,63 @@ def slot_shards(n: int, seed: Optional[int], epoch: int, world_size: int, num_wo
     return [order[rank::world_size][worker::num_workers] for rank in range(world_size) for worker in range(num_workers)]
 
 
+class _EpochClock:
+    """Counts the passes of torch ``DataLoader``s over a dataset, across their worker processes.
+
+    A ``DataLoader`` without persistent workers starts each epoch with fresh copies of the
+    dataset as the main process holds it, so a counter kept in the copies never moves: every
+    epoch would read the shards in the same order and every worker the same subset.  This
+    clock is one shared 64-bit word made in the main process (inherited by forked workers,
+    passed to spawned ones) holding a hash of the loader's base seed for the last pass and
+    that pass's epoch.  The workers of a new pass (a new base seed) all compute the same new
+    word from the old one, so they agree without a lock (a lock made for "fork" could not go
+    to "spawn" workers), and a single aligned word is written whole.
+    """
+
+    def __init__(self) -> None:
+        try:
+            import multiprocessing
+
+            self._shared: Any = multiprocessing.RawValue("q", 0)  # (seed hash << 32) | (epoch + 1)
+        except Exception:  # no shared memory here (some sandboxes): set_epoch() still works
+            self._shared = None
+
+    def __getstate__(self) -> dict:
+        from multiprocessing import context
+
+        # Shared memory travels only to a process being started; any other pickle leaves it out.
+        return {"shared": self._shared if context.get_spawning_popen() is not None else None}
+
+    def __setstate__(self, state: dict) -> None:
+        self._shared = state["shared"]
+
+    def worker_epoch(self, local: int, explicit: Optional[int]) -> Optional[int]:
+        """The epoch of this pass in a DataLoader worker (None outside one, or without shared memory)."""
+        torch = sys.modules.get("torch")
+        if self._shared is None or torch is None:
+            return None
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return None
+        base = info.seed - info.id  # the same for every worker of one pass, new for each pass
+        tag = ((base ^ (base >> 31)) & 0x7FFFFFFF) or 1
+        word = self._shared.value
+        if explicit is not None:
+            epoch = explicit
+        elif word >> 32 == tag:  # another worker of this pass got here first
+            return (word & 0xFFFFFFFF) - 1
+        else:
+            epoch = max((word & 0xFFFFFFFF) - 1, local) + 1
+        self._shared.value = (tag << 32) | (epoch + 1)
+        return epoch
+
+
 class _Epochs:
-    """Epoch bookkeeping of shard lists: ``set_epoch(n)`` fixes the next pass, else each pass advances."""
+    """Epoch bookkeeping of shard lists: ``set_epoch(n)`` fixes the next pass, else each pass advances.
+
+    In DataLoader workers started afresh for every epoch, the pass count comes from an
+    :class:`_EpochClock` shared with the main process, so the epoch advances there too.
+    """
 
     epoch = -1
     _epoch_set = False
@@ -162,9 +217,18 @@ class _Epochs:
         self.epoch = epoch
         self._epoch_set = True
 
+    def _start_clock(self) -> None:
+        self._clock = _EpochClock()
+        self._run_pid = os.getpid()
+
     def _next_epoch(self) -> int:
-        if not self._epoch_set:
-            self.epoch += 1
+        explicit = self.epoch if self._epoch_set else None
+        clock = self.__dict__.get("_clock")
+        fresh_copy = self.__dict__.get("_run_pid") != os.getpid()  # first pass in this (worker) process
+        self._run_pid = os.getpid()
+        shared = clock.worker_epoch(self.epoch, explicit) if clock is not None and fresh_copy else None
+        if explicit is None:
+            self.epoch = shared if shared is not None else self.epoch + 1
         self._epoch_set = False
         return self.epoch
 
@@ -199,6 +263,7 @@ class SimpleShardList(_Epochs, PipelineStage):
         if not self.urls:
             raise ValueError(f"the shard spec {urls!r} names no shards")
         self.seed = seed
+        self._start_clock()
 
     def __len__(self) -> int:
         return len(self.urls)
@@ -274,6 +339,7 @@ class ResampledShards(_Epochs, PipelineStage):
         self.worker_seed = worker_seed
         self.deterministic = deterministic
         self.seed = seed
+        self._start_clock()
 
     def run(self) -> Iterator[dict]:
         self._next_epoch()
