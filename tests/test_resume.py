@@ -455,3 +455,33 @@ def test_resume_through_the_shard_cache(s3_shards, tmp_path):
 
     got, _ = resume_in_pieces(build_cold, [21])
     assert keys_of(got) == full
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on a 2-core machine
+@pytest.mark.parametrize("sizes,equal_work", [([5, 5, 8], 7), ([2, 10, 14], 20)])
+def test_webloader_resume_with_equal_work(tmp_path, sizes, equal_work):
+    """Found by fuzzing: a worker that reached its equal_work count, or that goes over its shard again
+    and again, continues exactly; a state taken right after loading (before any item) is the loaded one."""
+    pytest.importorskip("torch")
+    urls = write_shards(tmp_path, sizes)
+
+    def loader():
+        ds = (wds.WebDataset(urls, shardshuffle=True, seed=9, equal_work=equal_work).shuffle(3, seed=9)
+              .to_tuple("__key__").batched(5, collation_fn=lambda s: [k for (k,) in s]))
+        return wds.WebLoader(ds, batch_size=None, num_workers=3)
+
+    full = list(loader())
+    assert sum(len(b) for b in full) == 3 * equal_work
+    for cut in (2, 4, len(full) - 1):
+        first = loader()
+        it = iter(first)
+        head = [next(it) for _ in range(cut)]
+        state = json.loads(json.dumps(first.state_dict()))
+        del it
+        second = loader()
+        second.load_state_dict(state)
+        iter(second)
+        assert second.state_dict() == state  # loaded, not yet read: still the loaded state
+        third = loader()
+        third.load_state_dict(state)
+        assert head + list(third) == full

@@ -321,7 +321,8 @@ class WebLoader(DataPipeline, FluidInterface):
         super().__init__(DataLoader(*args, **kw))
         if self._untag is not None:
             self.append(self._untag)
-        self._auto_epoch = 0
+        self._auto_epoch = 0  # the epoch of the next pass
+        self._pass_epoch = 0  # the epoch of the current (or loaded) pass
 
     def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch)
@@ -332,9 +333,13 @@ class WebLoader(DataPipeline, FluidInterface):
     def __iter__(self) -> Iterator:
         dataset = self._dataset
         resuming = getattr(dataset, "_worker_states", None) is not None
-        if dataset is not None and hasattr(dataset, "set_epoch") and not resuming:
-            dataset.set_epoch(self._auto_epoch)  # before the workers start: each pass a new order
-        self._auto_epoch += 1
+        if resuming:  # the workers' states say which epoch this pass continues
+            epoch = self._pass_epoch
+        else:
+            epoch = self._auto_epoch
+            if dataset is not None and hasattr(dataset, "set_epoch"):
+                dataset.set_epoch(epoch)  # before the workers start: each pass a new order
+        self._pass_epoch, self._auto_epoch = epoch, epoch + 1
         return super().__iter__()
 
     def state_dict(self) -> dict:
@@ -347,10 +352,12 @@ class WebLoader(DataPipeline, FluidInterface):
             if isinstance(stage, Shuffle):
                 stage.state_dict()  # raises if its buffer holds items, which cannot be fetched again
         untag = self._untag
-        return {"format": "wds_cloud.loader/1", "num_workers": untag.num_workers, "next": untag.next,
-                "exhausted": sorted(untag.exhausted), "epoch": self._auto_epoch - 1,
-                "workers": [[w, loaderstate.jsonable(s)] for w, s in sorted(untag.states.items())],
-                "progress": list(self._progress[:2])}
+        next_worker, exhausted, states = untag.current()
+        progress = self._resume_progress if self._resume_progress is not None else self._progress
+        return {"format": "wds_cloud.loader/1", "num_workers": untag.num_workers, "next": next_worker,
+                "exhausted": sorted(exhausted), "epoch": self._pass_epoch,
+                "workers": [[w, loaderstate.jsonable(s)] for w, s in sorted(states.items())],
+                "progress": list(progress[:2])}
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next pass continue where ``state`` (from :meth:`state_dict`) stood."""
@@ -365,7 +372,8 @@ class WebLoader(DataPipeline, FluidInterface):
         workers = {int(w): s for w, s in state["workers"]}
         self._untag.resume(state["next"], set(state["exhausted"]), workers)
         self._dataset._worker_states = dict(workers)
-        self._auto_epoch = state.get("epoch", 0) + 1
+        self._pass_epoch = state.get("epoch", 0)
+        self._auto_epoch = self._pass_epoch + 1
         self._resume_progress = list(state.get("progress") or (0, 0))
 
 

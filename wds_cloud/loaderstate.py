@@ -163,6 +163,12 @@ class Untag(PipelineStage):
     def resume(self, next_worker: Optional[int], exhausted: set, states: dict) -> None:
         self._pending = (next_worker, exhausted, states)
 
+    def current(self) -> tuple:
+        """(next worker, exhausted workers, states): a loaded state until a pass has begun with it."""
+        if self._pending is not None:
+            return self._pending
+        return self.next, self.exhausted, self.states
+
     def run(self, src: Iterable) -> Iterator:
         nxt, exhausted, states = self._pending or (0, set(), {})
         self._pending = None

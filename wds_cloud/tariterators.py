@@ -464,9 +464,12 @@ class TarSamples:
         skip = resume["shard"] if resume is not None else 0
         split = key_rule(self.keys)
         select = self._member_filter()
-        for index, source in enumerate(self._shards(src, cursor, limit)):
+        for index, source in enumerate(self._shards(src, cursor, limit, skip)):
             if index < skip:
                 continue
+            if limit is not None and where[2] >= limit:  # reached before this shard (a resumed pass)
+                cursor.done = True
+                return
             url = source["url"]
             offset, pax = 0, {}
             resuming_here = resume is not None and index == skip
@@ -511,12 +514,17 @@ class TarSamples:
                     _close(stream)
         cursor.done = True
 
-    def _shards(self, src: Iterable[dict], cursor: _Cursor, limit: Optional[int]) -> Iterator[dict]:
-        """The shard items, and with a ``limit`` not yet reached, the same items again from the first."""
+    def _shards(self, src: Iterable[dict], cursor: _Cursor, limit: Optional[int], skip: int = 0) -> Iterator[dict]:
+        """The shard items, and with a ``limit`` not yet reached, the same items again from the first.
+
+        ``skip`` items are passed over unread (a resumed pass), so they count for nothing.
+        """
         seen = []
+        given = 0
         for source in src:
             if limit is not None:
                 seen.append(source)
+            given += 1
             yield source
         if limit is None or cursor.samples >= limit:
             return
@@ -527,11 +535,12 @@ class TarSamples:
                 f"{limit} samples; use at least {world_size * num_workers} shards "
                 "(ranks x workers) or fewer DataLoader workers")
         while cursor.samples < limit:
-            before = cursor.samples
+            before, first = cursor.samples, given
             for source in seen:
+                given += 1
                 yield {k: v for k, v in source.items() if k != "stream"}
-            if cursor.samples == before:
-                return  # the shards hold no samples: stop rather than loop forever
+            if cursor.samples == before and first > skip:
+                return  # a whole round of reading gave no sample: stop rather than loop forever
 
 
 def tarfile_to_samples(handler: Callable = reraise_exception, **kw: Any) -> TarSamples:
