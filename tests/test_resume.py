@@ -485,3 +485,27 @@ def test_webloader_resume_with_equal_work(tmp_path, sizes, equal_work):
         third = loader()
         third.load_state_dict(state)
         assert head + list(third) == full
+
+
+@pytest.mark.parametrize("num_workers", [None, 0, 2])
+def test_state_between_epochs_is_the_start_of_the_next(tmp_path, num_workers):
+    """A state taken after iter() but before the first item of the next epoch starts that epoch."""
+    if num_workers is not None:
+        pytest.importorskip("torch")
+    urls = write_shards(tmp_path, [6, 7, 5, 8])
+
+    def build():
+        ds = wds.WebDataset(urls, shardshuffle=True, seed=2).shuffle(4, seed=3).to_tuple("__key__")
+        return ds if num_workers is None else wds.WebLoader(ds, batch_size=None, num_workers=num_workers)
+
+    reference = build()
+    epochs = [list(reference), list(reference)]
+    assert epochs[0] != epochs[1]
+    ds = build()
+    assert list(ds) == epochs[0]
+    it = iter(ds)  # epoch 1 made, not begun
+    state = json.loads(json.dumps(ds.state_dict()))
+    del it
+    again = build()
+    again.load_state_dict(state)
+    assert list(again) == epochs[1]

@@ -117,6 +117,9 @@ class CheckEmpty(PipelineStage):
     def state_dict(self) -> dict:
         return {"seen": self._seen[0] or self._resume_seen}
 
+    def _next_pass_state(self) -> dict:
+        return {"seen": self._resume_seen}
+
     def load_state_dict(self, state: dict) -> None:
         self._resume_seen = bool(state.get("seen"))
 
@@ -333,12 +336,11 @@ class WebLoader(DataPipeline, FluidInterface):
     def __iter__(self) -> Iterator:
         dataset = self._dataset
         resuming = getattr(dataset, "_worker_states", None) is not None
-        if resuming:  # the workers' states say which epoch this pass continues
-            epoch = self._pass_epoch
-        else:
-            epoch = self._auto_epoch
-            if dataset is not None and hasattr(dataset, "set_epoch"):
-                dataset.set_epoch(epoch)  # before the workers start: each pass a new order
+        epoch = self._pass_epoch if resuming else self._auto_epoch  # a resumed pass continues its epoch
+        if dataset is not None and hasattr(dataset, "set_epoch"):
+            dataset.set_epoch(epoch)  # before the workers start: each pass a new order
+        if not resuming and self._untag is not None:
+            self._untag.resume(0, set(), {})  # a new pass: no worker has delivered anything yet
         self._pass_epoch, self._auto_epoch = epoch, epoch + 1
         return super().__iter__()
 

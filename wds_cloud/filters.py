@@ -271,11 +271,21 @@ class Shuffle(PipelineStage):
         live.journal = []
         return state
 
+    def _next_pass_state(self) -> dict:
+        if self._resume is not None:
+            return dict(self._resume)
+        state = {"fresh": True, "config": self._config()}
+        if self.epoch_seeded:
+            state["epoch"] = self.epoch + 1
+        return state
+
     def load_state_dict(self, state: dict) -> None:
         from .resume import check_same
 
         check_same("shuffle", state.get("config") or {}, self._config())
         self._resume = None if state.get("fresh") else state
+        if state.get("fresh") and "epoch" in state:
+            self.epoch = state["epoch"] - 1  # run() advances before use
 
     def replay_locations(self, state: dict) -> list:
         """``(url, start, end, compressed, ref)`` of the buffered samples of ``state``, in buffer order."""

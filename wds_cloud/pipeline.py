@@ -28,6 +28,14 @@ def add_length_method(obj: Any) -> Any:
     return obj
 
 
+def _next_pass_state(stage: Any) -> dict:
+    """A stage's state at the start of its next pass (a stage without ``_next_pass_state``: its state)."""
+    if isinstance(stage, DataPipeline):
+        return stage._state(False, next_pass=True)
+    getter = getattr(stage, "_next_pass_state", None)
+    return getter() if getter is not None else stage.state_dict()
+
+
 class DataPipeline(IterableDataset, PipelineStage):
     """A pipeline of stages; ``DataPipeline(source, stage1, stage2, ...)``."""
 
@@ -40,7 +48,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         self.size = None
         self._has_length = False
         self.epoch = None
-        self._progress = [0, 0]  # (pass, samples yielded) of the most recent iterator
+        self._progress = [0, 0, True]  # (pass, samples yielded, begun) of the most recent iterator
         self._resume_progress = None
         self._worker_states = None  # per-DataLoader-worker states, applied in each worker (WebLoader)
         for arg in args:
@@ -78,7 +86,7 @@ class DataPipeline(IterableDataset, PipelineStage):
 
     def iterator(self) -> Iterator:
         """``repetitions`` passes; stops early when a pass yields nothing."""
-        self._progress = [0, 0]
+        self._progress = [0, 0, False]
         return self._run(self._progress, None)
 
     def __iter__(self) -> Iterator:
@@ -86,11 +94,13 @@ class DataPipeline(IterableDataset, PipelineStage):
             self._apply_worker_state()
         resume, self._resume_progress = self._resume_progress, None
         limit = self.nsamples if self.repetitions != 1 and self.nsamples > 0 else None
-        self._progress = [resume[0], resume[1]] if resume else [0, 0]  # at once: state_dict may come before next()
+        # at once: state_dict() may come before next(); a resumed pass is "begun" (its stages hold the state)
+        self._progress = [resume[0], resume[1], True] if resume else [0, 0, False]
         return self._run(self._progress, limit)
 
     def _run(self, progress: list, limit: Any) -> Iterator:
-        first, count = progress
+        first, count = progress[0], progress[1]
+        progress[2] = True
         if limit is not None and count >= limit:
             return
         for repetition in range(first, self.repetitions):
@@ -177,8 +187,12 @@ class DataPipeline(IterableDataset, PipelineStage):
         """:meth:`state_dict` where stages may give arrays instead of lists (for passing between processes)."""
         return self._state(True)
 
-    def _state(self, fast: bool) -> dict:
+    def _state(self, fast: bool, next_pass: bool = False) -> dict:
         progress = self._resume_progress if self._resume_progress is not None else self._progress
+        if next_pass or (self._resume_progress is None and not self._progress[2]):
+            # iter() was called but the pass has not begun: its stages still describe the pass before
+            return {"format": FORMAT, "progress": [0, 0],
+                    "stages": [[i, kind, _next_pass_state(stage)] for i, kind, stage in self._stateful()]}
         if fast:
             stages = [[i, kind, getattr(stage, "_fast_state", stage.state_dict)()]
                       for i, kind, stage in self._stateful()]

@@ -247,6 +247,9 @@ class _Epochs:
         """The epoch of the most recent pass (the order of the shards follows from it)."""
         return {"epoch": self.epoch, "config": self._config()}
 
+    def _next_pass_state(self) -> dict:
+        return {"epoch": self.epoch if self._epoch_set else self.epoch + 1, "config": self._config()}
+
     def load_state_dict(self, state: dict) -> None:
         from .resume import check_same
 

@@ -381,6 +381,9 @@ class TarSamples:
             state["pax"] = dict(c.pax)
         return state
 
+    def _next_pass_state(self) -> dict:
+        return dict(self._resume) if self._resume is not None else {"fresh": True}
+
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` on the next pass."""
         self._resume = None if state.get("fresh") else dict(state)
