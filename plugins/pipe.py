@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import IO, Optional
 
-from wds_cloud.backend import Backend
+from wds_cloud.backend import Backend, skip
 from wds_cloud.errors import ConfigError
 from wds_cloud.hookspecs import hookimpl
 from wds_cloud.pipes import Pipe
@@ -24,12 +24,7 @@ class PipeBackend(Backend):
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **kw: object) -> IO[bytes]:
         pipe = Pipe(self._command(url), "rb", bufsize or self.settings.bufsize, url=url)
         if offset:  # a command's output cannot seek: skip what was asked to be skipped
-            remaining = offset
-            while remaining > 0:
-                chunk = pipe.read(min(remaining, 1 << 20))
-                if not chunk:
-                    break
-                remaining -= len(chunk)
+            skip(pipe.read, offset)
         return pipe
 
     def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:

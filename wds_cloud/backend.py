@@ -13,7 +13,7 @@ from typing import IO, Any, Callable, Iterator, Optional, Sequence
 from .config import Settings
 from .errors import MissingExtraError
 
-__all__ = ["Backend", "ReadStream", "ObjectInfo", "missing_modules", "require", "fsspec_list", "read_to_end"]
+__all__ = ["Backend", "ReadStream", "ObjectInfo", "missing_modules", "require", "fsspec_list", "read_to_end", "skip"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +33,17 @@ def read_to_end(read: Callable[[int], bytes], piece: int = 1 << 20) -> bytes:
         if not chunk:
             return b"".join(parts)
         parts.append(chunk)
+
+
+def skip(read: Callable[[int], bytes], n: int, piece: int = 1 << 20) -> int:
+    """Read and drop ``n`` bytes with ``read(k)`` (for streams that cannot seek); returns how many there were."""
+    left = n
+    while left > 0:
+        chunk = read(min(left, piece))
+        if not chunk:
+            break
+        left -= len(chunk)
+    return n - left
 
 
 def missing_modules(modules: Sequence[str]) -> list[str]:

@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from .atomic import AtomicFile
+from .backend import skip
 from .handlers import reraise_exception
 from .registry import split_scheme
 from .stages import PipelineStage
@@ -258,12 +259,7 @@ class FileCache(PipelineStage):
                 if hasattr(stream, "seek") and hasattr(stream, "fileno"):
                     stream.seek(offset)
                 else:
-                    left = offset
-                    while left > 0:
-                        chunk = stream.read(min(left, 1 << 20))
-                        if not chunk:
-                            break
-                        left -= len(chunk)
+                    skip(stream.read, offset)
             except BaseException:
                 stream.close()
                 raise

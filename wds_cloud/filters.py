@@ -80,12 +80,6 @@ def _info(data: Iterable, fmt: Optional[str] = None, n: int = 3, every: int = -1
 info = pipelinefilter(_info)
 
 
-def _pick(buf: list, rng: random.Random) -> Any:
-    k = rng.randint(0, len(buf) - 1)
-    buf[k], buf[-1] = buf[-1], buf[k]
-    return buf.pop()
-
-
 def _shuffle(data: Iterable, bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random] = None,
              handler: Any = None, seed: Optional[int] = None) -> Iterator:
     """Shuffle through a buffer of ``bufsize`` samples, starting once ``initial`` are buffered."""

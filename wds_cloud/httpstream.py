@@ -17,7 +17,7 @@ import struct
 import urllib.parse
 from typing import Callable, Mapping, Optional
 
-from .backend import read_to_end
+from .backend import read_to_end, skip
 from .errors import CredentialsError, ShardNotFoundError, TransferError, redact
 
 __all__ = ["HTTPReadStream", "request", "raise_for_status", "AccessDeniedError", "connection_error"]
@@ -204,12 +204,7 @@ class HTTPReadStream:
         self.closed = False
 
     def _discard(self, n: int) -> None:
-        while n > 0:
-            chunk = self._response.read(min(n, 1 << 20))
-            if not chunk:
-                break
-            n -= len(chunk)
-            self.skipped += len(chunk)
+        self.skipped += skip(self._response.read, n)
         if self.remaining is not None:
             self.remaining -= self.offset
 

@@ -357,12 +357,7 @@ class CachedShard:
         self._complete = False  # following a file that is now published whole
         self._poll = POLL_MIN
         if lock is not None:
-            try:
-                self._start_fill(lock)
-            except BaseException:
-                self._release()
-                lock.close()
-                raise
+            self._fill_holding(lock)
 
     @classmethod
     def follow(cls, cache: ShardCache, url: str, path: str, opener: Callable[[int], Any]) -> Optional["CachedShard"]:
@@ -380,6 +375,15 @@ class CachedShard:
         return self
 
     # filling
+    def _fill_holding(self, lock: Any) -> None:
+        """Start filling with the fill ``lock`` held; on failure let go of everything, the lock included."""
+        try:
+            self._start_fill(lock)
+        except BaseException:
+            self._release()
+            lock.close()
+            raise
+
     def _start_fill(self, lock: Any) -> None:
         """Begin (or resume, or take over) the fill; we hold ``N.lock``."""
         self._lock = lock
@@ -480,12 +484,7 @@ class CachedShard:
             raise ObjectChangedError(f"{redact(self.url)}: the cache entry being read was replaced (the object "
                                      "changed); read it again", url=self.url, offset=self.position)
         log.info("cache: the process filling %s stopped at byte %d; taking over", self.path, self.position)
-        try:
-            self._start_fill(lock)
-        except BaseException:
-            self._release()
-            lock.close()
-            raise
+        self._fill_holding(lock)
 
     # reading
     def readable(self) -> bool:
