@@ -27,6 +27,7 @@ from .errors import (
     CredentialsError,
     DecodingError,
     MissingExtraError,
+    NotResumableError,
     ObjectChangedError,
     PipeError,
     PluginConflictError,
@@ -122,6 +123,6 @@ __all__ = [
     "errors", "tenbin", "utils",
     # errors
     "WdsCloudError", "ConfigError", "UnknownSchemeError", "CorruptShardError", "SampleError",
-    "StateMismatchError", "MissingExtraError", "PluginError", "PluginConflictError", "ShardNotFoundError",
+    "StateMismatchError", "NotResumableError", "MissingExtraError", "PluginError", "PluginConflictError", "ShardNotFoundError",
     "SecurityError", "CredentialsError", "TransferError", "PipeError", "ObjectChangedError",
 ]

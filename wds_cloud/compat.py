@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 from . import autodecode, cache, config, filters, loaderstate, shardlists
 from .handlers import reraise_exception
+from .errors import NotResumableError
 from .pipeline import DataPipeline
 from .pytorch import DataLoader
 from .resilient import StatsSink, TransferStats
@@ -310,7 +311,10 @@ class WebLoader(DataPipeline, FluidInterface):
         dataset = args[0] if args else kw.get("dataset")
         self._dataset = dataset
         self._untag = None
-        if hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict") and not _sampled(args, kw):
+        # Why state_dict() cannot work here (None: it can).  Decided from the stages alone; a
+        # pipeline that cannot be resumed is iterated exactly as torch's DataLoader would.
+        self._blocker = _resume_blocker(dataset, args, kw)
+        if self._blocker is None:
             batch_size = args[1] if len(args) > 1 else kw.get("batch_size", 1)
             ended = loaderstate.Ended(dataset)
             if args:
@@ -349,12 +353,16 @@ class WebLoader(DataPipeline, FluidInterface):
         from .filters import Shuffle
 
         if self._untag is None:
-            raise TypeError("this WebLoader's dataset has no state_dict (give it a WebDataset or DataPipeline)")
+            raise NotResumableError(f"this WebLoader cannot save a resumable state: {self._blocker}")
         for stage in self.pipeline[2:]:
             if isinstance(stage, Shuffle):
                 stage.state_dict()  # raises if its buffer holds items, which cannot be fetched again
         untag = self._untag
         next_worker, exhausted, states = untag.current()
+        for worker, state in states.items():
+            if isinstance(state, loaderstate.Unavailable):
+                raise NotResumableError(f"this WebLoader cannot save a resumable state: DataLoader worker "
+                                        f"{worker} could not take its dataset's state: {state.reason}")
         progress = self._resume_progress if self._resume_progress is not None else self._progress
         return {"format": "wds_cloud.loader/1", "num_workers": untag.num_workers, "next": next_worker,
                 "exhausted": sorted(exhausted), "epoch": self._pass_epoch,
@@ -367,7 +375,7 @@ class WebLoader(DataPipeline, FluidInterface):
         from .resume import check_same
 
         if self._untag is None:
-            raise TypeError("this WebLoader's dataset has no load_state_dict (give it a WebDataset or DataPipeline)")
+            raise NotResumableError(f"this WebLoader cannot load a state: {self._blocker}")
         if not isinstance(state, dict) or state.get("format") != "wds_cloud.loader/1":
             raise StateMismatchError("not a WebLoader state: pass the dict that WebLoader.state_dict() returned")
         check_same("WebLoader", {"num_workers": state["num_workers"]}, {"num_workers": self._untag.num_workers})
@@ -379,5 +387,12 @@ class WebLoader(DataPipeline, FluidInterface):
         self._resume_progress = list(state.get("progress") or (0, 0))
 
 
-def _sampled(args: list, kw: dict) -> bool:
-    return bool(kw.get("sampler") or kw.get("batch_sampler"))
+def _resume_blocker(dataset: Any, args: list, kw: dict) -> Optional[str]:
+    """Why a WebLoader over ``dataset`` cannot save states (None: it can), known before iterating."""
+    if not (hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict")):
+        return (f"its dataset ({type(dataset).__name__}) has no state_dict/load_state_dict; give it a "
+                "WebDataset or DataPipeline")
+    if kw.get("sampler") or kw.get("batch_sampler"):
+        return "it was given a sampler; a resumable WebLoader takes its items in the dataset's own order"
+    blocker = getattr(dataset, "_resume_blocker", None)
+    return blocker() if blocker is not None else None

@@ -11,6 +11,7 @@ data loader already catch::
     ├── DecodingError(ValueError)          a sample field could not be decoded
     ├── SampleError(ValueError)            a sample to be written is invalid (bad key, duplicate field)
     ├── StateMismatchError(ValueError)     a saved state does not fit the dataset it is loaded into
+    │   └── NotResumableError(TypeError)   state_dict() of a pipeline that cannot be resumed
     ├── MissingExtraError(ImportError)     an optional dependency is not installed
     ├── PluginError(RuntimeError)          a plugin misbehaves or cannot be loaded
     │   └── PluginConflictError            two plugins claim one scheme
@@ -38,6 +39,7 @@ __all__ = [
     "DecodingError",
     "SampleError",
     "StateMismatchError",
+    "NotResumableError",
     "MissingExtraError",
     "PluginError",
     "PluginConflictError",
@@ -103,6 +105,13 @@ class SampleError(WdsCloudError, ValueError):
 
 class StateMismatchError(WdsCloudError, ValueError):
     """A saved iterator state does not match the dataset it is loaded into."""
+
+
+class NotResumableError(StateMismatchError, TypeError):
+    """``state_dict()`` was asked of a pipeline that cannot be resumed; the message names the stage and the fix.
+
+    Raised only by ``state_dict()``: such a pipeline iterates as any other.
+    """
 
 
 class MissingExtraError(WdsCloudError, ImportError):

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 from .pytorch import IterableDataset
 from .stages import PipelineStage
 
-__all__ = ["EndMark", "Tagged", "Ended", "StateCollate", "Untag", "resolve", "jsonable"]
+__all__ = ["EndMark", "Unavailable", "Tagged", "Ended", "StateCollate", "Untag", "resolve", "jsonable"]
 
 
 def jsonable(value: Any) -> Any:
@@ -62,6 +62,21 @@ class EndMark:
     """The item a worker yields after its last one (a picklable marker)."""
 
     __slots__ = ()
+
+
+class Unavailable:
+    """Stands for a worker state that could not be taken; ``WebLoader.state_dict()`` raises with ``reason``.
+
+    Taking a state never interrupts iteration: the error waits until a state is asked for.
+    """
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __reduce__(self):
+        return (Unavailable, (self.reason,))
 
 
 class Tagged:
@@ -130,8 +145,11 @@ class StateCollate:
             if isinstance(info.dataset, Ended):
                 ended = info.dataset  # the copy this worker iterates (spawned workers unpickle it separately)
         dataset = ended.dataset
-        fast = getattr(dataset, "_fast_state", None)
-        state = fast() if fast is not None else dataset.state_dict()
+        try:
+            fast = getattr(dataset, "_fast_state", None)
+            state = fast() if fast is not None else dataset.state_dict()
+        except Exception as exn:  # never from iteration: state_dict() raises it, if it is ever asked for
+            state = Unavailable(f"{type(exn).__name__}: {exn}")
         if self.per_item:
             if isinstance(data, EndMark):
                 return Tagged(None, worker, state, True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import sys
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 from .pytorch import DataLoader, IterableDataset
 from .resume import FORMAT
@@ -26,6 +26,17 @@ def add_length_method(obj: Any) -> Any:
     """Give ``obj`` (a DataPipeline with ``size`` set) a working ``len()``; returns ``obj``."""
     obj._has_length = True
     return obj
+
+
+def stage_name(stage: Any) -> str:
+    """A short human name for a pipeline stage (for messages)."""
+    f = getattr(stage, "f", None)
+    if f is not None and callable(f):  # a curried filter: name the function it runs
+        name = getattr(f, "__name__", None) or type(f).__name__
+        return name.lstrip("_")
+    if isinstance(stage, type) or callable(stage) and hasattr(stage, "__name__"):
+        return f"function {stage.__name__}" if not isinstance(stage, type) else stage.__name__
+    return type(stage).__name__
 
 
 def _next_pass_state(stage: Any) -> dict:
@@ -162,16 +173,54 @@ class DataPipeline(IterableDataset, PipelineStage):
                 reader = stage
         return reader
 
+    def _resume_blocker(self) -> Optional[str]:
+        """Why a state of this pipeline could not be resumed (the stage and the fix), or None.
+
+        Decided from the stage list alone, without iterating: iteration never depends on it.
+        A sample shuffle must be fed by a shard reader of this pipeline (``tarfile_to_samples()``,
+        or ``WebDataset``), since its buffered samples are saved as byte ranges of their shards.
+        """
+        from .filters import Shuffle
+
+        reader = None
+        for i, stage in enumerate(self.pipeline):
+            if isinstance(stage, Shuffle):
+                if reader is None:
+                    if i == 0:
+                        feeder = "it is the source"
+                    elif isinstance(self.pipeline[i - 1], Shuffle):
+                        feeder = f"it takes its items from another shuffle (stage {i - 1})"
+                    else:
+                        feeder = f"it takes its items from stage {i - 1} ({stage_name(self.pipeline[i - 1])})"
+                    return (f"stage {i} (shuffle(bufsize={stage.bufsize})) is not fed by a shard reader of this "
+                            f"pipeline ({feeder}), so the items in its buffer could not be fetched again on "
+                            "resume. To make the pipeline resumable, read the shards with wds.tarfile_to_samples() "
+                            "(or use WebDataset) before this shuffle, and shuffle shards with "
+                            "WebDataset(shardshuffle=...) or detshuffle rather than a sample shuffle")
+                reader = None
+            elif isinstance(stage, DataPipeline):
+                inner = stage._resume_blocker()
+                if inner is not None:
+                    return f"stage {i} (a nested DataPipeline): {inner}"
+                reader = stage._feeding_reader()
+            elif type(stage).__name__ == "TarSamples":
+                reader = stage
+        return None
+
     def _stateful(self) -> list:
         """``(index, kind, stage)`` of the stages that save state (cached while the stage list is unchanged)."""
+        return self._stage_facts()[1]
+
+    def _stage_facts(self) -> tuple:
+        """(stage list, stateful stages, resume blocker), computed again only when the stage list changed."""
         pipeline = self.pipeline
         cached = self.__dict__.get("_stateful_cache")
         if cached is not None and cached[0] == pipeline:  # list equality: identity first, element by element
-            return cached[1]
+            return cached
         found = [(i, type(stage).__name__, stage) for i, stage in enumerate(pipeline)
                  if hasattr(stage, "state_dict") and hasattr(stage, "load_state_dict")]
-        self._stateful_cache = (list(pipeline), found)
-        return found
+        self._stateful_cache = (list(pipeline), found, self._resume_blocker())
+        return self._stateful_cache
 
     def state_dict(self) -> dict:
         """Where the most recent iterator stands, at the last sample it yielded: plain JSON.
@@ -188,6 +237,11 @@ class DataPipeline(IterableDataset, PipelineStage):
         return self._state(True)
 
     def _state(self, fast: bool, next_pass: bool = False) -> dict:
+        blocker = self._stage_facts()[2]
+        if blocker is not None:
+            from .errors import NotResumableError
+
+            raise NotResumableError(f"this pipeline cannot save a resumable state: {blocker}")
         progress = self._resume_progress if self._resume_progress is not None else self._progress
         if next_pass or (self._resume_progress is None and not self._progress[2]):
             # iter() was called but the pass has not begun: its stages still describe the pass before
