@@ -176,15 +176,22 @@ class StreamingOpen(PipelineStage):
         return gopen(url, "rb", offset=start, length=end - start, storage_options=self.storage_options,
                      retries=self.retries, timeout=self.timeout, stats=self.stats)
 
-    def run(self, src: Iterable[dict]) -> Iterator[dict]:
-        for sample in src:
-            try:
-                opened = self.open(sample["url"])
-            except Exception as exn:
-                if self.handler(exn):
-                    continue
-                break
-            yield dict(sample, **opened)
+    def run(self, src: Iterable[Any]) -> Iterator[dict]:
+        return _open_each(self, src)
+
+
+def _open_each(stage: Any, src: Iterable[Any]) -> Iterator[dict]:
+    """``stage.open`` each shard item (a ``{"url": ...}`` dict, or a bare URL string), errors to its handler."""
+    for sample in src:
+        if isinstance(sample, str):
+            sample = {"url": sample}
+        try:
+            opened = stage.open(sample["url"])
+        except Exception as exn:
+            if stage.handler(exn):
+                continue
+            break
+        yield dict(sample, **opened)
 
 
 def _local_path(url: str) -> Optional[str]:
@@ -278,15 +285,8 @@ class FileCache(PipelineStage):
         entry.seek(start)
         return _bounded(entry, end - start)
 
-    def run(self, src: Iterable[dict]) -> Iterator[dict]:
-        for sample in src:
-            try:
-                opened = self.open(sample["url"])
-            except Exception as exn:
-                if self.handler(exn):
-                    continue
-                break
-            yield dict(sample, **opened)
+    def run(self, src: Iterable[Any]) -> Iterator[dict]:
+        return _open_each(self, src)
 
 
 def _bounded(stream: Any, length: int) -> Any:

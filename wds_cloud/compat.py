@@ -215,7 +215,7 @@ class WebDataset(DataPipeline, FluidInterface):
         if isinstance(urls, dict) or (isinstance(urls, str) and re.search(r"\.ya?ml$", urls)):
             return shardlists.MultiShardSample(urls)
         if isinstance(urls, str) and urls.endswith("/") and not urls.endswith("://"):
-            return shardlists.DirectoryShardList(urls, mode=mode or "resample")
+            return shardlists.DirectoryShardList(urls)
         if mode == "resampled":
             return shardlists.ResampledShards(urls, seed=self.seed, deterministic=True)
         if isinstance(urls, str) or isinstance(urls, (list, tuple)) or hasattr(urls, "__iter__"):

@@ -7,7 +7,7 @@ data loader already catch::
     WdsCloudError(Exception)
     ├── ConfigError(ValueError)            a setting or environment value is malformed
     ├── UnknownSchemeError(ValueError)     no backend claims the URL's scheme
-    ├── CorruptShardError(ValueError)      a tar/compressed stream is damaged or truncated
+    ├── CorruptShardError(ValueError, tarfile.ReadError)  a tar/compressed stream is damaged or truncated
     ├── DecodingError(ValueError)          a sample field could not be decoded
     ├── SampleError(ValueError)            a sample to be written is invalid (bad key, duplicate field)
     ├── StateMismatchError(ValueError)     a saved state does not fit the dataset it is loaded into
@@ -30,6 +30,7 @@ before they are put into a message, so credentials never end up in logs.
 from __future__ import annotations
 
 import re
+import tarfile
 
 __all__ = [
     "WdsCloudError",
@@ -91,8 +92,11 @@ class UnknownSchemeError(WdsCloudError, ValueError):
     """No registered backend handles the URL's scheme."""
 
 
-class CorruptShardError(WdsCloudError, ValueError):
-    """A shard is damaged or truncated; ``offset`` and ``member`` say where."""
+class CorruptShardError(WdsCloudError, ValueError, tarfile.ReadError):
+    """A shard is damaged or truncated; ``offset`` and ``member`` say where.
+
+    Also a ``tarfile.ReadError``, as webdataset raises for damaged tars.
+    """
 
 
 class DecodingError(WdsCloudError, ValueError):

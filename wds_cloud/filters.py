@@ -8,6 +8,7 @@ that calls user code takes ``handler=`` (see :mod:`wds_cloud.handlers`).
 from __future__ import annotations
 
 import fnmatch
+import io
 import itertools
 import logging
 import random
@@ -530,20 +531,30 @@ def _slice(data: Iterable, *args: Any) -> Iterator:
 slice = pipelinefilter(_slice)
 
 
-def _extract_keys(source: Iterable, *patterns: str, duplicate_is_error: bool = True,
+def _extract_keys(source: Iterable, *patterns: Any, duplicate_is_error: bool = True,
                   ignore_missing: bool = False) -> Iterator:
-    """Tuples of the fields matching each glob pattern (``"*.jpg"``, ``"cls"``)."""
+    """A tuple per sample: for each pattern, the value of the field it matches.
+
+    A pattern is a ``;``-separated string of glob alternatives, or a list/tuple of them; an
+    alternative matches a key itself or ``"." + key`` (so ``"*.jpg"`` and ``"jpg"`` both match
+    ``jpg``).  Every key is a candidate, ``__key__`` and ``__url__`` included.  No match is a
+    ``ValueError`` unless ``ignore_missing`` (then the pattern is left out of the tuple); several
+    matches are one when ``duplicate_is_error``, else the first in the sample's order wins.
+    """
+    alternatives = [p.split(";") if isinstance(p, str) else list(p) for p in patterns]
     for sample in source:
         result = []
-        for pattern in patterns:
+        for pattern, alts in zip(patterns, alternatives):
             matches = [v for k, v in sample.items()
-                       if not k.startswith("__") and (k == pattern or fnmatch.fnmatch("." + k, pattern))]
-            if len(matches) == 0:
+                       if any(fnmatch.fnmatchcase(k, alt) or fnmatch.fnmatchcase("." + k, alt) for alt in alts)]
+            if not matches:
                 if ignore_missing:
                     continue
-                raise ValueError(f"extract_keys: no field of sample {sample.get('__key__')!r} matches {pattern!r}")
+                raise ValueError(f"extract_keys: no key of sample {sample.get('__key__')!r} matches {pattern!r} "
+                                 f"(keys: {list(sample)}); pass ignore_missing=True to leave it out")
             if len(matches) > 1 and duplicate_is_error:
-                raise ValueError(f"extract_keys: several fields of sample {sample.get('__key__')!r} match {pattern!r}")
+                raise ValueError(f"extract_keys: {len(matches)} keys of sample {sample.get('__key__')!r} match "
+                                 f"{pattern!r}; pass duplicate_is_error=False to take the first")
             result.append(matches[0])
         yield tuple(result)
 
@@ -583,14 +594,49 @@ def _rename_keys(source: Iterable, *args: tuple, keep_unselected: bool = False, 
 rename_keys = pipelinefilter(_rename_keys)
 
 
+def _read(data: Any) -> bytes:
+    """The bytes of ``data``: a stream (as ``xdecode`` passes it) is read, bytes-like values are taken as they are."""
+    read = getattr(data, "read", None)
+    return read() if read is not None else bytes(data)
+
+
+class _Bytes:
+    """A bytes decoder made to accept a stream too (``inner`` is the bytes decoder, for the pickle check)."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: Callable) -> None:
+        self.inner = inner
+
+    def __call__(self, data: Any) -> Any:
+        return self.inner(_read(data))
+
+    def __reduce__(self):
+        return (_Bytes, (self.inner,))
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8")
+
+
+def _int(data: bytes) -> int:
+    return int(data)
+
+
+def _bgr8(data: bytes) -> Any:
+    from . import autodecode as ad
+
+    return ad.imagehandler("rgb8")("png", data)[..., ::-1]
+
+
 def _default_decoders() -> list:
     from . import autodecode as ad
 
-    return [
-        ("*.bgr8.png *.bgr8.jpg *.bgr8.jpeg", lambda data: ad.imagehandler("rgb8")("png", data)[..., ::-1]),
+    return [(patterns, _Bytes(fn)) for patterns, fn in (
+        ("*.bgr8.png *.bgr8.jpg *.bgr8.jpeg", _bgr8),
         ("*.jpg *.jpeg *.png *.ppm *.pgm *.pbm *.pnm *.tif *.tiff *.webp *.bmp", ad.imagehandler("rgb8").decode_any),
-        ("*.txt *.text *.transcript", lambda data: bytes(data).decode("utf-8")),
-        ("*.cls *.cls2 *.class *.count *.index *.inx *.id", lambda data: int(bytes(data))),
+        ("*.txt *.text *.transcript", _text),
+        ("*.cls *.cls2 *.class *.count *.index *.inx *.id", _int),
         ("*.json *.jsn", ad.json_loads),
         ("*.npy", ad.npy_loads),
         ("*.npz", ad.npz_loads),
@@ -599,7 +645,7 @@ def _default_decoders() -> list:
         ("*.cbor", ad.cbor_loads),
         ("*.pyd *.pickle *.pkl", ad.unpickle_loads),
         ("*.pth", ad.torch_loads),
-    ]
+    )]
 
 
 class _LazyDecoders(list):
@@ -639,10 +685,16 @@ def find_decoder(decoders: Iterable, path: str) -> Optional[Callable]:
 
 def _xdecode(source: Iterable, *args: tuple, must_decode: bool = True, defaults: Any = default_decoders,
              **kw: Callable) -> Iterator:
-    """Decode fields by glob pattern: ``xdecode(("*.jpg", fn), png=fn2)``; honours WDS_SECURE."""
+    """Decode fields by glob pattern: ``xdecode(("*.jpg", fn), png=fn2)``; honours WDS_SECURE and pickle rules.
+
+    A decoder receives a stream (bytes values wrapped in ``io.BytesIO``); a value that is not
+    bytes is passed as it is.  Keyword decoders come first, then the positional pairs, later
+    ones before earlier ones, then ``defaults``.  ``must_decode`` makes a field without a
+    decoder an error.
+    """
     from .autodecode import refuse_if_unsafe
 
-    decoders = list(args) + [(f"*.{k}", v) for k, v in kw.items()] + list(defaults or [])
+    decoders = [(f"*.{k}", v) for k, v in kw.items()] + list(reversed(args)) + list(defaults or [])
     for sample in source:
         result = {}
         for path, data in sample.items():
@@ -659,8 +711,8 @@ def _xdecode(source: Iterable, *args: tuple, must_decode: bool = True, defaults:
                                      "pass one, or must_decode=False")
                 result[path] = data
                 continue
-            refuse_if_unsafe(path, decoder, sample)
-            result[path] = decoder(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
+            refuse_if_unsafe(path, getattr(decoder, "inner", decoder), sample)
+            result[path] = decoder(io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data)
         yield result
 
 
@@ -668,7 +720,7 @@ xdecode = pipelinefilter(_xdecode)
 
 
 def default_collation_fn(samples: list, combine_tensors: bool = True, combine_scalars: bool = True) -> Any:
-    """Turn a list of samples (tuples, lists or dicts) into a batch of columns.
+    """Turn a list of samples into a batch of columns: a tuple of them for tuples or lists, a dict for dicts.
 
     Numbers become numpy arrays, numpy arrays are stacked, tensors are stacked
     with torch, everything else stays a list.
@@ -682,7 +734,7 @@ def default_collation_fn(samples: list, combine_tensors: bool = True, combine_sc
     if not isinstance(first, (list, tuple)):
         raise TypeError(f"default_collation_fn batches tuples, lists or dicts, not {type(first).__name__}")
     columns = list(zip(*samples))
-    return [_collate_column(list(c), combine_tensors, combine_scalars) for c in columns]
+    return tuple(_collate_column(list(c), combine_tensors, combine_scalars) for c in columns)
 
 
 def _collate_column(column: list, combine_tensors: bool, combine_scalars: bool) -> Any:

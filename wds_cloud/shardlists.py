@@ -11,6 +11,7 @@ import os
 import random
 import re
 import sys
+import time
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
@@ -18,12 +19,12 @@ import braceexpand
 
 from . import config, utils
 from .security import untrusted
-from .stages import PipelineStage
+from .stages import PipelineStage, pipelinefilter
 
 __all__ = [
     "envsubst", "expand_urls", "expand_source", "SimpleShardList", "ResampledShards", "ResampledShardList",
     "MultiShardSample", "DirectoryShardList", "split_by_node", "split_by_worker", "single_node_only",
-    "non_empty", "resampled", "shardspec", "shard_order", "index_counts", "slot_shards",
+    "non_empty", "resampled", "resampled_", "shardspec", "cleanup_files_without_processes", "shard_order", "index_counts", "slot_shards",
 ]
 
 _VAR = re.compile(r"\$\{(\w+)\}|\$(\w+)")
@@ -328,32 +329,38 @@ def non_empty(src: Iterable) -> Iterator:
 class ResampledShards(_Epochs, PipelineStage):
     """Shard URLs drawn with replacement, ``nshards`` per pass (forever by default).
 
-    The draw is deterministic per (seed, epoch, rank, worker) when ``seed`` is given
-    (or ``WDS_SEED`` is set), and differs between ranks and workers.
+    The seed of a pass combines ``worker_seed()`` (by default
+    :func:`utils.pytorch_worker_seed`, different for every rank and DataLoader
+    worker), the epoch (``epoch``: -1 before the first pass, one more each pass)
+    and ``seed`` (or ``WDS_SEED`` when ``seed`` is left at 0).  With
+    ``deterministic=True`` that is the whole seed, so a run can be repeated;
+    otherwise fresh entropy is mixed in, as in webdataset.
     """
 
-    def __init__(self, urls: Any, nshards: int = sys.maxsize, worker_seed: Optional[Callable] = None,
-                 deterministic: bool = False, max_urls: int = int(1e6), empty_check: bool = True,
-                 seed: Optional[int] = None) -> None:
+    def __init__(self, urls: Any, nshards: int = sys.maxsize, seed: Optional[int] = 0,
+                 worker_seed: Optional[Callable[[], int]] = None, deterministic: bool = False,
+                 max_urls: int = int(1e6), empty_check: bool = True) -> None:
         self.urls = expand_source(urls, max_urls) if not isinstance(urls, list) else expand_urls(urls)
         if empty_check and not self.urls:
             raise ValueError(f"the shard spec {urls!r} names no shards")
         self.nshards = nshards
-        self.worker_seed = worker_seed
-        self.deterministic = deterministic
         self.seed = seed
+        self.worker_seed = utils.pytorch_worker_seed if worker_seed is None else worker_seed
+        self.deterministic = deterministic
         self._start_clock()
+
+    def _pass_seed(self) -> int:
+        seed = self.seed
+        if not seed:
+            seed = config.current().seed or 0
+        parts = [self.worker_seed(), self.epoch, seed]
+        if not self.deterministic and not config.current().seed:
+            parts += [os.getpid(), time.time_ns(), int.from_bytes(os.urandom(4), "little")]
+        return utils.make_seed(*parts)
 
     def run(self) -> Iterator[dict]:
         self._next_epoch()
-        seed = self.seed if self.seed is not None else config.current().seed
-        if self.worker_seed is not None:
-            rng = random.Random(utils.make_seed(self.worker_seed(), self.epoch))
-        elif seed is not None or self.deterministic:
-            rank, _, worker, _ = utils.pytorch_worker_info()
-            rng = random.Random(utils.make_seed(seed or 0, self.epoch, rank, worker))
-        else:
-            rng = random.Random()
+        rng = random.Random(self._pass_seed())
         for _ in range(self.nshards):
             yield {"url": rng.choice(self.urls)}
 
@@ -367,12 +374,18 @@ class ResampledShards(_Epochs, PipelineStage):
 ResampledShardList = ResampledShards
 
 
-def resampled(src: Iterable, n: int = sys.maxsize) -> Iterator:
-    """Draw items of ``src`` with replacement, ``n`` times."""
+def resampled_(src: Iterable, n: int = sys.maxsize) -> Iterator:
+    """Collect the items of ``src``, then yield ``n`` of them drawn with replacement (a fresh seed each call)."""
     items = list(src)
-    rng = random.Random()
+    if not items:
+        return
+    rng = random.Random(int.from_bytes(os.urandom(8), "little"))
     for _ in range(n):
         yield rng.choice(items)
+
+
+#: the curried stage: ``DataPipeline(SimpleShardList(urls), resampled(27))`` gives 27 shards a pass
+resampled = pipelinefilter(resampled_)
 
 
 class MultiShardSample(PipelineStage):
@@ -425,33 +438,130 @@ class MultiShardSample(PipelineStage):
         return self.run()
 
 
-class DirectoryShardList(PipelineStage):
-    """The ``*.tar`` (or ``pattern``) files of a directory, re-listed on every pass.
+_CLAIM = re.compile(r"^(?P<file>.*)\._(?P<pid>\d+)_$")
+_RECYCLE_MODES = ("resample", "unlink", "keep")
 
-    With ``mode="resample"`` shards are drawn with replacement forever; ``select``
-    and ``sort`` control which files and in which order.
+
+def _recycle(claimed: str, mode: str) -> None:
+    """Return a claimed file ``<file>._<pid>_``: ``resample`` renames it back, ``keep`` to ``<file>._done_``,
+    ``unlink`` deletes it."""
+    original = _CLAIM.match(claimed).group("file")
+    try:
+        if mode == "unlink":
+            os.unlink(claimed)
+        elif mode == "keep":
+            os.rename(claimed, original + "._done_")
+        else:
+            os.rename(claimed, original)
+    except FileNotFoundError:  # another process recycled it already
+        pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, but belongs to someone else
+        return True
+    return True
+
+
+def cleanup_files_without_processes(path: str, mode: str = "resample") -> list[str]:
+    """Recycle (by ``mode``) the files in ``path`` claimed by processes that no longer exist; returns them."""
+    recycled = []
+    try:
+        names = os.listdir(path)
+    except FileNotFoundError:
+        return recycled
+    for name in names:
+        m = _CLAIM.match(name)
+        if m is None or _pid_alive(int(m.group("pid"))):
+            continue
+        claimed = os.path.join(path, name)
+        _recycle(claimed, mode)
+        recycled.append(claimed)
+    return recycled
+
+
+class DirectoryShardList(PipelineStage):
+    """Shards taken from a directory that others fill, one claimed file at a time (a work queue).
+
+    Each step lists the files matching ``pattern``; none: stop when ``poll`` is None, else wait
+    ``poll`` seconds and look again, until ``timeout`` seconds have passed.  One file is picked
+    (``select="random"``, or ``"oldest"`` by modification time), claimed by renaming it to
+    ``<file>._<pid>_`` (a file another process claimed first is passed over) and yielded as
+    ``{"url": ...}``.  When the next item is asked for, the previous claim is recycled by
+    ``mode`` (``"unlink"`` deletes the file, ``"keep"`` renames it to ``<file>._done_``,
+    ``"resample"`` renames it back), or by what ``fate(path)`` returns when given; then the
+    claims of processes that are gone are recycled (:func:`cleanup_files_without_processes`).
+    An iterator abandoned mid-way leaves its last claim to that clean-up.
     """
 
-    def __init__(self, path: str, pattern: str = "*.{tar,tgz,tar.gz}", poll: int = 1, pid: Any = None,
-                 mode: str = "resample", select: str = "random", fate: Any = None) -> None:
+    def __init__(self, path: str, pattern: str = "*.{tar,tgz,tar.tgz}", poll: Optional[float] = 1,
+                 timeout: float = 1e12, mode: str = "resample", select: str = "random",
+                 fate: Optional[Callable[[str], str]] = None) -> None:
+        if mode not in _RECYCLE_MODES:
+            raise ValueError(f"DirectoryShardList: mode={mode!r}; use one of {', '.join(_RECYCLE_MODES)}")
+        if select not in ("random", "oldest"):
+            raise ValueError(f"DirectoryShardList: select={select!r}; use 'random' or 'oldest'")
         self.path = path
         self.pattern = pattern
+        self.poll = poll
+        self.timeout = timeout
         self.mode = mode
-        self.select_mode = select
-        self.rng = random.Random()
+        self.select = select
+        self.fate = fate
+        self.last: Optional[str] = None
 
     def _files(self) -> list[str]:
         return sorted(utils.glob_with_braces(os.path.join(self.path, self.pattern)))
 
+    def _pick(self, files: list[str]) -> str:
+        if self.select == "oldest":
+            def mtime(f: str) -> float:
+                try:
+                    return os.stat(f).st_mtime
+                except FileNotFoundError:
+                    return float("inf")
+            return min(files, key=mtime)
+        return random.choice(files)
+
+    def recycle(self, claimed: str) -> None:
+        """Give back a file this list claimed, as ``fate`` or ``mode`` says."""
+        mode = self.fate(claimed) if self.fate is not None else self.mode
+        if mode not in _RECYCLE_MODES:
+            raise ValueError(f"DirectoryShardList: fate returned {mode!r}; return one of {', '.join(_RECYCLE_MODES)}")
+        _recycle(claimed, mode)
+
+    def cleanup_files_without_processes(self) -> list[str]:
+        """Recycle the claims in this directory whose process is gone."""
+        return cleanup_files_without_processes(self.path, self.mode)
+
     def run(self) -> Iterator[dict]:
-        files = self._files()
-        if self.mode == "resample":
-            while files:
-                yield {"url": self.rng.choice(files)}
-                files = self._files()
-        else:
-            for f in files:
-                yield {"url": f}
+        started = time.monotonic()
+        while True:
+            if self.last is not None:
+                self.recycle(self.last)
+                self.last = None
+            self.cleanup_files_without_processes()
+            files = self._files()
+            if not files:
+                if self.poll is None or time.monotonic() - started >= self.timeout:
+                    return
+                time.sleep(self.poll)  # waiting for a producer; not a synchronisation between our own parts
+                continue
+            chosen = self._pick(files)
+            claimed = f"{chosen}._{os.getpid()}_"
+            try:
+                os.rename(chosen, claimed)
+            except FileNotFoundError:  # claimed by another process between listing and renaming
+                continue
+            self.last = claimed
+            yield {"url": claimed}
+
+    def __iter__(self) -> Iterator[dict]:
+        return self.run()
 
     def __call__(self, src: Any = None) -> Iterator[dict]:
         return self.run()

@@ -19,7 +19,7 @@ import bz2
 import io
 import lzma
 import zlib
-from typing import IO, Callable, Iterator, Optional
+from typing import IO, Any, Callable, Iterator, Optional
 
 from .errors import CorruptShardError, MissingExtraError, redact
 
@@ -89,8 +89,11 @@ class _Zlib:
         self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         self._pending = b""
         self._eof = False
+        self._truncated = False  # the input ended early; what came before it was returned first
 
     def read(self, size: int) -> bytes:
+        if self._truncated:
+            raise EOFError("the gzip stream ended before its end-of-stream marker")
         out = []
         need = size
         while need > 0 and not self._eof:
@@ -107,6 +110,9 @@ class _Zlib:
                 self._pending = self._d.unconsumed_tail or self._raw.read(CHUNK)
                 if not self._pending:
                     if not self._d.eof:
+                        if out:  # deliver what was decompressed; the next read raises
+                            self._truncated = True
+                            break
                         raise EOFError("the gzip stream ended before its end-of-stream marker")
                     self._eof = True
                     break
@@ -121,6 +127,19 @@ class _Zlib:
         self._raw.close()
 
 
+class _Read1:
+    """A bz2/xz file whose ``read`` returns what one step decompressed, so bytes before a cut are not lost."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+
+    def read(self, size: int) -> bytes:
+        return self._f.read1(size)
+
+    def close(self) -> None:
+        self._f.close()
+
+
 def open_decompressed(stream: IO[bytes], head_size: int = 6) -> tuple[object, Optional[str]]:
     """Wrap ``stream`` in the decompressor its magic bytes ask for."""
     head = stream.read(head_size)
@@ -131,9 +150,9 @@ def open_decompressed(stream: IO[bytes], head_size: int = 6) -> tuple[object, Op
     if kind == "gzip":
         return _Zlib(raw), kind
     if kind == "bz2":
-        return bz2.BZ2File(raw), kind
+        return _Read1(bz2.BZ2File(raw)), kind
     if kind == "xz":
-        return lzma.LZMAFile(raw), kind
+        return _Read1(lzma.LZMAFile(raw)), kind
     try:
         import zstandard
     except ImportError:
@@ -200,6 +219,7 @@ class TarMembers:
         self._extended = False  # a long name or local PAX header began the current record
         self._record_begin = start
         self._errors = _decompression_errors()
+        self._failure: Optional[CorruptShardError] = None  # a stream error held until the bytes before it are used
         self._special = False  # a long name or PAX records apply to the next header
         self._long_name: Optional[str] = None
         self._pax: dict[str, str] = {}
@@ -233,18 +253,32 @@ class TarMembers:
             raise
 
     def _fill(self, need: int) -> bool:
-        """Make ``need`` bytes available at ``_pos``; False if the stream ends first."""
+        """Make ``need`` bytes available at ``_pos``; False if the stream ends first.
+
+        A damaged or cut compressed stream raises only once the bytes decompressed before
+        the damage are used up, so the complete samples before it are still delivered.
+        """
         have = len(self._buf) - self._pos
         parts = [self._buf[self._pos:]] if have else []
+        failure = None
         while have < need:
-            data = self._read(max(self.chunk, need - have))
+            if self._failure is not None:
+                failure = self._failure
+                break
+            try:
+                data = self._read(max(self.chunk, need - have))
+            except CorruptShardError as exc:
+                self._failure = exc
+                continue
             if not data:
                 break
             parts.append(data)
             have += len(data)
         self._base += self._pos
-        self._buf = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._buf = parts[0] if len(parts) == 1 else b"".join(parts) if parts else b""
         self._pos = 0
+        if failure is not None and have < need:
+            raise failure
         return have >= need
 
     def _take(self, size: int, name: str, header_offset: int) -> bytes:
