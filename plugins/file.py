@@ -60,7 +60,8 @@ class FileBackend(Backend):
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **kw: object) -> IO[bytes]:
         if url == "-":
-            stream = io.BufferedReader(_Unclosable(sys.stdin.buffer))
+            # looked up now, not at import: a program (or a test) may have replaced sys.stdin
+            stream = io.BufferedReader(_Unclosable(getattr(sys.stdin, "buffer", sys.stdin)))
             if offset:
                 stream.read(offset)
             return stream
@@ -80,7 +81,7 @@ class FileBackend(Backend):
 
     def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
         if url == "-":
-            return io.BufferedWriter(_Unclosable(sys.stdout.buffer))
+            return io.BufferedWriter(_Unclosable(getattr(sys.stdout, "buffer", sys.stdout)))
         return AtomicFile(local_path(url), bufsize or self.settings.bufsize)
 
     def stat(self, url: str) -> ObjectInfo:

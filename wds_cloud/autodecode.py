@@ -107,11 +107,10 @@ def npz_loads(data: Any) -> dict:
 
 
 def tenbin_loads(data: Any) -> Any:
-    """A tenbin buffer: one array, or a list when it holds several."""
+    """A tenbin buffer: the list of its arrays (a list of one for a single array), as webdataset gives."""
     from . import tenbin
 
-    arrays = tenbin.decode_buffer(data)
-    return arrays[0] if len(arrays) == 1 else arrays
+    return list(tenbin.decode_buffer(data))
 
 
 def msgpack_loads(data: Any) -> Any:
@@ -147,18 +146,22 @@ def _torch() -> Any:
     return torch
 
 
-def pytorch_weights_only(data: Any) -> Any:
-    """``torch.load`` with ``weights_only=True``: tensors and plain containers, no code."""
-    return _torch().load(io.BytesIO(data), weights_only=True)
+#: webdataset's flag: True makes ``torch_loads`` use ``weights_only=True`` even when pickle is allowed.
+#: (Without it, wds_cloud already loads with ``weights_only=True`` unless pickle is allowed.)
+pytorch_weights_only = False
 
 
 def torch_loads(data: Any) -> Any:
-    """A ``.pth`` field: ``weights_only`` loading, or a full ``torch.load`` when pickle is allowed."""
+    """A ``.pth`` field, loaded onto the CPU: ``weights_only`` loading, or a full ``torch.load`` when
+    pickle is allowed (and ``pytorch_weights_only`` is not set).  Always refused under ``WDS_SECURE``."""
+    if _security_enforced():
+        raise _refuse("a .pth file (torch.loads is not allowed for security reasons when enforce_security is set)")
     torch = _torch()
-    if _pickle_permitted():
-        return torch.load(io.BytesIO(data), weights_only=False)
+    stream = io.BytesIO(data) if not hasattr(data, "read") else data
+    if _pickle_permitted() and not pytorch_weights_only:
+        return torch.load(stream, map_location="cpu", weights_only=False)
     try:
-        return torch.load(io.BytesIO(data), weights_only=True)
+        return torch.load(stream, map_location="cpu", weights_only=True)
     except Exception as exc:
         if "weights_only" in str(exc) or "Unsupported global" in str(exc):
             raise _refuse("a .pth file that needs full torch.load (it holds objects, not only tensors)") from exc

@@ -21,6 +21,9 @@ def _backends(args: argparse.Namespace) -> int:
         missing = claim.missing()
         status = "ready" if not missing else f"needs {claim.install_hint()}"
         rows.append((f"{scheme}:", claim.plugin, claim.distribution or "-", status))
+    for scheme, claim in registry.fallback_claims().items():
+        status = "ready" if not claim.missing() else f"needs {claim.install_hint()}"
+        rows.append((f"{scheme}:", claim.plugin, claim.distribution or "-", status))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:3])) + "  " + row[3])
@@ -63,6 +66,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (wds-cloud backends | head): not an error of ours
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:  # a CLI user gets the message, not a traceback
         from .errors import WdsCloudError
 

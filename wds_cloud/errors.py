@@ -16,7 +16,7 @@ data loader already catch::
     ├── PluginError(RuntimeError)          a plugin misbehaves or cannot be loaded
     │   └── PluginConflictError            two plugins claim one scheme
     ├── ShardNotFoundError(FileNotFoundError)
-    ├── SecurityError(PermissionError)     refused by a security rule (pipe:, pickle)
+    ├── SecurityError(PermissionError, ValueError)  refused by a security rule (pipe:, pickle)
     ├── CredentialsError(PermissionError)  credentials missing or rejected by a store
     └── TransferError(ConnectionError)     a connection or transfer failed (an OSError)
         ├── PipeError                      a pipe: command failed
@@ -134,8 +134,11 @@ class ShardNotFoundError(WdsCloudError, FileNotFoundError):
     """The shard (file or object) does not exist."""
 
 
-class SecurityError(WdsCloudError, PermissionError):
-    """An operation was refused by a security rule; the message says how to allow it."""
+class SecurityError(WdsCloudError, PermissionError, ValueError):
+    """An operation was refused by a security rule; the message says how to allow it.
+
+    Also a ``ValueError``, which is what webdataset raises for its security refusals.
+    """
 
 
 class CredentialsError(WdsCloudError, PermissionError):

@@ -79,3 +79,77 @@ class FsspecBackend(Backend):
         return FsspecUpload(f, url, self.translate)
 
 
+
+
+def fsspec_protocols() -> dict:
+    """The protocols fsspec knows (built in, or registered with it): name -> (class path, fsspec's install hint)."""
+    from fsspec.registry import known_implementations, registry
+
+    found = {name: (spec.get("class", ""), spec.get("err")) for name, spec in known_implementations.items()}
+    for name, cls in registry.items():
+        found[name] = (f"{cls.__module__}.{cls.__qualname__}", None)
+    return found
+
+
+class FsspecFallbackBackend(FsspecBackend):
+    """Any protocol fsspec knows and no plugin claims (``hf://``, ``sftp://``, ``memory://``, ...).
+
+    Reads open the fsspec file (``storage_options`` go to the filesystem) and seek to the
+    offset; no retry layer or version pinning is added, as the protocol's own driver decides
+    what a fault means.  A protocol whose driver is not installed fails at open time with
+    fsspec's own install hint.
+    """
+
+    resumable = False
+
+    def __init__(self, settings: Any, *, protocol: str, hint: Optional[str] = None, **storage_options: Any) -> None:
+        super().__init__(settings, **storage_options)
+        self.scheme = protocol
+        self.hint = hint
+
+    def make_fs(self) -> Any:
+        import fsspec
+
+        try:
+            return fsspec.filesystem(self.scheme, skip_instance_cache=True, **self.storage_options)
+        except ImportError as exc:
+            from .errors import MissingExtraError
+
+            raise MissingExtraError(f"{self.scheme}:// is served through fsspec, whose driver is not installed: "
+                                    f"{self.hint or exc}") from exc
+
+    @staticmethod
+    def translate(exc: BaseException, url: str) -> BaseException:
+        from .errors import ShardNotFoundError, WdsCloudError, redact
+
+        if isinstance(exc, WdsCloudError):
+            return exc
+        if isinstance(exc, FileNotFoundError):
+            return ShardNotFoundError(f"{redact(url)}: no such object (through fsspec); check the URL", url=url)
+        return exc
+
+    def path(self, url: str) -> str:  # type: ignore[override]
+        return self.fs._strip_protocol(url)
+
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **kw: Any) -> IO[bytes]:
+        try:
+            f = self.fs.open(self.path(url), "rb")
+            if offset:
+                f.seek(offset)
+        except Exception as exc:
+            raise self.translate(exc, url) from exc
+        return f
+
+    def list(self, prefix: str) -> Iterator[str]:
+        fs = self.fs
+        path = self.path(prefix)
+        folder = path if path.endswith("/") else path.rsplit("/", 1)[0] if "/" in path else path
+        try:
+            names = fs.find(folder.rstrip("/") or "/")
+        except FileNotFoundError:
+            return
+        except Exception as exc:
+            raise self.translate(exc, prefix) from exc
+        for name in sorted(names):
+            if name.startswith(path):
+                yield fs.unstrip_protocol(name)

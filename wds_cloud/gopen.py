@@ -16,11 +16,11 @@ from typing import IO, Any, Callable, Iterator, Optional
 
 from . import config, profiles
 from .config import Settings
-from .errors import UnknownSchemeError, WdsCloudError, redact
+from .errors import SecurityError, UnknownSchemeError, WdsCloudError, redact
 from .pipes import Pipe
 from .registry import get_registry, split_scheme
 from .resilient import ResumableStream, RetryPolicy
-from .security import untrusted
+from .security import is_secure, untrusted
 
 __all__ = [
     "gopen", "gopen_schemes", "rewrite_url", "reader", "gopen_file", "gopen_pipe", "gopen_curl",
@@ -42,6 +42,12 @@ def rewrite_url(url: str, settings: Optional[Settings] = None) -> str:
     ``WDS_ALLOW_UNTRUSTED_PIPES=1``.
     """
     settings = settings or config.current()
+    if settings.rewrites and is_secure(settings):
+        raise SecurityError(
+            f"refusing to rewrite {redact(url)!r}: rewriting URLs from GOPEN_REWRITE/WDS_REWRITE is not allowed "
+            "while WDS_SECURE=1 (or utils.enforce_security) is set (webdataset: rewrite_url: unsafe_gopen is "
+            "False, cannot rewrite URLs using environment variables); unset the rewrite rules or security",
+            url=url)
     original = url
     for prefix, replacement in settings.rewrites:
         if url.startswith(prefix):
@@ -108,6 +114,12 @@ def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0, l
     url = rewrite_url(url, settings)
     try:
         scheme, _ = split_scheme(url)
+        if scheme in (None, "file") and url != "-" and is_secure(settings):
+            raise SecurityError(
+                f"refusing to open the local file {redact(url)!r}: local paths and file: URLs are not allowed "
+                "while WDS_SECURE=1 (or utils.enforce_security) is set (webdataset: gopen: unsafe_gopen is "
+                "False, cannot open local files); read shards from a storage URL such as s3:// or https://",
+                url=url)
         legacy = _user_openers.get(scheme or "__default__")
         if legacy is not None:
             return legacy(url, mode, bufsize, **kw)

@@ -11,6 +11,7 @@ claim wins over the plain ones.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
 import logging
 import os
@@ -54,12 +55,15 @@ class Claim:
     requires: tuple[str, ...] = ()
     extra: Optional[str] = None
     description: str = ""
+    hint: Optional[str] = None  # an install hint worded by someone else (fsspec's, for fallback claims)
 
     def missing(self) -> list[str]:
         """Modules the backend needs that are not importable."""
         return missing_modules(self.requires)
 
     def install_hint(self) -> str:
+        if self.hint:
+            return self.hint
         if self.extra:
             return f"pip install 'wds_cloud[{self.extra}]'"
         return "pip install " + " ".join(self.missing())
@@ -182,13 +186,31 @@ class Registry:
     def schemes(self) -> list[str]:
         return sorted(self.claims)
 
+    def fallback_claims(self) -> dict[str, Claim]:
+        """Claims for the protocols fsspec knows that no plugin claims ("fsspec (fallback)")."""
+        from .fsbackend import FsspecFallbackBackend, fsspec_protocols
+
+        out = {}
+        for scheme, (cls, hint) in sorted(fsspec_protocols().items()):
+            if scheme in self.claims or scheme in _WELL_KNOWN_EXTRAS or scheme in self.skipped:
+                continue
+            module = cls.split(".", 1)[0]
+            out[scheme] = Claim(scheme, functools.partial(FsspecFallbackBackend, protocol=scheme, hint=hint),
+                                "fsspec (fallback)", "fsspec", requires=(module,) if module else (),
+                                description=hint or f"through fsspec ({cls})", hint=hint)
+        return out
+
     def claim(self, scheme: str, url: str = "") -> Claim:
-        """The claim for ``scheme``, or an :class:`UnknownSchemeError` that lists the known ones."""
+        """The claim for ``scheme`` (a plugin's, else fsspec's fallback), or an :class:`UnknownSchemeError`."""
         try:
             return self.claims[scheme]
         except KeyError:
             pass
+        fallback = self.fallback_claims().get(scheme)
+        if fallback is not None:
+            return fallback
         known = ", ".join(self._describe(s) for s in self.schemes()) or "(none: no plugin is loaded)"
+        known += " (and the protocols fsspec knows: see wds-cloud backends)"
         hint = ""
         if scheme in _WELL_KNOWN_EXTRAS:
             hint = (f"; {scheme}: URLs need the {_WELL_KNOWN_EXTRAS[scheme]!r} extra: "

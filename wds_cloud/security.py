@@ -38,7 +38,8 @@ def check_pipe(url: str, settings: Settings) -> None:
     if is_secure(settings):
         raise SecurityError(
             f"refusing to run {redact(url)!r}: pipe: URLs are forbidden while WDS_SECURE=1 "
-            "(or wds_cloud.utils.enforce_security) is set; use a storage URL such as s3:// or https:// instead",
+            "(or wds_cloud.utils.enforce_security) is set (webdataset: gopen_pipe: unsafe_gopen is False, "
+            "cannot open pipe URLs); use a storage URL such as s3:// or https:// instead",
             url=url,
         )
     if isinstance(url, UntrustedURL) and not settings.allow_untrusted_pipes:
