@@ -321,7 +321,10 @@ class WebLoader(DataPipeline, FluidInterface):
                 args[0] = ended
             else:
                 kw["dataset"] = ended
-            kw["collate_fn"] = loaderstate.StateCollate(kw.get("collate_fn"), batch_size is None, ended)
+            if len(args) > 6:  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, workers, collate_fn)
+                args[6] = loaderstate.StateCollate(args[6], batch_size is None, ended)
+            else:
+                kw["collate_fn"] = loaderstate.StateCollate(kw.get("collate_fn"), batch_size is None, ended)
             num_workers = kw.get("num_workers", 0) if len(args) < 6 else args[5]
             self._untag = loaderstate.Untag(num_workers or 0)
             self._untag.dataset = dataset
@@ -392,7 +395,7 @@ def _resume_blocker(dataset: Any, args: list, kw: dict) -> Optional[str]:
     if not (hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict")):
         return (f"its dataset ({type(dataset).__name__}) has no state_dict/load_state_dict; give it a "
                 "WebDataset or DataPipeline")
-    if kw.get("sampler") or kw.get("batch_sampler"):
+    if kw.get("sampler") or kw.get("batch_sampler") or any(a is not None for a in args[3:5]):
         return "it was given a sampler; a resumable WebLoader takes its items in the dataset's own order"
     blocker = getattr(dataset, "_resume_blocker", None)
     return blocker() if blocker is not None else None
