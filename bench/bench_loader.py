@@ -1,7 +1,7 @@
 """Loader benchmark: what resumability costs while iterating, and WebLoader next to webdataset's.
 
 Plain iteration through ``WebLoader`` and torch's ``DataLoader`` (2 workers) over the
-tiny workload, in one run, alternating, best of ``--repeat``:
+tiny workload (and the decoded medium one), in one run, alternating, best of ``--repeat``:
 
 - a resumable pipeline (``WebDataset(...).shuffle().to_tuple().batched(64)``) through
   ``WebLoader``, which attaches each worker's state to every batch, and through torch's
@@ -39,12 +39,15 @@ def own_source(wds):
     return samples
 
 
-def build(wds, spec: str, kind: str):
+def build(wds, spec: str, kind: str, batch: int = 64):
     if kind == "own-source":
         return wds.DataPipeline(wds.SimpleShardList(spec), wds.split_by_worker, own_source(wds), wds.shuffle(1000),
-                                wds.to_tuple("txt", "cls"), wds.batched(64))
+                                wds.to_tuple("txt", "cls"), wds.batched(batch))
+    if kind == "decode":
+        return wds.WebDataset(spec, shardshuffle=False).shuffle(1000).decode("rgb8").to_tuple("jpg", "cls") \
+            .batched(batch)
     ds = wds.WebDataset(spec, shardshuffle=False).shuffle(1000).to_tuple("txt", "cls")
-    return ds if kind == "samples" else ds.batched(64)
+    return ds if kind == "samples" else ds.batched(batch)
 
 
 def run(loader, batched: bool) -> int:
@@ -66,43 +69,45 @@ def main() -> None:
 
     peer = common.peer()
     spec, _ = common.dataset("tiny", 8, 25000, common.tiny)
+    medium, _ = common.dataset("medium", 8, 1000, common.medium)
     w = args.workers
+    ours, peer_loader, torch_loader = wds_cloud.WebLoader, peer.WebLoader, torch.utils.data.DataLoader
+
+    def loader(make, impl, src, kind, batch=64):
+        return lambda: make(build(impl, src, kind, batch), batch_size=None, num_workers=w)
+
     configs = {
-        "resumable, WebLoader": lambda: wds_cloud.WebLoader(build(wds_cloud, spec, "batched"), batch_size=None,
-                                                            num_workers=w),
-        "resumable, DataLoader": lambda: torch.utils.data.DataLoader(build(wds_cloud, spec, "batched"),
-                                                                     batch_size=None, num_workers=w),
-        "own source, WebLoader": lambda: wds_cloud.WebLoader(build(wds_cloud, spec, "own-source"),
-                                                             batch_size=None, num_workers=w),
-        "own source, DataLoader": lambda: torch.utils.data.DataLoader(build(wds_cloud, spec, "own-source"),
-                                                                      batch_size=None, num_workers=w),
-        "samples, WebLoader": lambda: wds_cloud.WebLoader(build(wds_cloud, spec, "samples"), batch_size=None,
-                                                          num_workers=w),
-        "samples, DataLoader": lambda: torch.utils.data.DataLoader(build(wds_cloud, spec, "samples"),
-                                                                   batch_size=None, num_workers=w),
-        "webdataset 1.0.2, WebLoader": lambda: peer.WebLoader(build(peer, spec, "batched"), batch_size=None,
-                                                              num_workers=w),
+        "tiny, batches of 64, WebLoader": loader(ours, wds_cloud, spec, "batched"),
+        "tiny, batches of 64, DataLoader": loader(torch_loader, wds_cloud, spec, "batched"),
+        "tiny, batches of 256, WebLoader": loader(ours, wds_cloud, spec, "batched", 256),
+        "tiny, batches of 256, DataLoader": loader(torch_loader, wds_cloud, spec, "batched", 256),
+        "tiny, own source, WebLoader": loader(ours, wds_cloud, spec, "own-source"),
+        "tiny, own source, DataLoader": loader(torch_loader, wds_cloud, spec, "own-source"),
+        "tiny, single samples, WebLoader": loader(ours, wds_cloud, spec, "samples"),
+        "tiny, single samples, DataLoader": loader(torch_loader, wds_cloud, spec, "samples"),
+        "medium decoded, batches of 64, WebLoader": loader(ours, wds_cloud, medium, "decode"),
+        "medium decoded, batches of 64, DataLoader": loader(torch_loader, wds_cloud, medium, "decode"),
+        "tiny, batches of 64, webdataset 1.0.2 WebLoader": loader(peer_loader, peer, spec, "batched"),
     }
     best: dict[str, float] = {}
     for r in range(args.repeat):
         for name, make in configs.items():
-            loader = make()
             start = time.perf_counter()
-            n = run(loader, not name.startswith("samples"))
+            n = run(make(), "single samples" not in name)
             rate = n / (time.perf_counter() - start)
             best[name] = max(best.get(name, 0.0), rate)
         print(f"round {r + 1}/{args.repeat} done", file=sys.stderr, flush=True)
     rows = [[name, f"{rate:,.0f}"] for name, rate in best.items()]
-    print(common.table(rows, ["configuration (tiny, 2 workers)", "samples/s"]))
-
-    def ratio(a: str, b: str) -> str:
-        return f"{best[a] / best[b] - 1:+.1%}"
-
+    print(common.table(rows, [f"configuration ({w} workers)", "samples/s"]))
     print()
-    print(f"cost of resumability, batches of 64:   WebLoader vs DataLoader {ratio('resumable, WebLoader', 'resumable, DataLoader')}")
-    print(f"cost of resumability, single samples:  WebLoader vs DataLoader {ratio('samples, WebLoader', 'samples, DataLoader')}")
-    print(f"non-resumable pipeline (no state taken): WebLoader vs DataLoader {ratio('own source, WebLoader', 'own source, DataLoader')}")
-    print(f"wds_cloud vs webdataset 1.0.2, WebLoader: {best['resumable, WebLoader'] / best['webdataset 1.0.2, WebLoader']:.2f}x")
+    print("WebLoader vs torch DataLoader over the same pipeline (the cost of taking a state with every item):")
+    for case in ("tiny, batches of 64", "tiny, batches of 256", "medium decoded, batches of 64",
+                 "tiny, single samples", "tiny, own source"):
+        ratio = best[f"{case}, WebLoader"] / best[f"{case}, DataLoader"] - 1
+        note = "  (not resumable: no state is taken)" if "own source" in case else ""
+        print(f"  {case:32s} {ratio:+.1%}{note}")
+    print(f"wds_cloud vs webdataset 1.0.2, WebLoader, tiny batches of 64: "
+          f"{best['tiny, batches of 64, WebLoader'] / best['tiny, batches of 64, webdataset 1.0.2 WebLoader']:.2f}x")
 
 
 if __name__ == "__main__":

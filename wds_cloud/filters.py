@@ -8,6 +8,7 @@ that calls user code takes ``handler=`` (see :mod:`wds_cloud.handlers`).
 from __future__ import annotations
 
 import fnmatch
+from array import array
 import io
 import itertools
 import logging
@@ -90,7 +91,7 @@ def _shuffle(data: Iterable, bufsize: int = 1000, initial: int = 100, rng: Optio
 class _ShuffleRun:
     """The live part of one pass of a :class:`Shuffle`: its buffer, where each buffered sample came from, its RNG."""
 
-    __slots__ = ("buf", "locs", "urls", "counts", "rng", "tracked", "journal", "run_id")
+    __slots__ = ("buf", "locs", "urls", "counts", "rng", "tracked", "journal", "run_id", "journaled", "urls_list")
 
     def __init__(self, rng: Any) -> None:
         self.buf: list = []
@@ -101,6 +102,8 @@ class _ShuffleRun:
         self.tracked = False
         self.journal: Optional[list] = None  # buffer changes since the last delta (see Shuffle._fast_state)
         self.run_id = id(self)
+        self.journaled = 0  # journal entries sent since the whole buffer was last sent
+        self.urls_list: Optional[list] = None  # ``urls`` as the state lists them, kept while unchanged
 
 
 class Shuffle(PipelineStage):
@@ -184,7 +187,7 @@ class Shuffle(PipelineStage):
                 if not counts[ref]:
                     del counts[ref], urls[ref]
                 if live.journal is not None:
-                    live.journal.append(k)
+                    live.journal.append((~k,))
             return buf.pop()
 
         it = iter(src)
@@ -229,6 +232,7 @@ class Shuffle(PipelineStage):
         if live is None:
             return {"fresh": True, "config": self._config()}
         state = self._head(live)
+        state["urls"] = [list(entry) for entry in state["urls"]]  # the live list is shared with _fast_state
         state["buffer"] = list(live.locs)  # tuples: JSON arrays
         return state
 
@@ -241,8 +245,12 @@ class Shuffle(PipelineStage):
                 "cannot be fetched again on resume; shuffle inside the dataset (WebDataset(...).shuffle(n)), "
                 "or take the state where the buffer is empty")
         rng = live.rng.getstate()
+        urls = live.urls
+        cached = live.urls_list
+        if cached is None or len(cached) != len(urls) or any(ref not in urls for ref, _, _ in cached):
+            cached = live.urls_list = [[ref, url, compressed] for ref, (url, compressed) in urls.items()]
         state = {"config": self._config(), "rng": list(rng) if not isinstance(rng, list) else rng,
-                 "urls": [[ref, url, compressed] for ref, (url, compressed) in live.urls.items()], "block": 512}
+                 "urls": cached, "block": 512}
         if self.epoch_seeded:
             state["epoch"] = self.epoch
         return state
@@ -251,18 +259,26 @@ class Shuffle(PipelineStage):
         """The state as a delta, for a loader that sends one with every batch (see ``compat.WebLoader``).
 
         The first call of a pass sends the whole buffer (``"buffer"``) and starts a journal;
-        later calls send only the journal (``"journal"``: a location appended, or the index of
-        a sample picked, in order), which :func:`apply_journal` replays onto the previous buffer.
+        later calls send only the journal (``"journal"``: the changes since, in order), which
+        :func:`apply_journal` replays onto the previous buffer.  Both are flat integer arrays
+        (``array("q")``), which cost a copy of their bytes to pickle where lists of tuples
+        cost a call per element: a locations is its three integers, a pick of buffer index
+        ``k`` is ``~k`` (negative).
         """
         if self._resume is not None or self._live is None:
             return self.state_dict()
         live = self._live
         state = self._head(live)
         state["run"] = live.run_id
-        if live.journal is None:
-            state["buffer"] = list(live.locs)
+        journal = live.journal
+        if journal is None or live.journaled + len(journal) > 8 * len(live.locs) + 1024:
+            # the whole buffer again once the journals would outgrow it: what the loader keeps stays bounded
+            state["buffer"] = array("q", itertools.chain.from_iterable(live.locs))
+            live.journaled = 0
         else:
-            state["journal"] = live.journal
+            # flattened in C: a location is its three integers, a pick of index k the one integer ~k
+            state["journal"] = array("q", itertools.chain.from_iterable(journal))
+            live.journaled += len(journal)
         live.journal = []
         return state
 
@@ -295,16 +311,28 @@ class Shuffle(PipelineStage):
         return out
 
 
-def apply_journal(buffer: list, journal: list) -> list:
-    """Replay a :meth:`Shuffle._fast_state` journal onto ``buffer`` (in place): the buffer after it."""
+def apply_journal(buffer: list, journal: Any) -> list:
+    """Replay a :meth:`Shuffle._fast_state` journal onto ``buffer`` (a list of location tuples, in place)."""
     out = buffer
-    for op in journal:
-        if isinstance(op, int):
-            out[op] = out[-1]
+    i, n = 0, len(journal)
+    while i < n:
+        op = journal[i]
+        if op < 0:
+            k = ~op
+            out[k] = out[-1]
             out.pop()
+            i += 1
         else:
-            out.append(op)
+            out.append((op, journal[i + 1], journal[i + 2]))
+            i += 3
     return out
+
+
+def buffer_locations(flat: Any) -> list:
+    """The location tuples of a buffer sent flat (``array("q")`` of three integers each)."""
+    if not isinstance(flat, array):
+        return list(flat)
+    return list(zip(flat[0::3], flat[1::3], flat[2::3]))
 
 
 def shuffle(bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random] = None, handler: Any = None,

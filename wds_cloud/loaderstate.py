@@ -5,8 +5,8 @@ it.  The loader's collate function (:class:`StateCollate`) runs in the worker
 right after the dataset yielded the item (or the last item of a batch), so the
 dataset's state taken there is exactly the state to resume after that item; it
 travels with the item as a :class:`Tagged`.  Only the changes to a shuffle
-buffer travel (a journal), and :func:`resolve` replays them in the main
-process.  :class:`Ended` makes each worker send an :class:`EndMark` when it has
+buffer travel (a journal): the main process only notes them (:func:`note`),
+and :func:`resolve` replays them when a state is asked for.  :class:`Ended` makes each worker send an :class:`EndMark` when it has
 finished.  In the main process :class:`Untag` strips the tags, keeps each
 worker's latest state, and after a resume gives items out in the worker order
 the interrupted run was due to follow.
@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 from .pytorch import IterableDataset
 from .stages import PipelineStage
 
-__all__ = ["EndMark", "Unavailable", "Tagged", "Ended", "StateCollate", "Untag", "resolve", "jsonable"]
+__all__ = ["EndMark", "Unavailable", "Sealed", "Tagged", "Ended", "StateCollate", "Untag", "note", "resolve", "jsonable"]
 
 
 def jsonable(value: Any) -> Any:
@@ -31,9 +31,34 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def note(state: Any, mirrors: dict, key: tuple) -> None:
+    """Record the shuffle-buffer changes a worker state carries (cheap: per batch, nothing is replayed).
+
+    ``mirrors[key + (stage path)]`` is ``[pass id, buffer, journals not yet applied]``; a state
+    carrying a whole buffer starts it afresh (the worker sends one at the start of a pass and
+    again whenever its journal has grown longer than the buffer, which bounds what waits here).
+    """
+    if not isinstance(state, dict) or "stages" not in state:
+        return
+    for i, _, stage in state["stages"]:
+        if not isinstance(stage, dict):
+            continue
+        where = key + (i,)
+        if "run" in stage:
+            if "buffer" in stage:
+                mirrors[where] = [stage["run"], stage["buffer"], []]
+            else:
+                mirror = mirrors.get(where)
+                if mirror is None or mirror[0] != stage["run"]:  # cannot happen: a pass sends its buffer first
+                    raise RuntimeError("a worker sent a shuffle journal without the buffer it applies to")
+                mirror[2].append(stage["journal"])
+        elif "stages" in stage:
+            note(stage, mirrors, where)
+
+
 def resolve(state: Any, mirrors: dict, key: tuple) -> Any:
-    """A worker's full state from the delta it sent: shuffle journals replayed onto the buffers seen before."""
-    from .filters import apply_journal
+    """A worker's full state from the last delta it sent: the noted journals replayed onto the buffers."""
+    from .filters import apply_journal, buffer_locations
 
     if not isinstance(state, dict) or "stages" not in state:
         return state
@@ -41,17 +66,14 @@ def resolve(state: Any, mirrors: dict, key: tuple) -> Any:
     for i, kind, stage in state["stages"]:
         where = key + (i,)
         if isinstance(stage, dict) and "run" in stage:
-            stage = dict(stage)
-            run = stage.pop("run")
-            if "buffer" in stage:
-                buffer = list(stage["buffer"])
-            else:
-                seen_run, previous = mirrors.get(where, (None, None))
-                if seen_run != run:  # cannot happen: a pass sends its whole buffer first
-                    raise RuntimeError("a worker sent a shuffle journal without the buffer it applies to")
-                buffer = apply_journal(previous, stage.pop("journal"))
-            mirrors[where] = (run, buffer)
-            stage["buffer"] = buffer
+            mirror = mirrors[where]
+            if not isinstance(mirror[1], list):
+                mirror[1] = buffer_locations(mirror[1])
+            for journal in mirror[2]:
+                apply_journal(mirror[1], journal)
+            mirror[2].clear()
+            stage = {k: v for k, v in stage.items() if k not in ("run", "journal")}
+            stage["buffer"] = list(mirror[1])
         elif isinstance(stage, dict) and "stages" in stage:
             stage = resolve(stage, mirrors, where)
         stages.append([i, kind, stage])
@@ -77,6 +99,36 @@ class Unavailable:
 
     def __reduce__(self):
         return (Unavailable, (self.reason,))
+
+
+class Sealed:
+    """A worker state pickled in the worker, opened in the main process only when a state is asked for.
+
+    Most states are never looked at (one travels with every batch); sealing them costs the worker
+    one plain pickle and the main process nothing until ``state_dict()``.  ``whole`` says that it
+    holds every shuffle buffer whole, so the states sealed before it are no longer needed.
+    """
+
+    __slots__ = ("blob", "whole")
+
+    def __init__(self, blob: bytes, whole: bool) -> None:
+        self.blob, self.whole = blob, whole
+
+    def __reduce__(self):
+        return (Sealed, (self.blob, self.whole))
+
+    @classmethod
+    def of(cls, state: Any) -> "Sealed":
+        import pickle
+
+        whole = not (isinstance(state, dict) and any(
+            isinstance(stage, dict) and "journal" in stage for _, _, stage in state.get("stages", ())))
+        return cls(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), whole)
+
+    def open(self) -> Any:
+        import pickle
+
+        return pickle.loads(self.blob)
 
 
 class Tagged:
@@ -150,6 +202,8 @@ class StateCollate:
             state = fast() if fast is not None else dataset.state_dict()
         except Exception as exn:  # never from iteration: state_dict() raises it, if it is ever asked for
             state = Unavailable(f"{type(exn).__name__}: {exn}")
+        if info is not None:
+            state = Sealed.of(state)
         if self.per_item:
             if isinstance(data, EndMark):
                 return Tagged(None, worker, state, True)
@@ -176,7 +230,8 @@ class Untag(PipelineStage):
         self.states: dict = {}
         self._pending: Optional[tuple] = None
         self.dataset: Any = None
-        self._mirrors: dict = {}  # (worker, stage path) -> (pass id, shuffle buffer) for the journals
+        self._mirrors: dict = {}  # (worker, stage path) -> [pass id, shuffle buffer, journals to apply]
+        self._sealed: dict = {}  # worker -> the Sealed states since its last whole one, oldest first
 
     def resume(self, next_worker: Optional[int], exhausted: set, states: dict) -> None:
         self._pending = (next_worker, exhausted, states)
@@ -185,13 +240,32 @@ class Untag(PipelineStage):
         """(next worker, exhausted workers, states): a loaded state until a pass has begun with it."""
         if self._pending is not None:
             return self._pending
-        return self.next, self.exhausted, self.states
+        for worker, chain in self._sealed.items():  # open what the workers sent, in order
+            for sealed in chain:
+                state = sealed.open()
+                note(state, self._mirrors, (worker,))
+                self.states[worker] = state
+            chain.clear()
+        states = {w: resolve(s, self._mirrors, (w,)) for w, s in self.states.items()}
+        return self.next, self.exhausted, states
+
+    def _keep(self, worker: int, state: Any) -> None:
+        """Keep the latest state of ``worker`` (sealed ones wait, unopened, until a state is asked for)."""
+        if isinstance(state, Sealed):
+            chain = self._sealed.setdefault(worker, [])
+            if state.whole:
+                chain.clear()
+            chain.append(state)
+            return
+        self._sealed.pop(worker, None)
+        self.states[worker] = state
+        note(state, self._mirrors, (worker,))
 
     def run(self, src: Iterable) -> Iterator:
         nxt, exhausted, states = self._pending or (0, set(), {})
         self._pending = None
         self.next, self.exhausted, self.states = nxt, set(exhausted), dict(states)
-        self._mirrors = {}
+        self._mirrors, self._sealed = {}, {}
         return self._reorder(src, max(1, self.num_workers))
 
     def _after(self, worker: int, n: int) -> Optional[int]:
@@ -215,7 +289,7 @@ class Untag(PipelineStage):
             while self.next is not None and queues[self.next]:
                 worker = self.next
                 t = queues[worker].popleft()
-                self.states[worker] = resolve(t.state, self._mirrors, (worker,))
+                self._keep(worker, t.state)
                 if t.end:
                     self.exhausted.add(worker)
                 self.next = self._after(worker, n)
@@ -224,6 +298,6 @@ class Untag(PipelineStage):
         for queue in queues:  # the loader ended: anything still held goes out in worker order
             while queue:
                 t = queue.popleft()
-                self.states[t.worker] = resolve(t.state, self._mirrors, (t.worker,))
+                self._keep(t.worker, t.state)
                 if not (t.end and t.item is None):
                     yield t.item

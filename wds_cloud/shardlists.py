@@ -248,6 +248,13 @@ class _Epochs:
         """The epoch of the most recent pass (the order of the shards follows from it)."""
         return {"epoch": self.epoch, "config": self._config()}
 
+    def _fast_state(self) -> dict:
+        """:meth:`state_dict`, made once per epoch (a loader asks for it with every batch; it is not changed)."""
+        cached = self.__dict__.get("_fast_cache")
+        if cached is None or cached["epoch"] != self.epoch:
+            cached = self._fast_cache = self.state_dict()
+        return cached
+
     def _next_pass_state(self) -> dict:
         return {"epoch": self.epoch if self._epoch_set else self.epoch + 1, "config": self._config()}
 

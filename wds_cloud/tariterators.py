@@ -381,6 +381,21 @@ class TarSamples:
             state["pax"] = dict(c.pax)
         return state
 
+    def _fast_state(self) -> dict:
+        """:meth:`state_dict` for a loader that asks with every batch: the same, without defensive copies."""
+        c = self.cursor
+        if self._resume is not None or c is None:
+            return self.state_dict()
+        where = c.where
+        state = {"shard": c.shard, "url": c.url, "offset": where[1], "samples": where[2], "done": c.done,
+                 "identity": c.identity}
+        if c.compressed:
+            state["compressed"] = True
+        pax = c.pax
+        if pax:
+            state["pax"] = dict(pax)
+        return state
+
     def _next_pass_state(self) -> dict:
         return dict(self._resume) if self._resume is not None else {"fresh": True}
 
