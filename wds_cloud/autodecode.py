@@ -19,6 +19,7 @@ import json
 import os
 import re
 import tempfile
+import zlib
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -293,7 +294,33 @@ def gzfilter(key: str, data: Any) -> Any:
     """Un-gzip ``*.gz`` fields and pass them on without the ``.gz``."""
     if not key.endswith(".gz"):
         return None
-    return Continue(key[:-3], gzip.decompress(data))
+    return Continue(key[:-3], gunzip_bounded(data, key))
+
+
+def gunzip_bounded(data: Any, key: str = "", limit: Optional[int] = None) -> bytes:
+    """``gzip.decompress`` that stops at ``limit`` bytes (default ``WDS_MAX_MEMBER_SIZE``): a field that
+    inflates beyond it is an error naming the field and the limit, never an allocation of its claim."""
+    limit = config.current().max_member_size if limit is None else limit
+    out = io.BytesIO()  # grows in place; getvalue() hands its buffer over without a copy
+    have = 0
+    rest = bytes(data)
+    while rest:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        pending = rest
+        while pending:
+            chunk = d.decompress(pending, min(1 << 24, limit + 1 - have))
+            out.write(chunk)
+            have += len(chunk)
+            if have > limit:
+                raise ValueError(f"field {key!r} inflates to more than {limit} bytes, the limit on one decoded "
+                                 "field; raise WDS_MAX_MEMBER_SIZE (such as 8GiB) if the data is trusted")
+            pending = d.unconsumed_tail
+            if d.eof:
+                break
+        if not d.eof:
+            raise ValueError(f"field {key!r}: the gzip stream ended before its end-of-stream marker")
+        rest = d.unused_data
+    return out.getvalue()
 
 
 default_pre_handlers = [gzfilter]
@@ -369,7 +396,7 @@ class Decoder:
         plannable = self._plannable
         plans = self._plans
         for field, value in sample.items():
-            if field[0] == "_" or not isinstance(value, (bytes, bytearray, memoryview)) or (
+            if field[:1] == "_" or not isinstance(value, (bytes, bytearray, memoryview)) or (
                     self.only is not None and field not in self.only):
                 result[field] = value
                 continue

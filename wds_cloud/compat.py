@@ -148,6 +148,8 @@ class WebDataset(DataPipeline, FluidInterface):
     so ``detshuffle=`` changes nothing (accepted for compatibility).  ``resampled=True`` draws
     shards with replacement forever.  ``cache_dir``/``cache_size`` stream remote
     shards through a local cache.  ``handler`` decides what a damaged shard does.
+    ``max_member_size`` (bytes, or a size such as ``"256MB"``; default ``WDS_MAX_MEMBER_SIZE``,
+    else 2 GiB) refuses larger members before reading them.
     """
 
     def __init__(self, urls: Any, handler: Callable = reraise_exception, mode: Optional[str] = None,
@@ -160,9 +162,14 @@ class WebDataset(DataPipeline, FluidInterface):
                  empty_check: bool = True, verbose: bool = False, seed: Optional[int] = None,
                  keys: Union[str, Callable, None] = None, storage_options: Optional[dict] = None,
                  retries: Optional[int] = None, timeout: Optional[float] = None,
-                 equal_work: Union[int, str, None] = None) -> None:
+                 equal_work: Union[int, str, None] = None, max_member_size: Union[int, str, None] = None) -> None:
         super().__init__()
         settings = config.current()
+        if max_member_size is not None:
+            max_member_size = config.parse_size("max_member_size", max_member_size)
+            if max_member_size <= 0:
+                raise config.ConfigError(f"max_member_size={max_member_size!r} must be a positive size, such as "
+                                         "256MB or 2GiB")
         if resampled:
             mode = "resampled"
         if shardshuffle is True:
@@ -204,7 +211,8 @@ class WebDataset(DataPipeline, FluidInterface):
             self._counts = _shard_counts(urls, self._shards.urls)
             self._nodesplitter = nodesplitter
         self._reader = TarSamples(handler=handler, select_files=select_files, rename_files=rename_files, keys=keys,
-                                  opener=opener, limit=self._equal_limit if self.equal_work is not None else None)
+                                  opener=opener, limit=self._equal_limit if self.equal_work is not None else None,
+                                  max_member_size=max_member_size)
         self.append(self._reader)
         if empty_check:
             self.append(CheckEmpty())

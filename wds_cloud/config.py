@@ -22,6 +22,7 @@ __all__ = ["Settings", "current", "parse_size", "parse_bool", "ENV_VARS"]
 #: Every variable name ``from_environ`` looks up (``WDS_<NAME>`` for ``${NAME}``
 #: substitution in shard specs is the one family read by prefix).
 ENV_VARS = (
+    "WDS_MAX_MEMBER_SIZE",
     "WDS_PLUGINS",
     "WDS_DISABLE_PLUGINS",
     "WDS_SECURE",
@@ -85,6 +86,20 @@ def parse_size(name: str, value: object) -> int:
             f"or a number with a unit (kB, MB, GB, TB, KiB, MiB, GiB, TiB), such as 50GB"
         )
     return int(float(match.group(1)) * _UNITS[unit])
+
+
+#: the default of WDS_MAX_MEMBER_SIZE: generous for images, audio and video clips, and still far
+#: below what a 2-core, 24 GiB training box can hold per DataLoader worker
+DEFAULT_MAX_MEMBER_SIZE = 2 << 30
+
+
+def _positive_size(name: str, value: Optional[str], default: int) -> int:
+    if value is None or value.strip() == "":
+        return default
+    size = parse_size(name, value.strip())
+    if size <= 0:
+        raise ConfigError(f"{name}={value!r} must be a positive size, such as 256MB or 2GiB")
+    return size
 
 
 def _parse_int(name: str, value: Optional[str], default: Optional[int]) -> Optional[int]:
@@ -183,6 +198,9 @@ class Settings:
     retries: int = 6
     retry_timeout: float = 60.0
     retry_backoff: float = 0.2
+    #: the largest tar member or decoded field read into memory (bytes): a hostile or broken
+    #: shard fails with a clear error instead of exhausting memory
+    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> "Settings":
@@ -218,6 +236,8 @@ class Settings:
             retries=_parse_int("WDS_RETRIES", get("WDS_RETRIES"), 6),
             retry_timeout=_parse_float("WDS_RETRY_TIMEOUT", get("WDS_RETRY_TIMEOUT"), 60.0),
             retry_backoff=_parse_float("WDS_RETRY_BACKOFF", get("WDS_RETRY_BACKOFF"), 0.2),
+            max_member_size=_positive_size("WDS_MAX_MEMBER_SIZE", get("WDS_MAX_MEMBER_SIZE"),
+                                           DEFAULT_MAX_MEMBER_SIZE),
         )
 
     def replace(self, **changes: object) -> "Settings":

@@ -156,6 +156,17 @@ class HTTPReadStream:
 
     partial_reads = True
 
+    def _header_int(self, name: str, value: str) -> int:
+        """A byte count from a response header; a malformed one is the server's fault, said as such."""
+        text = value.strip()
+        if not text.isascii() or not text.isdigit():
+            status = self._response.status if self._response is not None else None
+            self.close()
+            raise TransferError(f"{redact(self.url)}: the server sent a malformed {name} header "
+                                f"({text[:40]!r}, not a byte count); check the server or proxy", url=self.url,
+                                status=status)  # the status makes it permanent: a retry gets the same
+        return int(text)
+
     def __init__(self, url: str, offset: int = 0, headers: Optional[Mapping[str, str]] = None,
                  timeout: float = 60.0, display_url: Optional[str] = None, credentials_hint: str = "",
                  error_body: Optional[Callable[[int, str, str], Optional[BaseException]]] = None,
@@ -186,7 +197,7 @@ class HTTPReadStream:
             self.close()
             raise
         length = self._response.getheader("Content-Length")
-        self.remaining = int(length) if length is not None else None
+        self.remaining = self._header_int("Content-Length", length) if length is not None else None
         content_range = self._response.getheader("Content-Range")
         if (offset or wanted is not None) and self._response.status == 200:  # the server ignored Range
             self._discard(offset)
@@ -194,7 +205,7 @@ class HTTPReadStream:
             if wanted is not None and self.remaining is not None:
                 self.remaining = min(self.remaining, wanted)  # the rest of the body is left unread
         elif content_range and "/" in content_range and not content_range.endswith("*"):
-            self.size = int(content_range.rsplit("/", 1)[1])
+            self.size = self._header_int("Content-Range", content_range.rsplit("/", 1)[1])
         else:
             self.size = (self.remaining + offset) if self.remaining is not None else None
         self.etag = self._response.getheader("ETag")

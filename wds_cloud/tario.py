@@ -23,10 +23,17 @@ from typing import IO, Any, Callable, Iterator, Optional
 
 from .errors import CorruptShardError, MissingExtraError, redact
 
-__all__ = ["TarMembers", "open_decompressed", "detect_compression", "CHUNK"]
+__all__ = ["TarMembers", "open_decompressed", "detect_compression", "CHUNK", "MAX_META_SIZE"]
 
 CHUNK = 1 << 20
 ZERO_BLOCK = bytes(512)
+#: the largest metadata record read (a GNU long name, a PAX header): real ones are a few hundred bytes
+MAX_META_SIZE = 1 << 20
+#: a member's payload is given memory as its bytes arrive, at most this much ahead of them
+_PREALLOCATE = 16 << 20
+#: after the end-of-archive block, at most this much of a stream is read (tar pads archives to
+#: 10 KiB records); a pipe: command is read to its end, so that its exit status is known
+_TRAILER_SIZE = 1 << 20
 _REGULAR = (48, 0, 55)  # b"0", b"\0", b"7" (contiguous file)
 _GNU_LONGNAME, _GNU_LONGLINK, _PAX, _PAX_GLOBAL = 76, 75, 120, 103  # L K x g
 _END = object()
@@ -123,6 +130,11 @@ class _Zlib:
                 need -= len(data)
         return b"".join(out)
 
+    def readinto(self, buffer) -> int:
+        data = self.read(min(len(buffer), CHUNK))  # bounded: the bytes are held twice until copied
+        buffer[:len(data)] = data
+        return len(data)
+
     def close(self) -> None:
         self._raw.close()
 
@@ -135,6 +147,11 @@ class _Read1:
 
     def read(self, size: int) -> bytes:
         return self._f.read1(size)
+
+    def readinto(self, buffer) -> int:
+        data = self._f.read1(min(len(buffer), CHUNK))
+        buffer[:len(data)] = data
+        return len(data)
 
     def close(self) -> None:
         self._f.close()
@@ -175,7 +192,8 @@ def _decompression_errors() -> tuple[type, ...]:
 
 
 def _octal(field: bytes) -> int:
-    """A numeric header field: octal text, or GNU base-256 for very large values."""
+    """A numeric header field read as ``tarfile`` reads it: octal text up to the first NUL (all
+    twelve digits when there is none), or GNU base-256 for very large values; may be negative."""
     if field and field[0] & 0x80:
         value = int.from_bytes(field[1:], "big")
         return value - (1 << (8 * len(field) - 8)) if field[0] & 0x40 else value
@@ -198,12 +216,21 @@ class TarMembers:
     restores the global PAX records in force at that point.  With
     ``ranged=True`` the stream is a byte range of whole members and may end
     at a header boundary without the end-of-archive block.
+
+    Hostile headers cannot make it spin or allocate by claim: every size and
+    record length is checked (negative, malformed or past its record is
+    :class:`CorruptShardError`), a member larger than ``max_member`` bytes is
+    refused before it is read, metadata records are capped at
+    :data:`MAX_META_SIZE`, and a payload gets memory as its bytes arrive.
+    Iteration stops at the end-of-archive block; :meth:`finish` reads what
+    follows (a bounded amount, or all of a ``pipe:`` command's output).
     """
 
     def __init__(self, stream: IO[bytes], url: str = "", select: Optional[Callable[[str], bool]] = None,
                  chunk: int = CHUNK, *, start: int = 0, pax_global: Optional[dict] = None,
-                 ranged: bool = False) -> None:
+                 ranged: bool = False, max_member: Optional[int] = None) -> None:
         self.url = url
+        self.max_member = max_member
         self.chunk = chunk
         self.select = select
         self.compression: Optional[str] = None
@@ -312,31 +339,40 @@ class TarMembers:
         """``head`` plus the rest of a ``size``-byte payload read from the stream, as one bytes object.
 
         The bytes are read into the final object's own buffer (``BytesIO.getbuffer``;
-        ``getvalue`` then hands that buffer over without copying), so a large
-        payload is copied once, from the stream, instead of read and then joined.
+        ``getvalue`` then hands that buffer over without copying), so a large payload is
+        copied once, from the stream.  The buffer grows as the bytes arrive (by doubling,
+        from at most 16 MiB), so a header claiming gigabytes in a short stream costs
+        little memory before the stream's real end is found.
         """
         readinto = getattr(self._stream, "readinto", None)
         if readinto is None:
             return head + self._read_exact(size - len(head), name, header_offset)
         out = io.BytesIO()
-        out.seek(size - 1)
-        out.write(b"\0")
-        view = out.getbuffer()
-        try:
-            view[:len(head)] = head
-            have = len(head)
-            while have < size:
-                try:
-                    n = readinto(view[have:])
-                except self._errors as exc:
-                    raise self._fail(f"the {self.compression} stream is damaged or ended early ({exc})") from exc
-                if not n:
-                    raise self._fail(f"the stream ended inside the member: expected {size - len(head)} more "
-                                     f"bytes of data, got {have - len(head)}", name, header_offset)
-                have += n
-        finally:
-            view.release()
-        return out.getvalue()
+        have = len(head)
+        capacity = min(size, max(have, _PREALLOCATE))
+        while True:
+            out.seek(capacity - 1)
+            out.write(b"\0")
+            view = out.getbuffer()
+            try:
+                if head:
+                    view[:len(head)] = head
+                    head = b""
+                while have < capacity:
+                    try:
+                        n = readinto(view[have:capacity])
+                    except self._errors as exc:
+                        raise self._fail(f"the {self.compression} stream is damaged or ended early ({exc})",
+                                         name, header_offset) from exc
+                    if not n:
+                        raise self._fail(f"the stream ended inside the member: expected {size} bytes of "
+                                         f"data, got {have}", name, header_offset)
+                    have += n
+            finally:
+                view.release()
+            if have >= size:
+                return out.getvalue()
+            capacity = min(size, capacity * 2)
 
     def _read_exact(self, size: int, name: str, header_offset: int) -> bytes:
         parts, have = [], 0
@@ -397,6 +433,7 @@ class TarMembers:
             self.begin()
         select = self.select
         adler32 = zlib.adler32
+        max_member = self.max_member
         while True:
             # Fast path: plain ustar/GNU headers of regular members lying wholly in the buffer.
             buf, pos = self._buf, self._pos
@@ -404,10 +441,13 @@ class TarMembers:
             end = len(buf)
             while pos + 512 <= end and not self._special:
                 try:
-                    size = int(buf[pos + 124:pos + 135], 8)
+                    # all twelve digits when the field has no terminator, as tarfile reads it
+                    size = int(buf[pos + 124:pos + 136] if buf[pos + 135] > 32 else buf[pos + 124:pos + 135], 8)
                     stored = int(buf[pos + 148:pos + 154], 8)
                 except ValueError:
                     break
+                if size < 0 or (max_member is not None and size > max_member):
+                    break  # the slow path says what is wrong
                 r = ((adler32(mv[pos + 156:pos + 512], adler32(mv[pos:pos + 148])) & 0xFFFF) - 1) % 65521 + 256
                 if (stored != r and stored != r + 65521) or buf[pos + 156] not in (48, 0) or (
                         buf[pos + 345] and buf[pos + 257:pos + 262] == b"ustar"):
@@ -446,8 +486,6 @@ class TarMembers:
         if header[0] == 0 and header == ZERO_BLOCK:
             self.archive_end = header_offset
             self._pos = pos + 512
-            if not self._ranged:
-                self._drain()
             return _END
         if not self._extended:
             self._record_begin = header_offset
@@ -463,7 +501,13 @@ class TarMembers:
             raise self._fail("the size field is not a number", None, header_offset) from None
         pax = self._pax
         if "size" in pax:
-            size = int(pax["size"])
+            text = pax["size"]
+            if not text.isascii() or not text.isdigit():
+                raise self._fail(f"the PAX size record {text[:40]!r} is not a non-negative decimal number",
+                                 None, header_offset)
+            size = int(text)
+        if size < 0:
+            raise self._fail(f"the header gives a negative size ({size})", None, header_offset)
         if self._long_name is not None:
             name = self._long_name
         elif "path" in pax:
@@ -475,6 +519,9 @@ class TarMembers:
                 pend = header.find(0, 345, 500)
                 raw = header[345:pend if pend >= 0 else 500] + b"/" + raw
             name = raw.decode("utf-8", "surrogateescape")
+        if typeflag in (_GNU_LONGNAME, _PAX, _PAX_GLOBAL) and size > MAX_META_SIZE:
+            raise self._fail(f"a metadata record (type {chr(typeflag)!r}) claims {size} bytes, more than the "
+                             f"{MAX_META_SIZE} allowed for long names and PAX headers", None, header_offset)
         if typeflag == _GNU_LONGNAME:
             self._long_name = self._take(size, name, header_offset).split(b"\0", 1)[0].decode(
                 "utf-8", "surrogateescape")
@@ -499,6 +546,12 @@ class TarMembers:
             if self.select is not None and not self.select(name):
                 self._skip(size, name, header_offset)
                 return None
+            if self.max_member is not None and size > self.max_member:
+                raise CorruptShardError(
+                    f"{redact(self.url) or '<stream>'}: member {name!r} at byte {header_offset} is {size} bytes, "
+                    f"more than the limit of {self.max_member} bytes on one member; raise it with "
+                    "WDS_MAX_MEMBER_SIZE (such as 8GiB) or WebDataset(..., max_member_size=) if the shard is "
+                    "trusted", url=self.url, offset=header_offset, member=name, size=size, limit=self.max_member)
             data = self._take(size, name, header_offset)
             self.member_offset = header_offset
             self.record_start = self._record_begin
@@ -508,26 +561,43 @@ class TarMembers:
         return None
 
     def _parse_pax(self, payload: bytes, header_offset: int) -> dict[str, str]:
+        """PAX records ``"<length> <key>=<value>\\n"``; each length must cover its whole record."""
         records: dict[str, str] = {}
         pos = 0
-        while pos < len(payload):
-            space = payload.find(b" ", pos)
-            if space < 0 or payload[pos] == 0:
+        end = len(payload)
+        while pos < end:
+            if payload[pos] == 0:  # NUL padding after the last record
                 break
-            try:
-                length = int(payload[pos:space])
-            except ValueError:
-                raise self._fail("a PAX header record has no length", None, header_offset) from None
+            space = payload.find(b" ", pos, min(end, pos + 21))
+            digits = payload[pos:space] if space > pos else b""
+            if not digits.isdigit():
+                raise self._fail(f"a PAX header record at byte {pos} of the header has no valid length",
+                                 None, header_offset)
+            length = int(digits)
+            if length <= space - pos + 1 or pos + length > end or payload[pos + length - 1] != 10:
+                raise self._fail(f"a PAX header record at byte {pos} of the header claims a length of {length}, "
+                                 "which does not end at its newline inside the header", None, header_offset)
             record = payload[space + 1:pos + length - 1]
-            key, _, value = record.partition(b"=")
+            key, equals, value = record.partition(b"=")
+            if not equals:
+                raise self._fail(f"a PAX header record at byte {pos} of the header has no '='", None, header_offset)
             records[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
             pos += length
         return records
 
-    def _drain(self) -> None:
-        """Read to the end after the archive (lets a pipe: command report its exit status)."""
-        while self._read(self.chunk):
-            pass
+    def finish(self) -> None:
+        """After the end-of-archive block: read what follows, a bounded amount (all of a ``pipe:``
+        command's output, so that it can report its exit status).  Called once the last sample
+        was delivered, so a stream that trickles on after the archive never delays it."""
+        if self.archive_end is None or self._ranged or self._stream is None:
+            return
+        left = None if self.url[:5].lower() == "pipe:" else _TRAILER_SIZE
+        while left is None or left > 0:
+            data = self._read(self.chunk if left is None else min(self.chunk, left))
+            if not data:
+                return
+            if left is not None:
+                left -= len(data)
 
     def close(self) -> None:
         for stream in (self._stream, self._source):

@@ -18,6 +18,7 @@ import re
 import time
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
+from . import config
 from .errors import CorruptShardError, redact
 from .filters import pipelinefilter  # noqa: F401 - importable from here, as upstream
 from .handlers import reraise_exception
@@ -116,14 +117,21 @@ def url_opener(data: Iterable[dict], handler: Callable = reraise_exception, **kw
 
 def tar_file_iterator(fileobj, skip_meta: Optional[str] = _SKIP_META, handler: Callable = reraise_exception,
                       select_files: Optional[Callable] = None, rename_files: Optional[Callable] = None,
-                      url: str = "") -> Iterator[dict]:
-    """Yield ``{"fname": name, "data": bytes}`` for the regular members of a tar stream."""
+                      url: str = "", _failed: Optional[list] = None) -> Iterator[dict]:
+    """Yield ``{"fname": name, "data": bytes}`` for the regular members of a tar stream.
+
+    An error the handler lets pass ends the shard (``_failed``, when given, records it).
+    """
     members = TarMembers(fileobj, url or getattr(fileobj, "name", "") or "",
-                         select=_member_filter(skip_meta, select_files, rename_files))
+                         select=_member_filter(skip_meta, select_files, rename_files),
+                         max_member=config.current().max_member_size)
     try:
         for name, data in members:
             yield {"fname": rename_files(name) if rename_files else name, "data": data}
+        members.finish()
     except Exception as exn:
+        if _failed is not None:
+            _failed.append(exn)
         exn_handled = handler(exn)
         if not exn_handled:
             raise _Stop() from exn
@@ -133,7 +141,22 @@ class _Stop(Exception):
     """Internal: a handler asked to stop the whole iteration."""
 
 
-_ABORT = {"__abort__": True}  # marks a shard that ended in an error: drop its partial sample
+class _AbortMarker(dict):
+    """Ends a shard that ended in an error: ``group_by_keys`` drops its partial sample.
+
+    An empty dict, so code of one's own that treats ``{}`` as the end of a shard (the upstream
+    ``eof_value``) reads it as just that.
+    """
+
+    def __reduce__(self):
+        return (_abort_marker, ())
+
+
+def _abort_marker() -> dict:
+    return _ABORT
+
+
+_ABORT = _AbortMarker()
 
 
 def tar_file_expander(data: Iterable[dict], handler: Callable = reraise_exception,
@@ -143,9 +166,10 @@ def tar_file_expander(data: Iterable[dict], handler: Callable = reraise_exceptio
     for source in data:
         url = source["url"]
         stream = source["stream"]
+        failed: list = []
         try:
             for sample in tar_file_iterator(stream, handler=handler, select_files=select_files,
-                                            rename_files=rename_files, url=url):
+                                            rename_files=rename_files, url=url, _failed=failed):
                 sample["__url__"] = url
                 if "local_path" in source:
                     sample["__local_path__"] = source["local_path"]
@@ -155,7 +179,9 @@ def tar_file_expander(data: Iterable[dict], handler: Callable = reraise_exceptio
             return
         finally:
             _close(stream)
-        if eof_value is not None:
+        if failed:  # the shard ended in an error the handler let pass: its partial sample is dropped
+            yield _ABORT
+        elif eof_value is not None:
             yield eof_value
 
 
@@ -223,7 +249,8 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
     :class:`TarMembers` over ``stream`` (to read from a given offset).
     """
     if members is None:
-        members = TarMembers(stream, url, select=_member_filter(skip_meta, select_files, rename_files))
+        members = TarMembers(stream, url, select=_member_filter(skip_meta, select_files, rename_files),
+                             max_member=config.current().max_member_size)
     suffixes = set(suffixes) if suffixes is not None else None
     fast_keys = keys is base_plus_ext
     current: Optional[dict] = None
@@ -268,6 +295,7 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
             where[0], where[1] = start, members.archive_end if members.archive_end is not None else members.offset
             where[2] += 1
         yield current
+    members.finish()  # after the last sample: what trails the archive never delays it
 
 
 def tarfile_samples(src: Iterable[dict], handler: Callable = reraise_exception,
@@ -339,8 +367,10 @@ class TarSamples:
     def __init__(self, handler: Callable = reraise_exception, select_files: Optional[Callable] = None,
                  rename_files: Optional[Callable] = None, keys: Union[str, Callable, None] = None,
                  lcase: bool = True, suffixes: Optional[Iterable[str]] = None, opener: Any = None,
-                 limit: Any = None, **open_kw: Any) -> None:
+                 limit: Any = None, max_member_size: Optional[int] = None, **open_kw: Any) -> None:
         self.handler = handler
+        #: the largest member read (bytes); None: WDS_MAX_MEMBER_SIZE or its default, when a pass begins
+        self.max_member_size = max_member_size
         self.select_files = select_files
         self.rename_files = rename_files
         self.keys = keys
@@ -407,6 +437,13 @@ class TarSamples:
         """First yield the samples at ``replay`` (``(url, start, end, compressed, ref)``) on the next pass."""
         self._replay = list(replay)
 
+    def _max_member(self) -> int:
+        from .config import parse_size
+
+        if self.max_member_size is None:
+            return config.current().max_member_size
+        return parse_size("max_member_size", self.max_member_size)
+
     # opening
     def _member_filter(self) -> Optional[Callable[[str], bool]]:
         return _member_filter(_SKIP_META, self.select_files, self.rename_files)
@@ -439,7 +476,8 @@ class TarSamples:
 
     def _parse(self, stream: Any, url: str, start: int, ranged: bool) -> Iterator[tuple[int, dict]]:
         where = [0, 0, 0]
-        members = TarMembers(stream, url, select=self._member_filter(), start=start, ranged=ranged)
+        members = TarMembers(stream, url, select=self._member_filter(), start=start, ranged=ranged,
+                             max_member=self._max_member())
         for sample in shard_samples(url, stream, keys=key_rule(self.keys), lcase=self.lcase, suffixes=self.suffixes,
                                     rename_files=self.rename_files, where=where, members=members):
             yield where[0], sample
@@ -482,6 +520,7 @@ class TarSamples:
         skip = resume["shard"] if resume is not None else 0
         split = key_rule(self.keys)
         select = self._member_filter()
+        max_member = self._max_member()
         for index, source in enumerate(self._shards(src, cursor, limit, skip)):
             if index < skip:
                 continue
@@ -504,7 +543,7 @@ class TarSamples:
                 stream, local_path = self._open(source, 0 if compressed else offset)
                 seekable = "stream" not in source and not compressed
                 members = TarMembers(stream, url, select=select, start=offset if seekable else 0,
-                                     pax_global=pax if seekable else None)
+                                     pax_global=pax if seekable else None, max_member=max_member)
                 members.begin()
                 cursor.compressed = members.compression is not None
                 cursor.members = members

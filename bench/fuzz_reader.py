@@ -1,0 +1,101 @@
+"""Long fuzzing run of the tar reader: structure-aware mutations, only documented errors allowed.
+
+Each case takes a valid shard, then mutates tar headers with recomputed checksums, inserts PAX
+headers with wrong records, or cuts / flips bits in a compressed stream, and reads it.  A case
+fails if the reader raises anything but CorruptShardError, takes longer than --limit seconds,
+allocates more than 64 MiB, or (for a cut compressed stream) delivers a sample that is not whole.
+
+    python bench/fuzz_reader.py [--cases 20000] [--seed 0] [--limit 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bz2
+import collections
+import gzip
+import io
+import lzma
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tests.hostile import bounded, insert_pax, mutate_header, tar_of  # noqa: E402
+from wds_cloud.errors import CorruptShardError  # noqa: E402
+from wds_cloud.tariterators import shard_samples  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", type=int, default=20000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--limit", type=float, default=10.0, help="seconds one case may take")
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    expected = {f"s{i}": {"txt": f"text {i}".encode(), "bin": bytes([i]) * (i * 300)} for i in range(6)}
+    valid = tar_of([(k, v) for k, v in expected.items()])
+    compressors = {"gz": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress}
+    try:
+        import zstandard
+
+        compressors["zstd"] = zstandard.ZstdCompressor().compress
+    except ImportError:
+        pass
+    outcomes: collections.Counter = collections.Counter()
+    failures = []
+    slowest = 0.0
+    started = time.perf_counter()
+    for case in range(args.cases):
+        kind = rng.choice(["header", "header", "pax", "compressed"])
+        url, cut = "fuzz.tar", False
+        if kind == "header":
+            data = valid
+            for _ in range(rng.randint(1, 3)):
+                data = mutate_header(data, rng)
+        elif kind == "pax":
+            data = insert_pax(mutate_header(valid, rng) if rng.random() < 0.3 else valid, rng)
+        else:
+            name = rng.choice(sorted(compressors))
+            data, url = compressors[name](valid), f"fuzz.tar.{name}"
+            cut = rng.random() < 0.5
+            if cut:
+                data = data[:rng.randrange(len(data))]
+            else:
+                k = rng.randrange(len(data))
+                data = data[:k] + bytes([data[k] ^ (1 << rng.randrange(8))]) + data[k + 1:]
+        t0 = time.perf_counter()
+        out = bounded(lambda: list(shard_samples(url, io.BytesIO(data))), seconds=max(args.limit, 60))
+        took = time.perf_counter() - t0
+        slowest = max(slowest, took)
+        error = out.get("error")
+        problem = None
+        if error is not None and not isinstance(error, CorruptShardError):
+            problem = f"undocumented {type(error).__name__}: {error}"
+        elif took > args.limit:
+            problem = f"took {took:.1f} s"
+        elif out["peak"] > 64 << 20:
+            problem = f"allocated {out['peak'] >> 20} MiB"
+        elif cut and any({k: v for k, v in s.items() if not k.startswith("__")} != expected.get(s["__key__"])
+                         for s in out.get("value", ())):
+            problem = "a sample that is not whole"
+        outcomes[(kind, "error" if error is not None else "read")] += 1
+        if problem:
+            failures.append((case, kind, problem))
+        if (case + 1) % 2000 == 0:
+            print(f"{case + 1} cases, {len(failures)} failures, {time.perf_counter() - started:.0f} s", file=sys.stderr,
+                  flush=True)
+    print(f"{args.cases} cases (seed {args.seed}) in {time.perf_counter() - started:.0f} s; slowest case "
+          f"{slowest * 1000:.1f} ms")
+    for (kind, outcome), n in sorted(outcomes.items()):
+        print(f"  {kind:10s} {outcome:5s} {n}")
+    print(f"failures: {len(failures)}")
+    for case, kind, problem in failures[:20]:
+        print(f"  case {case} ({kind}): {problem}")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
