@@ -56,11 +56,13 @@ class AISBackend(Backend):
         headers = self._headers()
         if version:
             headers["If-Match"] = version
+        # the gateway sends the read on to a target, which needs the token too
         return HTTPReadStream(self._object_url(url), offset, headers, timeout or 60.0, display_url=url,
-                              credentials_hint=HINT, length=length)
+                              credentials_hint=HINT, length=length, trust_redirects=True)
 
     def stat(self, url: str) -> ObjectInfo:
-        conn, response = request("HEAD", self._object_url(url), self._headers(), display_url=url)
+        conn, response = request("HEAD", self._object_url(url), self._headers(), display_url=url,
+                                 trust_redirects=True)
         try:
             raise_for_status(response, url, HINT)
             length = response.getheader("Content-Length")
@@ -107,7 +109,7 @@ class AISBackend(Backend):
                 response.close()
                 conn.close()
             headers = dict(self._headers(), **{"Content-Length": str(size)})
-            conn, response = request("PUT", location, headers, body=body, display_url=url)
+            conn, response = request("PUT", location, headers, body=body, display_url=url, trust_redirects=True)
             try:
                 raise_for_status(response, url, HINT)
             finally:

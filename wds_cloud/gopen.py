@@ -20,7 +20,7 @@ from .errors import SecurityError, UnknownSchemeError, WdsCloudError, redact
 from .pipes import Pipe
 from .registry import get_registry, split_scheme
 from .resilient import ResumableStream, RetryPolicy
-from .security import is_secure, untrusted
+from .security import UntrustedURL, is_secure, untrusted
 
 __all__ = [
     "gopen", "gopen_schemes", "rewrite_url", "reader", "gopen_file", "gopen_pipe", "gopen_curl",
@@ -59,8 +59,9 @@ def rewrite_url(url: str, settings: Optional[Settings] = None) -> str:
             url = hooked
     if url != original:
         log.debug("rewrote %s -> %s", redact(original), redact(url))
-        if url.startswith("pipe:") and not original.startswith("pipe:"):
-            url = untrusted(url)
+        if isinstance(original, UntrustedURL) or (
+                split_scheme(url)[0] == "pipe" and split_scheme(original)[0] != "pipe"):
+            url = untrusted(url)  # data stays data, and a rule that makes a command is not the program's own
     return url
 
 

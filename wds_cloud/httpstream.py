@@ -47,14 +47,28 @@ def _connection(parts: urllib.parse.SplitResult, timeout: float) -> http.client.
     return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
 
 
+#: headers a redirect to another host (or from https to http) keeps; every other one may carry a credential
+_REDIRECT_SAFE = frozenset({"range", "if-match", "if-none-match", "accept", "accept-encoding", "user-agent",
+                            "content-type", "content-length"})
+
+
+def _same_trust(old: urllib.parse.SplitResult, new: urllib.parse.SplitResult) -> bool:
+    """Whether credentials sent to ``old`` may go to ``new``: the same host and port, and no downgrade to http."""
+    return (old.hostname, old.port) == (new.hostname, new.port) and not (old.scheme == "https" and new.scheme == "http")
+
+
 def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, body: Optional[bytes] = None,
             timeout: float = 60.0, max_redirects: int = 5, display_url: Optional[str] = None,
-            follow_redirects: bool = True):
+            follow_redirects: bool = True, trust_redirects: bool = False):
     """Send a request, following redirects unless told not to; returns (connection, response).
 
-    The caller closes both.
+    A redirect to another host, or from https to http, drops every header that may carry a
+    credential (``Authorization``, tokens, storage options' headers) unless ``trust_redirects``
+    (AIStore's gateway sends reads on to its targets, which need the token).  A redirect to a
+    scheme other than http(s) (``pipe:``, ``file:``) is refused at once.  The caller closes both.
     """
     display_url = display_url or url
+    headers = dict(headers or {})
     while True:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https"):
@@ -75,6 +89,15 @@ def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, 
             location = urllib.parse.urljoin(url, response.getheader("Location"))
             response.read()
             conn.close()
+            target = urllib.parse.urlsplit(location)
+            if target.scheme not in ("http", "https"):
+                from .errors import SecurityError
+
+                raise SecurityError(f"{redact(display_url)}: the server redirected to {redact(location)!r}, which is "
+                                    "not an http(s) URL; redirects never open local files or run commands",
+                                    url=display_url)
+            if not trust_redirects and not _same_trust(parts, target):
+                headers = {k: v for k, v in headers.items() if k.lower() in _REDIRECT_SAFE}
             url = location
             max_redirects -= 1
             continue
@@ -170,7 +193,7 @@ class HTTPReadStream:
     def __init__(self, url: str, offset: int = 0, headers: Optional[Mapping[str, str]] = None,
                  timeout: float = 60.0, display_url: Optional[str] = None, credentials_hint: str = "",
                  error_body: Optional[Callable[[int, str, str], Optional[BaseException]]] = None,
-                 length: Optional[int] = None) -> None:
+                 length: Optional[int] = None, trust_redirects: bool = False) -> None:
         self.url = display_url or url
         self.offset = offset
         wanted = length
@@ -182,7 +205,8 @@ class HTTPReadStream:
             request_headers["Range"] = f"bytes={offset}-{offset + max(wanted, 1) - 1}"
         elif offset:
             request_headers["Range"] = f"bytes={offset}-"
-        self._conn, self._response = request("GET", url, request_headers, timeout=timeout, display_url=self.url)
+        self._conn, self._response = request("GET", url, request_headers, timeout=timeout, display_url=self.url,
+                                             trust_redirects=trust_redirects)
         try:
             if self._response.status == 416 and offset:  # reading from the very end: nothing left
                 self.size = offset

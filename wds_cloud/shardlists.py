@@ -399,6 +399,7 @@ class MultiShardSample(PipelineStage):
     """Shards from a YAML/dict description mixing several datasets, each with an optional ``choose`` count."""
 
     def __init__(self, fname: Any) -> None:
+        from_file = not isinstance(fname, dict)
         if isinstance(fname, dict):
             spec = fname
         else:
@@ -417,6 +418,8 @@ class MultiShardSample(PipelineStage):
             buckets = buckets[0] if isinstance(buckets, list) else buckets
             urls = expand_urls(ds["shards"])
             urls = [os.path.join(buckets, u) if buckets else u for u in urls]
+            if from_file:  # a spec file is data: its URLs run no command unless untrusted pipes are allowed
+                urls = [untrusted(u) for u in urls]
             self.sources.append({"name": ds.get("name", ""), "urls": urls,
                                  "perepoch": ds.get("perepoch", -1), "choose": ds.get("choose", -1)})
         self.rng = random.Random()
