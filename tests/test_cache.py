@@ -88,6 +88,7 @@ def test_four_processes_download_each_shard_once(store, tmp_path, spawn):
     assert sum(stats["cache_hits"] for _, stats in results) == 12
     total = _shard_bytes(cache_dir)
     assert len(_entries(cache_dir)) == 4
+    proxy.wait_idle()
     assert total <= proxy.bytes_forwarded < total + 4 * 4096  # the objects once, plus response headers
     assert not [f for f in os.listdir(cache_dir) if f.endswith(".part")]
 
@@ -95,6 +96,7 @@ def test_four_processes_download_each_shard_once(store, tmp_path, spawn):
     with spawn.Pool(4) as pool:  # epoch 2: nothing from the server
         again = pool.starmap(_read, [(spec, options, cache_dir)] * 4)
     assert all(samples == clean for samples, _ in again)
+    proxy.wait_idle()
     assert proxy.bytes_forwarded == sent
     assert sum(stats["bytes_saved"] for _, stats in again) == 4 * total
 
@@ -107,7 +109,7 @@ def test_killed_fill_is_resumed_by_a_fresh_run(store, tmp_path, spawn):
     child = spawn.Process(target=_read, args=(first, options, cache_dir), kwargs={"stop_after": 1, "ready": ready})
     child.start()
     assert ready.wait(60)
-    deadline = time.time() + 10
+    deadline = time.time() + 120  # a safety net: the loop ends when the part file has bytes
     while time.time() < deadline:
         part = [os.path.join(cache_dir, f) for f in os.listdir(cache_dir) if f.endswith(".part")]
         if part and os.path.getsize(part[0]):
@@ -117,8 +119,10 @@ def test_killed_fill_is_resumed_by_a_fresh_run(store, tmp_path, spawn):
     child.join()
     had = os.path.getsize(part[0])
     assert had > 0 and not _entries(cache_dir)  # never published
+    proxy.wait_idle()  # the killed reader's connection is over and counted
     sent = proxy.bytes_forwarded
     samples, stats = _read(first, options, cache_dir)
+    proxy.wait_idle()
     assert samples == clean[:40]
     size = _shard_bytes(cache_dir)
     assert proxy.bytes_forwarded - sent < size - had + 4096  # resumed where the killed fill stopped
@@ -177,9 +181,11 @@ def test_corrupted_entry_is_detected_and_fetched_again(store, tmp_path, caplog):
         data = f.read(100)
         f.seek(700_000)
         f.write(bytes(b ^ 0xFF for b in data))
+    proxy.wait_idle()
     sent = proxy.bytes_forwarded
     with caplog.at_level(logging.WARNING, logger="wds_cloud.cache"):
         samples, stats = _read(spec, options, cache_dir)
+    proxy.wait_idle()
     assert samples == clean
     assert stats["cache_misses"] == 1 and stats["cache_hits"] == 3
     assert proxy.bytes_forwarded - sent >= os.path.getsize(entry)
@@ -263,7 +269,9 @@ def test_a_second_reader_follows_the_fill_and_takes_over_when_it_stops(store, tm
 
     spec, options, clean, proxy = store
     url = spec.replace("{000000..000003}", "000001")
-    whole = gopen(url, storage_options=options).read()
+    with gopen(url, storage_options=options) as stream:
+        whole = stream.read()
+    proxy.wait_idle()  # every byte of that read counted before the count is taken
     sent = proxy.bytes_forwarded
     cache = ShardCache(str(tmp_path / "cache"))
 
@@ -279,6 +287,7 @@ def test_a_second_reader_follows_the_fill_and_takes_over_when_it_stops(store, tm
     filler.close()  # stops early: the follower must take over
     rest = follower.read()
     follower.close()
+    proxy.wait_idle()
     assert head == whole[:300_000] and whole[:200_000] + rest == whole
     # the resumed GET starts at byte 300,000; what the first connection had in flight is all that is lost
     assert proxy.bytes_forwarded - sent < 2 * len(whole) - 300_000 + 8192

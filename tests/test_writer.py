@@ -252,8 +252,32 @@ def test_killed_writer_leaves_no_partial_shard(tmp_path, via_pipe):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     proc.stdout.close()
-    time.sleep(0.3)
+    wait_until_no_process_mentions(str(tmp_path))  # then nothing can publish the shard any more
     assert not final.exists()
+
+
+def wait_until_no_process_mentions(text, limit=60.0):
+    """Wait for every process whose command line contains ``text`` to end (an event; the limit is a safety net)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        alive = False
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if text.encode() in cmdline and state != b"Z":
+                alive = True
+                break
+        if not alive:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"processes mentioning {text} still run after {limit} s")
 
 
 def test_full_disk(tmp_path):

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import weakref
 from typing import Optional
 
@@ -27,6 +28,12 @@ STDERR_TAIL_BYTES = 4096
 STDERR_TAIL_LINES = 10
 
 
+def _prctl_deathsig(sig: int) -> None:
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+
+
 def _die_with_parent() -> None:
     """In the child: ask Linux to kill it when the writing process dies.
 
@@ -34,11 +41,82 @@ def _die_with_parent() -> None:
     end of input (and publish a partial shard) because its parent was killed.
     """
     try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        _prctl_deathsig(signal.SIGKILL)
     except Exception:
         pass
+
+
+# The guard of a pipe: writer.  It holds a copy of the command's input, so the command cannot
+# see a clean end of input while the guard lives; when the writing process dies, Linux sends the
+# guard SIGTERM (PR_SET_PDEATHSIG) and it kills the command's whole process group *before* its
+# copy closes.  So ``cat > x.tmp && mv x.tmp x`` is killed with its writer, never left to publish
+# what arrived, however the kernel orders the two deaths.  SIGUSR1 dismisses it (a clean close).
+_GUARD = """
+import os, signal, sys
+pgid, parent = int(sys.argv[1]), int(sys.argv[2])
+def end(kill):
+    if kill:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+    os._exit(0)
+signal.signal(signal.SIGTERM, lambda *a: end(True))
+signal.signal(signal.SIGUSR1, lambda *a: end(False))
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGUSR1})
+if os.getppid() != parent:
+    end(True)
+while True:
+    signal.pause()
+"""
+
+
+def _guard_preexec() -> None:
+    # blocked until the guard's handlers are in place: a signal that comes early waits for them
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGUSR1})
+    try:
+        _prctl_deathsig(signal.SIGTERM)
+    except Exception:
+        pass
+
+
+def _start_guard(proc: subprocess.Popen) -> Optional[subprocess.Popen]:
+    try:
+        return subprocess.Popen([sys.executable, "-S", "-c", _GUARD, str(proc.pid), str(os.getpid())],
+                                pass_fds=(proc.stdin.fileno(),), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_guard_preexec)
+    except OSError:
+        return None
+
+
+def _dismiss(guard: Optional[subprocess.Popen]) -> None:
+    """Let the guard go without killing anything (the writer closes cleanly, or has killed the command)."""
+    if guard is None or guard.poll() is not None:
+        return
+    try:
+        guard.send_signal(signal.SIGUSR1)
+    except ProcessLookupError:
+        pass
+    guard.wait()
+
+
+def _group_members(pgid: int) -> bool:
+    """True while a live (not zombie) process remains in process group ``pgid`` (Linux: /proc)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return False
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
 
 
 def _kill_group(proc: subprocess.Popen, grace: float = 1.0) -> None:
@@ -54,17 +132,23 @@ def _kill_group(proc: subprocess.Popen, grace: float = 1.0) -> None:
                 break
             except subprocess.TimeoutExpired:
                 continue
-    else:
-        # The shell is gone, but a grandchild may still hold the pipe: end the group.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    # The shell is gone, but a grandchild may still run: end the group, and return only when it has
+    # ended (SIGKILL is delivered asynchronously), so that "closed" means "no process left".
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
+    if sys.platform.startswith("linux"):
+        for _ in range(2000):  # at most a few seconds; a killed process is gone in microseconds
+            if not _group_members(proc.pid):
+                return
+            time.sleep(0.002)
 
 
-def _abandon(proc: subprocess.Popen, stderr) -> None:
+def _abandon(proc: subprocess.Popen, stderr, guard: Optional[subprocess.Popen] = None) -> None:
     """End a pipe that was dropped without close()."""
     _kill_group(proc)
+    _dismiss(guard)
     for stream in (proc.stdout, proc.stdin, stderr):
         if stream is not None:
             try:
@@ -115,8 +199,10 @@ class Pipe:
             preexec_fn=None if reading or not sys.platform.startswith("linux") else _die_with_parent,
         )
         self.stream = self.proc.stdout if reading else self.proc.stdin
+        linux = sys.platform.startswith("linux")
+        self._guard = _start_guard(self.proc) if not reading and linux else None
         # If the object is dropped without close(), the children are still ended.
-        self._finalizer = weakref.finalize(self, _abandon, self.proc, self._stderr)
+        self._finalizer = weakref.finalize(self, _abandon, self.proc, self._stderr, self._guard)
         log.debug("started pipe pid=%d for %s", self.proc.pid, redact(self.url))
 
     # reading
@@ -190,6 +276,7 @@ class Pipe:
         self.closed = True
         try:
             if self.mode.startswith("w") and not self._killed:
+                _dismiss(self._guard)  # its copy of the input closes: the command sees the end of input
                 try:
                     self.stream.close()
                 except BrokenPipeError:
@@ -211,6 +298,7 @@ class Pipe:
             else:
                 _kill_group(self.proc)
         finally:
+            _dismiss(self._guard)
             for stream in (self.proc.stdout, self.proc.stdin):
                 if stream is not None:
                     try:

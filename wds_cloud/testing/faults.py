@@ -34,6 +34,8 @@ class FaultProxy:
         self.faults = 0
         self.bytes_forwarded = 0
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._active = 0  # connections accepted and not yet finished
         self._stopped = threading.Event()
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -55,7 +57,26 @@ class FaultProxy:
                 return
             with self._lock:
                 self.connections += 1
+                self._active += 1
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def wait_idle(self, timeout: float = 120.0) -> None:
+        """Wait until every connection so far has finished, so ``bytes_forwarded`` is final for them.
+
+        Counting follows each send, so a client may hold bytes the count does not show yet;
+        a test reads the count after this, never by guessing how long the proxy needs.
+        """
+        with self._idle:
+            if not self._idle.wait_for(lambda: self._active == 0, timeout):
+                raise TimeoutError(f"{self._active} proxied connection(s) still open after {timeout} s")
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            self._serve_one(client)
+        finally:
+            with self._idle:
+                self._active -= 1
+                self._idle.notify_all()
 
     def _take_error(self) -> bool:
         with self._lock:
@@ -65,7 +86,7 @@ class FaultProxy:
                 return True
         return False
 
-    def _serve(self, client: socket.socket) -> None:
+    def _serve_one(self, client: socket.socket) -> None:
         client.settimeout(30)
         if self._take_error():
             try:
