@@ -14,7 +14,8 @@ import os
 from typing import IO, Any, Optional
 
 from wds_cloud.backend import require
-from wds_cloud.errors import CredentialsError, ObjectChangedError, ShardNotFoundError, TransferError, redact
+from wds_cloud.errors import (CredentialsError, ObjectChangedError, ShardNotFoundError, TransferError, WdsCloudError,
+                              redact)
 from wds_cloud.fsbackend import FsspecBackend
 from wds_cloud.hookspecs import hookimpl
 from wds_cloud.httpstream import AccessDeniedError, HTTPReadStream
@@ -58,9 +59,11 @@ def _s3_error(status: int, body: str, url: str) -> Optional[BaseException]:
 
 def translate(exc: BaseException, url: str) -> BaseException:
     """botocore/s3fs errors as wds_cloud errors that say what to do."""
-    import botocore.exceptions as bex
-
-    if isinstance(exc, (ShardNotFoundError, CredentialsError, TransferError)):
+    if isinstance(exc, WdsCloudError):  # ours already (a MissingExtraError among them): as it is
+        return exc
+    try:
+        import botocore.exceptions as bex
+    except ImportError:  # without botocore no botocore error can have been raised
         return exc
     shown = redact(url)
     if isinstance(exc, (bex.NoCredentialsError, bex.PartialCredentialsError)):

@@ -48,6 +48,15 @@ def url_to_cache_name(url: str, ndir: int = 0) -> str:
     """
     url = pipe_cleaner(url)
     scheme, rest = split_scheme(url)
+    # The readable part never holds a credential: no userinfo, no query (signatures, tokens, SAS);
+    # the hash of the whole URL keeps URLs that differ only there apart.
+    if rest.startswith("//"):
+        authority, _, path = rest[2:].partition("/")
+        rest = "//" + authority.rpartition("@")[2] + "/" + path
+    if scheme not in (None, "file"):
+        rest = rest.split("?", 1)[0].split("#", 1)[0]
+    if scheme == "pipe":  # a command with no URL in it: only its last word (options may hold tokens)
+        rest = (rest.split() or ["shard"])[-1]
     readable = (scheme or "file") + "__" + rest.lstrip("/")
     readable = re.sub(r"[^A-Za-z0-9._-]+", "_", readable.replace("/", "__")).strip("._") or "shard"
     digest = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:12]

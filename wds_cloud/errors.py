@@ -53,18 +53,34 @@ __all__ = [
     "redact",
 ]
 
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@:\s]*)(:[^/@\s]*)?@")
+# userinfo runs to the last "@" before the path, so a password holding "@" is covered whole
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<info>[^/?#\s]*)@")
 _SECRET_QUERY = re.compile(
-    r"(?i)([?&](?:sig|signature|token|access_token|x-amz-signature|x-amz-security-token|"
-    r"x-goog-signature|x-amz-credential|key|secret|password|sv|se)=)[^&#\s]*"
+    r"(?i)([?&;](?:sig|signature|token|access_token|id_token|refresh_token|x-amz-signature|x-amz-security-token|"
+    r"x-amz-credential|awsaccesskeyid|x-goog-signature|x-goog-credential|googleaccessid|key|api_key|apikey|"
+    r"access_key|secret|client_secret|password|passwd|sv|se|skoid|sktid|code)=)[^&#;\s'\"]*"
 )
 
 
+def _userinfo(m: re.Match) -> str:
+    info = m.group("info")
+    if ":" in info:  # user:password -> the user stays, the password goes
+        return f"{m.group('scheme')}{info.split(':', 1)[0]}:***@"
+    return f"{m.group('scheme')}***@"  # a lone userinfo is often a token (https://TOKEN@host)
+
+
 def redact(url: object) -> str:
-    """Return ``url`` as text with passwords and signed-query secrets replaced by ``***``."""
+    """``url`` (or any text holding URLs) with userinfo passwords and tokens and signed-query secrets as ``***``.
+
+    The one redaction function: every URL wds_cloud prints, logs, stores in a state or puts
+    into an error message goes through it.
+    """
     text = str(url)
-    text = _USERINFO.sub(lambda m: f"{m.group('scheme')}{m.group('user')}:***@" if m.group(3) else m.group(0), text)
-    return _SECRET_QUERY.sub(r"\1***", text)
+    if "@" in text:
+        text = _USERINFO.sub(_userinfo, text)
+    if "=" in text:
+        text = _SECRET_QUERY.sub(r"\1***", text)
+    return text
 
 
 class WdsCloudError(Exception):

@@ -29,15 +29,20 @@ class AccessDeniedError(CredentialsError):
     """The credentials were accepted but do not allow this operation."""
 
 
-def connection_error(url: str, exc: BaseException, what: str = "connect") -> TransferError:
-    """A TransferError naming the endpoint, for a refused, reset or timed-out connection."""
+def connection_error(url: str, exc: BaseException, what: str = "connect", display_url: Optional[str] = None
+                     ) -> TransferError:
+    """A TransferError naming the endpoint really tried (scheme, host, port of ``url``, the request's own
+    URL), for a refused, reset or timed-out connection; the message shows ``display_url`` (the URL the
+    user gave, such as ``s3://bucket/key``), never a signed request URL."""
     parts = urllib.parse.urlsplit(url)
     endpoint = f"{parts.scheme}://{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
     reason = "connection refused" if isinstance(exc, ConnectionRefusedError) else (
-        "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else str(exc) or type(exc).__name__)
+        "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else redact(str(exc)) or type(exc).__name__)
+    shown = redact(display_url or f"{endpoint}{parts.path}")
     return TransferError(
-        f"cannot {what} {endpoint} for {redact(url)}: {reason}; check that the server is running and that "
-        "the endpoint (endpoint_url, AIS_ENDPOINT, ...) is right", url=url, endpoint=endpoint, cause=exc)
+        f"cannot {what} {endpoint} for {shown}: {reason}; check that the server is running and that "
+        "the endpoint (endpoint_url, AWS_ENDPOINT_URL, AIS_ENDPOINT, ...) is right", url=display_url or url,
+        endpoint=endpoint, cause=exc)
 
 
 def _connection(parts: urllib.parse.SplitResult, timeout: float) -> http.client.HTTPConnection:
@@ -82,7 +87,15 @@ def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, 
             response = conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
-            raise connection_error(url, exc) from exc
+            raise connection_error(url, exc, display_url=display_url) from None
+        except ValueError as exc:  # http.client refuses a header holding a newline: never show its value
+            conn.close()
+            bad = [k for k, v in (headers or {}).items() if any(c in f"{k}{v}" for c in "\r\n\0")]
+            from .errors import ConfigError
+
+            raise ConfigError(f"{redact(display_url)}: the request header(s) {bad or '(unknown)'} hold a newline "
+                              "or NUL, which HTTP does not allow; remove it from storage_options['headers'] (or the "
+                              "credential it came from)", url=display_url) from None
         if not follow_redirects:
             return conn, response
         if response.status in REDIRECTS and response.getheader("Location") and max_redirects > 0:
@@ -195,6 +208,7 @@ class HTTPReadStream:
                  error_body: Optional[Callable[[int, str, str], Optional[BaseException]]] = None,
                  length: Optional[int] = None, trust_redirects: bool = False) -> None:
         self.url = display_url or url
+        self._request_url = url  # the endpoint really contacted, named in connection errors (never shown whole)
         self.offset = offset
         wanted = length
         self.skipped = 0
@@ -291,7 +305,7 @@ class HTTPReadStream:
                 sock = self._socket()
                 data = sock.recv(size, socket.MSG_WAITALL) if sock is not None else fp.read1(size)
         except (OSError, http.client.HTTPException) as exc:
-            raise connection_error(self.url, exc, "read from") from exc
+            raise connection_error(self._request_url, exc, "read from", display_url=self.url) from None
         self.remaining -= len(data)
         if not data:
             raise self._short()
@@ -315,7 +329,7 @@ class HTTPReadStream:
                 sock = self._socket()
                 n = sock.recv_into(view, len(view), socket.MSG_WAITALL) if sock is not None else fp.readinto1(view)
         except (OSError, http.client.HTTPException) as exc:
-            raise connection_error(self.url, exc, "read from") from exc
+            raise connection_error(self._request_url, exc, "read from", display_url=self.url) from None
         self.remaining -= n
         if not n:
             raise self._short()

@@ -23,7 +23,7 @@ import pluggy
 from . import hookspecs
 from .backend import Backend, missing_modules
 from .config import Settings
-from .errors import PluginConflictError, PluginError, UnknownSchemeError
+from .errors import PluginConflictError, PluginError, UnknownSchemeError, redact
 
 __all__ = ["Claim", "Registrar", "Registry", "get_registry", "reset", "split_scheme"]
 
@@ -218,7 +218,7 @@ class Registry:
         elif scheme in self.skipped:
             hint = f"; the plugin {scheme!r} is disabled by WDS_PLUGINS/WDS_DISABLE_PLUGINS"
         raise UnknownSchemeError(
-            f"no backend for the scheme {scheme!r} in {url!r}: known schemes are {known}{hint}. "
+            f"no backend for the scheme {scheme!r} in {redact(url)!r}: known schemes are {known}{hint}. "
             "For a local path containing ':', write it as ./path or file:path",
             url=url, scheme=scheme,
         )

@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import queue
+import stat
 import threading
 import time
 import zlib
@@ -59,22 +60,70 @@ def _read_meta(path: str) -> Optional[dict]:
         return None
 
 
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _create(path: str, mode: int = 0o644, flags: int = os.O_WRONLY) -> int:
+    """A new file at ``path``, never through a link planted there (one in the way is removed, not followed)."""
+    for _ in range(3):
+        try:
+            return os.open(path, flags | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode)
+        except FileExistsError:
+            _unlink(path)  # unlinking a symlink leaves what it points to alone
+    raise OSError(errno.EEXIST, f"{path} keeps being re-created by someone else")
+
+
 def _write_meta(path: str, meta: dict) -> None:
     temp = f"{path}.meta.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(temp, "w") as f:
+    with os.fdopen(_create(temp), "w") as f:
         json.dump(meta, f)
     os.replace(temp, path + ".meta")
 
 
+def _regular_and_ours(st: os.stat_result) -> bool:
+    """A regular file this user owns: the only kind of file in the cache directory trusted as ours."""
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+
+
 def _try_lock(path: str, mode: int = fcntl.LOCK_EX):
-    """The open lock file ``path`` with ``mode`` taken without waiting, or None when someone holds it."""
-    f = open(path, "ab")
-    try:
-        fcntl.flock(f.fileno(), mode | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        return None
-    return f
+    """The open lock file ``path`` with ``mode`` taken without waiting, or None when someone holds it.
+
+    A link planted at ``path`` is removed, never followed; the lock counts only while ``path``
+    is still the file locked (another process may remove a stale lock file while holding it).
+    """
+    for _ in range(5):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW, 0o600)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            _unlink(path)
+            continue
+        f = os.fdopen(fd, "ab")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            f.close()
+            raise OSError(errno.EINVAL, f"{path} is not a regular file: remove it from the cache directory")
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            return None
+        try:
+            still = os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            still = False
+        if still:
+            return f
+        f.close()  # removed or replaced while we locked it: lock the file that is there now
+    return None
+
+
+def _drop_lock_file(path: str) -> None:
+    """Remove ``N.lock`` when nobody holds it (entries leave no lock files behind)."""
+    lock = _try_lock(path + ".lock")
+    if lock is not None:
+        with lock:
+            _unlink(path + ".lock")
 
 
 def _unlink(*paths: str) -> None:
@@ -100,7 +149,7 @@ class _Sink:
     cache entry, never the read.  Bytes already on disk before ``start`` are hashed first.
     """
 
-    def __init__(self, part: str, start: int, want_md5: bool, want_crc: bool) -> None:
+    def __init__(self, part: str, start: int, want_md5: bool, want_crc: bool, private: bool = False) -> None:
         self.part = part
         self.error: Optional[BaseException] = None
         self.crc: Optional[int] = 0 if want_crc else None
@@ -109,7 +158,16 @@ class _Sink:
         # Reused 1 MB buffers: the bytes handed over are copied once into memory that is already mapped.
         self._free: "queue.Queue[bytearray]" = queue.Queue()
         self._buffers = 0  # made so far, on demand (a small shard needs few)
-        fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
+        # never world-readable when the URL carried a credential (the umask applies on top)
+        mode = 0o600 if private else 0o644
+        if start:  # resuming a part file: only one this user made, a regular file, never through a link
+            fd = os.open(part, os.O_RDWR | _NOFOLLOW)
+            st = os.fstat(fd)
+            if not _regular_and_ours(st) or st.st_size < start:
+                os.close(fd)
+                raise OSError(errno.EINVAL, f"{part} is not a part file this cache made")
+        else:
+            fd = _create(part, mode, os.O_RDWR)
         self._file = os.fdopen(fd, "r+b", buffering=0)
         self._file.truncate(start)
         self._start = start
@@ -234,11 +292,23 @@ class ShardCache:
             poll = min(poll * 2, POLL_MAX)
 
     def _open_entry(self, path: str) -> Optional[Any]:
-        """The complete entry, opened and held against eviction, or None (absent, or found damaged)."""
+        """The complete entry, opened and held against eviction, or None (absent, or found damaged).
+
+        Only a regular file is an entry: a link or anything else planted under an entry's name
+        is removed (the link, not what it points to) and the shard fetched again.
+        """
         try:
-            f = open(path, "rb")
+            fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            return self._discard(path, "it is a symbolic link, not a file this cache made")
+        f = os.fdopen(fd, "rb")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            f.close()
+            return self._discard(path, "it is not a regular file")
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_SH)
             st = os.fstat(f.fileno())
@@ -269,7 +339,7 @@ class ShardCache:
         lock = _try_lock(path + ".lock")
         if lock is not None:
             try:
-                _unlink(path, path + ".meta")
+                _unlink(path, path + ".meta", path + ".lock")
             finally:
                 lock.close()
         return None
@@ -279,7 +349,15 @@ class ShardCache:
         """Evict least-recently-used entries until the cache, fills in progress included, fits the limit."""
         if self.size_limit is None:
             return
-        with open(os.path.join(self.directory, ".evict.lock"), "ab") as guard:
+        guard_path = os.path.join(self.directory, ".evict.lock")
+        try:
+            fd = os.open(guard_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW, 0o600)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            _unlink(guard_path)  # a planted link: removed, never followed
+            fd = _create(guard_path, 0o600)
+        with os.fdopen(fd, "ab") as guard:
             fcntl.flock(guard.fileno(), fcntl.LOCK_EX)
             entries, total = [], 0
             for root, dirs, names in os.walk(self.directory):
@@ -319,12 +397,13 @@ class ShardCache:
                 except BlockingIOError:
                     return False
                 _unlink(path, path + ".meta")
+            _drop_lock_file(path)
         else:  # an abandoned fill (nobody holds its lock)
             lock = _try_lock(path + ".lock")
             if lock is None:
                 return False
             with lock:
-                _unlink(path + ".part", path + ".meta")
+                _unlink(path + ".part", path + ".meta", path + ".lock")
         self._count(cache_evictions=1)
         log.info("cache: evicted %s", path)
         return True
@@ -390,8 +469,15 @@ class CachedShard:
         part = self.path + ".part"
         meta = _read_meta(self.path)
         start = 0
-        if meta is not None and not meta.get("complete") and meta.get("size") and os.path.exists(part):
-            start = os.path.getsize(part)
+        if meta is not None and not meta.get("complete") and meta.get("size"):
+            try:
+                st = os.stat(part, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None and _regular_and_ours(st):
+                start = st.st_size
+            elif st is not None:  # a link or a stranger's file: never resumed from, removed
+                _unlink(part)
         remote = self._opener(start)
         version, size = getattr(remote, "version", None), getattr(remote, "size", None)
         if start and (str(version) != str(meta.get("version")) or size != meta.get("size")):
@@ -413,7 +499,8 @@ class CachedShard:
         self.size = size
         self._remote = remote
         self._local_end = start
-        self._sink = _Sink(part, start, want_md5=bool(meta.get("md5")), want_crc=self.cache.verify)
+        self._sink = _Sink(part, start, want_md5=bool(meta.get("md5")), want_crc=self.cache.verify,
+                           private=redact(self.url) != str(self.url))
         if start > self.position:  # the bytes up to ``start`` are read from the part file first
             if self._file is None:
                 self._file = open(part, "rb")
