@@ -291,9 +291,25 @@ class Shuffle(PipelineStage):
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        from .resume import check_same
+        from .resume import StateMismatchError, check_same, expect
 
+        expect(state, "shuffle", dict, config=dict)
         check_same("shuffle", state.get("config") or {}, self._config())
+        if not state.get("fresh"):
+            expect(state, "shuffle", dict, rng=list, urls=list, block=(int, lambda v: v == 512, True),
+                   buffer=(list, lambda v: len(v) <= self.bufsize), epoch=(int, None, True))
+            refs = set()
+            for entry in state["urls"]:
+                if not (isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int
+                        and isinstance(entry[1], str)):
+                    raise StateMismatchError(f"the saved shuffle state's 'urls' holds {entry!r:.80}, which no "
+                                             "state_dict() gives: the state was changed", field="urls")
+                refs.add(entry[0])
+            for entry in state["buffer"]:
+                if not (isinstance(entry, (list, tuple)) and len(entry) == 3
+                        and all(type(v) is int and v >= 0 for v in entry) and entry[0] in refs and entry[2] > 0):
+                    raise StateMismatchError(f"the saved shuffle state's 'buffer' holds {entry!r:.80}, which no "
+                                             "state_dict() gives: the state was changed", field="buffer")
         self._resume = None if state.get("fresh") else state
         if state.get("fresh") and "epoch" in state:
             self.epoch = state["epoch"] - 1  # run() advances before use

@@ -265,6 +265,15 @@ class DataPipeline(IterableDataset, PipelineStage):
                 f"not a wds_cloud pipeline state (expected format {FORMAT!r}, got "
                 f"{state.get('format') if isinstance(state, dict) else type(state).__name__!r}): pass the dict "
                 "that state_dict() returned")
+        from .resume import expect
+
+        expect(state, "pipeline", dict, progress=(list, lambda v: len(v) == 2 and all(
+            type(x) is int and x >= 0 for x in v), True), stages=list)
+        for entry in state["stages"]:
+            if not (isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int
+                    and isinstance(entry[1], str)):
+                raise StateMismatchError(f"the saved pipeline state lists the stage {entry!r:.80}, which no "
+                                         "state_dict() gives: the state was changed", field="stages")
         saved = {f"stage {i}": kind for i, kind, _ in state["stages"]}
         here = {f"stage {i}": kind for i, kind, _ in self._stateful()}
         check_same("pipeline (its stages differ)", saved, here)

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from .errors import StateMismatchError, redact
 
-__all__ = ["CountedRandom", "FORMAT", "check_same", "refetch"]
+__all__ = ["CountedRandom", "FORMAT", "check_same", "expect", "refetch"]
 
 #: the format tag of a pipeline state; bumped when the layout changes incompatibly
 FORMAT = "wds_cloud.state/1"
@@ -85,6 +85,31 @@ class CountedRandom:
         for _ in range(self.count % _BLOCK):
             self._rng.random()
         self._left = _BLOCK - self.count % _BLOCK
+
+
+def expect(state: Any, what: str, kind: type, **fields: Any) -> None:
+    """Check a saved state's shape: ``state`` is a ``kind``; each named field has its type (``type``,
+    or ``(type, check, optional)``).  A state is input: anything else is StateMismatchError naming the field."""
+    if not isinstance(state, kind):
+        raise StateMismatchError(f"the saved {what} state is a {type(state).__name__}, not a {kind.__name__}: "
+                                 "load the state that state_dict() returned", field=what)
+    for name, spec in fields.items():
+        typ, check, optional = (spec, None, False) if isinstance(spec, type) else (tuple(spec) + (None, False))[:3]
+        if name not in state:
+            if optional:
+                continue
+            raise StateMismatchError(f"the saved {what} state has no {name!r}: load the state that state_dict() "
+                                     "returned", field=name)
+        value = state[name]
+        if value is None and optional:
+            continue
+        ok = isinstance(value, typ) and not (typ is int and isinstance(value, bool))
+        if ok and check is not None:
+            ok = bool(check(value))
+        if not ok:
+            raise StateMismatchError(f"the saved {what} state's {name!r} is {value!r:.80}, which no state_dict() "
+                                     "gives: the state was changed; load the state that state_dict() returned",
+                                     field=name)
 
 
 def check_same(what: str, saved: dict, current: dict) -> None:

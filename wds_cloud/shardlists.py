@@ -259,8 +259,9 @@ class _Epochs:
         return {"epoch": self.epoch if self._epoch_set else self.epoch + 1, "config": self._config()}
 
     def load_state_dict(self, state: dict) -> None:
-        from .resume import check_same
+        from .resume import check_same, expect
 
+        expect(state, "shard list", dict, epoch=int, config=dict)
         check_same("shard list", state.get("config") or {}, self._config())
         if state.get("epoch", -1) >= 0:
             self.set_epoch(state["epoch"])

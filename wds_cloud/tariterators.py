@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 from . import config
-from .errors import CorruptShardError, redact
+from .errors import CorruptShardError, StateMismatchError, redact
 from .filters import pipelinefilter  # noqa: F401 - importable from here, as upstream
 from .handlers import reraise_exception
 from .tario import TarMembers
@@ -238,15 +238,17 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
                   suffixes: Optional[Iterable[str]] = None, select_files: Optional[Callable] = None,
                   rename_files: Optional[Callable] = None, skip_meta: Optional[str] = _SKIP_META,
                   local_path: Optional[str] = None, where: Optional[list] = None,
-                  members: Optional[TarMembers] = None) -> Iterator[dict]:
+                  members: Optional[TarMembers] = None, expect_first: Any = ()) -> Iterator[dict]:
     """The samples of one shard, read and grouped in a single loop.
 
     Raises on damage; a sample cut short by the damage is never yielded.  When
     ``where`` (a list of three) is given, ``where[:2]`` holds the byte range
     ``[start, end)`` of each sample, in the tar stream, while that sample is
     being yielded (``end`` is also where the next sample begins), and
-    ``where[2]`` is incremented for each sample.  ``members`` is a prepared
-    :class:`TarMembers` over ``stream`` (to read from a given offset).
+    ``where[2]`` is incremented for each sample, and ``where[3]`` is the name of the member
+    that begins the next sample (None at the end).  ``members`` is a prepared
+    :class:`TarMembers` over ``stream`` (to read from a given offset); ``expect_first`` (a
+    resumed read) is the name its first member must have, None for the end of the archive.
     """
     if members is None:
         members = TarMembers(stream, url, select=_member_filter(skip_meta, select_files, rename_files),
@@ -256,7 +258,8 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
     current: Optional[dict] = None
     key = None
     start = 0
-    for name, data in members:
+    source = members if expect_first == () else _checked_start(members, expect_first, url, rename_files)
+    for name, data in source:
         if rename_files is not None:
             name = rename_files(name)
         if fast_keys:
@@ -274,7 +277,7 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
         if prefix != key or current is None:
             if current is not None:
                 if where is not None:
-                    where[0], where[1] = start, members.record_start
+                    where[0], where[1], where[3] = start, members.record_start, name
                     where[2] += 1
                 yield current
             current = {"__key__": prefix, "__url__": url}
@@ -294,8 +297,32 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
         if where is not None:
             where[0], where[1] = start, members.archive_end if members.archive_end is not None else members.offset
             where[2] += 1
+            where[3] = None
         yield current
     members.finish()  # after the last sample: what trails the archive never delays it
+
+
+def _checked_start(members: TarMembers, expected: Optional[str], url: str,
+                   rename_files: Optional[Callable]) -> Iterator[tuple[str, bytes]]:
+    """``members``, having checked that a resumed read begins at the member the saved state names."""
+    from .errors import StateMismatchError
+
+    first = True
+    for name, data in members:
+        if first:
+            first = False
+            shown = rename_files(name) if rename_files else name
+            if shown != expected:
+                raise StateMismatchError(
+                    f"{redact(url)}: the saved state resumes at byte {members.record_start}, where it expects the "
+                    f"member {expected!r} to begin a sample, but {shown!r} is there: the state was changed, or "
+                    "the shard was; load a state that state_dict() returned for these shards",
+                    url=url, offset=members.record_start, field="offset")
+        yield name, data
+    if first and expected is not None:
+        raise StateMismatchError(
+            f"{redact(url)}: the saved state expects the member {expected!r} at byte {members.offset}, but the "
+            "archive ends there: the state was changed, or the shard was", url=url, field="offset")
 
 
 def tarfile_samples(src: Iterable[dict], handler: Callable = reraise_exception,
@@ -329,7 +356,7 @@ class _Cursor:
         self.url: Optional[str] = None
         self.compressed = False
         self.done = False
-        self.where = [0, 0, 0]
+        self.where = [0, 0, 0, None]
         self.identity: Optional[dict] = None
         self.members: Optional[TarMembers] = None  # of the current shard
         self.base_pax: dict = {}  # global PAX records in force where the current read began
@@ -404,7 +431,7 @@ class TarSamples:
         if c is None:
             return {"fresh": True}
         state = {"shard": c.shard, "url": c.url, "offset": c.offset, "samples": c.samples, "done": c.done,
-                 "identity": dict(c.identity) if c.identity is not None else None}
+                 "identity": dict(c.identity) if c.identity is not None else None, "next": c.where[3]}
         if c.compressed:
             state["compressed"] = True
         if c.pax:
@@ -418,7 +445,7 @@ class TarSamples:
             return self.state_dict()
         where = c.where
         state = {"shard": c.shard, "url": c.url, "offset": where[1], "samples": where[2], "done": c.done,
-                 "identity": c.identity}
+                 "identity": c.identity, "next": where[3]}
         if c.compressed:
             state["compressed"] = True
         pax = c.pax
@@ -430,8 +457,18 @@ class TarSamples:
         return dict(self._resume) if self._resume is not None else {"fresh": True}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state`` on the next pass."""
-        self._resume = None if state.get("fresh") else dict(state)
+        """Continue from ``state`` on the next pass (checked field by field: a state is input)."""
+        from .resume import expect
+
+        expect(state, "shard reader", dict)
+        if state.get("fresh"):
+            self._resume = None
+            return
+        expect(state, "shard reader", dict, shard=(int, lambda v: v >= 0), url=str,
+               offset=(int, lambda v: v >= 0 and v % 512 == 0), samples=(int, lambda v: v >= 0), done=bool,
+               identity=(dict, None, True), compressed=(bool, None, True), pax=(dict, None, True),
+               next=(str, None, True))
+        self._resume = dict(state)
 
     def set_replay(self, replay: Sequence[tuple]) -> None:
         """First yield the samples at ``replay`` (``(url, start, end, compressed, ref)``) on the next pass."""
@@ -475,7 +512,7 @@ class TarSamples:
         return self._open({"url": url}, 0)[0]
 
     def _parse(self, stream: Any, url: str, start: int, ranged: bool) -> Iterator[tuple[int, dict]]:
-        where = [0, 0, 0]
+        where = [0, 0, 0, None]
         members = TarMembers(stream, url, select=self._member_filter(), start=start, ranged=ranged,
                              max_member=self._max_member())
         for sample in shard_samples(url, stream, keys=key_rule(self.keys), lcase=self.lcase, suffixes=self.suffixes,
@@ -521,7 +558,9 @@ class TarSamples:
         split = key_rule(self.keys)
         select = self._member_filter()
         max_member = self._max_member()
+        reached = -1
         for index, source in enumerate(self._shards(src, cursor, limit, skip)):
+            reached = index
             if index < skip:
                 continue
             if limit is not None and where[2] >= limit:  # reached before this shard (a resumed pass)
@@ -548,9 +587,10 @@ class TarSamples:
                 cursor.compressed = members.compression is not None
                 cursor.members = members
                 local_path = source.get("local_path") or local_path or getattr(stream, "local_path", None)
+                expected = resume.get("next", ()) if resuming_here and seekable and offset else ()
                 samples = shard_samples(url, stream, keys=split, lcase=self.lcase, suffixes=self.suffixes,
                                         rename_files=self.rename_files, local_path=local_path,
-                                        where=where, members=members)
+                                        where=where, members=members, expect_first=expected)
                 if limit is None and seekable:
                     yield from samples  # shard_samples keeps the cursor up to date
                 else:
@@ -563,12 +603,19 @@ class TarSamples:
                         if limit is not None and where[2] >= limit:
                             cursor.done = True
                             return
+            except StateMismatchError:
+                raise  # a state that does not fit is the caller's to fix, never a damaged shard to skip
             except Exception as exn:
                 if not self.handler(exn):
                     return
             finally:
                 if stream is not None:
                     _close(stream)
+        if resume is not None and reached < skip and limit is None:  # (equal_work passes may stop before it)
+            raise StateMismatchError(
+                f"the saved state resumes at shard {skip} of this worker's shards, but it was given only "
+                f"{reached + 1}: load a state saved by a dataset over the same shards and workers",
+                field="shard", shard=skip)
         cursor.done = True
 
     def _shards(self, src: Iterable[dict], cursor: _Cursor, limit: Optional[int], skip: int = 0) -> Iterator[dict]:
