@@ -32,6 +32,17 @@ def _octal(value: int, size: int) -> bytes:
     return b"%0*o\0" % (size - 1, value)
 
 
+def check_header_numbers(**values: Any) -> None:
+    """Refuse ``mode``/``uid``/``gid``/``mtime`` values that ustar's fixed-width octal fields cannot hold
+    (they would make a header that tarfile rejects)."""
+    tops = {"mode": 0o7777777, "uid": 8**7 - 1, "gid": 8**7 - 1, "mtime": 8**11 - 1}
+    for what, value in values.items():
+        top = tops[what]
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= int(value) <= top:
+            raise SampleError(f"{what}={value!r} does not fit a tar header: give a whole number from 0 to {top}"
+                              + (" (mtime: seconds since 1970, before the year 2242)" if what == "mtime" else ""))
+
+
 class MemberWriter:
     """Writes regular-file members to a binary stream, with one header template."""
 
@@ -43,6 +54,7 @@ class MemberWriter:
             format = {0: "ustar", 1: "gnu", 2: "pax"}.get(format, format)  # tarfile's constants
         if format not in _FORMATS:
             raise ValueError(f"format must be 'ustar', 'gnu' or 'pax', not {format!r}")
+        check_header_numbers(mode=mode, uid=uid, gid=gid, mtime=mtime)
         self.format = format
         self.stream = stream
         self._write = stream.write

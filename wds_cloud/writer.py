@@ -36,6 +36,14 @@ __all__ = ["TarWriter", "ShardWriter", "default_handlers", "make_handlers", "mak
 log = logging.getLogger("wds_cloud.writer")
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_key(key: Any) -> str:
     """Refuse keys the reader could not give back unchanged; returns the key."""
     if not isinstance(key, str):
@@ -52,6 +60,13 @@ def check_key(key: Any) -> str:
                "replace the dot (e.g. with '_') or read with keys='last_dot'")
     elif "\0" in key:
         why = "it contains a NUL character"
+    elif key.endswith("/"):
+        why = "it ends in '/', so its members would be read as directory entries"
+    else:
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            why = "it cannot be encoded as UTF-8 (it holds a lone surrogate), so no tar header can carry it"
     if why:
         raise SampleError(f"invalid sample key {key!r}: {why}", key=key)
     return key
@@ -70,7 +85,10 @@ class TarWriter:
     def __init__(self, fileobj: Union[str, IO[bytes]], user: str = "bigdata", group: str = "bigdata",
                  mode: int = 0o0444, compress: Optional[Union[bool, str]] = None, encoder: Any = True,
                  keep_meta: bool = False, mtime: Optional[float] = None, format: Any = None,
-                 storage_options: Optional[dict] = None) -> None:
+                 storage_options: Optional[dict] = None, uid: int = 0, gid: int = 0) -> None:
+        from .tarwrite import check_header_numbers
+
+        check_header_numbers(mode=mode, uid=uid, gid=gid, mtime=mtime if mtime is not None else 0)
         name = fileobj if isinstance(fileobj, str) else getattr(fileobj, "name", None)
         self.name = name if isinstance(name, str) else None
         if compress is None and self.name:
@@ -91,7 +109,7 @@ class TarWriter:
         self.encoder = make_encoder(encoder)
         self.keep_meta = keep_meta
         self.members = MemberWriter(self.stream, mtime=int(mtime) if mtime is not None else 0, mode=mode,
-                                    user=user, group=group, format=format)
+                                    uid=uid, gid=gid, user=user, group=group, format=format)
         self.written = 0  # tar bytes (before compression)
         self.count = 0
         self.closed = False
@@ -137,8 +155,10 @@ class TarWriter:
                 raise SampleError(f"{self._where()}: sample {key!r} has fields {seen[lowered]!r} and {field!r}, "
                                   "which readers see as the same field", key=key)
             seen[lowered] = field
-            if field == "" or "/" in field:
-                raise SampleError(f"{self._where()}: invalid field name {field!r} in sample {key!r}", key=key)
+            if field == "" or "/" in field or "\0" in field or not _utf8(field):
+                raise SampleError(f"{self._where()}: invalid field name {field!r} in sample {key!r}: a field name "
+                                  "is non-empty UTF-8 text without '/' or NUL, or it would not read back as "
+                                  "written", key=key)
             members.append((f"{key}.{field}", value))
         if not members:
             raise SampleError(f"{self._where()}: sample {key!r} has no fields to write", key=key)
