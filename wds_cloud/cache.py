@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 from .atomic import AtomicFile
 from .backend import skip
+from .errors import redact
 from .handlers import reraise_exception
 from .registry import split_scheme
 from .stages import PipelineStage
@@ -101,7 +102,7 @@ def download(url: str, dest: str, chunk_size: int = 1 << 20, verbose: bool = Fal
                 break
             out.write(data)
     if verbose:
-        log.info("downloaded %s to %s", url, dest)
+        log.info("downloaded %s to %s", redact(url), dest)
     return dest
 
 
@@ -269,7 +270,7 @@ class FileCache(PipelineStage):
         os.makedirs(self.cache.directory, exist_ok=True)
         stream = self.cache.open(url, lambda at, url=url: self._remote(url, at))
         if self.verbose:
-            log.info("cache: %s via %s", url, self.cache.path_for(url))
+            log.info("cache: %s via %s", redact(url), self.cache.path_for(url))
         if offset:
             try:
                 if hasattr(stream, "seek") and hasattr(stream, "fileno"):

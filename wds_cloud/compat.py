@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 from . import autodecode, cache, config, filters, loaderstate, shardlists
 from .handlers import reraise_exception
-from .errors import NotResumableError
+from .errors import NotResumableError, redact
 from .pipeline import DataPipeline
 from .pytorch import DataLoader
 from .resilient import StatsSink, TransferStats
@@ -292,7 +292,7 @@ def _shard_counts(source: Any, urls: list) -> list:
 
 
 def _log_shard(sample: dict) -> dict:
-    log.info("opening shard %s", sample.get("url"))
+    log.info("opening shard %s", redact(sample.get("url")))
     return sample
 
 

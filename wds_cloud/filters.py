@@ -247,8 +247,12 @@ class Shuffle(PipelineStage):
         rng = live.rng.getstate()
         urls = live.urls
         cached = live.urls_list
-        if cached is None or len(cached) != len(urls) or any(ref not in urls for ref, _, _ in cached):
-            cached = live.urls_list = [[ref, url, compressed] for ref, (url, compressed) in urls.items()]
+        if cached is None or len(cached) != len(urls) or any(entry[0] not in urls for entry in cached):
+            from .resume import shown_url, url_id
+
+            # redacted, with a hash to match them by: no credential ever reaches a checkpoint
+            cached = live.urls_list = [[ref, shown_url(url), compressed, url_id(url)]
+                                       for ref, (url, compressed) in urls.items()]
         state = {"config": self._config(), "rng": list(rng) if not isinstance(rng, list) else rng,
                  "urls": cached, "block": 512}
         if self.epoch_seeded:
@@ -300,8 +304,8 @@ class Shuffle(PipelineStage):
                    buffer=(list, lambda v: len(v) <= self.bufsize), epoch=(int, None, True))
             refs = set()
             for entry in state["urls"]:
-                if not (isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int
-                        and isinstance(entry[1], str)):
+                if not (isinstance(entry, list) and len(entry) in (3, 4) and type(entry[0]) is int
+                        and isinstance(entry[1], str) and (len(entry) == 3 or isinstance(entry[3], str))):
                     raise StateMismatchError(f"the saved shuffle state's 'urls' holds {entry!r:.80}, which no "
                                              "state_dict() gives: the state was changed", field="urls")
                 refs.add(entry[0])
@@ -318,7 +322,10 @@ class Shuffle(PipelineStage):
         """``(url, start, end, compressed, ref)`` of the buffered samples of ``state``, in buffer order."""
         if state.get("fresh"):
             return []
-        urls = {ref: (url, compressed) for ref, url, compressed in state.get("urls") or ()}
+        from .resume import StateURL
+
+        urls = {entry[0]: (StateURL(entry[1], entry[3] if len(entry) > 3 else None), entry[2])
+                for entry in state.get("urls") or ()}
         block = state.get("block", 512)
         out = []
         for ref, first, blocks in state.get("buffer") or ():

@@ -311,15 +311,22 @@ class DataPipeline(IterableDataset, PipelineStage):
         from .errors import StateMismatchError, redact
         from .security import untrusted
 
+        from .resume import shown_url, url_id
+
         known = self._shard_urls()
+        by_id = {url_id(text): url for text, url in known.items()}
         out = []
         for url, start, end, compressed, ref in replay:
             if known:
-                if url not in known:
+                ident = getattr(url, "id", None)
+                found = by_id.get(ident) if ident else known.get(url)
+                if found is not None and ident and shown_url(found) != url:
+                    found = None  # the text was changed: the state was tampered with
+                if found is None:
                     raise StateMismatchError(
                         f"the saved state names the shard {redact(url)!r}, which this dataset's shard list does "
                         "not: load a state saved by a dataset over the same shards", url=url)
-                url = known[url]
+                url = found
             else:
                 url = untrusted(url)
             out.append((url, start, end, compressed, ref))

@@ -26,13 +26,15 @@ what differs.
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from .errors import StateMismatchError, redact
 
-__all__ = ["CountedRandom", "FORMAT", "check_same", "expect", "refetch"]
+__all__ = ["CountedRandom", "FORMAT", "StateURL", "check_same", "expect", "refetch", "same_url", "shown_url",
+           "url_id"]
 
 #: the format tag of a pipeline state; bumped when the layout changes incompatibly
 FORMAT = "wds_cloud.state/1"
@@ -85,6 +87,36 @@ class CountedRandom:
         for _ in range(self.count % _BLOCK):
             self._rng.random()
         self._left = _BLOCK - self.count % _BLOCK
+
+
+@functools.lru_cache(maxsize=4096)
+def url_id(url: str) -> str:
+    """What a state keeps of a URL besides its redacted text: a hash that matches it, and no secret."""
+    import hashlib
+
+    return hashlib.sha256(str(url).encode("utf-8", "surrogateescape")).hexdigest()[:24]
+
+
+@functools.lru_cache(maxsize=4096)
+def shown_url(url: str) -> str:
+    """A URL as a state stores it: redacted (signatures, tokens and passwords never reach a checkpoint)."""
+    return redact(url)
+
+
+class StateURL(str):
+    """A URL read from a saved state: its redacted text, and ``id`` (:func:`url_id`) when the state had one."""
+
+    __slots__ = ("id",)
+
+    def __new__(cls, text: str, ident: Optional[str] = None) -> "StateURL":
+        obj = super().__new__(cls, text)
+        obj.id = ident
+        return obj
+
+
+def same_url(url: str, saved: str, saved_id: Optional[str]) -> bool:
+    """Whether the shard list's ``url`` is the one a state saved (by hash when it has one)."""
+    return url_id(url) == saved_id if saved_id else url == saved
 
 
 def expect(state: Any, what: str, kind: type, **fields: Any) -> None:

@@ -341,6 +341,18 @@ def tarfile_samples(src: Iterable[dict], handler: Callable = reraise_exception,
                       lcase=lcase, suffixes=suffixes, opener=opener, **open_kw).run(src)
 
 
+def _shown(url: Optional[str]) -> Optional[str]:
+    from .resume import shown_url
+
+    return shown_url(url) if url is not None else None
+
+
+def _ident(url: Optional[str]) -> Optional[str]:
+    from .resume import url_id
+
+    return url_id(url) if url is not None else None
+
+
 class _Cursor:
     """Where one pass of a :class:`TarSamples` reader stands (read by ``state_dict`` and by the shuffle).
 
@@ -430,7 +442,8 @@ class TarSamples:
         c = self.cursor
         if c is None:
             return {"fresh": True}
-        state = {"shard": c.shard, "url": c.url, "offset": c.offset, "samples": c.samples, "done": c.done,
+        state = {"shard": c.shard, "url": _shown(c.url), "url_id": _ident(c.url), "offset": c.offset,
+                 "samples": c.samples, "done": c.done,
                  "identity": dict(c.identity) if c.identity is not None else None, "next": c.where[3]}
         if c.compressed:
             state["compressed"] = True
@@ -444,8 +457,8 @@ class TarSamples:
         if self._resume is not None or c is None:
             return self.state_dict()
         where = c.where
-        state = {"shard": c.shard, "url": c.url, "offset": where[1], "samples": where[2], "done": c.done,
-                 "identity": c.identity, "next": where[3]}
+        state = {"shard": c.shard, "url": _shown(c.url), "url_id": _ident(c.url), "offset": where[1],
+                 "samples": where[2], "done": c.done, "identity": c.identity, "next": where[3]}
         if c.compressed:
             state["compressed"] = True
         pax = c.pax
@@ -467,7 +480,7 @@ class TarSamples:
         expect(state, "shard reader", dict, shard=(int, lambda v: v >= 0), url=str,
                offset=(int, lambda v: v >= 0 and v % 512 == 0), samples=(int, lambda v: v >= 0), done=bool,
                identity=(dict, None, True), compressed=(bool, None, True), pax=(dict, None, True),
-               next=(str, None, True))
+               next=(str, None, True), url_id=(str, None, True))
         self._resume = dict(state)
 
     def set_replay(self, replay: Sequence[tuple]) -> None:
@@ -570,9 +583,9 @@ class TarSamples:
             offset, pax = 0, {}
             resuming_here = resume is not None and index == skip
             if resuming_here:
-                if url != resume["url"]:
+                if not resuming.same_url(url, resume["url"], resume.get("url_id")):
                     resuming.check_same("dataset (the shard order differs)", {"shard": resume["url"]},
-                                        {"shard": url})
+                                        {"shard": resuming.shown_url(url)})
                 offset, pax = resume["offset"], dict(resume.get("pax") or {})
             compressed = bool(resuming_here and resume.get("compressed"))
             cursor.shard, cursor.url, cursor.members, cursor.base_pax = index, url, None, pax

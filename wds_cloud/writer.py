@@ -248,7 +248,7 @@ class ShardWriter:
         self.finish()
         self.fname = self._name(self.shard)
         if self.verbose:
-            log.info("writing shard %s (%d samples and %d bytes so far)", self.fname, self.total,
+            log.info("writing shard %s (%d samples and %d bytes so far)", redact(self.fname), self.total,
                      sum(s["bytes"] for s in self.shards))
         self.shard += 1
         stream = self.opener(self.fname) if self.opener else self.fname
