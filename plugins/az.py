@@ -55,8 +55,13 @@ def translate(exc: BaseException, url: str) -> BaseException:
     if isinstance(exc, FileNotFoundError) or status == 404 or name == "ResourceNotFoundError":
         what = "the container does not exist" if "Container" in code else "no such object"
         return ShardNotFoundError(f"{shown}: {what}", url=url)
+    # adlfs wraps a refused upload in a bare RuntimeError; Azure's error code is still in its text
+    wrapped = isinstance(exc, RuntimeError) and any(
+        c in str(exc) for c in ("AuthorizationFailure", "AuthenticationFailed", "Server failed to authenticate"))
+    if wrapped:
+        code = "AuthorizationFailure" if "AuthorizationFailure" in str(exc) else "AuthenticationFailed"
     if name == "ClientAuthenticationError" or code in ("AuthenticationFailed", "AuthorizationFailure") or \
-            status == 401:
+            status == 401 or wrapped:
         return CredentialsError(f"{shown}: Azure rejected the credentials ({code or status}); {CREDENTIALS_HINT}",
                                 url=url)
     if status == 403 or isinstance(exc, PermissionError):

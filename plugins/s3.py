@@ -88,6 +88,11 @@ def translate(exc: BaseException, url: str) -> BaseException:
     if isinstance(exc, FileNotFoundError):
         return ShardNotFoundError(f"{shown}: no such object", url=url)
     if isinstance(exc, PermissionError):
+        # s3fs turns every 403 into PermissionError("Access Denied"); S3's own code tells a rejected key
+        # (InvalidAccessKeyId, SignatureDoesNotMatch) from a key without the permission
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, bex.ClientError):
+            return translate(cause, url)
         return AccessDeniedError(f"{shown}: access denied by S3 ({exc})", url=url)
     return exc
 

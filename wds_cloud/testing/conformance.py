@@ -176,6 +176,17 @@ class BackendConformance:
         for secret in _secrets(bad):
             assert secret not in str(info.value)
 
+    def test_wrong_credentials_on_write(self, base_url: str, storage_options: dict) -> None:
+        """A write with rejected or missing credentials raises CredentialsError too, at once, naming no secret."""
+        bad = self.bad_credentials(storage_options)
+        if bad is None:
+            pytest.skip("this store checks no credentials")
+        with pytest.raises(PermissionError) as info:
+            self.put(base_url + "refused.bin", b"x" * 1000, bad)
+        assert isinstance(info.value, CredentialsError), repr(info.value)
+        for secret in _secrets(bad):
+            assert secret not in str(info.value)
+
     def test_webdataset_over_the_scheme(self, base_url: str, storage_options: dict) -> None:
         """ShardWriter writes shards to the scheme and WebDataset reads every sample back."""
         pattern = base_url + "ds/shard-%06d.tar"
