@@ -34,3 +34,28 @@ def test_redact_hides_passwords_and_signatures():
     assert errors.redact("s3://bucket/key") == "s3://bucket/key"
     err = errors.ShardNotFoundError("gone", url="http://a:secret@h/x")
     assert "secret" not in err.url
+
+
+def test_connection_errors_name_the_endpoint_really_tried(monkeypatch):
+    """A refused connection names the scheme, host and port tried (the endpoint, not the bucket), redacted."""
+    import socket
+
+    import pytest
+
+    pytest.importorskip("botocore")
+    import wds_cloud as wds
+    from wds_cloud.errors import TransferError
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    options = {"endpoint_url": f"http://127.0.0.1:{port}", "key": "AKIAPLANTED", "secret": "planted-secret"}
+    with pytest.raises(TransferError) as info:
+        wds.gopen("s3://my-bucket/x.tar", storage_options=options, retries=1).read()
+    message = str(info.value)
+    assert f"http://127.0.0.1:{port}" in message and "s3://my-bucket/x.tar" in message
+    assert "my-bucket:80" not in message and "AKIAPLANTED" not in message and "planted-secret" not in message
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    with pytest.raises(TransferError) as info:
+        wds.gopen("s3://my-bucket/y.tar", storage_options={"key": "k", "secret": "s"}, retries=1).read()
+    assert f"127.0.0.1:{port}" in str(info.value)
