@@ -433,7 +433,7 @@ class TarMembers:
             self.begin()
         select = self.select
         adler32 = zlib.adler32
-        max_member = self.max_member
+        max_member = self.max_member if self.max_member is not None else 1 << 62
         while True:
             # Fast path: plain ustar/GNU headers of regular members lying wholly in the buffer.
             buf, pos = self._buf, self._pos
@@ -446,7 +446,7 @@ class TarMembers:
                     stored = int(buf[pos + 148:pos + 154], 8)
                 except ValueError:
                     break
-                if size < 0 or (max_member is not None and size > max_member):
+                if not 0 <= size <= max_member:
                     break  # the slow path says what is wrong
                 r = ((adler32(mv[pos + 156:pos + 512], adler32(mv[pos:pos + 148])) & 0xFFFF) - 1) % 65521 + 256
                 if (stored != r and stored != r + 65521) or buf[pos + 156] not in (48, 0) or (
