@@ -85,6 +85,10 @@ def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, 
         try:
             conn.request(method, path, body=body, headers=dict(headers or {}))
             response = conn.getresponse()
+        except http.client.InvalidURL as exc:  # a space or control character: no retry makes it valid
+            conn.close()
+            raise TransferError(f"{redact(display_url)}: not a valid HTTP URL ({redact(str(exc))}); quote the "
+                                "characters it names (a space is %20)", url=display_url, status=400) from None
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             raise connection_error(url, exc, display_url=display_url) from None
