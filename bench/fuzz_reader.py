@@ -23,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.hostile import bounded, insert_pax, mutate_header, tar_of  # noqa: E402
+from tests.hostile import bounded, damage, insert_pax, mutate_header, tar_of  # noqa: E402
 from wds_cloud.errors import CorruptShardError  # noqa: E402
 from wds_cloud.tariterators import shard_samples  # noqa: E402
 
@@ -59,13 +59,8 @@ def main() -> None:
             data = insert_pax(mutate_header(valid, rng) if rng.random() < 0.3 else valid, rng)
         else:
             name = rng.choice(sorted(compressors))
-            data, url = compressors[name](valid), f"fuzz.tar.{name}"
-            cut = rng.random() < 0.5
-            if cut:
-                data = data[:rng.randrange(len(data))]
-            else:
-                k = rng.randrange(len(data))
-                data = data[:k] + bytes([data[k] ^ (1 << rng.randrange(8))]) + data[k + 1:]
+            data, cut = damage(compressors[name](valid), rng)
+            url = f"fuzz.tar.{name}"
         t0 = time.perf_counter()
         out = bounded(lambda: list(shard_samples(url, io.BytesIO(data))), seconds=max(args.limit, 60))
         took = time.perf_counter() - t0

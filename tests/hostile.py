@@ -154,3 +154,12 @@ def insert_pax(data: bytes, rng: random.Random) -> bytes:
     offsets = list(range(0, max(512, len(data) - 1024), 512))
     o = rng.choice(offsets)
     return data[:o] + pax(records, rng.choice([b"x", b"g"])) + data[o:]
+
+
+def damage(data: bytes, rng: random.Random) -> tuple[bytes, bool]:
+    """``data`` cut at a random point (half the time) or with one bit flipped; returns (data, cut)."""
+    if rng.random() < 0.5:
+        return data[:rng.randrange(len(data))], True
+    k = rng.randrange(len(data))
+    return data[:k] + bytes([data[k] ^ (1 << rng.randrange(8))]) + data[k + 1:], False
+

@@ -1,7 +1,5 @@
 """Any fsspec protocol that no plugin claims opens through fsspec ("fsspec (fallback)")."""
 
-import io
-import tarfile
 import threading
 import warnings
 
@@ -12,16 +10,11 @@ from wds_cloud import registry
 from wds_cloud.cli import main
 from wds_cloud.errors import MissingExtraError, ShardNotFoundError
 
+from .hostile import tar_of
+
 
 def shard_bytes(n=5):
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for i in range(n):
-            data = f"text {i}".encode()
-            info = tarfile.TarInfo(f"k{i}.txt")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    return tar_of([(f"k{i}", {"txt": f"text {i}".encode()}) for i in range(n)])
 
 
 @pytest.fixture

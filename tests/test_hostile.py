@@ -13,7 +13,7 @@ import wds_cloud as wds
 from wds_cloud.errors import CorruptShardError, DecodingError
 from wds_cloud.tariterators import group_by_keys, shard_samples, tar_file_expander, url_opener
 
-from .hostile import END, Zeros, bounded, header, insert_pax, member, mutate_header, pax, pax_record, tar_of
+from .hostile import END, Zeros, bounded, damage, header, insert_pax, member, mutate_header, pax, pax_record, tar_of
 
 GOOD = member("a.txt", b"first") + member("a.cls", b"1")
 
@@ -323,12 +323,7 @@ def test_fuzz_compressed_streams(seed, compression):
         data = zstandard.ZstdCompressor().compress(VALID)
     else:
         data = {"gz": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress}[compression](VALID)
-    cut = rng.random() < 0.5
-    if cut:
-        data = data[:rng.randrange(len(data))]
-    else:
-        k = rng.randrange(len(data))
-        data = data[:k] + bytes([data[k] ^ (1 << rng.randrange(8))]) + data[k + 1:]
+    data, cut = damage(data, rng)
     out = read(data, url=f"fuzz.tar.{compression}")
     error = out.get("error")
     assert error is None or isinstance(error, CorruptShardError), repr(error)

@@ -1,10 +1,8 @@
 """Planted secrets never reach logs, errors, saved states or the cache directory."""
 
-import io
 import json
 import logging
 import os
-import tarfile
 
 import pytest
 
@@ -12,6 +10,7 @@ import wds_cloud as wds
 from wds_cloud.errors import redact
 
 from . import servers
+from .hostile import tar_of
 
 TOKEN = "TOKENsecret123"
 SIG = "SIGsecret456"
@@ -20,14 +19,7 @@ SECRETS = [TOKEN, SIG, "secret456", "word789"]
 
 
 def shard_bytes(n=20):
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for i in range(n):
-            data = f"sample {i}".encode()
-            info = tarfile.TarInfo(f"k{i:03d}.txt")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    return tar_of([(f"k{i:03d}", {"txt": f"sample {i}".encode()}) for i in range(n)])
 
 
 def test_redact_covers_tokens_passwords_and_signatures():

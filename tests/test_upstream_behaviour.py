@@ -7,7 +7,6 @@ import lzma
 import os
 import sys
 import tarfile
-import threading
 
 import numpy as np
 import pytest

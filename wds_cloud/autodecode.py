@@ -13,7 +13,6 @@ without ``weights_only`` are refused unless the user opts in with
 from __future__ import annotations
 
 import contextvars
-import gzip
 import io
 import json
 import os

@@ -92,7 +92,7 @@ def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, 
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             raise connection_error(url, exc, display_url=display_url) from None
-        except ValueError as exc:  # http.client refuses a header holding a newline: never show its value
+        except ValueError:  # http.client refuses a header holding a newline: never show its value
             conn.close()
             bad = [k for k, v in (headers or {}).items() if any(c in f"{k}{v}" for c in "\r\n\0")]
             from .errors import ConfigError
