@@ -115,3 +115,25 @@ def test_credentials_do_not_follow_a_redirect_to_another_host(servers):
     with wds.gopen(f"http://127.0.0.1:{first.server_port}/same.tar", storage_options=options) as stream:
         assert stream.read() == b"ok"
     assert first.seen[-1][0] == "/z.tar" and first.seen[-1][1].get("Authorization") == "Bearer SECRET"
+
+
+def test_a_gcs_write_with_rejected_credentials_fails_at_once(servers):
+    """GCS answering 401 fails a write with CredentialsError at the first answer (gcsfs would retry six times)."""
+    pytest.importorskip("gcsfs")
+    from wds_cloud.errors import CredentialsError
+
+    refusing = servers({})
+    refusing.routes = RefuseAll()
+    with pytest.raises(CredentialsError):
+        with wds.gopen("gs://bucket/out.tar", "wb",
+                       storage_options={"endpoint_url": f"http://127.0.0.1:{refusing.server_port}", "token": "anon"}) \
+                as out:
+            out.write(b"x" * 100)
+    assert len(refusing.seen) == 1
+
+
+class RefuseAll(dict):
+    """Routes that answer 401 to every path."""
+
+    def get(self, path, default=None):
+        return (401, {"Content-Length": "0"})
