@@ -165,11 +165,7 @@ class WebDataset(DataPipeline, FluidInterface):
                  equal_work: Union[int, str, None] = None, max_member_size: Union[int, str, None] = None) -> None:
         super().__init__()
         settings = config.current()
-        if max_member_size is not None:
-            max_member_size = config.parse_size("max_member_size", max_member_size)
-            if max_member_size <= 0:
-                raise config.ConfigError(f"max_member_size={max_member_size!r} must be a positive size, such as "
-                                         "256MB or 2GiB")
+        max_member_size = config.parse_positive_size("max_member_size", max_member_size)
         if resampled:
             mode = "resampled"
         if shardshuffle is True:

@@ -17,7 +17,7 @@ from typing import Optional
 
 from .errors import ConfigError
 
-__all__ = ["Settings", "current", "parse_size", "parse_bool", "ENV_VARS"]
+__all__ = ["Settings", "current", "parse_size", "parse_positive_size", "parse_bool", "ENV_VARS"]
 
 #: Every variable name ``from_environ`` looks up (``WDS_<NAME>`` for ``${NAME}``
 #: substitution in shard specs is the one family read by prefix).
@@ -93,10 +93,11 @@ def parse_size(name: str, value: object) -> int:
 DEFAULT_MAX_MEMBER_SIZE = 2 << 30
 
 
-def _positive_size(name: str, value: Optional[str], default: int) -> int:
-    if value is None or value.strip() == "":
+def parse_positive_size(name: str, value: object, default: Optional[int] = None) -> Optional[int]:
+    """A byte count that must be positive (``256MB``, ``2GiB``, 4096); ``default`` when unset."""
+    if value is None or (isinstance(value, str) and value.strip() == ""):
         return default
-    size = parse_size(name, value.strip())
+    size = parse_size(name, value.strip() if isinstance(value, str) else value)
     if size <= 0:
         raise ConfigError(f"{name}={value!r} must be a positive size, such as 256MB or 2GiB")
     return size
@@ -236,8 +237,8 @@ class Settings:
             retries=_parse_int("WDS_RETRIES", get("WDS_RETRIES"), 6),
             retry_timeout=_parse_float("WDS_RETRY_TIMEOUT", get("WDS_RETRY_TIMEOUT"), 60.0),
             retry_backoff=_parse_float("WDS_RETRY_BACKOFF", get("WDS_RETRY_BACKOFF"), 0.2),
-            max_member_size=_positive_size("WDS_MAX_MEMBER_SIZE", get("WDS_MAX_MEMBER_SIZE"),
-                                           DEFAULT_MAX_MEMBER_SIZE),
+            max_member_size=parse_positive_size("WDS_MAX_MEMBER_SIZE", get("WDS_MAX_MEMBER_SIZE"),
+                                                DEFAULT_MAX_MEMBER_SIZE),
         )
 
     def replace(self, **changes: object) -> "Settings":

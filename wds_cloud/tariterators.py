@@ -305,8 +305,6 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
 def _checked_start(members: TarMembers, expected: Optional[str], url: str,
                    rename_files: Optional[Callable]) -> Iterator[tuple[str, bytes]]:
     """``members``, having checked that a resumed read begins at the member the saved state names."""
-    from .errors import StateMismatchError
-
     first = True
     for name, data in members:
         if first:
@@ -488,11 +486,7 @@ class TarSamples:
         self._replay = list(replay)
 
     def _max_member(self) -> int:
-        from .config import parse_size
-
-        if self.max_member_size is None:
-            return config.current().max_member_size
-        return parse_size("max_member_size", self.max_member_size)
+        return config.parse_positive_size("max_member_size", self.max_member_size, config.current().max_member_size)
 
     # opening
     def _member_filter(self) -> Optional[Callable[[str], bool]]:
