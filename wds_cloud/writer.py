@@ -36,6 +36,16 @@ __all__ = ["TarWriter", "ShardWriter", "default_handlers", "make_handlers", "mak
 log = logging.getLogger("wds_cloud.writer")
 
 
+_GOOD_FIELDS: set = set()  # field names already found valid (the same few recur in every sample)
+
+
+def _good_field(field: str) -> bool:
+    ok = field != "" and "/" not in field and "\0" not in field and (field.isascii() or _utf8(field))
+    if ok and len(_GOOD_FIELDS) < 4096:
+        _GOOD_FIELDS.add(field)
+    return ok
+
+
 def _utf8(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -62,11 +72,8 @@ def check_key(key: Any) -> str:
         why = "it contains a NUL character"
     elif key.endswith("/"):
         why = "it ends in '/', so its members would be read as directory entries"
-    else:
-        try:
-            key.encode("utf-8")
-        except UnicodeEncodeError:
-            why = "it cannot be encoded as UTF-8 (it holds a lone surrogate), so no tar header can carry it"
+    elif not key.isascii() and not _utf8(key):
+        why = "it cannot be encoded as UTF-8 (it holds a lone surrogate), so no tar header can carry it"
     if why:
         raise SampleError(f"invalid sample key {key!r}: {why}", key=key)
     return key
@@ -155,7 +162,7 @@ class TarWriter:
                 raise SampleError(f"{self._where()}: sample {key!r} has fields {seen[lowered]!r} and {field!r}, "
                                   "which readers see as the same field", key=key)
             seen[lowered] = field
-            if field == "" or "/" in field or "\0" in field or not _utf8(field):
+            if field not in _GOOD_FIELDS and not _good_field(field):
                 raise SampleError(f"{self._where()}: invalid field name {field!r} in sample {key!r}: a field name "
                                   "is non-empty UTF-8 text without '/' or NUL, or it would not read back as "
                                   "written", key=key)
