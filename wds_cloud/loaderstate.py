@@ -4,7 +4,7 @@ Worker processes cannot be asked for their state; instead each item carries
 it.  The loader's collate function (:class:`StateCollate`) runs in the worker
 right after the dataset yielded the item (or the last item of a batch), so the
 dataset's state taken there is exactly the state to resume after that item; it
-travels with the item as a :class:`Tagged`.  Only the changes to a shuffle
+travels with the item, tagged (:data:`TAG`).  Only the changes to a shuffle
 buffer travel (a journal): the main process only notes them (:func:`note`),
 and :func:`resolve` replays them when a state is asked for.  :class:`Ended` makes each worker send an :class:`EndMark` when it has
 finished.  In the main process :class:`Untag` strips the tags, keeps each
@@ -14,12 +14,14 @@ the interrupted run was due to follow.
 
 from __future__ import annotations
 
+import pickle
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from .pytorch import IterableDataset
 from .stages import PipelineStage
 
-__all__ = ["EndMark", "Unavailable", "Sealed", "Tagged", "Ended", "StateCollate", "Untag", "note", "resolve", "jsonable"]
+__all__ = ["EndMark", "Unavailable", "TAG", "seal", "tagged", "Ended", "StateCollate", "Untag", "note", "resolve",
+           "jsonable"]
 
 
 def jsonable(value: Any) -> Any:
@@ -101,46 +103,27 @@ class Unavailable:
         return (Unavailable, (self.reason,))
 
 
-class Sealed:
-    """A worker state pickled in the worker, opened in the main process only when a state is asked for.
+#: first element of a tagged loader item: ``[TAG, item, worker, state, whole, end]``.  A plain list of
+#: builtins pickles with no class to look up (a per-batch cost), and torch's pin_memory keeps its shape
+#: while pinning the item inside.  ``state`` is pickled bytes when it crossed from a worker process
+#: (``whole`` then says whether it holds every shuffle buffer whole), else the state itself (``whole`` None).
+TAG = "\0wds_cloud.loaderstate.tag"
+
+
+def seal(state: Any) -> tuple[bytes, bool]:
+    """A worker state pickled in the worker, to be opened in the main process only when a state is asked for.
 
     Most states are never looked at (one travels with every batch); sealing them costs the worker
-    one plain pickle and the main process nothing until ``state_dict()``.  ``whole`` says that it
-    holds every shuffle buffer whole, so the states sealed before it are no longer needed.
+    one plain pickle and the main process nothing until ``state_dict()``.  ``whole``: the state holds
+    every shuffle buffer whole, so the states sealed before it are no longer needed.
     """
-
-    __slots__ = ("blob", "whole")
-
-    def __init__(self, blob: bytes, whole: bool) -> None:
-        self.blob, self.whole = blob, whole
-
-    def __reduce__(self):
-        return (Sealed, (self.blob, self.whole))
-
-    @classmethod
-    def of(cls, state: Any) -> "Sealed":
-        import pickle
-
-        whole = not (isinstance(state, dict) and any(
-            isinstance(stage, dict) and "journal" in stage for _, _, stage in state.get("stages", ())))
-        return cls(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), whole)
-
-    def open(self) -> Any:
-        import pickle
-
-        return pickle.loads(self.blob)
+    whole = not (isinstance(state, dict) and any(
+        isinstance(stage, dict) and "journal" in stage for _, _, stage in state.get("stages", ())))
+    return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), whole
 
 
-class Tagged:
-    """A loader item with the worker that made it and that worker's dataset state just after it."""
-
-    __slots__ = ("item", "worker", "state", "end")
-
-    def __init__(self, item: Any, worker: int, state: Any, end: bool) -> None:
-        self.item, self.worker, self.state, self.end = item, worker, state, end
-
-    def __reduce__(self):
-        return (Tagged, (self.item, self.worker, self.state, self.end))
+def tagged(x: Any) -> bool:
+    return type(x) is list and len(x) == 6 and x[0] == TAG
 
 
 class Ended(IterableDataset):
@@ -178,20 +161,21 @@ class StateCollate:
         self.ended = ended
 
     def _default(self, data: Any) -> Any:
-        try:
-            from torch.utils.data import default_collate, default_convert
-        except ImportError:
+        global _torch_collate
+        if _torch_collate is None:
+            try:
+                from torch.utils.data import default_collate, default_convert
+            except ImportError:
+                _torch_collate = ()
+            else:
+                _torch_collate = (default_convert, default_collate)
+        if not _torch_collate:
             return data
-        return default_convert(data) if self.per_item else default_collate(data)
+        return _torch_collate[0](data) if self.per_item else _torch_collate[1](data)
 
-    def __call__(self, data: Any) -> Tagged:
+    def __call__(self, data: Any) -> list:
         worker, ended = 0, self.ended
-        try:
-            from torch.utils.data import get_worker_info
-        except ImportError:
-            info = None
-        else:
-            info = get_worker_info()
+        info = _worker_info()
         if info is not None:
             worker = info.id
             if isinstance(info.dataset, Ended):
@@ -202,17 +186,37 @@ class StateCollate:
             state = fast() if fast is not None else dataset.state_dict()
         except Exception as exn:  # never from iteration: state_dict() raises it, if it is ever asked for
             state = Unavailable(f"{type(exn).__name__}: {exn}")
+        whole = None
         if info is not None:
-            state = Sealed.of(state)
+            state, whole = seal(state)
         if self.per_item:
             if isinstance(data, EndMark):
-                return Tagged(None, worker, state, True)
-            return Tagged(self.collate(data) if self.collate else self._default(data), worker, state, False)
+                return [TAG, None, worker, state, whole, True]
+            return [TAG, self.collate(data) if self.collate else self._default(data), worker, state, whole, False]
         items = [x for x in data if not isinstance(x, EndMark)]
         end = len(items) != len(data)
         if not items:
-            return Tagged(None, worker, state, True)
-        return Tagged(self.collate(items) if self.collate else self._default(items), worker, state, end)
+            return [TAG, None, worker, state, whole, True]
+        return [TAG, self.collate(items) if self.collate else self._default(items), worker, state, whole, end]
+
+
+def _worker_info() -> Any:
+    global _get_worker_info
+    if _get_worker_info is None:
+        try:
+            from torch.utils.data import get_worker_info
+        except ImportError:
+            get_worker_info = _no_workers
+        _get_worker_info = get_worker_info
+    return _get_worker_info()
+
+
+def _no_workers() -> None:
+    return None
+
+
+_get_worker_info: Optional[Callable[[], Any]] = None
+_torch_collate: Optional[tuple] = None  # torch's (default_convert, default_collate), found on first use
 
 
 class Untag(PipelineStage):
@@ -231,7 +235,7 @@ class Untag(PipelineStage):
         self._pending: Optional[tuple] = None
         self.dataset: Any = None
         self._mirrors: dict = {}  # (worker, stage path) -> [pass id, shuffle buffer, journals to apply]
-        self._sealed: dict = {}  # worker -> the Sealed states since its last whole one, oldest first
+        self._sealed: dict = {}  # worker -> the sealed states since its last whole one, oldest first
 
     def resume(self, next_worker: Optional[int], exhausted: set, states: dict) -> None:
         self._pending = (next_worker, exhausted, states)
@@ -241,19 +245,19 @@ class Untag(PipelineStage):
         if self._pending is not None:
             return self._pending
         for worker, chain in self._sealed.items():  # open what the workers sent, in order
-            for sealed in chain:
-                state = sealed.open()
+            for blob in chain:
+                state = pickle.loads(blob)
                 note(state, self._mirrors, (worker,))
                 self.states[worker] = state
             chain.clear()
         states = {w: resolve(s, self._mirrors, (w,)) for w, s in self.states.items()}
         return self.next, self.exhausted, states
 
-    def _keep(self, worker: int, state: Any) -> None:
+    def _keep(self, worker: int, state: Any, whole: Optional[bool]) -> None:
         """Keep the latest state of ``worker`` (sealed ones wait, unopened, until a state is asked for)."""
-        if isinstance(state, Sealed):
+        if whole is not None:
             chain = self._sealed.setdefault(worker, [])
-            if state.whole:
+            if whole:
                 chain.clear()
             chain.append(state)
             return
@@ -279,25 +283,25 @@ class Untag(PipelineStage):
         from collections import deque
 
         queues = [deque() for _ in range(n)]
-        for tagged in src:
+        for t in src:
             if self.dataset is not None:
                 self.dataset._worker_states = None  # the workers have their states now
-            if not isinstance(tagged, Tagged):
-                yield tagged
+            if not tagged(t):
+                yield t
                 continue
-            queues[tagged.worker].append(tagged)
+            queues[t[2]].append(t)
             while self.next is not None and queues[self.next]:
                 worker = self.next
-                t = queues[worker].popleft()
-                self._keep(worker, t.state)
-                if t.end:
+                _, item, _, state, whole, end = queues[worker].popleft()
+                self._keep(worker, state, whole)
+                if end:
                     self.exhausted.add(worker)
                 self.next = self._after(worker, n)
-                if not (t.end and t.item is None):
-                    yield t.item
+                if not (end and item is None):
+                    yield item
         for queue in queues:  # the loader ended: anything still held goes out in worker order
             while queue:
-                t = queue.popleft()
-                self._keep(t.worker, t.state)
-                if not (t.end and t.item is None):
-                    yield t.item
+                _, item, worker, state, whole, end = queue.popleft()
+                self._keep(worker, state, whole)
+                if not (end and item is None):
+                    yield item
