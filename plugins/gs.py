@@ -61,11 +61,7 @@ class GCSBackend(FsspecBackend):
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
                   timeout: Optional[float] = None, length: Optional[int] = None) -> IO[bytes]:
         fs = self.fs
-        headers: dict[str, str] = {}
-        try:
-            fs.credentials.apply(headers)
-        except Exception as exc:
-            raise translate(exc, url) from exc
+        headers = self._auth_headers(url)
         media = fs.url(self.path(url), generation=version)  # a resumed read asks for the generation first read
         try:
             stream = HTTPReadStream(media, offset, headers, timeout or 60.0, display_url=url,
@@ -78,6 +74,15 @@ class GCSBackend(FsspecBackend):
         stream.version = stream.headers.get("x-goog-generation") or stream.etag
         return stream
 
+    def _auth_headers(self, url: str) -> dict[str, str]:
+        """The request headers that carry gcsfs's credentials (none for anonymous access)."""
+        headers: dict[str, str] = {}
+        try:
+            self.fs.credentials.apply(headers)
+        except Exception as exc:
+            raise translate(exc, url) from exc
+        return headers
+
     def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
         self._check_credentials(url)
         return super().open_write(url, bufsize)
@@ -89,11 +94,7 @@ class GCSBackend(FsspecBackend):
         fails; one request of ours says the same at once.
         """
         fs = self.fs
-        headers: dict[str, str] = {}
-        try:
-            fs.credentials.apply(headers)
-        except Exception as exc:
-            raise translate(exc, url) from exc
+        headers = self._auth_headers(url)
         bucket = self.path(url).split("/", 1)[0]
         probe = f"{fs._location}/storage/v1/b/{urllib.parse.quote(bucket, safe='')}?fields=name"
         conn, response = request("GET", probe, headers, timeout=60.0, display_url=url)
