@@ -198,3 +198,24 @@ def test_a_stage_whose_state_fails_never_interrupts_iteration(urls):
     assert len(texts(list(loader))) == 80
     with pytest.raises(NotResumableError, match="my stage keeps no state"):
         loader.state_dict()
+
+
+def test_webloader_resumes_a_nested_pipeline_exactly(tmp_path):
+    """A shuffle inside a nested pipeline: its journals are kept until a whole buffer replaces them."""
+    urls = write_shards(tmp_path, [300, 300, 300, 300])
+
+    def loader():
+        inner = wds.WebDataset(urls, shardshuffle=False).shuffle(40, seed=5)
+        return wds.WebLoader(wds.DataPipeline(inner, wds.to_tuple("__key__"), wds.batched(4)),
+                             batch_size=None, num_workers=2)
+
+    whole = [k for batch in loader() for k in batch[0]]
+    first = loader()
+    it = iter(first)
+    got = [k for _ in range(200) for k in next(it)[0]]  # past several journal rounds
+    state = first.state_dict()
+    del it
+    again = loader()
+    again.load_state_dict(state)
+    got += [k for batch in again for k in batch[0]]
+    assert got == whole

@@ -6,7 +6,8 @@ right after the dataset yielded the item (or the last item of a batch), so the
 dataset's state taken there is exactly the state to resume after that item; it
 travels with the item, tagged (:data:`TAG`).  Only the changes to a shuffle
 buffer travel (a journal): the main process only notes them (:func:`note`),
-and :func:`resolve` replays them when a state is asked for.  :class:`Ended` makes each worker send an :class:`EndMark` when it has
+and :func:`resolve` replays them when a state is asked for.  :class:`Ended`
+makes each worker send an :class:`EndMark` when it has
 finished.  In the main process :class:`Untag` strips the tags, keeps each
 worker's latest state, and after a resume gives items out in the worker order
 the interrupted run was due to follow.
@@ -38,7 +39,7 @@ def note(state: Any, mirrors: dict, key: tuple) -> None:
 
     ``mirrors[key + (stage path)]`` is ``[pass id, buffer, journals not yet applied]``; a state
     carrying a whole buffer starts it afresh (the worker sends one at the start of a pass and
-    again whenever its journal has grown longer than the buffer, which bounds what waits here).
+    again once the journals since the last one outgrow about eight buffers, which bounds what waits here).
     """
     if not isinstance(state, dict) or "stages" not in state:
         return
@@ -117,9 +118,15 @@ def seal(state: Any) -> tuple[bytes, bool]:
     one plain pickle and the main process nothing until ``state_dict()``.  ``whole``: the state holds
     every shuffle buffer whole, so the states sealed before it are no longer needed.
     """
-    whole = not (isinstance(state, dict) and any(
-        isinstance(stage, dict) and "journal" in stage for _, _, stage in state.get("stages", ())))
-    return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), whole
+    return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), not _has_journal(state)
+
+
+def _has_journal(state: Any) -> bool:
+    """Whether a shuffle stage of ``state`` (nested pipelines included) sent changes rather than its buffer."""
+    if not isinstance(state, dict):
+        return False
+    return any(isinstance(stage, dict) and ("journal" in stage or _has_journal(stage))
+               for _, _, stage in state.get("stages", ()))
 
 
 def tagged(x: Any) -> bool:

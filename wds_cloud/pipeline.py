@@ -75,6 +75,8 @@ class DataPipeline(IterableDataset, PipelineStage):
         self.pipeline = []
 
     def invoke(self, f: Any, *args: Any, **kwargs: Any) -> Iterator:
+        if isinstance(f, DataPipeline) and not args:  # a whole dataset as the source: iterate it
+            return iter(f)
         if isinstance(f, PipelineStage):
             return f.run(*args, **kwargs)
         if isinstance(f, (IterableDataset, DataLoader)) and len(args) == 0:
