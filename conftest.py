@@ -21,11 +21,8 @@ except ImportError:  # pragma: no cover
 @pytest.fixture(autouse=True)
 def _clean_wds_environment(monkeypatch):
     """Every test starts without WDS_*/GOPEN_* variables and with a fresh plugin registry."""
-    import importlib
-
-    from wds_cloud import config, registry, utils
-
-    gopen = importlib.import_module("wds_cloud.gopen")  # the attribute is the function, as upstream
+    from wds_cloud import config, utils
+    from wds_cloud.io import open as gopen, registry
 
     for name in list(os.environ):
         if (name.startswith(("WDS_", "GOPEN_")) or name in config.ENV_VARS) and name not in ("HOME", "XDG_CONFIG_HOME"):

@@ -14,11 +14,8 @@ import json
 import urllib.parse
 from typing import IO, Iterator, Optional
 
-from wds_cloud.backend import Backend, ObjectInfo
+from wds_cloud.io import Backend, HTTPReadStream, ObjectInfo, SpooledPut, hookimpl, raise_for_status, request
 from wds_cloud.errors import ConfigError, TransferError, redact
-from wds_cloud.hookspecs import hookimpl
-from wds_cloud.httpstream import HTTPReadStream, raise_for_status, request
-from wds_cloud.uploads import SpooledPut
 
 PROVIDERS = {"ais": "ais", "s3": "aws", "gs": "gcp", "gcs": "gcp", "az": "azure", "abfs": "azure"}
 HINT = "set AIS_AUTHN_TOKEN to a valid AIStore token"

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 from typing import IO, Any, Optional
 
-from wds_cloud.backend import ReadStream
-from wds_cloud.errors import CredentialsError, ObjectChangedError, ShardNotFoundError, TransferError, redact
-from wds_cloud.fsbackend import FsspecBackend
-from wds_cloud.hookspecs import hookimpl
-from wds_cloud.httpstream import AccessDeniedError, HTTPReadStream
+from wds_cloud.io import FsspecBackend, HTTPReadStream, ReadStream, hookimpl
+from wds_cloud.errors import (AccessDeniedError, CredentialsError, ObjectChangedError, ShardNotFoundError,
+                              TransferError, redact)
 
 REQUIRES = ("adlfs",)
 CREDENTIALS_HINT = ("set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with "

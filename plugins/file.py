@@ -12,21 +12,8 @@ import os
 import sys
 from typing import IO, Iterator, Optional
 
-from wds_cloud.atomic import AtomicFile
-from wds_cloud.backend import Backend, ObjectInfo
+from wds_cloud.io import AtomicFile, Backend, ObjectInfo, hookimpl, local_path
 from wds_cloud.errors import ShardNotFoundError
-from wds_cloud.hookspecs import hookimpl
-
-
-def local_path(url: str) -> str:
-    """The filesystem path of a bare path or ``file:`` URL."""
-    url = os.fspath(url)
-    if url.startswith("file://"):
-        rest = url[7:]
-        return rest[len("localhost"):] if rest.startswith("localhost/") else rest
-    if url.startswith("file:"):
-        return url[5:]
-    return url
 
 
 class _Unclosable(io.RawIOBase):

@@ -12,10 +12,9 @@ from __future__ import annotations
 import urllib.parse
 from typing import IO, Any, Optional
 
-from wds_cloud.errors import CredentialsError, ObjectChangedError, ShardNotFoundError, TransferError, redact
-from wds_cloud.fsbackend import FsspecBackend
-from wds_cloud.hookspecs import hookimpl
-from wds_cloud.httpstream import AccessDeniedError, HTTPReadStream, raise_for_status, request
+from wds_cloud.io import FsspecBackend, HTTPReadStream, hookimpl, raise_for_status, request
+from wds_cloud.errors import (AccessDeniedError, CredentialsError, ObjectChangedError, ShardNotFoundError,
+                              TransferError, redact)
 
 REQUIRES = ("gcsfs",)
 CREDENTIALS_HINT = ("set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, run "

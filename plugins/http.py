@@ -12,11 +12,8 @@ import re
 import urllib.parse
 from typing import IO, Iterator, Optional
 
-from wds_cloud.backend import Backend, ObjectInfo
+from wds_cloud.io import Backend, HTTPReadStream, ObjectInfo, SpooledPut, hookimpl, raise_for_status, request
 from wds_cloud.errors import redact
-from wds_cloud.hookspecs import hookimpl
-from wds_cloud.httpstream import HTTPReadStream, raise_for_status, request
-from wds_cloud.uploads import SpooledPut
 
 HINT = "pass the header it needs in storage_options={'headers': {'Authorization': ...}}"
 

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from typing import IO, Optional
 
-from wds_cloud.backend import Backend, skip
+from wds_cloud.io import Backend, Pipe, check_pipe, hookimpl, skip
 from wds_cloud.errors import ConfigError
-from wds_cloud.hookspecs import hookimpl
-from wds_cloud.pipes import Pipe
-from wds_cloud.security import check_pipe
 
 
 class PipeBackend(Backend):

@@ -13,12 +13,9 @@ from __future__ import annotations
 import os
 from typing import IO, Any, Optional
 
-from wds_cloud.backend import require
-from wds_cloud.errors import (CredentialsError, ObjectChangedError, ShardNotFoundError, TransferError, WdsCloudError,
-                              redact)
-from wds_cloud.fsbackend import FsspecBackend
-from wds_cloud.hookspecs import hookimpl
-from wds_cloud.httpstream import AccessDeniedError, HTTPReadStream
+from wds_cloud.io import FsspecBackend, HTTPReadStream, hookimpl, require
+from wds_cloud.errors import (AccessDeniedError, CredentialsError, ObjectChangedError, ShardNotFoundError,
+                              TransferError, WdsCloudError, redact)
 
 REQUIRES = ("s3fs", "botocore")
 CREDENTIALS_HINT = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "

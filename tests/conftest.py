@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from wds_cloud import registry
+from wds_cloud.io import registry
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -89,7 +89,7 @@ def test_import_loads_no_plugin_and_works_without_torch(tmp_path):
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     out = run_without_torch(f"""
-        import wds_cloud as wds, wds_cloud.registry as r
+        import wds_cloud as wds, wds_cloud.io.registry as r
         assert not r._registries
         ds = wds.WebDataset({str(shard)!r}, shardshuffle=False).decode().to_tuple("txt", "cls").batched(2)
         batches = list(wds.WebLoader(ds, batch_size=None, num_workers=0))

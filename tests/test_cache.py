@@ -195,7 +195,7 @@ def test_corrupted_entry_is_detected_and_fetched_again(store, tmp_path, caplog):
 def test_verify_checks_every_hit_against_its_checksum(store, tmp_path):
     """With verify=True a damaged entry is caught even when its modification time was put back."""
     from wds_cloud.gopen import gopen
-    from wds_cloud.shardcache import ShardCache
+    from wds_cloud.io.shardcache import ShardCache
 
     spec, options, clean, proxy = store
     url = spec.replace("{000000..000003}", "000002")
@@ -265,7 +265,7 @@ def test_a_second_reader_follows_the_fill_and_takes_over_when_it_stops(store, tm
     """While one reader fills, another reads the bytes that arrived; when the filler stops early,
     the follower resumes the download where it stopped.  The server sends the object once."""
     from wds_cloud.gopen import gopen
-    from wds_cloud.shardcache import CachedShard, ShardCache
+    from wds_cloud.io.shardcache import CachedShard, ShardCache
 
     spec, options, clean, proxy = store
     url = spec.replace("{000000..000003}", "000001")

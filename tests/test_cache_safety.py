@@ -5,7 +5,7 @@ import io
 import os
 import stat
 
-from wds_cloud.shardcache import ShardCache
+from wds_cloud.io.shardcache import ShardCache
 
 DATA = os.urandom(300_000)
 

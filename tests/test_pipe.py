@@ -8,8 +8,8 @@ import pytest
 
 from wds_cloud import gopen, utils
 from wds_cloud.errors import PipeError, SecurityError
-from wds_cloud.pipes import Pipe
-from wds_cloud.security import UntrustedURL
+from wds_cloud.io import Pipe
+from wds_cloud.io import UntrustedURL
 
 
 def group_alive(pgid):

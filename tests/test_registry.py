@@ -7,11 +7,12 @@ import types
 import pytest
 
 import wds_cloud
-from wds_cloud import hookimpl, registry
-from wds_cloud.backend import Backend
+from wds_cloud import hookimpl
+from wds_cloud.io import registry
+from wds_cloud.io import Backend
 from wds_cloud.config import Settings
 from wds_cloud.errors import PluginConflictError, PluginError, UnknownSchemeError
-from wds_cloud.registry import Registry
+from wds_cloud.io.registry import Registry
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -150,7 +151,7 @@ def test_out_of_tree_plugin_is_discovered_and_opens(installed_example):
 
 def test_hooks_are_documented_and_tested():
     """Every hook in hookspecs.py appears in docs/plugins.md and in a test other than this one."""
-    from wds_cloud import hookspecs
+    from wds_cloud.io import hookspecs
 
     hooks = [n for n in dir(hookspecs) if n.startswith("wds_cloud_")]
     docs = (ROOT / "docs" / "plugins.md").read_text()

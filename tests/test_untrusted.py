@@ -10,7 +10,7 @@ import pytest
 
 import wds_cloud as wds
 from wds_cloud.errors import SecurityError
-from wds_cloud.security import UntrustedURL, untrusted
+from wds_cloud.io import UntrustedURL, untrusted
 
 gopen_module = importlib.import_module("wds_cloud.gopen")
 

@@ -22,6 +22,7 @@ from .cache import LRUCleanup, pipe_cleaner
 from .compat import FluidInterface, FluidWrapper, WebDataset, WebLoader
 from .config import Settings
 from .errors import (
+    AccessDeniedError,
     ConfigError,
     CorruptShardError,
     CredentialsError,
@@ -74,9 +75,10 @@ from .handlers import (
     warn_and_continue,
     warn_and_stop,
 )
-from .hookspecs import hookimpl
+from .io import hookimpl
 from .mix import RandomMix, RoundRobin
 from .pipeline import DataPipeline
+from .resume import Resumable
 from .shardlists import (
     MultiShardSample,
     ResampledShards,
@@ -118,11 +120,11 @@ __all__ = [
     # writing
     "TarWriter", "ShardWriter", "numpy_dumps", "torch_dumps",
     # configuration and plugins
-    "Settings", "hookimpl",
+    "Settings", "hookimpl", "Resumable",
     # modules
     "errors", "tenbin", "utils",
     # errors
     "WdsCloudError", "ConfigError", "UnknownSchemeError", "CorruptShardError", "SampleError",
     "StateMismatchError", "NotResumableError", "MissingExtraError", "PluginError", "PluginConflictError", "ShardNotFoundError",
-    "SecurityError", "CredentialsError", "TransferError", "PipeError", "ObjectChangedError",
+    "SecurityError", "CredentialsError", "AccessDeniedError", "TransferError", "PipeError", "ObjectChangedError",
 ]

@@ -12,7 +12,7 @@ __all__ = ["main"]
 
 
 def _backends(args: argparse.Namespace) -> int:
-    from .registry import get_registry
+    from .io.registry import get_registry
 
     registry = get_registry(config.current())
     rows = [("SCHEME", "PLUGIN", "DISTRIBUTION", "STATUS")]

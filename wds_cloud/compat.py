@@ -13,14 +13,17 @@ import logging
 import re
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
-from . import autodecode, cache, config, filters, loaderstate, shardlists
+from . import autodecode, config, filters, shardlists
+from .io import opener as cache
+from .resume import loader as loaderstate
 from .handlers import reraise_exception
 from .errors import NotResumableError, redact
 from .pipeline import DataPipeline
 from .pytorch import DataLoader
-from .resilient import StatsSink, TransferStats
+from .resume.protocol import BufferingStage, Resumable
+from .io.resilient import StatsSink, TransferStats
 from .stages import PipelineStage
-from .tariterators import TarSamples
+from .tar.shardreader import TarSamples
 
 __all__ = ["FluidInterface", "WebDataset", "FluidWrapper", "WebLoader", "check_empty", "CheckEmpty"]
 
@@ -118,7 +121,7 @@ class CheckEmpty(PipelineStage):
     def state_dict(self) -> dict:
         return {"seen": self._seen[0] or self._resume_seen}
 
-    def _next_pass_state(self) -> dict:
+    def next_pass_state(self) -> dict:
         return {"seen": self._resume_seen}
 
     def load_state_dict(self, state: dict) -> None:
@@ -346,7 +349,7 @@ class WebLoader(DataPipeline, FluidInterface):
 
     def __iter__(self) -> Iterator:
         dataset = self._dataset
-        resuming = getattr(dataset, "_worker_states", None) is not None
+        resuming = self._blocker is None and dataset.has_worker_states
         epoch = self._pass_epoch if resuming else self._auto_epoch  # a resumed pass continues its epoch
         if dataset is not None and hasattr(dataset, "set_epoch"):
             dataset.set_epoch(epoch)  # before the workers start: each pass a new order
@@ -357,12 +360,10 @@ class WebLoader(DataPipeline, FluidInterface):
 
     def state_dict(self) -> dict:
         """Every worker's dataset state at the last item yielded, and which worker comes next: plain JSON."""
-        from .filters import Shuffle
-
         if self._untag is None:
             raise NotResumableError(f"this WebLoader cannot save a resumable state: {self._blocker}")
         for stage in self.pipeline[2:]:
-            if isinstance(stage, Shuffle):
+            if isinstance(stage, BufferingStage):
                 stage.state_dict()  # raises if its buffer holds items, which cannot be fetched again
         untag = self._untag
         next_worker, exhausted, states = untag.current()
@@ -379,7 +380,7 @@ class WebLoader(DataPipeline, FluidInterface):
     def load_state_dict(self, state: dict) -> None:
         """Make the next pass continue where ``state`` (from :meth:`state_dict`) stood."""
         from .errors import StateMismatchError
-        from .resume import check_same
+        from .resume.state import check_same
 
         if self._untag is None:
             raise NotResumableError(f"this WebLoader cannot load a state: {self._blocker}")
@@ -388,7 +389,7 @@ class WebLoader(DataPipeline, FluidInterface):
         check_same("WebLoader", {"num_workers": state["num_workers"]}, {"num_workers": self._untag.num_workers})
         workers = {int(w): s for w, s in state["workers"]}
         self._untag.resume(state["next"], set(state["exhausted"]), workers)
-        self._dataset._worker_states = dict(workers)
+        self._dataset.set_worker_states(dict(workers))
         self._pass_epoch = state.get("epoch", 0)
         self._auto_epoch = self._pass_epoch + 1
         self._resume_progress = list(state.get("progress") or (0, 0))
@@ -396,10 +397,12 @@ class WebLoader(DataPipeline, FluidInterface):
 
 def _resume_blocker(dataset: Any, args: list, kw: dict) -> Optional[str]:
     """Why a WebLoader over ``dataset`` cannot save states (None: it can), known before iterating."""
-    if not (hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict")):
+    if not isinstance(dataset, Resumable):
         return (f"its dataset ({type(dataset).__name__}) has no state_dict/load_state_dict; give it a "
                 "WebDataset or DataPipeline")
     if kw.get("sampler") or kw.get("batch_sampler") or any(a is not None for a in args[3:5]):
         return "it was given a sampler; a resumable WebLoader takes its items in the dataset's own order"
-    blocker = getattr(dataset, "_resume_blocker", None)
-    return blocker() if blocker is not None else None
+    if not isinstance(dataset, DataPipeline):
+        return (f"its dataset ({type(dataset).__name__}) cannot take a state per DataLoader worker; give it a "
+                "WebDataset or DataPipeline")
+    return dataset.resume_blocker()

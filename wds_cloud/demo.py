@@ -49,7 +49,7 @@ def _image(index: int, size: int) -> Any:
 
 def write_demo_dataset(url: str, samples: int, shards: int, size: int = 64, progress: Optional[Any] = None) -> str:
     """Write ``samples`` samples in ``shards`` shards under ``url``; returns the shard spec."""
-    from .gopen import gopen
+    from .io.open import gopen
 
     per_shard = -(-samples // shards)
     index = 0

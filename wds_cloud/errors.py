@@ -18,6 +18,7 @@ data loader already catch::
     ├── ShardNotFoundError(FileNotFoundError)
     ├── SecurityError(PermissionError, ValueError)  refused by a security rule (pipe:, pickle)
     ├── CredentialsError(PermissionError)  credentials missing or rejected by a store
+    │   └── AccessDeniedError              accepted, but they may not do this (HTTP 403)
     └── TransferError(ConnectionError)     a connection or transfer failed (an OSError)
         ├── PipeError                      a pipe: command failed
         └── ObjectChangedError             the object changed while it was being read
@@ -47,6 +48,7 @@ __all__ = [
     "ShardNotFoundError",
     "SecurityError",
     "CredentialsError",
+    "AccessDeniedError",
     "TransferError",
     "PipeError",
     "ObjectChangedError",
@@ -159,6 +161,10 @@ class SecurityError(WdsCloudError, PermissionError, ValueError):
 
 class CredentialsError(WdsCloudError, PermissionError):
     """Credentials are missing or were rejected by the store."""
+
+
+class AccessDeniedError(CredentialsError):
+    """The credentials were accepted but do not allow this operation."""
 
 
 class TransferError(WdsCloudError, ConnectionError):

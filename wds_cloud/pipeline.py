@@ -15,8 +15,13 @@ import copy
 import sys
 from typing import Any, Callable, Iterator, Optional
 
+from . import utils
+from .errors import NotResumableError, StateMismatchError, redact
+from .io.security import untrusted
 from .pytorch import DataLoader, IterableDataset
-from .resume import FORMAT
+from .resume.protocol import (BufferingStage, SampleSource, declines_resume, is_resumable, next_pass_state,
+                              transport_state)
+from .resume.state import FORMAT, check_same, expect, shown_url, url_id
 from .stages import PipelineStage
 
 __all__ = ["DataPipeline", "add_length_method"]
@@ -39,14 +44,6 @@ def stage_name(stage: Any) -> str:
     return type(stage).__name__
 
 
-def _next_pass_state(stage: Any) -> dict:
-    """A stage's state at the start of its next pass (a stage without ``_next_pass_state``: its state)."""
-    if isinstance(stage, DataPipeline):
-        return stage._state(False, next_pass=True)
-    getter = getattr(stage, "_next_pass_state", None)
-    return getter() if getter is not None else stage.state_dict()
-
-
 class DataPipeline(IterableDataset, PipelineStage):
     """A pipeline of stages; ``DataPipeline(source, stage1, stage2, ...)``."""
 
@@ -61,7 +58,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         self.epoch = None
         self._progress = [0, 0, True]  # (pass, samples yielded, begun) of the most recent iterator
         self._resume_progress = None
-        self._worker_states = None  # per-DataLoader-worker states, applied in each worker (WebLoader)
+        self._worker_states: Optional[dict] = None  # per-DataLoader-worker states, applied in each worker
         for arg in args:
             if arg is None:
                 continue
@@ -131,82 +128,73 @@ class DataPipeline(IterableDataset, PipelineStage):
 
     # pickling (spawn-started DataLoader workers)
     def __getstate__(self) -> dict:
-        from . import utils
-
         state = dict(self.__dict__)
         # A spawned worker has no process group: it learns this rank from the pickle.
-        state["_dist_hint"] = utils._torch_distributed()
+        state["_dist_hint"] = utils.torch_distributed()
         return state
 
     def __setstate__(self, state: dict) -> None:
-        from . import utils
-
         hint = state.pop("_dist_hint", None)
         if hint is not None and hint[1] > 1:
             utils.inherit_distributed(*hint)
         self.__dict__.update(state)
 
-    # resume
+    # resume (the stages take part through wds_cloud.resume.protocol)
     def _wire(self) -> None:
-        """Tell each shuffle which shard reader feeds it, so it can record where its samples came from."""
-        from .filters import Shuffle
-
-        reader = None
+        """Tell each buffering stage (a shuffle) which sample source feeds it, so it can record where its
+        samples came from."""
+        source = None
         for stage in self.pipeline:
-            if isinstance(stage, Shuffle):
-                stage.source = reader
-                reader = None  # a second shuffle's items are not the reader's latest
+            if isinstance(stage, BufferingStage):
+                stage.attach_source(source)
+                source = None  # a second shuffle's items are not the reader's latest
             elif isinstance(stage, DataPipeline):
-                reader = stage._feeding_reader()
-            elif type(stage).__name__ == "TarSamples":
-                reader = stage
+                source = stage.feeding_source()
+            elif isinstance(stage, SampleSource):
+                source = stage
 
-    def _feeding_reader(self) -> Any:
-        """The shard reader whose latest sample is this pipeline's latest output, if there is one."""
-        from .filters import Shuffle
-
-        reader = None
+    def feeding_source(self) -> Optional[SampleSource]:
+        """The sample source (shard reader) whose latest sample is this pipeline's latest output, if any."""
+        source = None
         for stage in self.pipeline:
-            if isinstance(stage, Shuffle):
-                reader = None
+            if isinstance(stage, BufferingStage):
+                source = None
             elif isinstance(stage, DataPipeline):
-                reader = stage._feeding_reader()
-            elif type(stage).__name__ == "TarSamples":
-                reader = stage
-        return reader
+                source = stage.feeding_source()
+            elif isinstance(stage, SampleSource):
+                source = stage
+        return source
 
-    def _resume_blocker(self) -> Optional[str]:
+    def resume_blocker(self) -> Optional[str]:
         """Why a state of this pipeline could not be resumed (the stage and the fix), or None.
 
         Decided from the stage list alone, without iterating: iteration never depends on it.
-        A sample shuffle must be fed by a shard reader of this pipeline (``tarfile_to_samples()``,
-        or ``WebDataset``), since its buffered samples are saved as byte ranges of their shards.
+        A buffering stage (a sample shuffle) must be fed by a sample source of this pipeline
+        (``tarfile_to_samples()``, or ``WebDataset``), since its buffered samples are saved as
+        byte ranges of their shards; a stage that sets ``resumable = False`` blocks it too.
         """
-        from .filters import Shuffle
-
-        reader = None
+        source = None
         for i, stage in enumerate(self.pipeline):
-            if isinstance(stage, Shuffle):
-                if reader is None:
+            if declines_resume(stage):
+                return (f"stage {i} ({stage_name(stage)}) declares that it cannot be resumed (resumable = False); "
+                        "implement state_dict()/load_state_dict() on it (see wds_cloud.Resumable) or leave it out")
+            if isinstance(stage, BufferingStage):
+                if source is None:
                     if i == 0:
                         feeder = "it is the source"
-                    elif isinstance(self.pipeline[i - 1], Shuffle):
+                    elif isinstance(self.pipeline[i - 1], BufferingStage):
                         feeder = f"it takes its items from another shuffle (stage {i - 1})"
                     else:
                         feeder = f"it takes its items from stage {i - 1} ({stage_name(self.pipeline[i - 1])})"
-                    return (f"stage {i} (shuffle(bufsize={stage.bufsize})) is not fed by a shard reader of this "
-                            f"pipeline ({feeder}), so the items in its buffer could not be fetched again on "
-                            "resume. To make the pipeline resumable, read the shards with wds.tarfile_to_samples() "
-                            "(or use WebDataset) before this shuffle, and shuffle shards with "
-                            "WebDataset(shardshuffle=...) or detshuffle rather than a sample shuffle")
-                reader = None
+                    return f"stage {i} {stage.resume_blocker(feeder)}"
+                source = None
             elif isinstance(stage, DataPipeline):
-                inner = stage._resume_blocker()
+                inner = stage.resume_blocker()
                 if inner is not None:
                     return f"stage {i} (a nested DataPipeline): {inner}"
-                reader = stage._feeding_reader()
-            elif type(stage).__name__ == "TarSamples":
-                reader = stage
+                source = stage.feeding_source()
+            elif isinstance(stage, SampleSource):
+                source = stage
         return None
 
     def _stateful(self) -> list:
@@ -214,14 +202,14 @@ class DataPipeline(IterableDataset, PipelineStage):
         return self._stage_facts()[1]
 
     def _stage_facts(self) -> tuple:
-        """(stage list, stateful stages, resume blocker), computed again only when the stage list changed."""
+        """(stage list, resumable stages, resume blocker), computed again only when the stage list changed."""
         pipeline = self.pipeline
         cached = self.__dict__.get("_stateful_cache")
         if cached is not None and cached[0] == pipeline:  # list equality: identity first, element by element
             return cached
-        found = [(i, type(stage).__name__, stage) for i, stage in enumerate(pipeline)
-                 if hasattr(stage, "state_dict") and hasattr(stage, "load_state_dict")]
-        self._stateful_cache = (list(pipeline), found, self._resume_blocker())
+        # the kind is a label saved with each stage's state, to tell a different pipeline apart on load
+        found = [(i, type(stage).__name__, stage) for i, stage in enumerate(pipeline) if is_resumable(stage)]
+        self._stateful_cache = (list(pipeline), found, self.resume_blocker())
         return self._stateful_cache
 
     def state_dict(self) -> dict:
@@ -234,41 +222,36 @@ class DataPipeline(IterableDataset, PipelineStage):
         """
         return self._state(False)
 
-    def _fast_state(self) -> dict:
-        """:meth:`state_dict` where stages may give arrays instead of lists (for passing between processes)."""
+    def transport_state(self) -> dict:
+        """:meth:`state_dict` where stages may give arrays and deltas (for a loader that sends one per batch)."""
         return self._state(True)
+
+    def next_pass_state(self) -> dict:
+        """The state that starts this pipeline's next pass."""
+        return self._state(False, next_pass=True)
 
     def _state(self, fast: bool, next_pass: bool = False) -> dict:
         blocker = self._stage_facts()[2]
         if blocker is not None:
-            from .errors import NotResumableError
-
             raise NotResumableError(f"this pipeline cannot save a resumable state: {blocker}")
         progress = self._resume_progress if self._resume_progress is not None else self._progress
         if next_pass or (self._resume_progress is None and not self._progress[2]):
             # iter() was called but the pass has not begun: its stages still describe the pass before
             return {"format": FORMAT, "progress": [0, 0],
-                    "stages": [[i, kind, _next_pass_state(stage)] for i, kind, stage in self._stateful()]}
+                    "stages": [[i, kind, next_pass_state(stage)] for i, kind, stage in self._stateful()]}
         if fast:
-            stages = [[i, kind, getattr(stage, "_fast_state", stage.state_dict)()]
-                      for i, kind, stage in self._stateful()]
+            stages = [[i, kind, transport_state(stage)] for i, kind, stage in self._stateful()]
         else:
             stages = [[i, kind, stage.state_dict()] for i, kind, stage in self._stateful()]
         return {"format": FORMAT, "progress": [progress[0], progress[1]], "stages": stages}
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next iteration continue where ``state`` (from :meth:`state_dict`) stood."""
-        from .errors import StateMismatchError
-        from .filters import Shuffle
-        from .resume import FORMAT, check_same
-
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise StateMismatchError(
                 f"not a wds_cloud pipeline state (expected format {FORMAT!r}, got "
                 f"{state.get('format') if isinstance(state, dict) else type(state).__name__!r}): pass the dict "
                 "that state_dict() returned")
-        from .resume import expect
-
         expect(state, "pipeline", dict, progress=(list, lambda v: len(v) == 2 and all(
             type(x) is int and x >= 0 for x in v), True), stages=list)
         for entry in state["stages"]:
@@ -282,23 +265,37 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._wire()
         for i, _, stage_state in state["stages"]:
             self.pipeline[i].load_state_dict(stage_state)
+        feeders = self._feeders()
         for i, _, stage_state in state["stages"]:
             stage = self.pipeline[i]
-            if isinstance(stage, Shuffle):
+            if isinstance(stage, BufferingStage):
                 replay = stage.replay_locations(stage_state)
                 if replay:
-                    if stage.source is None:
+                    source = feeders.get(i)
+                    if source is None:
                         raise StateMismatchError("the saved state has samples in a shuffle buffer, but no shard "
                                                  "reader feeds that shuffle here")
-                    stage.source.set_replay(self._trusted_replay(replay))
+                    source.set_replay(self._trusted_replay(replay))
         self._resume_progress = list(state.get("progress") or (0, 0))
 
-    def _shard_urls(self) -> dict:
+    def _feeders(self) -> dict:
+        """Stage index of each buffering stage -> the sample source feeding it (as :meth:`_wire` attaches them)."""
+        feeders, source = {}, None
+        for i, stage in enumerate(self.pipeline):
+            if isinstance(stage, BufferingStage):
+                feeders[i], source = source, None
+            elif isinstance(stage, DataPipeline):
+                source = stage.feeding_source()
+            elif isinstance(stage, SampleSource):
+                source = stage
+        return feeders
+
+    def shard_urls(self) -> dict:
         """The shard URLs this pipeline's shard lists name (as the program gave them), by text."""
         urls: dict = {}
         for stage in self.pipeline:
             if isinstance(stage, DataPipeline):
-                urls.update(stage._shard_urls())
+                urls.update(stage.shard_urls())
             elif isinstance(getattr(stage, "urls", None), list):
                 urls.update((str(u), u) for u in stage.urls)
         return urls
@@ -310,12 +307,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         any file or a ``pipe:`` command); without a shard list to check against, it is marked
         untrusted, so a ``pipe:`` one runs only with ``WDS_ALLOW_UNTRUSTED_PIPES=1``.
         """
-        from .errors import StateMismatchError, redact
-        from .security import untrusted
-
-        from .resume import shown_url, url_id
-
-        known = self._shard_urls()
+        known = self.shard_urls()
         by_id = {url_id(text): url for text, url in known.items()}
         out = []
         for url, start, end, compressed, ref in replay:
@@ -334,9 +326,17 @@ class DataPipeline(IterableDataset, PipelineStage):
             out.append((url, start, end, compressed, ref))
         return out
 
-    def _apply_worker_state(self) -> None:
-        from . import utils
+    def set_worker_states(self, states: Optional[dict]) -> None:
+        """States to load, one per DataLoader worker (``{worker id: state}``), each in its own worker when
+        the next pass begins; None: none (a loader calls this once its workers have started)."""
+        self._worker_states = states
 
+    @property
+    def has_worker_states(self) -> bool:
+        """Whether per-worker states wait to be loaded at the start of the next pass."""
+        return self._worker_states is not None
+
+    def _apply_worker_state(self) -> None:
         _, _, worker, _ = utils.pytorch_worker_info()
         state = self._worker_states.get(worker)
         self._worker_states = None  # applied once (a persistent worker starts the next epoch afresh)

@@ -73,7 +73,7 @@ def read_records(stream: IO[bytes], fmt: str, url: str = "") -> Iterator[Any]:
 def _samples(src: Iterable[dict], fmt: str, handler: Callable, opener: Optional[Callable]) -> Iterator[Any]:
     import io
 
-    from .gopen import gopen
+    from .io.open import gopen
 
     for source in src:
         url = source["url"]
@@ -115,7 +115,7 @@ class RecordWriter:
         self._module = _module(fmt)
         self.fmt = fmt
         if isinstance(target, str):
-            from .gopen import gopen
+            from .io.open import gopen
 
             self.stream = gopen(target, "wb")
         else:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 import braceexpand
 
 from . import config, utils
-from .security import untrusted
+from .io.security import untrusted
 from .stages import PipelineStage, pipelinefilter
 
 __all__ = [
@@ -73,7 +73,7 @@ def _spec_file_urls(url: str) -> list[str]:
 
     The URLs come from data, so any ``pipe:`` among them is untrusted.
     """
-    from .gopen import gopen
+    from .io.open import gopen
 
     with gopen(url) as stream:
         text = stream.read().decode("utf-8")
@@ -97,7 +97,7 @@ def index_counts(source: Any) -> Optional[dict]:
     :func:`expand_source` resolves them.
     """
     if isinstance(source, str) and source.endswith(".json"):
-        from .gopen import gopen
+        from .io.open import gopen
 
         with gopen(source) as stream:
             spec = json.loads(stream.read().decode("utf-8"))
@@ -248,18 +248,18 @@ class _Epochs:
         """The epoch of the most recent pass (the order of the shards follows from it)."""
         return {"epoch": self.epoch, "config": self._config()}
 
-    def _fast_state(self) -> dict:
+    def transport_state(self) -> dict:
         """:meth:`state_dict`, made once per epoch (a loader asks for it with every batch; it is not changed)."""
         cached = self.__dict__.get("_fast_cache")
         if cached is None or cached["epoch"] != self.epoch:
             cached = self._fast_cache = self.state_dict()
         return cached
 
-    def _next_pass_state(self) -> dict:
+    def next_pass_state(self) -> dict:
         return {"epoch": self.epoch if self._epoch_set else self.epoch + 1, "config": self._config()}
 
     def load_state_dict(self, state: dict) -> None:
-        from .resume import check_same, expect
+        from .resume.state import check_same, expect
 
         expect(state, "shard list", dict, epoch=int, config=dict)
         check_same("shard list", state.get("config") or {}, self._config())

@@ -82,7 +82,8 @@ def obsolete(arg: Any = None, *, reason: str = "") -> Any:
     return wrap
 
 
-def _torch_distributed(group: Any = None) -> tuple[int, int]:
+def torch_distributed(group: Any = None) -> tuple[int, int]:
+    """(rank, world size) from torch.distributed when a process group is up, else (0, 1); never imports torch."""
     torch = sys.modules.get("torch")
     if torch is None:
         return 0, 1
@@ -117,7 +118,7 @@ def pytorch_worker_info(group: Any = None) -> tuple[int, int, int, int]:
     from . import config
 
     settings = config.current()
-    rank, world_size = _torch_distributed(group)
+    rank, world_size = torch_distributed(group)
     if world_size == 1 and _inherited is not None and group is None:
         rank, world_size = _inherited
     if world_size == 1 and settings.world_size is not None:

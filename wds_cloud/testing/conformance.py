@@ -42,11 +42,11 @@ import pytest
 
 import time
 
-from .. import gopen
+from ..io.open import gopen
 from ..compat import WebDataset
 from ..errors import CredentialsError, ObjectChangedError, TransferError, WdsCloudError
 from .faults import FaultProxy
-from ..gopen import open_backend
+from ..io.open import open_backend
 from ..writer import ShardWriter
 
 __all__ = ["BackendConformance"]

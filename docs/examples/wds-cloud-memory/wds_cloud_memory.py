@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 
 from wds_cloud import hookimpl
-from wds_cloud.backend import Backend, ObjectInfo
+from wds_cloud.io import Backend, ObjectInfo
 from wds_cloud.errors import ShardNotFoundError
 
 #: The store: object URL -> bytes.  Shared by every backend instance in the process.

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from .errors import (
+from ..errors import (
     CredentialsError,
     ObjectChangedError,
     ShardNotFoundError,

@@ -21,7 +21,7 @@ import lzma
 import zlib
 from typing import IO, Any, Callable, Iterator, Optional
 
-from .errors import CorruptShardError, MissingExtraError, redact
+from ..errors import CorruptShardError, MissingExtraError, redact
 
 __all__ = ["TarMembers", "open_decompressed", "detect_compression", "CHUNK", "MAX_META_SIZE"]
 

@@ -113,14 +113,14 @@ class FsspecFallbackBackend(FsspecBackend):
         try:
             return fsspec.filesystem(self.scheme, skip_instance_cache=True, **self.storage_options)
         except ImportError as exc:
-            from .errors import MissingExtraError
+            from ..errors import MissingExtraError
 
             raise MissingExtraError(f"{self.scheme}:// is served through fsspec, whose driver is not installed: "
                                     f"{self.hint or exc}") from exc
 
     @staticmethod
     def translate(exc: BaseException, url: str) -> BaseException:
-        from .errors import ShardNotFoundError, WdsCloudError, redact
+        from ..errors import ShardNotFoundError, WdsCloudError, redact
 
         if isinstance(exc, WdsCloudError):
             return exc

@@ -18,7 +18,7 @@ import time
 import weakref
 from typing import Optional
 
-from .errors import PipeError, redact
+from ..errors import PipeError, redact
 
 __all__ = ["Pipe"]
 

@@ -12,7 +12,7 @@ import tempfile
 import weakref
 from typing import Any, Callable, Optional
 
-from .errors import redact
+from ..errors import redact
 
 __all__ = ["FsspecUpload", "SpooledPut"]
 

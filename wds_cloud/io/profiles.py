@@ -21,8 +21,8 @@ import os
 import threading
 from typing import Any, Optional
 
-from .config import Settings
-from .errors import ConfigError
+from ..config import Settings
+from ..errors import ConfigError
 
 __all__ = ["load_profiles", "options_for"]
 

@@ -10,8 +10,8 @@ import dataclasses
 import importlib.util
 from typing import IO, Any, Callable, Iterator, Optional, Sequence
 
-from .config import Settings
-from .errors import MissingExtraError
+from ..config import Settings
+from ..errors import MissingExtraError
 
 __all__ = ["Backend", "ReadStream", "ObjectInfo", "missing_modules", "require", "fsspec_list", "read_to_end", "skip"]
 

@@ -14,7 +14,7 @@ import os
 import uuid
 import weakref
 
-from .errors import redact
+from ..errors import redact
 
 __all__ = ["AtomicFile", "temp_name_for"]
 

@@ -16,10 +16,13 @@ the interrupted run was due to follow.
 from __future__ import annotations
 
 import pickle
+from collections import deque
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from .pytorch import IterableDataset
-from .stages import PipelineStage
+from ..pytorch import IterableDataset
+from ..stages import PipelineStage
+from .protocol import transport_state
+from .shuffle import apply_journal, buffer_locations
 
 __all__ = ["EndMark", "Unavailable", "TAG", "seal", "tagged", "Ended", "StateCollate", "Untag", "note", "resolve",
            "jsonable"]
@@ -61,8 +64,6 @@ def note(state: Any, mirrors: dict, key: tuple) -> None:
 
 def resolve(state: Any, mirrors: dict, key: tuple) -> Any:
     """A worker's full state from the last delta it sent: the noted journals replayed onto the buffers."""
-    from .filters import apply_journal, buffer_locations
-
     if not isinstance(state, dict) or "stages" not in state:
         return state
     stages = []
@@ -189,8 +190,7 @@ class StateCollate:
                 ended = info.dataset  # the copy this worker iterates (spawned workers unpickle it separately)
         dataset = ended.dataset
         try:
-            fast = getattr(dataset, "_fast_state", None)
-            state = fast() if fast is not None else dataset.state_dict()
+            state = transport_state(dataset)
         except Exception as exn:  # never from iteration: state_dict() raises it, if it is ever asked for
             state = Unavailable(f"{type(exn).__name__}: {exn}")
         whole = None
@@ -287,12 +287,10 @@ class Untag(PipelineStage):
         return None
 
     def _reorder(self, src: Iterable, n: int) -> Iterator:
-        from collections import deque
-
         queues = [deque() for _ in range(n)]
         for t in src:
             if self.dataset is not None:
-                self.dataset._worker_states = None  # the workers have their states now
+                self.dataset.set_worker_states(None)  # the workers have their states now
             if not tagged(t):
                 yield t
                 continue

@@ -13,7 +13,7 @@ import lzma
 import zlib
 from typing import IO, Any, Optional
 
-from .errors import MissingExtraError, SampleError
+from ..errors import MissingExtraError, SampleError
 
 __all__ = ["MemberWriter", "Compressor", "compression_for", "END_OF_ARCHIVE", "RECORD"]
 

@@ -22,25 +22,14 @@ import pluggy
 
 from . import hookspecs
 from .backend import Backend, missing_modules
-from .config import Settings
-from .errors import PluginConflictError, PluginError, UnknownSchemeError, redact
+from .fsbackend import FsspecFallbackBackend, fsspec_protocols
+from .urls import split_scheme
+from ..config import Settings
+from ..errors import PluginConflictError, PluginError, UnknownSchemeError, redact
 
 __all__ = ["Claim", "Registrar", "Registry", "get_registry", "reset", "split_scheme"]
 
 log = logging.getLogger("wds_cloud.registry")
-
-
-def split_scheme(url: str) -> tuple[Optional[str], str]:
-    """Split ``url`` into (scheme, rest); a bare path or a Windows drive has no scheme."""
-    if url == "-":
-        return None, url
-    colon = url.find(":")
-    if colon < 2:  # no colon, or a one-letter "scheme" such as C:\ is a path
-        return None, url
-    scheme = url[:colon]
-    if not (scheme[0].isalpha() and all(c.isalnum() or c in "+.-" for c in scheme)):
-        return None, url
-    return scheme.lower(), url[colon + 1 :]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +177,6 @@ class Registry:
 
     def fallback_claims(self) -> dict[str, Claim]:
         """Claims for the protocols fsspec knows that no plugin claims ("fsspec (fallback)")."""
-        from .fsbackend import FsspecFallbackBackend, fsspec_protocols
 
         out = {}
         for scheme, (cls, hint) in sorted(fsspec_protocols().items()):

@@ -41,7 +41,7 @@ import zlib
 from typing import Any, Callable, Optional
 
 from .backend import read_to_end
-from .errors import ObjectChangedError, TransferError, redact
+from ..errors import ObjectChangedError, TransferError, redact
 from .resilient import StatsSink, TransferStats
 
 __all__ = ["ShardCache", "CachedShard"]
@@ -239,7 +239,7 @@ class ShardCache:
     def __init__(self, directory: str, size_limit: Optional[int] = None, *,
                  url_to_name: Optional[Callable[[str], str]] = None, stats: Optional[StatsSink] = None,
                  verify: bool = False) -> None:
-        from .cache import url_to_cache_name
+        from .opener import url_to_cache_name
 
         self.directory = os.path.abspath(os.path.expanduser(directory))
         self.size_limit = size_limit if size_limit and size_limit > 0 else None

@@ -10,8 +10,8 @@ set ``WDS_ALLOW_UNTRUSTED_PIPES=1``.  ``WDS_SECURE=1`` (or
 
 from __future__ import annotations
 
-from .config import Settings
-from .errors import SecurityError, redact
+from ..config import Settings
+from ..errors import SecurityError, redact
 
 __all__ = ["UntrustedURL", "is_secure", "check_pipe", "untrusted"]
 
@@ -28,7 +28,7 @@ def untrusted(url: str) -> UntrustedURL:
 
 def is_secure(settings: Settings) -> bool:
     """True when security is enforced by the settings or by ``utils.enforce_security``."""
-    from . import utils  # the module-level flag is read at call time, as upstream users expect
+    from .. import utils  # the module-level flag is read at call time, as upstream users expect
 
     return bool(settings.secure or utils.enforce_security)
 

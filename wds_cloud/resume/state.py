@@ -31,7 +31,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from .errors import StateMismatchError, redact
+from ..errors import StateMismatchError, redact
 
 __all__ = ["CountedRandom", "FORMAT", "StateURL", "check_same", "expect", "refetch", "same_url", "shown_url",
            "url_id"]
@@ -156,7 +156,7 @@ def check_same(what: str, saved: dict, current: dict) -> None:
 
 
 def _is_local(url: str) -> bool:
-    from .registry import split_scheme
+    from ..io.registry import split_scheme
 
     return split_scheme(url)[0] in (None, "file")
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Optional
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .config import Settings
+    from ..config import Settings
     from .registry import Registrar
 
 PROJECT = "wds_cloud"

@@ -1,0 +1,292 @@
+"""Open a URL for reading or writing: rewrite, then registry, then backend.
+
+``gopen(url, mode="rb", bufsize=...)`` keeps webdataset's signature.  Openers
+assigned into :data:`gopen_schemes` (``gopen_schemes["foo"] = fn``) are called as
+``fn(url, mode, bufsize)`` and take precedence over the registry, as they did
+upstream; every other scheme is served by the plugin registry.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+from collections.abc import MutableMapping
+from typing import IO, Any, Callable, Iterator, Optional
+
+from .. import config
+from . import profiles
+from ..config import Settings
+from ..errors import SecurityError, UnknownSchemeError, WdsCloudError, redact
+from .pipes import Pipe
+from .registry import get_registry, split_scheme
+from .resilient import ResumableStream, RetryPolicy
+from .security import UntrustedURL, is_secure, untrusted
+
+__all__ = [
+    "gopen", "gopen_schemes", "rewrite_url", "reader", "gopen_file", "gopen_pipe", "gopen_curl",
+    "gopen_error", "Pipe", "open_backend",
+]
+
+log = logging.getLogger("wds_cloud.gopen")
+
+_READ_MODES = {"rb", "r"}
+_WRITE_MODES = {"wb", "w"}
+
+
+def rewrite_url(url: str, settings: Optional[Settings] = None) -> str:
+    """Apply ``WDS_REWRITE``/``GOPEN_REWRITE`` prefix rules, then the plugins' rewrite hook.
+
+    The first matching rule wins (``WDS_REWRITE`` rules are tried before
+    ``GOPEN_REWRITE`` ones).  A rewrite that produces a ``pipe:`` URL from
+    something else yields an untrusted URL, which runs only with
+    ``WDS_ALLOW_UNTRUSTED_PIPES=1``.
+    """
+    settings = settings or config.current()
+    if settings.rewrites and is_secure(settings):
+        raise SecurityError(
+            f"refusing to rewrite {redact(url)!r}: rewriting URLs from GOPEN_REWRITE/WDS_REWRITE is not allowed "
+            "while WDS_SECURE=1 (or utils.enforce_security) is set (webdataset: rewrite_url: unsafe_gopen is "
+            "False, cannot rewrite URLs using environment variables); unset the rewrite rules or security",
+            url=url)
+    original = url
+    for prefix, replacement in settings.rewrites:
+        if url.startswith(prefix):
+            url = replacement + url[len(prefix):]
+            break
+    else:
+        hooked = get_registry(settings).rewrite(url)
+        if hooked is not None:
+            url = hooked
+    if url != original:
+        log.debug("rewrote %s -> %s", redact(original), redact(url))
+        if isinstance(original, UntrustedURL) or (
+                split_scheme(url)[0] == "pipe" and split_scheme(original)[0] != "pipe"):
+            url = untrusted(url)  # data stays data, and a rule that makes a command is not the program's own
+    return url
+
+
+def _annotate(exc: BaseException, given: str, rewritten: str) -> None:
+    """Add the URL the user gave to an error raised for its rewritten form."""
+    note = f"(the URL given was {redact(given)!r}, rewritten to {redact(rewritten)!r})"
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    elif isinstance(exc, WdsCloudError) and exc.args:
+        exc.args = (f"{exc.args[0]} {note}",) + exc.args[1:]
+
+
+def open_backend(url: str, settings: Optional[Settings] = None, storage_options: Optional[dict] = None):
+    """The backend object that serves ``url`` (no rewriting).
+
+    Schemes named in ``USE_AIS_FOR`` go to the ``ais`` backend, which fetches them
+    through the AIStore gateway; storage options come from the matching profiles
+    of the profiles file, then from ``storage_options``.
+    """
+    settings = settings or config.current()
+    scheme = split_scheme(url)[0] or "file"
+    registry = get_registry(settings)
+    if scheme in settings.use_ais_for:
+        return registry.backend("ais", url, settings)
+    options = profiles.options_for(url, settings, storage_options) if scheme not in ("file", "pipe") else (
+        storage_options or {})
+    return registry.backend(scheme, url, settings, **options)
+
+
+def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0, length: Optional[int] = None,
+          storage_options: Optional[dict] = None, settings: Optional[Settings] = None,
+          retries: Optional[int] = None, timeout: Optional[float] = None, stats: Any = None,
+          **kw: Any) -> IO[bytes]:
+    """Open ``url`` as a binary stream; ``mode`` is ``"rb"`` or ``"wb"``.
+
+    ``offset`` starts a read at that byte and ``length`` ends it after that many
+    bytes (a ranged read: stores that support it send no more); ``storage_options`` go to the backend
+    (fsspec-style: credentials, endpoint, ...).  Remote reads resume after faults
+    at the next unread byte (``retries`` attempts per fault, ``timeout`` seconds
+    of silence count as a stall; defaults from ``WDS_RETRIES``/``WDS_RETRY_TIMEOUT``),
+    and add their transfer figures to ``stats`` (a :class:`~wds_cloud.resilient.StatsSink`).
+    A stream opened for writing publishes its object only when closed without error.
+    """
+    url = os.fspath(url) if not isinstance(url, str) else url
+    if mode not in _READ_MODES | _WRITE_MODES:
+        raise ValueError(f"gopen mode must be 'rb' or 'wb', not {mode!r}")
+    settings = settings or config.current()
+    if settings.verbose:
+        log.info("gopen %s %s", redact(url), mode)
+    given = url
+    url = rewrite_url(url, settings)
+    try:
+        scheme, _ = split_scheme(url)
+        if scheme in (None, "file") and url != "-" and is_secure(settings):
+            raise SecurityError(
+                f"refusing to open the local file {redact(url)!r}: local paths and file: URLs are not allowed "
+                "while WDS_SECURE=1 (or utils.enforce_security) is set (webdataset: gopen: unsafe_gopen is "
+                "False, cannot open local files); read shards from a storage URL such as s3:// or https://",
+                url=url)
+        legacy = _user_openers.get(scheme or "__default__")
+        if legacy is not None:
+            return legacy(url, mode, bufsize, **kw)
+        backend = open_backend(url, settings, storage_options)
+        if mode not in _READ_MODES:
+            return backend.open_write(url, bufsize=bufsize)
+        if not backend.resumable:
+            stream = backend.open_read(url, offset=offset, bufsize=bufsize)
+            return stream if length is None else _Bounded(stream, length)
+        policy = RetryPolicy(attempts=max(1, retries if retries is not None else settings.retries),
+                             backoff=settings.retry_backoff,
+                             timeout=timeout if timeout is not None else settings.retry_timeout)
+
+        end = offset + length if length is not None else None
+        ranged = end is not None and getattr(backend, "ranged_reads", False)
+
+        def opener(at: int, version: Optional[str]) -> IO[bytes]:
+            if ranged:
+                return backend.open_read(url, offset=at, bufsize=bufsize, version=version, timeout=policy.timeout,
+                                         length=end - at)
+            return backend.open_read(url, offset=at, bufsize=bufsize, version=version, timeout=policy.timeout)
+
+        return ResumableStream(opener, url, offset, policy, stats, end=end)
+    except Exception as exc:
+        if url != given:
+            _annotate(exc, given, url)
+        raise
+
+
+class _Bounded:
+    """At most ``length`` bytes of ``stream`` (a ranged read over a backend that streams to the end)."""
+
+    def __init__(self, stream: IO[bytes], length: int) -> None:
+        self._stream = stream
+        self._left = length
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0 or size > self._left:
+            size = self._left
+        data = self._stream.read(size) if size else b""
+        self._left -= len(data)
+        return data
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")[:self._left]
+        if not len(view):
+            return 0
+        readinto = getattr(self._stream, "readinto", None)
+        if readinto is None:
+            data = self._stream.read(len(view))
+            n = len(data)
+            view[:n] = data
+        else:
+            n = readinto(view)
+        self._left -= n
+        return n
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._stream.close()
+
+    @property
+    def closed(self) -> bool:
+        return getattr(self._stream, "closed", False)
+
+    def __enter__(self) -> "_Bounded":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def reader(url: Any, **kw: Any) -> IO[bytes]:
+    """Open ``url`` for reading (``gopen(url, "rb", ...)``)."""
+    return gopen(url, "rb", **kw)
+
+
+def _via_registry(scheme: str) -> Callable[..., IO[bytes]]:
+    def opener(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> IO[bytes]:
+        settings = config.current()
+        backend = get_registry(settings).backend(scheme, url, settings)
+        if mode in _READ_MODES:
+            return backend.open_read(url, offset=kw.get("offset", 0), bufsize=bufsize)
+        return backend.open_write(url, bufsize=bufsize)
+
+    opener.__name__ = f"gopen_{scheme}"
+    opener.__doc__ = f"Open a {scheme}: URL through the registered backend."
+    return opener
+
+
+def gopen_file(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> IO[bytes]:
+    """Open a local path or ``file:`` URL."""
+    return _via_registry("file")(url, mode, bufsize, **kw)
+
+
+def gopen_pipe(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> IO[bytes]:
+    """Open a ``pipe:`` URL (subject to ``WDS_SECURE``)."""
+    return _via_registry("pipe")(url, mode, bufsize, **kw)
+
+
+def gopen_curl(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> IO[bytes]:
+    """Read or upload ``url`` with the ``curl`` command, as webdataset did.
+
+    Prefer the ``http`` backend: a URL with credentials in it would be visible
+    on curl's command line.
+    """
+    from .security import check_pipe
+
+    check_pipe("pipe:curl", config.current())
+    quoted = shlex.quote(url)
+    if mode in _READ_MODES:
+        return Pipe(f"curl --fail -sS -L {quoted}", "rb", bufsize, url=url)
+    return Pipe(f"curl --fail -sS -L -T - {quoted}", "wb", bufsize, url=url)
+
+
+def gopen_error(url: str, *args: Any, **kw: Any) -> IO[bytes]:
+    """An opener that always fails: assign it to a scheme to forbid that scheme."""
+    raise UnknownSchemeError(f"{redact(url)}: this scheme is disabled (gopen_schemes maps it to gopen_error)",
+                             url=url)
+
+
+_user_openers: dict[str, Callable[..., IO[bytes]]] = {}
+
+
+class _SchemeTable(MutableMapping):
+    """``gopen_schemes``: the registry's schemes as a dict of ``fn(url, mode, bufsize)`` openers.
+
+    Assigning installs an opener that wins over the registry for that scheme;
+    deleting removes such an assignment (registered backends cannot be deleted).
+    ``"__default__"`` is the opener for bare paths.
+    """
+
+    def _registered(self) -> list[str]:
+        return get_registry(config.current()).schemes()
+
+    def __getitem__(self, scheme: str) -> Callable[..., IO[bytes]]:
+        if scheme in _user_openers:
+            return _user_openers[scheme]
+        if scheme == "__default__":
+            return gopen_file
+        if scheme in self._registered():
+            return _via_registry(scheme)
+        raise KeyError(scheme)
+
+    def __setitem__(self, scheme: str, opener: Callable[..., IO[bytes]]) -> None:
+        if not callable(opener):
+            raise TypeError(f"gopen_schemes[{scheme!r}] must be a callable fn(url, mode, bufsize)")
+        _user_openers[scheme] = opener
+
+    def __delitem__(self, scheme: str) -> None:
+        if scheme not in _user_openers:
+            raise KeyError(f"{scheme!r} was not assigned in gopen_schemes; registered backends stay "
+                           "(disable a plugin with WDS_DISABLE_PLUGINS)")
+        del _user_openers[scheme]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(set(self._registered()) | set(_user_openers) | {"__default__"}))
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+    def __repr__(self) -> str:
+        return f"gopen_schemes({list(self)})"
+
+
+gopen_schemes = _SchemeTable()

@@ -1,0 +1,86 @@
+"""Facts about a URL, each decided in one place: its scheme, whether it is local, its cache name.
+
+Everything that asks "is this a local file?" (opening, the shard cache, resume)
+asks :func:`is_local`; everything that needs the scheme asks :func:`split_scheme`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from typing import Optional
+
+__all__ = ["split_scheme", "is_local", "local_path", "pipe_cleaner", "url_to_cache_name"]
+
+_URLISH = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://\S+$")
+
+
+def split_scheme(url: str) -> tuple[Optional[str], str]:
+    """Split ``url`` into (scheme, rest); a bare path or a Windows drive has no scheme."""
+    if url == "-":
+        return None, url
+    colon = url.find(":")
+    if colon < 2:  # no colon, or a one-letter "scheme" such as C:\ is a path
+        return None, url
+    scheme = url[:colon]
+    if not (scheme[0].isalpha() and all(c.isalnum() or c in "+.-" for c in scheme)):
+        return None, url
+    return scheme.lower(), url[colon + 1 :]
+
+
+def is_local(url: str) -> bool:
+    """Whether ``url`` names a file of this machine: a bare path or a ``file:`` URL (``-`` is not: it is stdio)."""
+    return url != "-" and split_scheme(url)[0] in (None, "file")
+
+
+def local_path(url: str) -> str:
+    """The filesystem path of a bare path or ``file:`` URL."""
+    url = os.fspath(url)
+    if url.startswith("file://"):
+        rest = url[7:]
+        return rest[len("localhost"):] if rest.startswith("localhost/") else rest
+    if url.startswith("file:"):
+        return url[5:]
+    return url
+
+
+def pipe_cleaner(spec: str) -> str:
+    """The object URL inside a ``pipe:`` command (``pipe:curl -s https://h/x.tar`` -> ``https://h/x.tar``)."""
+    if not spec.startswith("pipe:"):
+        return spec
+    for token in reversed(spec[5:].split()):
+        token = token.strip("'\"")
+        if _URLISH.match(token):
+            return token
+    return spec
+
+
+def url_to_cache_name(url: str, ndir: int = 0) -> str:
+    """A safe, collision-free, readable cache file name for ``url``.
+
+    Readable part: scheme, bucket/host and path joined by ``__`` with unsafe
+    characters replaced; a hash of the whole URL keeps distinct URLs apart.
+    """
+    url = pipe_cleaner(url)
+    scheme, rest = split_scheme(url)
+    # The readable part never holds a credential: no userinfo, no query (signatures, tokens, SAS);
+    # the hash of the whole URL keeps URLs that differ only there apart.
+    if rest.startswith("//"):
+        authority, _, path = rest[2:].partition("/")
+        rest = "//" + authority.rpartition("@")[2] + "/" + path
+    if not is_local(url):
+        rest = rest.split("?", 1)[0].split("#", 1)[0]
+    if scheme == "pipe":  # a command with no URL in it: only its last word (options may hold tokens)
+        rest = (rest.split() or ["shard"])[-1]
+    readable = (scheme or "file") + "__" + rest.lstrip("/")
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", readable.replace("/", "__")).strip("._") or "shard"
+    digest = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    base, ext = _split_ext(readable)
+    base = base[-(150 - len(ext)):]  # bounded length, keeping the end of the path (the shard name)
+    return f"{base}.{digest}{ext}"
+
+
+def _split_ext(name: str) -> tuple[str, str]:
+    m = re.search(r"(\.tar(\.gz|\.bz2|\.xz|\.zst)?|\.tgz)$", name)
+    return (name[:m.start()], m.group(0)) if m else (name, "")

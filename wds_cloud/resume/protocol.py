@@ -1,0 +1,97 @@
+"""The protocol a pipeline stage implements to take part in resume.
+
+A stage is :class:`Resumable` when it has ``state_dict()`` and
+``load_state_dict(state)``; ``DataPipeline.state_dict()`` gathers the states of
+its resumable stages, by position, and gives each its own back on load.  Two
+more methods are optional, with public names, and called only when present:
+
+``next_pass_state()``
+    The state that starts the stage's *next* pass.  Asked when a state is
+    taken after ``iter()`` but before the first item of a new pass (torchdata's
+    loader does this); without it, ``state_dict()`` is used.
+``transport_state()``
+    A state for a loader that asks with every batch and ships it between
+    processes: it may hold ``array``\\ s or deltas, as long as ``state_dict()``
+    of the main process can be rebuilt from it.  Without it, ``state_dict()``.
+
+A stage that holds items across steps and cannot say where they came from sets
+``resumable = False``: the pipeline still iterates as before, and only asking it
+for a state raises :class:`~wds_cloud.errors.NotResumableError` naming the stage.
+
+The built-in shard reader and shuffle play two further roles, declared here so
+that the pipeline wires them by what they do, never by their class names:
+a :class:`SampleSource` knows the shard and byte range of each sample it
+yields and can yield given ranges again; a :class:`BufferingStage` keeps
+samples across steps and saves them as such ranges, so it must be fed by a
+``SampleSource`` of the same pipeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Protocol, Sequence, runtime_checkable
+
+__all__ = ["Resumable", "SampleSource", "BufferingStage", "is_resumable", "declines_resume", "next_pass_state",
+           "transport_state"]
+
+
+@runtime_checkable
+class Resumable(Protocol):
+    """A stage that can save where it stands and continue from there (see the module docstring)."""
+
+    def state_dict(self) -> dict:
+        """Where the stage stands at the last item it yielded: plain JSON (dicts, lists, str, int, float, bool)."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next pass continue from ``state``; check it (a state is input) and raise
+        :class:`~wds_cloud.errors.StateMismatchError` naming the field that does not fit."""
+
+
+@runtime_checkable
+class SampleSource(Resumable, Protocol):
+    """A stage whose samples are byte ranges of shards, which it can fetch again.
+
+    ``cursor`` tells where the sample last yielded came from (``shard``: its index among
+    this worker's shards, ``url``, ``compressed``, ``where``: ``[start, end, samples, next
+    member]``); it is read per sample by a buffering stage, so it is an attribute.
+    """
+
+    cursor: Any
+
+    def set_replay(self, locations: Sequence[tuple]) -> None:
+        """Yield the samples at ``locations`` (``(url, start, end, compressed, ref)``) first on the next pass."""
+
+
+@runtime_checkable
+class BufferingStage(Resumable, Protocol):
+    """A stage that keeps samples across steps and saves them as locations in their shards."""
+
+    def attach_source(self, source: Optional[SampleSource]) -> None:
+        """Tell the stage which sample source feeds it directly (None: none does)."""
+
+    def replay_locations(self, state: dict) -> list:
+        """``(url, start, end, compressed, ref)`` of the samples buffered in ``state``, in buffer order."""
+
+    def resume_blocker(self, feeder: str) -> str:
+        """Why this stage cannot be resumed when no sample source feeds it (``feeder`` says what does)."""
+
+
+def is_resumable(stage: Any) -> bool:
+    """Whether ``stage`` takes part in resume (it implements :class:`Resumable` and does not decline)."""
+    return isinstance(stage, Resumable) and getattr(stage, "resumable", True) is not False
+
+
+def declines_resume(stage: Any) -> bool:
+    """Whether ``stage`` says it cannot be resumed (``resumable = False``)."""
+    return getattr(stage, "resumable", True) is False
+
+
+def next_pass_state(stage: Any) -> dict:
+    """``stage.next_pass_state()`` where it has one, else ``stage.state_dict()``."""
+    method = getattr(stage, "next_pass_state", None)
+    return method() if method is not None else stage.state_dict()
+
+
+def transport_state(stage: Any) -> Any:
+    """``stage.transport_state()`` where it has one, else ``stage.state_dict()``."""
+    method = getattr(stage, "transport_state", None)
+    return method() if method is not None else stage.state_dict()

@@ -1,0 +1,295 @@
+"""The resumable shuffle: a buffer of samples whose state names where each came from.
+
+:class:`Shuffle` keeps, beside its buffer, each buffered sample's shard and byte range
+(read from the cursor of the shard reader feeding it), so its state is small and a
+resumed pass can fetch the same samples again.  For a loader that asks for a state with
+every batch it sends changes only (a journal); :func:`apply_journal` replays them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from array import array
+from typing import Any, Iterable, Iterator, Optional
+
+from ..errors import StateMismatchError
+from ..stages import PipelineStage
+from ..utils import make_seed
+from .state import CountedRandom, StateURL, check_same, expect, shown_url, url_id
+
+__all__ = ["Shuffle", "apply_journal", "buffer_locations"]
+
+
+class _ShuffleRun:
+    """The live part of one pass of a :class:`Shuffle`: its buffer, where each buffered sample came from, its RNG."""
+
+    __slots__ = ("buf", "locs", "urls", "counts", "rng", "tracked", "journal", "run_id", "journaled", "urls_list")
+
+    def __init__(self, rng: Any) -> None:
+        self.buf: list = []
+        self.locs: list = []  # (shard ref, first block, blocks) of each buffered sample, in buffer order
+        self.urls: dict = {}  # shard ref -> (url, compressed), for the refs in the buffer
+        self.counts: dict = {}  # shard ref -> buffered samples from it
+        self.rng = rng
+        self.tracked = False
+        self.journal: Optional[list] = None  # buffer changes since the last delta (see Shuffle.transport_state)
+        self.run_id = id(self)
+        self.journaled = 0  # journal entries sent since the whole buffer was last sent
+        self.urls_list: Optional[list] = None  # ``urls`` as the state lists them, kept while unchanged
+
+
+class Shuffle(PipelineStage):
+    """Shuffle through a buffer of ``bufsize`` samples, starting once ``initial`` are buffered.
+
+    Resumable: when a shard reader feeds it (``source``, wired by ``DataPipeline``),
+    the state records the RNG (:class:`~wds_cloud.resume.CountedRandom`: two integers)
+    and, for each buffered sample, the shard and byte range it came from; a
+    resumed pass gets the same samples back from the reader and puts them in
+    the same buffer positions.  ``rng`` (a ``random.Random``) is honoured;
+    its state is then saved whole.  Without ``seed`` or ``rng`` each pass draws
+    a fresh seed.  ``epoch_seeded=True`` (``detshuffle``) seeds each pass from
+    (``seed``, epoch).
+    """
+
+    def __init__(self, bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random] = None,
+                 handler: Any = None, seed: Any = None, epoch_seeded: bool = False, epoch: int = -1) -> None:
+        self.bufsize = bufsize
+        self.initial = min(initial, bufsize)
+        self.rng = rng
+        self.seed = int(seed) if isinstance(seed, str) and seed.strip().lstrip("-").isdigit() else seed
+        self.epoch_seeded = epoch_seeded
+        self.epoch = epoch
+        self.source: Any = None  # the sample source feeding this shuffle (attached by DataPipeline)
+        self._live: Optional[_ShuffleRun] = None
+        self._resume: Optional[dict] = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch - 1  # run() advances before use
+
+    # the BufferingStage role (wds_cloud.resume.protocol)
+    def attach_source(self, source: Any) -> None:
+        self.source = source
+
+    def resume_blocker(self, feeder: str) -> str:
+        return (f"(shuffle(bufsize={self.bufsize})) is not fed by a shard reader of this pipeline ({feeder}), so "
+                "the items in its buffer could not be fetched again on resume. To make the pipeline resumable, "
+                "read the shards with wds.tarfile_to_samples() (or use WebDataset) before this shuffle, and "
+                "shuffle shards with WebDataset(shardshuffle=...) or detshuffle rather than a sample shuffle")
+
+    def _make_rng(self) -> Any:
+
+        if self.rng is not None:
+            return self.rng
+        if self.epoch_seeded:
+            return CountedRandom(make_seed(self.seed, self.epoch))
+        return CountedRandom(self.seed)
+
+    def run(self, src: Iterable) -> Iterator:
+        resume, self._resume = self._resume, None
+        if resume is not None and "epoch" in resume:
+            self.epoch = resume["epoch"]
+        elif self.epoch_seeded:
+            self.epoch += 1
+        live = _ShuffleRun(self._make_rng())
+        self._live = live
+        return self._shuffle(src, live, resume)
+
+    def _shuffle(self, src: Iterable, live: _ShuffleRun, resume: Optional[dict]) -> Iterator:
+        buf, locs, urls, counts = live.buf, live.locs, live.urls, live.counts
+        cursor = getattr(self.source, "cursor", None)
+        live.tracked = cursor is not None
+        rng = live.rng
+        randbelow = getattr(rng, "randbelow", None) or (lambda n: rng.randint(0, n - 1))
+        bufsize, initial = self.bufsize, self.initial
+
+        def add(sample: Any) -> None:
+            buf.append(sample)
+            if cursor is not None:
+                ref = cursor.shard
+                if ref in counts:
+                    counts[ref] += 1
+                else:
+                    counts[ref] = 1
+                    urls[ref] = (cursor.url, cursor.compressed)
+                where = cursor.where
+                start = where[0]
+                loc = (ref, start >> 9, (where[1] - start) >> 9)  # tar offsets are in 512-byte blocks
+                locs.append(loc)
+                if live.journal is not None:
+                    live.journal.append(loc)
+
+        def pick() -> Any:
+            k = randbelow(len(buf))
+            buf[k], buf[-1] = buf[-1], buf[k]
+            if cursor is not None:
+                locs[k], locs[-1] = locs[-1], locs[k]
+                ref = locs.pop()[0]
+                counts[ref] -= 1
+                if not counts[ref]:
+                    del counts[ref], urls[ref]
+                if live.journal is not None:
+                    live.journal.append((~k,))
+            return buf.pop()
+
+        it = iter(src)
+        if resume is not None:
+
+            for _ in range(len(resume.get("buffer") or ())):
+                try:
+                    add(next(it))
+                except StopIteration:
+                    raise StateMismatchError("the shuffle buffer could not be refilled on resume: the stages "
+                                             "between the shard reader and the shuffle dropped samples") from None
+            if "rng" in resume:
+                if isinstance(rng, random.Random):
+                    version, internal, gauss = resume["rng"]
+                    rng.setstate((version, tuple(internal), gauss))
+                else:
+                    rng.setstate(resume["rng"])
+        for sample in it:
+            add(sample)
+            if len(buf) < bufsize:
+                try:
+                    add(next(it))  # grow the buffer while consuming
+                except StopIteration:
+                    pass
+            if len(buf) >= initial:
+                yield pick()
+        while buf:
+            yield pick()
+
+    def _config(self) -> dict:
+        return {"bufsize": self.bufsize, "initial": self.initial}
+
+    def state_dict(self) -> dict:
+        """The RNG and, for each buffered sample, ``[shard ref, first block, blocks]``: plain JSON.
+
+        Positions are in 512-byte tar blocks (``"block": 512``); ``"urls"`` maps shard refs to URLs.
+        """
+        if self._resume is not None:  # loaded, not yet iterated: still that state
+            return dict(self._resume)
+        live = self._live
+        if live is None:
+            return {"fresh": True, "config": self._config()}
+        state = self._head(live)
+        state["urls"] = [list(entry) for entry in state["urls"]]  # the live list is shared with transport_state
+        state["buffer"] = list(live.locs)  # tuples: JSON arrays
+        return state
+
+    def _head(self, live: _ShuffleRun) -> dict:
+        if live.buf and not live.tracked:
+
+            raise StateMismatchError(
+                "this shuffle is not fed by a shard reader of the same pipeline, so the samples in its buffer "
+                "cannot be fetched again on resume; shuffle inside the dataset (WebDataset(...).shuffle(n)), "
+                "or take the state where the buffer is empty")
+        rng = live.rng.getstate()
+        urls = live.urls
+        cached = live.urls_list
+        if cached is None or len(cached) != len(urls) or any(entry[0] not in urls for entry in cached):
+
+            # redacted, with a hash to match them by: no credential ever reaches a checkpoint
+            cached = live.urls_list = [[ref, shown_url(url), compressed, url_id(url)]
+                                       for ref, (url, compressed) in urls.items()]
+        state = {"config": self._config(), "rng": list(rng) if not isinstance(rng, list) else rng,
+                 "urls": cached, "block": 512}
+        if self.epoch_seeded:
+            state["epoch"] = self.epoch
+        return state
+
+    def transport_state(self) -> dict:
+        """The state as a delta, for a loader that sends one with every batch (see ``compat.WebLoader``).
+
+        The first call of a pass sends the whole buffer (``"buffer"``) and starts a journal;
+        later calls send only the journal (``"journal"``: the changes since, in order), which
+        :func:`apply_journal` replays onto the previous buffer.  Both are flat integer arrays
+        (``array("q")``), which cost a copy of their bytes to pickle where lists of tuples
+        cost a call per element: a locations is its three integers, a pick of buffer index
+        ``k`` is ``~k`` (negative).
+        """
+        if self._resume is not None or self._live is None:
+            return self.state_dict()
+        live = self._live
+        state = self._head(live)
+        state["run"] = live.run_id
+        journal = live.journal
+        if journal is None or live.journaled + len(journal) > 8 * len(live.locs) + 1024:
+            # the whole buffer again once the journals would outgrow it: what the loader keeps stays bounded
+            state["buffer"] = array("q", itertools.chain.from_iterable(live.locs))
+            live.journaled = 0
+        else:
+            # flattened in C: a location is its three integers, a pick of index k the one integer ~k
+            state["journal"] = array("q", itertools.chain.from_iterable(journal))
+            live.journaled += len(journal)
+        live.journal = []
+        return state
+
+    def next_pass_state(self) -> dict:
+        if self._resume is not None:
+            return dict(self._resume)
+        state = {"fresh": True, "config": self._config()}
+        if self.epoch_seeded:
+            state["epoch"] = self.epoch + 1
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+
+        expect(state, "shuffle", dict, config=dict)
+        check_same("shuffle", state.get("config") or {}, self._config())
+        if not state.get("fresh"):
+            expect(state, "shuffle", dict, rng=list, urls=list, block=(int, lambda v: v == 512, True),
+                   buffer=(list, lambda v: len(v) <= self.bufsize), epoch=(int, None, True))
+            refs = set()
+            for entry in state["urls"]:
+                if not (isinstance(entry, list) and len(entry) in (3, 4) and type(entry[0]) is int
+                        and isinstance(entry[1], str) and (len(entry) == 3 or isinstance(entry[3], str))):
+                    raise StateMismatchError(f"the saved shuffle state's 'urls' holds {entry!r:.80}, which no "
+                                             "state_dict() gives: the state was changed", field="urls")
+                refs.add(entry[0])
+            for entry in state["buffer"]:
+                if not (isinstance(entry, (list, tuple)) and len(entry) == 3
+                        and all(type(v) is int and v >= 0 for v in entry) and entry[0] in refs and entry[2] > 0):
+                    raise StateMismatchError(f"the saved shuffle state's 'buffer' holds {entry!r:.80}, which no "
+                                             "state_dict() gives: the state was changed", field="buffer")
+        self._resume = None if state.get("fresh") else state
+        if state.get("fresh") and "epoch" in state:
+            self.epoch = state["epoch"] - 1  # run() advances before use
+
+    def replay_locations(self, state: dict) -> list:
+        """``(url, start, end, compressed, ref)`` of the buffered samples of ``state``, in buffer order."""
+        if state.get("fresh"):
+            return []
+
+        urls = {entry[0]: (StateURL(entry[1], entry[3] if len(entry) > 3 else None), entry[2])
+                for entry in state.get("urls") or ()}
+        block = state.get("block", 512)
+        out = []
+        for ref, first, blocks in state.get("buffer") or ():
+            url, compressed = urls[ref]
+            out.append((url, first * block, (first + blocks) * block, bool(compressed), ref))
+        return out
+
+
+def apply_journal(buffer: list, journal: Any) -> list:
+    """Replay a :meth:`Shuffle.transport_state` journal onto ``buffer`` (a list of location tuples, in place)."""
+    out = buffer
+    i, n = 0, len(journal)
+    while i < n:
+        op = journal[i]
+        if op < 0:
+            k = ~op
+            out[k] = out[-1]
+            out.pop()
+            i += 1
+        else:
+            out.append((op, journal[i + 1], journal[i + 2]))
+            i += 3
+    return out
+
+
+def buffer_locations(flat: Any) -> list:
+    """The location tuples of a buffer sent flat (``array("q")`` of three integers each)."""
+    if not isinstance(flat, array):
+        return list(flat)
+    return list(zip(flat[0::3], flat[1::3], flat[2::3]))

@@ -1,0 +1,322 @@
+"""From shard URLs to samples: open each shard, read its members, group them into samples.
+
+A sample is the run of *adjacent* members sharing a key: by default the key
+is the member path up to the first dot of its basename and the rest, lower
+cased, is the field name (``a/b.seg.png`` -> key ``a/b``, field ``seg.png``).
+``key_rule="last_dot"`` (or any callable returning ``(key, field)``) serves
+datasets whose basenames contain periods.  Samples never span shards.
+
+``tarfile_samples`` fuses reading and grouping into one loop for speed; the
+separate stages (``url_opener``, ``tar_file_expander``, ``group_by_keys``) are
+kept for code that composes them itself, with webdataset's semantics.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
+
+from .. import config
+from ..errors import CorruptShardError, StateMismatchError, redact
+from ..handlers import reraise_exception
+from .reader import TarMembers
+
+__all__ = [
+    "base_plus_ext", "last_dot_split", "key_rule", "valid_sample", "url_opener", "tar_file_iterator",
+    "tar_file_expander", "group_by_keys", "meta_prefix", "meta_suffix", "shard_samples", "member_filter",
+    "close_quietly", "SKIP_META",
+]
+
+meta_prefix = "__"
+meta_suffix = "__"
+SKIP_META = r"__[^/]*__($|/)"
+
+
+def base_plus_ext(path: str) -> tuple[Optional[str], Optional[str]]:
+    """Split at the first dot of the basename: ``a/b.seg.png`` -> ``("a/b", "seg.png")``.
+
+    A basename without a dot, or starting with one, gives ``(None, None)``.
+    """
+    slash = path.rfind("/")
+    dot = path.find(".", slash + 1)
+    if dot <= slash + 1:
+        return None, None
+    return path[:dot], path[dot + 1:]
+
+
+def last_dot_split(path: str) -> tuple[Optional[str], Optional[str]]:
+    """Split at the last dot of the basename: ``a/img.v2.png`` -> ``("a/img.v2", "png")``."""
+    slash = path.rfind("/")
+    dot = path.rfind(".")
+    if dot <= slash + 1:
+        return None, None
+    return path[:dot], path[dot + 1:]
+
+
+_RULES = {"first_dot": base_plus_ext, "last_dot": last_dot_split}
+
+
+def key_rule(rule: Union[str, Callable[[str], tuple], None]) -> Callable[[str], tuple]:
+    """The key/field splitter for ``rule``: ``"first_dot"`` (default), ``"last_dot"``, or a callable."""
+    if rule is None:
+        return base_plus_ext
+    if callable(rule):
+        return rule
+    try:
+        return _RULES[rule]
+    except KeyError:
+        raise ValueError(f"unknown key rule {rule!r}: use 'first_dot', 'last_dot', or a callable "
+                         "returning (key, field)") from None
+
+
+def valid_sample(sample: Any) -> bool:
+    """True for a non-empty sample dict not marked ``__bad__``."""
+    return sample is not None and isinstance(sample, dict) and len(sample) > 0 and not sample.get("__bad__", False)
+
+
+def _is_meta(name: str, skip_meta: Optional[str]) -> bool:
+    if not name.startswith(meta_prefix):
+        return False
+    if "/" not in name and name.endswith(meta_suffix):
+        return True
+    return skip_meta is not None and re.match(skip_meta, name) is not None
+
+
+def member_filter(skip_meta, select_files, rename_files) -> Optional[Callable[[str], bool]]:
+    if skip_meta is None and select_files is None:
+        return lambda name: not (name.startswith(meta_prefix) and "/" not in name and name.endswith(meta_suffix))
+
+    def select(name: str) -> bool:
+        if _is_meta(name, skip_meta):
+            return False
+        if select_files is not None:
+            return bool(select_files(rename_files(name) if rename_files else name))
+        return True
+
+    return select
+
+
+def url_opener(data: Iterable[dict], handler: Callable = reraise_exception, **kw: Any) -> Iterator[dict]:
+    """Add an open ``stream`` to each ``{"url": ...}`` item (``kw`` go to ``gopen``)."""
+    from ..io.open import gopen
+
+    for sample in data:
+        url = sample["url"]
+        try:
+            stream = gopen(url, **kw)
+        except Exception as exn:
+            if handler(exn):
+                continue
+            break
+        sample.update(stream=stream)
+        yield sample
+
+
+def tar_file_iterator(fileobj, skip_meta: Optional[str] = SKIP_META, handler: Callable = reraise_exception,
+                      select_files: Optional[Callable] = None, rename_files: Optional[Callable] = None,
+                      url: str = "", _failed: Optional[list] = None) -> Iterator[dict]:
+    """Yield ``{"fname": name, "data": bytes}`` for the regular members of a tar stream.
+
+    An error the handler lets pass ends the shard (``_failed``, when given, records it).
+    """
+    members = TarMembers(fileobj, url or getattr(fileobj, "name", "") or "",
+                         select=member_filter(skip_meta, select_files, rename_files),
+                         max_member=config.current().max_member_size)
+    try:
+        for name, data in members:
+            yield {"fname": rename_files(name) if rename_files else name, "data": data}
+        members.finish()
+    except Exception as exn:
+        if _failed is not None:
+            _failed.append(exn)
+        exn_handled = handler(exn)
+        if not exn_handled:
+            raise _Stop() from exn
+
+
+class _Stop(Exception):
+    """Internal: a handler asked to stop the whole iteration."""
+
+
+class _AbortMarker(dict):
+    """Ends a shard that ended in an error: ``group_by_keys`` drops its partial sample.
+
+    An empty dict, so code of one's own that treats ``{}`` as the end of a shard (the upstream
+    ``eof_value``) reads it as just that.
+    """
+
+    def __reduce__(self):
+        return (_abort_marker, ())
+
+
+def _abort_marker() -> dict:
+    return _ABORT
+
+
+_ABORT = _AbortMarker()
+
+
+def tar_file_expander(data: Iterable[dict], handler: Callable = reraise_exception,
+                      select_files: Optional[Callable] = None, rename_files: Optional[Callable] = None,
+                      eof_value: Optional[dict] = {}) -> Iterator[dict]:  # noqa: B006 - upstream's marker
+    """Expand each opened shard into its members, tagged with ``__url__``; ``eof_value`` ends each shard."""
+    for source in data:
+        url = source["url"]
+        stream = source["stream"]
+        failed: list = []
+        try:
+            for sample in tar_file_iterator(stream, handler=handler, select_files=select_files,
+                                            rename_files=rename_files, url=url, _failed=failed):
+                sample["__url__"] = url
+                if "local_path" in source:
+                    sample["__local_path__"] = source["local_path"]
+                yield sample
+        except _Stop:
+            yield _ABORT
+            return
+        finally:
+            close_quietly(stream)
+        if failed:  # the shard ended in an error the handler let pass: its partial sample is dropped
+            yield _ABORT
+        elif eof_value is not None:
+            yield eof_value
+
+
+def close_quietly(stream: Any) -> None:
+    close = getattr(stream, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:  # an error while closing after a complete read is not the data's fault
+            pass
+
+
+def group_by_keys(data: Iterable[dict], keys: Callable = base_plus_ext, lcase: bool = True,
+                  suffixes: Optional[Iterable[str]] = None, handler: Optional[Callable] = None) -> Iterator[dict]:
+    """Group adjacent ``{"fname", "data"}`` members into samples; an empty dict ends a shard."""
+    current: Optional[dict] = None
+    for filesample in data:
+        if filesample is _ABORT:
+            current = None
+            continue
+        if not filesample or "fname" not in filesample:  # end of a shard
+            if valid_sample(current):
+                yield current
+            current = None
+            continue
+        fname, value = filesample["fname"], filesample["data"]
+        prefix, suffix = keys(fname)
+        if prefix is None:
+            continue
+        if lcase:
+            suffix = suffix.lower()
+        if current is None or prefix != current["__key__"]:
+            if valid_sample(current):
+                yield current
+            current = {"__key__": prefix, "__url__": filesample.get("__url__")}
+            if "__local_path__" in filesample:
+                current["__local_path__"] = filesample["__local_path__"]
+        if suffixes is not None and suffix not in suffixes:
+            continue
+        if suffix in current:
+            exn = CorruptShardError(
+                f"{redact(filesample.get('__url__') or '<stream>')}: member {fname!r} repeats the field "
+                f"{suffix!r} of sample {prefix!r}; a sample holds one member per field",
+                url=filesample.get("__url__"), member=fname)
+            if handler is None or not handler(exn):
+                raise exn
+            continue
+        current[suffix] = value
+    if valid_sample(current):
+        yield current
+
+
+def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcase: bool = True,
+                  suffixes: Optional[Iterable[str]] = None, select_files: Optional[Callable] = None,
+                  rename_files: Optional[Callable] = None, skip_meta: Optional[str] = SKIP_META,
+                  local_path: Optional[str] = None, where: Optional[list] = None,
+                  members: Optional[TarMembers] = None, expect_first: Any = ()) -> Iterator[dict]:
+    """The samples of one shard, read and grouped in a single loop.
+
+    Raises on damage; a sample cut short by the damage is never yielded.  When
+    ``where`` (a list of three) is given, ``where[:2]`` holds the byte range
+    ``[start, end)`` of each sample, in the tar stream, while that sample is
+    being yielded (``end`` is also where the next sample begins), and
+    ``where[2]`` is incremented for each sample, and ``where[3]`` is the name of the member
+    that begins the next sample (None at the end).  ``members`` is a prepared
+    :class:`TarMembers` over ``stream`` (to read from a given offset); ``expect_first`` (a
+    resumed read) is the name its first member must have, None for the end of the archive.
+    """
+    if members is None:
+        members = TarMembers(stream, url, select=member_filter(skip_meta, select_files, rename_files),
+                             max_member=config.current().max_member_size)
+    suffixes = set(suffixes) if suffixes is not None else None
+    fast_keys = keys is base_plus_ext
+    current: Optional[dict] = None
+    key = None
+    start = 0
+    source = members if expect_first == () else _checked_start(members, expect_first, url, rename_files)
+    for name, data in source:
+        if rename_files is not None:
+            name = rename_files(name)
+        if fast_keys:
+            slash = name.rfind("/")
+            dot = name.find(".", slash + 1)
+            if dot <= slash + 1:
+                continue
+            prefix, suffix = name[:dot], name[dot + 1:]
+        else:
+            prefix, suffix = keys(name)
+            if prefix is None:
+                continue
+        if lcase:
+            suffix = suffix.lower()
+        if prefix != key or current is None:
+            if current is not None:
+                if where is not None:
+                    where[0], where[1], where[3] = start, members.record_start, name
+                    where[2] += 1
+                yield current
+            current = {"__key__": prefix, "__url__": url}
+            if local_path is not None:
+                current["__local_path__"] = local_path
+            key = prefix
+            start = members.record_start
+        if suffixes is not None and suffix not in suffixes:
+            continue
+        if suffix in current:
+            raise CorruptShardError(
+                f"{redact(url)}: member {name!r} at byte {members.member_offset} repeats the field {suffix!r} "
+                f"of sample {prefix!r}; a sample holds one member per field",
+                url=url, member=name, offset=members.member_offset)
+        current[suffix] = data
+    if current is not None and len(current) > 2 + (local_path is not None):
+        if where is not None:
+            where[0], where[1] = start, members.archive_end if members.archive_end is not None else members.offset
+            where[2] += 1
+            where[3] = None
+        yield current
+    members.finish()  # after the last sample: what trails the archive never delays it
+
+
+def _checked_start(members: TarMembers, expected: Optional[str], url: str,
+                   rename_files: Optional[Callable]) -> Iterator[tuple[str, bytes]]:
+    """``members``, having checked that a resumed read begins at the member the saved state names."""
+    first = True
+    for name, data in members:
+        if first:
+            first = False
+            shown = rename_files(name) if rename_files else name
+            if shown != expected:
+                raise StateMismatchError(
+                    f"{redact(url)}: the saved state resumes at byte {members.record_start}, where it expects the "
+                    f"member {expected!r} to begin a sample, but {shown!r} is there: the state was changed, or "
+                    "the shard was; load a state that state_dict() returned for these shards",
+                    url=url, offset=members.record_start, field="offset")
+        yield name, data
+    if first and expected is not None:
+        raise StateMismatchError(
+            f"{redact(url)}: the saved state expects the member {expected!r} at byte {members.offset}, but the "
+            "archive ends there: the state was changed, or the shard was", url=url, field="offset")

@@ -1,0 +1,356 @@
+"""The shard reader stage: ``{"url": ...}`` items in, samples out, resumable mid-shard.
+
+:class:`TarSamples` opens each shard (through ``gopen`` or a given opener), reads and
+groups it with :func:`~wds_cloud.tar.samples.shard_samples`, and keeps a cursor of where
+the sample last yielded came from, which its state and a shuffle fed by it read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
+
+from .. import config
+from ..errors import StateMismatchError
+from ..handlers import reraise_exception
+from .reader import TarMembers
+from .samples import SKIP_META, close_quietly, key_rule, member_filter, shard_samples
+
+__all__ = ["TarSamples", "tarfile_samples", "tarfile_to_samples"]
+
+
+def tarfile_samples(src: Iterable[dict], handler: Callable = reraise_exception,
+                    select_files: Optional[Callable] = None, rename_files: Optional[Callable] = None,
+                    keys: Union[str, Callable, None] = None, lcase: bool = True,
+                    suffixes: Optional[Iterable[str]] = None, opener: Optional[Callable] = None,
+                    **open_kw: Any) -> Iterator[dict]:
+    """Samples from a stream of ``{"url": ...}`` shard descriptions.
+
+    ``opener(url)`` (default ``gopen``) opens each shard; ``keys`` is a key
+    rule (see :func:`key_rule`).  ``handler`` decides, for an error in a shard,
+    whether to go on with the next shard (True) or stop (False); the sample
+    the error cut short is never yielded.
+    """
+    return TarSamples(handler=handler, select_files=select_files, rename_files=rename_files, keys=keys,
+                      lcase=lcase, suffixes=suffixes, opener=opener, **open_kw).run(src)
+
+
+def _shown(url: Optional[str]) -> Optional[str]:
+    from ..resume.state import shown_url
+
+    return shown_url(url) if url is not None else None
+
+
+def _ident(url: Optional[str]) -> Optional[str]:
+    from ..resume.state import url_id
+
+    return url_id(url) if url is not None else None
+
+
+class _Cursor:
+    """Where one pass of a :class:`TarSamples` reader stands (read by ``state_dict`` and by the shuffle).
+
+    ``where`` is ``[start, end, samples]``: the byte range of the sample last yielded (``end`` is
+    where the next one begins) and the samples read in this pass, kept up to date by
+    :func:`shard_samples` itself, so the reader adds no work per sample.
+    """
+
+    __slots__ = ("shard", "url", "compressed", "done", "where", "identity", "members", "base_pax")
+
+    def __init__(self) -> None:
+        self.shard = 0  # index of the current shard among the shards this worker was given
+        self.url: Optional[str] = None
+        self.compressed = False
+        self.done = False
+        self.where = [0, 0, 0, None]
+        self.identity: Optional[dict] = None
+        self.members: Optional[TarMembers] = None  # of the current shard
+        self.base_pax: dict = {}  # global PAX records in force where the current read began
+
+    @property
+    def offset(self) -> int:
+        """Where the next sample of the current shard begins."""
+        return self.where[1]
+
+    @property
+    def samples(self) -> int:
+        return self.where[2]
+
+    @property
+    def pax(self) -> dict:
+        members = self.members
+        return members.pax_global if members is not None and members._pax_global else self.base_pax
+
+
+class TarSamples:
+    """The shard reader stage: ``{"url": ...}`` items in, samples out; resumable mid-shard.
+
+    ``opener`` opens a shard: a callable ``opener(url)`` (webdataset style), or
+    an object with ``open(url, offset)`` returning ``{"stream": ..., "local_path": ...}``
+    (:class:`~wds_cloud.cache.StreamingOpen`, :class:`~wds_cloud.cache.FileCache`).
+    ``limit`` (an int, or a callable returning one at the start of a pass, see
+    ``WebDataset(equal_work=...)``) makes every pass yield exactly that many
+    samples: it stops early, or goes over this worker's shards again from the
+    first when they run short.
+
+    ``state_dict()`` is where the most recent pass stands, ``load_state_dict(state)``
+    makes the next pass continue from there (see :mod:`wds_cloud.resume`).
+    """
+
+    def __init__(self, handler: Callable = reraise_exception, select_files: Optional[Callable] = None,
+                 rename_files: Optional[Callable] = None, keys: Union[str, Callable, None] = None,
+                 lcase: bool = True, suffixes: Optional[Iterable[str]] = None, opener: Any = None,
+                 limit: Any = None, max_member_size: Optional[int] = None, **open_kw: Any) -> None:
+        self.handler = handler
+        #: the largest member read (bytes); None: WDS_MAX_MEMBER_SIZE or its default, when a pass begins
+        self.max_member_size = max_member_size
+        self.select_files = select_files
+        self.rename_files = rename_files
+        self.keys = keys
+        self.lcase = lcase
+        self.suffixes = suffixes
+        self.opener = opener
+        self.limit = limit
+        self.open_kw = open_kw
+        self.cursor: Optional[_Cursor] = None
+        self._resume: Optional[dict] = None
+        self._replay: list = []
+        #: what the last resume fetched again: samples, requests, bytes (compressed shards: bytes
+        #: decompressed), seconds
+        self.last_refetch: dict = {}
+
+    def __call__(self, src: Iterable[dict]) -> Iterator[dict]:
+        return self.run(src)
+
+    def run(self, src: Iterable[dict]) -> Iterator[dict]:
+        cursor = _Cursor()
+        self.cursor = cursor
+        resume, replay = self._resume, self._replay
+        self._resume, self._replay = None, []
+        return self._samples(src, cursor, resume, replay)
+
+    # state
+    def state_dict(self) -> dict:
+        if self._resume is not None:  # loaded, not yet iterated: still that state
+            return dict(self._resume)
+        c = self.cursor
+        if c is None:
+            return {"fresh": True}
+        state = {"shard": c.shard, "url": _shown(c.url), "url_id": _ident(c.url), "offset": c.offset,
+                 "samples": c.samples, "done": c.done,
+                 "identity": dict(c.identity) if c.identity is not None else None, "next": c.where[3]}
+        if c.compressed:
+            state["compressed"] = True
+        if c.pax:
+            state["pax"] = dict(c.pax)
+        return state
+
+    def transport_state(self) -> dict:
+        """:meth:`state_dict` for a loader that asks with every batch: the same, without defensive copies."""
+        c = self.cursor
+        if self._resume is not None or c is None:
+            return self.state_dict()
+        where = c.where
+        state = {"shard": c.shard, "url": _shown(c.url), "url_id": _ident(c.url), "offset": where[1],
+                 "samples": where[2], "done": c.done, "identity": c.identity, "next": where[3]}
+        if c.compressed:
+            state["compressed"] = True
+        pax = c.pax
+        if pax:
+            state["pax"] = dict(pax)
+        return state
+
+    def next_pass_state(self) -> dict:
+        return dict(self._resume) if self._resume is not None else {"fresh": True}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` on the next pass (checked field by field: a state is input)."""
+        from ..resume.state import expect
+
+        expect(state, "shard reader", dict)
+        if state.get("fresh"):
+            self._resume = None
+            return
+        expect(state, "shard reader", dict, shard=(int, lambda v: v >= 0), url=str,
+               offset=(int, lambda v: v >= 0 and v % 512 == 0), samples=(int, lambda v: v >= 0), done=bool,
+               identity=(dict, None, True), compressed=(bool, None, True), pax=(dict, None, True),
+               next=(str, None, True), url_id=(str, None, True))
+        self._resume = dict(state)
+
+    def set_replay(self, replay: Sequence[tuple]) -> None:
+        """First yield the samples at ``replay`` (``(url, start, end, compressed, ref)``) on the next pass."""
+        self._replay = list(replay)
+
+    def _max_member(self) -> int:
+        return config.parse_positive_size("max_member_size", self.max_member_size, config.current().max_member_size)
+
+    # opening
+    def _member_filter(self) -> Optional[Callable[[str], bool]]:
+        return member_filter(SKIP_META, self.select_files, self.rename_files)
+
+    def _open(self, source: dict, offset: int) -> tuple[Any, Optional[str]]:
+        """(stream, local path) for a shard item, positioned at ``offset`` where the opener can."""
+        from ..io.open import gopen
+
+        url = source["url"]
+        if "stream" in source:  # opened upstream (url_opener): it can only be read from its start
+            return source["stream"], source.get("local_path")
+        opener = self.opener
+        if opener is not None and hasattr(opener, "open"):
+            opened = opener.open(url, offset)
+            return opened["stream"], opened.get("local_path")
+        if opener is not None:
+            return opener(url, **self.open_kw), None
+        return gopen(url, offset=offset, **self.open_kw), None
+
+    def _range(self, url: str, start: int, end: int) -> Any:
+        from ..io.open import gopen
+
+        opener = self.opener
+        if opener is not None and hasattr(opener, "open_range"):
+            return opener.open_range(url, start, end)
+        return gopen(url, offset=start, length=end - start, **self.open_kw)
+
+    def _whole(self, url: str) -> Any:
+        return self._open({"url": url}, 0)[0]
+
+    def _parse(self, stream: Any, url: str, start: int, ranged: bool) -> Iterator[tuple[int, dict]]:
+        where = [0, 0, 0, None]
+        members = TarMembers(stream, url, select=self._member_filter(), start=start, ranged=ranged,
+                             max_member=self._max_member())
+        for sample in shard_samples(url, stream, keys=key_rule(self.keys), lcase=self.lcase, suffixes=self.suffixes,
+                                    rename_files=self.rename_files, where=where, members=members):
+            yield where[0], sample
+
+    # reading
+    def _samples(self, src: Iterable[dict], cursor: _Cursor, resume: Optional[dict],
+                 replay: list) -> Iterator[dict]:
+        from ..resume import state as resuming
+        from .. import utils
+
+        rank, world_size, worker, num_workers = utils.pytorch_worker_info()
+        cursor.identity = {"rank": rank, "world_size": world_size, "worker": worker, "num_workers": num_workers}
+        where = cursor.where
+        if resume is not None:
+            resuming.check_same("dataset (rank and DataLoader worker)", resume.get("identity") or {},
+                                cursor.identity)
+            where[2] = resume.get("samples", 0)
+        if replay:
+            started = time.perf_counter()
+            report: dict = {}
+            samples = resuming.refetch([loc[:4] for loc in replay], self._range, self._whole, self._parse,
+                                       report=report)
+            report["seconds"] = time.perf_counter() - started
+            self.last_refetch = report
+            for (url, start, end, compressed, ref), sample in zip(replay, samples):
+                cursor.shard, cursor.url, cursor.compressed = ref, url, compressed
+                where[0], where[1] = start, end
+                yield sample
+        if resume is not None:
+            cursor.shard, cursor.url, where[1] = resume["shard"], resume["url"], resume["offset"]
+            cursor.compressed, cursor.base_pax = bool(resume.get("compressed")), dict(resume.get("pax") or {})
+            if resume.get("done"):
+                cursor.done = True
+                return
+        src = iter(src)
+        first = next(src, None)  # pulled before the limit: the shard list has begun its epoch
+        if first is not None:
+            src = itertools.chain([first], src)
+        limit = self.limit() if callable(self.limit) else self.limit
+        skip = resume["shard"] if resume is not None else 0
+        split = key_rule(self.keys)
+        select = self._member_filter()
+        max_member = self._max_member()
+        reached = -1
+        for index, source in enumerate(self._shards(src, cursor, limit, skip)):
+            reached = index
+            if index < skip:
+                continue
+            if limit is not None and where[2] >= limit:  # reached before this shard (a resumed pass)
+                cursor.done = True
+                return
+            url = source["url"]
+            offset, pax = 0, {}
+            resuming_here = resume is not None and index == skip
+            if resuming_here:
+                if not resuming.same_url(url, resume["url"], resume.get("url_id")):
+                    resuming.check_same("dataset (the shard order differs)", {"shard": resume["url"]},
+                                        {"shard": resuming.shown_url(url)})
+                offset, pax = resume["offset"], dict(resume.get("pax") or {})
+            compressed = bool(resuming_here and resume.get("compressed"))
+            cursor.shard, cursor.url, cursor.members, cursor.base_pax = index, url, None, pax
+            where[1] = offset
+            stream = None
+            try:
+                stream, local_path = self._open(source, 0 if compressed else offset)
+                seekable = "stream" not in source and not compressed
+                members = TarMembers(stream, url, select=select, start=offset if seekable else 0,
+                                     pax_global=pax if seekable else None, max_member=max_member)
+                members.begin()
+                cursor.compressed = members.compression is not None
+                cursor.members = members
+                local_path = source.get("local_path") or local_path or getattr(stream, "local_path", None)
+                expected = resume.get("next", ()) if resuming_here and seekable and offset else ()
+                samples = shard_samples(url, stream, keys=split, lcase=self.lcase, suffixes=self.suffixes,
+                                        rename_files=self.rename_files, local_path=local_path,
+                                        where=where, members=members, expect_first=expected)
+                if limit is None and seekable:
+                    yield from samples  # shard_samples keeps the cursor up to date
+                else:
+                    delivered = -1 if seekable else offset  # read from the start: skip what was delivered
+                    for sample in samples:
+                        if where[0] < delivered:
+                            where[2] -= 1
+                            continue
+                        yield sample
+                        if limit is not None and where[2] >= limit:
+                            cursor.done = True
+                            return
+            except StateMismatchError:
+                raise  # a state that does not fit is the caller's to fix, never a damaged shard to skip
+            except Exception as exn:
+                if not self.handler(exn):
+                    return
+            finally:
+                if stream is not None:
+                    close_quietly(stream)
+        if resume is not None and reached < skip and limit is None:  # (equal_work passes may stop before it)
+            raise StateMismatchError(
+                f"the saved state resumes at shard {skip} of this worker's shards, but it was given only "
+                f"{reached + 1}: load a state saved by a dataset over the same shards and workers",
+                field="shard", shard=skip)
+        cursor.done = True
+
+    def _shards(self, src: Iterable[dict], cursor: _Cursor, limit: Optional[int], skip: int = 0) -> Iterator[dict]:
+        """The shard items, and with a ``limit`` not yet reached, the same items again from the first.
+
+        ``skip`` items are passed over unread (a resumed pass), so they count for nothing.
+        """
+        seen = []
+        given = 0
+        for source in src:
+            if limit is not None:
+                seen.append(source)
+            given += 1
+            yield source
+        if limit is None or cursor.samples >= limit:
+            return
+        if not seen:
+            rank, world_size, worker, num_workers = (cursor.identity or {}).values()
+            raise ValueError(
+                f"equal_work: rank {rank} worker {worker} was given no shards, so it cannot produce its "
+                f"{limit} samples; use at least {world_size * num_workers} shards "
+                "(ranks x workers) or fewer DataLoader workers")
+        while cursor.samples < limit:
+            before, first = cursor.samples, given
+            for source in seen:
+                given += 1
+                yield {k: v for k, v in source.items() if k != "stream"}
+            if cursor.samples == before and first > skip:
+                return  # a whole round of reading gave no sample: stop rather than loop forever
+
+
+def tarfile_to_samples(handler: Callable = reraise_exception, **kw: Any) -> TarSamples:
+    """The shard reader stage (``{"url": ...}`` items in, samples out): a resumable :class:`TarSamples`."""
+    return TarSamples(handler=handler, **kw)
