@@ -116,6 +116,27 @@ class AISBackend(Backend):
         return SpooledPut(url, send)
 
 
-@hookimpl(trylast=True)
+def proxied_schemes(settings) -> frozenset:
+    """The schemes ``USE_AIS_FOR`` sends through the gateway (``gs`` brings ``gcs``, ``az`` brings ``abfs``)."""
+    named = settings.use_ais_for
+    unknown = [s for s in named if s not in PROVIDERS]
+    if unknown:
+        raise ConfigError(f"USE_AIS_FOR={':'.join(named)!r} names {unknown}: list schemes AIStore can proxy, "
+                          f"separated by ':' ({':'.join(sorted(set(PROVIDERS) - {'ais'}))})")
+    out = set(named)
+    out |= {"gcs"} if "gs" in out else set()
+    out |= {"abfs"} if "az" in out else set()
+    return frozenset(out)
+
+
+@hookimpl
+def wds_cloud_route_url(url: str, scheme: str, settings) -> Optional[str]:
+    """``USE_AIS_FOR``: read the named cloud schemes through the AIStore gateway."""
+    if settings.use_ais_for and scheme != "ais" and scheme in proxied_schemes(settings):
+        return "ais"
+    return None
+
+
+@hookimpl
 def wds_cloud_register_backends(register) -> None:
     register("ais", AISBackend, description="AIStore (AIS_ENDPOINT), and USE_AIS_FOR proxying")

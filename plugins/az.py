@@ -200,7 +200,7 @@ class AzureBackend(FsspecBackend):
         return f"{base}?{token}"
 
 
-@hookimpl(trylast=True)
+@hookimpl
 def wds_cloud_register_backends(register) -> None:
     register("az", AzureBackend, requires=REQUIRES, extra="az", description="Azure Blob Storage")
     register("abfs", AzureBackend, requires=REQUIRES, extra="az", description="Azure Blob Storage (alias of az)")

@@ -89,6 +89,6 @@ class FileBackend(Backend):
             yield scheme_prefix + name
 
 
-@hookimpl(trylast=True)
+@hookimpl
 def wds_cloud_register_backends(register) -> None:
     register("file", FileBackend, description="local files, file: URLs, and - for stdin/stdout")

@@ -21,6 +21,12 @@ CREDENTIALS_HINT = ("set GOOGLE_APPLICATION_CREDENTIALS to a service-account key
                     "'gcloud auth application-default login', or pass storage_options={'token': ...}; "
                     "for a public bucket pass {'token': 'anon'}")
 
+try:  # google-auth comes with gcsfs; without it no such error can arise
+    from google.auth.exceptions import DefaultCredentialsError, RefreshError
+    _GOOGLE_CREDENTIAL_ERRORS: tuple = (DefaultCredentialsError, RefreshError)
+except ImportError:  # pragma: no cover - the gs extra is not installed
+    _GOOGLE_CREDENTIAL_ERRORS = ()
+
 
 def translate(exc: BaseException, url: str) -> BaseException:
     if isinstance(exc, (ShardNotFoundError, CredentialsError, TransferError)):
@@ -34,7 +40,7 @@ def translate(exc: BaseException, url: str) -> BaseException:
     if isinstance(exc, PermissionError) or code == 403:
         return AccessDeniedError(f"{shown}: access denied by GCS; the credentials in use may not access "
                                  "this object", url=url)
-    if type(exc).__name__ in ("DefaultCredentialsError", "RefreshError"):
+    if isinstance(exc, _GOOGLE_CREDENTIAL_ERRORS):
         return CredentialsError(f"{shown}: no usable Google credentials ({exc}); {CREDENTIALS_HINT}", url=url)
     if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
         return TransferError(f"{shown}: cannot reach GCS ({exc}); check the endpoint and the network",
@@ -105,7 +111,7 @@ class GCSBackend(FsspecBackend):
             conn.close()
 
 
-@hookimpl(trylast=True)
+@hookimpl
 def wds_cloud_register_backends(register) -> None:
     register("gs", GCSBackend, requires=REQUIRES, extra="gs", description="Google Cloud Storage")
     register("gcs", GCSBackend, requires=REQUIRES, extra="gs", description="Google Cloud Storage (alias of gs)")

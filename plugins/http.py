@@ -80,7 +80,7 @@ class HTTPBackend(Backend):
         return f"<HTTPBackend {redact(self.scheme)}>"
 
 
-@hookimpl(trylast=True)
+@hookimpl
 def wds_cloud_register_backends(register) -> None:
     register("http", HTTPBackend, description="HTTP: streaming GET with Range, HEAD, PUT")
     register("https", HTTPBackend, description="HTTPS: streaming GET with Range, HEAD, PUT")

@@ -28,6 +28,6 @@ class PipeBackend(Backend):
         return Pipe(self._command(url), "wb", bufsize or self.settings.bufsize, url=url)
 
 
-@hookimpl(trylast=True)
+@hookimpl
 def wds_cloud_register_backends(register) -> None:
     register("pipe", PipeBackend, description="a shell command's stdout (read) or stdin (write)")

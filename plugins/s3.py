@@ -169,6 +169,6 @@ class S3Backend(FsspecBackend):
         return stream
 
 
-@hookimpl(trylast=True)
+@hookimpl
 def wds_cloud_register_backends(register) -> None:
     register("s3", S3Backend, requires=REQUIRES, extra="s3", description="Amazon S3 and S3-compatible stores")

@@ -303,3 +303,13 @@ def test_backends_command_lists_every_scheme_ready():
     for scheme in ("file", "pipe", "http", "https", "s3", "gs", "gcs", "az", "abfs", "ais"):
         line = next(line for line in out.splitlines() if line.startswith(f"{scheme}:"))
         assert line.rstrip().endswith("ready"), line
+
+
+def test_use_ais_for_naming_a_scheme_aistore_cannot_proxy_is_a_config_error(monkeypatch):
+    """USE_AIS_FOR=s3:ftp fails on open with a ConfigError naming 'ftp' and the schemes it may list."""
+    from wds_cloud.errors import ConfigError
+
+    monkeypatch.setenv("USE_AIS_FOR", "s3:ftp")
+    with pytest.raises(ConfigError, match="ftp") as info:
+        gopen("s3://bucket/object.tar")
+    assert "gs" in str(info.value)

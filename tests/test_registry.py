@@ -1,5 +1,6 @@
 """The storage registry: collect every claim, then resolve; allow/block lists; out-of-tree plugins."""
 
+import io
 import pathlib
 import textwrap
 import types
@@ -134,6 +135,26 @@ def test_rewrite_hook_is_firstresult():
     none.wds_cloud_rewrite_url = hookimpl(lambda url, settings: None)
     reg = fresh([FakeEntryPoint("first", first), FakeEntryPoint("none", none)])
     assert reg.rewrite("a://x") == "file:x"
+
+
+def test_route_hook_sends_a_scheme_to_another_backend(tmp_path):
+    """wds_cloud_route_url: a plugin names the backend that serves a URL; the URL reaches it unchanged."""
+    seen = []
+
+    class Gateway(Backend):
+        def open_read(self, url, offset=0, bufsize=None, **kw):
+            seen.append(url)
+            return io.BytesIO(b"via gateway"[offset:])
+
+    router = types.SimpleNamespace()
+    router.wds_cloud_register_backends = hookimpl(lambda register: register("gw", lambda settings, **o: Gateway(settings)))
+    router.wds_cloud_route_url = hookimpl(lambda url, scheme, settings: "gw" if scheme == "zz" else None)
+    reg = fresh([FakeEntryPoint("router", router)])
+    assert reg.route("zz://bucket/x", "zz") == "gw" and reg.route("file:/x", "file") is None
+    registry._registries[(None, ())] = reg
+    with wds_cloud.gopen("zz://bucket/x") as f:
+        assert f.read() == b"via gateway"
+    assert seen == ["zz://bucket/x"]
 
 
 def test_out_of_tree_plugin_is_discovered_and_opens(installed_example):

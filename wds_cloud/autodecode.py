@@ -23,7 +23,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from . import config, utils
+from . import config, tenbin, utils
+from .io.security import is_secure
 from .errors import DecodingError, MissingExtraError, SecurityError, redact
 
 __all__ = [
@@ -37,12 +38,8 @@ __all__ = [
 _pickle_allowed: contextvars.ContextVar[bool] = contextvars.ContextVar("wds_cloud_pickle_allowed", default=False)
 
 
-def _security_enforced() -> bool:
-    return bool(utils.enforce_security) or config.current().secure
-
-
 def _pickle_permitted() -> bool:
-    if _security_enforced():
+    if is_secure():
         return False
     return _pickle_allowed.get() or config.current().allow_pickle
 
@@ -52,7 +49,7 @@ _PICKLE_HOW = ("pass decode(..., allow_pickle=True) or set WDS_ALLOW_PICKLE=1, a
 
 
 def _refuse(what: str) -> SecurityError:
-    if _security_enforced():
+    if is_secure():
         return SecurityError(f"refusing to decode {what}: WDS_SECURE=1 (or utils.enforce_security) forbids it")
     return SecurityError(f"refusing to decode {what} by default; {_PICKLE_HOW}")
 
@@ -108,8 +105,6 @@ def npz_loads(data: Any) -> dict:
 
 def tenbin_loads(data: Any) -> Any:
     """A tenbin buffer: the list of its arrays (a list of one for a single array), as webdataset gives."""
-    from . import tenbin
-
     return list(tenbin.decode_buffer(data))
 
 
@@ -154,7 +149,7 @@ pytorch_weights_only = False
 def torch_loads(data: Any) -> Any:
     """A ``.pth`` field, loaded onto the CPU: ``weights_only`` loading, or a full ``torch.load`` when
     pickle is allowed (and ``pytorch_weights_only`` is not set).  Always refused under ``WDS_SECURE``."""
-    if _security_enforced():
+    if is_secure():
         raise _refuse("a .pth file (torch.loads is not allowed for security reasons when enforce_security is set)")
     torch = _torch()
     stream = io.BytesIO(data) if not hasattr(data, "read") else data

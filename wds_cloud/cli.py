@@ -7,13 +7,14 @@ import sys
 from typing import Optional, Sequence
 
 from . import __version__, config
+from .demo import add_parser as add_demo
+from .errors import WdsCloudError
+from .io.registry import get_registry
 
 __all__ = ["main"]
 
 
 def _backends(args: argparse.Namespace) -> int:
-    from .io.registry import get_registry
-
     registry = get_registry(config.current())
     rows = [("SCHEME", "PLUGIN", "DISTRIBUTION", "STATUS")]
     for scheme in registry.schemes():
@@ -46,12 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "behind it, and whether it is ready or which extra it needs.",
     )
     backends.set_defaults(func=_backends)
-    try:
-        from .demo import add_parser as add_demo
-    except ImportError:  # pragma: no cover - the demo module ships with the package
-        add_demo = None
-    if add_demo is not None:
-        add_demo(commands)
+    add_demo(commands)
     return parser
 
 
@@ -72,13 +68,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as exc:  # a CLI user gets the message, not a traceback
-        from .errors import WdsCloudError
 
         if not isinstance(exc, (WdsCloudError, OSError)):
             raise
         print(f"wds-cloud: error: {exc}", file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

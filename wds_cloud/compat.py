@@ -13,17 +13,18 @@ import logging
 import re
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
-from . import autodecode, config, filters, shardlists
+from . import autodecode, config, filters, shardlists, utils
 from .io import opener as cache
 from .resume import loader as loaderstate
 from .handlers import reraise_exception
-from .errors import NotResumableError, redact
+from .errors import NotResumableError, redact, StateMismatchError
 from .pipeline import DataPipeline
 from .pytorch import DataLoader
 from .resume.protocol import BufferingStage, Resumable
 from .io.resilient import StatsSink, TransferStats
 from .stages import PipelineStage
 from .tar.shardreader import TarSamples
+from .resume.state import check_same
 
 __all__ = ["FluidInterface", "WebDataset", "FluidWrapper", "WebLoader", "check_empty", "CheckEmpty"]
 
@@ -233,8 +234,6 @@ class WebDataset(DataPipeline, FluidInterface):
 
     def _equal_limit(self) -> int:
         """The samples every DataLoader worker of every rank yields this epoch (``equal_work``)."""
-        from . import utils
-
         if isinstance(self.equal_work, int):
             return self.equal_work
         rank, world_size, worker, num_workers = utils.pytorch_worker_info()
@@ -379,9 +378,6 @@ class WebLoader(DataPipeline, FluidInterface):
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next pass continue where ``state`` (from :meth:`state_dict`) stood."""
-        from .errors import StateMismatchError
-        from .resume.state import check_same
-
         if self._untag is None:
             raise NotResumableError(f"this WebLoader cannot load a state: {self._blocker}")
         if not isinstance(state, dict) or state.get("format") != "wds_cloud.loader/1":

@@ -127,21 +127,6 @@ def _parse_list(value: Optional[str]) -> Optional[tuple[str, ...]]:
     return tuple(item.strip() for item in re.split(r"[,:\s]+", value) if item.strip())
 
 
-_AIS_SCHEMES = {"gs", "gcs", "s3", "az", "abfs", "ais"}
-
-
-def _parse_schemes(value: Optional[str]) -> tuple[str, ...]:
-    schemes = _parse_list(value) or ()
-    unknown = [s for s in schemes if s not in _AIS_SCHEMES]
-    if unknown:
-        raise ConfigError(f"USE_AIS_FOR={value!r} names {unknown}: list schemes AIStore can proxy, "
-                          "separated by ':' (gs:s3:az)")
-    expanded = set(schemes)
-    expanded |= {"gcs"} if "gs" in expanded else set()
-    expanded |= {"abfs"} if "az" in expanded else set()
-    return tuple(sorted(expanded))
-
-
 def _cloud_config_path(get) -> Optional[str]:
     explicit = get("WDS_CLOUD_CONFIG")
     if explicit:
@@ -232,7 +217,7 @@ class Settings:
             template_vars=tuple(sorted((k[4:], v) for k, v in environ.items() if k.startswith("WDS_") and len(k) > 4)),
             ais_endpoint=(get("AIS_ENDPOINT") or "").rstrip("/") or None,
             ais_token=get("AIS_AUTHN_TOKEN") or None,
-            use_ais_for=_parse_schemes(get("USE_AIS_FOR")),
+            use_ais_for=tuple(s.lower() for s in _parse_list(get("USE_AIS_FOR")) or ()),  # the ais plugin reads it
             cloud_config=_cloud_config_path(get),
             retries=_parse_int("WDS_RETRIES", get("WDS_RETRIES"), 6),
             retry_timeout=_parse_float("WDS_RETRY_TIMEOUT", get("WDS_RETRY_TIMEOUT"), 60.0),

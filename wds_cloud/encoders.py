@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import MissingExtraError
+from . import tenbin
 
 __all__ = ["imageencoder", "bytestr", "numpy_dumps", "numpy_npz_dumps", "torch_dumps", "tenbin_dumps", "cbor_dumps",
            "mp_dumps", "default_handlers", "make_handlers", "encode_based_on_extension1",
@@ -96,8 +97,6 @@ def torch_dumps(data: Any) -> bytes:
 
 def tenbin_dumps(data: Any) -> bytes:
     """One array or a list of arrays as a tenbin buffer."""
-    from . import tenbin
-
     arrays = list(data) if isinstance(data, (list, tuple)) else [data]
     return bytes(tenbin.encode_buffer([np.asarray(a) for a in arrays]))
 

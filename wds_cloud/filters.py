@@ -21,6 +21,10 @@ import numpy as np
 from .handlers import reraise_exception
 from .stages import FilterFunction, PipelineStage, RestCurried, compose, pipeline, pipelinefilter
 from .resume.shuffle import Shuffle
+from .autodecode import Decoder, refuse_if_unsafe
+from .io.security import is_secure
+from . import autodecode as ad
+from .errors import MissingExtraError, SecurityError
 
 __all__ = [
     "FilterFunction", "RestCurried", "PipelineStage", "pipelinefilter", "compose", "pipeline", "getfirst",
@@ -134,8 +138,6 @@ log_keys = pipelinefilter(_log_keys)
 
 def _decode(data: Iterable, *args: Any, handler: Callable = reraise_exception, **kw: Any) -> Iterator:
     """Decode each sample's fields with a :class:`Decoder` built from ``args``."""
-    from .autodecode import Decoder
-
     decoder = Decoder(list(args), **kw) if not (len(args) == 1 and isinstance(args[0], Decoder)) else args[0]
     for sample in data:
         try:
@@ -404,14 +406,10 @@ def _int(data: bytes) -> int:
 
 
 def _bgr8(data: bytes) -> Any:
-    from . import autodecode as ad
-
     return ad.imagehandler("rgb8")("png", data)[..., ::-1]
 
 
 def _default_decoders() -> list:
-    from . import autodecode as ad
-
     return [(patterns, _Bytes(fn)) for patterns, fn in (
         ("*.bgr8.png *.bgr8.jpg *.bgr8.jpeg", _bgr8),
         ("*.jpg *.jpeg *.png *.ppm *.pgm *.pbm *.pnm *.tif *.tiff *.webp *.bmp", ad.imagehandler("rgb8").decode_any),
@@ -472,8 +470,6 @@ def _xdecode(source: Iterable, *args: tuple, must_decode: bool = True, defaults:
     ones before earlier ones, then ``defaults``.  ``must_decode`` makes a field without a
     decoder an error.
     """
-    from .autodecode import refuse_if_unsafe
-
     decoders = [(f"*.{k}", v) for k, v in kw.items()] + list(reversed(args)) + list(defaults or [])
     for sample in source:
         result = {}
@@ -571,10 +567,7 @@ class LMDBCached(PipelineStage):
     """
 
     def __init__(self, fname: str, map_size: float = 1e12, pickler: Any = None, chunksize: int = 500) -> None:
-        from .autodecode import _security_enforced
-        from .errors import MissingExtraError, SecurityError
-
-        if _security_enforced():
+        if is_secure():
             raise SecurityError("LMDBCached stores samples with pickle and is refused under WDS_SECURE=1")
         try:
             import lmdb

@@ -11,6 +11,8 @@ dataset is iterated in this process.
 from __future__ import annotations
 
 from typing import Any, Iterator
+from .compat import WebLoader
+from .pytorch import HAVE_TORCH
 
 __all__ = ["MultiLoader"]
 
@@ -25,7 +27,4 @@ class MultiLoader:
         self.verbose = verbose
 
     def __iter__(self) -> Iterator:
-        from .compat import WebLoader
-        from .pytorch import HAVE_TORCH
-
         return iter(WebLoader(self.dataset, batch_size=None, num_workers=self.workers if HAVE_TORCH else 0))

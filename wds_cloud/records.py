@@ -14,6 +14,7 @@ from typing import IO, Any, Callable, Iterable, Iterator, Optional, Union
 from .errors import CorruptShardError, MissingExtraError, redact
 from .handlers import reraise_exception
 from .stages import pipelinefilter
+from .io.open import gopen
 
 __all__ = ["RecordWriter", "cbors_samples", "cbors_to_samples", "msgpacks_samples", "msgpacks_to_samples",
            "read_records"]
@@ -73,7 +74,6 @@ def read_records(stream: IO[bytes], fmt: str, url: str = "") -> Iterator[Any]:
 def _samples(src: Iterable[dict], fmt: str, handler: Callable, opener: Optional[Callable]) -> Iterator[Any]:
     import io
 
-    from .io.open import gopen
 
     for source in src:
         url = source["url"]
@@ -115,8 +115,6 @@ class RecordWriter:
         self._module = _module(fmt)
         self.fmt = fmt
         if isinstance(target, str):
-            from .io.open import gopen
-
             self.stream = gopen(target, "wb")
         else:
             self.stream = target

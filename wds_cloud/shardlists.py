@@ -20,6 +20,9 @@ import braceexpand
 from . import config, utils
 from .io.security import untrusted
 from .stages import PipelineStage, pipelinefilter
+from .io.open import gopen
+from .errors import MissingExtraError
+from .resume.state import check_same, expect
 
 __all__ = [
     "envsubst", "expand_urls", "expand_source", "SimpleShardList", "ResampledShards", "ResampledShardList",
@@ -73,8 +76,6 @@ def _spec_file_urls(url: str) -> list[str]:
 
     The URLs come from data, so any ``pipe:`` among them is untrusted.
     """
-    from .io.open import gopen
-
     with gopen(url) as stream:
         text = stream.read().decode("utf-8")
     if url.endswith(".json"):
@@ -83,8 +84,6 @@ def _spec_file_urls(url: str) -> list[str]:
         try:
             import yaml
         except ImportError:
-            from .errors import MissingExtraError
-
             raise MissingExtraError(f"{url}: reading a YAML dataset spec needs PyYAML: pip install pyyaml") from None
         spec = yaml.safe_load(text)
     return _spec_urls(spec, url)
@@ -97,8 +96,6 @@ def index_counts(source: Any) -> Optional[dict]:
     :func:`expand_source` resolves them.
     """
     if isinstance(source, str) and source.endswith(".json"):
-        from .io.open import gopen
-
         with gopen(source) as stream:
             spec = json.loads(stream.read().decode("utf-8"))
         where = source
@@ -259,8 +256,6 @@ class _Epochs:
         return {"epoch": self.epoch if self._epoch_set else self.epoch + 1, "config": self._config()}
 
     def load_state_dict(self, state: dict) -> None:
-        from .resume.state import check_same, expect
-
         expect(state, "shard list", dict, epoch=int, config=dict)
         check_same("shard list", state.get("config") or {}, self._config())
         if state.get("epoch", -1) >= 0:
@@ -407,8 +402,6 @@ class MultiShardSample(PipelineStage):
             try:
                 import yaml
             except ImportError:
-                from .errors import MissingExtraError
-
                 raise MissingExtraError("MultiShardSample reads YAML and needs PyYAML: pip install pyyaml") from None
             with open(fname) as stream:
                 spec = yaml.safe_load(stream)

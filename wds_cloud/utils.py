@@ -16,6 +16,7 @@ import warnings
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import braceexpand
+from . import config
 
 __all__ = [
     "enforce_security", "pytorch_worker_info", "pytorch_worker_seed", "make_seed", "is_iterable",
@@ -115,8 +116,6 @@ def pytorch_worker_info(group: Any = None) -> tuple[int, int, int, int]:
     rank its parent had when it pickled the dataset.  The worker comes from the
     DataLoader worker running this code.
     """
-    from . import config
-
     settings = config.current()
     rank, world_size = torch_distributed(group)
     if world_size == 1 and _inherited is not None and group is None:

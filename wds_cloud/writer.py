@@ -27,7 +27,8 @@ from .encoders import (
     torch_dumps,
 )
 from .errors import SampleError, redact
-from .tar.header import Compressor, MemberWriter, compression_for
+from .tar.header import check_header_numbers, compression_for, Compressor, MemberWriter
+from .io.open import gopen
 
 __all__ = ["TarWriter", "ShardWriter", "default_handlers", "make_handlers", "make_encoder",
            "encode_based_on_extension", "encode_based_on_extension1", "imageencoder", "bytestr", "numpy_dumps",
@@ -93,8 +94,6 @@ class TarWriter:
                  mode: int = 0o0444, compress: Optional[Union[bool, str]] = None, encoder: Any = True,
                  keep_meta: bool = False, mtime: Optional[float] = None, format: Any = None,
                  storage_options: Optional[dict] = None, uid: int = 0, gid: int = 0) -> None:
-        from .tar.header import check_header_numbers
-
         check_header_numbers(mode=mode, uid=uid, gid=gid, mtime=mtime if mtime is not None else 0)
         name = fileobj if isinstance(fileobj, str) else getattr(fileobj, "name", None)
         self.name = name if isinstance(name, str) else None
@@ -103,8 +102,6 @@ class TarWriter:
         elif compress is True:
             compress = "gz"
         if isinstance(fileobj, str):
-            from .io.open import gopen
-
             stream = gopen(fileobj, "wb", storage_options=storage_options)
             self._own = True
         else:

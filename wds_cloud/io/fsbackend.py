@@ -14,6 +14,7 @@ from typing import IO, Any, Iterator, Optional
 
 from .backend import Backend, ObjectInfo, fsspec_list, require
 from .uploads import FsspecUpload
+from ..errors import MissingExtraError, redact, ShardNotFoundError, WdsCloudError
 
 __all__ = ["FsspecBackend"]
 
@@ -113,15 +114,11 @@ class FsspecFallbackBackend(FsspecBackend):
         try:
             return fsspec.filesystem(self.scheme, skip_instance_cache=True, **self.storage_options)
         except ImportError as exc:
-            from ..errors import MissingExtraError
-
             raise MissingExtraError(f"{self.scheme}:// is served through fsspec, whose driver is not installed: "
                                     f"{self.hint or exc}") from exc
 
     @staticmethod
     def translate(exc: BaseException, url: str) -> BaseException:
-        from ..errors import ShardNotFoundError, WdsCloudError, redact
-
         if isinstance(exc, WdsCloudError):
             return exc
         if isinstance(exc, FileNotFoundError):

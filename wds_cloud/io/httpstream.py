@@ -18,7 +18,7 @@ import urllib.parse
 from typing import Callable, Mapping, Optional
 
 from .backend import read_to_end, skip
-from ..errors import AccessDeniedError, CredentialsError, ShardNotFoundError, TransferError, redact
+from ..errors import AccessDeniedError, ConfigError, CredentialsError, ObjectChangedError, redact, SecurityError, ShardNotFoundError, TransferError
 
 __all__ = ["HTTPReadStream", "request", "raise_for_status", "connection_error"]
 
@@ -91,7 +91,6 @@ def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, 
         except ValueError:  # http.client refuses a header holding a newline: never show its value
             conn.close()
             bad = [k for k, v in (headers or {}).items() if any(c in f"{k}{v}" for c in "\r\n\0")]
-            from ..errors import ConfigError
 
             raise ConfigError(f"{redact(display_url)}: the request header(s) {bad or '(unknown)'} hold a newline "
                               "or NUL, which HTTP does not allow; remove it from storage_options['headers'] (or the "
@@ -104,8 +103,6 @@ def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, 
             conn.close()
             target = urllib.parse.urlsplit(location)
             if target.scheme not in ("http", "https"):
-                from ..errors import SecurityError
-
                 raise SecurityError(f"{redact(display_url)}: the server redirected to {redact(location)!r}, which is "
                                     "not an http(s) URL; redirects never open local files or run commands",
                                     url=display_url)
@@ -141,8 +138,6 @@ def raise_for_status(response: http.client.HTTPResponse, url: str, credentials_h
     detail = redact(detail.replace("\n", " ")[:300])
     shown = redact(url)
     if status == 412:
-        from ..errors import ObjectChangedError
-
         raise ObjectChangedError(f"{shown}: the object changed while it was being read (HTTP 412)", url=url,
                                  status=412)
     if status == 404:

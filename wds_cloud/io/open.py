@@ -21,7 +21,7 @@ from ..errors import SecurityError, UnknownSchemeError, WdsCloudError, redact
 from .pipes import Pipe
 from .registry import get_registry, split_scheme
 from .resilient import ResumableStream, RetryPolicy
-from .security import UntrustedURL, is_secure, untrusted
+from .security import check_pipe, is_secure, untrusted, UntrustedURL
 
 __all__ = [
     "gopen", "gopen_schemes", "rewrite_url", "reader", "gopen_file", "gopen_pipe", "gopen_curl",
@@ -78,15 +78,17 @@ def _annotate(exc: BaseException, given: str, rewritten: str) -> None:
 def open_backend(url: str, settings: Optional[Settings] = None, storage_options: Optional[dict] = None):
     """The backend object that serves ``url`` (no rewriting).
 
-    Schemes named in ``USE_AIS_FOR`` go to the ``ais`` backend, which fetches them
-    through the AIStore gateway; storage options come from the matching profiles
-    of the profiles file, then from ``storage_options``.
+    A plugin may route the URL to another scheme's backend (``wds_cloud_route_url``: the
+    ``ais`` plugin sends the schemes named in ``USE_AIS_FOR`` through an AIStore gateway);
+    otherwise storage options come from the matching profiles of the profiles file, then
+    from ``storage_options``.
     """
     settings = settings or config.current()
     scheme = split_scheme(url)[0] or "file"
     registry = get_registry(settings)
-    if scheme in settings.use_ais_for:
-        return registry.backend("ais", url, settings)
+    routed = registry.route(url, scheme)
+    if routed is not None and routed != scheme:
+        return registry.backend(routed, url, settings)
     options = profiles.options_for(url, settings, storage_options) if scheme not in ("file", "pipe") else (
         storage_options or {})
     return registry.backend(scheme, url, settings, **options)
@@ -130,7 +132,7 @@ def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0, l
             return backend.open_write(url, bufsize=bufsize)
         if not backend.resumable:
             stream = backend.open_read(url, offset=offset, bufsize=bufsize)
-            return stream if length is None else _Bounded(stream, length)
+            return stream if length is None else Bounded(stream, length)
         policy = RetryPolicy(attempts=max(1, retries if retries is not None else settings.retries),
                              backoff=settings.retry_backoff,
                              timeout=timeout if timeout is not None else settings.retry_timeout)
@@ -151,7 +153,7 @@ def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0, l
         raise
 
 
-class _Bounded:
+class Bounded:
     """At most ``length`` bytes of ``stream`` (a ranged read over a backend that streams to the end)."""
 
     def __init__(self, stream: IO[bytes], length: int) -> None:
@@ -189,7 +191,7 @@ class _Bounded:
     def closed(self) -> bool:
         return getattr(self._stream, "closed", False)
 
-    def __enter__(self) -> "_Bounded":
+    def __enter__(self) -> "Bounded":
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -230,8 +232,6 @@ def gopen_curl(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> IO
     Prefer the ``http`` backend: a URL with credentials in it would be visible
     on curl's command line.
     """
-    from .security import check_pipe
-
     check_pipe("pipe:curl", config.current())
     quoted = shlex.quote(url)
     if mode in _READ_MODES:

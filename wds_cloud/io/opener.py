@@ -21,6 +21,10 @@ from ..errors import redact
 from ..handlers import reraise_exception
 from .urls import is_local, local_path, pipe_cleaner, url_to_cache_name
 from ..stages import PipelineStage
+from .open import Bounded, gopen
+from .resilient import StatsSink
+from .. import config
+from .shardcache import ShardCache
 
 __all__ = ["FileCache", "StreamingOpen", "url_to_cache_name", "download", "check_tar_format", "pipe_cleaner",
            "LRUCleanup", "cached_url_opener"]
@@ -49,8 +53,6 @@ def _plausible_v7(head: bytes) -> bool:
 
 def download(url: str, dest: str, chunk_size: int = 1 << 20, verbose: bool = False) -> str:
     """Copy ``url`` to the local file ``dest`` (atomically); returns ``dest``."""
-    from .open import gopen
-
     with gopen(url) as stream, AtomicFile(dest) as out:
         while True:
             data = stream.read(chunk_size)
@@ -115,8 +117,6 @@ class StreamingOpen(PipelineStage):
 
     def __init__(self, handler: Callable = reraise_exception, storage_options: Optional[dict] = None,
                  retries: Optional[int] = None, timeout: Optional[float] = None, stats: Any = None) -> None:
-        from .resilient import StatsSink
-
         self.handler = handler
         self.storage_options = storage_options
         self.retries = retries
@@ -125,8 +125,6 @@ class StreamingOpen(PipelineStage):
 
     def open(self, url: str, offset: int = 0) -> dict:
         """``{"stream": ..., "local_path": ...}`` for ``url``, read from byte ``offset``."""
-        from .open import gopen
-
         stream = gopen(url, "rb", offset=offset, storage_options=self.storage_options, retries=self.retries,
                        timeout=self.timeout, stats=self.stats)
         out = {"stream": stream}
@@ -137,8 +135,6 @@ class StreamingOpen(PipelineStage):
 
     def open_range(self, url: str, start: int, end: int) -> Any:
         """Bytes ``[start, end)`` of ``url`` (a ranged read)."""
-        from .open import gopen
-
         return gopen(url, "rb", offset=start, length=end - start, storage_options=self.storage_options,
                      retries=self.retries, timeout=self.timeout, stats=self.stats)
 
@@ -180,10 +176,6 @@ class FileCache(PipelineStage):
                  storage_options: Optional[dict] = None, retries: Optional[int] = None,
                  timeout: Optional[float] = None, stats: Any = None, cache_local: bool = False,
                  verify: bool = False) -> None:
-        from .. import config
-        from .resilient import StatsSink
-        from .shardcache import ShardCache
-
         self.retries = retries
         self.timeout = timeout
         self.stats = stats if stats is not None else StatsSink()
@@ -202,8 +194,6 @@ class FileCache(PipelineStage):
         return self.cache.path_for(url)
 
     def _remote(self, url: str, offset: int = 0, length: Optional[int] = None) -> Any:
-        from .open import gopen
-
         return gopen(url, "rb", offset=offset, length=length, storage_options=self.storage_options,
                      retries=self.retries, timeout=self.timeout, stats=self.stats)
 
@@ -213,8 +203,6 @@ class FileCache(PipelineStage):
         A resumed read (``offset`` > 0) of a shard not yet cached streams it from its start, so
         the entry is complete; the bytes before ``offset`` are skipped here.
         """
-        from .open import gopen
-
         local = _local_path(url)
         if local is not None and not self.cache_local:  # local files are read in place
             return {"stream": gopen(url, "rb", offset=offset), "local_path": local}
@@ -235,8 +223,6 @@ class FileCache(PipelineStage):
 
     def open_range(self, url: str, start: int, end: int) -> Any:
         """Bytes ``[start, end)`` of ``url``: from the cached copy when there is one, else a ranged read."""
-        from .open import gopen
-
         local = _local_path(url)
         if local is not None and not self.cache_local:
             return gopen(url, "rb", offset=start, length=end - start)
@@ -252,9 +238,7 @@ class FileCache(PipelineStage):
 
 def _bounded(stream: Any, length: int) -> Any:
     """At most ``length`` bytes of ``stream``."""
-    from .open import _Bounded
-
-    return _Bounded(stream, length)
+    return Bounded(stream, length)
 
 
 def cached_url_opener(data: Iterable[dict], handler: Callable = reraise_exception, cache_dir: Optional[str] = None,

@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterable, Optional
 import pluggy
 
 from . import hookspecs
-from .backend import Backend, missing_modules
+from .hookspecs import Claim, Registrar
+from .backend import Backend
 from .fsbackend import FsspecFallbackBackend, fsspec_protocols
 from .urls import split_scheme
 from ..config import Settings
@@ -30,63 +31,6 @@ from ..errors import PluginConflictError, PluginError, UnknownSchemeError, redac
 __all__ = ["Claim", "Registrar", "Registry", "get_registry", "reset", "split_scheme"]
 
 log = logging.getLogger("wds_cloud.registry")
-
-
-@dataclasses.dataclass(frozen=True)
-class Claim:
-    """One plugin's registration of one scheme."""
-
-    scheme: str
-    factory: Callable[..., Backend]
-    plugin: str
-    distribution: Optional[str]
-    override: bool = False
-    requires: tuple[str, ...] = ()
-    extra: Optional[str] = None
-    description: str = ""
-    hint: Optional[str] = None  # an install hint worded by someone else (fsspec's, for fallback claims)
-
-    def missing(self) -> list[str]:
-        """Modules the backend needs that are not importable."""
-        return missing_modules(self.requires)
-
-    def install_hint(self) -> str:
-        if self.hint:
-            return self.hint
-        if self.extra:
-            return f"pip install 'wds_cloud[{self.extra}]'"
-        return "pip install " + " ".join(self.missing())
-
-
-class Registrar:
-    """The ``register`` callable handed to ``wds_cloud_register_backends``."""
-
-    def __init__(self, plugin: str, distribution: Optional[str], claims: list[Claim]) -> None:
-        self._plugin = plugin
-        self._distribution = distribution
-        self._claims = claims
-
-    def __call__(
-        self,
-        scheme: str,
-        factory: Callable[..., Backend],
-        *,
-        override: bool = False,
-        requires: Iterable[str] = (),
-        extra: Optional[str] = None,
-        description: str = "",
-    ) -> None:
-        if not isinstance(scheme, str) or not scheme or ":" in scheme or "/" in scheme:
-            raise PluginError(
-                f"plugin {self._plugin!r} registered an invalid scheme {scheme!r}: "
-                "give the scheme name alone, such as 's3' (no ':' or '/')"
-            )
-        if not callable(factory):
-            raise PluginError(f"plugin {self._plugin!r} registered a factory for {scheme!r} that is not callable")
-        self._claims.append(
-            Claim(scheme.lower(), factory, self._plugin, self._distribution, bool(override),
-                  tuple(requires), extra, description)
-        )
 
 
 def _plugin_allowed(name: str, settings: Settings) -> bool:
@@ -180,7 +124,7 @@ class Registry:
 
         out = {}
         for scheme, (cls, hint) in sorted(fsspec_protocols().items()):
-            if scheme in self.claims or scheme in _WELL_KNOWN_EXTRAS or scheme in self.skipped:
+            if scheme in self.claims or scheme in self.skipped:
                 continue
             module = cls.split(".", 1)[0]
             out[scheme] = Claim(scheme, functools.partial(FsspecFallbackBackend, protocol=scheme, hint=hint),
@@ -200,10 +144,7 @@ class Registry:
         known = ", ".join(self._describe(s) for s in self.schemes()) or "(none: no plugin is loaded)"
         known += " (and the protocols fsspec knows: see wds-cloud backends)"
         hint = ""
-        if scheme in _WELL_KNOWN_EXTRAS:
-            hint = (f"; {scheme}: URLs need the {_WELL_KNOWN_EXTRAS[scheme]!r} extra: "
-                    f"pip install 'wds_cloud[{_WELL_KNOWN_EXTRAS[scheme]}]'")
-        elif scheme in self.skipped:
+        if scheme in self.skipped:
             hint = f"; the plugin {scheme!r} is disabled by WDS_PLUGINS/WDS_DISABLE_PLUGINS"
         raise UnknownSchemeError(
             f"no backend for the scheme {scheme!r} in {redact(url)!r}: known schemes are {known}{hint}. "
@@ -229,6 +170,10 @@ class Registry:
                 self._backends[key] = backend
         return backend
 
+    def route(self, url: str, scheme: str) -> Optional[str]:
+        """Ask plugins (``wds_cloud_route_url``) whether another backend should serve ``url``."""
+        return self.pm.hook.wds_cloud_route_url(url=url, scheme=scheme, settings=self.settings)
+
     def rewrite(self, url: str) -> Optional[str]:
         """Ask plugins (``wds_cloud_rewrite_url``) whether to rewrite ``url``."""
         return self.pm.hook.wds_cloud_rewrite_url(url=url, settings=self.settings)
@@ -237,10 +182,6 @@ class Registry:
 def _names(claims: list[Claim]) -> str:
     return " and ".join(f"{c.plugin!r} (from {c.distribution or 'no distribution'})" for c in claims)
 
-
-# Schemes whose plugin ships in wds_cloud but may not be loaded; only used to word hints.
-_WELL_KNOWN_EXTRAS = {"s3": "s3", "gs": "gs", "gcs": "gs", "az": "az", "abfs": "az",
-                      "http": "http", "https": "http", "ais": "ais"}
 
 _lock = threading.Lock()
 _registries: dict[tuple, Registry] = {}

@@ -10,8 +10,12 @@ set ``WDS_ALLOW_UNTRUSTED_PIPES=1``.  ``WDS_SECURE=1`` (or
 
 from __future__ import annotations
 
+from typing import Optional
+
+from .. import config
 from ..config import Settings
 from ..errors import SecurityError, redact
+from .. import utils
 
 __all__ = ["UntrustedURL", "is_secure", "check_pipe", "untrusted"]
 
@@ -26,11 +30,15 @@ def untrusted(url: str) -> UntrustedURL:
     return url if isinstance(url, UntrustedURL) else UntrustedURL(url)
 
 
-def is_secure(settings: Settings) -> bool:
-    """True when security is enforced by the settings or by ``utils.enforce_security``."""
-    from .. import utils  # the module-level flag is read at call time, as upstream users expect
+def is_secure(settings: Optional[Settings] = None) -> bool:
+    """Whether secure mode is on: ``WDS_SECURE=1`` (in ``settings``, default the environment's now) or
+    ``wds_cloud.utils.enforce_security`` (a module flag, read at each call as upstream users expect).
 
-    return bool(settings.secure or utils.enforce_security)
+    The one secure-mode check: opening, pipes, rewrites and decoding all ask it.
+    """
+    if utils.enforce_security:
+        return True
+    return bool((settings if settings is not None else config.current()).secure)
 
 
 def check_pipe(url: str, settings: Settings) -> None:

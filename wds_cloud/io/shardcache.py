@@ -1,6 +1,6 @@
 """A shard cache shared by every process on a machine: stream while filling, one download per shard, bounded.
 
-For an entry named ``N`` (see :func:`wds_cloud.cache.url_to_cache_name`) the cache directory holds:
+For an entry named ``N`` (see :func:`wds_cloud.io.urls.url_to_cache_name`) the cache directory holds:
 
 ``N``
     the complete shard, published by an atomic rename once its size (and the store's MD5, when
@@ -43,6 +43,7 @@ from typing import Any, Callable, Optional
 from .backend import read_to_end
 from ..errors import ObjectChangedError, TransferError, redact
 from .resilient import StatsSink, TransferStats
+from .urls import url_to_cache_name
 
 __all__ = ["ShardCache", "CachedShard"]
 
@@ -239,7 +240,6 @@ class ShardCache:
     def __init__(self, directory: str, size_limit: Optional[int] = None, *,
                  url_to_name: Optional[Callable[[str], str]] = None, stats: Optional[StatsSink] = None,
                  verify: bool = False) -> None:
-        from .opener import url_to_cache_name
 
         self.directory = os.path.abspath(os.path.expanduser(directory))
         self.size_limit = size_limit if size_limit and size_limit > 0 else None

@@ -16,7 +16,8 @@ from typing import Any, Iterable, Iterator, Optional
 from ..errors import StateMismatchError
 from ..stages import PipelineStage
 from ..utils import make_seed
-from .state import CountedRandom, StateURL, check_same, expect, shown_url, url_id
+from .rng import CountedRandom
+from .state import StateURL, check_same, expect, shown_url, url_id
 
 __all__ = ["Shuffle", "apply_journal", "buffer_locations"]
 
@@ -43,7 +44,7 @@ class Shuffle(PipelineStage):
     """Shuffle through a buffer of ``bufsize`` samples, starting once ``initial`` are buffered.
 
     Resumable: when a shard reader feeds it (``source``, wired by ``DataPipeline``),
-    the state records the RNG (:class:`~wds_cloud.resume.CountedRandom`: two integers)
+    the state records the RNG (:class:`~wds_cloud.resume.rng.CountedRandom`: two integers)
     and, for each buffered sample, the shard and byte range it came from; a
     resumed pass gets the same samples back from the reader and puts them in
     the same buffer positions.  ``rng`` (a ``random.Random``) is honoured;

@@ -22,6 +22,7 @@ from .. import config
 from ..errors import CorruptShardError, StateMismatchError, redact
 from ..handlers import reraise_exception
 from .reader import TarMembers
+from ..io.open import gopen
 
 __all__ = [
     "base_plus_ext", "last_dot_split", "key_rule", "valid_sample", "url_opener", "tar_file_iterator",
@@ -100,8 +101,6 @@ def member_filter(skip_meta, select_files, rename_files) -> Optional[Callable[[s
 
 def url_opener(data: Iterable[dict], handler: Callable = reraise_exception, **kw: Any) -> Iterator[dict]:
     """Add an open ``stream`` to each ``{"url": ...}`` item (``kw`` go to ``gopen``)."""
-    from ..io.open import gopen
-
     for sample in data:
         url = sample["url"]
         try:

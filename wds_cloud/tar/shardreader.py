@@ -11,11 +11,15 @@ import itertools
 import time
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
-from .. import config
+from .. import config, utils
 from ..errors import StateMismatchError
 from ..handlers import reraise_exception
 from .reader import TarMembers
 from .samples import SKIP_META, close_quietly, key_rule, member_filter, shard_samples
+from ..resume.state import expect, shown_url, url_id
+from ..io.open import gopen
+from ..resume import state as resuming
+from ..resume.refetch import refetch
 
 __all__ = ["TarSamples", "tarfile_samples", "tarfile_to_samples"]
 
@@ -37,14 +41,10 @@ def tarfile_samples(src: Iterable[dict], handler: Callable = reraise_exception,
 
 
 def _shown(url: Optional[str]) -> Optional[str]:
-    from ..resume.state import shown_url
-
     return shown_url(url) if url is not None else None
 
 
 def _ident(url: Optional[str]) -> Optional[str]:
-    from ..resume.state import url_id
-
     return url_id(url) if url is not None else None
 
 
@@ -166,8 +166,6 @@ class TarSamples:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` on the next pass (checked field by field: a state is input)."""
-        from ..resume.state import expect
-
         expect(state, "shard reader", dict)
         if state.get("fresh"):
             self._resume = None
@@ -191,8 +189,6 @@ class TarSamples:
 
     def _open(self, source: dict, offset: int) -> tuple[Any, Optional[str]]:
         """(stream, local path) for a shard item, positioned at ``offset`` where the opener can."""
-        from ..io.open import gopen
-
         url = source["url"]
         if "stream" in source:  # opened upstream (url_opener): it can only be read from its start
             return source["stream"], source.get("local_path")
@@ -205,8 +201,6 @@ class TarSamples:
         return gopen(url, offset=offset, **self.open_kw), None
 
     def _range(self, url: str, start: int, end: int) -> Any:
-        from ..io.open import gopen
-
         opener = self.opener
         if opener is not None and hasattr(opener, "open_range"):
             return opener.open_range(url, start, end)
@@ -226,9 +220,6 @@ class TarSamples:
     # reading
     def _samples(self, src: Iterable[dict], cursor: _Cursor, resume: Optional[dict],
                  replay: list) -> Iterator[dict]:
-        from ..resume import state as resuming
-        from .. import utils
-
         rank, world_size, worker, num_workers = utils.pytorch_worker_info()
         cursor.identity = {"rank": rank, "world_size": world_size, "worker": worker, "num_workers": num_workers}
         where = cursor.where
@@ -239,7 +230,7 @@ class TarSamples:
         if replay:
             started = time.perf_counter()
             report: dict = {}
-            samples = resuming.refetch([loc[:4] for loc in replay], self._range, self._whole, self._parse,
+            samples = refetch([loc[:4] for loc in replay], self._range, self._whole, self._parse,
                                        report=report)
             report["seconds"] = time.perf_counter() - started
             self.last_refetch = report

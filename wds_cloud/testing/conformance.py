@@ -47,7 +47,7 @@ from ..compat import WebDataset
 from ..errors import CredentialsError, ObjectChangedError, TransferError, WdsCloudError
 from .faults import FaultProxy
 from ..io.open import open_backend
-from ..writer import ShardWriter
+from ..writer import ShardWriter, TarWriter
 
 __all__ = ["BackendConformance"]
 
@@ -286,7 +286,6 @@ def _secrets(options: dict) -> list[str]:
 def _tiny_tar() -> bytes:
     import io
 
-    from ..writer import TarWriter
 
     out = io.BytesIO()
     with TarWriter(out) as writer:

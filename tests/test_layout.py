@@ -1,0 +1,198 @@
+"""The house's layout holds: layers without import cycles, plugins on the public I/O layer only,
+no class-name dispatch, no module writing another's private attributes, upstream paths intact."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "wds_cloud"
+PLUGINS = ROOT / "plugins"
+
+#: webdataset 1.0.2's module paths, kept as the public facade
+UPSTREAM_MODULES = ["autodecode", "cache", "compat", "extradatasets", "filters", "gopen", "handlers", "mix", "multi",
+                    "pipeline", "pytorch", "shardlists", "tariterators", "tenbin", "typecheck", "utils", "writer"]
+#: our own public modules at the top level; everything else lives in io/, tar/ or resume/
+OWN_PUBLIC_MODULES = ["__init__", "__main__", "cli", "config", "demo", "encoders", "errors", "records", "stages"]
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: pathlib.Path, modules: dict) -> set[str]:
+    """The wds_cloud modules ``name`` imports anywhere in its text (in functions too: a lazy import is an edge)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("wds_cloud"):
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in modules else target)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("wds_cloud"))
+    edges = set()
+    for target in found:
+        if target not in modules:
+            continue
+        edges.add(target)
+        # importing a submodule of another subpackage runs that subpackage's __init__ first
+        parent = target.rpartition(".")[0]
+        if parent not in ("", "wds_cloud") and not name.startswith(parent + ".") and name != parent:
+            edges.add(parent)
+    edges.discard(name)
+    return edges
+
+
+def test_no_import_cycles():
+    """No chain of imports (lazy ones included) leads from a module back to itself."""
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    graph["wds_cloud"] = set()  # the facade imports everything; nothing below may need it
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_nothing_below_imports_the_package_facade():
+    """Modules import what they use from where it lives, never from the package's own __init__."""
+    modules = _modules()
+    consumers = {"wds_cloud", "wds_cloud.cli", "wds_cloud.demo", "wds_cloud.__main__"}  # the command line uses the API
+    offenders = [name for name, path in modules.items() if name not in consumers
+                 and "wds_cloud" in _imports(name, path, {**modules, "wds_cloud": PACKAGE / "__init__.py"})]
+    assert not offenders
+
+
+def test_plugins_import_only_the_io_layer_and_errors():
+    """Built-in plugins use exactly what a third-party plugin may: wds_cloud.io and wds_cloud.errors."""
+    bad = []
+    for path in PLUGINS.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module] if isinstance(node, ast.ImportFrom) and not node.level else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            bad += [f"{path.name}: {n}" for n in names
+                    if n and n.startswith("wds_cloud") and n not in ("wds_cloud.io", "wds_cloud.errors")]
+    assert not bad
+
+
+def test_top_level_holds_the_facade_and_three_subpackages():
+    """Top level: webdataset's module paths, our few public modules, and io/, tar/, resume/ (+ testing/)."""
+    names = {p.stem for p in PACKAGE.glob("*.py")}
+    assert names <= set(UPSTREAM_MODULES) | set(OWN_PUBLIC_MODULES), sorted(names - set(UPSTREAM_MODULES)
+                                                                             - set(OWN_PUBLIC_MODULES))
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert packages == {"io", "tar", "resume", "testing"}
+
+
+def test_no_class_name_dispatch():
+    """Stages are told apart by what they implement, never by their class's name."""
+    hits = [f"{p.relative_to(ROOT)}:{i}" for p in list(PACKAGE.rglob("*.py")) + list(PLUGINS.glob("*.py"))
+            for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"__name__\s*(==|!=|in\b)", line)]
+    assert not hits
+
+
+def _private_attributes_defined(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name) \
+                and node.value.id in ("self", "cls"):
+            names.add(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("_"):
+            names.add(node.value)  # __slots__ entries
+    return names
+
+
+def test_no_module_writes_another_modules_private_attributes():
+    """An assignment to ``x._name`` (x not self/cls) is only to a private name the same module defines."""
+    bad = []
+    for path in list(PACKAGE.rglob("*.py")) + list(PLUGINS.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        own = _private_attributes_defined(tree)
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Attribute) and target.attr.startswith("_") \
+                        and not target.attr.startswith("__") and target.attr not in own \
+                        and not (isinstance(target.value, ast.Name) and target.value.id in ("self", "cls")):
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(target)}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" \
+                    and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) \
+                    and str(node.args[1].value).startswith("_") and not str(node.args[1].value).startswith("__"):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} setattr {node.args[1].value}")
+    assert not bad
+
+
+UPSTREAM_NAMES = {
+    "tariterators": ["base_plus_ext", "valid_sample", "url_opener", "tar_file_iterator", "tar_file_expander",
+                     "group_by_keys", "meta_prefix", "meta_suffix", "tarfile_samples", "tarfile_to_samples",
+                     "pipelinefilter", "TarSamples", "shard_samples", "key_rule", "last_dot_split"],
+    "filters": ["_shuffle", "_select", "_map", "_to_tuple", "_batched", "_rsample", "_extract_keys", "_rename_keys",
+                "_xdecode", "default_collation_fn", "unlisted", "log_keys", "FilterFunction", "RestCurried",
+                "compose", "pipeline", "default_decoders", "find_decoder", "Shuffle", "detshuffle", "shuffle"],
+    "autodecode": ["ImageHandler", "imagespecs", "IMAGE_EXTENSIONS", "decoders", "basichandlers", "default_decoder",
+                   "unpickle_loads", "tenbin_loads", "msgpack_loads", "npy_loads", "npz_loads", "cbor_loads",
+                   "default_pre_handlers", "default_post_handlers", "Decoder", "Continue", "gzfilter",
+                   "handle_extension", "imagehandler", "torch_loads", "pytorch_weights_only"],
+    "shardlists": ["expand_urls", "expand_source", "envsubst", "ResampledShardList", "DirectoryShardList",
+                   "SimpleShardList", "ResampledShards", "MultiShardSample", "resampled", "non_empty",
+                   "single_node_only", "split_by_node", "split_by_worker", "shardspec"],
+    "cache": ["FileCache", "StreamingOpen", "url_to_cache_name", "download", "check_tar_format", "LRUCleanup",
+              "pipe_cleaner", "cached_url_opener"],
+    "gopen": ["Pipe", "rewrite_url", "reader", "gopen_file", "gopen_pipe", "gopen_curl", "gopen_error", "gopen",
+              "gopen_schemes", "open_backend"],
+    "utils": ["enforce_security", "pytorch_worker_info", "pytorch_worker_seed", "make_seed", "is_iterable",
+              "identity", "obsolete", "ObsoleteException", "deprecated", "glob_with_braces", "fnmatch_with_braces"],
+    "writer": ["default_handlers", "make_handlers", "make_encoder", "encode_based_on_extension",
+               "encode_based_on_extension1", "imageencoder", "bytestr", "TarWriter", "ShardWriter", "numpy_dumps",
+               "torch_dumps"],
+    "tenbin": ["encode_buffer", "decode_buffer", "read", "write", "save", "load"],
+    "compat": ["check_empty", "WebDataset", "WebLoader", "FluidInterface", "FluidWrapper"],
+    "pipeline": ["add_length_method", "DataPipeline"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(UPSTREAM_NAMES))
+def test_upstream_module_paths_keep_their_names(module):
+    """``from wds_cloud.<upstream module> import <name>`` works for every name webdataset code imports."""
+    mod = importlib.import_module(f"wds_cloud.{module}")
+    missing = [n for n in UPSTREAM_NAMES[module] + list(getattr(mod, "__all__", ())) if not hasattr(mod, n)]
+    assert not missing

@@ -1,0 +1,94 @@
+"""Fetching a shuffle's buffered samples again on resume, with bounded ranged reads."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+from ..errors import StateMismatchError, redact
+from ..io.urls import is_local
+
+__all__ = ["refetch"]
+
+
+def refetch(locs: Sequence[tuple], read_range: Callable[[str, int, int], Any],
+            read_from_start: Callable[[str], Any], parse: Callable[..., Iterable[tuple[int, dict]]],
+            threads: int = 16, report: Optional[dict] = None) -> list[dict]:
+    """The samples at ``locs`` (``(url, start, end, compressed)``), in that order.
+
+    Plain shards: adjacent ranges of one shard are merged and each run is read
+    with ``read_range(url, start, end)``, runs in parallel.  Compressed shards
+    cannot be entered in the middle: each is read once from its start
+    (``read_from_start(url)``) up to its last wanted sample.  ``parse(stream,
+    url, start, ranged)`` yields ``(start offset, sample)`` pairs.
+    """
+    wanted: dict[tuple, list[int]] = {}
+    for i, (url, start, end, compressed) in enumerate(locs):
+        wanted.setdefault((url, start), []).append(i)  # a sample repeated by equal_work can be buffered twice
+    runs: list[tuple[str, int, int]] = []
+    whole: dict[str, int] = {}
+    for url, start, end, compressed in sorted(set(locs)):
+        if compressed:
+            whole[url] = max(whole.get(url, 0), end)
+        elif runs and runs[-1][0] == url and runs[-1][2] == start:
+            runs[-1] = (url, runs[-1][1], end)
+        else:
+            runs.append((url, start, end))
+    found: dict[int, dict] = {}
+
+    def fetch_run(run: tuple[str, int, int]) -> list[tuple[int, dict]]:
+        url, start, end = run
+        stream = read_range(url, start, end)
+        try:
+            return [(offset, sample) for offset, sample in parse(stream, url, start, True)]
+        finally:
+            stream.close()
+
+    def fetch_whole(url: str) -> list[tuple[int, dict]]:
+        stream = read_from_start(url)
+        out = []
+        try:
+            for offset, sample in parse(stream, url, 0, False):
+                if (url, offset) in wanted:
+                    out.append((offset, sample))
+                if offset >= whole[url]:
+                    break
+        finally:
+            stream.close()
+        return out
+
+    if report is not None:
+        report.update(samples=len(locs), requests=len(runs) + len(whole),
+                      bytes=sum(end - start for _, start, end in runs) + sum(whole.values()))
+    jobs = [(fetch_run, run[0], run) for run in runs] + [(fetch_whole, url, url) for url in whole]
+    if not jobs:
+        return []
+    # Local files gain nothing from threads; remote runs go out in parallel, each thread taking a
+    # contiguous share of the runs (one task per thread, not per run).
+    # More lanes than about twice the cores only add contention (measured on loopback, where the
+    # parsing is the cost); against a store's latency, more lanes overlap more waiting.
+    local = all(is_local(job[1]) for job in jobs)
+    lanes = 1 if local else max(1, min(threads, 2 * (os.cpu_count() or 1), len(jobs)))
+    shares = [jobs[i::lanes] for i in range(lanes)]
+
+    def work(share: list) -> list:
+        return [(job[1], job[0](job[2])) for job in share]
+
+    if lanes == 1:
+        results = work(jobs)
+    else:
+        with ThreadPoolExecutor(max_workers=lanes) as pool:
+            results = [item for part in pool.map(work, shares) for item in part]
+    for url, pairs in results:
+        for offset, sample in pairs:
+            for n, index in enumerate(wanted.get((url, offset), ())):
+                found[index] = sample if n == 0 else dict(sample)
+    missing = [locs[i] for i in range(len(locs)) if i not in found]
+    if missing:
+        url, start, end, _ = missing[0]
+        raise StateMismatchError(
+            f"{redact(url)}: no sample starts at byte {start} (expected one ending at {end}); "
+            f"{len(missing)} buffered sample(s) of the saved state are not where it says: the shard "
+            "changed since the state was saved", url=url, offset=start)
+    return [found[i] for i in range(len(locs))]
