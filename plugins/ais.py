@@ -12,10 +12,20 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from typing import IO, Iterator, Optional
+from typing import Iterator, Optional
 
-from wds_cloud.io import Backend, HTTPReadStream, ObjectInfo, SpooledPut, hookimpl, raise_for_status, request
 from wds_cloud.errors import ConfigError, TransferError, redact
+from wds_cloud.io import (
+    Backend,
+    HTTPReadStream,
+    InStream,
+    ObjectInfo,
+    OutStream,
+    SpooledPut,
+    hookimpl,
+    raise_for_status,
+    request,
+)
 
 PROVIDERS = {"ais": "ais", "s3": "aws", "gs": "gcp", "gcs": "gcp", "az": "azure", "abfs": "azure"}
 HINT = "set AIS_AUTHN_TOKEN to a valid AIStore token"
@@ -49,7 +59,7 @@ class AISBackend(Backend):
                 f"?provider={provider}")
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
-                  timeout: Optional[float] = None, length: Optional[int] = None) -> IO[bytes]:
+                  timeout: Optional[float] = None, length: Optional[int] = None) -> InStream:
         headers = self._headers()
         if version:
             headers["If-Match"] = version
@@ -90,7 +100,7 @@ class AISBackend(Backend):
             if not token:
                 return
 
-    def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
+    def open_write(self, url: str, bufsize: Optional[int] = None) -> OutStream:
         target = self._object_url(url)
 
         def send(body, size: int) -> None:

@@ -10,11 +10,17 @@ one download per shard through adlfs's own client, chunk by chunk.
 
 from __future__ import annotations
 
-from typing import IO, Any, Optional
+from typing import Any, Optional
 
-from wds_cloud.io import FsspecBackend, HTTPReadStream, ReadStream, hookimpl
-from wds_cloud.errors import (AccessDeniedError, CredentialsError, ObjectChangedError, ShardNotFoundError,
-                              TransferError, redact)
+from wds_cloud.errors import (
+    AccessDeniedError,
+    CredentialsError,
+    ObjectChangedError,
+    ShardNotFoundError,
+    TransferError,
+    redact,
+)
+from wds_cloud.io import FsspecBackend, HTTPReadStream, InStream, ReadStream, hookimpl
 
 REQUIRES = ("adlfs",)
 CREDENTIALS_HINT = ("set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with "
@@ -38,19 +44,34 @@ def _azure_error(status: int, body: str, url: str) -> Optional[BaseException]:
         return ObjectChangedError(f"{shown}: the blob changed while it was being read", url=url)
     return None
 
+try:  # azure-core comes with adlfs; without it none of its errors can arise
+    from azure.core.exceptions import (
+        ClientAuthenticationError,
+        HttpResponseError,
+        ResourceModifiedError,
+        ResourceNotFoundError,
+        ServiceRequestError,
+        ServiceResponseError,
+    )
+except ImportError:  # pragma: no cover - the az extra is not installed
+    class _NeverRaised(Exception):
+        """Stands for azure-core's errors when it is not installed."""
+
+    ClientAuthenticationError = HttpResponseError = ResourceModifiedError = _NeverRaised  # type: ignore[misc,assignment]
+    ResourceNotFoundError = ServiceRequestError = ServiceResponseError = _NeverRaised  # type: ignore[misc,assignment]
+
 
 def translate(exc: BaseException, url: str) -> BaseException:
     if isinstance(exc, (ShardNotFoundError, CredentialsError, TransferError)):
         return exc
     shown = redact(url)
-    name = type(exc).__name__
     status = getattr(exc, "status_code", None)
     code = str(getattr(exc, "error_code", "") or "")
-    if status == 412 or name == "ResourceModifiedError":
+    if status == 412 or isinstance(exc, ResourceModifiedError):
         return ObjectChangedError(f"{shown}: the blob changed while it was being read", url=url)
     if status in (429, 500, 502, 503, 504):
         return TransferError(f"{shown}: Azure answered HTTP {status}; it will be retried", url=url, status=status)
-    if isinstance(exc, FileNotFoundError) or status == 404 or name == "ResourceNotFoundError":
+    if isinstance(exc, FileNotFoundError) or status == 404 or isinstance(exc, ResourceNotFoundError):
         what = "the container does not exist" if "Container" in code else "no such object"
         return ShardNotFoundError(f"{shown}: {what}", url=url)
     # adlfs wraps a refused upload in a bare RuntimeError; Azure's error code is still in its text
@@ -58,16 +79,16 @@ def translate(exc: BaseException, url: str) -> BaseException:
         c in str(exc) for c in ("AuthorizationFailure", "AuthenticationFailed", "Server failed to authenticate"))
     if wrapped:
         code = "AuthorizationFailure" if "AuthorizationFailure" in str(exc) else "AuthenticationFailed"
-    if name == "ClientAuthenticationError" or code in ("AuthenticationFailed", "AuthorizationFailure") or \
+    if isinstance(exc, ClientAuthenticationError) or code in ("AuthenticationFailed", "AuthorizationFailure") or \
             status == 401 or wrapped:
         return CredentialsError(f"{shown}: Azure rejected the credentials ({code or status}); {CREDENTIALS_HINT}",
                                 url=url)
     if status == 403 or isinstance(exc, PermissionError):
         return AccessDeniedError(f"{shown}: access denied by Azure ({code or exc})", url=url)
-    if name in ("ServiceRequestError", "ServiceResponseError") or isinstance(exc, ConnectionError):
+    if isinstance(exc, (ServiceRequestError, ServiceResponseError)) or isinstance(exc, ConnectionError):
         return TransferError(f"{shown}: cannot reach the Azure endpoint ({exc}); check that it is running and "
                              "that the account URL / connection string is right", url=url, cause=exc)
-    if name == "HttpResponseError" and "payload is not completed" in str(exc):
+    if isinstance(exc, HttpResponseError) and "payload is not completed" in str(exc):
         return TransferError(f"{shown}: the download was cut short ({exc})", url=url, cause=exc)
     if isinstance(exc, ValueError) and "credential" in str(exc).lower():
         return CredentialsError(f"{shown}: {exc}; {CREDENTIALS_HINT}", url=url)
@@ -96,7 +117,7 @@ class _ChunkStream(ReadStream):
         props = self._downloader.properties
         content_range = getattr(props, "content_range", None)
         if content_range and "/" in content_range:  # "bytes a-b/TOTAL": the whole blob's size
-            self.size = int(content_range.rsplit("/", 1)[1])
+            self.size: Optional[int] = int(content_range.rsplit("/", 1)[1])
         else:
             self.size = props.size + offset if props.size is not None else None
         self.etag = self.version = props.etag
@@ -163,7 +184,7 @@ class AzureBackend(FsspecBackend):
         return adlfs.AzureBlobFileSystem(skip_instance_cache=True, **self.storage_options)
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
-                  timeout: Optional[float] = None, length: Optional[int] = None) -> IO[bytes]:
+                  timeout: Optional[float] = None, length: Optional[int] = None) -> InStream:
         """A shared-key or SAS credential gives one signed GET streamed with http.client, resumable at
         any byte; other credentials (Azure AD) stream through adlfs's client chunk by chunk."""
         container, _, blob = self.path(url).partition("/")
@@ -192,6 +213,8 @@ class AzureBackend(FsspecBackend):
         base = f"{endpoint.rstrip('/')}/{urllib.parse.quote(container)}/{urllib.parse.quote(blob)}"
         if sas:
             return f"{base}?{sas.lstrip('?')}"
+        if not name:  # a key alone cannot sign: the account name is part of the signature
+            return None
         from azure.storage.blob import BlobSasPermissions, generate_blob_sas
 
         expiry = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=2)

@@ -10,10 +10,10 @@ import glob
 import io
 import os
 import sys
-from typing import IO, Iterator, Optional
+from typing import Iterator, Optional
 
-from wds_cloud.io import AtomicFile, Backend, ObjectInfo, hookimpl, local_path
 from wds_cloud.errors import ShardNotFoundError
+from wds_cloud.io import AtomicFile, Backend, InStream, ObjectInfo, OutStream, hookimpl, local_path
 
 
 class _Unclosable(io.RawIOBase):
@@ -45,13 +45,13 @@ class _Unclosable(io.RawIOBase):
 class FileBackend(Backend):
     scheme = "file"
 
-    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **kw: object) -> IO[bytes]:
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **kw: object) -> InStream:
         if url == "-":
             # looked up now, not at import: a program (or a test) may have replaced sys.stdin
-            stream = io.BufferedReader(_Unclosable(getattr(sys.stdin, "buffer", sys.stdin)))
+            stdin = io.BufferedReader(_Unclosable(getattr(sys.stdin, "buffer", sys.stdin)))
             if offset:
-                stream.read(offset)
-            return stream
+                stdin.read(offset)
+            return stdin
         path = local_path(url)
         try:
             stream = open(path, "rb", buffering=bufsize or self.settings.bufsize)
@@ -66,7 +66,7 @@ class FileBackend(Backend):
             stream.seek(offset)
         return stream
 
-    def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
+    def open_write(self, url: str, bufsize: Optional[int] = None) -> OutStream:
         if url == "-":
             return io.BufferedWriter(_Unclosable(getattr(sys.stdout, "buffer", sys.stdout)))
         return AtomicFile(local_path(url), bufsize or self.settings.bufsize)

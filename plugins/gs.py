@@ -10,11 +10,17 @@ URL with the same credentials.
 from __future__ import annotations
 
 import urllib.parse
-from typing import IO, Any, Optional
+from typing import Any, Optional
 
-from wds_cloud.io import FsspecBackend, HTTPReadStream, hookimpl, raise_for_status, request
-from wds_cloud.errors import (AccessDeniedError, CredentialsError, ObjectChangedError, ShardNotFoundError,
-                              TransferError, redact)
+from wds_cloud.errors import (
+    AccessDeniedError,
+    CredentialsError,
+    ObjectChangedError,
+    ShardNotFoundError,
+    TransferError,
+    redact,
+)
+from wds_cloud.io import FsspecBackend, HTTPReadStream, InStream, OutStream, hookimpl, raise_for_status, request
 
 REQUIRES = ("gcsfs",)
 CREDENTIALS_HINT = ("set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, run "
@@ -64,7 +70,7 @@ class GCSBackend(FsspecBackend):
         return str(info.get("generation") or info.get("etag") or "") or None
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
-                  timeout: Optional[float] = None, length: Optional[int] = None) -> IO[bytes]:
+                  timeout: Optional[float] = None, length: Optional[int] = None) -> InStream:
         fs = self.fs
         headers = self._auth_headers(url)
         media = fs.url(self.path(url), generation=version)  # a resumed read asks for the generation first read
@@ -88,7 +94,7 @@ class GCSBackend(FsspecBackend):
             raise translate(exc, url) from exc
         return headers
 
-    def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
+    def open_write(self, url: str, bufsize: Optional[int] = None) -> OutStream:
         self._check_credentials(url)
         return super().open_write(url, bufsize)
 

@@ -10,10 +10,20 @@ from __future__ import annotations
 import html
 import re
 import urllib.parse
-from typing import IO, Iterator, Optional
+from typing import Iterator, Optional
 
-from wds_cloud.io import Backend, HTTPReadStream, ObjectInfo, SpooledPut, hookimpl, raise_for_status, request
 from wds_cloud.errors import redact
+from wds_cloud.io import (
+    Backend,
+    HTTPReadStream,
+    InStream,
+    ObjectInfo,
+    OutStream,
+    SpooledPut,
+    hookimpl,
+    raise_for_status,
+    request,
+)
 
 HINT = "pass the header it needs in storage_options={'headers': {'Authorization': ...}}"
 
@@ -32,7 +42,7 @@ class HTTPBackend(Backend):
         return float(self.storage_options.get("timeout", 60.0))
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
-                  timeout: Optional[float] = None, length: Optional[int] = None) -> IO[bytes]:
+                  timeout: Optional[float] = None, length: Optional[int] = None) -> InStream:
         headers = self._headers
         if version:
             headers["If-Match"] = version
@@ -64,7 +74,7 @@ class HTTPBackend(Backend):
                 seen.add(url)
                 yield url
 
-    def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
+    def open_write(self, url: str, bufsize: Optional[int] = None) -> OutStream:
         def send(body, size: int) -> None:
             headers = dict(self._headers, **{"Content-Length": str(size)})
             conn, response = request("PUT", url, headers, body=body, timeout=self._timeout)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import IO, Optional
+from typing import Optional
 
-from wds_cloud.io import Backend, Pipe, check_pipe, hookimpl, skip
 from wds_cloud.errors import ConfigError
+from wds_cloud.io import Backend, InStream, OutStream, Pipe, check_pipe, hookimpl, skip
 
 
 class PipeBackend(Backend):
@@ -18,13 +18,13 @@ class PipeBackend(Backend):
             raise ConfigError(f"{url!r} has no command: write pipe:COMMAND, e.g. 'pipe:cat shard.tar'", url=url)
         return command
 
-    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **kw: object) -> IO[bytes]:
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **kw: object) -> InStream:
         pipe = Pipe(self._command(url), "rb", bufsize or self.settings.bufsize, url=url)
         if offset:  # a command's output cannot seek: skip what was asked to be skipped
             skip(pipe.read, offset)
         return pipe
 
-    def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
+    def open_write(self, url: str, bufsize: Optional[int] = None) -> OutStream:
         return Pipe(self._command(url), "wb", bufsize or self.settings.bufsize, url=url)
 
 

@@ -11,11 +11,18 @@ credentials.  Without options, the standard AWS environment applies
 from __future__ import annotations
 
 import os
-from typing import IO, Any, Optional
+from typing import Any, Optional
 
-from wds_cloud.io import FsspecBackend, HTTPReadStream, hookimpl, require
-from wds_cloud.errors import (AccessDeniedError, CredentialsError, ObjectChangedError, ShardNotFoundError,
-                              TransferError, WdsCloudError, redact)
+from wds_cloud.errors import (
+    AccessDeniedError,
+    CredentialsError,
+    ObjectChangedError,
+    ShardNotFoundError,
+    TransferError,
+    WdsCloudError,
+    redact,
+)
+from wds_cloud.io import FsspecBackend, HTTPReadStream, InStream, hookimpl, require
 
 REQUIRES = ("s3fs", "botocore")
 CREDENTIALS_HINT = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
@@ -144,7 +151,7 @@ class S3Backend(FsspecBackend):
         return session.create_client("s3", config=Config(**config_kwargs), **client_kwargs)
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
-                  timeout: Optional[float] = None, length: Optional[int] = None) -> IO[bytes]:
+                  timeout: Optional[float] = None, length: Optional[int] = None) -> InStream:
         """One GET for the whole shard, signed by boto3 and streamed with http.client.
 
         The signed URL is made locally (no request) and read straight from the

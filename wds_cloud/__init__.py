@@ -13,10 +13,10 @@ from .autodecode import (
     gzfilter,
     handle_extension,
     imagehandler,
+    pytorch_weights_only,
     torch_audio,
     torch_loads,
     torch_video,
-    pytorch_weights_only,
 )
 from .cache import LRUCleanup, pipe_cleaner
 from .compat import FluidInterface, FluidWrapper, WebDataset, WebLoader

@@ -23,9 +23,9 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from . import config, tenbin, utils
-from .io.security import is_secure
+from . import config, tenbin
 from .errors import DecodingError, MissingExtraError, SecurityError, redact
+from .io.security import is_secure
 
 __all__ = [
     "Continue", "Decoder", "DecodingError", "ImageHandler", "imagehandler", "imagespecs", "IMAGE_EXTENSIONS",
@@ -260,7 +260,7 @@ class ImageHandler:
         image = PIL.Image.open(io.BytesIO(data), formats=_PIL_FORMATS.get(extension or "", None))
         image.load()
         if self.mode is not None and image.mode != self.mode:
-            image = image.convert(self.mode)
+            image = image.convert(self.mode)  # type: ignore[assignment]  # an Image either way
         if self.atype == "pil":
             return image
         # A read-only view of Pillow's pixel bytes, as webdataset returns: copying a large image
@@ -362,7 +362,7 @@ class Decoder:
         for h in self.handlers:
             if h is gzfilter:
                 continue
-            if extension in _by_extension(h):
+            if extension in (_by_extension(h) or ()):
                 return h
         return _NOTHING
 
@@ -396,8 +396,8 @@ class Decoder:
                 continue
             try:
                 if plannable:
-                    plan = plans.get(field, _UNPLANNED)
-                    if plan is _UNPLANNED:
+                    plan = plans.get(field, _unplanned)
+                    if plan is _unplanned:
                         plan = plans[field] = self._plan(field)
                     if plan is _NOTHING:
                         result[field] = value
@@ -416,8 +416,12 @@ class Decoder:
         return result
 
 
-_UNPLANNED = object()
-_NOTHING = object()
+def _unplanned(key: str, data: Any) -> Any:
+    """A sentinel: no plan made yet for this field (never called)."""
+    raise AssertionError("the unplanned sentinel was called")
+def _NOTHING(key: str, data: Any) -> Any:
+    """A sentinel: no handler decodes this field (never called)."""
+    raise AssertionError("the no-handler sentinel was called")
 
 
 def _decoding_error(sample: dict, field: str, exc: Exception, why: str) -> DecodingError:

@@ -4,8 +4,16 @@
 ``StreamingOpen`` opens shards without one; the rest are webdataset's helpers.
 """
 
-from .io.opener import (FileCache, LRUCleanup, StreamingOpen, cached_url_opener, check_tar_format, download,
-                        pipe_cleaner, url_to_cache_name)
+from .io.opener import (
+                        FileCache,
+                        LRUCleanup,
+                        StreamingOpen,
+                        cached_url_opener,
+                        check_tar_format,
+                        download,
+                        pipe_cleaner,
+                        url_to_cache_name,
+)
 
 __all__ = ["FileCache", "StreamingOpen", "url_to_cache_name", "download", "check_tar_format", "pipe_cleaner",
            "LRUCleanup", "cached_url_opener"]

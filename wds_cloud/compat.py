@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, TYPE_CHECKING, Union
 
 from . import autodecode, config, filters, shardlists, utils
-from .io import opener as cache
-from .resume import loader as loaderstate
+from .errors import NotResumableError, StateMismatchError, redact
 from .handlers import reraise_exception
-from .errors import NotResumableError, redact, StateMismatchError
+from .io import opener as cache
+from .io.resilient import StatsSink, TransferStats
 from .pipeline import DataPipeline
 from .pytorch import DataLoader
+from .resume import loader as loaderstate
 from .resume.protocol import BufferingStage, Resumable
-from .io.resilient import StatsSink, TransferStats
+from .resume.state import check_same
 from .stages import PipelineStage
 from .tar.shardreader import TarSamples
-from .resume.state import check_same
 
 __all__ = ["FluidInterface", "WebDataset", "FluidWrapper", "WebLoader", "check_empty", "CheckEmpty"]
 
@@ -33,6 +33,9 @@ log = logging.getLogger("wds_cloud.compat")
 
 class FluidInterface:
     """Fluent methods shared by ``WebDataset``, ``FluidWrapper`` and ``WebLoader``."""
+
+    if TYPE_CHECKING:  # provided by DataPipeline, which every class using this mixin also is
+        def compose(self, *stages: Callable) -> Any: ...
 
     def batched(self, batchsize: int, collation_fn: Optional[Callable] = filters.default_collation_fn,
                 partial: bool = True) -> Any:
@@ -195,6 +198,7 @@ class WebDataset(DataPipeline, FluidInterface):
         if verbose:
             self.append(filters.map(_log_shard))
         self._stats = StatsSink()
+        opener: Union[cache.StreamingOpen, cache.FileCache]
         if cache_dir is None or cache_size == 0:
             opener = cache.StreamingOpen(handler=handler, storage_options=storage_options, retries=retries,
                                          timeout=timeout, stats=self._stats)
@@ -203,7 +207,7 @@ class WebDataset(DataPipeline, FluidInterface):
                                      verbose=verbose, storage_options=storage_options, retries=retries,
                                      timeout=timeout, stats=self._stats)
         self.equal_work = _check_equal_work(equal_work)
-        self._counts = None
+        self._counts: Optional[list] = None
         if self.equal_work in ("min", "max"):
             if not isinstance(self._shards, shardlists.SimpleShardList):
                 raise ValueError(f"equal_work={equal_work!r} needs a fixed shard list (not resampled, a YAML mix "
@@ -241,7 +245,8 @@ class WebDataset(DataPipeline, FluidInterface):
             world_size = 1
         shards = self._shards
         slots = shardlists.slot_shards(len(shards.urls), shards.seed, shards.epoch, world_size, num_workers)
-        totals = [sum(self._counts[i] for i in slot) for slot in slots]
+        counts = self._counts or []  # set whenever equal_work is "min" or "max", the only callers
+        totals = [sum(counts[i] for i in slot) for slot in slots]
         if min(totals) == 0:
             empty = totals.index(0)
             raise ValueError(
@@ -312,8 +317,8 @@ class WebLoader(DataPipeline, FluidInterface):
     continue from there, in the same worker order.
     """
 
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        args = list(args)
+    def __init__(self, *given: Any, **kw: Any) -> None:
+        args = list(given)
         dataset = args[0] if args else kw.get("dataset")
         self._dataset = dataset
         self._untag = None
@@ -348,7 +353,7 @@ class WebLoader(DataPipeline, FluidInterface):
 
     def __iter__(self) -> Iterator:
         dataset = self._dataset
-        resuming = self._blocker is None and dataset.has_worker_states
+        resuming = self._blocker is None and dataset is not None and dataset.has_worker_states
         epoch = self._pass_epoch if resuming else self._auto_epoch  # a resumed pass continues its epoch
         if dataset is not None and hasattr(dataset, "set_epoch"):
             dataset.set_epoch(epoch)  # before the workers start: each pass a new order
@@ -385,7 +390,9 @@ class WebLoader(DataPipeline, FluidInterface):
         check_same("WebLoader", {"num_workers": state["num_workers"]}, {"num_workers": self._untag.num_workers})
         workers = {int(w): s for w, s in state["workers"]}
         self._untag.resume(state["next"], set(state["exhausted"]), workers)
-        self._dataset.set_worker_states(dict(workers))
+        dataset = self._dataset
+        assert dataset is not None  # a loader without a dataset has a resume blocker
+        dataset.set_worker_states(dict(workers))
         self._pass_epoch = state.get("epoch", 0)
         self._auto_epoch = self._pass_epoch + 1
         self._resume_progress = list(state.get("progress") or (0, 0))

@@ -13,7 +13,7 @@ import dataclasses
 import os
 import re
 from collections.abc import Mapping
-from typing import Optional
+from typing import Any, Optional, overload
 
 from .errors import ConfigError
 
@@ -93,6 +93,14 @@ def parse_size(name: str, value: object) -> int:
 DEFAULT_MAX_MEMBER_SIZE = 2 << 30
 
 
+@overload
+def parse_positive_size(name: str, value: object, default: int) -> int: ...
+
+
+@overload
+def parse_positive_size(name: str, value: object, default: None = None) -> Optional[int]: ...
+
+
 def parse_positive_size(name: str, value: object, default: Optional[int] = None) -> Optional[int]:
     """A byte count that must be positive (``256MB``, ``2GiB``, 4096); ``default`` when unset."""
     if value is None or (isinstance(value, str) and value.strip() == ""):
@@ -101,6 +109,14 @@ def parse_positive_size(name: str, value: object, default: Optional[int] = None)
     if size <= 0:
         raise ConfigError(f"{name}={value!r} must be a positive size, such as 256MB or 2GiB")
     return size
+
+
+@overload
+def _parse_int(name: str, value: Optional[str], default: int) -> int: ...
+
+
+@overload
+def _parse_int(name: str, value: Optional[str], default: None) -> Optional[int]: ...
 
 
 def _parse_int(name: str, value: Optional[str], default: Optional[int]) -> Optional[int]:
@@ -226,7 +242,7 @@ class Settings:
                                                 DEFAULT_MAX_MEMBER_SIZE),
         )
 
-    def replace(self, **changes: object) -> "Settings":
+    def replace(self, **changes: Any) -> "Settings":
         """Return a copy with ``changes`` applied."""
         return dataclasses.replace(self, **changes)
 

@@ -118,7 +118,7 @@ def run_demo(url: Optional[str] = None, samples: int = 2000, workers: int = 2, s
     from .pytorch import HAVE_TORCH
 
     temporary = url is None
-    location = tempfile.mkdtemp(prefix="wds-cloud-demo-") if temporary else url
+    location = tempfile.mkdtemp(prefix="wds-cloud-demo-") if url is None else url
     try:
         print(f"writing {samples} samples in {shards} shards to {location}", file=out)
         started = time.perf_counter()

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import MissingExtraError
 from . import tenbin
+from .errors import MissingExtraError
 
 __all__ = ["imageencoder", "bytestr", "numpy_dumps", "numpy_npz_dumps", "torch_dumps", "tenbin_dumps", "cbor_dumps",
            "mp_dumps", "default_handlers", "make_handlers", "encode_based_on_extension1",
@@ -78,7 +78,8 @@ def numpy_npz_dumps(data: Any) -> bytes:
     """A dict of arrays (or one array) as a ``.npz`` file."""
     out = io.BytesIO()
     if isinstance(data, dict):
-        np.savez(out, **{k: np.asarray(v) for k, v in data.items()})
+        arrays: dict[str, Any] = {k: np.asarray(v) for k, v in data.items()}
+        np.savez(out, **arrays)
     else:
         np.savez(out, np.asarray(data))
     return out.getvalue()

@@ -18,13 +18,13 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from .handlers import reraise_exception
-from .stages import FilterFunction, PipelineStage, RestCurried, compose, pipeline, pipelinefilter
-from .resume.shuffle import Shuffle
-from .autodecode import Decoder, refuse_if_unsafe
-from .io.security import is_secure
 from . import autodecode as ad
+from .autodecode import Decoder, refuse_if_unsafe
 from .errors import MissingExtraError, SecurityError
+from .handlers import reraise_exception
+from .io.security import is_secure
+from .resume.shuffle import Shuffle
+from .stages import FilterFunction, PipelineStage, RestCurried, compose, pipeline, pipelinefilter
 
 __all__ = [
     "FilterFunction", "RestCurried", "PipelineStage", "pipelinefilter", "compose", "pipeline", "getfirst",

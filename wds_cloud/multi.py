@@ -11,6 +11,7 @@ dataset is iterated in this process.
 from __future__ import annotations
 
 from typing import Any, Iterator
+
 from .compat import WebLoader
 from .pytorch import HAVE_TORCH
 

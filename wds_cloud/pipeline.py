@@ -19,8 +19,14 @@ from . import utils
 from .errors import NotResumableError, StateMismatchError, redact
 from .io.security import untrusted
 from .pytorch import DataLoader, IterableDataset
-from .resume.protocol import (BufferingStage, SampleSource, declines_resume, is_resumable, next_pass_state,
-                              transport_state)
+from .resume.protocol import (
+    BufferingStage,
+    SampleSource,
+    declines_resume,
+    is_resumable,
+    next_pass_state,
+    transport_state,
+)
 from .resume.state import FORMAT, check_same, expect, shown_url, url_id
 from .stages import PipelineStage
 
@@ -53,11 +59,11 @@ class DataPipeline(IterableDataset, PipelineStage):
         self.length = -1
         self.repetitions = 1
         self.nsamples = -1
-        self.size = None
+        self.size: Optional[int] = None
         self._has_length = False
-        self.epoch = None
+        self.epoch: Optional[int] = None
         self._progress = [0, 0, True]  # (pass, samples yielded, begun) of the most recent iterator
-        self._resume_progress = None
+        self._resume_progress: Optional[list] = None
         self._worker_states: Optional[dict] = None  # per-DataLoader-worker states, applied in each worker
         for arg in args:
             if arg is None:
@@ -280,7 +286,8 @@ class DataPipeline(IterableDataset, PipelineStage):
 
     def _feeders(self) -> dict:
         """Stage index of each buffering stage -> the sample source feeding it (as :meth:`_wire` attaches them)."""
-        feeders, source = {}, None
+        feeders: dict[int, Optional[SampleSource]] = {}
+        source = None
         for i, stage in enumerate(self.pipeline):
             if isinstance(stage, BufferingStage):
                 feeders[i], source = source, None
@@ -338,7 +345,7 @@ class DataPipeline(IterableDataset, PipelineStage):
 
     def _apply_worker_state(self) -> None:
         _, _, worker, _ = utils.pytorch_worker_info()
-        state = self._worker_states.get(worker)
+        state = (self._worker_states or {}).get(worker)
         self._worker_states = None  # applied once (a persistent worker starts the next epoch afresh)
         if state is not None:
             self.load_state_dict(state)

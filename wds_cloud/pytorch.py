@@ -26,7 +26,7 @@ else:
         def __iter__(self) -> Iterator:
             raise NotImplementedError
 
-    TorchIterableDataset = None
+    TorchIterableDataset = None  # type: ignore[misc,assignment]  # no torch: nothing to subclass
 
     class DataLoader:  # type: ignore[no-redef]
         """Stand-in for ``torch.utils.data.DataLoader`` without torch: iterates in this process.

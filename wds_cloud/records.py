@@ -9,12 +9,13 @@ published only when closed without error.  Records that are dicts get
 
 from __future__ import annotations
 
+import io
 from typing import IO, Any, Callable, Iterable, Iterator, Optional, Union
 
 from .errors import CorruptShardError, MissingExtraError, redact
 from .handlers import reraise_exception
-from .stages import pipelinefilter
 from .io.open import gopen
+from .stages import pipelinefilter
 
 __all__ = ["RecordWriter", "cbors_samples", "cbors_to_samples", "msgpacks_samples", "msgpacks_to_samples",
            "read_records"]
@@ -34,7 +35,7 @@ def _module(fmt: str) -> Any:
         raise MissingExtraError(f"{fmt} record files need {package}: pip install {package}") from None
 
 
-def read_records(stream: IO[bytes], fmt: str, url: str = "") -> Iterator[Any]:
+def read_records(stream: Any, fmt: str, url: str = "") -> Iterator[Any]:
     """Every record of a CBOR or msgpack record stream (``stream`` must support ``peek``).
 
     A record cut short by the end of the stream is a CorruptShardError, never a clean end.
@@ -72,9 +73,6 @@ def read_records(stream: IO[bytes], fmt: str, url: str = "") -> Iterator[Any]:
 
 
 def _samples(src: Iterable[dict], fmt: str, handler: Callable, opener: Optional[Callable]) -> Iterator[Any]:
-    import io
-
-
     for source in src:
         url = source["url"]
         try:

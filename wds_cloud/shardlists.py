@@ -18,11 +18,11 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 import braceexpand
 
 from . import config, utils
-from .io.security import untrusted
-from .stages import PipelineStage, pipelinefilter
-from .io.open import gopen
 from .errors import MissingExtraError
+from .io.open import gopen
+from .io.security import untrusted
 from .resume.state import check_same, expect
+from .stages import PipelineStage, pipelinefilter
 
 __all__ = [
     "envsubst", "expand_urls", "expand_source", "SimpleShardList", "ResampledShards", "ResampledShardList",
@@ -49,7 +49,7 @@ def envsubst(s: str, settings: Optional[config.Settings] = None) -> str:
 def expand_urls(urls: Union[str, Iterable[str]]) -> list[str]:
     """Expand ``::``-joined specs, ``${NAME}`` and brace ranges into a list of URLs."""
     if isinstance(urls, str):
-        result = []
+        result: list[str] = []
         for spec in urls.split("::"):
             spec = envsubst(spec)
             result.extend(braceexpand.braceexpand(spec))
@@ -125,7 +125,7 @@ def _spec_urls(spec: Any, where: str) -> list[str]:
         urls = list(spec)
     else:
         raise ValueError(f"{where}: not a dataset spec: expected a 'shardlist' (wids JSON) or 'datasets' (YAML)")
-    resolved = []
+    resolved: list[str] = []
     for u in urls:
         if base and not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]+:|^/", u):
             u = base + u
@@ -210,6 +210,8 @@ class _Epochs:
 
     epoch = -1
     _epoch_set = False
+    urls: list  # of the shard list using these epochs
+    seed: Any
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -449,7 +451,10 @@ _RECYCLE_MODES = ("resample", "unlink", "keep")
 def _recycle(claimed: str, mode: str) -> None:
     """Return a claimed file ``<file>._<pid>_``: ``resample`` renames it back, ``keep`` to ``<file>._done_``,
     ``unlink`` deletes it."""
-    original = _CLAIM.match(claimed).group("file")
+    match = _CLAIM.match(claimed)
+    if match is None:  # not a name claim_next() made: nothing to give back
+        return
+    original = match.group("file")
     try:
         if mode == "unlink":
             os.unlink(claimed)
@@ -473,7 +478,7 @@ def _pid_alive(pid: int) -> bool:
 
 def cleanup_files_without_processes(path: str, mode: str = "resample") -> list[str]:
     """Recycle (by ``mode``) the files in ``path`` claimed by processes that no longer exist; returns them."""
-    recycled = []
+    recycled: list[str] = []
     try:
         names = os.listdir(path)
     except FileNotFoundError:

@@ -21,8 +21,9 @@ class PipelineStage:
     def invoke(self, *args: Any, **kw: Any) -> Iterator:
         raise NotImplementedError
 
-    def run(self, src: Iterable) -> Iterator:
-        return self.invoke(src)
+    def run(self, *args: Any) -> Iterator:
+        """The stage's output; a source stage (a shard list) takes no argument, any other the iterator before it."""
+        return self.invoke(*args)
 
     def __call__(self, src: Iterable) -> Iterator:
         return self.run(src)
@@ -64,7 +65,7 @@ def pipelinefilter(f: Callable) -> RestCurried:
     return RestCurried(f)
 
 
-def compose(*stages: Callable) -> Callable[[Iterable], Iterator]:
+def compose(*stages: Callable) -> Callable[[Iterable], Iterable]:
     """One stage that applies ``stages`` left to right."""
     return _Composed(stages)
 
@@ -73,7 +74,7 @@ class _Composed:
     def __init__(self, stages) -> None:
         self.stages = stages
 
-    def __call__(self, data: Iterable) -> Iterator:
+    def __call__(self, data: Iterable) -> Iterable:
         for stage in self.stages:
             data = stage(data)
         return data

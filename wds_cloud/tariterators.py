@@ -5,8 +5,19 @@ shard reader (``tarfile_to_samples``) in :mod:`wds_cloud.tar.shardreader`.
 """
 
 from .stages import pipelinefilter
-from .tar.samples import (base_plus_ext, group_by_keys, key_rule, last_dot_split, meta_prefix, meta_suffix,
-                          shard_samples, tar_file_expander, tar_file_iterator, url_opener, valid_sample)
+from .tar.samples import (
+                          base_plus_ext,
+                          group_by_keys,
+                          key_rule,
+                          last_dot_split,
+                          meta_prefix,
+                          meta_suffix,
+                          shard_samples,
+                          tar_file_expander,
+                          tar_file_iterator,
+                          url_opener,
+                          valid_sample,
+)
 from .tar.shardreader import TarSamples, tarfile_samples, tarfile_to_samples
 
 __all__ = [

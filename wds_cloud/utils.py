@@ -16,6 +16,7 @@ import warnings
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import braceexpand
+
 from . import config
 
 __all__ = [

@@ -27,8 +27,8 @@ from .encoders import (
     torch_dumps,
 )
 from .errors import SampleError, redact
-from .tar.header import check_header_numbers, compression_for, Compressor, MemberWriter
 from .io.open import gopen
+from .tar.header import Compressor, MemberWriter, check_header_numbers, compression_for
 
 __all__ = ["TarWriter", "ShardWriter", "default_handlers", "make_handlers", "make_encoder",
            "encode_based_on_extension", "encode_based_on_extension1", "imageencoder", "bytestr", "numpy_dumps",
@@ -269,7 +269,9 @@ class ShardWriter:
             raise ValueError("ShardWriter.write() after close()")
         if self.tarstream is None or self.count >= self.maxcount or self.tarstream.size >= self.maxsize:
             self.next_stream()
-        size = self.tarstream.write(obj)
+        tarstream = self.tarstream
+        assert tarstream is not None  # next_stream() just made one
+        size = tarstream.write(obj)
         self.count += 1
         self.total += 1
         return size

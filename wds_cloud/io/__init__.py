@@ -12,7 +12,7 @@ A plugin (built-in or third-party) imports what it needs from here and from
 """
 
 from .atomic import AtomicFile
-from .backend import Backend, ObjectInfo, ReadStream, missing_modules, require, skip
+from .backend import Backend, InStream, ObjectInfo, OutStream, ReadStream, missing_modules, require, skip
 from .fsbackend import FsspecBackend
 from .hookspecs import hookimpl, hookspec
 from .httpstream import HTTPReadStream, connection_error, raise_for_status, request
@@ -25,8 +25,8 @@ from .urls import is_local, local_path
 
 __all__ = [
     # the plugin contract
-    "hookimpl", "hookspec", "Registrar", "Backend", "ReadStream", "ObjectInfo", "FsspecBackend", "require",
-    "missing_modules", "skip",
+    "hookimpl", "hookspec", "Registrar", "Backend", "ReadStream", "InStream", "OutStream", "ObjectInfo",
+    "FsspecBackend", "require", "missing_modules", "skip",
     # helpers backends build on
     "HTTPReadStream", "request", "raise_for_status", "connection_error", "SpooledPut", "FsspecUpload",
     "AtomicFile", "Pipe", "check_pipe", "is_secure", "untrusted", "UntrustedURL",

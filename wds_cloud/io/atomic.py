@@ -13,6 +13,7 @@ import io
 import os
 import uuid
 import weakref
+from typing import cast
 
 from ..errors import redact
 
@@ -47,7 +48,8 @@ class AtomicFile:
         if parent:
             os.makedirs(parent, exist_ok=True)
         self.temp_path = temp_name_for(self.final_path)
-        self._file = io.open(self.temp_path, "xb", buffering=max(bufsize, io.DEFAULT_BUFFER_SIZE))
+        # buffered (buffering > 0): a BufferedWriter, whose raw file tells what reached the disk
+        self._file = cast(io.BufferedWriter, io.open(self.temp_path, "xb", buffering=max(bufsize, io.DEFAULT_BUFFER_SIZE)))
         self._fsync = fsync
         self.closed = False
         self._finalizer = weakref.finalize(self, _discard, self.temp_path, [self._file])

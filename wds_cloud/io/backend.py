@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from typing import IO, Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 from ..config import Settings
 from ..errors import MissingExtraError
 
-__all__ = ["Backend", "ReadStream", "ObjectInfo", "missing_modules", "require", "fsspec_list", "read_to_end", "skip"]
+__all__ = ["Backend", "ReadStream", "InStream", "OutStream", "ObjectInfo", "missing_modules", "require", "fsspec_list", "read_to_end", "skip"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +27,7 @@ class ObjectInfo:
 
 def read_to_end(read: Callable[[int], bytes], piece: int = 1 << 20) -> bytes:
     """Everything ``read(n)`` still returns, for streams whose ``read(-1)`` reads in pieces."""
-    parts = []
+    parts: list[bytes] = []
     while True:
         chunk = read(piece)
         if not chunk:
@@ -66,10 +66,29 @@ def require(scheme: str, modules: Sequence[str], extra: Optional[str]) -> None:
         raise MissingExtraError(f"{scheme}:// needs {', '.join(missing)}: {hint}")
 
 
+class InStream(Protocol):
+    """What ``Backend.open_read`` returns: a binary stream (a file object, or a stream of ours)."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class OutStream(Protocol):
+    """What ``Backend.open_write`` returns: ``close()`` publishes, ``abort()`` (where present) discards."""
+
+    def write(self, data: bytes, /) -> int: ...
+
+    def close(self) -> None: ...
+
+
 class ReadStream:
     """Base for backends' read streams: subclasses implement ``read``; this adds the rest."""
 
     closed = False
+
+    def read(self, size: int = -1) -> bytes:
+        raise NotImplementedError
 
     def readable(self) -> bool:
         return True
@@ -106,15 +125,15 @@ class Backend:
     #: ``open_read`` takes ``length=`` and then asks the store for no more than that many bytes
     ranged_reads = False
 
-    def __init__(self, settings: Settings, **storage_options: object) -> None:
+    def __init__(self, settings: Settings, **storage_options: Any) -> None:
         self.settings = settings
         self.storage_options = storage_options
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *,
-                  version: Optional[str] = None, timeout: Optional[float] = None) -> IO[bytes]:
+                  version: Optional[str] = None, timeout: Optional[float] = None) -> InStream:
         raise NotImplementedError(f"{self.scheme}: backend cannot read")
 
-    def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
+    def open_write(self, url: str, bufsize: Optional[int] = None) -> OutStream:
         raise NotImplementedError(f"{self.scheme}: backend cannot write")
 
     def stat(self, url: str) -> ObjectInfo:

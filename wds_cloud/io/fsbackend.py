@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import IO, Any, Iterator, Optional
+from typing import Any, Iterator, Optional
 
-from .backend import Backend, ObjectInfo, fsspec_list, require
+from ..errors import MissingExtraError, ShardNotFoundError, WdsCloudError, redact
+from .backend import Backend, InStream, ObjectInfo, OutStream, fsspec_list, require
 from .uploads import FsspecUpload
-from ..errors import MissingExtraError, redact, ShardNotFoundError, WdsCloudError
 
 __all__ = ["FsspecBackend"]
 
@@ -72,7 +72,7 @@ class FsspecBackend(Backend):
     def list(self, prefix: str) -> Iterator[str]:
         yield from fsspec_list(self.fs, prefix.split("://", 1)[0], prefix, self.translate)
 
-    def open_write(self, url: str, bufsize: Optional[int] = None) -> IO[bytes]:
+    def open_write(self, url: str, bufsize: Optional[int] = None) -> OutStream:
         try:
             f = self.fs.open(self.path(url), "wb", block_size=max(bufsize or 0, 8 << 20))
         except Exception as exc:
@@ -128,7 +128,7 @@ class FsspecFallbackBackend(FsspecBackend):
     def path(self, url: str) -> str:  # type: ignore[override]
         return self.fs._strip_protocol(url)
 
-    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **kw: Any) -> IO[bytes]:
+    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **kw: Any) -> InStream:
         try:
             f = self.fs.open(self.path(url), "rb")
             if offset:

@@ -17,8 +17,17 @@ import struct
 import urllib.parse
 from typing import Callable, Mapping, Optional
 
+from ..errors import (
+    AccessDeniedError,
+    ConfigError,
+    CredentialsError,
+    ObjectChangedError,
+    SecurityError,
+    ShardNotFoundError,
+    TransferError,
+    redact,
+)
 from .backend import read_to_end, skip
-from ..errors import AccessDeniedError, ConfigError, CredentialsError, ObjectChangedError, redact, SecurityError, ShardNotFoundError, TransferError
 
 __all__ = ["HTTPReadStream", "request", "raise_for_status", "connection_error"]
 
@@ -42,10 +51,11 @@ def connection_error(url: str, exc: BaseException, what: str = "connect", displa
 
 
 def _connection(parts: urllib.parse.SplitResult, timeout: float) -> http.client.HTTPConnection:
+    host = parts.hostname or ""  # an empty host fails to connect, with the URL in the message
     if parts.scheme == "https":
-        return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout,
+        return http.client.HTTPSConnection(host, parts.port, timeout=timeout,
                                            context=ssl.create_default_context())
-    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    return http.client.HTTPConnection(host, parts.port, timeout=timeout)
 
 
 #: headers a redirect to another host (or from https to http) keeps; every other one may carry a credential
@@ -218,9 +228,9 @@ class HTTPReadStream:
                                              trust_redirects=trust_redirects)
         try:
             if self._response.status == 416 and offset:  # reading from the very end: nothing left
-                self.size = offset
+                self.size: Optional[int] = offset
                 self._response.read()
-                self.remaining = 0
+                self.remaining: Optional[int] = 0
                 self.etag = self.version = self.md5 = None
                 self.headers = {}
                 self.closed = False
@@ -229,8 +239,8 @@ class HTTPReadStream:
         except BaseException:
             self.close()
             raise
-        length = self._response.getheader("Content-Length")
-        self.remaining = self._header_int("Content-Length", length) if length is not None else None
+        header = self._response.getheader("Content-Length")
+        self.remaining = self._header_int("Content-Length", header) if header is not None else None
         content_range = self._response.getheader("Content-Range")
         if (offset or wanted is not None) and self._response.status == 200:  # the server ignored Range
             self._discard(offset)
@@ -280,7 +290,8 @@ class HTTPReadStream:
 
     def _drain(self, fp) -> None:
         """Take what http.client buffered with the headers (at most its buffer size), once."""
-        self._pending = fp.read1(min(self.remaining, max(io.DEFAULT_BUFFER_SIZE, 1 << 16)))
+        buffered = max(io.DEFAULT_BUFFER_SIZE, 1 << 16)  # called only when the length is known
+        self._pending = fp.read1(min(self.remaining, buffered) if self.remaining is not None else buffered)
 
     def read(self, size: int = -1) -> bytes:
         if size is None or size < 0:
@@ -332,7 +343,7 @@ class HTTPReadStream:
 
     def _short(self) -> TransferError:
         """The body ended before Content-Length said it would: a fault, never an end of file."""
-        received = (self.size or 0) - self.remaining
+        received = (self.size or 0) - (self.remaining or 0)
         return TransferError(f"{redact(self.url)}: the connection closed after {received} of {self.size} bytes "
                              "(a truncated response)", url=self.url, offset=received)
 

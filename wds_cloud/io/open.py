@@ -12,16 +12,17 @@ import logging
 import os
 import shlex
 from collections.abc import MutableMapping
-from typing import IO, Any, Callable, Iterator, Optional
+from typing import IO, Any, Callable, Iterator, Optional, cast
 
 from .. import config
-from . import profiles
 from ..config import Settings
 from ..errors import SecurityError, UnknownSchemeError, WdsCloudError, redact
+from . import profiles
+from .backend import InStream
 from .pipes import Pipe
 from .registry import get_registry, split_scheme
 from .resilient import ResumableStream, RetryPolicy
-from .security import check_pipe, is_secure, untrusted, UntrustedURL
+from .security import UntrustedURL, check_pipe, is_secure, untrusted
 
 __all__ = [
     "gopen", "gopen_schemes", "rewrite_url", "reader", "gopen_file", "gopen_pipe", "gopen_curl",
@@ -128,11 +129,12 @@ def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0, l
         if legacy is not None:
             return legacy(url, mode, bufsize, **kw)
         backend = open_backend(url, settings, storage_options)
+        # the streams below are binary file objects by duck typing (read/readinto/write/close/with)
         if mode not in _READ_MODES:
-            return backend.open_write(url, bufsize=bufsize)
+            return cast(IO[bytes], backend.open_write(url, bufsize=bufsize))
         if not backend.resumable:
             stream = backend.open_read(url, offset=offset, bufsize=bufsize)
-            return stream if length is None else Bounded(stream, length)
+            return cast(IO[bytes], stream if length is None else Bounded(stream, length))
         policy = RetryPolicy(attempts=max(1, retries if retries is not None else settings.retries),
                              backoff=settings.retry_backoff,
                              timeout=timeout if timeout is not None else settings.retry_timeout)
@@ -140,13 +142,13 @@ def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0, l
         end = offset + length if length is not None else None
         ranged = end is not None and getattr(backend, "ranged_reads", False)
 
-        def opener(at: int, version: Optional[str]) -> IO[bytes]:
-            if ranged:
+        def opener(at: int, version: Optional[str]) -> InStream:
+            if ranged and end is not None:
                 return backend.open_read(url, offset=at, bufsize=bufsize, version=version, timeout=policy.timeout,
                                          length=end - at)
             return backend.open_read(url, offset=at, bufsize=bufsize, version=version, timeout=policy.timeout)
 
-        return ResumableStream(opener, url, offset, policy, stats, end=end)
+        return cast(IO[bytes], ResumableStream(opener, url, offset, policy, stats, end=end))
     except Exception as exc:
         if url != given:
             _annotate(exc, given, url)
@@ -156,7 +158,7 @@ def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0, l
 class Bounded:
     """At most ``length`` bytes of ``stream`` (a ranged read over a backend that streams to the end)."""
 
-    def __init__(self, stream: IO[bytes], length: int) -> None:
+    def __init__(self, stream: InStream, length: int) -> None:
         self._stream = stream
         self._left = length
 
@@ -208,8 +210,8 @@ def _via_registry(scheme: str) -> Callable[..., IO[bytes]]:
         settings = config.current()
         backend = get_registry(settings).backend(scheme, url, settings)
         if mode in _READ_MODES:
-            return backend.open_read(url, offset=kw.get("offset", 0), bufsize=bufsize)
-        return backend.open_write(url, bufsize=bufsize)
+            return cast(IO[bytes], backend.open_read(url, offset=kw.get("offset", 0), bufsize=bufsize))
+        return cast(IO[bytes], backend.open_write(url, bufsize=bufsize))
 
     opener.__name__ = f"gopen_{scheme}"
     opener.__doc__ = f"Open a {scheme}: URL through the registered backend."
@@ -235,8 +237,8 @@ def gopen_curl(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> IO
     check_pipe("pipe:curl", config.current())
     quoted = shlex.quote(url)
     if mode in _READ_MODES:
-        return Pipe(f"curl --fail -sS -L {quoted}", "rb", bufsize, url=url)
-    return Pipe(f"curl --fail -sS -L -T - {quoted}", "wb", bufsize, url=url)
+        return cast(IO[bytes], Pipe(f"curl --fail -sS -L {quoted}", "rb", bufsize, url=url))
+    return cast(IO[bytes], Pipe(f"curl --fail -sS -L -T - {quoted}", "wb", bufsize, url=url))
 
 
 def gopen_error(url: str, *args: Any, **kw: Any) -> IO[bytes]:

@@ -8,23 +8,22 @@ Local files are read in place, never copied, unless asked.
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import logging
 import os
-import re
 import time
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from .atomic import AtomicFile
-from .backend import skip
+from .. import config
 from ..errors import redact
 from ..handlers import reraise_exception
-from .urls import is_local, local_path, pipe_cleaner, url_to_cache_name
 from ..stages import PipelineStage
+from .atomic import AtomicFile
+from .backend import skip
 from .open import Bounded, gopen
 from .resilient import StatsSink
-from .. import config
 from .shardcache import ShardCache
+from .urls import is_local, local_path, pipe_cleaner, url_to_cache_name
 
 __all__ = ["FileCache", "StreamingOpen", "url_to_cache_name", "download", "check_tar_format", "pipe_cleaner",
            "LRUCleanup", "cached_url_opener"]
@@ -127,7 +126,7 @@ class StreamingOpen(PipelineStage):
         """``{"stream": ..., "local_path": ...}`` for ``url``, read from byte ``offset``."""
         stream = gopen(url, "rb", offset=offset, storage_options=self.storage_options, retries=self.retries,
                        timeout=self.timeout, stats=self.stats)
-        out = {"stream": stream}
+        out: dict[str, Any] = {"stream": stream}
         local = _local_path(url)
         if local is not None:
             out["local_path"] = local
@@ -207,7 +206,7 @@ class FileCache(PipelineStage):
         if local is not None and not self.cache_local:  # local files are read in place
             return {"stream": gopen(url, "rb", offset=offset), "local_path": local}
         os.makedirs(self.cache.directory, exist_ok=True)
-        stream = self.cache.open(url, lambda at, url=url: self._remote(url, at))
+        stream = self.cache.open(url, functools.partial(self._remote, url))
         if self.verbose:
             log.info("cache: %s via %s", redact(url), self.cache.path_for(url))
         if offset:

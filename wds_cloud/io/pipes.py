@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import weakref
-from typing import Optional
+from typing import IO, Any, Optional
 
 from ..errors import PipeError, redact
 
@@ -80,10 +80,16 @@ def _guard_preexec() -> None:
         pass
 
 
+def _fileno(stream: Optional[IO[bytes]]) -> int:
+    if stream is None:  # cannot happen: the pipe was asked for
+        raise RuntimeError("the command has no pipe to its stdin")
+    return stream.fileno()
+
+
 def _start_guard(proc: subprocess.Popen) -> Optional[subprocess.Popen]:
     try:
         return subprocess.Popen([sys.executable, "-S", "-c", _GUARD, str(proc.pid), str(os.getpid())],
-                                pass_fds=(proc.stdin.fileno(),), stdin=subprocess.DEVNULL,
+                                pass_fds=(_fileno(proc.stdin),), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_guard_preexec)
     except OSError:
         return None
@@ -198,7 +204,8 @@ class Pipe:
             stderr=self._stderr, start_new_session=True, env=env,
             preexec_fn=None if reading or not sys.platform.startswith("linux") else _die_with_parent,
         )
-        self.stream = self.proc.stdout if reading else self.proc.stdin
+        # a BufferedReader (reading) or a BufferedWriter (writing): the methods below use each as its mode allows
+        self.stream: Any = self.proc.stdout if reading else self.proc.stdin
         linux = sys.platform.startswith("linux")
         self._guard = _start_guard(self.proc) if not reading and linux else None
         # If the object is dropped without close(), the children are still ended.
@@ -259,7 +266,8 @@ class Pipe:
         if self._killed or self.status in self.ignore_status:
             return
         tail = _stderr_tail(self._stderr)
-        what = (f"was killed by signal {-self.status}" if self.status < 0
+        status = self.status if self.status is not None else 0
+        what = (f"was killed by signal {-status}" if status < 0
                 else f"exited with status {self.status}")
         message = f"{redact(self.url)}: the command {what}"
         message += f"; its stderr ended with:\n{tail}" if tail else " and printed nothing on stderr"

@@ -17,6 +17,7 @@ dataset (``storage_options=``) over all of them::
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 from typing import Any, Optional
@@ -32,10 +33,9 @@ _lock = threading.Lock()
 
 def _toml() -> Any:
     try:
-        import tomllib
+        return importlib.import_module("tomllib")
     except ImportError:  # Python 3.10
-        import tomli as tomllib
-    return tomllib
+        return importlib.import_module("tomli")
 
 
 def load_profiles(path: Optional[str]) -> tuple[tuple[str, dict], ...]:

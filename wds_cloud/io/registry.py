@@ -10,23 +10,22 @@ claim wins over the plain ones.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib.metadata
 import logging
 import os
 import threading
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import pluggy
 
-from . import hookspecs
-from .hookspecs import Claim, Registrar
-from .backend import Backend
-from .fsbackend import FsspecFallbackBackend, fsspec_protocols
-from .urls import split_scheme
 from ..config import Settings
 from ..errors import PluginConflictError, PluginError, UnknownSchemeError, redact
+from . import hookspecs
+from .backend import Backend
+from .fsbackend import FsspecFallbackBackend, fsspec_protocols
+from .hookspecs import Claim, Registrar
+from .urls import split_scheme
 
 __all__ = ["Claim", "Registrar", "Registry", "get_registry", "reset", "split_scheme"]
 

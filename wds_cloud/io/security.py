@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .. import config
+from .. import config, utils
 from ..config import Settings
 from ..errors import SecurityError, redact
-from .. import utils
 
 __all__ = ["UntrustedURL", "is_secure", "check_pipe", "untrusted"]
 

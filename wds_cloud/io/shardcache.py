@@ -40,8 +40,8 @@ import time
 import zlib
 from typing import Any, Callable, Optional
 
-from .backend import read_to_end
 from ..errors import ObjectChangedError, TransferError, redact
+from .backend import read_to_end
 from .resilient import StatsSink, TransferStats
 from .urls import url_to_cache_name
 
@@ -304,27 +304,33 @@ class ShardCache:
         except OSError as exc:
             if exc.errno != errno.ELOOP:
                 raise
-            return self._discard(path, "it is a symbolic link, not a file this cache made")
+            self._discard(path, "it is a symbolic link, not a file this cache made")
+            return None
         f = os.fdopen(fd, "rb")
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             f.close()
-            return self._discard(path, "it is not a regular file")
+            self._discard(path, "it is not a regular file")
+            return None
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_SH)
             st = os.fstat(f.fileno())
             meta = _read_meta(path)
             if st.st_nlink == 0 or meta is None or not meta.get("complete"):
                 f.close()
-                return None if st.st_nlink == 0 else self._discard(path, "it has no record of being complete")
+                if st.st_nlink:
+                    self._discard(path, "it has no record of being complete")
+                return None
             if st.st_size != meta["size"]:
                 f.close()
-                return self._discard(path, f"it holds {st.st_size} bytes, not {meta['size']}")
+                self._discard(path, f"it holds {st.st_size} bytes, not {meta['size']}")
+                return None
             if st.st_mtime_ns != meta["mtime_ns"] or self.verify:
                 crc = meta.get("crc32")
                 if crc is None or _crc_of(f) != crc:  # written to since it was stored, and nothing vouches for it
                     f.close()
-                    return self._discard(path, "it was modified after it was stored" if crc is None
-                                         else "its checksum does not match")
+                    self._discard(path, "it was modified after it was stored" if crc is None
+                                  else "its checksum does not match")
+                    return None
                 meta["mtime_ns"] = st.st_mtime_ns
                 _write_meta(path, meta)
             os.utime(f.fileno(), ns=(time.time_ns(), st.st_mtime_ns))  # last access, for LRU
@@ -480,7 +486,7 @@ class CachedShard:
                 _unlink(part)
         remote = self._opener(start)
         version, size = getattr(remote, "version", None), getattr(remote, "size", None)
-        if start and (str(version) != str(meta.get("version")) or size != meta.get("size")):
+        if start and meta is not None and (str(version) != str(meta.get("version")) or size != meta.get("size")):
             remote.close()  # the object changed since the interrupted fill: start again
             if self.position:
                 self.close()
@@ -499,7 +505,7 @@ class CachedShard:
         self.size = size
         self._remote = remote
         self._local_end = start
-        self._sink = _Sink(part, start, want_md5=bool(meta.get("md5")), want_crc=self.cache.verify,
+        self._sink = _Sink(part, start, want_md5=bool(meta and meta.get("md5")), want_crc=self.cache.verify,
                            private=redact(self.url) != str(self.url))
         if start > self.position:  # the bytes up to ``start`` are read from the part file first
             if self._file is None:
@@ -512,11 +518,14 @@ class CachedShard:
 
     def _publish(self) -> None:
         sink, self._sink = self._sink, None
+        meta = self._meta
+        if sink is None or meta is None:  # cannot happen: only a fill that began publishes
+            raise RuntimeError("the cache entry was published before it began")
         sink.finish()
         try:
             if sink.error is not None:
                 raise sink.error
-            expected = self._meta.get("md5")
+            expected = meta.get("md5")
             if expected and sink.md5 is not None and sink.md5.hexdigest() != expected:
                 _unlink(self.path + ".part", self.path + ".meta")
                 raise TransferError(
@@ -524,10 +533,10 @@ class CachedShard:
                     f"{expected}; the cache entry was not kept: read the shard again", url=self.url)
             part = self.path + ".part"
             st = os.stat(part)
-            self._meta["size"] = self.size
+            meta["size"] = self.size
             if st.st_size != self.size:
                 raise OSError(errno.EIO, f"{part} holds {st.st_size} bytes, not {self.size}")
-            meta = dict(self._meta, complete=True, crc32=sink.crc, mtime_ns=st.st_mtime_ns)
+            meta = dict(meta, complete=True, crc32=sink.crc, mtime_ns=st.st_mtime_ns)
             _write_meta(self.path, meta)
             os.replace(part, self.path)
             log.debug("cache: stored %s as %s", redact(self.url), self.path)

@@ -287,7 +287,7 @@ class Untag(PipelineStage):
         return None
 
     def _reorder(self, src: Iterable, n: int) -> Iterator:
-        queues = [deque() for _ in range(n)]
+        queues: list[deque] = [deque() for _ in range(n)]
         for t in src:
             if self.dataset is not None:
                 self.dataset.set_worker_states(None)  # the workers have their states now

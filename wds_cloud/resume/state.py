@@ -54,6 +54,7 @@ class StateURL(str):
     """A URL read from a saved state: its redacted text, and ``id`` (:func:`url_id`) when the state had one."""
 
     __slots__ = ("id",)
+    id: Optional[str]
 
     def __new__(cls, text: str, ident: Optional[str] = None) -> "StateURL":
         obj = super().__new__(cls, text)
@@ -72,14 +73,15 @@ def expect(state: Any, what: str, kind: type, **fields: Any) -> None:
     if not isinstance(state, kind):
         raise StateMismatchError(f"the saved {what} state is a {type(state).__name__}, not a {kind.__name__}: "
                                  "load the state that state_dict() returned", field=what)
+    fields_of: Any = state  # a dict (or the kind asked for), checked above
     for name, spec in fields.items():
         typ, check, optional = (spec, None, False) if isinstance(spec, type) else (tuple(spec) + (None, False))[:3]
-        if name not in state:
+        if name not in fields_of:
             if optional:
                 continue
             raise StateMismatchError(f"the saved {what} state has no {name!r}: load the state that state_dict() "
                                      "returned", field=name)
-        value = state[name]
+        value = fields_of[name]
         if value is None and optional:
             continue
         ok = isinstance(value, typ) and not (typ is int and isinstance(value, bool))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import bz2
 import lzma
 import zlib
-from typing import IO, Any, Optional
+from typing import IO, Any, Optional, Protocol, Union
 
 from ..errors import MissingExtraError, SampleError
 
@@ -43,10 +43,16 @@ def check_header_numbers(**values: Any) -> None:
                               + (" (mtime: seconds since 1970, before the year 2242)" if what == "mtime" else ""))
 
 
+class ByteSink(Protocol):
+    """Where members are written: a binary file, or a :class:`Compressor` over one."""
+
+    def write(self, data: bytes, /) -> int: ...
+
+
 class MemberWriter:
     """Writes regular-file members to a binary stream, with one header template."""
 
-    def __init__(self, stream: IO[bytes], *, mtime: int = 0, mode: int = 0o444, uid: int = 0, gid: int = 0,
+    def __init__(self, stream: ByteSink, *, mtime: int = 0, mode: int = 0o444, uid: int = 0, gid: int = 0,
                  user: str = "bigdata", group: str = "bigdata", format: Optional[str] = None) -> None:
         if format is None:
             format = "pax"
@@ -90,7 +96,7 @@ class MemberWriter:
             cut = name.find(b"/", cut + 1)
         return None
 
-    def add(self, name: str, data: bytes) -> int:
+    def add(self, name: str, data: Union[bytes, bytearray, memoryview]) -> int:
         """Write one member; returns the bytes written (headers, data and padding)."""
         raw = name.encode("utf-8")
         size = len(data)
@@ -106,7 +112,7 @@ class MemberWriter:
         padding = -size % BLOCK
         write = self._write
         write(header)
-        write(data)
+        write(data)  # type: ignore[arg-type]  # a bytes-like object: the stream takes any buffer
         if padding:
             write(bytes(padding))
         return written + BLOCK + size + padding
@@ -162,6 +168,12 @@ def compression_for(name: str) -> Optional[str]:
     return None
 
 
+class _Compressing(Protocol):
+    def compress(self, data: bytes, /) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
 class Compressor:
     """A write stream that compresses into ``raw``; counts the compressed bytes written."""
 
@@ -169,6 +181,7 @@ class Compressor:
         self.raw = raw
         self.kind = kind
         self.compressed = 0
+        self._c: _Compressing
         if kind in ("gz", "gzip"):
             self._c = zlib.compressobj(6 if level is None else level, zlib.DEFLATED, 31)  # gzip, mtime 0
         elif kind == "bz2":

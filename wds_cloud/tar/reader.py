@@ -19,7 +19,7 @@ import bz2
 import io
 import lzma
 import zlib
-from typing import IO, Any, Callable, Iterator, Optional
+from typing import IO, Any, Callable, Iterator, Optional, Protocol, cast
 
 from ..errors import CorruptShardError, MissingExtraError, redact
 
@@ -101,7 +101,7 @@ class _Zlib:
     def read(self, size: int) -> bytes:
         if self._truncated:
             raise EOFError("the gzip stream ended before its end-of-stream marker")
-        out = []
+        out: list[bytes] = []
         need = size
         while need > 0 and not self._eof:
             if self._d.eof:
@@ -157,7 +157,13 @@ class _Read1:
         self._f.close()
 
 
-def open_decompressed(stream: IO[bytes], head_size: int = 6) -> tuple[object, Optional[str]]:
+class _Readable(Protocol):
+    def read(self, size: int, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+def open_decompressed(stream: IO[bytes], head_size: int = 6) -> tuple[_Readable, Optional[str]]:
     """Wrap ``stream`` in the decompressor its magic bytes ask for."""
     head = stream.read(head_size)
     kind = detect_compression(head)
@@ -167,9 +173,9 @@ def open_decompressed(stream: IO[bytes], head_size: int = 6) -> tuple[object, Op
     if kind == "gzip":
         return _Zlib(raw), kind
     if kind == "bz2":
-        return _Read1(bz2.BZ2File(raw)), kind
+        return _Read1(bz2.BZ2File(cast(IO[bytes], raw))), kind  # _Prefixed reads as a file does
     if kind == "xz":
-        return _Read1(lzma.LZMAFile(raw)), kind
+        return _Read1(lzma.LZMAFile(cast(IO[bytes], raw))), kind
     try:
         import zstandard
     except ImportError:
@@ -177,11 +183,11 @@ def open_decompressed(stream: IO[bytes], head_size: int = 6) -> tuple[object, Op
             "this shard is zstd-compressed and reading it needs the zstandard module: "
             "pip install zstandard (or pip install 'wds_cloud[all]')"
         ) from None
-    return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True), kind
+    return zstandard.ZstdDecompressor().stream_reader(cast(IO[bytes], raw), read_across_frames=True, closefd=True), kind
 
 
-def _decompression_errors() -> tuple[type, ...]:
-    errors: list[type] = [EOFError, zlib.error, lzma.LZMAError]
+def _decompression_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [EOFError, zlib.error, lzma.LZMAError]
     try:
         import zstandard
 
@@ -235,7 +241,7 @@ class TarMembers:
         self.select = select
         self.compression: Optional[str] = None
         self._source = stream
-        self._stream = None if not start and not ranged else _Prefixed(b"", stream)
+        self._stream: Optional[_Readable] = None if not start and not ranged else _Prefixed(b"", stream)
         self._ranged = ranged
         self._buf = b""
         self._pos = 0
@@ -271,7 +277,7 @@ class TarMembers:
 
     def _read(self, size: int) -> bytes:
         try:
-            return self._stream.read(size)
+            return self._stream.read(size)  # type: ignore[union-attr]  # only after begin(): per chunk, no check
         except self._errors as exc:
             raise self._fail(f"the {self.compression} stream is damaged or ended early ({exc})") from exc
         except OSError as exc:

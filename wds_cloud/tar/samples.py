@@ -13,16 +13,14 @@ kept for code that composes them itself, with webdataset's semantics.
 
 from __future__ import annotations
 
-import itertools
 import re
-import time
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, TypeGuard, Union
 
 from .. import config
 from ..errors import CorruptShardError, StateMismatchError, redact
 from ..handlers import reraise_exception
-from .reader import TarMembers
 from ..io.open import gopen
+from .reader import TarMembers
 
 __all__ = [
     "base_plus_ext", "last_dot_split", "key_rule", "valid_sample", "url_opener", "tar_file_iterator",
@@ -72,7 +70,7 @@ def key_rule(rule: Union[str, Callable[[str], tuple], None]) -> Callable[[str], 
                          "returning (key, field)") from None
 
 
-def valid_sample(sample: Any) -> bool:
+def valid_sample(sample: Any) -> TypeGuard[dict]:
     """True for a non-empty sample dict not marked ``__bad__``."""
     return sample is not None and isinstance(sample, dict) and len(sample) > 0 and not sample.get("__bad__", False)
 

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Generator, Iterable, Iterator, Optional, Sequence, Union
 
 from .. import config, utils
 from ..errors import StateMismatchError
 from ..handlers import reraise_exception
-from .reader import TarMembers
-from .samples import SKIP_META, close_quietly, key_rule, member_filter, shard_samples
-from ..resume.state import expect, shown_url, url_id
 from ..io.open import gopen
 from ..resume import state as resuming
 from ..resume.refetch import refetch
+from ..resume.state import expect, shown_url, url_id
+from .reader import TarMembers
+from .samples import SKIP_META, close_quietly, key_rule, member_filter, shard_samples
 
 __all__ = ["TarSamples", "tarfile_samples", "tarfile_to_samples"]
 
@@ -63,7 +63,8 @@ class _Cursor:
         self.url: Optional[str] = None
         self.compressed = False
         self.done = False
-        self.where = [0, 0, 0, None]
+        #: [start, end, samples] (ints) and the name of the member that begins the next sample (str or None)
+        self.where: list[Any] = [0, 0, 0, None]
         self.identity: Optional[dict] = None
         self.members: Optional[TarMembers] = None  # of the current shard
         self.base_pax: dict = {}  # global PAX records in force where the current read began
@@ -80,7 +81,7 @@ class _Cursor:
     @property
     def pax(self) -> dict:
         members = self.members
-        return members.pax_global if members is not None and members._pax_global else self.base_pax
+        return (members.pax_global if members is not None else None) or self.base_pax
 
 
 class TarSamples:
@@ -210,7 +211,7 @@ class TarSamples:
         return self._open({"url": url}, 0)[0]
 
     def _parse(self, stream: Any, url: str, start: int, ranged: bool) -> Iterator[tuple[int, dict]]:
-        where = [0, 0, 0, None]
+        where: list[Any] = [0, 0, 0, None]
         members = TarMembers(stream, url, select=self._member_filter(), start=start, ranged=ranged,
                              max_member=self._max_member())
         for sample in shard_samples(url, stream, keys=key_rule(self.keys), lcase=self.lcase, suffixes=self.suffixes,
@@ -220,28 +221,16 @@ class TarSamples:
     # reading
     def _samples(self, src: Iterable[dict], cursor: _Cursor, resume: Optional[dict],
                  replay: list) -> Iterator[dict]:
-        rank, world_size, worker, num_workers = utils.pytorch_worker_info()
-        cursor.identity = {"rank": rank, "world_size": world_size, "worker": worker, "num_workers": num_workers}
+        """One pass: the replayed samples of a resumed shuffle, then the shards from where ``resume`` stood."""
         where = cursor.where
-        if resume is not None:
-            resuming.check_same("dataset (rank and DataLoader worker)", resume.get("identity") or {},
-                                cursor.identity)
-            where[2] = resume.get("samples", 0)
+        self._identify(cursor, resume)
         if replay:
-            started = time.perf_counter()
-            report: dict = {}
-            samples = refetch([loc[:4] for loc in replay], self._range, self._whole, self._parse,
-                                       report=report)
-            report["seconds"] = time.perf_counter() - started
-            self.last_refetch = report
-            for (url, start, end, compressed, ref), sample in zip(replay, samples):
-                cursor.shard, cursor.url, cursor.compressed = ref, url, compressed
-                where[0], where[1] = start, end
-                yield sample
-        if resume is not None:
-            cursor.shard, cursor.url, where[1] = resume["shard"], resume["url"], resume["offset"]
-            cursor.compressed, cursor.base_pax = bool(resume.get("compressed")), dict(resume.get("pax") or {})
-            if resume.get("done"):
+            yield from self._replayed(cursor, replay)
+        saved: dict = resume if resume is not None else {}
+        if saved:
+            cursor.shard, cursor.url, where[1] = saved["shard"], saved["url"], saved["offset"]
+            cursor.compressed, cursor.base_pax = bool(saved.get("compressed")), dict(saved.get("pax") or {})
+            if saved.get("done"):
                 cursor.done = True
                 return
         src = iter(src)
@@ -249,10 +238,7 @@ class TarSamples:
         if first is not None:
             src = itertools.chain([first], src)
         limit = self.limit() if callable(self.limit) else self.limit
-        skip = resume["shard"] if resume is not None else 0
-        split = key_rule(self.keys)
-        select = self._member_filter()
-        max_member = self._max_member()
+        skip = saved["shard"] if saved else 0
         reached = -1
         for index, source in enumerate(self._shards(src, cursor, limit, skip)):
             reached = index
@@ -261,57 +247,86 @@ class TarSamples:
             if limit is not None and where[2] >= limit:  # reached before this shard (a resumed pass)
                 cursor.done = True
                 return
-            url = source["url"]
-            offset, pax = 0, {}
-            resuming_here = resume is not None and index == skip
-            if resuming_here:
-                if not resuming.same_url(url, resume["url"], resume.get("url_id")):
-                    resuming.check_same("dataset (the shard order differs)", {"shard": resume["url"]},
-                                        {"shard": resuming.shown_url(url)})
-                offset, pax = resume["offset"], dict(resume.get("pax") or {})
-            compressed = bool(resuming_here and resume.get("compressed"))
-            cursor.shard, cursor.url, cursor.members, cursor.base_pax = index, url, None, pax
-            where[1] = offset
-            stream = None
-            try:
-                stream, local_path = self._open(source, 0 if compressed else offset)
-                seekable = "stream" not in source and not compressed
-                members = TarMembers(stream, url, select=select, start=offset if seekable else 0,
-                                     pax_global=pax if seekable else None, max_member=max_member)
-                members.begin()
-                cursor.compressed = members.compression is not None
-                cursor.members = members
-                local_path = source.get("local_path") or local_path or getattr(stream, "local_path", None)
-                expected = resume.get("next", ()) if resuming_here and seekable and offset else ()
-                samples = shard_samples(url, stream, keys=split, lcase=self.lcase, suffixes=self.suffixes,
-                                        rename_files=self.rename_files, local_path=local_path,
-                                        where=where, members=members, expect_first=expected)
-                if limit is None and seekable:
-                    yield from samples  # shard_samples keeps the cursor up to date
-                else:
-                    delivered = -1 if seekable else offset  # read from the start: skip what was delivered
-                    for sample in samples:
-                        if where[0] < delivered:
-                            where[2] -= 1
-                            continue
-                        yield sample
-                        if limit is not None and where[2] >= limit:
-                            cursor.done = True
-                            return
-            except StateMismatchError:
-                raise  # a state that does not fit is the caller's to fix, never a damaged shard to skip
-            except Exception as exn:
-                if not self.handler(exn):
-                    return
-            finally:
-                if stream is not None:
-                    close_quietly(stream)
-        if resume is not None and reached < skip and limit is None:  # (equal_work passes may stop before it)
+            # one generator layer per shard, not per sample: the samples pass through _shard's loop only
+            if (yield from self._shard(source, index, cursor, saved if saved and index == skip else None, limit)):
+                return
+        if saved and reached < skip and limit is None:  # (equal_work passes may stop before it)
             raise StateMismatchError(
                 f"the saved state resumes at shard {skip} of this worker's shards, but it was given only "
                 f"{reached + 1}: load a state saved by a dataset over the same shards and workers",
                 field="shard", shard=skip)
         cursor.done = True
+
+    def _identify(self, cursor: _Cursor, resume: Optional[dict]) -> None:
+        """Record which rank and worker reads; a resumed pass must be the same one, at the saved count."""
+        rank, world_size, worker, num_workers = utils.pytorch_worker_info()
+        cursor.identity = {"rank": rank, "world_size": world_size, "worker": worker, "num_workers": num_workers}
+        if resume is not None:
+            resuming.check_same("dataset (rank and DataLoader worker)", resume.get("identity") or {},
+                                cursor.identity)
+            cursor.where[2] = resume.get("samples", 0)
+
+    def _replayed(self, cursor: _Cursor, replay: list) -> Iterator[dict]:
+        """The samples a resumed shuffle had buffered, fetched again with ranged reads, in buffer order."""
+        where = cursor.where
+        started = time.perf_counter()
+        report: dict = {}
+        samples = refetch([loc[:4] for loc in replay], self._range, self._whole, self._parse, report=report)
+        report["seconds"] = time.perf_counter() - started
+        self.last_refetch = report
+        for (url, start, end, compressed, ref), sample in zip(replay, samples):
+            cursor.shard, cursor.url, cursor.compressed = ref, url, compressed
+            where[0], where[1] = start, end
+            yield sample
+
+    def _shard(self, source: dict, index: int, cursor: _Cursor, saved: Optional[dict],
+               limit: Optional[int]) -> Generator[dict, None, bool]:
+        """The samples of one shard (from the saved offset when ``saved``); returns True to end the pass."""
+        where = cursor.where
+        url = source["url"]
+        offset, pax = 0, {}
+        if saved is not None:
+            if not resuming.same_url(url, saved["url"], saved.get("url_id")):
+                resuming.check_same("dataset (the shard order differs)", {"shard": saved["url"]},
+                                    {"shard": resuming.shown_url(url)})
+            offset, pax = saved["offset"], dict(saved.get("pax") or {})
+        compressed = bool(saved is not None and saved.get("compressed"))
+        cursor.shard, cursor.url, cursor.members, cursor.base_pax = index, url, None, pax
+        where[1] = offset
+        stream = None
+        try:
+            stream, local_path = self._open(source, 0 if compressed else offset)
+            seekable = "stream" not in source and not compressed
+            members = TarMembers(stream, url, select=self._member_filter(), start=offset if seekable else 0,
+                                 pax_global=pax if seekable else None, max_member=self._max_member())
+            members.begin()
+            cursor.compressed = members.compression is not None
+            cursor.members = members
+            local_path = source.get("local_path") or local_path or getattr(stream, "local_path", None)
+            expected = saved.get("next", ()) if saved is not None and seekable and offset else ()
+            samples = shard_samples(url, stream, keys=key_rule(self.keys), lcase=self.lcase, suffixes=self.suffixes,
+                                    rename_files=self.rename_files, local_path=local_path,
+                                    where=where, members=members, expect_first=expected)
+            if limit is None and seekable:
+                yield from samples  # shard_samples keeps the cursor up to date
+                return False
+            delivered = -1 if seekable else offset  # read from the start: skip what was delivered
+            for sample in samples:
+                if where[0] < delivered:
+                    where[2] -= 1
+                    continue
+                yield sample
+                if limit is not None and where[2] >= limit:
+                    cursor.done = True
+                    return True
+            return False
+        except StateMismatchError:
+            raise  # a state that does not fit is the caller's to fix, never a damaged shard to skip
+        except Exception as exn:
+            return not self.handler(exn)
+        finally:
+            if stream is not None:
+                close_quietly(stream)
 
     def _shards(self, src: Iterable[dict], cursor: _Cursor, limit: Optional[int], skip: int = 0) -> Iterator[dict]:
         """The shard items, and with a ``limit`` not yet reached, the same items again from the first.

@@ -36,18 +36,17 @@ truncated bodies, 503 answers)::
 
 from __future__ import annotations
 
+import io
+import time
 from typing import Optional
 
 import pytest
 
-import time
-
-from ..io.open import gopen
 from ..compat import WebDataset
 from ..errors import CredentialsError, ObjectChangedError, TransferError, WdsCloudError
-from .faults import FaultProxy
-from ..io.open import open_backend
+from ..io.open import gopen, open_backend
 from ..writer import ShardWriter, TarWriter
+from .faults import FaultProxy
 
 __all__ = ["BackendConformance"]
 
@@ -102,7 +101,7 @@ class BackendConformance:
 
     def get(self, url: str, storage_options: dict, offset: int = 0) -> bytes:
         with gopen(url, "rb", offset=offset, storage_options=storage_options) as stream:
-            chunks = []
+            chunks: list[bytes] = []
             while True:
                 chunk = stream.read(10000)
                 if not chunk:
@@ -284,9 +283,6 @@ def _secrets(options: dict) -> list[str]:
 
 
 def _tiny_tar() -> bytes:
-    import io
-
-
     out = io.BytesIO()
     with TarWriter(out) as writer:
         writer.write({"__key__": "a", "txt": "x"})
