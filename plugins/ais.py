@@ -22,9 +22,9 @@ from wds_cloud.io import (
     ObjectInfo,
     OutStream,
     SpooledPut,
+    exchange,
     hookimpl,
     raise_for_status,
-    request,
 )
 
 PROVIDERS = {"ais": "ais", "s3": "aws", "gs": "gcp", "gcs": "gcp", "az": "azure", "abfs": "azure"}
@@ -68,16 +68,12 @@ class AISBackend(Backend):
                               credentials_hint=HINT, length=length, trust_redirects=True)
 
     def stat(self, url: str) -> ObjectInfo:
-        conn, response = request("HEAD", self._object_url(url), self._headers(), display_url=url,
-                                 trust_redirects=True)
-        try:
+        with exchange("HEAD", self._object_url(url), self._headers(), display_url=url,
+                      trust_redirects=True) as response:
             raise_for_status(response, url, HINT)
             length = response.getheader("Content-Length")
             version = response.getheader("ETag") or response.getheader("Ais-Version")
             return ObjectInfo(url, int(length) if length is not None else None, version)
-        finally:
-            response.close()
-            conn.close()
 
     def list(self, prefix: str) -> Iterator[str]:
         scheme, rest = prefix.split("://", 1)
@@ -87,13 +83,9 @@ class AISBackend(Backend):
             body = json.dumps({"action": "list", "value": {"prefix": name_prefix, "continuation_token": token}})
             url = f"{self._endpoint(prefix)}/v1/buckets/{urllib.parse.quote(bucket)}?provider={PROVIDERS[scheme]}"
             headers = dict(self._headers(), **{"Content-Type": "application/json"})
-            conn, response = request("GET", url, headers, body=body.encode(), display_url=prefix)
-            try:
+            with exchange("GET", url, headers, body=body.encode(), display_url=prefix) as response:
                 raise_for_status(response, prefix, HINT)
                 page = json.loads(response.read() or b"{}")
-            finally:
-                response.close()
-                conn.close()
             for entry in sorted(page.get("entries") or [], key=lambda e: e["name"]):
                 yield f"{scheme}://{bucket}/{entry['name']}"
             token = page.get("continuation_token") or ""
@@ -105,23 +97,15 @@ class AISBackend(Backend):
 
         def send(body, size: int) -> None:
             # The gateway redirects a PUT to a target: ask where first, then send the body there once.
-            conn, response = request("PUT", target, dict(self._headers(), **{"Content-Length": "0"}),
-                                     follow_redirects=False, display_url=url)
-            try:
+            with exchange("PUT", target, dict(self._headers(), **{"Content-Length": "0"}),
+                          follow_redirects=False, display_url=url) as response:
                 location = response.getheader("Location")
                 if response.status not in (301, 302, 307, 308) or not location:
                     raise_for_status(response, url, HINT)
                     raise TransferError(f"{redact(url)}: the AIStore gateway did not redirect the upload", url=url)
-            finally:
-                response.close()
-                conn.close()
             headers = dict(self._headers(), **{"Content-Length": str(size)})
-            conn, response = request("PUT", location, headers, body=body, display_url=url, trust_redirects=True)
-            try:
+            with exchange("PUT", location, headers, body=body, display_url=url, trust_redirects=True) as response:
                 raise_for_status(response, url, HINT)
-            finally:
-                response.close()
-                conn.close()
 
         return SpooledPut(url, send)
 

@@ -20,7 +20,15 @@ from wds_cloud.errors import (
     TransferError,
     redact,
 )
-from wds_cloud.io import FsspecBackend, HTTPReadStream, InStream, OutStream, hookimpl, raise_for_status, request
+from wds_cloud.io import (
+    FsspecBackend,
+    HTTPReadStream,
+    InStream,
+    OutStream,
+    exchange,
+    hookimpl,
+    raise_for_status,
+)
 
 REQUIRES = ("gcsfs",)
 CREDENTIALS_HINT = ("set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, run "
@@ -108,13 +116,9 @@ class GCSBackend(FsspecBackend):
         headers = self._auth_headers(url)
         bucket = self.path(url).split("/", 1)[0]
         probe = f"{fs._location}/storage/v1/b/{urllib.parse.quote(bucket, safe='')}?fields=name"
-        conn, response = request("GET", probe, headers, timeout=60.0, display_url=url)
-        try:
+        with exchange("GET", probe, headers, timeout=60.0, display_url=url) as response:
             if response.status in (401, 403):
                 raise_for_status(response, url, CREDENTIALS_HINT)
-        finally:
-            response.close()
-            conn.close()
 
 
 @hookimpl

@@ -20,9 +20,9 @@ from wds_cloud.io import (
     ObjectInfo,
     OutStream,
     SpooledPut,
+    exchange,
     hookimpl,
     raise_for_status,
-    request,
 )
 
 HINT = "pass the header it needs in storage_options={'headers': {'Authorization': ...}}"
@@ -49,24 +49,16 @@ class HTTPBackend(Backend):
         return HTTPReadStream(url, offset, headers, timeout or self._timeout, credentials_hint=HINT, length=length)
 
     def stat(self, url: str) -> ObjectInfo:
-        conn, response = request("HEAD", url, self._headers, timeout=self._timeout)
-        try:
+        with exchange("HEAD", url, self._headers, timeout=self._timeout) as response:
             raise_for_status(response, url, HINT)
             length = response.getheader("Content-Length")
             return ObjectInfo(url, int(length) if length is not None else None, response.getheader("ETag"))
-        finally:
-            response.close()
-            conn.close()
 
     def list(self, prefix: str) -> Iterator[str]:
         base = prefix if prefix.endswith("/") else prefix.rsplit("/", 1)[0] + "/"
-        conn, response = request("GET", base, self._headers, timeout=self._timeout)
-        try:
+        with exchange("GET", base, self._headers, timeout=self._timeout) as response:
             raise_for_status(response, base, HINT)
             page = response.read().decode("utf-8", "replace")
-        finally:
-            response.close()
-            conn.close()
         seen = set()
         for href in re.findall(r'href="([^"]+)"', page):
             url = urllib.parse.urljoin(base, html.unescape(href))
@@ -77,12 +69,8 @@ class HTTPBackend(Backend):
     def open_write(self, url: str, bufsize: Optional[int] = None) -> OutStream:
         def send(body, size: int) -> None:
             headers = dict(self._headers, **{"Content-Length": str(size)})
-            conn, response = request("PUT", url, headers, body=body, timeout=self._timeout)
-            try:
+            with exchange("PUT", url, headers, body=body, timeout=self._timeout) as response:
                 raise_for_status(response, url, HINT)
-            finally:
-                response.close()
-                conn.close()
 
         return SpooledPut(url, send)
 

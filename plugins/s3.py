@@ -11,6 +11,7 @@ credentials.  Without options, the standard AWS environment applies
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Optional
 
 from wds_cloud.errors import (
@@ -29,36 +30,54 @@ CREDENTIALS_HINT = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PRO
                     "storage_options={'key': ..., 'secret': ...}; for a public bucket pass {'anon': True}")
 
 
+_XML_CODE = re.compile(r"<Code>([^<]+)</Code>")
+
+
 def split(url: str) -> tuple[str, str]:
     rest = url.split("://", 1)[1] if "://" in url else url.split(":", 1)[1].lstrip("/")
     bucket, _, key = rest.partition("/")
     return bucket, key
 
 
+_REJECTED = "S3 rejected the credentials ({code}); " + CREDENTIALS_HINT
+
+#: S3 error code -> (the wds_cloud error, what happened): one table for the XML error bodies of our own
+#: reads and for botocore's ClientError (stat, list, write)
+_CODES: dict[str, tuple[type[WdsCloudError], str]] = {
+    "NoSuchKey": (ShardNotFoundError, "no such object"),
+    "NotFound": (ShardNotFoundError, "no such object"),
+    "404": (ShardNotFoundError, "no such object"),
+    "NoSuchBucket": (ShardNotFoundError, "the bucket {bucket!r} does not exist"),
+    "InvalidAccessKeyId": (CredentialsError, _REJECTED),
+    "SignatureDoesNotMatch": (CredentialsError, _REJECTED),
+    "InvalidToken": (CredentialsError, _REJECTED),
+    "ExpiredToken": (CredentialsError, _REJECTED),
+    "AccessDenied": (AccessDeniedError, "access denied by S3; the credentials in use may not access this object"),
+    "403": (AccessDeniedError, "access denied by S3; the credentials in use may not access this object"),
+    "PreconditionFailed": (ObjectChangedError, "the object changed while it was being read"),
+    "SlowDown": (TransferError, "S3 answered {code} (HTTP {status}); it will be retried"),
+    "ServiceUnavailable": (TransferError, "S3 answered {code} (HTTP {status}); it will be retried"),
+    "InternalError": (TransferError, "S3 answered {code} (HTTP {status}); it will be retried"),
+    "RequestTimeout": (TransferError, "S3 answered {code} (HTTP {status}); it will be retried"),
+}
+
+
+def _from_code(code: str, status: Optional[int], url: str) -> Optional[BaseException]:
+    """The wds_cloud error for an S3 error code (None: the code is not in the table)."""
+    entry = _CODES.get(code)
+    if entry is None:
+        return None
+    cls, what = entry
+    message = f"{redact(url)}: " + what.format(code=code, status=status, bucket=split(url)[0])
+    if cls is TransferError:  # retried: a throttling code counts as the 503 it stands for
+        return TransferError(message, url=url, status=status if status and status >= 500 else 503)
+    return cls(message, url=url)
+
+
 def _s3_error(status: int, body: str, url: str) -> Optional[BaseException]:
     """An S3 XML error body as the matching wds_cloud error (None: use the generic mapping)."""
-    import re
-
-    match = re.search(r"<Code>([^<]+)</Code>", body)
-    if not match:
-        return None
-    code = match.group(1)
-    shown = redact(url)
-    if code == "NoSuchKey":
-        return ShardNotFoundError(f"{shown}: no such object", url=url)
-    if code == "NoSuchBucket":
-        return ShardNotFoundError(f"{shown}: the bucket {split(url)[0]!r} does not exist", url=url)
-    if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
-        return CredentialsError(f"{shown}: S3 rejected the credentials ({code}); {CREDENTIALS_HINT}", url=url)
-    if code == "PreconditionFailed":
-        return ObjectChangedError(f"{shown}: the object changed while it was being read", url=url)
-    if code in ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout"):
-        return TransferError(f"{shown}: S3 answered {code} (HTTP {status}); it will be retried", url=url,
-                             status=status if status >= 500 else 503)
-    if code == "AccessDenied":
-        return AccessDeniedError(f"{shown}: access denied by S3; the credentials in use may not read this "
-                                 "object", url=url)
-    return None
+    match = _XML_CODE.search(body)
+    return _from_code(match.group(1), status, url) if match else None
 
 
 def translate(exc: BaseException, url: str) -> BaseException:
@@ -79,15 +98,9 @@ def translate(exc: BaseException, url: str) -> BaseException:
     if isinstance(exc, bex.ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if code in ("NoSuchKey", "404", "NotFound"):
-            return ShardNotFoundError(f"{shown}: no such object", url=url)
-        if code == "NoSuchBucket":
-            return ShardNotFoundError(f"{shown}: the bucket {split(url)[0]!r} does not exist", url=url)
-        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
-            return CredentialsError(f"{shown}: S3 rejected the credentials ({code}); {CREDENTIALS_HINT}", url=url)
-        if code in ("AccessDenied", "403") or status == 403:
-            return AccessDeniedError(f"{shown}: access denied by S3; the credentials in use may not access "
-                                     "this object", url=url)
+        known = _from_code(code if code in _CODES or status != 403 else "403", status, url)
+        if known is not None:
+            return known
         return TransferError(f"{shown}: S3 error {code or status}: {exc}", url=url, status=status)
     if isinstance(exc, FileNotFoundError):
         return ShardNotFoundError(f"{shown}: no such object", url=url)

@@ -18,7 +18,8 @@ PLUGINS = ROOT / "plugins"
 UPSTREAM_MODULES = ["autodecode", "cache", "compat", "extradatasets", "filters", "gopen", "handlers", "mix", "multi",
                     "pipeline", "pytorch", "shardlists", "tariterators", "tenbin", "typecheck", "utils", "writer"]
 #: our own public modules at the top level; everything else lives in io/, tar/ or resume/
-OWN_PUBLIC_MODULES = ["__init__", "__main__", "cli", "config", "demo", "encoders", "errors", "records", "stages"]
+OWN_PUBLIC_MODULES = ["__init__", "__main__", "cli", "config", "demo", "encoders", "errors", "extensions", "records",
+                      "stages"]
 
 
 def _modules() -> dict[str, pathlib.Path]:

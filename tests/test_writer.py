@@ -45,11 +45,8 @@ def test_every_encoder_round_trips(tmp_path):
     assert got["npy"].dtype == np.uint32 and np.array_equal(got["npz"]["x"], np.ones(3))
     assert got["pyd"] == {"p": 1} and torch.equal(got["pth"], torch.arange(4))
     assert np.array_equal(got["ten"][0], np.eye(2)) and got["mp"] == {"m": 1} and got["cbor"] == {"c": 2}
-    from PIL import Image
-
-    for ext in ("png", "ppm"):
+    for ext in ("png", "ppm", "tiff"):  # one image table for writing and reading: tiff is decoded as png is
         assert np.array_equal(got[ext], image), ext
-    assert np.array_equal(np.asarray(Image.open(io.BytesIO(got["tiff"]))), image)
     assert np.abs(got["jpg"].astype(int) - image).mean() < 20
     assert got["json.gz"] == {"z": 1} and got["bin"] == b"\x00\x01"
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from . import config, tenbin
 from .errors import DecodingError, MissingExtraError, SecurityError, redact
+from .extensions import IMAGE_EXTENSIONS, IMAGE_FORMATS, KINDS
 from .io.security import is_secure
 
 __all__ = [
@@ -195,17 +196,14 @@ def torch_audio(key: str, data: Any) -> Any:
     return _via_tempfile(data, extension, torchaudio.load)
 
 
-decoders: dict[str, Callable[[Any], Any]] = {
-    "txt": _text, "text": _text, "transcript": _text,
-    "cls": _int, "cls2": _int, "class": _int, "count": _int, "index": _int, "inx": _int, "id": _int,
-    "json": json_loads, "jsn": json_loads,
-    "pyd": unpickle_loads, "pickle": unpickle_loads, "pkl": unpickle_loads,
-    "pth": torch_loads,
-    "ten": tenbin_loads, "tb": tenbin_loads,
-    "mp": msgpack_loads, "msgpack": msgpack_loads, "msg": msgpack_loads,
-    "npy": npy_loads, "npz": npz_loads,
-    "cbor": cbor_loads,
+_DECODERS_BY_KIND: dict[str, Callable[[Any], Any]] = {
+    "text": _text, "int": _int, "json": json_loads, "pickle": unpickle_loads, "torch": torch_loads,
+    "tenbin": tenbin_loads, "msgpack": msgpack_loads, "npy": npy_loads, "npz": npz_loads, "cbor": cbor_loads,
 }
+
+#: field extension -> decoder of its bytes (the extensions come from :mod:`wds_cloud.extensions`)
+decoders: dict[str, Callable[[Any], Any]] = {
+    ext: _DECODERS_BY_KIND[kind] for kind, exts in KINDS.items() for ext in exts}
 
 
 def basichandlers(key: str, data: Any) -> Any:
@@ -226,9 +224,7 @@ imagespecs = {
     "pilrgba": ("pil", None, "RGBA"),
 }
 
-IMAGE_EXTENSIONS = ["jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm"]
-_PIL_FORMATS = {"jpg": ["JPEG"], "jpeg": ["JPEG"], "png": ["PNG"], "ppm": ["PPM"], "pgm": ["PPM"], "pbm": ["PPM"],
-                "pnm": ["PPM"]}
+_PIL_FORMATS = {ext: [fmt] for ext, fmt in IMAGE_FORMATS.items()}
 
 
 class ImageHandler:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Callable, Iterable, Iterator, Optional, TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Union
 
 from . import autodecode, config, filters, shardlists, utils
 from .errors import NotResumableError, StateMismatchError, redact

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import tenbin
 from .errors import MissingExtraError
+from .extensions import IMAGE_FORMATS, KINDS
 
 __all__ = ["imageencoder", "bytestr", "numpy_dumps", "numpy_npz_dumps", "torch_dumps", "tenbin_dumps", "cbor_dumps",
            "mp_dumps", "default_handlers", "make_handlers", "encode_based_on_extension1",
@@ -127,26 +128,21 @@ def _image(fmt: str) -> Callable[[Any], bytes]:
 
 def make_handlers() -> dict[str, Callable[[Any], bytes]]:
     """A fresh copy of the default extension -> encoder table."""
-    handlers: dict[str, Callable[[Any], bytes]] = {}
-    for ext in ("cls", "cls2", "class", "count", "index", "inx", "id"):
-        handlers[ext] = lambda x: str(int(x)).encode("ascii") if not isinstance(x, (bytes, str)) else bytestr(x)
-    for ext in ("txt", "text", "transcript"):
-        handlers[ext] = bytestr
-    for ext in ("json", "jsn"):
-        handlers[ext] = lambda x: json.dumps(x).encode("utf-8")
-    for ext in ("pyd", "pickle", "pkl"):
-        handlers[ext] = pickle.dumps
-    handlers["pth"] = torch_dumps
-    handlers["ten"] = handlers["tb"] = tenbin_dumps
-    handlers["mp"] = handlers["msgpack"] = handlers["msg"] = mp_dumps
-    handlers["cbor"] = cbor_dumps
-    handlers["npy"] = numpy_dumps
-    handlers["npz"] = numpy_npz_dumps
-    for ext, fmt in (("jpg", "JPEG"), ("jpeg", "JPEG"), ("png", "PNG"), ("ppm", "PPM"), ("pgm", "PPM"),
-                     ("pbm", "PPM"), ("pnm", "PPM"), ("tif", "TIFF"), ("tiff", "TIFF"), ("webp", "WEBP"),
-                     ("bmp", "BMP")):
-        handlers[ext] = _image(fmt)
+    by_kind: dict[str, Callable[[Any], bytes]] = {
+        "int": _int_dumps, "text": bytestr, "json": _json_dumps, "pickle": pickle.dumps, "torch": torch_dumps,
+        "tenbin": tenbin_dumps, "msgpack": mp_dumps, "cbor": cbor_dumps, "npy": numpy_dumps, "npz": numpy_npz_dumps,
+    }
+    handlers = {ext: by_kind[kind] for kind, exts in KINDS.items() for ext in exts}
+    handlers.update((ext, _image(fmt)) for ext, fmt in IMAGE_FORMATS.items())
     return handlers
+
+
+def _int_dumps(x: Any) -> bytes:
+    return str(int(x)).encode("ascii") if not isinstance(x, (bytes, str)) else bytestr(x)
+
+
+def _json_dumps(x: Any) -> bytes:
+    return json.dumps(x).encode("utf-8")
 
 
 default_handlers = make_handlers()

@@ -397,33 +397,21 @@ class _Bytes:
         return (_Bytes, (self.inner,))
 
 
-def _text(data: bytes) -> str:
-    return data.decode("utf-8")
-
-
-def _int(data: bytes) -> int:
-    return int(data)
-
-
 def _bgr8(data: bytes) -> Any:
     return ad.imagehandler("rgb8")("png", data)[..., ::-1]
 
 
 def _default_decoders() -> list:
-    return [(patterns, _Bytes(fn)) for patterns, fn in (
+    """xdecode's defaults, from the one decoding table (``autodecode.decoders``) and the image extensions."""
+    table: list[tuple[str, Callable]] = [
         ("*.bgr8.png *.bgr8.jpg *.bgr8.jpeg", _bgr8),
-        ("*.jpg *.jpeg *.png *.ppm *.pgm *.pbm *.pnm *.tif *.tiff *.webp *.bmp", ad.imagehandler("rgb8").decode_any),
-        ("*.txt *.text *.transcript", _text),
-        ("*.cls *.cls2 *.class *.count *.index *.inx *.id", _int),
-        ("*.json *.jsn", ad.json_loads),
-        ("*.npy", ad.npy_loads),
-        ("*.npz", ad.npz_loads),
-        ("*.ten *.tb", ad.tenbin_loads),
-        ("*.mp *.msgpack *.msg", ad.msgpack_loads),
-        ("*.cbor", ad.cbor_loads),
-        ("*.pyd *.pickle *.pkl", ad.unpickle_loads),
-        ("*.pth", ad.torch_loads),
-    )]
+        (" ".join(f"*.{ext}" for ext in ad.IMAGE_EXTENSIONS), ad.imagehandler("rgb8").decode_any),
+    ]
+    by_decoder: dict[Callable, list[str]] = {}
+    for ext, fn in ad.decoders.items():
+        by_decoder.setdefault(fn, []).append(f"*.{ext}")
+    table += [(" ".join(patterns), fn) for fn, patterns in by_decoder.items()]
+    return [(patterns, _Bytes(fn)) for patterns, fn in table]
 
 
 class _LazyDecoders(list):

@@ -15,6 +15,7 @@ from typing import IO, Any, Callable, Iterable, Iterator, Optional, Union
 from .errors import CorruptShardError, MissingExtraError, redact
 from .handlers import reraise_exception
 from .io.open import gopen
+from .io.publishing import Publishing
 from .stages import pipelinefilter
 
 __all__ = ["RecordWriter", "cbors_samples", "cbors_to_samples", "msgpacks_samples", "msgpacks_to_samples",
@@ -104,7 +105,7 @@ cbors_to_samples = pipelinefilter(cbors_samples)
 msgpacks_to_samples = pipelinefilter(msgpacks_samples)
 
 
-class RecordWriter:
+class RecordWriter(Publishing):
     """Write samples as concatenated CBOR (``fmt="cbor"``) or msgpack records to a URL or stream."""
 
     def __init__(self, target: Union[str, IO[bytes]], fmt: str = "cbor") -> None:
@@ -125,19 +126,9 @@ class RecordWriter:
         self.count += 1
         return len(data)
 
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.stream.close()
+    def _publish(self) -> None:
+        self.stream.close()
 
-    def abort(self) -> None:
-        if not self.closed:
-            self.closed = True
-            abort = getattr(self.stream, "abort", None)
-            (abort or self.stream.close)()
-
-    def __enter__(self) -> "RecordWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.abort() if exc_type else self.close()
+    def _discard(self) -> None:
+        abort = getattr(self.stream, "abort", None)
+        (abort or self.stream.close)()

@@ -28,6 +28,7 @@ from .encoders import (
 )
 from .errors import SampleError, redact
 from .io.open import gopen
+from .io.publishing import Publishing
 from .tar.header import Compressor, MemberWriter, check_header_numbers, compression_for
 
 __all__ = ["TarWriter", "ShardWriter", "default_handlers", "make_handlers", "make_encoder",
@@ -80,7 +81,7 @@ def check_key(key: Any) -> str:
     return key
 
 
-class TarWriter:
+class TarWriter(Publishing):
     """Write samples (dicts with ``__key__``) as a tar shard to a file object or a URL.
 
     ``encoder``: True (encode by extension), False (bytes only), a dict of
@@ -122,15 +123,6 @@ class TarWriter:
     def size(self) -> int:
         """Bytes written so far: compressed bytes when compressing, tar bytes otherwise."""
         return self.stream.tell() if self.compression else self.written
-
-    def __enter__(self) -> "TarWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self.abort()
-        else:
-            self.close()
 
     def write(self, obj: dict) -> int:
         """Write one sample; returns the bytes it took in the tar stream."""
@@ -176,33 +168,20 @@ class TarWriter:
     def _where(self) -> str:
         return redact(self.name) if self.name else "TarWriter"
 
-    def close(self) -> None:
-        """Finish the archive and publish it (idempotent)."""
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            self.written += self.members.finish(self.written)
-            if self.compression:
-                self.stream.close()
-            elif self._own:
-                self._raw.close()
-            else:
-                flush = getattr(self._raw, "flush", None)
-                if flush:
-                    flush()
-        except BaseException:
-            self._abort_streams()
-            raise
+    def _publish(self) -> None:
+        """Finish the archive and publish it."""
+        self.written += self.members.finish(self.written)
+        if self.compression:
+            self.stream.close()
+        elif self._own:
+            self._raw.close()
+        else:
+            flush = getattr(self._raw, "flush", None)
+            if flush:
+                flush()
 
-    def abort(self) -> None:
+    def _discard(self) -> None:
         """Discard the shard: nothing appears under its name (for a URL or an atomic stream)."""
-        if self.closed:
-            return
-        self.closed = True
-        self._abort_streams()
-
-    def _abort_streams(self) -> None:
         abort = getattr(self._raw, "abort", None)
         if abort is not None:
             abort()

@@ -15,9 +15,10 @@ from .atomic import AtomicFile
 from .backend import Backend, InStream, ObjectInfo, OutStream, ReadStream, missing_modules, require, skip
 from .fsbackend import FsspecBackend
 from .hookspecs import hookimpl, hookspec
-from .httpstream import HTTPReadStream, connection_error, raise_for_status, request
+from .httpstream import HTTPReadStream, connection_error, exchange, raise_for_status, request
 from .open import gopen, open_backend, rewrite_url
 from .pipes import Pipe
+from .publishing import Publishing
 from .registry import Claim, Registrar, Registry, get_registry, split_scheme
 from .security import UntrustedURL, check_pipe, is_secure, untrusted
 from .uploads import FsspecUpload, SpooledPut
@@ -28,8 +29,8 @@ __all__ = [
     "hookimpl", "hookspec", "Registrar", "Backend", "ReadStream", "InStream", "OutStream", "ObjectInfo",
     "FsspecBackend", "require", "missing_modules", "skip",
     # helpers backends build on
-    "HTTPReadStream", "request", "raise_for_status", "connection_error", "SpooledPut", "FsspecUpload",
-    "AtomicFile", "Pipe", "check_pipe", "is_secure", "untrusted", "UntrustedURL",
+    "HTTPReadStream", "request", "exchange", "raise_for_status", "connection_error", "SpooledPut", "FsspecUpload",
+    "AtomicFile", "Publishing", "Pipe", "check_pipe", "is_secure", "untrusted", "UntrustedURL",
     # opening and URL facts
     "gopen", "open_backend", "rewrite_url", "Registry", "Claim", "get_registry", "split_scheme", "is_local",
     "local_path",

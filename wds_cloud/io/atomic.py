@@ -16,6 +16,7 @@ import weakref
 from typing import cast
 
 from ..errors import redact
+from .publishing import Publishing
 
 __all__ = ["AtomicFile", "temp_name_for"]
 
@@ -38,7 +39,7 @@ def _discard(path: str, fd_holder: list) -> None:
         pass
 
 
-class AtomicFile:
+class AtomicFile(Publishing):
     """Binary writer that publishes ``path`` on ``close()`` and never a partial file."""
 
     def __init__(self, path: str, bufsize: int = 1 << 20, *, fsync: bool = False) -> None:
@@ -69,9 +70,6 @@ class AtomicFile:
     def tell(self) -> int:
         return self._file.tell()
 
-    def writable(self) -> bool:
-        return True
-
     def readable(self) -> bool:
         return False
 
@@ -81,7 +79,6 @@ class AtomicFile:
     def _fail(self, exc: OSError) -> OSError:
         """Abort, and turn a full disk into a message that says what happened."""
         written = self._file.raw.tell() if not self._file.closed else None
-        self.abort()
         if exc.errno == errno.ENOSPC:
             return OSError(
                 errno.ENOSPC,
@@ -90,18 +87,13 @@ class AtomicFile:
             )
         return exc
 
-    def abort(self) -> None:
-        """Discard everything written; the final name is never touched."""
-        if self.closed:
-            return
-        self.closed = True
+    def _discard(self) -> None:
+        """Remove the temporary file; the final name is never touched."""
         self._finalizer.detach()
         _discard(self.temp_path, [self._file])
 
-    def close(self) -> None:
+    def _publish(self) -> None:
         """Flush, and move the finished file to its final name."""
-        if self.closed:
-            return
         try:
             self._file.flush()
             if self._fsync:
@@ -109,21 +101,8 @@ class AtomicFile:
             self._file.close()
         except OSError as exc:
             raise self._fail(exc) from exc
-        except BaseException:
-            self.abort()
-            raise
-        self.closed = True
         self._finalizer.detach()
         os.replace(self.temp_path, self.final_path)
-
-    def __enter__(self) -> "AtomicFile":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self.abort()
-        else:
-            self.close()
 
     def __repr__(self) -> str:
         return f"<AtomicFile {self.final_path!r} closed={self.closed}>"

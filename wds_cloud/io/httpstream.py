@@ -9,13 +9,14 @@ HTTP errors become the errors of :mod:`wds_cloud.errors`, with the URL.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import io
 import socket
 import ssl
 import struct
 import urllib.parse
-from typing import Callable, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from ..errors import (
     AccessDeniedError,
@@ -29,7 +30,7 @@ from ..errors import (
 )
 from .backend import read_to_end, skip
 
-__all__ = ["HTTPReadStream", "request", "raise_for_status", "connection_error"]
+__all__ = ["HTTPReadStream", "request", "exchange", "raise_for_status", "connection_error"]
 
 REDIRECTS = {301, 302, 303, 307, 308}
 
@@ -126,6 +127,18 @@ def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, 
             conn.close()
             raise TransferError(f"{redact(display_url)}: too many redirects (last to {redact(url)})", url=display_url)
         return conn, response
+
+
+@contextlib.contextmanager
+def exchange(method: str, url: str, headers: Optional[Mapping[str, str]] = None, body: Optional[bytes] = None,
+             **options: Any) -> Iterator[http.client.HTTPResponse]:
+    """One request (see :func:`request` for ``options``); its response and connection close when the block ends."""
+    conn, response = request(method, url, headers, body, **options)
+    try:
+        yield response
+    finally:
+        response.close()
+        conn.close()
 
 
 def raise_for_status(response: http.client.HTTPResponse, url: str, credentials_hint: str = "",

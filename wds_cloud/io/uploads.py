@@ -13,6 +13,7 @@ import weakref
 from typing import Any, Callable, Optional
 
 from ..errors import redact
+from .publishing import Publishing
 
 __all__ = ["FsspecUpload", "SpooledPut"]
 
@@ -28,7 +29,7 @@ def _discard(f: Any) -> None:
         pass
 
 
-class FsspecUpload:
+class FsspecUpload(Publishing):
     """A write stream over an fsspec file that never publishes a partial object."""
 
     def __init__(self, f: Any, url: str, translate: Optional[Callable[[BaseException, str], BaseException]] = None):
@@ -52,41 +53,25 @@ class FsspecUpload:
     def flush(self) -> None:
         pass  # fsspec's flush may upload a part; parts are sent as the buffer fills
 
-    def writable(self) -> bool:
-        return True
-
     def tell(self) -> int:
         return self._f.tell()
 
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
+    def _publish(self) -> None:
         self._finalizer.detach()
         try:
             self._f.close()
         except Exception as exc:
-            _discard(self._f)
             raise self._error(exc) from exc
 
-    def abort(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
+    def _discard(self) -> None:
         self._finalizer.detach()
         _discard(self._f)
-
-    def __enter__(self) -> "FsspecUpload":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.abort() if exc_type else self.close()
 
     def __repr__(self) -> str:
         return f"<FsspecUpload {redact(self.url)!r} closed={self.closed}>"
 
 
-class SpooledPut:
+class SpooledPut(Publishing):
     """Buffers the object (in memory, then a temporary file) and PUTs it on close."""
 
     def __init__(self, url: str, send: Callable[[Any, int], None], spool: int = 16 << 20) -> None:
@@ -99,19 +84,13 @@ class SpooledPut:
     def write(self, data: Any) -> int:
         return self._buf.write(data)
 
-    def writable(self) -> bool:
-        return True
-
     def tell(self) -> int:
         return self._buf.tell()
 
     def flush(self) -> None:
         pass
 
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
+    def _publish(self) -> None:
         try:
             size = self._buf.tell()
             self._buf.seek(0)
@@ -119,15 +98,7 @@ class SpooledPut:
         finally:
             self._buf.close()
 
-    def abort(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._buf.close()
-
-    def __enter__(self) -> "SpooledPut":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.abort() if exc_type else self.close()
+    def _discard(self) -> None:
+        self._buf.close()
 
 
