@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from . import config, tenbin
-from .errors import DecodingError, MissingExtraError, SecurityError, redact
+from .errors import ConfigError, DecodingError, MissingExtraError, SecurityError, redact
 from .extensions import IMAGE_EXTENSIONS, IMAGE_FORMATS, KINDS
 from .io.security import is_secure
 
@@ -235,7 +235,7 @@ class ImageHandler:
 
     def __init__(self, imagespec: str, extensions: Any = None) -> None:
         if imagespec not in imagespecs:
-            raise ValueError(f"unknown image spec {imagespec!r}; known: {' '.join(imagespecs)}")
+            raise ConfigError(f"unknown image spec {imagespec!r}; known: {' '.join(imagespecs)}")
         self.imagespec = imagespec
         self.atype, self.etype, self.mode = imagespecs[imagespec]
         if self.atype == "torch":

@@ -14,7 +14,7 @@ import re
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Union
 
 from . import autodecode, config, filters, shardlists, utils
-from .errors import NotResumableError, StateMismatchError, redact
+from .errors import ConfigError, NotResumableError, StateMismatchError, redact
 from .handlers import reraise_exception
 from .io import opener as cache
 from .io.resilient import StatsSink, TransferStats
@@ -210,7 +210,7 @@ class WebDataset(DataPipeline, FluidInterface):
         self._counts: Optional[list] = None
         if self.equal_work in ("min", "max"):
             if not isinstance(self._shards, shardlists.SimpleShardList):
-                raise ValueError(f"equal_work={equal_work!r} needs a fixed shard list (not resampled, a YAML mix "
+                raise ConfigError(f"equal_work={equal_work!r} needs a fixed shard list (not resampled, a YAML mix "
                                  "or a directory): give equal_work=N samples per worker instead")
             self._counts = _shard_counts(urls, self._shards.urls)
             self._nodesplitter = nodesplitter
@@ -233,7 +233,7 @@ class WebDataset(DataPipeline, FluidInterface):
         if isinstance(urls, str) or isinstance(urls, (list, tuple)) or hasattr(urls, "__iter__"):
             source = urls if isinstance(urls, str) else list(urls)
             return shardlists.SimpleShardList(source, seed=self.seed if shuffle else None)
-        raise ValueError(f"cannot read shards from {type(urls).__name__}: give a spec string, a list of URLs, "
+        raise ConfigError(f"cannot read shards from {type(urls).__name__}: give a spec string, a list of URLs, "
                          "a .json/.yaml dataset spec, or a directory ending in /")
 
     def _equal_limit(self) -> int:
@@ -279,7 +279,7 @@ def _check_equal_work(value: Any) -> Union[int, str, None]:
         return value
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    raise ValueError(f"equal_work={value!r}: give 'min' (every worker yields as many samples as the smallest "
+    raise ConfigError(f"equal_work={value!r}: give 'min' (every worker yields as many samples as the smallest "
                      "share, the rest are dropped), 'max' (as many as the largest share; short ones repeat their "
                      "shards from the first), or a number of samples per worker and epoch")
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import tenbin
-from .errors import MissingExtraError
+from .errors import ConfigError, MissingExtraError
 from .extensions import IMAGE_FORMATS, KINDS
 
 __all__ = ["imageencoder", "bytestr", "numpy_dumps", "numpy_npz_dumps", "torch_dumps", "tenbin_dumps", "cbor_dumps",
@@ -183,7 +183,7 @@ def make_encoder(spec: Any) -> Callable[[dict], dict]:
     elif spec is True:
         handlers = default_handlers
     else:
-        raise ValueError(f"encoder must be True, False, a dict of handlers or a callable, not {spec!r}")
+        raise ConfigError(f"encoder must be True, False, a dict of handlers or a callable, not {spec!r}")
     return lambda sample: encode_based_on_extension(sample, handlers)
 
 

@@ -5,7 +5,7 @@ catches everything we raise on purpose) and the builtin that callers of a
 data loader already catch::
 
     WdsCloudError(Exception)
-    ├── ConfigError(ValueError)            a setting or environment value is malformed
+    ├── ConfigError(ValueError)            an argument, setting or environment value is malformed
     ├── UnknownSchemeError(ValueError)     no backend claims the URL's scheme
     ├── CorruptShardError(ValueError, tarfile.ReadError)  a tar/compressed stream is damaged or truncated
     ├── DecodingError(ValueError)          a sample field could not be decoded

@@ -16,7 +16,7 @@ import sys
 from typing import Any, Callable, Iterator, Optional
 
 from . import utils
-from .errors import NotResumableError, StateMismatchError, redact
+from .errors import ConfigError, NotResumableError, StateMismatchError, redact
 from .io.security import untrusted
 from .pytorch import DataLoader, IterableDataset
 from .resume.protocol import (
@@ -88,12 +88,12 @@ class DataPipeline(IterableDataset, PipelineStage):
             return iter(f)
         if callable(f):
             return f(*args, **kwargs)
-        raise ValueError(f"{f!r} is not a pipeline stage: give a callable, a PipelineStage, an iterable dataset or a list")
+        raise ConfigError(f"{f!r} is not a pipeline stage: give a callable, a PipelineStage, an iterable dataset or a list")
 
     def iterator1(self) -> Iterator:
         """One pass through the pipeline."""
         if not self.pipeline:
-            raise ValueError("this DataPipeline has no stages")
+            raise ConfigError("this DataPipeline has no stages")
         self._wire()
         source = self.invoke(self.pipeline[0])
         for step in self.pipeline[1:]:

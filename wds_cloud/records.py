@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 from typing import IO, Any, Callable, Iterable, Iterator, Optional, Union
 
-from .errors import CorruptShardError, MissingExtraError, redact
+from .errors import ConfigError, CorruptShardError, MissingExtraError, redact
 from .handlers import reraise_exception
 from .io.open import gopen
 from .io.publishing import Publishing
@@ -110,7 +110,7 @@ class RecordWriter(Publishing):
 
     def __init__(self, target: Union[str, IO[bytes]], fmt: str = "cbor") -> None:
         if fmt not in ("cbor", "msgpack"):
-            raise ValueError(f"record format must be 'cbor' or 'msgpack', not {fmt!r}")
+            raise ConfigError(f"record format must be 'cbor' or 'msgpack', not {fmt!r}")
         self._module = _module(fmt)
         self.fmt = fmt
         if isinstance(target, str):

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 import braceexpand
 
 from . import config, utils
-from .errors import MissingExtraError
+from .errors import ConfigError, MissingExtraError
 from .io.open import gopen
 from .io.security import untrusted
 from .resume.state import check_same, expect
@@ -511,9 +511,9 @@ class DirectoryShardList(PipelineStage):
                  timeout: float = 1e12, mode: str = "resample", select: str = "random",
                  fate: Optional[Callable[[str], str]] = None) -> None:
         if mode not in _RECYCLE_MODES:
-            raise ValueError(f"DirectoryShardList: mode={mode!r}; use one of {', '.join(_RECYCLE_MODES)}")
+            raise ConfigError(f"DirectoryShardList: mode={mode!r}; use one of {', '.join(_RECYCLE_MODES)}")
         if select not in ("random", "oldest"):
-            raise ValueError(f"DirectoryShardList: select={select!r}; use 'random' or 'oldest'")
+            raise ConfigError(f"DirectoryShardList: select={select!r}; use 'random' or 'oldest'")
         self.path = path
         self.pattern = pattern
         self.poll = poll
@@ -540,7 +540,7 @@ class DirectoryShardList(PipelineStage):
         """Give back a file this list claimed, as ``fate`` or ``mode`` says."""
         mode = self.fate(claimed) if self.fate is not None else self.mode
         if mode not in _RECYCLE_MODES:
-            raise ValueError(f"DirectoryShardList: fate returned {mode!r}; return one of {', '.join(_RECYCLE_MODES)}")
+            raise ConfigError(f"DirectoryShardList: fate returned {mode!r}; return one of {', '.join(_RECYCLE_MODES)}")
         _recycle(claimed, mode)
 
     def cleanup_files_without_processes(self) -> list[str]:

@@ -26,7 +26,7 @@ from .encoders import (
     numpy_dumps,
     torch_dumps,
 )
-from .errors import SampleError, redact
+from .errors import ConfigError, SampleError, redact
 from .io.open import gopen
 from .io.publishing import Publishing
 from .tar.header import Compressor, MemberWriter, check_header_numbers, compression_for
@@ -204,7 +204,7 @@ class ShardWriter:
     def __init__(self, pattern: str, maxcount: int = 100000, maxsize: float = 3e9, post: Optional[Callable] = None,
                  start_shard: int = 0, verbose: int = 0, opener: Optional[Callable] = None, **kw: Any) -> None:
         if maxcount < 1 or maxsize <= 0:
-            raise ValueError("ShardWriter needs maxcount >= 1 and maxsize > 0")
+            raise ConfigError("ShardWriter needs maxcount >= 1 and maxsize > 0")
         self.pattern = pattern
         self.maxcount = maxcount
         self.maxsize = maxsize

@@ -16,7 +16,7 @@ from typing import IO, Any, Callable, Iterator, Optional, cast
 
 from .. import config
 from ..config import Settings
-from ..errors import SecurityError, UnknownSchemeError, WdsCloudError, redact
+from ..errors import ConfigError, SecurityError, UnknownSchemeError, WdsCloudError, redact
 from . import profiles
 from .backend import InStream
 from .pipes import Pipe
@@ -111,7 +111,7 @@ def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0, l
     """
     url = os.fspath(url) if not isinstance(url, str) else url
     if mode not in _READ_MODES | _WRITE_MODES:
-        raise ValueError(f"gopen mode must be 'rb' or 'wb', not {mode!r}")
+        raise ConfigError(f"gopen mode must be 'rb' or 'wb', not {mode!r}")
     settings = settings or config.current()
     if settings.verbose:
         log.info("gopen %s %s", redact(url), mode)

@@ -18,7 +18,7 @@ import time
 import weakref
 from typing import IO, Any, Optional
 
-from ..errors import PipeError, redact
+from ..errors import ConfigError, PipeError, redact
 
 __all__ = ["Pipe"]
 
@@ -186,7 +186,7 @@ class Pipe:
     def __init__(self, cmd: str, mode: str = "rb", bufsize: int = 8192, *, ignore_status=(),
                  timeout: float = 7.0, url: Optional[str] = None, env: Optional[dict] = None) -> None:
         if mode not in ("rb", "wb", "r", "w"):
-            raise ValueError(f"Pipe mode must be 'rb' or 'wb', not {mode!r}")
+            raise ConfigError(f"Pipe mode must be 'rb' or 'wb', not {mode!r}")
         self.cmd = cmd
         self.url = url or f"pipe:{cmd}"
         self.mode = mode

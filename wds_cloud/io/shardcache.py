@@ -40,7 +40,7 @@ import time
 import zlib
 from typing import Any, Callable, Optional
 
-from ..errors import ObjectChangedError, TransferError, redact
+from ..errors import ConfigError, ObjectChangedError, TransferError, redact
 from .backend import read_to_end
 from .resilient import StatsSink, TransferStats
 from .urls import url_to_cache_name
@@ -252,7 +252,7 @@ class ShardCache:
         name = self.url_to_name(url)
         path = os.path.normpath(os.path.join(self.directory, name))
         if not path.startswith(self.directory + os.sep) or os.path.basename(path).startswith("."):
-            raise ValueError(f"url_to_name({redact(url)!r}) gave {name!r}, which is not a plain name inside the "
+            raise ConfigError(f"url_to_name({redact(url)!r}) gave {name!r}, which is not a plain name inside the "
                              f"cache directory {self.directory}")
         return path
 

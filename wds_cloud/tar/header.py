@@ -13,7 +13,7 @@ import lzma
 import zlib
 from typing import IO, Any, Optional, Protocol, Union
 
-from ..errors import MissingExtraError, SampleError
+from ..errors import ConfigError, MissingExtraError, SampleError
 
 __all__ = ["MemberWriter", "Compressor", "compression_for", "END_OF_ARCHIVE", "RECORD"]
 
@@ -59,7 +59,7 @@ class MemberWriter:
         elif not isinstance(format, str):
             format = {0: "ustar", 1: "gnu", 2: "pax"}.get(format, format)  # tarfile's constants
         if format not in _FORMATS:
-            raise ValueError(f"format must be 'ustar', 'gnu' or 'pax', not {format!r}")
+            raise ConfigError(f"format must be 'ustar', 'gnu' or 'pax', not {format!r}")
         check_header_numbers(mode=mode, uid=uid, gid=gid, mtime=mtime)
         self.format = format
         self.stream = stream
@@ -195,7 +195,7 @@ class Compressor:
                 raise MissingExtraError("writing .tar.zst needs zstandard: pip install zstandard") from None
             self._c = zstandard.ZstdCompressor(level=3 if level is None else level).compressobj()
         else:
-            raise ValueError(f"unknown compression {kind!r}: use 'gz', 'bz2', 'xz' or 'zstd'")
+            raise ConfigError(f"unknown compression {kind!r}: use 'gz', 'bz2', 'xz' or 'zstd'")
         self._pending: list[bytes] = []
         self._pending_size = 0
 

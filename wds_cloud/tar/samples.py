@@ -17,7 +17,7 @@ import re
 from typing import Any, Callable, Iterable, Iterator, Optional, TypeGuard, Union
 
 from .. import config
-from ..errors import CorruptShardError, StateMismatchError, redact
+from ..errors import ConfigError, CorruptShardError, StateMismatchError, redact
 from ..handlers import reraise_exception
 from ..io.open import gopen
 from .reader import TarMembers
@@ -66,7 +66,7 @@ def key_rule(rule: Union[str, Callable[[str], tuple], None]) -> Callable[[str], 
     try:
         return _RULES[rule]
     except KeyError:
-        raise ValueError(f"unknown key rule {rule!r}: use 'first_dot', 'last_dot', or a callable "
+        raise ConfigError(f"unknown key rule {rule!r}: use 'first_dot', 'last_dot', or a callable "
                          "returning (key, field)") from None
 
 
