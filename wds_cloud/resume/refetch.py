@@ -12,17 +12,8 @@ from ..io.urls import is_local
 __all__ = ["refetch"]
 
 
-def refetch(locs: Sequence[tuple], read_range: Callable[[str, int, int], Any],
-            read_from_start: Callable[[str], Any], parse: Callable[..., Iterable[tuple[int, dict]]],
-            threads: int = 16, report: Optional[dict] = None) -> list[dict]:
-    """The samples at ``locs`` (``(url, start, end, compressed)``), in that order.
-
-    Plain shards: adjacent ranges of one shard are merged and each run is read
-    with ``read_range(url, start, end)``, runs in parallel.  Compressed shards
-    cannot be entered in the middle: each is read once from its start
-    (``read_from_start(url)``) up to its last wanted sample.  ``parse(stream,
-    url, start, ranged)`` yields ``(start offset, sample)`` pairs.
-    """
+def _plan(locs: Sequence[tuple]) -> tuple[dict[tuple, list[int]], list[tuple[str, int, int]], dict[str, int]]:
+    """(where each wanted sample goes, merged byte runs of plain shards, compressed shards -> bytes to read)."""
     wanted: dict[tuple, list[int]] = {}
     for i, (url, start, end, compressed) in enumerate(locs):
         wanted.setdefault((url, start), []).append(i)  # a sample repeated by equal_work can be buffered twice
@@ -35,6 +26,21 @@ def refetch(locs: Sequence[tuple], read_range: Callable[[str, int, int], Any],
             runs[-1] = (url, runs[-1][1], end)
         else:
             runs.append((url, start, end))
+    return wanted, runs, whole
+
+
+def refetch(locs: Sequence[tuple], read_range: Callable[[str, int, int], Any],
+            read_from_start: Callable[[str], Any], parse: Callable[..., Iterable[tuple[int, dict]]],
+            threads: int = 16, report: Optional[dict] = None) -> list[dict]:
+    """The samples at ``locs`` (``(url, start, end, compressed)``), in that order.
+
+    Plain shards: adjacent ranges of one shard are merged and each run is read
+    with ``read_range(url, start, end)``, runs in parallel.  Compressed shards
+    cannot be entered in the middle: each is read once from its start
+    (``read_from_start(url)``) up to its last wanted sample.  ``parse(stream,
+    url, start, ranged)`` yields ``(start offset, sample)`` pairs.
+    """
+    wanted, runs, whole = _plan(locs)
     found: dict[int, dict] = {}
 
     def fetch_run(run: tuple[str, int, int]) -> list[tuple[int, dict]]:

@@ -501,47 +501,10 @@ class TarMembers:
             raise self._fail(hint, None, header_offset)
         self._pos = pos + 512
         typeflag = header[156]
-        try:
-            size = _octal(header[124:136])
-        except ValueError:
-            raise self._fail("the size field is not a number", None, header_offset) from None
-        pax = self._pax
-        if "size" in pax:
-            text = pax["size"]
-            if not text.isascii() or not text.isdigit():
-                raise self._fail(f"the PAX size record {text[:40]!r} is not a non-negative decimal number",
-                                 None, header_offset)
-            size = int(text)
-        if size < 0:
-            raise self._fail(f"the header gives a negative size ({size})", None, header_offset)
-        if self._long_name is not None:
-            name = self._long_name
-        elif "path" in pax:
-            name = pax["path"]
-        else:
-            end = header.find(0, 0, 100)
-            raw = header[:end] if end >= 0 else header[:100]
-            if header[257:262] == b"ustar" and header[345] != 0:
-                pend = header.find(0, 345, 500)
-                raw = header[345:pend if pend >= 0 else 500] + b"/" + raw
-            name = raw.decode("utf-8", "surrogateescape")
-        if typeflag in (_GNU_LONGNAME, _PAX, _PAX_GLOBAL) and size > MAX_META_SIZE:
-            raise self._fail(f"a metadata record (type {chr(typeflag)!r}) claims {size} bytes, more than the "
-                             f"{MAX_META_SIZE} allowed for long names and PAX headers", None, header_offset)
-        if typeflag == _GNU_LONGNAME:
-            self._long_name = self._take(size, name, header_offset).split(b"\0", 1)[0].decode(
-                "utf-8", "surrogateescape")
-            self._special = self._extended = True
-            return None
-        if typeflag in (_PAX, _PAX_GLOBAL):
-            records = self._parse_pax(self._take(size, name, header_offset), header_offset)
-            if typeflag == _PAX_GLOBAL:
-                self._pax_global.update(records)
-                self._pax = dict(self._pax_global)
-            else:
-                self._pax.update(records)
-                self._extended = True
-            self._special = bool(self._pax)
+        size = self._header_size(header, header_offset)
+        name = self._header_name(header)
+        if typeflag in (_GNU_LONGNAME, _PAX, _PAX_GLOBAL):
+            self._metadata(typeflag, size, name, header_offset)
             return None
         # This header consumes the pending long name and PAX records.
         self._long_name = None
@@ -565,6 +528,54 @@ class TarMembers:
         if typeflag not in (49, 50, 51, 52, 53, 54):  # links, devices, dirs, fifos carry no data
             self._skip(size, name, header_offset)
         return None
+
+    def _header_size(self, header: bytes, header_offset: int) -> int:
+        """The member size a header gives (a pending PAX ``size`` record overrides it), checked."""
+        try:
+            size = _octal(header[124:136])
+        except ValueError:
+            raise self._fail("the size field is not a number", None, header_offset) from None
+        if "size" in self._pax:
+            text = self._pax["size"]
+            if not text.isascii() or not text.isdigit():
+                raise self._fail(f"the PAX size record {text[:40]!r} is not a non-negative decimal number",
+                                 None, header_offset)
+            size = int(text)
+        if size < 0:
+            raise self._fail(f"the header gives a negative size ({size})", None, header_offset)
+        return size
+
+    def _header_name(self, header: bytes) -> str:
+        """The member name: a pending GNU long name, else a PAX ``path``, else the header's (ustar prefix joined)."""
+        if self._long_name is not None:
+            return self._long_name
+        if "path" in self._pax:
+            return self._pax["path"]
+        end = header.find(0, 0, 100)
+        raw = header[:end] if end >= 0 else header[:100]
+        if header[257:262] == b"ustar" and header[345] != 0:
+            pend = header.find(0, 345, 500)
+            raw = header[345:pend if pend >= 0 else 500] + b"/" + raw
+        return raw.decode("utf-8", "surrogateescape")
+
+    def _metadata(self, typeflag: int, size: int, name: str, header_offset: int) -> None:
+        """Read a GNU long name or PAX record set, which applies to the next header (global PAX: to all)."""
+        if size > MAX_META_SIZE:
+            raise self._fail(f"a metadata record (type {chr(typeflag)!r}) claims {size} bytes, more than the "
+                             f"{MAX_META_SIZE} allowed for long names and PAX headers", None, header_offset)
+        if typeflag == _GNU_LONGNAME:
+            self._long_name = self._take(size, name, header_offset).split(b"\0", 1)[0].decode(
+                "utf-8", "surrogateescape")
+            self._special = self._extended = True
+            return
+        records = self._parse_pax(self._take(size, name, header_offset), header_offset)
+        if typeflag == _PAX_GLOBAL:
+            self._pax_global.update(records)
+            self._pax = dict(self._pax_global)
+        else:
+            self._pax.update(records)
+            self._extended = True
+        self._special = bool(self._pax)
 
     def _parse_pax(self, payload: bytes, header_offset: int) -> dict[str, str]:
         """PAX records ``"<length> <key>=<value>\\n"``; each length must cover its whole record."""

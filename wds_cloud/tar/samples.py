@@ -1,4 +1,4 @@
-"""From shard URLs to samples: open each shard, read its members, group them into samples.
+"""From tar members to samples: the key rules, and grouping adjacent members into samples.
 
 A sample is the run of *adjacent* members sharing a key: by default the key
 is the member path up to the first dot of its basename and the rest, lower
@@ -6,9 +6,10 @@ cased, is the field name (``a/b.seg.png`` -> key ``a/b``, field ``seg.png``).
 ``key_rule="last_dot"`` (or any callable returning ``(key, field)``) serves
 datasets whose basenames contain periods.  Samples never span shards.
 
-``tarfile_samples`` fuses reading and grouping into one loop for speed; the
-separate stages (``url_opener``, ``tar_file_expander``, ``group_by_keys``) are
-kept for code that composes them itself, with webdataset's semantics.
+:func:`shard_samples` reads one shard and groups it in a single loop (the shard
+reader, :mod:`wds_cloud.tar.shardreader`, uses it); webdataset's separate stages
+(``url_opener``, ``tar_file_expander``, ``group_by_keys``) are kept, with their
+semantics, for code that composes them itself.
 """
 
 from __future__ import annotations
@@ -238,7 +239,7 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
     """The samples of one shard, read and grouped in a single loop.
 
     Raises on damage; a sample cut short by the damage is never yielded.  When
-    ``where`` (a list of three) is given, ``where[:2]`` holds the byte range
+    ``where`` (a list of four) is given, ``where[:2]`` holds the byte range
     ``[start, end)`` of each sample, in the tar stream, while that sample is
     being yielded (``end`` is also where the next sample begins), and
     ``where[2]`` is incremented for each sample, and ``where[3]`` is the name of the member
@@ -246,6 +247,8 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
     :class:`TarMembers` over ``stream`` (to read from a given offset); ``expect_first`` (a
     resumed read) is the name its first member must have, None for the end of the archive.
     """
+    # Kept as one loop (reading, key rules and grouping inline), hence its length: it runs per member,
+    # and a call per member would cost the tiny-sample workload of bench_read several percent.
     if members is None:
         members = TarMembers(stream, url, select=member_filter(skip_meta, select_files, rename_files),
                              max_member=config.current().max_member_size)
