@@ -225,5 +225,7 @@ class AzureBackend(FsspecBackend):
 
 @hookimpl
 def wds_cloud_register_backends(register) -> None:
-    register("az", AzureBackend, requires=REQUIRES, extra="az", description="Azure Blob Storage")
-    register("abfs", AzureBackend, requires=REQUIRES, extra="az", description="Azure Blob Storage (alias of az)")
+    register("az", AzureBackend, requires=AzureBackend.requires, extra=AzureBackend.extra,
+             description="Azure Blob Storage")
+    register("abfs", AzureBackend, requires=AzureBackend.requires, extra=AzureBackend.extra,
+             description="Azure Blob Storage (alias of az)")

@@ -123,5 +123,7 @@ class GCSBackend(FsspecBackend):
 
 @hookimpl
 def wds_cloud_register_backends(register) -> None:
-    register("gs", GCSBackend, requires=REQUIRES, extra="gs", description="Google Cloud Storage")
-    register("gcs", GCSBackend, requires=REQUIRES, extra="gs", description="Google Cloud Storage (alias of gs)")
+    register("gs", GCSBackend, requires=GCSBackend.requires, extra=GCSBackend.extra,
+             description="Google Cloud Storage")
+    register("gcs", GCSBackend, requires=GCSBackend.requires, extra=GCSBackend.extra,
+             description="Google Cloud Storage (alias of gs)")

@@ -136,7 +136,7 @@ class S3Backend(FsspecBackend):
 
     @property
     def client(self) -> Any:
-        require("s3", REQUIRES, "s3")
+        require(self.scheme, self.requires, self.extra)
         with self._lock:
             if self._client is None or self._client_pid != os.getpid():  # never across a fork
                 self._client, self._client_pid = self._make_client(), os.getpid()
@@ -191,4 +191,5 @@ class S3Backend(FsspecBackend):
 
 @hookimpl
 def wds_cloud_register_backends(register) -> None:
-    register("s3", S3Backend, requires=REQUIRES, extra="s3", description="Amazon S3 and S3-compatible stores")
+    register("s3", S3Backend, requires=S3Backend.requires, extra=S3Backend.extra,
+             description="Amazon S3 and S3-compatible stores")

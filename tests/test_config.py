@@ -84,3 +84,22 @@ def test_settings_are_frozen_and_hashable():
     with pytest.raises(Exception):
         s.secure = True
     assert hash(s) == hash(Settings()) and s.replace(secure=True).secure
+
+
+def test_show_seed_and_verbose_cache_do_what_the_docs_say(tmp_path, monkeypatch, caplog):
+    """WDS_SHOW_SEED=1 logs the seeds in use; WDS_VERBOSE_CACHE=1 makes the shard cache log its activity."""
+    import logging
+
+    import wds_cloud as wds
+    from wds_cloud.cache import FileCache
+
+    with wds.ShardWriter(str(tmp_path / "s-%02d.tar"), maxcount=5) as sink:
+        for i in range(10):
+            sink.write({"__key__": f"{i:02d}", "txt": str(i)})
+    monkeypatch.setenv("WDS_SHOW_SEED", "1")
+    with caplog.at_level(logging.INFO, logger="wds_cloud"):
+        list(wds.WebDataset(str(tmp_path / "s-{00..01}.tar"), shardshuffle=7).shuffle(4, seed=3))
+    assert "shard order of 2 shards seeded with" in caplog.text and "shuffle(bufsize=4) seeded with 3" in caplog.text
+    assert not FileCache(str(tmp_path / "c")).verbose
+    monkeypatch.setenv("WDS_VERBOSE_CACHE", "1")
+    assert FileCache(str(tmp_path / "c")).verbose

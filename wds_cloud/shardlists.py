@@ -7,6 +7,7 @@ shards, and resampling (shards drawn with replacement, forever).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -29,6 +30,8 @@ __all__ = [
     "MultiShardSample", "DirectoryShardList", "split_by_node", "split_by_worker", "single_node_only",
     "non_empty", "resampled", "resampled_", "shardspec", "cleanup_files_without_processes", "shard_order", "index_counts", "slot_shards",
 ]
+
+log = logging.getLogger("wds_cloud.shardlists")
 
 _VAR = re.compile(r"\$\{(\w+)\}|\$(\w+)")
 
@@ -281,6 +284,8 @@ class SimpleShardList(_Epochs, PipelineStage):
         self._next_epoch()
         urls = self.urls
         if self.seed is not None:
+            if config.current().show_seed:
+                log.info("shard order of %d shards seeded with %d (epoch %d)", len(urls), self.seed, self.epoch)
             urls = [urls[i] for i in shard_order(len(urls), self.seed, self.epoch)]
         for url in urls:
             yield {"url": url}
@@ -365,7 +370,10 @@ class ResampledShards(_Epochs, PipelineStage):
 
     def run(self) -> Iterator[dict]:
         self._next_epoch()
-        rng = random.Random(self._pass_seed())
+        seed = self._pass_seed()
+        if config.current().show_seed:
+            log.info("resampled shards seeded with %d (epoch %d)", seed, self.epoch)
+        rng = random.Random(seed)
         for _ in range(self.nshards):
             yield {"url": rng.choice(self.urls)}
 

@@ -12,7 +12,6 @@ under that name.
 from __future__ import annotations
 
 import logging
-import time
 from typing import IO, Any, Callable, Optional, Union
 
 from .encoders import (
@@ -189,7 +188,7 @@ class TarWriter(Publishing):
             self._raw.close()
 
 
-class ShardWriter:
+class ShardWriter(Publishing):
     """Write samples to a numbered series of shards: ``ShardWriter("out-%06d.tar", maxcount=10000)``.
 
     A new shard starts when the current one holds ``maxcount`` samples or
@@ -219,7 +218,6 @@ class ShardWriter:
         self.total = 0
         self.shards: list[dict] = []
         self.closed = False
-        self._started = 0.0
 
     def _name(self, shard: int) -> str:
         if "{" in self.pattern:
@@ -240,7 +238,6 @@ class ShardWriter:
             self.tarstream.name = self.fname
             self.tarstream._own = True
         self.count = 0
-        self._started = time.time()
 
     def write(self, obj: dict) -> int:
         """Write one sample, starting a new shard when the current one is full."""
@@ -265,26 +262,13 @@ class ShardWriter:
         if self.post is not None:
             self.post(self.fname)
 
-    def abort(self) -> None:
+    def _publish(self) -> None:
+        """Finish the last shard."""
+        self.finish()
+
+    def _discard(self) -> None:
         """Discard the shard in progress; finished shards stay."""
         if self.tarstream is not None:
             self.tarstream.abort()
             self.tarstream = None
-        self.closed = True
-
-    def close(self) -> None:
-        """Finish the last shard (idempotent)."""
-        if self.closed:
-            return
-        self.finish()
-        self.closed = True
-
-    def __enter__(self) -> "ShardWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self.abort()
-        else:
-            self.close()
 

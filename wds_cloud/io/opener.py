@@ -180,7 +180,7 @@ class FileCache(PipelineStage):
         self.stats = stats if stats is not None else StatsSink()
         self.cache_dir = os.path.expanduser(cache_dir or config.current().cache_dir or "~/.cache/wds_cloud")
         self.url_to_name = url_to_name
-        self.verbose = verbose
+        self.verbose = verbose or config.current().verbose_cache  # WDS_VERBOSE_CACHE=1 turns it on everywhere
         self.validator = validator  # accepted for compatibility; entries are checked by size and checksum
         self.handler = handler
         self.storage_options = storage_options

@@ -9,10 +9,12 @@ every batch it sends changes only (a journal); :func:`apply_journal` replays the
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 from array import array
 from typing import Any, Iterable, Iterator, Optional
 
+from .. import config
 from ..errors import StateMismatchError
 from ..stages import PipelineStage
 from ..utils import make_seed
@@ -20,6 +22,8 @@ from .rng import CountedRandom
 from .state import StateURL, check_same, expect, shown_url, url_id
 
 __all__ = ["Shuffle", "apply_journal", "buffer_locations"]
+
+log = logging.getLogger("wds_cloud.filters")
 
 
 class _ShuffleRun:
@@ -79,12 +83,13 @@ class Shuffle(PipelineStage):
                 "shuffle shards with WebDataset(shardshuffle=...) or detshuffle rather than a sample shuffle")
 
     def _make_rng(self) -> Any:
-
         if self.rng is not None:
             return self.rng
-        if self.epoch_seeded:
-            return CountedRandom(make_seed(self.seed, self.epoch))
-        return CountedRandom(self.seed)
+        rng = CountedRandom(make_seed(self.seed, self.epoch) if self.epoch_seeded else self.seed)
+        if config.current().show_seed:
+            log.info("shuffle(bufsize=%d) seeded with %d%s", self.bufsize, rng.seed,
+                     f" (epoch {self.epoch})" if self.epoch_seeded else "")
+        return rng
 
     def run(self, src: Iterable) -> Iterator:
         resume, self._resume = self._resume, None

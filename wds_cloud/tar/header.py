@@ -72,7 +72,6 @@ class MemberWriter:
                       + _octal(0, 8) + _octal(0, 8))
         # Every header byte but name, size, checksum and prefix is fixed: sum it once.
         self._fixed_sum = sum(self._mid) + sum(self._after_size) + sum(self._tail) + 8 * 32
-        self._mtime = int(mtime)
 
     def _header(self, name: bytes, size: int, typeflag: bytes = b"0", prefix: bytes = b"") -> bytes:
         size_field = _octal(size, 12)

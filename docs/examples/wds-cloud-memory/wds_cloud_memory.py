@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import io
 
-from wds_cloud import hookimpl
-from wds_cloud.io import Backend, ObjectInfo
 from wds_cloud.errors import ShardNotFoundError
+from wds_cloud.io import Backend, ObjectInfo, hookimpl
 
 #: The store: object URL -> bytes.  Shared by every backend instance in the process.
 STORE: dict[str, bytes] = {}
