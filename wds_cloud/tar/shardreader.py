@@ -247,9 +247,22 @@ class TarSamples:
             if limit is not None and where[2] >= limit:  # reached before this shard (a resumed pass)
                 cursor.done = True
                 return
-            # one generator layer per shard, not per sample: the samples pass through _shard's loop only
-            if (yield from self._shard(source, index, cursor, saved if saved and index == skip else None, limit)):
-                return
+            stream = None
+            try:
+                stream, samples, skipping = self._begin_shard(source, index, cursor,
+                                                              saved if saved and index == skip else None)
+                if limit is None and skipping is None:
+                    yield from samples  # the common path: one generator layer per sample, not two
+                elif (yield from self._limited(samples, cursor, limit, skipping)):
+                    return
+            except StateMismatchError:
+                raise  # a state that does not fit is the caller's to fix, never a damaged shard to skip
+            except Exception as exn:
+                if not self.handler(exn):
+                    return
+            finally:
+                if stream is not None:
+                    close_quietly(stream)
         if saved and reached < skip and limit is None:  # (equal_work passes may stop before it)
             raise StateMismatchError(
                 f"the saved state resumes at shard {skip} of this worker's shards, but it was given only "
@@ -279,9 +292,13 @@ class TarSamples:
             where[0], where[1] = start, end
             yield sample
 
-    def _shard(self, source: dict, index: int, cursor: _Cursor, saved: Optional[dict],
-               limit: Optional[int]) -> Generator[dict, None, bool]:
-        """The samples of one shard (from the saved offset when ``saved``); returns True to end the pass."""
+    def _begin_shard(self, source: dict, index: int, cursor: _Cursor,
+                     saved: Optional[dict]) -> tuple[Any, Iterator[dict], Optional[int]]:
+        """Open one shard (at the saved offset when ``saved``): (stream, its samples, skip-before).
+
+        ``skip-before`` is None when the samples start where they should; else the shard is read from
+        its start (an opened stream, or a compressed one) and samples before that byte were delivered.
+        """
         where = cursor.where
         url = source["url"]
         offset, pax = 0, {}
@@ -293,40 +310,39 @@ class TarSamples:
         compressed = bool(saved is not None and saved.get("compressed"))
         cursor.shard, cursor.url, cursor.members, cursor.base_pax = index, url, None, pax
         where[1] = offset
-        stream = None
+        stream, local_path = self._open(source, 0 if compressed else offset)
         try:
-            stream, local_path = self._open(source, 0 if compressed else offset)
             seekable = "stream" not in source and not compressed
             members = TarMembers(stream, url, select=self._member_filter(), start=offset if seekable else 0,
                                  pax_global=pax if seekable else None, max_member=self._max_member())
             members.begin()
-            cursor.compressed = members.compression is not None
-            cursor.members = members
-            local_path = source.get("local_path") or local_path or getattr(stream, "local_path", None)
-            expected = saved.get("next", ()) if saved is not None and seekable and offset else ()
-            samples = shard_samples(url, stream, keys=key_rule(self.keys), lcase=self.lcase, suffixes=self.suffixes,
-                                    rename_files=self.rename_files, local_path=local_path,
-                                    where=where, members=members, expect_first=expected)
-            if limit is None and seekable:
-                yield from samples  # shard_samples keeps the cursor up to date
-                return False
-            delivered = -1 if seekable else offset  # read from the start: skip what was delivered
-            for sample in samples:
-                if where[0] < delivered:
-                    where[2] -= 1
-                    continue
-                yield sample
-                if limit is not None and where[2] >= limit:
-                    cursor.done = True
-                    return True
-            return False
-        except StateMismatchError:
-            raise  # a state that does not fit is the caller's to fix, never a damaged shard to skip
-        except Exception as exn:
-            return not self.handler(exn)
-        finally:
-            if stream is not None:
-                close_quietly(stream)
+        except BaseException:
+            close_quietly(stream)
+            raise
+        cursor.compressed = members.compression is not None
+        cursor.members = members
+        local_path = source.get("local_path") or local_path or getattr(stream, "local_path", None)
+        expected = saved.get("next", ()) if saved is not None and seekable and offset else ()
+        samples = shard_samples(url, stream, keys=key_rule(self.keys), lcase=self.lcase, suffixes=self.suffixes,
+                                rename_files=self.rename_files, local_path=local_path,
+                                where=where, members=members, expect_first=expected)
+        return stream, samples, None if seekable else offset
+
+    @staticmethod
+    def _limited(samples: Iterator[dict], cursor: _Cursor, limit: Optional[int],
+                 skipping: Optional[int]) -> Generator[dict, None, bool]:
+        """``samples`` past byte ``skipping`` (when given), up to ``limit`` in the pass; True: the limit was hit."""
+        where = cursor.where
+        delivered = -1 if skipping is None else skipping
+        for sample in samples:
+            if where[0] < delivered:
+                where[2] -= 1
+                continue
+            yield sample
+            if limit is not None and where[2] >= limit:
+                cursor.done = True
+                return True
+        return False
 
     def _shards(self, src: Iterable[dict], cursor: _Cursor, limit: Optional[int], skip: int = 0) -> Iterator[dict]:
         """The shard items, and with a ``limit`` not yet reached, the same items again from the first.
