@@ -21,7 +21,7 @@ from .io.resilient import StatsSink, TransferStats
 from .pipeline import DataPipeline
 from .pytorch import DataLoader
 from .resume import loader as loaderstate
-from .resume.protocol import BufferingStage, Resumable
+from .resume.protocol import Resumable, is_buffering
 from .resume.state import check_same
 from .stages import PipelineStage
 from .tar.shardreader import TarSamples
@@ -367,7 +367,7 @@ class WebLoader(DataPipeline, FluidInterface):
         if self._untag is None:
             raise NotResumableError(f"this WebLoader cannot save a resumable state: {self._blocker}")
         for stage in self.pipeline[2:]:
-            if isinstance(stage, BufferingStage):
+            if is_buffering(stage):
                 stage.state_dict()  # raises if its buffer holds items, which cannot be fetched again
         untag = self._untag
         next_worker, exhausted, states = untag.current()

@@ -20,10 +20,11 @@ from .errors import ConfigError, NotResumableError, StateMismatchError, redact
 from .io.security import untrusted
 from .pytorch import DataLoader, IterableDataset
 from .resume.protocol import (
-    BufferingStage,
     SampleSource,
     declines_resume,
+    is_buffering,
     is_resumable,
+    is_source,
     next_pass_state,
     transport_state,
 )
@@ -151,23 +152,23 @@ class DataPipeline(IterableDataset, PipelineStage):
         samples came from."""
         source = None
         for stage in self.pipeline:
-            if isinstance(stage, BufferingStage):
+            if is_buffering(stage):
                 stage.attach_source(source)
                 source = None  # a second shuffle's items are not the reader's latest
             elif isinstance(stage, DataPipeline):
                 source = stage.feeding_source()
-            elif isinstance(stage, SampleSource):
+            elif is_source(stage):
                 source = stage
 
     def feeding_source(self) -> Optional[SampleSource]:
         """The sample source (shard reader) whose latest sample is this pipeline's latest output, if any."""
         source = None
         for stage in self.pipeline:
-            if isinstance(stage, BufferingStage):
+            if is_buffering(stage):
                 source = None
             elif isinstance(stage, DataPipeline):
                 source = stage.feeding_source()
-            elif isinstance(stage, SampleSource):
+            elif is_source(stage):
                 source = stage
         return source
 
@@ -184,11 +185,11 @@ class DataPipeline(IterableDataset, PipelineStage):
             if declines_resume(stage):
                 return (f"stage {i} ({stage_name(stage)}) declares that it cannot be resumed (resumable = False); "
                         "implement state_dict()/load_state_dict() on it (see wds_cloud.Resumable) or leave it out")
-            if isinstance(stage, BufferingStage):
+            if is_buffering(stage):
                 if source is None:
                     if i == 0:
                         feeder = "it is the source"
-                    elif isinstance(self.pipeline[i - 1], BufferingStage):
+                    elif is_buffering(self.pipeline[i - 1]):
                         feeder = f"it takes its items from another shuffle (stage {i - 1})"
                     else:
                         feeder = f"it takes its items from stage {i - 1} ({stage_name(self.pipeline[i - 1])})"
@@ -199,7 +200,7 @@ class DataPipeline(IterableDataset, PipelineStage):
                 if inner is not None:
                     return f"stage {i} (a nested DataPipeline): {inner}"
                 source = stage.feeding_source()
-            elif isinstance(stage, SampleSource):
+            elif is_source(stage):
                 source = stage
         return None
 
@@ -274,7 +275,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         feeders = self._feeders()
         for i, _, stage_state in state["stages"]:
             stage = self.pipeline[i]
-            if isinstance(stage, BufferingStage):
+            if is_buffering(stage):
                 replay = stage.replay_locations(stage_state)
                 if replay:
                     source = feeders.get(i)
@@ -289,11 +290,11 @@ class DataPipeline(IterableDataset, PipelineStage):
         feeders: dict[int, Optional[SampleSource]] = {}
         source = None
         for i, stage in enumerate(self.pipeline):
-            if isinstance(stage, BufferingStage):
+            if is_buffering(stage):
                 feeders[i], source = source, None
             elif isinstance(stage, DataPipeline):
                 source = stage.feeding_source()
-            elif isinstance(stage, SampleSource):
+            elif is_source(stage):
                 source = stage
         return feeders
 
