@@ -75,16 +75,18 @@ class BufferingStage(Resumable, Protocol):
         """Why this stage cannot be resumed when no sample source feeds it (``feeder`` says what does)."""
 
 
-_ROLES: dict[type, tuple[bool, bool]] = {}
+_ROLES: dict[type, tuple[bool, bool, bool]] = {}
 
 
-def _roles(stage: Any) -> tuple[bool, bool]:
-    """(is a SampleSource, is a BufferingStage), found once per class: a runtime protocol check costs
-    about 12 us, and pipelines ask per pass for every stage."""
+def _roles(stage: Any) -> tuple[bool, bool, bool]:
+    """(is a SampleSource, is a BufferingStage, is Resumable), found once per class: a runtime protocol
+    check costs about 12 us, and pipelines ask per pass for every stage."""
     cls = type(stage)
     roles = _ROLES.get(cls)
     if roles is None:
-        roles = _ROLES[cls] = (isinstance(stage, SampleSource), isinstance(stage, BufferingStage))
+        roles = (isinstance(stage, SampleSource), isinstance(stage, BufferingStage), isinstance(stage, Resumable))
+        if not hasattr(cls, "__getattr__"):  # a proxy's instances may differ: asked each time
+            _ROLES[cls] = roles
     return roles
 
 
@@ -100,7 +102,7 @@ def is_buffering(stage: Any) -> bool:
 
 def is_resumable(stage: Any) -> bool:
     """Whether ``stage`` takes part in resume (it implements :class:`Resumable` and does not decline)."""
-    return isinstance(stage, Resumable) and getattr(stage, "resumable", True) is not False
+    return _roles(stage)[2] and getattr(stage, "resumable", True) is not False
 
 
 def declines_resume(stage: Any) -> bool:
