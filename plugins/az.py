@@ -10,6 +10,9 @@ one download per shard through adlfs's own client, chunk by chunk.
 
 from __future__ import annotations
 
+import datetime
+import re
+import urllib.parse
 from typing import Any, Optional
 
 from wds_cloud.errors import (
@@ -30,8 +33,6 @@ CREDENTIALS_HINT = ("set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOU
 
 def _azure_error(status: int, body: str, url: str) -> Optional[BaseException]:
     """An Azure XML error body as the matching wds_cloud error (None: the generic mapping)."""
-    import re
-
     match = re.search(r"<Code>([^<]+)</Code>", body)
     code = match.group(1) if match else ""
     shown = redact(url)
@@ -196,9 +197,6 @@ class AzureBackend(FsspecBackend):
                               credentials_hint=CREDENTIALS_HINT, error_body=_azure_error, length=length)
 
     def _signed_url(self, container: str, blob: str) -> Optional[str]:
-        import datetime
-        import urllib.parse
-
         fs = self.fs
         fields = {}
         if getattr(fs, "connection_string", None):

@@ -16,6 +16,7 @@ import contextvars
 import io
 import json
 import os
+import pickle
 import re
 import tempfile
 import zlib
@@ -129,7 +130,6 @@ def unpickle_loads(data: Any) -> Any:
     """Unpickle a field: refused unless pickle is allowed (see the module docstring)."""
     if not _pickle_permitted():
         raise _refuse("a pickle (.pyd/.pkl/.pickle)")
-    import pickle
 
     return pickle.loads(data)
 

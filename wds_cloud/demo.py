@@ -20,13 +20,19 @@ import tempfile
 import time
 from typing import Any, Optional
 
+import numpy as np
+
+from . import WebDataset, WebLoader
+from .errors import MissingExtraError
+from .io.open import gopen
+from .pytorch import HAVE_TORCH
+
 __all__ = ["add_parser", "run_demo", "write_demo_dataset"]
 
 LABELS = ["circle", "square", "stripes", "noise"]
 
 
 def _image(index: int, size: int) -> Any:
-    import numpy as np
     from PIL import Image
 
     rng = np.random.default_rng(index)
@@ -49,8 +55,6 @@ def _image(index: int, size: int) -> Any:
 
 def write_demo_dataset(url: str, samples: int, shards: int, size: int = 64, progress: Optional[Any] = None) -> str:
     """Write ``samples`` samples in ``shards`` shards under ``url``; returns the shard spec."""
-    from .io.open import gopen
-
     per_shard = -(-samples // shards)
     index = 0
     for shard in range(shards):
@@ -109,14 +113,7 @@ def run_demo(url: Optional[str] = None, samples: int = 2000, workers: int = 2, s
     try:
         import PIL  # noqa: F401
     except ImportError:
-        from .errors import MissingExtraError
-
         raise MissingExtraError("the demo makes images with Pillow: pip install 'wds_cloud[image]'") from None
-    import numpy as np
-
-    from . import WebDataset, WebLoader
-    from .pytorch import HAVE_TORCH
-
     temporary = url is None
     location = tempfile.mkdtemp(prefix="wds-cloud-demo-") if url is None else url
     try:

@@ -11,6 +11,7 @@ import fnmatch
 import io
 import itertools
 import logging
+import pickle
 import random
 import re
 import sys
@@ -561,7 +562,6 @@ class LMDBCached(PipelineStage):
             import lmdb
         except ImportError:
             raise MissingExtraError("LMDBCached needs the lmdb module: pip install lmdb") from None
-        import pickle
 
         self.db = lmdb.open(fname, readonly=False, map_size=int(map_size))
         self.pickler = pickler or pickle

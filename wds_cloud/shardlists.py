@@ -6,6 +6,7 @@ shards, and resampling (shards drawn with replacement, forever).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -168,14 +169,14 @@ class _EpochClock:
 
     def __init__(self) -> None:
         try:
-            import multiprocessing
+            import multiprocessing  # here, not at the top: it can fail to import in sandboxes without shm
 
             self._shared: Any = multiprocessing.RawValue("q", 0)  # (seed hash << 32) | (epoch + 1)
         except Exception:  # no shared memory here (some sandboxes): set_epoch() still works
             self._shared = None
 
     def __getstate__(self) -> dict:
-        from multiprocessing import context
+        from multiprocessing import context  # (see __init__)
 
         # Shared memory travels only to a process being started; any other pickle leaves it out.
         return {"shared": self._shared if context.get_spawning_popen() is not None else None}
@@ -236,8 +237,6 @@ class _Epochs:
         return self.epoch
 
     def _config(self) -> dict:
-        import hashlib
-
         key = (len(self.urls), self.seed)
         cached = self.__dict__.get("_config_cache")
         if cached is None or cached[0] != key:  # hashing every URL on every state_dict() would cost

@@ -9,6 +9,8 @@ HTTP errors become the errors of :mod:`wds_cloud.errors`, with the URL.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import http.client
 import io
@@ -178,9 +180,6 @@ def raise_for_status(response: http.client.HTTPResponse, url: str, credentials_h
 def whole_object_md5(headers: Mapping[str, str], whole: bool) -> Optional[str]:
     """The MD5 (hex) of the whole object a response names: GCS ``x-goog-hash``, Azure
     ``x-ms-blob-content-md5``, or ``Content-MD5`` when the response carries the whole object."""
-    import base64
-    import binascii
-
     values = []
     for part in (headers.get("x-goog-hash") or "").split(","):
         name, _, value = part.strip().partition("=")

@@ -20,9 +20,10 @@ from ..errors import ConfigError, SecurityError, UnknownSchemeError, WdsCloudErr
 from . import profiles
 from .backend import InStream
 from .pipes import Pipe
-from .registry import get_registry, split_scheme
+from .registry import get_registry
 from .resilient import ResumableStream, RetryPolicy
 from .security import UntrustedURL, check_pipe, is_secure, untrusted
+from .urls import is_local, split_scheme
 
 __all__ = [
     "gopen", "gopen_schemes", "rewrite_url", "reader", "gopen_file", "gopen_pipe", "gopen_curl",
@@ -119,7 +120,7 @@ def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0, l
     url = rewrite_url(url, settings)
     try:
         scheme, _ = split_scheme(url)
-        if scheme in (None, "file") and url != "-" and is_secure(settings):
+        if is_local(url) and is_secure(settings):
             raise SecurityError(
                 f"refusing to open the local file {redact(url)!r}: local paths and file: URLs are not allowed "
                 "while WDS_SECURE=1 (or utils.enforce_security) is set (webdataset: gopen: unsafe_gopen is "

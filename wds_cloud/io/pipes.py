@@ -29,7 +29,7 @@ STDERR_TAIL_LINES = 10
 
 
 def _prctl_deathsig(sig: int) -> None:
-    import ctypes
+    import ctypes  # only in a forked child about to exec, on Linux: the parent never pays for it
 
     ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
 
