@@ -197,3 +197,15 @@ def test_upstream_module_paths_keep_their_names(module):
     mod = importlib.import_module(f"wds_cloud.{module}")
     missing = [n for n in UPSTREAM_NAMES[module] + list(getattr(mod, "__all__", ())) if not hasattr(mod, n)]
     assert not missing
+
+
+def test_the_internal_module_paths_of_0_1_still_import():
+    """``import wds_cloud.backend`` (and the other moved modules) gives the module in its new home."""
+    import wds_cloud
+
+    for old, new in wds_cloud._MOVED.items():
+        assert importlib.import_module(f"wds_cloud.{old}") is importlib.import_module(f"wds_cloud.{new}")
+    from wds_cloud.backend import Backend  # what docs/plugins.md named before the move
+    from wds_cloud.io import Backend as Now
+
+    assert Backend is Now

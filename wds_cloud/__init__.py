@@ -6,6 +6,9 @@ the package does no I/O and loads no plugin; plugins load on first use.
 
 __version__ = "0.1.0"
 
+import importlib as _importlib
+import sys as _sys
+
 from . import errors, tenbin, utils
 from .autodecode import (
     Continue,
@@ -128,3 +131,23 @@ __all__ = [
     "StateMismatchError", "NotResumableError", "MissingExtraError", "PluginError", "PluginConflictError", "ShardNotFoundError",
     "SecurityError", "CredentialsError", "AccessDeniedError", "TransferError", "PipeError", "ObjectChangedError",
 ]
+
+# The internal modules of 0.1 moved into io/, tar/ and resume/; their old paths still import, as
+# aliases of the new modules (``import wds_cloud.backend`` gives ``wds_cloud.io.backend``).  New code,
+# and plugins, import from ``wds_cloud.io`` (see docs/plugins.md).
+_MOVED = {
+    "atomic": "io.atomic", "backend": "io.backend", "fsbackend": "io.fsbackend", "hookspecs": "io.hookspecs",
+    "httpstream": "io.httpstream", "pipes": "io.pipes", "profiles": "io.profiles", "registry": "io.registry",
+    "resilient": "io.resilient", "security": "io.security", "shardcache": "io.shardcache", "uploads": "io.uploads",
+    "tario": "tar.reader", "tarwrite": "tar.header", "loaderstate": "resume.loader",
+}
+
+
+def _alias_moved_modules() -> None:
+    for old, new in _MOVED.items():
+        module = _importlib.import_module(f"{__name__}.{new}")
+        _sys.modules.setdefault(f"{__name__}.{old}", module)
+        globals().setdefault(old, module)
+
+
+_alias_moved_modules()

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from . import config, tenbin
+from . import config, tenbin, utils  # noqa: F401 - utils: importable here, as before
 from .errors import ConfigError, DecodingError, MissingExtraError, SecurityError, redact
 from .extensions import IMAGE_EXTENSIONS, IMAGE_FORMATS, KINDS
 from .io.security import is_secure

@@ -4,6 +4,14 @@
 ``StreamingOpen`` opens shards without one; the rest are webdataset's helpers.
 """
 
+# also importable from here, as before the code moved (not part of __all__)
+from .errors import redact  # noqa: F401
+from .handlers import reraise_exception  # noqa: F401
+from .io.atomic import AtomicFile  # noqa: F401
+from .io.backend import skip  # noqa: F401
+from .io.opener import log  # noqa: F401
+from .io.urls import split_scheme  # noqa: F401
+from .stages import PipelineStage  # noqa: F401
 from .io.opener import (
                         FileCache,
                         LRUCleanup,

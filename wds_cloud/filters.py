@@ -24,7 +24,8 @@ from .autodecode import Decoder, refuse_if_unsafe
 from .errors import MissingExtraError, SecurityError
 from .handlers import reraise_exception
 from .io.security import is_secure
-from .resume.shuffle import Shuffle
+from .resume.shuffle import Shuffle, apply_journal, buffer_locations  # noqa: F401 - importable here, as before
+from .utils import make_seed  # noqa: F401 - importable here, as before
 from .stages import FilterFunction, PipelineStage, RestCurried, compose, pipeline, pipelinefilter
 
 __all__ = [

@@ -4,6 +4,15 @@
 ``gopen_schemes`` is the writable table of webdataset-style openers.
 """
 
+# also importable from here, as before the code moved (not part of __all__)
+from .config import Settings  # noqa: F401
+from .errors import SecurityError, UnknownSchemeError, WdsCloudError, redact  # noqa: F401
+from .io import profiles  # noqa: F401
+from .io.open import log  # noqa: F401
+from .io.registry import get_registry  # noqa: F401
+from .io.resilient import ResumableStream, RetryPolicy  # noqa: F401
+from .io.security import UntrustedURL, is_secure, untrusted  # noqa: F401
+from .io.urls import split_scheme  # noqa: F401
 from .io.open import (
                       Pipe,
                       gopen,

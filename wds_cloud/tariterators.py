@@ -5,6 +5,12 @@ shard reader (``tarfile_to_samples``) in :mod:`wds_cloud.tar.shardreader`.
 """
 
 from .stages import pipelinefilter
+
+# also importable from here, as before the code moved (not part of __all__)
+from . import config  # noqa: F401
+from .errors import CorruptShardError, StateMismatchError, redact  # noqa: F401
+from .handlers import reraise_exception  # noqa: F401
+from .tar.reader import TarMembers  # noqa: F401
 from .tar.samples import (
                           base_plus_ext,
                           group_by_keys,
