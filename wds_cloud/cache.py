@@ -9,9 +9,6 @@ from .errors import redact  # noqa: F401
 from .handlers import reraise_exception  # noqa: F401
 from .io.atomic import AtomicFile  # noqa: F401
 from .io.backend import skip  # noqa: F401
-from .io.opener import log  # noqa: F401
-from .io.urls import split_scheme  # noqa: F401
-from .stages import PipelineStage  # noqa: F401
 from .io.opener import (
                         FileCache,
                         LRUCleanup,
@@ -19,9 +16,12 @@ from .io.opener import (
                         cached_url_opener,
                         check_tar_format,
                         download,
+                        log,  # noqa: F401
                         pipe_cleaner,
                         url_to_cache_name,
 )
+from .io.urls import split_scheme  # noqa: F401
+from .stages import PipelineStage  # noqa: F401
 
 __all__ = ["FileCache", "StreamingOpen", "url_to_cache_name", "download", "check_tar_format", "pipe_cleaner",
            "LRUCleanup", "cached_url_opener"]

@@ -25,8 +25,8 @@ from .errors import MissingExtraError, SecurityError
 from .handlers import reraise_exception
 from .io.security import is_secure
 from .resume.shuffle import Shuffle, apply_journal, buffer_locations  # noqa: F401 - importable here, as before
-from .utils import make_seed  # noqa: F401 - importable here, as before
 from .stages import FilterFunction, PipelineStage, RestCurried, compose, pipeline, pipelinefilter
+from .utils import make_seed  # noqa: F401 - importable here, as before
 
 __all__ = [
     "FilterFunction", "RestCurried", "PipelineStage", "pipelinefilter", "compose", "pipeline", "getfirst",

@@ -4,12 +4,11 @@ The key rules and grouping live in :mod:`wds_cloud.tar.samples`, the resumable
 shard reader (``tarfile_to_samples``) in :mod:`wds_cloud.tar.shardreader`.
 """
 
-from .stages import pipelinefilter
-
 # also importable from here, as before the code moved (not part of __all__)
 from . import config  # noqa: F401
 from .errors import CorruptShardError, StateMismatchError, redact  # noqa: F401
 from .handlers import reraise_exception  # noqa: F401
+from .stages import pipelinefilter
 from .tar.reader import TarMembers  # noqa: F401
 from .tar.samples import (
                           base_plus_ext,

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 from ..config import Settings
 from ..errors import MissingExtraError
 
-__all__ = ["Backend", "ReadStream", "InStream", "OutStream", "ObjectInfo", "missing_modules", "require", "fsspec_list", "read_to_end", "skip"]
+__all__ = ["Backend", "ReadStream", "WrappedStream", "InStream", "OutStream", "ObjectInfo", "missing_modules", "require", "fsspec_list", "read_to_end", "skip"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +106,29 @@ class ReadStream:
 
     def close(self) -> None:
         self.closed = True
+
+
+class WrappedStream:
+    """Base of read streams that wrap another (``_stream``): closing, ``closed`` and ``with`` pass through."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._stream.close()
+
+    @property
+    def closed(self) -> bool:
+        return getattr(self._stream, "closed", False)
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class Backend:

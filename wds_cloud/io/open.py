@@ -18,7 +18,7 @@ from .. import config
 from ..config import Settings
 from ..errors import ConfigError, SecurityError, UnknownSchemeError, WdsCloudError, redact
 from . import profiles
-from .backend import InStream
+from .backend import InStream, WrappedStream
 from .pipes import Pipe
 from .registry import get_registry
 from .resilient import ResumableStream, RetryPolicy
@@ -156,11 +156,11 @@ def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0, l
         raise
 
 
-class Bounded:
+class Bounded(WrappedStream):
     """At most ``length`` bytes of ``stream`` (a ranged read over a backend that streams to the end)."""
 
     def __init__(self, stream: InStream, length: int) -> None:
-        self._stream = stream
+        super().__init__(stream)
         self._left = length
 
     def read(self, size: int = -1) -> bytes:
@@ -183,22 +183,6 @@ class Bounded:
             n = readinto(view)
         self._left -= n
         return n
-
-    def readable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self._stream.close()
-
-    @property
-    def closed(self) -> bool:
-        return getattr(self._stream, "closed", False)
-
-    def __enter__(self) -> "Bounded":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def reader(url: Any, **kw: Any) -> IO[bytes]:

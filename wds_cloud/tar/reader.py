@@ -22,6 +22,7 @@ import zlib
 from typing import IO, Any, Callable, Iterator, Optional, Protocol, cast
 
 from ..errors import CorruptShardError, MissingExtraError, redact
+from ..io.backend import WrappedStream
 
 __all__ = ["TarMembers", "open_decompressed", "detect_compression", "CHUNK", "MAX_META_SIZE"]
 
@@ -54,12 +55,12 @@ def detect_compression(head: bytes) -> Optional[str]:
     return None
 
 
-class _Prefixed:
+class _Prefixed(WrappedStream):
     """A read stream that first returns ``prefix``, then the rest of ``stream``."""
 
     def __init__(self, prefix: bytes, stream: IO[bytes]) -> None:
+        super().__init__(stream)
         self._prefix = prefix
-        self._stream = stream
 
     def read(self, size: int = -1) -> bytes:
         if self._prefix:
@@ -76,16 +77,6 @@ class _Prefixed:
         data = self.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)
-
-    def readable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self._stream.close()
-
-    @property
-    def closed(self) -> bool:
-        return getattr(self._stream, "closed", False)
 
 
 class _Zlib:
