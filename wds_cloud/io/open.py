@@ -107,7 +107,7 @@ def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0, l
     (fsspec-style: credentials, endpoint, ...).  Remote reads resume after faults
     at the next unread byte (``retries`` attempts per fault, ``timeout`` seconds
     of silence count as a stall; defaults from ``WDS_RETRIES``/``WDS_RETRY_TIMEOUT``),
-    and add their transfer figures to ``stats`` (a :class:`~wds_cloud.resilient.StatsSink`).
+    and add their transfer figures to ``stats`` (a :class:`~wds_cloud.io.resilient.StatsSink`).
     A stream opened for writing publishes its object only when closed without error.
     """
     url = os.fspath(url) if not isinstance(url, str) else url

@@ -1,7 +1,7 @@
 """Opening shards, directly or through the local shard cache; cache names and upstream's cache helpers.
 
 ``StreamingOpen`` opens each shard URL with ``gopen``.  ``FileCache`` is the
-pipeline stage of the shard cache (:mod:`wds_cloud.shardcache`): stream while
+pipeline stage of the shard cache (:mod:`wds_cloud.io.shardcache`): stream while
 filling, one download per shard across processes, bounded by LRU eviction.
 Local files are read in place, never copied, unless asked.
 """
@@ -166,7 +166,7 @@ class FileCache(PipelineStage):
     sample does not wait for the download); processes that want the same shard meanwhile read
     what has arrived instead of downloading it again; the entry is published only complete and
     checked; ``cache_size`` bounds the directory by least-recently-used eviction.  Local files
-    are read in place unless ``cache_local=True``.  See :mod:`wds_cloud.shardcache`.
+    are read in place unless ``cache_local=True``.  See :mod:`wds_cloud.io.shardcache`.
     """
 
     def __init__(self, cache_dir: Optional[str] = None, *, url_to_name: Callable[[str], str] = url_to_cache_name,
