@@ -103,10 +103,11 @@ class TarWriter(Publishing):
             compress = "gz"
         if isinstance(fileobj, str):
             stream = gopen(fileobj, "wb", storage_options=storage_options)
-            self._own = True
+            #: closing the writer closes the stream (it opened it, or was handed it to own)
+            self.owns_stream = True
         else:
             stream = fileobj
-            self._own = False
+            self.owns_stream = False
         self._raw = stream
         self.compression = compress or None
         self.stream = Compressor(stream, compress) if compress else stream
@@ -172,7 +173,7 @@ class TarWriter(Publishing):
         self.written += self.members.finish(self.written)
         if self.compression:
             self.stream.close()
-        elif self._own:
+        elif self.owns_stream:
             self._raw.close()
         else:
             flush = getattr(self._raw, "flush", None)
@@ -184,7 +185,7 @@ class TarWriter(Publishing):
         abort = getattr(self._raw, "abort", None)
         if abort is not None:
             abort()
-        elif self._own:
+        elif self.owns_stream:
             self._raw.close()
 
 
@@ -236,7 +237,7 @@ class ShardWriter(Publishing):
         self.tarstream = TarWriter(stream, **self.kw)
         if self.opener:  # the writer owns what the opener gave it: closing the shard closes the stream
             self.tarstream.name = self.fname
-            self.tarstream._own = True
+            self.tarstream.owns_stream = True
         self.count = 0
 
     def write(self, obj: dict) -> int:
