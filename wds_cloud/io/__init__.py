@@ -1,9 +1,10 @@
 """Opening a URL, and everything under it: the layer storage plugins build on.
 
 The data path: :func:`~wds_cloud.io.open.gopen` applies the rewrite rules
-(``WDS_REWRITE``, then the plugins' ``wds_cloud_rewrite_url`` hook), asks the
-:mod:`~wds_cloud.io.registry` which backend claims the scheme, and wraps what the
-backend opens in a :class:`~wds_cloud.io.resilient.ResumableStream` that survives
+(``WDS_REWRITE``, then the plugins' ``wds_cloud_rewrite_url`` hook), lets a plugin
+route the URL to another backend (``wds_cloud_route_url``: AIStore's ``USE_AIS_FOR``),
+asks the :mod:`~wds_cloud.io.registry` which backend claims the scheme, and wraps what
+the backend opens in a :class:`~wds_cloud.io.resilient.ResumableStream` that survives
 dropped connections.  The shard cache (:mod:`~wds_cloud.io.shardcache`) and the
 opener stages (:mod:`~wds_cloud.io.opener`) sit above it.
 
