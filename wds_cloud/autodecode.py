@@ -78,7 +78,7 @@ def handle_extension(extensions: str, f: Callable[[Any], Any]) -> Callable:
                 return f(data)
         return None
 
-    handler.extensions = {t[-1] for t in targets}  # type: ignore[attr-defined]
+    handler.extensions = {t[-1] for t in targets}  # type: ignore[attr-defined]  # read by Decoder planning
     return handler
 
 

@@ -20,7 +20,7 @@ if HAVE_TORCH:
     TorchIterableDataset = IterableDataset
 else:
 
-    class IterableDataset:  # type: ignore[no-redef]
+    class IterableDataset:  # type: ignore[no-redef]  # the stand-in when torch is absent
         """Stand-in for ``torch.utils.data.IterableDataset`` when torch is not installed."""
 
         def __iter__(self) -> Iterator:
@@ -28,7 +28,7 @@ else:
 
     TorchIterableDataset = None  # type: ignore[misc,assignment]  # no torch: nothing to subclass
 
-    class DataLoader:  # type: ignore[no-redef]
+    class DataLoader:  # type: ignore[no-redef]  # the stand-in when torch is absent
         """Stand-in for ``torch.utils.data.DataLoader`` without torch: iterates in this process.
 
         ``batch_size=None`` passes items through (through ``collate_fn`` when given,

@@ -56,8 +56,7 @@ class FsspecBackend(Backend):
                     raise self.translate(exc, f"{self.scheme}://") from exc
         return self._fs
 
-    @staticmethod
-    def path(url: str) -> str:
+    def path(self, url: str) -> str:
         """``bucket/key`` from ``scheme://bucket/key``."""
         return url.split("://", 1)[1]
 
@@ -125,7 +124,8 @@ class FsspecFallbackBackend(FsspecBackend):
             return ShardNotFoundError(f"{redact(url)}: no such object (through fsspec); check the URL", url=url)
         return exc
 
-    def path(self, url: str) -> str:  # type: ignore[override]
+    def path(self, url: str) -> str:
+        """The path fsspec's filesystem uses for ``url`` (its protocol stripped, as it does)."""
         return self.fs._strip_protocol(url)
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **kw: Any) -> InStream:
