@@ -329,3 +329,29 @@ def test_upstream_module_paths_import():
     assert "filters" in typecheck.modules
     items = list(multi.MultiLoader(wds.DataPipeline(lambda: iter(range(5))), workers=0))
     assert items == list(range(5))
+
+
+def test_group_by_keys_runs_the_shard_readers_grouping_with_webdatasets_rules():
+    """group_by_keys (over member dicts) keeps upstream's rules on the one grouping loop: markers end a shard,
+    a shard that ended in an error drops its cut-short sample, a key-only last sample is kept, a repeated field
+    goes to the handler, and a sample never spans two URLs even without markers."""
+    from wds_cloud.errors import CorruptShardError
+    from wds_cloud.tar.samples import _ABORT
+    from wds_cloud.tariterators import group_by_keys
+
+    def m(url, name, data=b"x"):
+        return {"fname": name, "data": data, "__url__": url}
+
+    stream = [m("a", "k1.txt"), m("a", "k1.cls"), m("a", "k2.txt"), {},  # shard a ends cleanly
+              m("b", "k3.txt"), _ABORT,                                  # shard b ended in an error
+              m("c", "k4.txt"), m("c", "k5.json"), m("d", "k5.txt")]     # no markers: the URL changes
+    samples = list(group_by_keys(iter(stream), suffixes={"txt", "cls"}))
+    assert [(s["__key__"], s["__url__"], sorted(k for k in s if not k.startswith("__"))) for s in samples] == [
+        ("k1", "a", ["cls", "txt"]), ("k2", "a", ["txt"]), ("k4", "c", ["txt"]), ("k5", "c", []),
+        ("k5", "d", ["txt"])]
+    with pytest.raises(CorruptShardError, match="repeats the field 'txt'"):
+        list(group_by_keys([m("a", "k1.txt"), m("a", "k1.txt")]))
+    seen = []
+    assert [s["txt"] for s in group_by_keys([m("a", "k1.txt", b"1"), m("a", "k1.txt", b"2")],
+                                            handler=lambda e: seen.append(e) or True)] == [b"1"]
+    assert len(seen) == 1

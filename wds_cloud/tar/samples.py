@@ -193,42 +193,74 @@ def close_quietly(stream: Any) -> None:
 
 def group_by_keys(data: Iterable[dict], keys: Callable = base_plus_ext, lcase: bool = True,
                   suffixes: Optional[Iterable[str]] = None, handler: Optional[Callable] = None) -> Iterator[dict]:
-    """Group adjacent ``{"fname", "data"}`` members into samples; an empty dict ends a shard."""
-    current: Optional[dict] = None
-    for filesample in data:
-        if filesample is _ABORT:
-            current = None
+    """Group adjacent ``{"fname", "data"}`` members into samples; an empty dict ends a shard.
+
+    The grouping is :func:`shard_samples`' own loop, run over each shard's members in turn; a
+    repeated field goes to ``handler`` (True: skip the member) and a shard that ended in an error
+    (``tar_file_expander``'s marker) drops the sample it cut short.
+    """
+    items: Iterator[Any] = iter(data)
+    item: Any = next(items, _EXHAUSTED)
+    while item is not _EXHAUSTED:
+        if item is _ABORT or not item or "fname" not in item:  # a marker with no member before it
+            item = next(items, _EXHAUSTED)
             continue
-        if not filesample or "fname" not in filesample:  # end of a shard
-            if valid_sample(current):
-                yield current
-            current = None
-            continue
-        fname, value = filesample["fname"], filesample["data"]
-        prefix, suffix = keys(fname)
-        if prefix is None:
-            continue
-        if lcase:
-            suffix = suffix.lower()
-        if current is None or prefix != current["__key__"]:
-            if valid_sample(current):
-                yield current
-            current = {"__key__": prefix, "__url__": filesample.get("__url__")}
-            if "__local_path__" in filesample:
-                current["__local_path__"] = filesample["__local_path__"]
-        if suffixes is not None and suffix not in suffixes:
-            continue
-        if suffix in current:
-            exn = CorruptShardError(
-                f"{redact(filesample.get('__url__') or '<stream>')}: member {fname!r} repeats the field "
-                f"{suffix!r} of sample {prefix!r}; a sample holds one member per field",
-                url=filesample.get("__url__"), member=fname)
-            if handler is None or not handler(exn):
-                raise exn
-            continue
-        current[suffix] = value
-    if valid_sample(current):
-        yield current
+        run = _MemberRun(item, items)
+        yield from _grouped(run, run.url, _NO_OFFSETS, keys=keys, lcase=lcase, suffixes=suffixes,
+                            local_path=run.local_path, where=None, rename_files=None, on_repeat=handler,
+                            last_ok=run.keeps_last)
+        item = run.next_item
+
+
+_EXHAUSTED = object()
+
+
+class _MemberRun:
+    """One shard's member dicts as ``(name, data)``, up to the marker that ends the shard.
+
+    A change of ``__url__`` (or ``__local_path__``) without a marker (``eof_value=None``) also
+    ends a run: a sample never spans shards.
+    """
+
+    def __init__(self, first: dict, items: Iterator[Any]) -> None:
+        self._first = first
+        self._items = items
+        self.url = first.get("__url__")
+        self.local_path = first.get("__local_path__")
+        self.aborted = False
+        self.next_item: Any = _EXHAUSTED
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        item: Any = self._first
+        while True:
+            yield item["fname"], item["data"]
+            item = next(self._items, _EXHAUSTED)
+            if item is _EXHAUSTED:
+                return
+            if item is _ABORT or not item or "fname" not in item:
+                self.aborted = item is _ABORT
+                self.next_item = next(self._items, _EXHAUSTED)
+                return
+            if item.get("__url__") != self.url or item.get("__local_path__") != self.local_path:
+                self.next_item = item
+                return
+
+    def keeps_last(self, sample: dict) -> bool:
+        """The last sample of the run is kept unless the shard ended in an error (webdataset's rule)."""
+        return not self.aborted and valid_sample(sample)
+
+
+class _NoOffsets:
+    """Stands for the tar reader where grouping is fed member dicts: no byte offsets to track."""
+
+    record_start = 0
+    member_offset = None
+
+    def finish(self) -> None:
+        pass
+
+
+_NO_OFFSETS = _NoOffsets()
 
 
 def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcase: bool = True,
@@ -247,17 +279,32 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
     :class:`TarMembers` over ``stream`` (to read from a given offset); ``expect_first`` (a
     resumed read) is the name its first member must have, None for the end of the archive.
     """
-    # Kept as one loop (reading, key rules and grouping inline), hence its length: it runs per member,
-    # and a call per member would cost the tiny-sample workload of bench_read several percent.
     if members is None:
         members = TarMembers(stream, url, select=member_filter(skip_meta, select_files, rename_files),
                              max_member=config.current().max_member_size)
+    source = members if expect_first == () else _checked_start(members, expect_first, url, rename_files)
+    # the grouping generator itself is returned: no generator layer of our own per sample
+    return _grouped(source, url, members, keys=keys, lcase=lcase, suffixes=suffixes, local_path=local_path,
+                    where=where, rename_files=rename_files, on_repeat=None, last_ok=None)
+
+
+def _grouped(source: Iterable[tuple[str, Any]], url: Any, members: Any, *, keys: Callable, lcase: bool,
+             suffixes: Optional[Iterable[str]], local_path: Optional[str], where: Optional[list],
+             rename_files: Optional[Callable], on_repeat: Optional[Callable],
+             last_ok: Optional[Callable[[dict], bool]]) -> Iterator[dict]:
+    """The one grouping loop: adjacent ``(name, data)`` members sharing a key become a sample.
+
+    ``members`` tells byte offsets (a :class:`TarMembers`, or a stand-in without them); a
+    repeated field raises unless ``on_repeat(error)`` says to skip the member; the last sample
+    is yielded when ``last_ok(sample)`` says so (default: it holds a field).
+    """
+    # Kept as one loop (reading, key rules and grouping inline), hence its length: it runs per member,
+    # and a call per member would cost the tiny-sample workload of bench_read several percent.
     suffixes = set(suffixes) if suffixes is not None else None
     fast_keys = keys is base_plus_ext
     current: Optional[dict] = None
     key = None
     start = 0
-    source = members if expect_first == () else _checked_start(members, expect_first, url, rename_files)
     for name, data in source:
         if rename_files is not None:
             name = rename_files(name)
@@ -287,12 +334,16 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
         if suffixes is not None and suffix not in suffixes:
             continue
         if suffix in current:
-            raise CorruptShardError(
-                f"{redact(url)}: member {name!r} at byte {members.member_offset} repeats the field {suffix!r} "
-                f"of sample {prefix!r}; a sample holds one member per field",
-                url=url, member=name, offset=members.member_offset)
+            offset = members.member_offset
+            exn = CorruptShardError(
+                f"{redact(url or '<stream>')}: member {name!r}{f' at byte {offset}' if offset is not None else ''} "
+                f"repeats the field {suffix!r} of sample {prefix!r}; a sample holds one member per field",
+                url=url, member=name, offset=offset)
+            if on_repeat is None or not on_repeat(exn):
+                raise exn
+            continue
         current[suffix] = data
-    if current is not None and len(current) > 2 + (local_path is not None):
+    if current is not None and (len(current) > 2 + (local_path is not None) if last_ok is None else last_ok(current)):
         if where is not None:
             where[0], where[1] = start, members.archive_end if members.archive_end is not None else members.offset
             where[2] += 1
