@@ -91,3 +91,26 @@ def test_a_stage_declaring_itself_not_resumable_iterates_through_webloader(urls)
     assert len(list(loader)) == 40
     with pytest.raises(wds.NotResumableError, match="_Holding"):
         loader.state_dict()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_documented_stage_resumes_through_webloader_workers(urls, num_workers):
+    """EveryNth inside a WebDataset resumes exactly through WebLoader, with and without DataLoader workers."""
+    pytest.importorskip("torch")
+    EveryNth = _example()["EveryNth"]
+
+    def loader():
+        ds = wds.WebDataset(urls, shardshuffle=False).compose(EveryNth(2)).to_tuple("__key__")
+        return wds.WebLoader(ds, batch_size=None, num_workers=num_workers)
+
+    full = [k for (k,) in loader()]
+    assert len(full) == 20 if num_workers == 0 else len(full) > 0
+    for cut in (1, len(full) // 2, len(full) - 1):
+        first = loader()
+        it = iter(first)
+        head = [next(it)[0] for _ in range(cut)]
+        state = first.state_dict()
+        del it
+        second = loader()
+        second.load_state_dict(state)
+        assert head + [k for (k,) in second] == full
