@@ -1,5 +1,10 @@
 """A fault-injecting TCP proxy on loopback, placed between a client and a real server.
 
+It can also stand for a distant store: ``latency=`` seconds pass between a request and the
+first byte of its response, and ``rate=`` bytes per second is the most one connection carries
+(each connection is paced on its own, as a TCP stream over a long link is), so a benchmark
+sees what a real network does to one stream and to several in parallel.
+
 Faults apply to the server-to-client direction of each connection:
 ``reset_after=N`` sends a TCP reset once N bytes went through, ``stall_after=N``
 stops forwarding (the client sees silence), ``truncate_after=N`` closes the
@@ -21,7 +26,7 @@ from typing import Optional
 class FaultProxy:
     def __init__(self, upstream: str, *, reset_after: Optional[int] = None, stall_after: Optional[int] = None,
                  truncate_after: Optional[int] = None, error_first: int = 0, error_status: int = 503,
-                 error_body: bytes = b"") -> None:
+                 error_body: bytes = b"", latency: float = 0.0, rate: Optional[float] = None) -> None:
         host, port = upstream.split("//", 1)[-1].split("/", 1)[0].split(":")
         self.upstream = (host, int(port))
         self.reset_after = reset_after
@@ -30,6 +35,11 @@ class FaultProxy:
         self.error_first = error_first
         self.error_status = error_status
         self.error_body = error_body
+        #: seconds from a request to the first byte of its response, and bytes/s per connection (None: as fast
+        #: as loopback); both may be changed while the proxy runs
+        self.latency = latency
+        self.rate = rate
+        self.delayed = 0  # responses held back by ``latency``
         self.connections = 0
         self.faults = 0
         self.bytes_forwarded = 0
@@ -106,15 +116,17 @@ class FaultProxy:
         except OSError:
             client.close()
             return
-        threading.Thread(target=self._pump_requests, args=(client, upstream), daemon=True).start()
-        self._pump_responses(upstream, client)
+        asked: list = []  # when the requests whose responses have not begun were sent (the link's clock)
+        threading.Thread(target=self._pump_requests, args=(client, upstream, asked), daemon=True).start()
+        self._pump_responses(upstream, client, asked)
 
-    def _pump_requests(self, client: socket.socket, upstream: socket.socket) -> None:
+    def _pump_requests(self, client: socket.socket, upstream: socket.socket, asked: list) -> None:
         try:
             while not self._stopped.is_set():
                 data = client.recv(65536)
                 if not data:
                     break
+                asked.append(time.monotonic())
                 upstream.sendall(data)
         except OSError:
             pass
@@ -124,13 +136,25 @@ class FaultProxy:
             except OSError:
                 pass
 
-    def _pump_responses(self, upstream: socket.socket, client: socket.socket) -> None:
+    def _pump_responses(self, upstream: socket.socket, client: socket.socket, asked: list) -> None:
         sent = 0
+        due = 0.0  # when the link has carried what was sent so far (pacing)
         try:
             while not self._stopped.is_set():
                 data = upstream.recv(65536)
                 if not data:
                     break
+                if asked:  # the first bytes of a response: the request's round trip first
+                    since = asked[0]
+                    asked.clear()
+                    if self.latency > 0:
+                        time.sleep(max(0.0, since + self.latency - time.monotonic()))
+                        with self._lock:
+                            self.delayed += 1
+                rate = self.rate
+                if rate:
+                    due = max(due, time.monotonic()) + len(data) / rate
+                    time.sleep(max(0.0, due - time.monotonic()))
                 limit = min([x for x in (self.reset_after, self.stall_after, self.truncate_after) if x] or [0])
                 if limit and sent + len(data) >= limit:
                     client.sendall(data[: max(0, limit - sent)])
