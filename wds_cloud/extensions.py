@@ -7,7 +7,7 @@ extension is added here once and is then read and written alike.
 
 from __future__ import annotations
 
-__all__ = ["KINDS", "IMAGE_FORMATS", "IMAGE_EXTENSIONS", "extensions_of"]
+__all__ = ["KINDS", "IMAGE_FORMATS", "IMAGE_EXTENSIONS"]
 
 #: kind of value -> the field extensions that hold it (a sample's ``x.txt``, ``x.cls``, ...)
 KINDS: dict[str, tuple[str, ...]] = {
@@ -31,8 +31,3 @@ IMAGE_FORMATS: dict[str, str] = {
 
 #: the image extensions, as webdataset's ``autodecode.IMAGE_EXTENSIONS`` lists them
 IMAGE_EXTENSIONS: list[str] = list(IMAGE_FORMATS)
-
-
-def extensions_of(kind: str) -> tuple[str, ...]:
-    """The extensions of one kind of value (``"image"`` included)."""
-    return tuple(IMAGE_FORMATS) if kind == "image" else KINDS[kind]

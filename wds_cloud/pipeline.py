@@ -147,30 +147,33 @@ class DataPipeline(IterableDataset, PipelineStage):
         self.__dict__.update(state)
 
     # resume (the stages take part through wds_cloud.resume.protocol)
+    def _feeding(self) -> tuple[dict, Optional[SampleSource]]:
+        """({index of each buffering stage: the sample source feeding it, or None}, the source feeding the output).
+
+        The one walk over the stages that :meth:`_wire`, :meth:`feeding_source`, :meth:`resume_blocker`
+        and :meth:`load_state_dict` share: a buffering stage's items are no reader's latest, so it ends a
+        source's reach; a nested pipeline passes on the source feeding its output.
+        """
+        feeders: dict[int, Optional[SampleSource]] = {}
+        source = None
+        for i, stage in enumerate(self.pipeline):
+            if is_buffering(stage):
+                feeders[i], source = source, None
+            elif isinstance(stage, DataPipeline):
+                source = stage.feeding_source()
+            elif is_source(stage):
+                source = stage
+        return feeders, source
+
     def _wire(self) -> None:
         """Tell each buffering stage (a shuffle) which sample source feeds it, so it can record where its
         samples came from."""
-        source = None
-        for stage in self.pipeline:
-            if is_buffering(stage):
-                stage.attach_source(source)
-                source = None  # a second shuffle's items are not the reader's latest
-            elif isinstance(stage, DataPipeline):
-                source = stage.feeding_source()
-            elif is_source(stage):
-                source = stage
+        for i, source in self._feeding()[0].items():
+            self.pipeline[i].attach_source(source)
 
     def feeding_source(self) -> Optional[SampleSource]:
         """The sample source (shard reader) whose latest sample is this pipeline's latest output, if any."""
-        source = None
-        for stage in self.pipeline:
-            if is_buffering(stage):
-                source = None
-            elif isinstance(stage, DataPipeline):
-                source = stage.feeding_source()
-            elif is_source(stage):
-                source = stage
-        return source
+        return self._feeding()[1]
 
     def resume_blocker(self) -> Optional[str]:
         """Why a state of this pipeline could not be resumed (the stage and the fix), or None.
@@ -180,28 +183,23 @@ class DataPipeline(IterableDataset, PipelineStage):
         (``tarfile_to_samples()``, or ``WebDataset``), since its buffered samples are saved as
         byte ranges of their shards; a stage that sets ``resumable = False`` blocks it too.
         """
-        source = None
+        feeders = self._feeding()[0]
         for i, stage in enumerate(self.pipeline):
             if declines_resume(stage):
                 return (f"stage {i} ({stage_name(stage)}) declares that it cannot be resumed (resumable = False); "
                         "implement state_dict()/load_state_dict() on it (see wds_cloud.Resumable) or leave it out")
-            if is_buffering(stage):
-                if source is None:
-                    if i == 0:
-                        feeder = "it is the source"
-                    elif is_buffering(self.pipeline[i - 1]):
-                        feeder = f"it takes its items from another shuffle (stage {i - 1})"
-                    else:
-                        feeder = f"it takes its items from stage {i - 1} ({stage_name(self.pipeline[i - 1])})"
-                    return f"stage {i} {stage.resume_blocker(feeder)}"
-                source = None
-            elif isinstance(stage, DataPipeline):
+            if i in feeders and feeders[i] is None:
+                if i == 0:
+                    feeder = "it is the source"
+                elif is_buffering(self.pipeline[i - 1]):
+                    feeder = f"it takes its items from another shuffle (stage {i - 1})"
+                else:
+                    feeder = f"it takes its items from stage {i - 1} ({stage_name(self.pipeline[i - 1])})"
+                return f"stage {i} {stage.resume_blocker(feeder)}"
+            if isinstance(stage, DataPipeline):
                 inner = stage.resume_blocker()
                 if inner is not None:
                     return f"stage {i} (a nested DataPipeline): {inner}"
-                source = stage.feeding_source()
-            elif is_source(stage):
-                source = stage
         return None
 
     def _stateful(self) -> list:
@@ -272,7 +270,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._wire()
         for i, _, stage_state in state["stages"]:
             self.pipeline[i].load_state_dict(stage_state)
-        feeders = self._feeders()
+        feeders = self._feeding()[0]
         for i, _, stage_state in state["stages"]:
             stage = self.pipeline[i]
             if is_buffering(stage):
@@ -284,19 +282,6 @@ class DataPipeline(IterableDataset, PipelineStage):
                                                  "reader feeds that shuffle here")
                     source.set_replay(self._trusted_replay(replay))
         self._resume_progress = list(state.get("progress") or (0, 0))
-
-    def _feeders(self) -> dict:
-        """Stage index of each buffering stage -> the sample source feeding it (as :meth:`_wire` attaches them)."""
-        feeders: dict[int, Optional[SampleSource]] = {}
-        source = None
-        for i, stage in enumerate(self.pipeline):
-            if is_buffering(stage):
-                feeders[i], source = source, None
-            elif isinstance(stage, DataPipeline):
-                source = stage.feeding_source()
-            elif is_source(stage):
-                source = stage
-        return feeders
 
     def shard_urls(self) -> dict:
         """The shard URLs this pipeline's shard lists name (as the program gave them), by text."""
