@@ -2,12 +2,14 @@
 
 A loopback HTTP server (``tests/servers.py``) sits behind ``wds_cloud.testing.faults.FaultProxy`` in
 its own process, which holds each response back by a first-byte latency and paces every connection
-to a bandwidth, as a TCP stream to a distant bucket is.  Each reader iterates all shards once (one
-process, no DataLoader); printed: MB/s, time to the first sample, and the ratio.  This is the baseline
-of the parallel-ranged-read work: one stream is bound by one connection's bandwidth.
+to a bandwidth, as a TCP stream to a distant bucket is.  Each reader iterates all shards once; printed:
+MB/s, time to the first sample, and the ratio to webdataset.  wds_cloud reads each shard as parallel
+ranged parts and requests the next shard ahead (adaptive concurrency, the defaults); webdataset reads
+one stream per shard.  Also printed: throughput against a fixed concurrency, and through resets.
 
-    python bench/bench_wan.py                 # links of 30 ms / 50 MB/s and 80 ms / 20 MB/s
-    python bench/bench_wan.py --links 30:50   # one link: latency in ms, MB/s per connection
+    python bench/bench_wan.py                        # everything below
+    python bench/bench_wan.py --links 30:50 --sets small --modes process
+    python bench/bench_wan.py --only curve           # one table: main, curve or resets
 """
 
 from __future__ import annotations
@@ -26,32 +28,58 @@ import common  # noqa: E402
 
 from tests import cloud  # noqa: E402
 
-SHARDS, PER_SHARD, SIZE = 8, 64, 340_000  # 8 shards of ~22 MB
+#: name -> (shards, samples per shard, bytes per sample): 8 x ~22 MB and 4 x ~128 MB of JPEG-sized samples
+SETS = {"small": (8, 64, 340_000), "large": (4, 376, 340_000)}
 
 PROXY = ("import sys, time\nfrom wds_cloud.testing.faults import FaultProxy\n"
-         "p = FaultProxy(sys.argv[1], latency=float(sys.argv[2]), rate=float(sys.argv[3]))\n"
+         "p = FaultProxy(sys.argv[1], latency=float(sys.argv[2]), rate=float(sys.argv[3]),"
+         " reset_after=int(sys.argv[4]) or None)\n"
          "print(p.port, flush=True)\ntime.sleep(1e9)\n")
 
 
 def sample(i: int) -> dict:
-    return {"jpg": os.urandom(SIZE), "cls": b"%d" % (i % 1000)}
+    return {"jpg": os.urandom(SETS["small"][2]), "cls": b"%d" % (i % 1000)}
 
 
-def read(make, url: str) -> tuple[float, float, int]:
+def read(make, url: str, workers: int) -> tuple[float, float, int]:
     """(seconds for all, seconds to the first sample, bytes of sample data)."""
     started = time.perf_counter()
     first = None
     total = 0
-    for s in make(url):
+    dataset = make(url)
+    if workers:
+        import torch.utils.data
+
+        dataset = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers)
+    for s in dataset:
         if first is None:
             first = time.perf_counter() - started
         total += len(s["jpg"])
     return time.perf_counter() - started, first or 0.0, total
 
 
+class Link:
+    """The emulated link (a proxy process) in front of the server, as a context manager."""
+
+    def __init__(self, port: int, latency_ms: float, mbps: float, reset_after: int = 0) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", PROXY, f"http://127.0.0.1:{port}", str(latency_ms / 1000),
+                                      str(mbps * 1e6), str(reset_after)], stdout=subprocess.PIPE, text=True)
+
+    def __enter__(self) -> int:
+        assert self.proc.stdout is not None
+        return int(self.proc.stdout.readline())
+
+    def __exit__(self, *exc) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--links", default="30:50,80:20", help="latency_ms:MB_per_s pairs, comma separated")
+    parser.add_argument("--sets", default="small,large", help=f"datasets among {', '.join(SETS)}")
+    parser.add_argument("--modes", default="process,loader", help="process (one process), loader (DataLoader, 2 workers)")
+    parser.add_argument("--only", choices=["main", "curve", "resets"], help="print one table only")
     args = parser.parse_args()
     import warnings
 
@@ -59,42 +87,68 @@ def main() -> None:
     import wds_cloud as wds
 
     peer = common.peer()
-    spec, size = common.dataset("wan", SHARDS, PER_SHARD, sample)
-    directory = os.path.dirname(spec)
-    port = cloud.free_port()
-    server = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(HERE), "tests", "servers.py"), "http",
-                               str(port), directory], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     readers = {
         "wds_cloud": lambda url: wds.WebDataset(url, shardshuffle=False),
         "webdataset 1.0.2": lambda url: peer.WebDataset(url, shardshuffle=False),
     }
-    try:
-        cloud.wait_for_port(port, server, "HTTP server", timeout=120)
-        print(f"{SHARDS} shards, {size / 1e6:.0f} MB; one process, one pass each\n")
-        print("| link | reader | MB/s | first sample | ratio |")
-        print("|---|---|---|---|---|")
-        for link in args.links.split(","):
-            latency_ms, mbps = (float(x) for x in link.split(":"))
-            proxy = subprocess.Popen([sys.executable, "-c", PROXY, f"http://127.0.0.1:{port}",
-                                      str(latency_ms / 1000), str(mbps * 1e6)], stdout=subprocess.PIPE, text=True)
-            try:
-                proxy_port = int(proxy.stdout.readline())
-                name = os.path.basename(spec)
-                url = f"http://127.0.0.1:{proxy_port}/{name}"
-                rates = {}
-                for reader, make in readers.items():
-                    seconds, first, total = read(make, url)
-                    rates[reader] = total / seconds / 1e6
-                    ratio = rates[reader] / rates["wds_cloud"] if reader != "wds_cloud" else 1.0
-                    print(f"| {latency_ms:.0f} ms, {mbps:.0f} MB/s per connection | {reader} | "
-                          f"{rates[reader]:.1f} | {first * 1000:.0f} ms | "
-                          f"{'' if reader == 'wds_cloud' else f'wds_cloud {1 / ratio:.2f}x'} |", flush=True)
-            finally:
-                proxy.kill()
-                proxy.wait()
-    finally:
-        server.kill()
-        server.wait()
+    links = [tuple(float(x) for x in link.split(":")) for link in args.links.split(",")]
+    for set_name in args.sets.split(","):
+        shards, per_shard, _ = SETS[set_name]
+        spec, size = common.dataset(f"wan-{set_name}" if set_name != "small" else "wan", shards, per_shard, sample)
+        directory = os.path.dirname(spec)
+        port = cloud.free_port()
+        server = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(HERE), "tests", "servers.py"), "http",
+                                   str(port), directory], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        name = os.path.basename(spec)
+        try:
+            cloud.wait_for_port(port, server, "HTTP server", timeout=300)
+            for make in readers.values():  # imports and plugins loaded before any clock starts
+                next(iter(make(f"http://127.0.0.1:{port}/{name.split('{')[0]}0000.tar")))
+            print(f"\n### {set_name}: {shards} shards, {size / 1e6:.0f} MB\n", flush=True)
+            if args.only in (None, "main"):
+                print("| link | mode | reader | MB/s | first sample | ratio |")
+                print("|---|---|---|---|---|---|")
+                for latency_ms, mbps in links:
+                    for mode in args.modes.split(","):
+                        workers = 2 if mode == "loader" else 0
+                        with Link(port, latency_ms, mbps) as proxy_port:
+                            url = f"http://127.0.0.1:{proxy_port}/{name}"
+                            rates = {}
+                            for reader, make in readers.items():
+                                seconds, first, total = read(make, url, workers)
+                                rates[reader] = total / seconds / 1e6
+                                shown = "one process" if not workers else "DataLoader, 2 workers"
+                                ratio = (f"{rates['wds_cloud'] / rates[reader]:.2f}x (wds_cloud / webdataset)"
+                                         if reader != "wds_cloud" else "")
+                                print(f"| {latency_ms:.0f} ms, {mbps:.0f} MB/s per connection | {shown} | {reader} | "
+                                      f"{rates[reader]:.1f} | {first * 1000:.0f} ms | {ratio} |", flush=True)
+            latency_ms, mbps = links[0]
+            if args.only in (None, "curve"):
+                print(f"\nThroughput against parts in flight (one process, {latency_ms:.0f} ms, {mbps:.0f} MB/s):\n")
+                print("| concurrency | MB/s | first sample |")
+                print("|---|---|---|")
+                with Link(port, latency_ms, mbps) as proxy_port:
+                    url = f"http://127.0.0.1:{proxy_port}/{name}"
+                    for concurrency in (1, 2, 4, 8, 12, 16, None):
+                        seconds, first, total = read(
+                            lambda u: wds.WebDataset(u, shardshuffle=False, concurrency=concurrency), url, 0)
+                        label = concurrency if concurrency is not None else "adaptive (default)"
+                        print(f"| {label} | {total / seconds / 1e6:.1f} | {first * 1000:.0f} ms |", flush=True)
+            if args.only in (None, "resets"):
+                print(f"\nEvery connection reset after 4 MB ({latency_ms:.0f} ms, {mbps:.0f} MB/s, one process):\n")
+                print("| reader | clean MB/s | with resets MB/s | share of clean |")
+                print("|---|---|---|---|")
+                make = readers["wds_cloud"]
+                with Link(port, latency_ms, mbps) as proxy_port:
+                    seconds, _, total = read(make, f"http://127.0.0.1:{proxy_port}/{name}", 0)
+                    clean = total / seconds / 1e6
+                with Link(port, latency_ms, mbps, reset_after=4_000_000) as proxy_port:
+                    seconds, _, total = read(make, f"http://127.0.0.1:{proxy_port}/{name}", 0)
+                    faulty = total / seconds / 1e6
+                print(f"| wds_cloud | {clean:.1f} | {faulty:.1f} | {faulty / clean:.0%} |", flush=True)
+        finally:
+            server.kill()
+            server.wait()
 
 
 if __name__ == "__main__":

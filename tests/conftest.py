@@ -16,8 +16,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def make_shards(directory, nshards=3, per_shard=10, images=False):
     """Write ``nshards`` tar shards of ``per_shard`` samples each; returns the brace spec."""
     if images:
-        from PIL import Image
         import numpy as np
+        from PIL import Image
     for s in range(nshards):
         with tarfile.open(directory / f"shard-{s:03d}.tar", "w") as tar:
             for i in range(per_shard):

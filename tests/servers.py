@@ -15,8 +15,16 @@ import re
 import threading
 import time
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from http.server import ThreadingHTTPServer as _ThreadingHTTPServer
 from typing import Optional
+
+
+class ThreadingHTTPServer(_ThreadingHTTPServer):
+    """The standard threading server with a listen backlog for many parallel connections (the default is 5:
+    a burst of parallel ranged reads would see dropped SYNs and a second's wait each)."""
+
+    request_queue_size = 128
 
 
 class Store:

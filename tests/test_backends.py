@@ -176,7 +176,7 @@ def test_use_ais_for_routes_cloud_schemes_through_the_gateway(ais_servers, monke
     assert [s["__key__"] for s in samples] == ["000", "001", "002"]
     assert samples[0]["__url__"] == "s3://cloudbkt/data/shard.tar"
     assert len(list(wds.WebDataset("gs://gbkt/shard.tar", shardshuffle=False))) == 2
-    assert ("GET", "aws/cloudbkt/data/shard.tar", None) in store.requests
+    assert any(method == "GET" and key == "aws/cloudbkt/data/shard.tar" for method, key, _ in store.requests)
 
 
 def test_ais_without_endpoint_says_what_to_set(monkeypatch):

@@ -6,9 +6,9 @@ import warnings
 import pytest
 
 import wds_cloud as wds
-from wds_cloud.io import registry
 from wds_cloud.cli import main
 from wds_cloud.errors import MissingExtraError, ShardNotFoundError
+from wds_cloud.io import registry
 
 from .hostile import tar_of
 

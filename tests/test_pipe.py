@@ -2,14 +2,12 @@
 
 import gc
 import os
-import time
 
 import pytest
 
 from wds_cloud import gopen, utils
 from wds_cloud.errors import PipeError, SecurityError
-from wds_cloud.io import Pipe
-from wds_cloud.io import UntrustedURL
+from wds_cloud.io import Pipe, UntrustedURL
 
 
 def group_alive(pgid):

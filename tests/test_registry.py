@@ -9,10 +9,9 @@ import pytest
 
 import wds_cloud
 from wds_cloud import hookimpl
-from wds_cloud.io import registry
-from wds_cloud.io import Backend
 from wds_cloud.config import Settings
 from wds_cloud.errors import PluginConflictError, PluginError, UnknownSchemeError
+from wds_cloud.io import Backend, registry
 from wds_cloud.io.registry import Registry
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

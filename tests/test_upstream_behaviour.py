@@ -2,6 +2,7 @@
 
 import bz2
 import gzip
+import importlib
 import io
 import lzma
 import os
@@ -12,8 +13,6 @@ import numpy as np
 import pytest
 
 import wds_cloud as wds
-import importlib
-
 from wds_cloud import autodecode, cache, filters, shardlists, tenbin, utils
 from wds_cloud.errors import CorruptShardError, SecurityError
 

@@ -157,6 +157,11 @@ class WebDataset(DataPipeline, FluidInterface):
     shards through a local cache.  ``handler`` decides what a damaged shard does.
     ``max_member_size`` (bytes, or a size such as ``"256MB"``; default ``WDS_MAX_MEMBER_SIZE``,
     else 2 GiB) refuses larger members before reading them.
+    Remote shards are read as parallel ranged parts: ``part_size`` (bytes or ``"8MB"``),
+    ``concurrency`` (parts in flight; None grows it while that helps, up to ``max_concurrency``;
+    1 reads one stream per shard) and ``prefetch`` (how many of the next shards are requested
+    ahead); defaults from ``WDS_PART_SIZE``, ``WDS_CONCURRENCY``, ``WDS_MAX_CONCURRENCY``,
+    ``WDS_PREFETCH`` and the URL's profile (see :mod:`wds_cloud.io.parallel`).
     """
 
     def __init__(self, urls: Any, handler: Callable = reraise_exception, mode: Optional[str] = None,
@@ -169,7 +174,9 @@ class WebDataset(DataPipeline, FluidInterface):
                  empty_check: bool = True, verbose: bool = False, seed: Optional[int] = None,
                  keys: Union[str, Callable, None] = None, storage_options: Optional[dict] = None,
                  retries: Optional[int] = None, timeout: Optional[float] = None,
-                 equal_work: Union[int, str, None] = None, max_member_size: Union[int, str, None] = None) -> None:
+                 equal_work: Union[int, str, None] = None, max_member_size: Union[int, str, None] = None,
+                 part_size: Union[int, str, None] = None, concurrency: Optional[int] = None,
+                 max_concurrency: Optional[int] = None, prefetch: Optional[int] = None) -> None:
         super().__init__()
         settings = config.current()
         max_member_size = config.parse_positive_size("max_member_size", max_member_size)
@@ -198,14 +205,16 @@ class WebDataset(DataPipeline, FluidInterface):
         if verbose:
             self.append(filters.map(_log_shard))
         self._stats = StatsSink()
+        transfer = {"part_size": part_size, "concurrency": concurrency, "max_concurrency": max_concurrency,
+                    "prefetch": prefetch}
         opener: Union[cache.StreamingOpen, cache.FileCache]
         if cache_dir is None or cache_size == 0:
             opener = cache.StreamingOpen(handler=handler, storage_options=storage_options, retries=retries,
-                                         timeout=timeout, stats=self._stats)
+                                         timeout=timeout, stats=self._stats, transfer=transfer)
         else:
             opener = cache.FileCache(cache_dir, url_to_name=url_to_name, cache_size=cache_size, handler=handler,
                                      verbose=verbose, storage_options=storage_options, retries=retries,
-                                     timeout=timeout, stats=self._stats)
+                                     timeout=timeout, stats=self._stats, transfer=transfer)
         self.equal_work = _check_equal_work(equal_work)
         self._counts: Optional[list] = None
         if self.equal_work in ("min", "max"):
@@ -260,7 +269,9 @@ class WebDataset(DataPipeline, FluidInterface):
         """Transfer figures of the remote reads this process made for the dataset (a snapshot).
 
         ``bytes``, ``seconds``, ``retries``, ``bytes_refetched``, ``time_lost``, ``streams``,
-        and the cache's ``cache_hits``, ``cache_misses``, ``cache_evictions``, ``bytes_saved``.
+        the cache's ``cache_hits``, ``cache_misses``, ``cache_evictions``, ``bytes_saved``, and of
+        parallel ranged reads ``requests``, ``first_byte`` (mean seconds to a part's first byte),
+        ``connection_rate`` (mean bytes/s of one connection), ``concurrency`` (most parts in flight).
         Each DataLoader worker process counts its own reads.
         """
         return self._stats.snapshot()

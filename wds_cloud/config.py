@@ -17,12 +17,16 @@ from typing import Any, Optional, overload
 
 from .errors import ConfigError
 
-__all__ = ["Settings", "current", "parse_size", "parse_positive_size", "parse_bool", "ENV_VARS"]
+__all__ = ["Settings", "current", "parse_size", "parse_positive_size", "parse_bool", "parse_count", "ENV_VARS"]
 
 #: Every variable name ``from_environ`` looks up (``WDS_<NAME>`` for ``${NAME}``
 #: substitution in shard specs is the one family read by prefix).
 ENV_VARS = (
     "WDS_MAX_MEMBER_SIZE",
+    "WDS_PART_SIZE",
+    "WDS_CONCURRENCY",
+    "WDS_MAX_CONCURRENCY",
+    "WDS_PREFETCH",
     "WDS_PLUGINS",
     "WDS_DISABLE_PLUGINS",
     "WDS_SECURE",
@@ -128,6 +132,22 @@ def _parse_int(name: str, value: Optional[str], default: Optional[int]) -> Optio
         raise ConfigError(f"{name}={value!r} is not an integer: set it to a whole number such as 42") from None
 
 
+@overload
+def parse_count(name: str, value: Optional[str], default: int, least: int) -> int: ...
+
+
+@overload
+def parse_count(name: str, value: Optional[str], default: None, least: int) -> Optional[int]: ...
+
+
+def parse_count(name: str, value: Optional[str], default: Optional[int], least: int) -> Optional[int]:
+    """A whole number of at least ``least`` (a count of parts or shards)."""
+    number = _parse_int(name, value, default)
+    if number is not None and number < least:
+        raise ConfigError(f"{name}={value!r} must be a whole number of at least {least}")
+    return number
+
+
 def _parse_float(name: str, value: Optional[str], default: float) -> float:
     if value is None or value.strip() == "":
         return default
@@ -203,6 +223,13 @@ class Settings:
     #: the largest tar member or decoded field read into memory (bytes): a hostile or broken
     #: shard fails with a clear error instead of exhausting memory
     max_member_size: int = DEFAULT_MAX_MEMBER_SIZE
+    #: parallel ranged reads of remote shards (see :mod:`wds_cloud.io.parallel`): the size of a part, the
+    #: parts in flight (None: adaptive, growing up to ``max_concurrency``; 1: one stream per shard), and
+    #: how many of the next shards are requested ahead of time (0: none)
+    part_size: int = 8 << 20
+    concurrency: Optional[int] = None
+    max_concurrency: int = 16
+    prefetch: int = 1
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> "Settings":
@@ -240,6 +267,10 @@ class Settings:
             retry_backoff=_parse_float("WDS_RETRY_BACKOFF", get("WDS_RETRY_BACKOFF"), 0.2),
             max_member_size=parse_positive_size("WDS_MAX_MEMBER_SIZE", get("WDS_MAX_MEMBER_SIZE"),
                                                 DEFAULT_MAX_MEMBER_SIZE),
+            part_size=parse_positive_size("WDS_PART_SIZE", get("WDS_PART_SIZE"), 8 << 20),
+            concurrency=parse_count("WDS_CONCURRENCY", get("WDS_CONCURRENCY"), None, 1),
+            max_concurrency=parse_count("WDS_MAX_CONCURRENCY", get("WDS_MAX_CONCURRENCY"), 16, 1),
+            prefetch=parse_count("WDS_PREFETCH", get("WDS_PREFETCH"), 1, 0),
         )
 
     def replace(self, **changes: Any) -> "Settings":

@@ -231,6 +231,8 @@ class HTTPReadStream:
         self.skipped = 0
         self._pending: Optional[bytes] = None  # http.client's buffered body bytes, taken once
         self._direct: Optional[bool] = None
+        #: whether the server honoured the Range asked for (None: none was asked)
+        self.ranged: Optional[bool] = None if (wanted is None and not offset) else True
         request_headers = dict(headers or {})
         if wanted is not None:  # a bounded range: the server sends no more than asked
             request_headers["Range"] = f"bytes={offset}-{offset + max(wanted, 1) - 1}"
@@ -255,6 +257,7 @@ class HTTPReadStream:
         self.remaining = self._header_int("Content-Length", header) if header is not None else None
         content_range = self._response.getheader("Content-Range")
         if (offset or wanted is not None) and self._response.status == 200:  # the server ignored Range
+            self.ranged = False
             self._discard(offset)
             self.size = self.remaining + offset if self.remaining is not None else None
             if wanted is not None and self.remaining is not None:
@@ -267,6 +270,7 @@ class HTTPReadStream:
         self.version = self.etag
         self.headers = self._response.headers
         self.md5 = whole_object_md5(self.headers, whole=self._response.status == 200)
+        self._body = self.remaining  # the bytes this response should bring from ``offset``
         self.closed = False
 
     def _discard(self, n: int) -> None:
@@ -355,9 +359,20 @@ class HTTPReadStream:
 
     def _short(self) -> TransferError:
         """The body ended before Content-Length said it would: a fault, never an end of file."""
-        received = (self.size or 0) - (self.remaining or 0)
-        return TransferError(f"{redact(self.url)}: the connection closed after {received} of {self.size} bytes "
-                             "(a truncated response)", url=self.url, offset=received)
+        body = getattr(self, "_body", None) or 0
+        reached = self.offset + body - (self.remaining or 0)
+        return TransferError(f"{redact(self.url)}: the connection closed at byte {reached} of {self.size}, "
+                             f"{reached - self.offset} bytes into a response of {body} (a truncated response)",
+                             url=self.url, offset=reached)
+
+    def abort(self) -> None:
+        """Wake a read blocked in another thread (it then fails); the caller closes the stream after."""
+        sock = getattr(self._conn, "sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close(self) -> None:
         self.closed = True

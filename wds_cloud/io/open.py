@@ -8,6 +8,7 @@ upstream; every other scheme is served by the plugin registry.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shlex
@@ -27,7 +28,7 @@ from .urls import is_local, split_scheme
 
 __all__ = [
     "gopen", "gopen_schemes", "rewrite_url", "reader", "gopen_file", "gopen_pipe", "gopen_curl",
-    "gopen_error", "Pipe", "open_backend",
+    "gopen_error", "Pipe", "open_backend", "RemoteObject", "remote_object",
 ]
 
 log = logging.getLogger("wds_cloud.gopen")
@@ -136,20 +137,68 @@ def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0, l
         if not backend.resumable:
             stream = backend.open_read(url, offset=offset, bufsize=bufsize)
             return cast(IO[bytes], stream if length is None else Bounded(stream, length))
-        policy = RetryPolicy(attempts=max(1, retries if retries is not None else settings.retries),
-                             backoff=settings.retry_backoff,
-                             timeout=timeout if timeout is not None else settings.retry_timeout)
+        remote = RemoteObject(url, backend, _policy(settings, retries, timeout), bufsize)
+        return cast(IO[bytes], remote.stream(offset, offset + length if length is not None else None, stats))
+    except Exception as exc:
+        if url != given:
+            _annotate(exc, given, url)
+        raise
 
-        end = offset + length if length is not None else None
-        ranged = end is not None and getattr(backend, "ranged_reads", False)
 
-        def opener(at: int, version: Optional[str]) -> InStream:
-            if ranged and end is not None:
-                return backend.open_read(url, offset=at, bufsize=bufsize, version=version, timeout=policy.timeout,
-                                         length=end - at)
-            return backend.open_read(url, offset=at, bufsize=bufsize, version=version, timeout=policy.timeout)
+def _policy(settings: Settings, retries: Optional[int], timeout: Optional[float]) -> RetryPolicy:
+    return RetryPolicy(attempts=max(1, retries if retries is not None else settings.retries),
+                       backoff=settings.retry_backoff,
+                       timeout=timeout if timeout is not None else settings.retry_timeout)
 
-        return cast(IO[bytes], ResumableStream(opener, url, offset, policy, stats, end=end))
+
+@dataclasses.dataclass(frozen=True)
+class RemoteObject:
+    """An object a resumable backend serves: its bytes from any offset, each read pinned to a version."""
+
+    url: str  #: as rewritten
+    backend: Any
+    policy: RetryPolicy
+    bufsize: int = 8192
+
+    @property
+    def ranged(self) -> bool:
+        """Whether a read can end before the object does (the backend sends no more than asked)."""
+        return bool(getattr(self.backend, "ranged_reads", False))
+
+    def open_at(self, at: int, version: Optional[str], end: Optional[int] = None) -> InStream:
+        """One request for the bytes from ``at`` (to ``end`` where the backend can stop there)."""
+        if end is not None and self.ranged:
+            return self.backend.open_read(self.url, offset=at, bufsize=self.bufsize, version=version,
+                                          timeout=self.policy.timeout, length=end - at)
+        return self.backend.open_read(self.url, offset=at, bufsize=self.bufsize, version=version,
+                                      timeout=self.policy.timeout)
+
+    def stream(self, offset: int = 0, end: Optional[int] = None, sink: Any = None, *,
+               version: Optional[str] = None, size: Optional[int] = None) -> ResumableStream:
+        """A :class:`ResumableStream` over ``[offset, end)``; ``version``/``size`` pin it to a version read before."""
+        def opener(at: int, pinned: Optional[str]) -> InStream:
+            return self.open_at(at, pinned, end)
+
+        return ResumableStream(opener, self.url, offset, self.policy, sink, end=end, version=version, size=size)
+
+
+def remote_object(url: Any, settings: Optional[Settings] = None, storage_options: Optional[dict] = None,
+                  retries: Optional[int] = None, timeout: Optional[float] = None) -> Optional[RemoteObject]:
+    """``url`` as a :class:`RemoteObject` when a resumable backend serves it, else None (a local file, a
+    pipe, an opener assigned in :data:`gopen_schemes`): what parallel ranged reads can split."""
+    url = os.fspath(url) if not isinstance(url, str) else url
+    if is_local(url):
+        return None
+    settings = settings or config.current()
+    given = url
+    url = rewrite_url(url, settings)
+    try:
+        if is_local(url) or _user_openers.get(split_scheme(url)[0] or "__default__") is not None:
+            return None
+        backend = open_backend(url, settings, storage_options)
+        if not backend.resumable:
+            return None
+        return RemoteObject(url, backend, _policy(settings, retries, timeout))
     except Exception as exc:
         if url != given:
             _annotate(exc, given, url)

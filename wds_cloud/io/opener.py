@@ -21,6 +21,7 @@ from ..stages import PipelineStage
 from .atomic import AtomicFile
 from .backend import skip
 from .open import Bounded, gopen
+from .parallel import Fetcher
 from .resilient import StatsSink
 from .shardcache import ShardCache
 from .urls import is_local, local_path, pipe_cleaner, url_to_cache_name
@@ -112,20 +113,34 @@ class LRUCleanup:
 
 
 class StreamingOpen(PipelineStage):
-    """Open each ``{"url": ...}`` with ``gopen``, adding ``stream`` (and ``local_path`` for local files)."""
+    """Open each ``{"url": ...}``, adding ``stream`` (and ``local_path`` for local files).
+
+    Remote shards are read as parallel ranged parts, and the shards named by ``prefetch(urls)``
+    are requested ahead (:mod:`wds_cloud.io.parallel`; ``transfer`` holds ``part_size``,
+    ``concurrency``, ``max_concurrency``, ``prefetch``); the rest goes through ``gopen``.
+    """
 
     def __init__(self, handler: Callable = reraise_exception, storage_options: Optional[dict] = None,
-                 retries: Optional[int] = None, timeout: Optional[float] = None, stats: Any = None) -> None:
+                 retries: Optional[int] = None, timeout: Optional[float] = None, stats: Any = None,
+                 transfer: Optional[dict] = None) -> None:
         self.handler = handler
         self.storage_options = storage_options
         self.retries = retries
         self.timeout = timeout
         self.stats = stats if stats is not None else StatsSink()
+        self.fetcher = Fetcher(storage_options, retries, timeout, self.stats, **(transfer or {}))
+
+    def prefetch(self, urls: Iterable[str]) -> None:
+        """The shards that come next, in order (an empty list: none; what was fetched ahead is cancelled)."""
+        self.fetcher.prefetch(list(urls))
+
+    @property
+    def prefetch_depth(self) -> int:
+        return self.fetcher.depth
 
     def open(self, url: str, offset: int = 0) -> dict:
         """``{"stream": ..., "local_path": ...}`` for ``url``, read from byte ``offset``."""
-        stream = gopen(url, "rb", offset=offset, storage_options=self.storage_options, retries=self.retries,
-                       timeout=self.timeout, stats=self.stats)
+        stream = self.fetcher.open(url, offset)
         out: dict[str, Any] = {"stream": stream}
         local = _local_path(url)
         if local is not None:
@@ -174,7 +189,7 @@ class FileCache(PipelineStage):
                  handler: Callable = reraise_exception, cache_size: int = -1, cache_cleanup_interval: float = 30,
                  storage_options: Optional[dict] = None, retries: Optional[int] = None,
                  timeout: Optional[float] = None, stats: Any = None, cache_local: bool = False,
-                 verify: bool = False) -> None:
+                 verify: bool = False, transfer: Optional[dict] = None) -> None:
         self.retries = retries
         self.timeout = timeout
         self.stats = stats if stats is not None else StatsSink()
@@ -187,12 +202,24 @@ class FileCache(PipelineStage):
         self.cache_local = cache_local
         self.cache = ShardCache(self.cache_dir, cache_size, url_to_name=url_to_name, stats=self.stats,
                                 verify=verify)
+        self.fetcher = Fetcher(storage_options, retries, timeout, self.stats, **(transfer or {}))
         os.makedirs(self.cache_dir, exist_ok=True)
 
     def path_for(self, url: str) -> str:
         return self.cache.path_for(url)
 
+    def prefetch(self, urls: Iterable[str]) -> None:
+        """The shards that come next: those not cached yet are requested ahead (see :class:`StreamingOpen`)."""
+        self.fetcher.prefetch([u for u in urls if _local_path(u) is None
+                               and not os.path.exists(self.cache.path_for(u))])
+
+    @property
+    def prefetch_depth(self) -> int:
+        return self.fetcher.depth
+
     def _remote(self, url: str, offset: int = 0, length: Optional[int] = None) -> Any:
+        if length is None:  # the stream the cache tees into its entry: parallel parts where possible
+            return self.fetcher.open(url, offset)
         return gopen(url, "rb", offset=offset, length=length, storage_options=self.storage_options,
                      retries=self.retries, timeout=self.timeout, stats=self.stats)
 

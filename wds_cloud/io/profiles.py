@@ -13,6 +13,9 @@ dataset (``storage_options=``) over all of them::
     endpoint_url = "http://127.0.0.1:9000"
     key = "minio"
     secret = "minio-secret"
+
+The keys ``part_size``, ``concurrency``, ``max_concurrency`` and ``prefetch`` are not storage
+options: they tune the parallel ranged reads of the matching URLs (:mod:`wds_cloud.io.parallel`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ from typing import Any, Optional
 from ..config import Settings
 from ..errors import ConfigError
 
-__all__ = ["load_profiles", "options_for"]
+__all__ = ["load_profiles", "options_for", "transfer_for", "TRANSFER_KEYS"]
+
+#: profile keys that tune transfers (parallel ranged reads), kept from the backend's storage options
+TRANSFER_KEYS = ("part_size", "concurrency", "max_concurrency", "prefetch")
 
 _cache: dict[str, tuple[float, tuple]] = {}
 _lock = threading.Lock()
@@ -73,7 +79,16 @@ def options_for(url: str, settings: Settings, storage_options: Optional[dict] = 
     options: dict = {}
     for prefix, values in load_profiles(settings.cloud_config):
         if url.startswith(prefix):
-            options.update(values)
+            options.update({k: v for k, v in values.items() if k not in TRANSFER_KEYS})
     if storage_options:
         options.update(storage_options)
     return options
+
+
+def transfer_for(url: str, settings: Settings) -> dict:
+    """The transfer keys (``part_size``, ``concurrency``, ...) the matching profiles set for ``url``."""
+    found: dict = {}
+    for prefix, values in load_profiles(settings.cloud_config):
+        if url.startswith(prefix):
+            found.update({k: v for k, v in values.items() if k in TRANSFER_KEYS})
+    return found

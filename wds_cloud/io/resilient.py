@@ -63,15 +63,35 @@ class TransferStats:
     cache_misses: int = 0
     cache_evictions: int = 0
     bytes_saved: int = 0
+    #: parallel ranged reads: requests made for parts (retries not counted), the sum of their times to
+    #: the first byte, the bytes and seconds of their bodies, and the most parts in flight at once
+    requests: int = 0
+    first_byte_seconds: float = 0.0
+    part_bytes: int = 0
+    part_seconds: float = 0.0
+    concurrency: int = 0
 
     def add(self, other: "TransferStats") -> None:
         for field in dataclasses.fields(self):
-            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+            if field.name == "concurrency":
+                self.concurrency = max(self.concurrency, other.concurrency)
+            else:
+                setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
 
     @property
     def rate(self) -> float:
         """Bytes per second of the transfers counted."""
         return self.bytes / self.seconds if self.seconds else 0.0
+
+    @property
+    def first_byte(self) -> float:
+        """Mean seconds from a part's request to its first byte (the link's latency as seen)."""
+        return self.first_byte_seconds / self.requests if self.requests else 0.0
+
+    @property
+    def connection_rate(self) -> float:
+        """Mean bytes per second one connection carried while a part's body flowed."""
+        return self.part_bytes / self.part_seconds if self.part_seconds else 0.0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -124,7 +144,8 @@ class ResumableStream:
 
     def __init__(self, opener: Callable[..., Any], url: str, offset: int = 0,
                  policy: Optional[RetryPolicy] = None, sink: Optional[StatsSink] = None,
-                 rng: Optional[random.Random] = None, end: Optional[int] = None) -> None:
+                 rng: Optional[random.Random] = None, end: Optional[int] = None, *,
+                 version: Optional[str] = None, size: Optional[int] = None) -> None:
         self.url = url
         self.policy = policy or RetryPolicy()
         self.stats = TransferStats(streams=1)
@@ -136,9 +157,14 @@ class ResumableStream:
         self.end = end  # a ranged read stops here
         self._failures = 0  # consecutive faults without a byte of progress
         self.closed = False
-        self.version: Optional[str] = None
-        self.size: Optional[int] = None
+        self.aborted = False
+        #: pinned by the caller (a part of an object whose first part was read): the version and size to expect
+        self.version: Optional[str] = version
+        self.size: Optional[int] = size
+        self._pinned = version is not None or size is not None
         self.md5: Optional[str] = None  # the store's MD5 of the whole object (hex), when it gave one
+        #: False when the store ignored a Range request and sent the object from its start
+        self.ranged = True
         self._stream = self._open(first=True)
 
     # opening
@@ -148,24 +174,26 @@ class ResumableStream:
         while True:
             attempt += 1
             try:
-                stream = self._opener(self.position, None if first else self.version)
+                stream = self._opener(self.position, self.version)
             except BaseException as exc:
+                if self._is_version_change(exc) and (self._pinned or not first):
+                    raise self._changed(exc) from exc
                 if first and not is_transient(exc):
                     raise
-                if self._is_version_change(exc):
-                    raise self._changed(exc) from exc
                 if not is_transient(exc) or attempt >= self.policy.attempts:
                     raise self._exhausted(exc, attempt) if is_transient(exc) else exc
                 self._backoff(attempt, exc)
                 self.stats.time_lost += time.perf_counter() - started
                 started = time.perf_counter()
                 continue
-            if first:
+            if first and not self._pinned:
                 self.version = getattr(stream, "version", None) or getattr(stream, "etag", None)
                 self.size = getattr(stream, "size", None)
                 self.md5 = getattr(stream, "md5", None)
             else:
                 self._check_version(stream)
+            if first:
+                self.ranged = getattr(stream, "ranged", None) is not False
             return stream
 
     def _check_version(self, stream: Any) -> None:
@@ -292,6 +320,9 @@ class ResumableStream:
                     if short is not None:
                         raise short
             except BaseException as exc:
+                if self.aborted:
+                    raise TransferError(f"{redact(self.url)}: the read was cancelled", url=self.url,
+                                        offset=self.position, status=499) from None  # 499: client closed
                 if self._is_version_change(exc):
                     raise self._changed(exc) from exc
                 if not is_transient(exc):
@@ -307,6 +338,16 @@ class ResumableStream:
             self.position += n
             self.stats.bytes += n
             return result
+
+    def abort(self) -> None:
+        """Cancel from another thread: a read blocked on the network returns, and no retry follows."""
+        self.aborted = True
+        abort = getattr(self._stream, "abort", None)
+        if abort is not None:
+            try:
+                abort()
+            except OSError:
+                pass
 
     def close(self) -> None:
         if self.closed:

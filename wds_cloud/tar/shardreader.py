@@ -7,6 +7,7 @@ the sample last yielded came from, which its state and a shuffle fed by it read.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 from typing import Any, Callable, Generator, Iterable, Iterator, Optional, Sequence, Union
@@ -15,6 +16,7 @@ from .. import config, utils
 from ..errors import StateMismatchError
 from ..handlers import reraise_exception
 from ..io.open import gopen
+from ..io.parallel import Fetcher
 from ..resume import state as resuming
 from ..resume.refetch import refetch
 from ..resume.state import expect, shown_url, url_id
@@ -115,6 +117,9 @@ class TarSamples:
         self.limit = limit
         self.open_kw = open_kw
         self.cursor: Optional[_Cursor] = None
+        #: opens shards when no opener is given: parallel ranged parts for remote ones, nothing fetched
+        #: ahead (the stages before this one may hold state that a look ahead would disturb)
+        self.fetcher = Fetcher(prefetch=0) if opener is None and not open_kw else None
         self._resume: Optional[dict] = None
         self._replay: list = []
         #: what the last resume fetched again: samples, requests, bytes (compressed shards: bytes
@@ -199,6 +204,8 @@ class TarSamples:
             return opened["stream"], opened.get("local_path")
         if opener is not None:
             return opener(url, **self.open_kw), None
+        if self.fetcher is not None:
+            return self.fetcher.open(url, offset), None
         return gopen(url, offset=offset, **self.open_kw), None
 
     def _range(self, url: str, start: int, end: int) -> Any:
@@ -237,38 +244,55 @@ class TarSamples:
         first = next(src, None)  # pulled before the limit: the shard list has begun its epoch
         if first is not None:
             src = itertools.chain([first], src)
-        limit = self.limit() if callable(self.limit) else self.limit
-        skip = saved["shard"] if saved else 0
-        reached = -1
-        for index, source in enumerate(self._shards(src, cursor, limit, skip)):
-            reached = index
-            if index < skip:
-                continue
-            if limit is not None and where[2] >= limit:  # reached before this shard (a resumed pass)
-                cursor.done = True
-                return
-            stream = None
-            try:
-                stream, samples, skipping = self._begin_shard(source, index, cursor,
-                                                              saved if saved and index == skip else None)
-                if limit is None and skipping is None:
-                    yield from samples  # the common path: one generator layer per sample, not two
-                elif (yield from self._limited(samples, cursor, limit, skipping)):
+        ahead = self._prefetcher()
+        lookahead = _Lookahead(src) if ahead is not None else None
+        if lookahead is not None:
+            src = lookahead
+        try:
+            limit = self.limit() if callable(self.limit) else self.limit
+            skip = saved["shard"] if saved else 0
+            reached = -1
+            for index, source in enumerate(self._shards(src, cursor, limit, skip)):
+                reached = index
+                if index < skip:
+                    continue
+                if limit is not None and where[2] >= limit:  # reached before this shard (a resumed pass)
+                    cursor.done = True
                     return
-            except StateMismatchError:
-                raise  # a state that does not fit is the caller's to fix, never a damaged shard to skip
-            except Exception as exn:
-                if not self.handler(exn):
-                    return
-            finally:
-                if stream is not None:
-                    close_quietly(stream)
-        if saved and reached < skip and limit is None:  # (equal_work passes may stop before it)
-            raise StateMismatchError(
-                f"the saved state resumes at shard {skip} of this worker's shards, but it was given only "
-                f"{reached + 1}: load a state saved by a dataset over the same shards and workers",
-                field="shard", shard=skip)
-        cursor.done = True
+                stream = None
+                try:
+                    stream, samples, skipping = self._begin_shard(source, index, cursor,
+                                                                  saved if saved and index == skip else None)
+                    if lookahead is not None:
+                        ahead.prefetch(_urls(lookahead.peek(ahead.prefetch_depth)))
+                    if limit is None and skipping is None:
+                        yield from samples  # the common path: one generator layer per sample, not two
+                    elif (yield from self._limited(samples, cursor, limit, skipping)):
+                        return
+                except StateMismatchError:
+                    raise  # a state that does not fit is the caller's to fix, never a damaged shard to skip
+                except Exception as exn:
+                    if not self.handler(exn):
+                        return
+                finally:
+                    if stream is not None:
+                        close_quietly(stream)
+            if saved and reached < skip and limit is None:  # (equal_work passes may stop before it)
+                raise StateMismatchError(
+                    f"the saved state resumes at shard {skip} of this worker's shards, but it was given only "
+                    f"{reached + 1}: load a state saved by a dataset over the same shards and workers",
+                    field="shard", shard=skip)
+            cursor.done = True
+        finally:
+            if ahead is not None:
+                ahead.prefetch([])  # the reader stopped: what was fetched ahead is cancelled
+
+    def _prefetcher(self) -> Any:
+        """The opener, when it fetches the next shards ahead (``prefetch(urls)``) and is asked to."""
+        opener = self.opener
+        if opener is None or not hasattr(opener, "prefetch") or not getattr(opener, "prefetch_depth", 0):
+            return None
+        return opener
 
     def _identify(self, cursor: _Cursor, resume: Optional[dict]) -> None:
         """Record which rank and worker reads; a resumed pass must be the same one, at the saved count."""
@@ -371,6 +395,34 @@ class TarSamples:
                 yield {k: v for k, v in source.items() if k != "stream"}
             if cursor.samples == before and first > skip:
                 return  # a whole round of reading gave no sample: stop rather than loop forever
+
+
+class _Lookahead:
+    """An iterator whose next items can be looked at before they are taken (to fetch those shards ahead)."""
+
+    def __init__(self, it: Iterator[Any]) -> None:
+        self._it = it
+        self._ahead: collections.deque = collections.deque()
+
+    def __iter__(self) -> "_Lookahead":
+        return self
+
+    def __next__(self) -> Any:
+        return self._ahead.popleft() if self._ahead else next(self._it)
+
+    def peek(self, n: int) -> list:
+        while len(self._ahead) < n:
+            try:
+                self._ahead.append(next(self._it))
+            except StopIteration:
+                break
+        return list(itertools.islice(self._ahead, n))
+
+
+def _urls(items: Sequence[Any]) -> list[str]:
+    """The URLs of shard items not opened already (an item holding a stream is read as it is)."""
+    return [item if isinstance(item, str) else item["url"] for item in items
+            if isinstance(item, str) or (isinstance(item, dict) and "url" in item and "stream" not in item)]
 
 
 def tarfile_to_samples(handler: Callable = reraise_exception, **kw: Any) -> TarSamples:

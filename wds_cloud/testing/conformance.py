@@ -22,6 +22,10 @@ The tests write small objects under ``base_url`` through ``gopen``, then read,
 stat, list and stream them, build a multi-shard ``WebDataset`` over the scheme,
 and read through a ``WDS_REWRITE`` rule that points at it.
 
+When the backend declares ``ranged_reads``, the suite also checks parallel ranged reads: parts on
+several connections give the bytes and samples of one stream (plain and gzip shards), and an
+object replaced between parts raises ``ObjectChangedError``.
+
 The fault tests run when the subclass also says how to reach the store through
 a :class:`~wds_cloud.testing.faults.FaultProxy` (connection resets, stalls,
 truncated bodies, 503 answers)::
@@ -45,6 +49,7 @@ import pytest
 from ..compat import WebDataset
 from ..errors import CredentialsError, ObjectChangedError, TransferError, WdsCloudError
 from ..io.open import gopen, open_backend
+from ..io.parallel import Fetcher
 from ..writer import ShardWriter, TarWriter
 from .faults import FaultProxy
 
@@ -206,6 +211,49 @@ class BackendConformance:
         assert [s["__key__"] for s in samples] == ["a"] and samples[0]["__url__"] == "virtual://data/shard.tar"
 
 
+    # parallel ranged reads
+    def _ranged(self, url: str, storage_options: dict) -> None:
+        backend = open_backend(url, storage_options=storage_options)
+        if not (backend.resumable and getattr(backend, "ranged_reads", False)):
+            pytest.skip("this backend declares no ranged reads: shards are read as one stream")
+
+    def test_parallel_parts_read_like_one_stream(self, base_url: str, storage_options: dict) -> None:
+        """Shards read as 16 KiB parts on 4 connections (the next shard fetched ahead) give the samples of
+        one stream per shard, in the same order, plain and gzip-compressed."""
+        self._ranged(base_url, storage_options)
+        urls = []
+        for name in ("parted-plain.tar", "parted-packed.tar.gz"):
+            out = _Kept()
+            with TarWriter(out, compress=name.endswith(".gz")) as writer:
+                for i in range(40):
+                    writer.write({"__key__": f"{name[7]}{i:03d}", "bin": bytes((i * 7 + j) % 251 for j in range(3000)),
+                                  "cls": i})
+            self.put(base_url + name, out.value(), storage_options)
+            urls.append(base_url + name)
+        one = [(s["__key__"], s["bin"]) for s in WebDataset(urls, shardshuffle=False, storage_options=storage_options,
+                                                             concurrency=1)]
+        dataset = WebDataset(urls, shardshuffle=False, storage_options=storage_options, part_size=16384,
+                             concurrency=4, prefetch=1)
+        parted = [(s["__key__"], s["bin"]) for s in dataset]
+        assert parted == one and len(one) == 80
+        assert dataset.stats.requests > 2 * len(urls)  # parts, not one request per shard
+        for url in urls:
+            with Fetcher(storage_options, part_size=16384, concurrency=3).open(url, 512) as stream:
+                assert stream.read() == self.get(url, storage_options, 512)
+
+    def test_object_replaced_between_parts(self, base_url: str, storage_options: dict) -> None:
+        """A part requested after the object was replaced raises ObjectChangedError: never a splice."""
+        self._ranged(base_url, storage_options)
+        url = base_url + "swapped.bin"
+        old = PAYLOAD * 64  # ~1 MiB: 32 KiB first, then 64 KiB parts, at most 2 in flight and 2 held
+        self.put(url, old, storage_options)
+        with Fetcher(storage_options, part_size=65536, concurrency=2, prefetch=0).open(url) as stream:
+            assert stream.read(1000) == old[:1000]
+            self.put(url, b"another version " * 40000, storage_options)
+            with pytest.raises(ObjectChangedError, match="changed"):
+                while stream.read(65536):
+                    pass
+
     # faults
     #: how the store says "slow down": (status, body) the proxy answers with in the throttling test
     throttle: tuple = (429, b"")
@@ -261,6 +309,21 @@ class BackendConformance:
                 while stream.read(65536):
                     pass
 
+    def test_reset_inside_parts_resumes_them(self, faults, base_url: str, storage_options: dict) -> None:
+        """Every connection reset 100 KB in: each 256 KiB part resumes at its next unread byte, and the
+        bytes equal the object's."""
+        self._ranged(base_url, storage_options)
+        proxy, proxied_base, proxied_options = faults
+        url = base_url + "parted-resets.bin"
+        data = PAYLOAD * 96  # ~1.5 MiB
+        self.put(url, data, storage_options)
+        proxy.reset_after = 100_000
+        fetcher = Fetcher(proxied_options, part_size=256 << 10, concurrency=4)
+        with fetcher.open(url.replace(base_url, proxied_base)) as stream:
+            assert stream.read() == data
+        stats = fetcher.stats.snapshot()
+        assert proxy.faults > 0 and stats.retries > 0 and stats.requests >= 6
+
     def test_dead_endpoint_fails_within_bounds(self, faults, base_url: str, storage_options: dict) -> None:
         """An endpoint that keeps failing gives up after the attempts allowed, with the whole story."""
         proxy, proxied_base, proxied_options = faults
@@ -274,6 +337,20 @@ class BackendConformance:
         assert time.perf_counter() - started < 30
         message = str(info.value)
         assert url.replace(base_url, proxied_base) in message and "3 attempts" in message and "byte 0" in message
+
+
+class _Kept(io.BytesIO):
+    """A BytesIO whose bytes outlive ``close()`` (a TarWriter closes what it writes to)."""
+
+    data = b""
+
+    def value(self) -> bytes:
+        return self.data if self.closed else self.getvalue()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.data = self.getvalue()
+        super().close()
 
 
 def _secrets(options: dict) -> list[str]:

@@ -1,0 +1,276 @@
+"""Parallel ranged reads and shard prefetch (wds_cloud.io.parallel) against a real HTTP server with Range.
+
+The per-backend checks (same samples as one stream on every remote backend, an object replaced between
+parts) are in the conformance suite; these look at what the server saw (its request log), at memory in
+a child process, and at settings.  Nothing is timed: waits are on the proxy's and fetcher's own events.
+"""
+
+from __future__ import annotations
+
+import http.server
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import wds_cloud as wds
+from wds_cloud.errors import ConfigError
+from wds_cloud.io.parallel import MIN_PART, Fetcher, TransferOptions, plan_parts
+from wds_cloud.testing.faults import FaultProxy
+
+from . import servers
+
+KiB = 1024
+
+
+class _Kept(io.BytesIO):
+    data = b""
+
+    def close(self) -> None:  # the writer closes what it writes to
+        if not self.closed:
+            self.data = self.getvalue()
+        super().close()
+
+
+def shard_bytes(tag: str, samples: int = 30, size: int = 20_000) -> bytes:
+    out = _Kept()
+    with wds.TarWriter(out) as writer:
+        for i in range(samples):
+            writer.write({"__key__": f"{tag}{i:04d}", "bin": bytes((i + j) % 253 for j in range(size))})
+    return out.data if out.closed else out.getvalue()
+
+
+@pytest.fixture
+def web():
+    server, store = servers.http_server()
+    yield server, store
+    server.stop()
+
+
+def gets(store: servers.Store, key: str) -> list:
+    """The Range headers of the GETs of ``key``, in the order they came."""
+    return [rng for method, k, rng in list(store.requests) if method == "GET" and k == key]
+
+
+def span(rng: str) -> tuple[int, int]:
+    first, last = rng.split("=", 1)[1].split("-")
+    return int(first), int(last)
+
+
+@given(start=st.integers(0, 10**6), length=st.integers(1, 10**8), part=st.integers(1, 1 << 25),
+       concurrency=st.integers(1, 64))
+def test_plan_covers_the_rest_in_order(start, length, part, concurrency):
+    """Parts tile [start, size) in order, none longer than part_size, and as many as the connections
+    allow while each keeps at least MIN_PART (or part_size)."""
+    size = start + length
+    parts = plan_parts(start, size, part, concurrency)
+    assert parts[0][0] == start and parts[-1][1] == size
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+    assert all(0 < e - s <= part for s, e in parts)
+    assert len(parts) >= min(concurrency, length // min(part, MIN_PART))
+
+
+def test_parts_give_the_bytes_of_one_stream_from_any_offset(web):
+    server, store = web
+    data = os.urandom(700 * KiB + 123)
+    store.put("/b/obj.bin", data)
+    for offset in (0, 1, 300 * KiB, len(data) - 5, len(data)):
+        with Fetcher(part_size=64 * KiB, concurrency=4).open(f"{server.url}/b/obj.bin", offset) as stream:
+            assert stream.read() == data[offset:]
+            assert stream.size == len(data)
+
+
+def test_a_reset_inside_a_part_resumes_that_part_only(web):
+    """Each connection is reset 100 KB in: the resumed request starts inside the part it belongs to and ends
+    where that part ends, so no other part is asked for again."""
+    server, store = web
+    data = os.urandom(1 << 20)
+    store.put("/b/resets.bin", data)
+    proxy = FaultProxy(server.url, reset_after=100_000)
+    try:
+        fetcher = Fetcher(part_size=256 * KiB, concurrency=3)
+        with fetcher.open(f"{proxy.url}/b/resets.bin") as stream:
+            assert stream.read() == data
+    finally:
+        proxy.stop()
+    ranges = [span(r) for r in gets(store, "/b/resets.bin")]
+    first = ranges[0]
+    planned = [first] + [(s, e - 1) for s, e in plan_parts(first[1] + 1, len(data), 256 * KiB, 8)]
+    planned_set = {p for p in ranges if any(p == q for q in planned)}
+    resumed = [r for r in ranges if r not in planned_set]
+    assert resumed, "the proxy reset connections, so some requests resumed"
+    for s, e in resumed:
+        owner = [p for p in ranges if p in planned_set and p[0] < s <= p[1]]
+        assert owner and owner[0][1] == e  # inside one part, to that part's end
+    assert fetcher.stats.snapshot().retries == len(resumed)
+
+
+def test_a_small_shard_is_read_with_one_request(web):
+    server, store = web
+    data = shard_bytes("s", samples=5, size=1000)
+    store.put("/b/small.tar", data)
+    samples = list(wds.WebDataset(f"{server.url}/b/small.tar", shardshuffle=False))
+    assert len(samples) == 5
+    assert len(gets(store, "/b/small.tar")) == 1
+
+
+class _NoRangeHandler(http.server.SimpleHTTPRequestHandler):
+    """The standard library's file server: it ignores Range and always sends the whole file."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_server_that_ignores_range_is_read_as_one_stream(tmp_path):
+    for i in range(2):
+        (tmp_path / f"s-{i}.tar").write_bytes(shard_bytes(f"{i}-", samples=40, size=30_000))
+    handler = lambda *a, **k: _NoRangeHandler(*a, directory=str(tmp_path), **k)  # noqa: E731
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/s-{{0..1}}.tar"
+        expected = [s["__key__"] for s in wds.WebDataset(url, shardshuffle=False, concurrency=1)]
+        dataset = wds.WebDataset(url, shardshuffle=False, part_size=64 * KiB)
+        assert [s["__key__"] for s in dataset] == expected and len(expected) == 80
+        assert dataset.stats.requests == 1  # the first part told; everything else was one stream per shard
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_prefetch_follows_the_epoch_order_and_stops_with_the_reader(web):
+    """The next shard of the (shuffled) order is asked for while one is read, never its last part; when
+    the reader stops, every connection closes, and no shard it did not reach was fetched whole."""
+    server, store = web
+    sizes = {}
+    for i in range(4):
+        data = shard_bytes(f"{i}-", samples=30, size=20_000)
+        store.put(f"/p/s-{i}.tar", data)
+        sizes[f"/p/s-{i}.tar"] = len(data)
+    proxy = FaultProxy(server.url)
+    try:
+        dataset = wds.WebDataset(f"{proxy.url}/p/s-{{0..3}}.tar", shardshuffle=4, seed=7, part_size=128 * KiB,
+                                 concurrency=4, prefetch=1)
+        order = [s["__url__"].rsplit("/p/", 1)[1] for s in dataset if s["__key__"].endswith("0000")]
+        assert sorted(order) == [f"s-{i}.tar" for i in range(4)] and order != sorted(order)
+        firsts = [key for method, key, rng in list(store.requests) if method == "GET" and rng.startswith("bytes=0-")]
+        assert firsts == [f"/p/{name}" for name in order]  # every shard was first asked for in the epoch's order
+
+        store.requests.clear()
+        it = iter(dataset)
+        first = next(it)
+        it.close()  # stop after one sample
+        proxy.wait_idle()  # every connection closed (waits on the proxy's count, not on time)
+        current = first["__url__"].rsplit("/p", 1)[1]
+        for key, size in sizes.items():
+            if key == "/p" + current:
+                continue
+            fetched = [span(r) for r in gets(store, key)]
+            assert all(e < size - 1 for _, e in fetched), f"{key} was fetched whole: {fetched}"
+        assert any(gets(store, key) for key in sizes if key != "/p" + current)  # the next one was prefetched
+        assert not [t for t in threading.enumerate() if t.name.startswith("wds_cloud part")]
+    finally:
+        proxy.stop()
+
+
+def test_stats_report_parts_latency_and_connection_rate(web):
+    server, store = web
+    store.put("/b/big.tar", shard_bytes("b", samples=60, size=30_000))
+    proxy = FaultProxy(server.url, latency=0.001)
+    try:
+        dataset = wds.WebDataset(f"{proxy.url}/b/big.tar", shardshuffle=False, part_size=128 * KiB, concurrency=4)
+        assert len(list(dataset)) == 60
+        stats = dataset.stats
+        assert stats.requests > 1 and stats.concurrency > 1 and stats.part_bytes == stats.bytes
+        assert stats.first_byte >= 0.001 and stats.connection_rate > 0
+    finally:
+        proxy.stop()
+
+
+def test_memory_is_bounded_by_concurrency_times_part_size(web):
+    """A 96 MiB object read with 1 MiB parts, 4 in flight: a reader that stops holds at most 4 MiB of it,
+    and resident memory through a full read (in a child process, after every 1 MiB read) stays far
+    below the object."""
+    server, store = web
+    store.put("/m/big.bin", bytes(range(256)) * (96 * 4096))
+    child = textwrap.dedent(f"""
+        import json, resource, sys, time
+        from wds_cloud.io.parallel import Fetcher
+        def rss():
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * resource.getpagesize()
+        f = Fetcher(part_size=1 << 20, concurrency=4)
+        with f.open("{server.url}/m/big.bin") as s:  # warm up imports and the first buffers
+            s.read(1)
+        base = rss()
+        with f.open("{server.url}/m/big.bin") as s:
+            s.read(1)
+            while f.in_flight:
+                time.sleep(0.01)  # until every part allowed is downloaded (polls the fetcher's state)
+            held, stopped = f.held, rss() - base
+            total = peak = 0
+            while True:
+                chunk = s.read(1 << 20)
+                if not chunk:
+                    break
+                total += len(chunk)
+                peak = max(peak, rss() - base)
+        print(json.dumps({{"held": held, "stopped": stopped, "peak": peak, "total": total}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert figures["total"] == 96 * (1 << 20) - 1
+    assert figures["held"] <= 4 << 20
+    assert figures["stopped"] < 16 << 20
+    assert figures["peak"] < 32 << 20
+
+
+def test_settings_come_from_the_dataset_then_the_profile_then_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("WDS_PART_SIZE", "2MB")
+    monkeypatch.setenv("WDS_CONCURRENCY", "3")
+    monkeypatch.setenv("WDS_PREFETCH", "2")
+    profile = tmp_path / "profiles.toml"
+    profile.write_text('["http://fast.example/"]\nconcurrency = 12\npart_size = "16MiB"\n')
+    monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profile))
+    assert Fetcher().options("http://other.example/x.tar") == TransferOptions(2_000_000, 3, 16, 2)
+    assert Fetcher().options("http://fast.example/x.tar") == TransferOptions(16 << 20, 12, 16, 2)
+    assert Fetcher(concurrency=1, prefetch=0).options("http://fast.example/x.tar") == TransferOptions(
+        16 << 20, 1, 16, 0)
+    assert Fetcher(prefetch=0).depth == 0 and Fetcher().depth == 2
+    # the profile's transfer keys never reach the backend as storage options
+    from wds_cloud.config import current
+    from wds_cloud.io import profiles
+    assert "concurrency" not in profiles.options_for("http://fast.example/x.tar", current())
+
+
+@pytest.mark.parametrize("bad", [{"concurrency": 0}, {"part_size": "lots"}, {"prefetch": -1}, {"max_concurrency": 1.5}])
+def test_bad_settings_are_config_errors(bad):
+    with pytest.raises(ConfigError):
+        wds.WebDataset("http://127.0.0.1:1/x.tar", **bad)
+
+
+def test_bad_environment_is_a_config_error(monkeypatch):
+    monkeypatch.setenv("WDS_CONCURRENCY", "0")
+    with pytest.raises(ConfigError, match="WDS_CONCURRENCY"):
+        wds.WebDataset("http://127.0.0.1:1/x.tar")
+
+
+def test_dataloader_workers_read_every_sample_once_with_parts(web):
+    torch = pytest.importorskip("torch")
+    server, store = web
+    for i in range(4):
+        store.put(f"/w/s-{i}.tar", shard_bytes(f"{i}-", samples=25, size=20_000))
+    url = f"{server.url}/w/s-{{0..3}}.tar"
+    dataset = wds.WebDataset(url, shardshuffle=False, part_size=64 * KiB, concurrency=4, prefetch=1)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
+    keys = sorted(s["__key__"] for s in loader)
+    assert keys == sorted(s["__key__"] for s in wds.WebDataset(url, shardshuffle=False, concurrency=1))
+    assert len(keys) == 100
