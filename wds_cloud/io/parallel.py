@@ -51,8 +51,13 @@ __all__ = ["TransferOptions", "Fetcher", "PartedStream", "plan_parts"]
 
 log = logging.getLogger("wds_cloud.parallel")
 
-#: a part's bytes become readable in pieces of this size (the first sample does not wait for a whole part)
+#: a part's bytes become readable in pieces of this size (the first sample does not wait for a whole part);
+#: the first pieces of a part are smaller (from FIRST_PIECE, doubling), so the first bytes come sooner
 CHUNK = 256 << 10
+FIRST_PIECE = 64 << 10
+#: a shard opened cold (not fetched ahead) asks for its other parts once this much of the first part
+#: has come: the first sample arrives as fast as over one stream, not sharing the link with them
+FIRST_SAMPLE_BYTES = 1 << 20
 #: parts are not split finer than this to use more connections (unless ``part_size`` is smaller)
 MIN_PART = 1 << 20
 #: where an adaptive concurrency starts
@@ -152,6 +157,7 @@ class _Object:
         self.md5: Optional[str] = None
         self.planned = False
         self.single = False  # the store ignored Range: the rest is read as one stream
+        self.deferred = state == _ACTIVE  # opened cold: the other parts wait for the first sample's bytes
         self.parts = [_Part(self, 0, start, start + options.first_part)]
         self.dispatched = 0
         self.reading = 0  # the part its reader is at
@@ -360,7 +366,7 @@ class Fetcher:
             budget = tuner.concurrency * obj.options.part_size
             while obj.dispatched < len(obj.parts):
                 part = obj.parts[obj.dispatched]
-                if part.index and not obj.planned:
+                if part.index and (not obj.planned or obj.deferred):
                     break
                 if obj.state == _PREFETCHED and part.index and part.index == len(obj.parts) - 1:
                     break  # an expected shard's last part waits until the shard is read
@@ -369,6 +375,8 @@ class Fetcher:
                                       or (self._window and self._window + part.length > budget)):
                     return
                 self._start(part, tuner)
+            if obj.deferred:
+                return  # nothing after it starts before its first sample's bytes are in
 
     def _start(self, part: _Part, tuner: _Tuner) -> None:
         obj = part.obj
@@ -435,13 +443,16 @@ class Fetcher:
                     if obj.state == _CLOSED:
                         return
                 at = part.filled
-                n = stream.readinto(view[at:min(part.length, at + CHUNK)])
+                n = stream.readinto(view[at:min(part.length, at + min(CHUNK, max(FIRST_PIECE, at)))])
                 if not n:
                     raise TransferError(f"{redact(obj.url)}: the part [{part.start}, {part.end}) ended at byte "
                                         f"{part.start + at}", url=obj.url, offset=part.start + at)
                 with cond:
                     part.filled = at + n
                     cond.notify_all()
+                    if obj.deferred and part.filled >= FIRST_SAMPLE_BYTES:
+                        obj.deferred = False
+                        self._pump()
         except BaseException as exc:
             with cond:
                 if obj.state != _CLOSED:
@@ -459,6 +470,7 @@ class Fetcher:
             self.stats.add(figures)
             with cond:
                 tuner.finished(part.filled, finished)
+                obj.deferred = False
                 part.done = True
                 part.stream = None
                 self._in_flight -= 1

@@ -27,6 +27,7 @@ from ..io.backend import WrappedStream
 __all__ = ["TarMembers", "open_decompressed", "detect_compression", "CHUNK", "MAX_META_SIZE"]
 
 CHUNK = 1 << 20
+FIRST_READ = 64 << 10
 ZERO_BLOCK = bytes(512)
 #: the largest metadata record read (a GNU long name, a PAX header): real ones are a few hundred bytes
 MAX_META_SIZE = 1 << 20
@@ -229,6 +230,10 @@ class TarMembers:
         self.url = url
         self.max_member = max_member
         self.chunk = chunk
+        #: small members are read ``FIRST_READ`` bytes at a time (or what the member needs) over the first
+        #: ``chunk`` bytes of a read, then ``chunk`` at a time: the first sample of a shard does not wait
+        #: for a whole chunk to arrive over a slow link
+        self._small_until = start + chunk
         self.select = select
         self.compression: Optional[str] = None
         self._source = stream
@@ -290,7 +295,8 @@ class TarMembers:
                 failure = self._failure
                 break
             try:
-                data = self._read(max(self.chunk, need - have))
+                step = self.chunk if self._base + self._pos + have >= self._small_until else FIRST_READ
+                data = self._read(max(step, need - have))
             except CorruptShardError as exc:
                 self._failure = exc
                 continue

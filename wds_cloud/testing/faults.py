@@ -141,9 +141,7 @@ class FaultProxy:
         due = 0.0  # when the link has carried what was sent so far (pacing)
         try:
             while not self._stopped.is_set():
-                # a paced link moves ~5 ms of its bandwidth per step: fewer wake-ups, so many paced
-                # connections in this one process keep their rate
-                data = upstream.recv(max(65536, int(self.rate / 200)) if self.rate else 65536)
+                data = upstream.recv(65536)
                 if not data:
                     break
                 if asked:  # the first bytes of a response: the request's round trip first
