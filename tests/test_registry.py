@@ -101,17 +101,19 @@ def test_builtins_come_from_entry_points():
     assert registry.get_registry(Settings()) is reg  # loaded once per process
 
 
-def test_registry_is_rebuilt_in_a_forked_child():
-    """After a fork the child builds its own registry (no client crosses a fork)."""
+def test_a_forked_child_keeps_the_plugins_and_makes_its_own_backends():
+    """After a fork the child keeps the loaded plugins (no entry point read again before a DataLoader
+    worker's first shard) but makes its own backend objects (no client crosses a fork)."""
     import os
 
     reg = registry.get_registry(Settings())
+    parent_backend = reg.backend("file", "/x", Settings())
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
         try:
             child = registry.get_registry(Settings())
-            ok = child is not reg and "file" in child.schemes()
+            ok = child is reg and "file" in child.schemes() and child.backend("file", "/x") is not parent_backend
             os.write(write, b"1" if ok else b"0")
         finally:
             os._exit(0)

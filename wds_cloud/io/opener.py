@@ -215,7 +215,10 @@ class FileCache(PipelineStage):
 
     @property
     def prefetch_depth(self) -> int:
-        return self.fetcher.depth
+        """Shards fetched ahead: none unless the dataset asked (``prefetch=``).  Processes sharing the
+        cache download each shard once; a shard fetched ahead here while another process fills its
+        entry would be downloaded twice in part."""
+        return self.fetcher.given.get("prefetch", 0)
 
     def _remote(self, url: str, offset: int = 0, length: Optional[int] = None) -> Any:
         if length is None:  # the stream the cache tees into its entry: parallel parts where possible

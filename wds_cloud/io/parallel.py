@@ -21,7 +21,7 @@ to the tar reader in order as one stream (:class:`PartedStream`):
   never downloaded whole; a shard dropped from the list, or left when the reader stops, is cancelled
   and its connections closed;
 - without a fixed ``concurrency``, it starts at 8 parts in flight and grows while the bytes per second
-  of all parts together grow (by 10% or more), up to ``max_concurrency``.
+  of all parts together grow (by 5% or more over a round of as many parts), up to ``max_concurrency``.
 
 Settings (the dataset's arguments, else the profile of the URL, else the environment):
 ``part_size`` (``WDS_PART_SIZE``, 8 MiB), ``concurrency`` (``WDS_CONCURRENCY``; 1 turns parts off),
@@ -45,6 +45,7 @@ from ..config import Settings
 from ..errors import ConfigError, TransferError, redact
 from . import profiles
 from .open import RemoteObject, gopen, remote_object
+from .registry import get_registry
 from .resilient import ResumableStream, StatsSink, TransferStats
 
 __all__ = ["TransferOptions", "Fetcher", "PartedStream", "plan_parts"]
@@ -188,10 +189,10 @@ class _Tuner:
             return
         self._bytes += nbytes
         self._parts += 1
-        if self._parts < 2 * self.concurrency or now <= self._since:
+        if self._parts < self.concurrency or now <= self._since:
             return
         rate = self._bytes / (now - self._since)
-        if rate > self._best * 1.1:
+        if rate > self._best * 1.05:
             self._best = rate
             self.concurrency = min(self.cap, self.concurrency + max(1, self.concurrency // 2))
             self.frozen = self.concurrency >= self.cap
@@ -217,6 +218,7 @@ class Fetcher:
         self.stats = stats if stats is not None else StatsSink()
         self.given = {key: _checked(key, value) for key, value in given.items() if value is not None}
         self._reset()
+        _load_plugins()
 
     def _reset(self) -> None:
         self._pid = os.getpid()
@@ -429,11 +431,11 @@ class Fetcher:
                 stream = obj.remote.stream(part.start, part.end, None)
             began = time.perf_counter()
             with cond:
+                if obj.state == _CLOSED:  # cancelled while the request was on its way
+                    return
                 part.stream = stream
                 if part.index == 0:
                     self._planned(obj, stream)
-                if obj.state == _CLOSED:
-                    return
             buf = part.buf = bytearray(part.length)
             view = memoryview(buf)
             while part.filled < part.length:
@@ -497,6 +499,16 @@ class Fetcher:
                 part.stream.abort()
         self._cond.notify_all()
         self._pump()
+
+
+def _load_plugins() -> None:
+    """Load the storage plugins now, in the process that builds the dataset: DataLoader workers forked
+    from it then find them loaded, instead of each importing them before its first shard.  Best effort:
+    a plugin problem is reported when a shard is opened, as it would be without this."""
+    try:
+        get_registry(config.current())
+    except Exception:
+        pass
 
 
 def _host(url: str) -> str:

@@ -58,6 +58,11 @@ class Registry:
         self._lock = threading.Lock()
         self._resolve()
 
+    def after_fork(self) -> None:
+        """In a forked child: forget the backends made in the parent (their clients are the parent's)."""
+        self._lock = threading.Lock()
+        self._backends = {}
+
     def _load_entry_point(self, ep: Any) -> None:
         if not _plugin_allowed(ep.name, self.settings):
             self.skipped.append(ep.name)
@@ -205,11 +210,13 @@ def reset() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # Backends hold clients, sessions and event loops that must not cross a fork
-    # (DataLoader workers): the child builds its own registry on first use.
+    # Backends hold clients, sessions and event loops that must not cross a fork (DataLoader
+    # workers): the child makes its own on first use.  The plugins and the scheme table are plain
+    # objects and stay, so a worker's first shard does not wait for the entry points to be read again.
     global _lock
     _lock = threading.Lock()
-    reset()
+    for registry in _registries.values():
+        registry.after_fork()
 
 
 if hasattr(os, "register_at_fork"):
