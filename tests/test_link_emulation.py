@@ -49,3 +49,19 @@ def test_a_dataset_reads_through_the_emulated_link(tmp_path):
     finally:
         proxy.stop()
         server.stop()
+
+
+def test_an_emulated_link_serves_a_folder_with_ranges(tmp_path):
+    """EmulatedLink: the files of a folder behind latency and pacing; parallel parts read them whole."""
+    from wds_cloud.testing.link import EmulatedLink
+
+    data = os.urandom(600_000)
+    (tmp_path / "obj.bin").write_bytes(data)
+    with EmulatedLink(str(tmp_path), latency=0.001, rate=64e6) as link:
+        with wds.gopen(f"{link.url}/obj.bin", offset=10, length=100) as stream:
+            assert stream.read() == data[10:110]
+        from wds_cloud.io.parallel import Fetcher
+        with Fetcher(part_size=128 << 10, concurrency=3).open(f"{link.url}/obj.bin") as stream:
+            assert stream.read() == data
+        link.proxy.wait_idle()
+        assert link.proxy.delayed >= 2 and len(link.store.requests) >= 3

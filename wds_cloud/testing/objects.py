@@ -1,0 +1,199 @@
+"""A real HTTP object server on loopback, with what parallel ranged reads need (for tests and benchmarks).
+
+``GET`` with a single ``Range`` (206 and ``Content-Range``, 416 past the end), ``If-Match`` on the
+ETag (412 when the object changed), ``HEAD``, ``PUT``, and HTML listings of prefixes; an optional
+bearer token.  Objects live in memory (:class:`Store`), each version with its ETag, and every request
+is logged as ``(method, key, Range)`` in ``Store.requests``, so a test can see what a reader asked for.
+
+    server, store = http_server()
+    store.put("/bucket/shard-0000.tar", data)
+    ... wds.WebDataset(f"{server.url}/bucket/shard-0000.tar") ...
+    server.stop()
+
+With :class:`~wds_cloud.testing.faults.FaultProxy` in front it is a distant store (see
+:mod:`wds_cloud.testing.link`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import re
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler
+from http.server import ThreadingHTTPServer as _ThreadingHTTPServer
+from typing import Optional
+
+__all__ = ["Store", "HTTPObjectHandler", "ObjectHandler", "Server", "ThreadingHTTPServer", "http_server",
+           "parse_range"]
+
+
+class ThreadingHTTPServer(_ThreadingHTTPServer):
+    """The standard threading server with a listen backlog for many parallel connections (the default is 5:
+    a burst of parallel ranged reads would see dropped SYNs and a second's wait each)."""
+
+    request_queue_size = 128
+
+
+class Store:
+    """Objects in memory, with an ETag per version."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.etags: dict[str, str] = {}
+        self.lock = threading.Lock()
+        self.requests: list[tuple[str, str, Optional[str]]] = []
+        self.bytes_sent = 0
+
+    def put(self, key: str, data: bytes) -> None:
+        etag = '"' + hashlib.md5(data).hexdigest() + '"'  # once per version, not per request
+        with self.lock:
+            self.objects[key] = data
+            self.etags[key] = etag
+
+    def etag(self, key: str) -> str:
+        return self.etags[key]
+
+
+def parse_range(header: Optional[str], size: int) -> Optional[tuple[int, int]]:
+    """``(first, last)`` byte of a single ``bytes=a-b`` (or ``a-``, ``-n``) range; None when absent or not one."""
+    if not header:
+        return None
+    m = re.match(r"bytes=(\d*)-(\d*)$", header.strip())
+    if not m:
+        return None
+    start = int(m.group(1)) if m.group(1) else size - int(m.group(2))
+    end = int(m.group(2)) if m.group(1) and m.group(2) else size - 1
+    return start, min(end, size - 1)
+
+
+class ObjectHandler(BaseHTTPRequestHandler):
+    """What the object handlers share: the store, the optional token and pacing, errors as JSON."""
+
+    protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes: with Nagle's algorithm the body would wait for the
+    # client's delayed ACK of the headers (tens of ms per small response), which real stores do not do.
+    disable_nagle_algorithm = True
+    store: Store
+    token: Optional[str] = None
+    rate: Optional[float] = None  # bytes per second per connection (benchmarks); None: as fast as possible
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def _key(self) -> str:
+        return urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+
+    def _authorized(self) -> bool:
+        if self.token is None:
+            return True
+        if self.headers.get("Authorization") == f"Bearer {self.token}":
+            return True
+        self._error(401, "unauthorized: bad or missing token")
+        return False
+
+    def _error(self, status: int, message: str) -> None:
+        body = json.dumps({"message": message, "method": self.command, "url_path": self.path,
+                           "status": status}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _send_object(self, key: str, extra_headers: Optional[dict] = None) -> None:
+        self.store.requests.append((self.command, key, self.headers.get("Range")))
+        data = self.store.objects.get(key)
+        if data is None:
+            if key.endswith("/") or key == "":
+                return self._listing(key)
+            return self._error(404, f"{key} does not exist")
+        etag = self.store.etag(key)
+        if_match = self.headers.get("If-Match")
+        if if_match and if_match != etag:
+            return self._error(412, "precondition failed: the object changed")
+        rng = parse_range(self.headers.get("Range"), len(data))
+        if rng and rng[0] >= len(data):
+            return self._error(416, "range not satisfiable")
+        view = memoryview(data)  # a Range answer must not copy the object (resumes would pay for it)
+        status, body = (206, view[rng[0]:rng[1] + 1]) if rng else (200, view)
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("ETag", etag)
+        self.send_header("Accept-Ranges", "bytes")
+        if rng:
+            self.send_header("Content-Range", f"bytes {rng[0]}-{rng[1]}/{len(data)}")
+        for k, v in (extra_headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        started = time.perf_counter()
+        for pos in range(0, len(body), 1 << 16):
+            self.wfile.write(body[pos:pos + (1 << 16)])
+            self.store.bytes_sent += min(1 << 16, len(body) - pos)
+            if self.rate:  # pace the answer like a store with this much bandwidth per connection
+                ahead = started + (pos + (1 << 16)) / self.rate - time.perf_counter()
+                if ahead > 0:
+                    time.sleep(ahead)
+
+    def _listing(self, prefix: str) -> None:
+        names = sorted(k for k in self.store.objects if k.startswith(prefix))
+        links = "".join(f'<a href="{html.escape(urllib.parse.quote(n[len(prefix):]))}">{html.escape(n)}</a>\n'
+                        for n in names)
+        body = f"<html><body>\n{links}</body></html>".encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _receive(self, key: str) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        data = self.rfile.read(length)
+        self.store.put(key, data)
+        self.send_response(201)
+        self.send_header("ETag", self.store.etag(key))
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+class HTTPObjectHandler(ObjectHandler):
+    """GET (with Range and If-Match), HEAD, PUT, and HTML listings of prefixes."""
+
+    def do_GET(self) -> None:
+        if self._authorized():
+            self._send_object(self._key())
+
+    do_HEAD = do_GET
+
+    def do_PUT(self) -> None:
+        if self._authorized():
+            self._receive(self._key())
+
+
+class Server:
+    """A threaded server on a free loopback port; ``url`` is its base URL."""
+
+    def __init__(self, handler: type) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def http_server(token: Optional[str] = None) -> tuple[Server, Store]:
+    store = Store()
+    handler = type("Handler", (HTTPObjectHandler,), {"store": store, "token": token})
+    return Server(handler), store
