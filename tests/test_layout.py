@@ -16,10 +16,11 @@ PLUGINS = ROOT / "plugins"
 
 #: webdataset 1.0.2's module paths, kept as the public facade
 UPSTREAM_MODULES = ["autodecode", "cache", "compat", "extradatasets", "filters", "gopen", "handlers", "mix", "multi",
-                    "pipeline", "pytorch", "shardlists", "tariterators", "tenbin", "typecheck", "utils", "writer"]
+                    "pipeline", "pytorch", "shardlists", "tariterators", "tenbin", "typecheck", "utils", "writer",
+                    "wids"]
 #: our own public modules at the top level; everything else lives in io/, tar/ or resume/
 OWN_PUBLIC_MODULES = ["__init__", "__main__", "cli", "config", "demo", "encoders", "errors", "extensions", "records",
-                      "stages"]
+                      "stages", "index", "indexed", "manifest", "shardtools"]
 
 
 def _modules() -> dict[str, pathlib.Path]:

@@ -30,12 +30,14 @@ from .errors import (
     CorruptShardError,
     CredentialsError,
     DecodingError,
+    IntegrityError,
     MissingExtraError,
     NotResumableError,
     ObjectChangedError,
     PipeError,
     PluginConflictError,
     PluginError,
+    RandomAccessError,
     SampleError,
     SecurityError,
     ShardNotFoundError,
@@ -78,6 +80,7 @@ from .handlers import (
     warn_and_continue,
     warn_and_stop,
 )
+from .indexed import ShardListDataset
 from .io import hookimpl
 from .mix import RandomMix, RoundRobin
 from .pipeline import DataPipeline
@@ -130,6 +133,7 @@ __all__ = [
     "WdsCloudError", "ConfigError", "UnknownSchemeError", "CorruptShardError", "SampleError",
     "StateMismatchError", "NotResumableError", "MissingExtraError", "PluginError", "PluginConflictError", "ShardNotFoundError",
     "SecurityError", "CredentialsError", "AccessDeniedError", "TransferError", "PipeError", "ObjectChangedError",
+    "IntegrityError", "RandomAccessError", "ShardListDataset",
 ]
 
 # The internal modules of 0.1 moved into io/, tar/ and resume/; their old paths still import, as

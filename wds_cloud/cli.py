@@ -1,4 +1,4 @@
-"""The ``wds-cloud`` command line: ``backends`` and ``demo``."""
+"""The ``wds-cloud`` command line: ``backends``, ``demo`` and the shard tools (:mod:`wds_cloud.shardtools`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from . import __version__, config
 from .demo import add_parser as add_demo
 from .errors import WdsCloudError
 from .io.registry import get_registry
+from .shardtools import add_parsers as add_tools
 
 __all__ = ["main"]
 
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     backends.set_defaults(func=_backends)
     add_demo(commands)
+    add_tools(commands)
     return parser
 
 

@@ -162,6 +162,10 @@ class WebDataset(DataPipeline, FluidInterface):
     1 reads one stream per shard) and ``prefetch`` (how many of the next shards are requested
     ahead); defaults from ``WDS_PART_SIZE``, ``WDS_CONCURRENCY``, ``WDS_MAX_CONCURRENCY``,
     ``WDS_PREFETCH`` and the URL's profile (see :mod:`wds_cloud.io.parallel`).
+    ``manifest`` (a path/URL of a manifest, its dict, or a :class:`~wds_cloud.manifest.Manifest`)
+    checks every shard while it is read: :class:`~wds_cloud.errors.IntegrityError` after the last
+    sample of a shard that does not match, or for a shard the manifest does not list (unless it
+    allows missing ones).
     """
 
     def __init__(self, urls: Any, handler: Callable = reraise_exception, mode: Optional[str] = None,
@@ -176,7 +180,7 @@ class WebDataset(DataPipeline, FluidInterface):
                  retries: Optional[int] = None, timeout: Optional[float] = None,
                  equal_work: Union[int, str, None] = None, max_member_size: Union[int, str, None] = None,
                  part_size: Union[int, str, None] = None, concurrency: Optional[int] = None,
-                 max_concurrency: Optional[int] = None, prefetch: Optional[int] = None) -> None:
+                 max_concurrency: Optional[int] = None, prefetch: Optional[int] = None, manifest: Any = None) -> None:
         super().__init__()
         settings = config.current()
         max_member_size = config.parse_positive_size("max_member_size", max_member_size)
@@ -205,16 +209,20 @@ class WebDataset(DataPipeline, FluidInterface):
         if verbose:
             self.append(filters.map(_log_shard))
         self._stats = StatsSink()
+        if manifest is not None:
+            from .manifest import load_manifest
+
+            manifest = load_manifest(manifest, storage_options=storage_options)
         transfer = {"part_size": part_size, "concurrency": concurrency, "max_concurrency": max_concurrency,
                     "prefetch": prefetch}
         opener: Union[cache.StreamingOpen, cache.FileCache]
         if cache_dir is None or cache_size == 0:
             opener = cache.StreamingOpen(handler=handler, storage_options=storage_options, retries=retries,
-                                         timeout=timeout, stats=self._stats, transfer=transfer)
+                                         timeout=timeout, stats=self._stats, transfer=transfer, manifest=manifest)
         else:
             opener = cache.FileCache(cache_dir, url_to_name=url_to_name, cache_size=cache_size, handler=handler,
                                      verbose=verbose, storage_options=storage_options, retries=retries,
-                                     timeout=timeout, stats=self._stats, transfer=transfer)
+                                     timeout=timeout, stats=self._stats, transfer=transfer, manifest=manifest)
         self.equal_work = _check_equal_work(equal_work)
         self._counts: Optional[list] = None
         if self.equal_work in ("min", "max"):

@@ -10,6 +10,8 @@ data loader already catch::
     ├── CorruptShardError(ValueError, tarfile.ReadError)  a tar/compressed stream is damaged or truncated
     ├── DecodingError(ValueError)          a sample field could not be decoded
     ├── SampleError(ValueError)            a sample to be written is invalid (bad key, duplicate field)
+    ├── IntegrityError(ValueError)         a shard does not match its manifest (size, samples, checksum)
+    ├── RandomAccessError(ValueError)      a sample cannot be read at random (a compressed shard)
     ├── StateMismatchError(ValueError)     a saved state does not fit the dataset it is loaded into
     │   └── NotResumableError(TypeError)   state_dict() of a pipeline that cannot be resumed
     ├── MissingExtraError(ImportError)     an optional dependency is not installed
@@ -38,6 +40,8 @@ __all__ = [
     "ConfigError",
     "UnknownSchemeError",
     "CorruptShardError",
+    "IntegrityError",
+    "RandomAccessError",
     "DecodingError",
     "SampleError",
     "StateMismatchError",
@@ -123,6 +127,14 @@ class DecodingError(WdsCloudError, ValueError):
 
 class SampleError(WdsCloudError, ValueError):
     """A sample given to a writer is invalid."""
+
+
+class IntegrityError(WdsCloudError, ValueError):
+    """A shard does not match its manifest: ``url``, ``expected`` and ``actual`` say how."""
+
+
+class RandomAccessError(WdsCloudError, ValueError):
+    """A sample cannot be read by itself (a compressed shard must be decompressed from its start)."""
 
 
 class StateMismatchError(WdsCloudError, ValueError):

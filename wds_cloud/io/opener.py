@@ -20,6 +20,7 @@ from ..handlers import reraise_exception
 from ..stages import PipelineStage
 from .atomic import AtomicFile
 from .backend import skip
+from .integrity import Verifying
 from .open import Bounded, gopen
 from .parallel import Fetcher
 from .resilient import StatsSink
@@ -122,13 +123,15 @@ class StreamingOpen(PipelineStage):
 
     def __init__(self, handler: Callable = reraise_exception, storage_options: Optional[dict] = None,
                  retries: Optional[int] = None, timeout: Optional[float] = None, stats: Any = None,
-                 transfer: Optional[dict] = None) -> None:
+                 transfer: Optional[dict] = None, manifest: Any = None) -> None:
         self.handler = handler
         self.storage_options = storage_options
         self.retries = retries
         self.timeout = timeout
         self.stats = stats if stats is not None else StatsSink()
         self.fetcher = Fetcher(storage_options, retries, timeout, self.stats, **(transfer or {}))
+        #: shards are checked against it while they are read (see wds_cloud.manifest)
+        self.manifest = manifest
 
     def prefetch(self, urls: Iterable[str]) -> None:
         """The shards that come next, in order (an empty list: none; what was fetched ahead is cancelled)."""
@@ -140,7 +143,7 @@ class StreamingOpen(PipelineStage):
 
     def open(self, url: str, offset: int = 0) -> dict:
         """``{"stream": ..., "local_path": ...}`` for ``url``, read from byte ``offset``."""
-        stream = self.fetcher.open(url, offset)
+        stream = _verifying(self.manifest, url, offset, self.fetcher.open(url, offset))
         out: dict[str, Any] = {"stream": stream}
         local = _local_path(url)
         if local is not None:
@@ -189,8 +192,9 @@ class FileCache(PipelineStage):
                  handler: Callable = reraise_exception, cache_size: int = -1, cache_cleanup_interval: float = 30,
                  storage_options: Optional[dict] = None, retries: Optional[int] = None,
                  timeout: Optional[float] = None, stats: Any = None, cache_local: bool = False,
-                 verify: bool = False, transfer: Optional[dict] = None) -> None:
+                 verify: bool = False, transfer: Optional[dict] = None, manifest: Any = None) -> None:
         self.retries = retries
+        self.manifest = manifest
         self.timeout = timeout
         self.stats = stats if stats is not None else StatsSink()
         self.cache_dir = os.path.expanduser(cache_dir or config.current().cache_dir or "~/.cache/wds_cloud")
@@ -222,7 +226,11 @@ class FileCache(PipelineStage):
 
     def _remote(self, url: str, offset: int = 0, length: Optional[int] = None) -> Any:
         if length is None:  # the stream the cache tees into its entry: parallel parts where possible
-            return self.fetcher.open(url, offset)
+            stream = self.fetcher.open(url, offset)
+            entry = self.manifest.entry(url) if self.manifest is not None else None
+            if entry is not None and entry.get("md5"):
+                stream.md5 = entry["md5"]  # the cache checks a fill against it before publishing
+            return stream
         return gopen(url, "rb", offset=offset, length=length, storage_options=self.storage_options,
                      retries=self.retries, timeout=self.timeout, stats=self.stats)
 
@@ -234,7 +242,8 @@ class FileCache(PipelineStage):
         """
         local = _local_path(url)
         if local is not None and not self.cache_local:  # local files are read in place
-            return {"stream": gopen(url, "rb", offset=offset), "local_path": local}
+            return {"stream": _verifying(self.manifest, url, offset, gopen(url, "rb", offset=offset)),
+                    "local_path": local}
         os.makedirs(self.cache.directory, exist_ok=True)
         stream = self.cache.open(url, functools.partial(self._remote, url))
         if self.verbose:
@@ -248,7 +257,7 @@ class FileCache(PipelineStage):
             except BaseException:
                 stream.close()
                 raise
-        return {"stream": stream, "local_path": self.cache.path_for(url)}
+        return {"stream": _verifying(self.manifest, url, offset, stream), "local_path": self.cache.path_for(url)}
 
     def open_range(self, url: str, start: int, end: int) -> Any:
         """Bytes ``[start, end)`` of ``url``: from the cached copy when there is one, else a ranged read."""
@@ -263,6 +272,19 @@ class FileCache(PipelineStage):
 
     def run(self, src: Iterable[Any]) -> Iterator[dict]:
         return _open_each(self, src)
+
+
+def _verifying(manifest: Any, url: str, offset: int, stream: Any) -> Any:
+    """``stream`` hashed as it is read, when a manifest is given (a read resumed mid-shard is not checked:
+    it does not see the whole shard)."""
+    if manifest is None or offset:
+        return stream
+    try:
+        entry = manifest.entry(url)
+    except BaseException:
+        stream.close()
+        raise
+    return Verifying(stream, url, entry) if entry is not None else stream
 
 
 def _bounded(stream: Any, length: int) -> Any:

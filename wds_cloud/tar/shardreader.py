@@ -265,10 +265,14 @@ class TarSamples:
                                                                   saved if saved and index == skip else None)
                     if lookahead is not None:
                         ahead.prefetch(_urls(lookahead.peek(ahead.prefetch_depth)))
+                    before = where[2]
                     if limit is None and skipping is None:
                         yield from samples  # the common path: one generator layer per sample, not two
                     elif (yield from self._limited(samples, cursor, limit, skipping)):
                         return
+                    verify = getattr(stream, "verify", None)
+                    if verify is not None:  # checked against a manifest once its last sample was read
+                        verify(where[2] - before)
                 except StateMismatchError:
                     raise  # a state that does not fit is the caller's to fix, never a damaged shard to skip
                 except Exception as exn:

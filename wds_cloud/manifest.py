@@ -1,0 +1,84 @@
+"""Integrity manifests: per shard, its size, sample count and SHA-256, checked while shards are read.
+
+A manifest is JSON (``docs/index.md``)::
+
+    {"format": "wds_cloud.manifest", "version": 1,
+     "shards": {"s3://bucket/train-0000.tar": {"size": 1048576, "samples": 1000, "sha256": "9f86d0..."}, ...}}
+
+``wds-cloud verify SPEC --write-manifest M`` writes one; ``WebDataset(..., manifest=M)`` and
+``ShardListDataset(..., manifest=M)`` check every shard against it: a streamed shard is hashed as it
+is read (no second read) and a mismatch raises :class:`~wds_cloud.errors.IntegrityError` (URL,
+expected, actual) when its last sample has been read; a shard missing from the manifest is an
+error unless ``allow_missing=True``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional, Union
+
+from .errors import ConfigError, IntegrityError, redact
+from .io.integrity import Verifying, mismatch
+from .io.open import gopen
+
+__all__ = ["Manifest", "load_manifest", "Verifying", "check_index", "FORMAT"]
+
+FORMAT = "wds_cloud.manifest"
+
+
+class Manifest:
+    """Expected size, sample count and SHA-256 per shard URL."""
+
+    def __init__(self, shards: Optional[dict] = None, allow_missing: bool = False) -> None:
+        self.shards: dict[str, dict] = dict(shards or {})
+        self.allow_missing = allow_missing
+
+    def entry(self, url: str) -> Optional[dict]:
+        """The entry for ``url``; None when it has none and that is allowed, else an IntegrityError."""
+        found = self.shards.get(url)
+        if found is None and not self.allow_missing:
+            raise IntegrityError(f"{redact(url)}: the shard is not in the manifest; add it (`wds-cloud verify ... "
+                                 "--write-manifest`) or pass allow_missing=True", url=url, expected="an entry",
+                                 actual="none")
+        return found
+
+    def add(self, url: str, size: int, samples: int, sha256: str) -> None:
+        self.shards[url] = {"size": size, "samples": samples, "sha256": sha256}
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "version": 1, "shards": self.shards}
+
+    def write(self, url: str, storage_options: Optional[dict] = None) -> None:
+        with gopen(url, "wb", storage_options=storage_options) as out:
+            out.write(json.dumps(self.to_json(), indent=1, sort_keys=True).encode("utf-8"))
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+
+def load_manifest(source: Union[str, dict, Manifest], allow_missing: bool = False,
+                  storage_options: Optional[dict] = None) -> Manifest:
+    """A :class:`Manifest` from a URL/path of its JSON, the parsed dict, or a Manifest."""
+    if isinstance(source, Manifest):
+        return source
+    where = "<manifest>"
+    if isinstance(source, str):
+        where = source
+        with gopen(source, "rb", storage_options=storage_options) as stream:
+            source = json.loads(stream.read())
+    if not isinstance(source, dict) or source.get("format") != FORMAT or not isinstance(source.get("shards"), dict):
+        raise ConfigError(f"{redact(where)}: not a wds_cloud manifest (expected {{\"format\": \"{FORMAT}\", "
+                          "\"shards\": {...}}}); write one with `wds-cloud verify SPEC --write-manifest FILE`")
+    return Manifest(source["shards"], allow_missing)
+
+
+def check_index(manifest: Any, index: Any) -> None:
+    """An index's sample count (and size, when known) against the manifest (random access cannot hash)."""
+    manifest = load_manifest(manifest)
+    entry = manifest.entry(index.url)
+    if entry is None:
+        return
+    if "samples" in entry and len(index) != entry["samples"]:
+        raise mismatch(index.url, "samples", entry["samples"], len(index))
+    if index.size is not None and "size" in entry and index.size != entry["size"]:
+        raise mismatch(index.url, "size", entry["size"], index.size)

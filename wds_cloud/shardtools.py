@@ -1,0 +1,417 @@
+"""The ``wds-cloud`` shard tools: ``ls``, ``cat``, ``stat``, ``index``, ``verify``, ``reshard``.
+
+Every command takes any URL the registry opens (local paths, ``s3://``, ``https://``, ...) and brace
+specs (``shard-{0000..0099}.tar``), prints ``--json`` for scripts, shows a progress bar on stderr
+when it is a terminal, and exits 0 (done, all good), 1 (a shard could not be read or did not pass
+a check: the message names the URL and the fix) or 2 (bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+from .errors import ConfigError, CorruptShardError, IntegrityError, ShardNotFoundError, WdsCloudError, redact
+from .index import build_index, read_index, wids_description, write_index
+from .io.open import gopen
+from .manifest import Manifest, load_manifest
+from .shardlists import expand_urls
+from .tar.index import ShardIndex, index_stream
+
+__all__ = ["add_parsers"]
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+EXIT_CODES = "exit codes: 0 done (every shard passed), 1 a shard could not be read or failed a check, 2 bad arguments"
+
+
+def _progress(items: Iterable, total: Optional[int], what: str) -> Iterator:
+    """``items`` with a progress bar on stderr when it is a terminal (tqdm), else as they are."""
+    from tqdm import tqdm
+
+    return iter(tqdm(items, total=total, desc=what, unit="shard", file=sys.stderr, disable=not sys.stderr.isatty(),
+                     leave=False))
+
+
+def _emit(args: argparse.Namespace, data: Any, text: Callable[[Any], str]) -> None:
+    if args.json:
+        print(json.dumps(data, indent=1))
+    else:
+        out = text(data)
+        if out:
+            print(out)
+
+
+def _urls(spec: list[str]) -> list[str]:
+    urls: list[str] = []
+    for item in spec:
+        urls.extend(expand_urls(item))
+    if not urls:
+        raise ConfigError("no shards named: give URLs, paths or brace specs such as 'shard-{0000..0009}.tar'")
+    return urls
+
+
+def _index_of(url: str, options: Optional[dict]) -> ShardIndex:
+    """The shard's sidecar index when it has one, else one built by reading it."""
+    try:
+        return read_index(url, options, shard_url=url)
+    except ShardNotFoundError:
+        return build_index(url, storage_options=options)
+
+
+# ls
+def _ls(args: argparse.Namespace) -> int:
+    index = build_index(args.url, storage_options=None)
+    if args.samples:
+        data = [{"key": s.key, "fields": {ext: size for ext, _, size, _ in s.fields},
+                 "bytes": sum(size for _, _, size, _ in s.fields)} for s in index.samples]
+        _emit(args, data, lambda rows: "\n".join(
+            f"{r['key']}  {r['bytes']:>10}  " + " ".join(f"{e}={n}" for e, n in r["fields"].items()) for r in rows))
+    else:
+        data = [{"name": name, "size": size, "offset": offset} for s in index.samples
+                for _, offset, size, name in s.fields]
+        _emit(args, data, lambda rows: "\n".join(f"{r['size']:>10}  {r['name']}" for r in rows))
+    return EXIT_OK
+
+
+# cat
+def _cat(args: argparse.Namespace) -> int:
+    out = sys.stdout.buffer
+    if args.key is None:
+        if args.field is not None:
+            raise ConfigError("--field needs --key: name the sample whose field to print")
+        with gopen(args.url, "rb") as stream:
+            while True:
+                chunk = stream.read(1 << 20)
+                if not chunk:
+                    break
+                out.write(chunk)
+        return EXIT_OK
+    index = _index_of(args.url, None)
+    found = [s for s in index.samples if s.key == args.key]
+    if not found:
+        raise ShardNotFoundError(f"{redact(args.url)}: no sample with key {args.key!r} ({len(index)} samples; "
+                                 "list them with `wds-cloud ls --samples URL`)", url=args.url)
+    sample = found[0]
+    fields = [f for f in sample.fields if args.field is None or f[0] == args.field]
+    if not fields:
+        raise ShardNotFoundError(f"{redact(args.url)}: sample {args.key!r} has no field {args.field!r} (it has "
+                                 f"{', '.join(f[0] for f in sample.fields)})", url=args.url)
+    if index.compression is not None:
+        data = _whole_member_bytes(args.url, {f[3] for f in fields})
+        blobs = [(f[3], data[f[3]]) for f in fields]
+    else:
+        blobs = [(name, _ranged(args.url, offset, size)) for _, offset, size, name in fields]
+    if args.field is not None:
+        out.write(blobs[0][1])
+        return EXIT_OK
+    from .writer import TarWriter
+
+    buffer = _Kept()
+    with TarWriter(buffer, encoder=False) as writer:
+        for name, blob in blobs:
+            writer.write({"__key__": sample.key, name[len(sample.key) + 1:]: blob})
+    out.write(buffer.value())
+    return EXIT_OK
+
+
+class _Kept(io.BytesIO):
+    data = b""
+
+    def value(self) -> bytes:
+        return self.data if self.closed else self.getvalue()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.data = self.getvalue()
+        super().close()
+
+
+def _ranged(url: str, offset: int, size: int) -> bytes:
+    with gopen(url, "rb", offset=offset, length=size) as stream:
+        return stream.read()
+
+
+def _whole_member_bytes(url: str, names: set) -> dict:
+    got: dict = {}
+
+    def keep(name: str, data: bytes) -> None:
+        if name in names:
+            got[name] = bytes(data)
+
+    with gopen(url, "rb") as stream:
+        index_stream(stream, url, on_member=keep)
+    return got
+
+
+# stat
+def _stat_one(url: str) -> dict:
+    index = build_index(url)
+    fields: dict = {}
+    for sample in index.samples:
+        for ext, _, size, _ in sample.fields:
+            entry = fields.setdefault(ext, {"count": 0, "bytes": 0})
+            entry["count"] += 1
+            entry["bytes"] += size
+    try:
+        read_index(url, shard_url=url)
+        indexed = True
+    except ShardNotFoundError:
+        indexed = False
+    return {"url": redact(url), "samples": len(index), "size": index.size, "compression": index.compression,
+            "fields": fields, "index": indexed}
+
+
+def _stat(args: argparse.Namespace) -> int:
+    urls = _urls(args.spec)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        rows = list(_progress(pool.map(_stat_one, urls), len(urls), "stat"))
+    total = {"shards": len(rows), "samples": sum(r["samples"] for r in rows),
+             "bytes": sum(r["size"] or 0 for r in rows), "shards_indexed": sum(r["index"] for r in rows)}
+
+    def text(data: dict) -> str:
+        lines = []
+        for r in data["shards"]:
+            lines.append(f"{r['url']}: {r['samples']} samples, {r['size']} bytes, "
+                         f"{r['compression'] or 'uncompressed'}, index {'present' if r['index'] else 'absent'}")
+            for ext, f in sorted(r["fields"].items()):
+                lines.append(f"  {ext:<12} {f['count']:>8} fields {f['bytes']:>14} bytes")
+        t = data["total"]
+        lines.append(f"total: {t['shards']} shards, {t['samples']} samples, {t['bytes']} bytes, "
+                     f"{t['shards_indexed']} indexed")
+        return "\n".join(lines)
+
+    _emit(args, {"shards": rows, "total": total}, text)
+    return EXIT_OK
+
+
+# index
+def _index(args: argparse.Namespace) -> int:
+    urls = _urls(args.spec)
+    if args.format == "wids" and not args.output:
+        raise ConfigError("--format wids writes one dataset description: give its URL or path with --output")
+    if args.output and args.format != "wids" and len(urls) > 1:
+        raise ConfigError("--output names one index file: with several shards, leave it out (each index is "
+                          "written beside its shard)")
+
+    def one(url: str) -> dict:
+        index = build_index(url)
+        row = {"url": url, "nsamples": len(index), "filesize": index.size}
+        if args.format != "wids":
+            row["index"] = write_index(index, args.output, args.format)
+        return row
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        rows = list(_progress(pool.map(one, urls), len(urls), "index"))
+    if args.format == "wids":
+        with gopen(args.output, "wb") as out:
+            out.write(json.dumps(wids_description(rows, name=args.name), indent=1).encode("utf-8"))
+    _emit(args, rows, lambda rs: "\n".join(
+        f"{redact(r['url'])}: {r['nsamples']} samples" + (f" -> {redact(r['index'])}" if "index" in r else "")
+        for r in rs) + (f"\nwrote {redact(args.output)}" if args.format == "wids" else ""))
+    return EXIT_OK
+
+
+# verify
+def _verify_one(url: str, manifest: Optional[Manifest]) -> dict:
+    sha, md5, count = hashlib.sha256(), hashlib.md5(), [0]
+    row: dict = {"url": url, "ok": True, "problems": []}
+    try:
+        with gopen(url, "rb") as stream:
+            tee = _Hashing(stream, (sha, md5), count)
+            samples, members = index_stream(tee, url)  # type: ignore[arg-type]
+            if members.archive_end is None:
+                raise CorruptShardError(f"{redact(url)}: no end-of-archive marker (truncated)", url=url)
+            while tee.read(1 << 20):
+                pass
+        keys = [s.key for s in samples]
+        if len(set(keys)) != len(keys):
+            row["problems"].append("a sample key appears in two places (its fields are not together)")
+        for s in samples:
+            exts = [f[0] for f in s.fields]
+            if len(set(exts)) != len(exts):
+                row["problems"].append(f"sample {s.key!r} has a field twice")
+        row.update(size=count[0], samples=len(samples), sha256=sha.hexdigest(), md5=md5.hexdigest())
+        if manifest is not None:
+            entry = manifest.entry(url)
+            for field in ("size", "samples", "sha256", "md5"):
+                if entry is not None and field in entry and entry[field] != row[field]:
+                    row["problems"].append(f"{field} {row[field]!r}, the manifest says {entry[field]!r}")
+    except (WdsCloudError, OSError) as exc:
+        row["problems"].append(str(exc))
+    row["ok"] = not row["problems"]
+    return row
+
+
+class _Hashing:
+    def __init__(self, stream: Any, hashes: tuple, count: list) -> None:
+        self._stream, self._hashes, self._count = stream, hashes, count
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        for h in self._hashes:
+            h.update(data)
+        self._count[0] += len(data)
+        return data
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+def _verify(args: argparse.Namespace) -> int:
+    urls = _urls(args.spec)
+    manifest = load_manifest(args.manifest, allow_missing=args.allow_missing) if args.manifest else None
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        rows = list(_progress(pool.map(lambda u: _verify_one(u, manifest), urls), len(urls), "verify"))
+    if manifest is not None and not args.allow_missing:
+        listed = set(manifest.shards) - set(urls)
+        for url in sorted(listed):
+            rows.append({"url": url, "ok": False, "problems": ["listed in the manifest but not among the shards "
+                                                               "given (missing, or not named on the command line)"]})
+    if args.write_manifest:
+        bad = [r for r in rows if not r["ok"]]
+        if bad:
+            raise IntegrityError(f"not writing {redact(args.write_manifest)}: {len(bad)} shard(s) failed (first: "
+                                 f"{redact(bad[0]['url'])}: {bad[0]['problems'][0]})", url=args.write_manifest,
+                                 expected="every shard readable", actual=f"{len(bad)} failed")
+        out = Manifest()
+        for r in rows:
+            out.shards[r["url"]] = {k: r[k] for k in ("size", "samples", "sha256", "md5")}
+        out.write(args.write_manifest)
+    ok = all(r["ok"] for r in rows)
+    _emit(args, {"ok": ok, "shards": [dict(r, url=redact(r["url"])) for r in rows]}, lambda d: "\n".join(
+        [f"{'ok  ' if r['ok'] else 'FAIL'} {r['url']}" + ("" if r["ok"] else ": " + "; ".join(r["problems"]))
+         for r in d["shards"]] + [f"{sum(r['ok'] for r in d['shards'])} of {len(d['shards'])} shards passed"
+                                  + (f"; wrote {redact(args.write_manifest)}" if args.write_manifest else "")]))
+    return EXIT_OK if ok else EXIT_PROBLEM
+
+
+# reshard
+def _reshard(args: argparse.Namespace) -> int:
+    from .compat import WebDataset
+    from .writer import ShardWriter
+
+    urls = _urls(args.source)
+    if "%" not in args.dest:
+        raise ConfigError(f"the destination {args.dest!r} needs a %d-style field for the shard number, such as "
+                          "'out/train-%06d.tar'")
+    compress = {"none": False, "gz": "gz", "keep": None}[args.compress]
+    written = skipped = samples = 0
+    exists = _exists_checker()
+    plan = _Plan(args.maxcount, args.maxsize)
+    current: Optional[Any] = None
+    shard_no = -1
+    dataset = WebDataset(urls, shardshuffle=False, empty_check=False)
+    for sample in _progress(dataset, None, "reshard"):
+        size = sum(len(v) for k, v in sample.items() if not k.startswith("__") and isinstance(v, (bytes, str)))
+        number = plan.shard_for(size)
+        if number != shard_no:
+            if current is not None:
+                current.close()
+            shard_no = number
+            target = args.dest % number
+            if exists(target):  # published whole before an interruption: kept, not written again
+                current, skipped = None, skipped + 1
+            else:
+                writer_kw = {} if compress is None else {"compress": compress}
+                current = ShardWriter(args.dest, maxcount=10**12, maxsize=1e18, start_shard=number, **writer_kw)
+                written += 1
+        samples += 1
+        if current is not None:
+            current.write({k: v for k, v in sample.items() if k == "__key__" or not k.startswith("__")})
+    if current is not None:
+        current.close()
+    result = {"samples": samples, "shards": shard_no + 1, "written": written, "kept": skipped}
+    _emit(args, result, lambda r: f"{r['samples']} samples into {r['shards']} shards ({r['written']} written, "
+                                  f"{r['kept']} already complete and kept)")
+    return EXIT_OK
+
+
+class _Plan:
+    """Which output shard a sample goes to: a new one when it would pass maxcount or maxsize."""
+
+    def __init__(self, maxcount: int, maxsize: float) -> None:
+        self.maxcount, self.maxsize = maxcount, maxsize
+        self.number, self.count, self.bytes = -1, 0, 0
+
+    def shard_for(self, size: int) -> int:
+        if self.number < 0 or self.count >= self.maxcount or (self.count and self.bytes + size > self.maxsize):
+            self.number, self.count, self.bytes = self.number + 1, 0, 0
+        self.count += 1
+        self.bytes += size
+        return self.number
+
+
+def _exists_checker() -> Callable[[str], bool]:
+    from .io.open import open_backend
+
+    def exists(url: str) -> bool:
+        try:
+            open_backend(url).stat(url)
+            return True
+        except (FileNotFoundError, NotImplementedError):
+            return False
+
+    return exists
+
+
+def add_parsers(commands: Any) -> None:
+    """Add the shard tools to the ``wds-cloud`` subcommands."""
+    def add(name: str, help: str, example: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
+                                  epilog=f"example:\n  {example}\n\n{EXIT_CODES}",
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub.add_argument("--json", action="store_true", help="print JSON for scripts")
+        return sub
+
+    ls = add("ls", "list a shard's members (or samples) with their sizes", "wds-cloud ls s3://bucket/train-0000.tar")
+    ls.add_argument("url", help="the shard (any URL)")
+    ls.add_argument("--samples", action="store_true", help="one line per sample, with its fields")
+    ls.set_defaults(func=_ls)
+
+    cat = add("cat", "write a shard, one sample (as a tar) or one field of it to stdout",
+              "wds-cloud cat s3://bucket/train-0000.tar --key 000123 --field jpg > 000123.jpg")
+    cat.add_argument("url", help="the shard (any URL)")
+    cat.add_argument("--key", help="the sample's key")
+    cat.add_argument("--field", help="one field of the sample (its extension, such as jpg)")
+    cat.set_defaults(func=_cat)
+
+    stat = add("stat", "count samples, fields and bytes of shards; say whether each is compressed and indexed",
+               "wds-cloud stat 'https://host/data/train-{0000..0099}.tar'")
+    stat.add_argument("spec", nargs="+", help="shards: URLs, paths or brace specs")
+    stat.add_argument("--jobs", type=int, default=8, help="shards read at once (default 8)")
+    stat.set_defaults(func=_stat)
+
+    index = add("index", "write member indexes (ours or DALI's .idx beside each shard) or a wids description",
+                "wds-cloud index 's3://bucket/train-{0000..0099}.tar' --format dali")
+    index.add_argument("spec", nargs="+", help="shards: URLs, paths or brace specs")
+    index.add_argument("--format", choices=["json", "dali", "wids"], default="json",
+                       help="json: ours (SHARD.index.json); dali: SHARD.idx; wids: one dataset description")
+    index.add_argument("--output", help="where to write (one shard's index, or the wids description)")
+    index.add_argument("--name", help="the dataset's name in a wids description")
+    index.add_argument("--jobs", type=int, default=8, help="shards indexed at once (default 8)")
+    index.set_defaults(func=_index)
+
+    verify = add("verify", "read every shard completely: tar structure, samples, checksums against a manifest",
+                 "wds-cloud verify 'data/train-{0000..0099}.tar' --write-manifest data/manifest.json")
+    verify.add_argument("spec", nargs="+", help="shards: URLs, paths or brace specs")
+    verify.add_argument("--manifest", help="check against this manifest (URL or path)")
+    verify.add_argument("--allow-missing", action="store_true",
+                        help="shards absent from the manifest (and manifest entries not given) are not errors")
+    verify.add_argument("--write-manifest", help="write a manifest of the shards (only when every one passes)")
+    verify.add_argument("--jobs", type=int, default=8, help="shards read at once (default 8)")
+    verify.set_defaults(func=_verify)
+
+    reshard = add("reshard", "rewrite a dataset with another maxcount/maxsize/compression (resumable)",
+                  "wds-cloud reshard 'data/train-{0000..0099}.tar' 's3://bucket/big/train-%04d.tar' --maxcount 10000")
+    reshard.add_argument("source", nargs="+", help="input shards: URLs, paths or brace specs")
+    reshard.add_argument("dest", help="output pattern with a %%d field, such as out/train-%%06d.tar")
+    reshard.add_argument("--maxcount", type=int, default=10000, help="samples per output shard (default 10000)")
+    reshard.add_argument("--maxsize", type=float, default=3e9, help="bytes per output shard (default 3e9)")
+    reshard.add_argument("--compress", choices=["keep", "none", "gz"], default="keep",
+                         help="keep: from the output name (.tar.gz compresses); none; gz")
+    reshard.set_defaults(func=_reshard)

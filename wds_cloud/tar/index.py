@@ -1,0 +1,261 @@
+"""Member indexes of shards: where every field of every sample lies, so a sample is one ranged read.
+
+:func:`build_index` reads a shard once (streaming, any URL ``gopen`` opens) and records, for every
+sample, its key and, for every field, the byte offset and size of its data in the tar (the
+decompressed tar, for a compressed shard).  A :class:`ShardIndex` is written and read in three
+formats (see ``docs/index.md``):
+
+- ours, JSON (``{"format": "wds_cloud.index", "version": 1, ...}``): every sample and field;
+- DALI's per-shard ``.idx`` text (``v1.2 <samples>``, then per sample ``ext offset size name`` per
+  field), as DALI's ``wds2idx`` writes it, so one index serves ``fn.readers.webdataset`` too;
+- ``wids``' dataset description (``{"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist":
+  [{"url", "nsamples", "filesize", ...}]}``), which lists shards with their sample counts only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import IO, Any, Callable, Iterable, Iterator, Optional, cast
+
+from ..errors import ConfigError, CorruptShardError, redact
+from ..io.open import gopen
+from .reader import TarMembers
+from .samples import SKIP_META, member_filter
+
+__all__ = ["ShardIndex", "SampleEntry", "build_index", "index_stream", "FORMAT", "dali_text", "parse_dali",
+           "wids_description", "parse_wids", "split_name"]
+
+FORMAT = "wds_cloud.index"
+VERSION = 1
+DALI_VERSION = "v1.2"
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """``(key, extension)`` of a member name: split at the first dot of its last path part (``a/b.seg.png``
+    -> ``("a/b", "seg.png")``), the rule of webdataset, wids and DALI; ``("", "")`` when there is none."""
+    slash = name.rfind("/")
+    dot = name.find(".", slash + 1)
+    if dot <= slash + 1:
+        return "", ""
+    return name[:dot], name[dot + 1:]
+
+
+@dataclasses.dataclass
+class SampleEntry:
+    """One sample: its key, and ``(extension, data offset, size, member name)`` per field, in tar order."""
+
+    key: str
+    fields: list[tuple[str, int, int, str]]
+
+    @property
+    def start(self) -> int:
+        """Where the first field's data begins."""
+        return self.fields[0][1]
+
+    @property
+    def end(self) -> int:
+        """Where the last field's data ends (one ranged read ``[start, end)`` holds every field)."""
+        return max(offset + size for _, offset, size, _ in self.fields)
+
+
+@dataclasses.dataclass
+class ShardIndex:
+    """The index of one shard (see the module docstring)."""
+
+    url: str
+    samples: list[SampleEntry]
+    size: Optional[int] = None  #: bytes of the shard as stored
+    version: Optional[str] = None  #: the store's version tag (ETag, generation) when it gave one
+    compression: Optional[str] = None  #: None for a plain tar; offsets then are in the decompressed tar
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    # ours
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "url": self.url, "size": self.size,
+                "object_version": self.version, "compression": self.compression,
+                "samples": [[s.key, [[ext, offset, size, name] for ext, offset, size, name in s.fields]]
+                            for s in self.samples]}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "<index>") -> "ShardIndex":
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ConfigError(f"{redact(where)}: not a wds_cloud index (no \"format\": \"{FORMAT}\"); write one "
+                              "with `wds-cloud index URL`")
+        if data.get("version") != VERSION:
+            raise ConfigError(f"{redact(where)}: wds_cloud index version {data.get('version')!r} is not supported "
+                              f"(this version reads {VERSION}); write it again with `wds-cloud index`")
+        try:
+            samples = [SampleEntry(str(key), [(str(e), int(o), int(n), str(m)) for e, o, n, m in fields])
+                       for key, fields in data["samples"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{redact(where)}: a malformed wds_cloud index ({exc}); write it again") from None
+        return cls(str(data["url"]), samples, data.get("size"), data.get("object_version"), data.get("compression"))
+
+    # DALI
+    def to_dali(self) -> str:
+        return dali_text(self)
+
+    def __repr__(self) -> str:
+        return f"<ShardIndex {redact(self.url)}: {len(self.samples)} samples>"
+
+
+def index_stream(stream: IO[bytes], url: str = "", keys: Optional[Callable[[str], tuple]] = None,
+                 max_member: Optional[int] = None, on_member: Optional[Callable[[str, bytes], None]] = None
+                 ) -> tuple[list[SampleEntry], TarMembers]:
+    """The samples of a tar stream read once from its start (``keys``: the key rule, default first dot).
+
+    Members whose key is empty (hidden files, names without a dot) and ``__meta__`` files are left out,
+    as the readers leave them out.  ``on_member(name, data)`` sees every member read (for checksums).
+    """
+    split = keys or split_name
+    members = TarMembers(stream, url, select=member_filter(SKIP_META, None, None), max_member=max_member)
+    samples: list[SampleEntry] = []
+    last = None
+    for name, data in members:
+        if on_member is not None:
+            on_member(name, data)
+        key, ext = split(name)
+        if not key or not ext:
+            continue
+        entry = (ext, members.member_offset + 512, len(data), name)
+        if key != last:
+            samples.append(SampleEntry(key, [entry]))
+            last = key
+        else:
+            samples[-1].fields.append(entry)
+    return samples, members
+
+
+def build_index(url: str, *, keys: Optional[Callable[[str], tuple]] = None, storage_options: Optional[dict] = None,
+                max_member: Optional[int] = None) -> ShardIndex:
+    """Read the shard at ``url`` once and index it (any URL ``gopen`` opens)."""
+    with gopen(url, "rb", storage_options=storage_options) as stream:
+        counted = _Counting(stream)
+        samples, members = index_stream(cast(IO[bytes], counted), url, keys, max_member)
+        if members.archive_end is None:
+            raise CorruptShardError(f"{redact(url)}: the shard ended without the tar end-of-archive marker; "
+                                    "it cannot be indexed", url=url)
+        while counted.read(1 << 20):  # the rest (zero blocks), so the size is the object's
+            pass
+        return ShardIndex(url, samples, size=getattr(stream, "size", None) or counted.count,
+                          version=getattr(stream, "version", None), compression=members.compression)
+
+
+class _Counting:
+    """Counts the bytes read through it (the shard's size when the store does not say)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.count = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self.count += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        readinto = getattr(self._stream, "readinto", None)
+        if readinto is None:
+            data = self.read(len(buffer))
+            memoryview(buffer).cast("B")[:len(data)] = data
+            return len(data)
+        n = readinto(buffer)
+        self.count += n
+        return n
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+# DALI's .idx text
+def dali_text(index: ShardIndex) -> str:
+    """The index as DALI's ``wds2idx`` writes it: ``v1.2 N``, then one line per sample of
+    ``ext offset size name`` groups (offset: where the member's data begins)."""
+    if index.compression is not None:
+        raise ConfigError(f"{redact(index.url)}: DALI reads only uncompressed tar shards ({index.compression} "
+                          "here); reshard it without compression (`wds-cloud reshard --compress none`)")
+    lines = [f"{DALI_VERSION} {len(index.samples)}"]
+    for sample in index.samples:
+        if any(" " in name for *_, name in sample.fields):
+            raise ConfigError(f"{redact(index.url)}: member names with spaces cannot be written in DALI's "
+                              f"index format (sample {sample.key!r})")
+        lines.append(" ".join(f"{ext} {offset} {size} {name}" for ext, offset, size, name in sample.fields))
+    return "\n".join(lines) + "\n"
+
+
+def parse_dali(text: str, url: str = "") -> ShardIndex:
+    """A DALI ``.idx`` text as a :class:`ShardIndex` (v1.0 lines without names, and v1.1/v1.2)."""
+    lines = text.splitlines()
+    if not lines:
+        raise ConfigError(f"{redact(url) or '<index>'}: an empty DALI index")
+    head = lines[0].split()
+    if len(head) != 2 or not head[0].startswith("v1.") or not head[1].isdigit():
+        raise ConfigError(f"{redact(url) or '<index>'}: not a DALI index (first line {lines[0][:40]!r}, expected "
+                          "'v1.2 <samples>')")
+    width = 4 if head[0] in ("v1.1", "v1.2") else 3
+    samples: list[SampleEntry] = []
+    for number, line in enumerate(lines[1:], 2):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) % width:
+            raise ConfigError(f"{redact(url) or '<index>'}: line {number} of the DALI index has {len(parts)} "
+                              f"words, not groups of {width}")
+        fields = []
+        for i in range(0, len(parts), width):
+            ext, offset, size = parts[i], int(parts[i + 1]), int(parts[i + 2])
+            name = parts[i + 3] if width == 4 else f"{len(samples):08d}.{ext}"
+            fields.append((ext, offset, size, name))
+        samples.append(SampleEntry(split_name(fields[0][3])[0] or f"{len(samples):08d}", fields))
+    if len(samples) != int(head[1]):
+        raise ConfigError(f"{redact(url) or '<index>'}: the DALI index announces {head[1]} samples but lists "
+                          f"{len(samples)}")
+    return ShardIndex(url, samples)
+
+
+# wids dataset descriptions
+def wids_description(shards: Iterable[dict], name: Optional[str] = None, base: Optional[str] = None) -> dict:
+    """A ``wids`` dataset description: ``shards`` are ``{"url", "nsamples", "filesize"[, "md5sum"]}``."""
+    out: dict = {"__kind__": "wids-shard-index-v1", "wids_version": 1,
+                 "shardlist": [dict(s) for s in shards]}
+    if name:
+        out["name"] = name
+    if base:
+        out["base"] = base
+    return out
+
+
+def parse_wids(data: Any, where: str = "<description>") -> list[dict]:
+    """The shard list of a ``wids`` dataset description (``url`` and ``nsamples`` checked), with
+    ``datasets`` components flattened; URLs are returned as written (resolve them against a base)."""
+    if not isinstance(data, dict) or data.get("wids_version") != 1:
+        raise ConfigError(f"{redact(where)}: not a wids dataset description (it needs \"wids_version\": 1 and a "
+                          "\"shardlist\")")
+    shards = list(_shardlist(data, where))
+    for component in data.get("datasets") or []:
+        if "source_url" in component:
+            raise ConfigError(f"{redact(where)}: components with \"source_url\" are not followed; list their "
+                              "shards in this description")
+        shards.extend(_shardlist(component, where, component.get("base")))
+    if not shards:
+        raise ConfigError(f"{redact(where)}: the dataset description lists no shards")
+    return shards
+
+
+def _shardlist(data: dict, where: str, base: Optional[str] = None) -> Iterator[dict]:
+    for i, shard in enumerate(data.get("shardlist") or []):
+        if not isinstance(shard, dict) or "url" not in shard or not isinstance(shard.get("nsamples"), int) \
+                or shard["nsamples"] < 0:
+            raise ConfigError(f"{redact(where)}: shard {i} of the description needs \"url\" and a whole "
+                              "\"nsamples\"")
+        item = dict(shard)
+        if base:
+            item["base"] = base
+        yield item
+
+
+def dumps(index: ShardIndex) -> str:
+    return json.dumps(index.to_json(), separators=(",", ":"))
