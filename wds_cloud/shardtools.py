@@ -317,7 +317,7 @@ def _reshard(args: argparse.Namespace) -> int:
             if exists(target):  # published whole before an interruption: kept, not written again
                 current, skipped = None, skipped + 1
             else:
-                writer_kw = {} if compress is None else {"compress": compress}
+                writer_kw: dict[str, Any] = {} if compress is None else {"compress": compress}
                 current = ShardWriter(args.dest, maxcount=10**12, maxsize=1e18, start_shard=number, **writer_kw)
                 written += 1
         samples += 1
