@@ -319,3 +319,50 @@ def test_tools_on_s3(s3_bucket, monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out)["ok"] is True
     assert cli(["ls", f"s3://{bucket}/tools/missing.tar"]) == 1
     assert "missing.tar" in capsys.readouterr().err
+
+
+def test_the_shard_cache_checks_a_fill_against_the_manifest(tmp_path):
+    """Through a cache directory, a shard that does not match the manifest's MD5 is never published."""
+    server, store = servers.http_server()
+    try:
+        good = tar_bytes(tarfile.USTAR_FORMAT, n=4)
+        store.put("/m/s-0.tar", good)
+        url = f"{server.url}/m/s-0.tar"
+        manifest_path = tmp_path / "manifest.json"
+        assert cli(["verify", url, "--write-manifest", str(manifest_path)]) == 0
+        bad = bytearray(good)
+        bad[600] ^= 1
+        store.put("/m/s-0.tar", bytes(bad))
+        cache = tmp_path / "cache"
+        with pytest.raises((IntegrityError, wds.TransferError)):
+            list(wds.WebDataset(url, shardshuffle=False, cache_dir=str(cache), manifest=str(manifest_path)))
+        entries = [p for p in cache.rglob("*") if p.is_file() and not p.name.endswith((".lock", ".meta", ".part"))]
+        assert not entries  # nothing published
+        store.put("/m/s-0.tar", good)
+        assert len(list(wds.WebDataset(url, shardshuffle=False, cache_dir=str(cache),
+                                       manifest=str(manifest_path)))) == 4
+    finally:
+        server.stop()
+
+
+def test_an_epoch_writes_the_index_as_a_by_product():
+    """WebDataset(write_index=True) leaves a sidecar beside every shard read whole, equal to one built on its own;
+    random access then uses it (no second read of the shard)."""
+    server, store = servers.http_server()
+    try:
+        for i in range(2):
+            store.put(f"/e/s-{i}.tar", tar_bytes(tarfile.USTAR_FORMAT, n=7, tag=f"{i}-"))
+        url = f"{server.url}/e/s-{{0..1}}.tar"
+        seen = []
+        assert len(list(wds.WebDataset(url, shardshuffle=False, write_index=seen.append))) == 14
+        assert [len(i) for i in seen] == [7, 7] and seen[0].size == len(store.objects["/e/s-0.tar"])
+        assert len(list(wds.WebDataset(url, shardshuffle=False, write_index=True))) == 14
+        for i in range(2):
+            written = wds.index.ShardIndex.from_json(json.loads(store.objects[f"/e/s-{i}.tar.index.json"]))
+            assert written.samples == windex.build_index(f"{server.url}/e/s-{i}.tar").samples
+        store.requests.clear()
+        ds = wds.ShardListDataset(f"{server.url}/e/s-{{0..1}}.tar", transformations=[])
+        assert ds[10]["__key__"] == "1-0003"
+        assert all(rng for method, key, rng in store.requests if key.endswith(".tar"))  # only ranged reads
+    finally:
+        server.stop()

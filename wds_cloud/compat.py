@@ -165,7 +165,9 @@ class WebDataset(DataPipeline, FluidInterface):
     ``manifest`` (a path/URL of a manifest, its dict, or a :class:`~wds_cloud.manifest.Manifest`)
     checks every shard while it is read: :class:`~wds_cloud.errors.IntegrityError` after the last
     sample of a shard that does not match, or for a shard the manifest does not list (unless it
-    allows missing ones).
+    allows missing ones).  ``write_index=True`` writes the member index of every shard read whole
+    beside it (``SHARD.index.json``, for random access) as a by-product of the pass; a callable is
+    given each :class:`~wds_cloud.index.ShardIndex` instead.
     """
 
     def __init__(self, urls: Any, handler: Callable = reraise_exception, mode: Optional[str] = None,
@@ -180,7 +182,8 @@ class WebDataset(DataPipeline, FluidInterface):
                  retries: Optional[int] = None, timeout: Optional[float] = None,
                  equal_work: Union[int, str, None] = None, max_member_size: Union[int, str, None] = None,
                  part_size: Union[int, str, None] = None, concurrency: Optional[int] = None,
-                 max_concurrency: Optional[int] = None, prefetch: Optional[int] = None, manifest: Any = None) -> None:
+                 max_concurrency: Optional[int] = None, prefetch: Optional[int] = None, manifest: Any = None,
+                 write_index: Union[bool, Callable[[Any], None]] = False) -> None:
         super().__init__()
         settings = config.current()
         max_member_size = config.parse_positive_size("max_member_size", max_member_size)
@@ -233,7 +236,7 @@ class WebDataset(DataPipeline, FluidInterface):
             self._nodesplitter = nodesplitter
         self._reader = TarSamples(handler=handler, select_files=select_files, rename_files=rename_files, keys=keys,
                                   opener=opener, limit=self._equal_limit if self.equal_work is not None else None,
-                                  max_member_size=max_member_size)
+                                  max_member_size=max_member_size, index_sink=_index_sink(write_index, storage_options))
         self.append(self._reader)
         if empty_check:
             self.append(CheckEmpty())
@@ -289,6 +292,20 @@ class WebDataset(DataPipeline, FluidInterface):
 
     def __exit__(self, *args: Any) -> None:
         self.close()
+
+
+def _index_sink(write_index: Any, storage_options: Optional[dict]) -> Optional[Callable[[Any], None]]:
+    if not write_index:
+        return None
+    if callable(write_index):
+        return write_index
+
+    def write(index: Any) -> None:
+        from .index import write_index as write_sidecar
+
+        write_sidecar(index, storage_options=storage_options)
+
+    return write
 
 
 def _check_equal_work(value: Any) -> Union[int, str, None]:

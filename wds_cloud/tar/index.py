@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
 from typing import IO, Any, Callable, Iterable, Iterator, Optional, cast
 
 from ..errors import ConfigError, CorruptShardError, redact
 from ..io.open import gopen
-from .reader import TarMembers
+from ..io.urls import is_local, local_path
+from .reader import ZERO_BLOCK, TarMembers, detect_compression, plain_member
 from .samples import SKIP_META, member_filter
 
-__all__ = ["ShardIndex", "SampleEntry", "build_index", "index_stream", "FORMAT", "dali_text", "parse_dali",
+__all__ = ["ShardIndex", "SampleEntry", "build_index", "index_stream", "group_members", "FORMAT", "dali_text", "parse_dali",
            "wids_description", "parse_wids", "split_name"]
 
 FORMAT = "wds_cloud.index"
@@ -76,8 +79,8 @@ class ShardIndex:
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "url": self.url, "size": self.size,
                 "object_version": self.version, "compression": self.compression,
-                "samples": [[s.key, [[ext, offset, size, name] for ext, offset, size, name in s.fields]]
-                            for s in self.samples]}
+                "samples": [[s.key, [[ext, offset, size] if name == f"{s.key}.{ext}" else [ext, offset, size, name]
+                                     for ext, offset, size, name in s.fields]] for s in self.samples]}
 
     @classmethod
     def from_json(cls, data: Any, where: str = "<index>") -> "ShardIndex":
@@ -88,9 +91,13 @@ class ShardIndex:
             raise ConfigError(f"{redact(where)}: wds_cloud index version {data.get('version')!r} is not supported "
                               f"(this version reads {VERSION}); write it again with `wds-cloud index`")
         try:
-            samples = [SampleEntry(str(key), [(str(e), int(o), int(n), str(m)) for e, o, n, m in fields])
+            samples = [SampleEntry(key, [(f[0], f[1], f[2], f[3] if len(f) > 3 else f"{key}.{f[0]}") for f in fields])
                        for key, fields in data["samples"]]
-        except (KeyError, TypeError, ValueError) as exc:
+            if not all(isinstance(s.key, str) and all(
+                    isinstance(e, str) and type(o) is int and type(n) is int and o >= 0 and n >= 0 and isinstance(m, str)
+                    for e, o, n, m in s.fields) and s.fields for s in samples):
+                raise ValueError("a key, extension, offset or size of the wrong type")
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ConfigError(f"{redact(where)}: a malformed wds_cloud index ({exc}); write it again") from None
         return cls(str(data["url"]), samples, data.get("size"), data.get("object_version"), data.get("compression"))
 
@@ -110,28 +117,45 @@ def index_stream(stream: IO[bytes], url: str = "", keys: Optional[Callable[[str]
     Members whose key is empty (hidden files, names without a dot) and ``__meta__`` files are left out,
     as the readers leave them out.  ``on_member(name, data)`` sees every member read (for checksums).
     """
-    split = keys or split_name
     members = TarMembers(stream, url, select=member_filter(SKIP_META, None, None), max_member=max_member)
-    samples: list[SampleEntry] = []
-    last = None
+    read: list[tuple[str, int, int]] = []
     for name, data in members:
         if on_member is not None:
             on_member(name, data)
+        read.append((name, members.member_offset + 512, len(data)))
+    return group_members(read, keys), members
+
+
+def group_members(members: Iterable[tuple[str, int, int]], keys: Optional[Callable[[str], tuple]] = None
+                  ) -> list[SampleEntry]:
+    """``(name, data offset, size)`` members, in tar order, grouped into samples by key."""
+    split = keys or split_name
+    samples: list[SampleEntry] = []
+    last = None
+    for name, offset, size in members:
         key, ext = split(name)
         if not key or not ext:
             continue
-        entry = (ext, members.member_offset + 512, len(data), name)
+        entry = (ext, offset, size, name)
         if key != last:
             samples.append(SampleEntry(key, [entry]))
             last = key
         else:
             samples[-1].fields.append(entry)
-    return samples, members
+    return samples
 
 
 def build_index(url: str, *, keys: Optional[Callable[[str], tuple]] = None, storage_options: Optional[dict] = None,
                 max_member: Optional[int] = None) -> ShardIndex:
-    """Read the shard at ``url`` once and index it (any URL ``gopen`` opens)."""
+    """Read the shard at ``url`` once and index it (any URL ``gopen`` opens).
+
+    A local uncompressed shard of plain headers is indexed by reading its headers only (the data is
+    stepped over); anything else, and any header out of the ordinary, is read through the tar reader.
+    """
+    if is_local(url):
+        walked = _walk_local(local_path(url), url, keys or split_name)
+        if walked is not None:
+            return walked
     with gopen(url, "rb", storage_options=storage_options) as stream:
         counted = _Counting(stream)
         samples, members = index_stream(cast(IO[bytes], counted), url, keys, max_member)
@@ -142,6 +166,47 @@ def build_index(url: str, *, keys: Optional[Callable[[str], tuple]] = None, stor
             pass
         return ShardIndex(url, samples, size=getattr(stream, "size", None) or counted.count,
                           version=getattr(stream, "version", None), compression=members.compression)
+
+
+_META = re.compile(SKIP_META)
+
+
+def _walk_local(path: str, url: str, split: Callable[[str], tuple]) -> Optional[ShardIndex]:
+    """The index of a local plain tar from its headers alone, or None (compressed, GNU/PAX records, links,
+    damage: the tar reader then reads it and says what is wrong)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None  # gopen gives the error, with the fix
+    try:
+        total = os.fstat(fd).st_size
+        if total < 1024 or detect_compression(os.pread(fd, 6, 0)) is not None:
+            return None
+        samples: list[SampleEntry] = []
+        last = None
+        at = 0
+        while at + 512 <= total:
+            header = os.pread(fd, 512, at)
+            if header == ZERO_BLOCK:
+                return ShardIndex(url, samples, size=total)
+            member = plain_member(header)
+            if member is None:
+                return None
+            name, size = member
+            if at + 512 + size > total:
+                return None
+            key, ext = split(name)
+            if key and ext and not _META.search(name):
+                entry = (ext, at + 512, size, name)
+                if key != last:
+                    samples.append(SampleEntry(key, [entry]))
+                    last = key
+                else:
+                    samples[-1].fields.append(entry)
+            at += 512 + ((size + 511) & ~511)
+        return None  # no end-of-archive block: the reader says so
+    finally:
+        os.close(fd)
 
 
 class _Counting:

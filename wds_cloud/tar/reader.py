@@ -189,6 +189,28 @@ def _decompression_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def plain_member(header: bytes) -> Optional[tuple[str, int]]:
+    """``(name, size)`` when ``header`` is a plain regular member's (checksum right, type ``0``, no long
+    name or PAX record before it is needed); None for anything else, which the full reader handles."""
+    if len(header) != 512 or header[156] not in (48, 0):
+        return None
+    try:
+        size = _octal(header[124:136])
+        stored = _octal(header[148:156])
+    except ValueError:
+        return None
+    view = memoryview(header)
+    total = ((zlib.adler32(view[156:], zlib.adler32(view[:148])) & 0xFFFF) - 1) % 65521 + 256
+    if size < 0 or (stored != total and stored != total + 65521):
+        return None
+    end = header.find(0, 0, 100)
+    raw = header[:end] if end >= 0 else header[:100]
+    if header[257:262] == b"ustar" and header[345] != 0:
+        pend = header.find(0, 345, 500)
+        raw = header[345:pend if pend >= 0 else 500] + b"/" + raw
+    return raw.decode("utf-8", "surrogateescape"), size
+
+
 def _octal(field: bytes) -> int:
     """A numeric header field read as ``tarfile`` reads it: octal text up to the first NUL (all
     twelve digits when there is none), or GNU base-256 for very large values; may be negative."""

@@ -267,7 +267,8 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
                   suffixes: Optional[Iterable[str]] = None, select_files: Optional[Callable] = None,
                   rename_files: Optional[Callable] = None, skip_meta: Optional[str] = SKIP_META,
                   local_path: Optional[str] = None, where: Optional[list] = None,
-                  members: Optional[TarMembers] = None, expect_first: Any = ()) -> Iterator[dict]:
+                  members: Optional[TarMembers] = None, expect_first: Any = (),
+                  record: Optional[Callable[[str, int, int], None]] = None) -> Iterator[dict]:
     """The samples of one shard, read and grouped in a single loop.
 
     Raises on damage; a sample cut short by the damage is never yielded.  When
@@ -278,14 +279,24 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
     that begins the next sample (None at the end).  ``members`` is a prepared
     :class:`TarMembers` over ``stream`` (to read from a given offset); ``expect_first`` (a
     resumed read) is the name its first member must have, None for the end of the archive.
+    ``record(name, data offset, size)`` sees every member read (to index the shard as it streams).
     """
     if members is None:
         members = TarMembers(stream, url, select=member_filter(skip_meta, select_files, rename_files),
                              max_member=config.current().max_member_size)
     source = members if expect_first == () else _checked_start(members, expect_first, url, rename_files)
+    if record is not None:
+        source = _recorded(source, members, record)
     # the grouping generator itself is returned: no generator layer of our own per sample
     return _grouped(source, url, members, keys=keys, lcase=lcase, suffixes=suffixes, local_path=local_path,
                     where=where, rename_files=rename_files, on_repeat=None, last_ok=None)
+
+
+def _recorded(source: Iterable[tuple[str, Any]], members: Any,
+              record: Callable[[str, int, int], None]) -> Iterator[tuple[str, Any]]:
+    for name, data in source:
+        record(name, members.member_offset + 512, len(data))
+        yield name, data
 
 
 def _grouped(source: Iterable[tuple[str, Any]], url: Any, members: Any, *, keys: Callable, lcase: bool,

@@ -58,7 +58,7 @@ class _Cursor:
     :func:`shard_samples` itself, so the reader adds no work per sample.
     """
 
-    __slots__ = ("shard", "url", "compressed", "done", "where", "identity", "members", "base_pax")
+    __slots__ = ("shard", "url", "compressed", "done", "where", "identity", "members", "base_pax", "recorded")
 
     def __init__(self) -> None:
         self.shard = 0  # index of the current shard among the shards this worker was given
@@ -70,6 +70,7 @@ class _Cursor:
         self.identity: Optional[dict] = None
         self.members: Optional[TarMembers] = None  # of the current shard
         self.base_pax: dict = {}  # global PAX records in force where the current read began
+        self.recorded: Optional[list] = None  # (name, data offset, size) of the members read (index_sink)
 
     @property
     def offset(self) -> int:
@@ -104,8 +105,11 @@ class TarSamples:
     def __init__(self, handler: Callable = reraise_exception, select_files: Optional[Callable] = None,
                  rename_files: Optional[Callable] = None, keys: Union[str, Callable, None] = None,
                  lcase: bool = True, suffixes: Optional[Iterable[str]] = None, opener: Any = None,
-                 limit: Any = None, max_member_size: Optional[int] = None, **open_kw: Any) -> None:
+                 limit: Any = None, max_member_size: Optional[int] = None,
+                 index_sink: Optional[Callable[[Any], None]] = None, **open_kw: Any) -> None:
         self.handler = handler
+        #: given a ShardIndex of every shard read whole in a pass (see WebDataset(write_index=))
+        self.index_sink = index_sink
         #: the largest member read (bytes); None: WDS_MAX_MEMBER_SIZE or its default, when a pass begins
         self.max_member_size = max_member_size
         self.select_files = select_files
@@ -273,6 +277,8 @@ class TarSamples:
                     verify = getattr(stream, "verify", None)
                     if verify is not None:  # checked against a manifest once its last sample was read
                         verify(where[2] - before)
+                    if cursor.recorded is not None:
+                        self._indexed(source["url"], cursor, stream)
                 except StateMismatchError:
                     raise  # a state that does not fit is the caller's to fix, never a damaged shard to skip
                 except Exception as exn:
@@ -351,10 +357,25 @@ class TarSamples:
         cursor.members = members
         local_path = source.get("local_path") or local_path or getattr(stream, "local_path", None)
         expected = saved.get("next", ()) if saved is not None and seekable and offset else ()
+        recorded: Optional[list] = [] if self.index_sink is not None and not offset else None
+        cursor.recorded = recorded
         samples = shard_samples(url, stream, keys=key_rule(self.keys), lcase=self.lcase, suffixes=self.suffixes,
                                 rename_files=self.rename_files, local_path=local_path,
-                                where=where, members=members, expect_first=expected)
+                                where=where, members=members, expect_first=expected,
+                                record=(lambda *member: recorded.append(member)) if recorded is not None else None)
         return stream, samples, None if seekable else offset
+
+    def _indexed(self, url: str, cursor: _Cursor, stream: Any) -> None:
+        """Hand the index of the shard just read whole to ``index_sink`` (by-product of the pass)."""
+        from .index import ShardIndex, group_members
+
+        members = cursor.members
+        index = ShardIndex(url, group_members(cursor.recorded or []), size=getattr(stream, "size", None),
+                           version=getattr(stream, "version", None),
+                           compression=members.compression if members is not None else None)
+        cursor.recorded = None
+        assert self.index_sink is not None
+        self.index_sink(index)
 
     @staticmethod
     def _limited(samples: Iterator[dict], cursor: _Cursor, limit: Optional[int],
