@@ -319,6 +319,12 @@ def test_tools_on_s3(s3_bucket, monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out)["ok"] is True
     assert cli(["ls", f"s3://{bucket}/tools/missing.tar"]) == 1
     assert "missing.tar" in capsys.readouterr().err
+    out = subprocess.run([sys.executable, "-m", "wds_cloud", "cat", url, "--key", "s0001", "--field", "cls"],
+                         capture_output=True)
+    assert out.returncode == 0 and out.stdout == b"1"  # one ranged read, guided by the index written above
+    dest = f"s3://{bucket}/tools/re-%02d.tar"
+    assert cli(["reshard", url, dest, "--maxcount", "2"]) == 0
+    assert [k for k, _ in streamed(f"s3://{bucket}/tools/re-{{00..01}}.tar")] == ["s0000", "s0001", "s0002"]
 
 
 def test_the_shard_cache_checks_a_fill_against_the_manifest(tmp_path):
