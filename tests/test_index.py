@@ -39,23 +39,11 @@ def tar_bytes(fmt: int, n: int = 12, long_names: bool = False, tag: str = "s") -
 
 
 def ours_bytes(n: int = 12) -> bytes:
-    out = _Kept()
+    out = io.BytesIO()
     with wds.TarWriter(out) as writer:
         for i in range(n):
             writer.write({"__key__": f"w{i:04d}", "jpg": os.urandom(300 + i), "cls": i})
-    return out.value()
-
-
-class _Kept(io.BytesIO):
-    data = b""
-
-    def value(self) -> bytes:
-        return self.data if self.closed else self.getvalue()
-
-    def close(self) -> None:
-        if not self.closed:
-            self.data = self.getvalue()
-        super().close()
+    return out.getvalue()
 
 
 def dali_reader(text: str) -> list[list[tuple[str, int, int, str]]]:

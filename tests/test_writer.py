@@ -326,3 +326,14 @@ def test_shardwriter_partitions_samples(payloads):
         if payloads:
             spec = os.path.join(tmp, "p-{0000..%04d}.tar" % (len(sink.shards) - 1))
             assert [s["bin"] for s in read_back(spec, decode=False)] == payloads
+
+
+def test_a_stream_handed_in_stays_open_compressed_or_not():
+    """As upstream's TarWriter: closing the writer finishes the archive but leaves the caller's stream open."""
+    import io
+
+    for compress in (None, True):
+        out = io.BytesIO()
+        with wds.TarWriter(out, compress=compress) as writer:
+            writer.write({"__key__": "a", "txt": "x"})
+        assert not out.closed and len(out.getvalue()) > 0

@@ -111,24 +111,12 @@ def _cat(args: argparse.Namespace) -> int:
         return EXIT_OK
     from .writer import TarWriter
 
-    buffer = _Kept()
+    buffer = io.BytesIO()
     with TarWriter(buffer, encoder=False) as writer:
         for name, blob in blobs:
             writer.write({"__key__": sample.key, name[len(sample.key) + 1:]: blob})
-    out.write(buffer.value())
+    out.write(buffer.getvalue())
     return EXIT_OK
-
-
-class _Kept(io.BytesIO):
-    data = b""
-
-    def value(self) -> bytes:
-        return self.data if self.closed else self.getvalue()
-
-    def close(self) -> None:
-        if not self.closed:
-            self.data = self.getvalue()
-        super().close()
 
 
 def _ranged(url: str, offset: int, size: int) -> bytes:

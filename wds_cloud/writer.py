@@ -172,8 +172,8 @@ class TarWriter(Publishing):
         """Finish the archive and publish it."""
         self.written += self.members.finish(self.written)
         if self.compression:
-            self.stream.close()
-        elif self.owns_stream:
+            self.stream.finish()  # a stream handed in stays open, compressed or not (as upstream's)
+        if self.owns_stream:
             self._raw.close()
         else:
             flush = getattr(self._raw, "flush", None)

@@ -217,12 +217,16 @@ class Compressor:
     def tell(self) -> int:
         return self.compressed
 
-    def close(self) -> None:
+    def finish(self) -> None:
+        """Write the end of the compressed stream; ``raw`` stays open."""
         self._push()
         out = self._c.flush()
         if out:
             self.raw.write(out)
             self.compressed += len(out)
+
+    def close(self) -> None:
+        self.finish()
         self.raw.close()
 
     def abort(self) -> None:

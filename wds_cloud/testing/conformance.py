@@ -223,12 +223,12 @@ class BackendConformance:
         self._ranged(base_url, storage_options)
         urls = []
         for name in ("parted-plain.tar", "parted-packed.tar.gz"):
-            out = _Kept()
+            out = io.BytesIO()
             with TarWriter(out, compress=name.endswith(".gz")) as writer:
                 for i in range(40):
                     writer.write({"__key__": f"{name[7]}{i:03d}", "bin": bytes((i * 7 + j) % 251 for j in range(3000)),
                                   "cls": i})
-            self.put(base_url + name, out.value(), storage_options)
+            self.put(base_url + name, out.getvalue(), storage_options)
             urls.append(base_url + name)
         one = [(s["__key__"], s["bin"]) for s in WebDataset(urls, shardshuffle=False, storage_options=storage_options,
                                                              concurrency=1)]
@@ -337,20 +337,6 @@ class BackendConformance:
         assert time.perf_counter() - started < 30
         message = str(info.value)
         assert url.replace(base_url, proxied_base) in message and "3 attempts" in message and "byte 0" in message
-
-
-class _Kept(io.BytesIO):
-    """A BytesIO whose bytes outlive ``close()`` (a TarWriter closes what it writes to)."""
-
-    data = b""
-
-    def value(self) -> bytes:
-        return self.data if self.closed else self.getvalue()
-
-    def close(self) -> None:
-        if not self.closed:
-            self.data = self.getvalue()
-        super().close()
 
 
 def _secrets(options: dict) -> list[str]:
