@@ -110,7 +110,8 @@ class TarWriter(Publishing):
             self.owns_stream = False
         self._raw = stream
         self.compression = compress or None
-        self.stream = Compressor(stream, compress) if compress else stream
+        self._compressor = Compressor(stream, compress) if compress else None
+        self.stream = self._compressor if self._compressor is not None else stream
         self.encoder = make_encoder(encoder)
         self.keep_meta = keep_meta
         self.members = MemberWriter(self.stream, mtime=int(mtime) if mtime is not None else 0, mode=mode,
@@ -171,8 +172,8 @@ class TarWriter(Publishing):
     def _publish(self) -> None:
         """Finish the archive and publish it."""
         self.written += self.members.finish(self.written)
-        if self.compression:
-            self.stream.finish()  # a stream handed in stays open, compressed or not (as upstream's)
+        if self._compressor is not None:
+            self._compressor.finish()  # a stream handed in stays open, compressed or not (as upstream's)
         if self.owns_stream:
             self._raw.close()
         else:
