@@ -79,31 +79,22 @@ def write_demo_dataset(url: str, samples: int, shards: int, size: int = 64, prog
 
 
 class _Progress:
-    """A one-line progress bar on stderr (plain lines when stderr is not a terminal)."""
+    """A progress bar on stderr (tqdm), fed the number of samples done so far."""
 
     def __init__(self, label: str, total: int, stream: Any = None) -> None:
-        self.label = label
-        self.total = total
-        self.stream = stream or sys.stderr
-        self.start = time.perf_counter()
-        self.last = 0.0
-        self.tty = getattr(self.stream, "isatty", lambda: False)()
+        from tqdm import tqdm
+
+        stream = stream or sys.stderr
+        tty = getattr(stream, "isatty", lambda: False)()
+        self._bar = tqdm(total=total, desc=label, unit=" samples", file=stream, mininterval=0.1 if tty else 2.0,
+                         dynamic_ncols=True)
+        self._done = 0
 
     def __call__(self, done: int) -> None:
-        now = time.perf_counter()
-        if done < self.total and now - self.last < (0.1 if self.tty else 2.0):
-            return
-        self.last = now
-        rate = done / max(now - self.start, 1e-9)
-        width = 30
-        filled = int(width * done / max(self.total, 1))
-        bar = "#" * filled + "-" * (width - filled)
-        line = f"{self.label:8s} [{bar}] {done}/{self.total}  {rate:,.0f} samples/s"
-        if self.tty:
-            self.stream.write("\r" + line + ("\n" if done >= self.total else ""))
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+        self._bar.update(done - self._done)
+        self._done = done
+        if done >= (self._bar.total or 0):
+            self._bar.close()
 
 
 def run_demo(url: Optional[str] = None, samples: int = 2000, workers: int = 2, shards: int = 4,
