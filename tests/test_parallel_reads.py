@@ -338,3 +338,26 @@ def test_resume_mid_shard_reads_the_rest_in_parts(web, cut):
     reader = next(st for _, kind, st in state["stages"] if kind == "TarSamples")
     resumed = [span(r) for r in gets(store, f"/r/{reader['url'].rsplit('/', 1)[1]}")]
     assert resumed and resumed[0][0] == reader["offset"]  # the saved shard opened at the saved byte
+
+
+def test_a_server_answering_the_wrong_range_is_an_error_not_a_splice():
+    """A 206 whose Content-Range starts elsewhere than asked fails with the URL and both offsets."""
+    class Shifted(servers.HTTPObjectHandler):
+        def do_GET(self):
+            rng = self.headers.get("Range")
+            if rng and rng.startswith("bytes=") and not rng.startswith("bytes=0-"):
+                start, _, end = rng[6:].partition("-")
+                shifted = f"bytes={int(start) + 512}-{end}"
+                self.headers.replace_header("Range", shifted)
+            super().do_GET()
+
+    store = servers.Store()
+    server = servers.Server(type("H", (Shifted,), {"store": store}))
+    try:
+        store.put("/b/obj.bin", os.urandom(600 * KiB))
+        with pytest.raises(wds.TransferError, match="asked for the bytes from") as info:
+            with Fetcher(part_size=128 * KiB, concurrency=2).open(f"{server.url}/b/obj.bin") as stream:
+                stream.read()
+        assert "/b/obj.bin" in str(info.value)
+    finally:
+        server.stop()

@@ -264,6 +264,7 @@ class HTTPReadStream:
                 self.remaining = min(self.remaining, wanted)  # the rest of the body is left unread
         elif content_range and "/" in content_range and not content_range.endswith("*"):
             self.size = self._header_int("Content-Range", content_range.rsplit("/", 1)[1])
+            self._check_range(content_range, offset)
         else:
             self.size = (self.remaining + offset) if self.remaining is not None else None
         self.etag = self._response.getheader("ETag")
@@ -272,6 +273,15 @@ class HTTPReadStream:
         self.md5 = whole_object_md5(self.headers, whole=self._response.status == 200)
         self._body = self.remaining  # the bytes this response should bring from ``offset``
         self.closed = False
+
+    def _check_range(self, content_range: str, offset: int) -> None:
+        """A 206 must answer from the byte asked for: other bytes would be spliced into the stream."""
+        first = content_range.split(None, 1)[-1].split("-", 1)[0].strip()
+        if self._response.status == 206 and (not first.isdigit() or int(first) != offset):
+            self.close()
+            raise TransferError(f"{redact(self.url)}: asked for the bytes from {offset}, the server answered with "
+                                f"{content_range[:60]!r}; its range support is broken (check the server or proxy)",
+                                url=self.url, offset=offset, status=206)  # 206: no retry gets other bytes
 
     def _discard(self, n: int) -> None:
         self.skipped += skip(self._response.read, n)
