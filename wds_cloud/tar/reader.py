@@ -194,11 +194,14 @@ def plain_member(header: bytes) -> Optional[tuple[str, int]]:
     name or PAX record before it is needed); None for anything else, which the full reader handles."""
     if len(header) != 512 or header[156] not in (48, 0):
         return None
-    try:
-        size = _octal(header[124:136])
-        stored = _octal(header[148:156])
+    try:  # the common spelling first (as the reader's fast path reads it), then every other
+        size = int(header[124:136] if header[135] > 32 else header[124:135], 8)
+        stored = int(header[148:154], 8)
     except ValueError:
-        return None
+        try:
+            size, stored = _octal(header[124:136]), _octal(header[148:156])
+        except ValueError:
+            return None
     view = memoryview(header)
     total = ((zlib.adler32(view[156:], zlib.adler32(view[:148])) & 0xFFFF) - 1) % 65521 + 256
     if size < 0 or (stored != total and stored != total + 65521):
