@@ -99,7 +99,7 @@ def main() -> None:
         raw = max(raw, size / (time.perf_counter() - started))
     started = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
-        assert cli(["index", spec]) == 0
+        assert cli(["index", spec]) == 0  # local shards: one at a time by default
     indexed = size / (time.perf_counter() - started)
     started = time.perf_counter()
     for name in names:
@@ -107,7 +107,7 @@ def main() -> None:
     built = size / (time.perf_counter() - started)
     print(f"\n{args.shards} shards, {size / 1e6:.0f} MB; {args.samples} random samples (seed 0)\n")
     print(f"plain read of the shards: {raw / 1e6:.0f} MB/s; wds_cloud.index.build_index: {built / 1e6:.0f} MB/s "
-          f"({built / raw:.0%}); `wds-cloud index` (8 jobs, sidecars written): {indexed / 1e6:.0f} MB/s "
+          f"({built / raw:.0%}); `wds-cloud index` (sidecars written): {indexed / 1e6:.0f} MB/s "
           f"({indexed / raw:.0%})\n")
 
     port = cloud.free_port()

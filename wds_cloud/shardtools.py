@@ -46,6 +46,18 @@ def _emit(args: argparse.Namespace, data: Any, text: Callable[[Any], str]) -> No
             print(out)
 
 
+def _jobs(args: argparse.Namespace, urls: list[str]) -> int:
+    """``--jobs``, or by default 8 for remote shards (waiting on the network) and 1 for local ones (reading
+    local headers is CPU work, which threads in one interpreter only slow down)."""
+    from .io.urls import is_local
+
+    if args.jobs is not None:
+        if args.jobs < 1:
+            raise ConfigError("--jobs must be at least 1")
+        return args.jobs
+    return 1 if all(is_local(u) for u in urls) else 8
+
+
 def _urls(spec: list[str]) -> list[str]:
     urls: list[str] = []
     for item in spec:
@@ -156,7 +168,7 @@ def _stat_one(url: str) -> dict:
 
 def _stat(args: argparse.Namespace) -> int:
     urls = _urls(args.spec)
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+    with ThreadPoolExecutor(max_workers=_jobs(args, urls)) as pool:
         rows = list(_progress(pool.map(_stat_one, urls), len(urls), "stat"))
     total = {"shards": len(rows), "samples": sum(r["samples"] for r in rows),
              "bytes": sum(r["size"] or 0 for r in rows), "shards_indexed": sum(r["index"] for r in rows)}
@@ -193,7 +205,7 @@ def _index(args: argparse.Namespace) -> int:
             row["index"] = write_index(index, args.output, args.format)
         return row
 
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+    with ThreadPoolExecutor(max_workers=_jobs(args, urls)) as pool:
         rows = list(_progress(pool.map(one, urls), len(urls), "index"))
     if args.format == "wids":
         with gopen(args.output, "wb") as out:
@@ -253,7 +265,7 @@ class _Hashing:
 def _verify(args: argparse.Namespace) -> int:
     urls = _urls(args.spec)
     manifest = load_manifest(args.manifest, allow_missing=args.allow_missing) if args.manifest else None
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+    with ThreadPoolExecutor(max_workers=_jobs(args, urls)) as pool:
         rows = list(_progress(pool.map(lambda u: _verify_one(u, manifest), urls), len(urls), "verify"))
     if manifest is not None and not args.allow_missing:
         listed = set(manifest.shards) - set(urls)
@@ -371,7 +383,8 @@ def add_parsers(commands: Any) -> None:
     stat = add("stat", "count samples, fields and bytes of shards; say whether each is compressed and indexed",
                "wds-cloud stat 'https://host/data/train-{0000..0099}.tar'")
     stat.add_argument("spec", nargs="+", help="shards: URLs, paths or brace specs")
-    stat.add_argument("--jobs", type=int, default=8, help="shards read at once (default 8)")
+    stat.add_argument("--jobs", type=int, default=None,
+                       help="shards read at once (default: 8 for remote shards, 1 for local ones)")
     stat.set_defaults(func=_stat)
 
     index = add("index", "write member indexes (ours or DALI's .idx beside each shard) or a wids description",
@@ -381,7 +394,8 @@ def add_parsers(commands: Any) -> None:
                        help="json: ours (SHARD.index.json); dali: SHARD.idx; wids: one dataset description")
     index.add_argument("--output", help="where to write (one shard's index, or the wids description)")
     index.add_argument("--name", help="the dataset's name in a wids description")
-    index.add_argument("--jobs", type=int, default=8, help="shards indexed at once (default 8)")
+    index.add_argument("--jobs", type=int, default=None,
+                       help="shards indexed at once (default: 8 for remote shards, 1 for local ones)")
     index.set_defaults(func=_index)
 
     verify = add("verify", "read every shard completely: tar structure, samples, checksums against a manifest",
@@ -391,7 +405,8 @@ def add_parsers(commands: Any) -> None:
     verify.add_argument("--allow-missing", action="store_true",
                         help="shards absent from the manifest (and manifest entries not given) are not errors")
     verify.add_argument("--write-manifest", help="write a manifest of the shards (only when every one passes)")
-    verify.add_argument("--jobs", type=int, default=8, help="shards read at once (default 8)")
+    verify.add_argument("--jobs", type=int, default=None,
+                       help="shards read at once (default: 8 for remote shards, 1 for local ones)")
     verify.set_defaults(func=_verify)
 
     reshard = add("reshard", "rewrite a dataset with another maxcount/maxsize/compression (resumable)",
