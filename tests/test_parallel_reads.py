@@ -327,7 +327,9 @@ def test_resume_mid_shard_reads_the_rest_in_parts(web, cut):
         got = [next(it)["__key__"] for _ in range(cut)]
         state = json.loads(json.dumps(first.state_dict()))
         it.close()
-        proxy.wait_idle()  # the first reader's connections are all closed: the log below is the second's
+        for thread in [t for t in threading.enumerate() if t.name.startswith("wds_cloud part")]:
+            thread.join(60)  # every part the first reader started has ended (none is still about to connect)
+        proxy.wait_idle()  # and its connections are all closed: the log below is the second reader's
         store.requests.clear()
         second = build()
         second.load_state_dict(state)
