@@ -138,7 +138,6 @@ def ais_cluster(token: Optional[str] = None) -> tuple[Server, Server, Store, set
 def main(argv=None) -> None:
     """``python tests/servers.py http PORT [DIR [MB_PER_S]]``: serve DIR's files over HTTP in this process
     (benchmarks), each connection paced to MB_PER_S when given."""
-    import os
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -146,9 +145,7 @@ def main(argv=None) -> None:
         raise SystemExit("usage: python tests/servers.py http PORT [DIR]")
     store = Store()
     if len(args) > 2:
-        for name in sorted(os.listdir(args[2])):
-            with open(os.path.join(args[2], name), "rb") as f:
-                store.put("/" + name, f.read())
+        store.put_directory(args[2])
     rate = float(args[3]) * 1e6 if len(args) > 3 else None
     handler = type("Handler", (HTTPObjectHandler,), {"store": store, "rate": rate})
     httpd = ThreadingHTTPServer(("127.0.0.1", int(args[1])), handler)

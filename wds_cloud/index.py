@@ -25,7 +25,7 @@ from .tar.index import (
     wids_description,
 )
 
-__all__ = ["ShardIndex", "SampleEntry", "build_index", "write_index", "read_index", "index_url", "dali_url",
+__all__ = ["ShardIndex", "SampleEntry", "build_index", "write_index", "read_index", "index_of", "index_url", "dali_url",
            "dali_text", "parse_dali", "wids_description", "parse_wids", "split_name", "FORMAT"]
 
 FORMATS = ("json", "dali")
@@ -82,3 +82,11 @@ def read_index(url: str, storage_options: Optional[dict] = None, shard_url: Opti
         return index
     raise ShardNotFoundError(f"{redact(url)}: no index found (looked for {', '.join(map(redact, candidates))}); "
                              "write one with `wds-cloud index URL`", url=url) from last
+
+
+def index_of(shard_url: str, storage_options: Optional[dict] = None) -> ShardIndex:
+    """The shard's sidecar index (ours, else DALI's) when it has one, else one built by reading the shard."""
+    try:
+        return read_index(shard_url, storage_options, shard_url=shard_url)
+    except ShardNotFoundError:
+        return build_index(shard_url, storage_options=storage_options)

@@ -15,18 +15,18 @@ import json
 import math
 import os
 import random
-import threading
 import urllib.parse
 import warnings
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from . import config
-from .errors import ConfigError, ObjectChangedError, RandomAccessError, ShardNotFoundError, redact
+from .errors import ConfigError, ObjectChangedError, RandomAccessError, redact
+from .index import index_of
 from .io.open import gopen
 from .io.resilient import StatsSink, TransferStats
 from .io.shardcache import ShardCache
 from .shardlists import expand_urls as _expand
-from .tar.index import ShardIndex, build_index, parse_wids
+from .tar.index import ShardIndex, parse_wids
 from .tar.reader import open_decompressed
 
 __all__ = ["ShardListDataset", "ShardListSampler", "ShardedSampler", "ChunkedSampler", "DistributedChunkedSampler",
@@ -129,22 +129,16 @@ class ShardListDataset(_Dataset):
         self.cache_size = cache_size
         self.lru_size = lru_size
         self._stats = StatsSink()
-        self._state_lock = threading.Lock()
         self._indexes: dict[int, ShardIndex] = {}
         self._loaded: dict[int, bytes] = {}  # decompressed shards (compressed="load"), a few at a time
         self._cum: Optional[list[int]] = None
         if all(isinstance(s.get("nsamples"), int) for s in self.shards):
             self._set_lengths([s["nsamples"] for s in self.shards])
 
-    def __getstate__(self) -> dict:  # a spawned DataLoader worker starts with no open state
+    def __getstate__(self) -> dict:  # a spawned DataLoader worker starts without the decompressed shards
         state = dict(self.__dict__)
-        state["_state_lock"] = None
         state["_loaded"] = {}
         return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._state_lock = threading.Lock()
 
     # lengths
     def _set_lengths(self, lengths: Sequence[int]) -> None:
@@ -180,12 +174,7 @@ class ShardListDataset(_Dataset):
         if index is not None:
             return index
         url = self.shards[shard]["url"]
-        from .index import read_index
-
-        try:
-            index = read_index(url, self.storage_options, shard_url=url)
-        except ShardNotFoundError:
-            index = build_index(url, storage_options=self.storage_options)
+        index = index_of(url, self.storage_options)
         expected = self.shards[shard].get("nsamples")
         if isinstance(expected, int) and expected != len(index):
             raise ConfigError(f"{redact(url)}: the dataset description says {expected} samples, the shard's index "
@@ -433,12 +422,3 @@ def DistributedChunkedSampler(dataset: Any, *, num_replicas: Optional[int] = Non
     return ChunkedSampler(dataset, dslength_per_replica=math.ceil(len(dataset) / num_replicas),
                           num_samples=(lo, hi), chunksize=chunksize, seed=seed, shuffle=shuffle,
                           shufflefirst=shufflefirst)
-
-
-def index_all(dataset: ShardListDataset, shards: Optional[Iterable[int]] = None) -> None:
-    """Load (or build) the index of every shard now, a few at a time in threads."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    todo = list(shards if shards is not None else range(len(dataset.shards)))
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(dataset._index, todo))

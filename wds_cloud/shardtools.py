@@ -17,11 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from .errors import ConfigError, CorruptShardError, IntegrityError, ShardNotFoundError, WdsCloudError, redact
-from .index import build_index, read_index, wids_description, write_index
+from .index import build_index, index_of, read_index, wids_description, write_index
+from .io.integrity import Hashing
 from .io.open import gopen
 from .manifest import Manifest, load_manifest
 from .shardlists import expand_urls
-from .tar.index import ShardIndex, index_stream
+from .tar.index import index_stream
 
 __all__ = ["add_parsers"]
 
@@ -67,14 +68,6 @@ def _urls(spec: list[str]) -> list[str]:
     return urls
 
 
-def _index_of(url: str, options: Optional[dict]) -> ShardIndex:
-    """The shard's sidecar index when it has one, else one built by reading it."""
-    try:
-        return read_index(url, options, shard_url=url)
-    except ShardNotFoundError:
-        return build_index(url, storage_options=options)
-
-
 # ls
 def _ls(args: argparse.Namespace) -> int:
     index = build_index(args.url, storage_options=None)
@@ -103,7 +96,7 @@ def _cat(args: argparse.Namespace) -> int:
                     break
                 out.write(chunk)
         return EXIT_OK
-    index = _index_of(args.url, None)
+    index = index_of(args.url)
     found = [s for s in index.samples if s.key == args.key]
     if not found:
         raise ShardNotFoundError(f"{redact(args.url)}: no sample with key {args.key!r} ({len(index)} samples; "
@@ -218,16 +211,15 @@ def _index(args: argparse.Namespace) -> int:
 
 # verify
 def _verify_one(url: str, manifest: Optional[Manifest]) -> dict:
-    sha, md5, count = hashlib.sha256(), hashlib.md5(), [0]
+    sha, md5 = hashlib.sha256(), hashlib.md5()
     row: dict = {"url": url, "ok": True, "problems": []}
     try:
         with gopen(url, "rb") as stream:
-            tee = _Hashing(stream, (sha, md5), count)
+            tee = Hashing(stream, sha, md5)
             samples, members = index_stream(tee, url)  # type: ignore[arg-type]
             if members.archive_end is None:
                 raise CorruptShardError(f"{redact(url)}: no end-of-archive marker (truncated)", url=url)
-            while tee.read(1 << 20):
-                pass
+            tee.drain()
         keys = [s.key for s in samples]
         if len(set(keys)) != len(keys):
             row["problems"].append("a sample key appears in two places (its fields are not together)")
@@ -235,7 +227,7 @@ def _verify_one(url: str, manifest: Optional[Manifest]) -> dict:
             exts = [f[0] for f in s.fields]
             if len(set(exts)) != len(exts):
                 row["problems"].append(f"sample {s.key!r} has a field twice")
-        row.update(size=count[0], samples=len(samples), sha256=sha.hexdigest(), md5=md5.hexdigest())
+        row.update(size=tee.count, samples=len(samples), sha256=sha.hexdigest(), md5=md5.hexdigest())
         if manifest is not None:
             entry = manifest.entry(url)
             for field in ("size", "samples", "sha256", "md5"):
@@ -245,21 +237,6 @@ def _verify_one(url: str, manifest: Optional[Manifest]) -> dict:
         row["problems"].append(str(exc))
     row["ok"] = not row["problems"]
     return row
-
-
-class _Hashing:
-    def __init__(self, stream: Any, hashes: tuple, count: list) -> None:
-        self._stream, self._hashes, self._count = stream, hashes, count
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._stream.read(size)
-        for h in self._hashes:
-            h.update(data)
-        self._count[0] += len(data)
-        return data
-
-    def close(self) -> None:
-        self._stream.close()
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -368,6 +345,10 @@ def add_parsers(commands: Any) -> None:
         sub.add_argument("--json", action="store_true", help="print JSON for scripts")
         return sub
 
+    def jobs(sub: argparse.ArgumentParser, what: str) -> None:
+        sub.add_argument("--jobs", type=int, default=None,
+                         help=f"shards {what} at once (default: 8 for remote shards, 1 for local ones)")
+
     ls = add("ls", "list a shard's members (or samples) with their sizes", "wds-cloud ls s3://bucket/train-0000.tar")
     ls.add_argument("url", help="the shard (any URL)")
     ls.add_argument("--samples", action="store_true", help="one line per sample, with its fields")
@@ -383,8 +364,7 @@ def add_parsers(commands: Any) -> None:
     stat = add("stat", "count samples, fields and bytes of shards; say whether each is compressed and indexed",
                "wds-cloud stat 'https://host/data/train-{0000..0099}.tar'")
     stat.add_argument("spec", nargs="+", help="shards: URLs, paths or brace specs")
-    stat.add_argument("--jobs", type=int, default=None,
-                       help="shards read at once (default: 8 for remote shards, 1 for local ones)")
+    jobs(stat, "read")
     stat.set_defaults(func=_stat)
 
     index = add("index", "write member indexes (ours or DALI's .idx beside each shard) or a wids description",
@@ -394,8 +374,7 @@ def add_parsers(commands: Any) -> None:
                        help="json: ours (SHARD.index.json); dali: SHARD.idx; wids: one dataset description")
     index.add_argument("--output", help="where to write (one shard's index, or the wids description)")
     index.add_argument("--name", help="the dataset's name in a wids description")
-    index.add_argument("--jobs", type=int, default=None,
-                       help="shards indexed at once (default: 8 for remote shards, 1 for local ones)")
+    jobs(index, "indexed")
     index.set_defaults(func=_index)
 
     verify = add("verify", "read every shard completely: tar structure, samples, checksums against a manifest",
@@ -405,8 +384,7 @@ def add_parsers(commands: Any) -> None:
     verify.add_argument("--allow-missing", action="store_true",
                         help="shards absent from the manifest (and manifest entries not given) are not errors")
     verify.add_argument("--write-manifest", help="write a manifest of the shards (only when every one passes)")
-    verify.add_argument("--jobs", type=int, default=None,
-                       help="shards read at once (default: 8 for remote shards, 1 for local ones)")
+    jobs(verify, "read")
     verify.set_defaults(func=_verify)
 
     reshard = add("reshard", "rewrite a dataset with another maxcount/maxsize/compression (resumable)",

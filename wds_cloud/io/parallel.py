@@ -44,6 +44,7 @@ from .. import config
 from ..config import Settings
 from ..errors import ConfigError, TransferError, redact
 from . import profiles
+from .backend import read_to_end
 from .open import RemoteObject, gopen, remote_object
 from .registry import get_registry
 from .resilient import ResumableStream, StatsSink, TransferStats
@@ -546,66 +547,72 @@ class PartedStream:
     def readable(self) -> bool:
         return True
 
-    def _take(self, view: memoryview) -> int:
-        """Copy what the current part holds beyond the read position; 0 at the end of the object."""
-        if self._tail is not None:
-            return self._tail.readinto(view)
-        obj, cond = self._obj, self._fetcher._cond
-        with cond:
-            while True:
-                if obj.state == _CLOSED:
-                    raise ValueError(f"read of a closed stream ({redact(self.url)})")
-                if self._index >= len(obj.parts):
-                    break
-                part = obj.parts[self._index]
-                if part.filled > self._at:
-                    n = min(len(view), part.filled - self._at)
-                    buf = part.buf
-                    break
-                if part.error is not None:
-                    raise part.error
-                if part.done and self._at >= part.length:
-                    self._fetcher._release(part)
-                    self._index += 1
-                    obj.reading = self._index
-                    self._at = 0
-                    self._fetcher._pump()
-                    continue
-                cond.wait()
-        if self._index >= len(obj.parts):
-            if obj.single and (obj.size is None or self.position < obj.size):
-                self._tail = obj.remote.stream(self.position, None, self._fetcher.stats, version=obj.version,
-                                               size=obj.size)
-                return self._tail.readinto(view)
-            return 0
-        assert buf is not None
-        view[:n] = buf[self._at:self._at + n]
-        self._at += n
-        self.position += n
-        return n
+    def _piece(self, limit: int) -> memoryview:
+        """Up to ``limit`` bytes past the read position, as a view of the buffer holding them (empty at
+        the end of the object); the position advances past them."""
+        obj = self._obj
+        if self._tail is None:
+            cond = self._fetcher._cond
+            with cond:
+                while True:
+                    if obj.state == _CLOSED:
+                        raise ValueError(f"read of a closed stream ({redact(self.url)})")
+                    if self._index >= len(obj.parts):
+                        break
+                    part = obj.parts[self._index]
+                    if part.filled > self._at:
+                        n = min(limit, part.filled - self._at)
+                        buf = part.buf
+                        break
+                    if part.error is not None:
+                        raise part.error
+                    if part.done and self._at >= part.length:
+                        self._fetcher._release(part)
+                        self._index += 1
+                        obj.reading = self._index
+                        self._at = 0
+                        self._fetcher._pump()
+                        continue
+                    cond.wait()
+            if self._index < len(obj.parts):
+                assert buf is not None
+                piece = memoryview(buf)[self._at:self._at + n]
+                self._at += n
+                self.position += n
+                return piece
+            if not obj.single or (obj.size is not None and self.position >= obj.size):
+                return memoryview(b"")
+            self._tail = obj.remote.stream(self.position, None, self._fetcher.stats, version=obj.version,
+                                           size=obj.size)
+        data = self._tail.read(limit)
+        self.position += len(data)
+        return memoryview(data)
 
     def readinto(self, buffer: Any) -> int:
         """Fill ``buffer``; fewer bytes only at the end of the object."""
         view = memoryview(buffer).cast("B")
         have = 0
         while have < len(view):
-            n = self._take(view[have:])
-            if not n:
+            piece = self._piece(len(view) - have)
+            if not len(piece):
                 break
-            have += n
+            view[have:have + len(piece)] = piece
+            have += len(piece)
         return have
 
     def read(self, size: int = -1) -> bytes:
+        """``size`` bytes (all that is left when negative); fewer only at the end (copied once from the parts)."""
         if size is None or size < 0:
-            chunks: list[bytes] = []
-            while True:
-                chunk = self.read(1 << 20)
-                if not chunk:
-                    return b"".join(chunks)
-                chunks.append(chunk)
-        buf = bytearray(size)
-        n = self.readinto(buf)
-        return bytes(buf) if n == size else bytes(buf[:n])
+            return read_to_end(self.read)
+        pieces: list[bytes] = []
+        want = size
+        while want > 0:
+            piece = self._piece(want)
+            if not len(piece):
+                break
+            pieces.append(bytes(piece))
+            want -= len(piece)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def close(self) -> None:
         if self.closed:

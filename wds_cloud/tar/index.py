@@ -21,6 +21,7 @@ import re
 from typing import IO, Any, Callable, Iterable, Iterator, Optional, cast
 
 from ..errors import ConfigError, CorruptShardError, redact
+from ..io.integrity import Hashing
 from ..io.open import gopen
 from ..io.urls import is_local, local_path
 from .reader import ZERO_BLOCK, TarMembers, detect_compression, plain_member
@@ -157,13 +158,12 @@ def build_index(url: str, *, keys: Optional[Callable[[str], tuple]] = None, stor
         if walked is not None:
             return walked
     with gopen(url, "rb", storage_options=storage_options) as stream:
-        counted = _Counting(stream)
+        counted = Hashing(stream)
         samples, members = index_stream(cast(IO[bytes], counted), url, keys, max_member)
         if members.archive_end is None:
             raise CorruptShardError(f"{redact(url)}: the shard ended without the tar end-of-archive marker; "
                                     "it cannot be indexed", url=url)
-        while counted.read(1 << 20):  # the rest (zero blocks), so the size is the object's
-            pass
+        counted.drain()  # the rest (zero blocks), so the size is the object's
         return ShardIndex(url, samples, size=getattr(stream, "size", None) or counted.count,
                           version=getattr(stream, "version", None), compression=members.compression)
 
@@ -207,32 +207,6 @@ def _walk_local(path: str, url: str, split: Callable[[str], tuple]) -> Optional[
         return None  # no end-of-archive block: the reader says so
     finally:
         os.close(fd)
-
-
-class _Counting:
-    """Counts the bytes read through it (the shard's size when the store does not say)."""
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-        self.count = 0
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._stream.read(size)
-        self.count += len(data)
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        readinto = getattr(self._stream, "readinto", None)
-        if readinto is None:
-            data = self.read(len(buffer))
-            memoryview(buffer).cast("B")[:len(data)] = data
-            return len(data)
-        n = readinto(buffer)
-        self.count += n
-        return n
-
-    def close(self) -> None:
-        self._stream.close()
 
 
 # DALI's .idx text

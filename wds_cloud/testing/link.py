@@ -19,7 +19,6 @@ they do not share the reader's interpreter).
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 from .faults import FaultProxy
@@ -37,11 +36,7 @@ class EmulatedLink:
         #: the objects, and the log of every request: ``(method, key, Range)``
         self.store: Store = store
         if directory is not None:
-            for name in sorted(os.listdir(directory)):
-                path = os.path.join(directory, name)
-                if os.path.isfile(path):
-                    with open(path, "rb") as f:
-                        self.store.put("/" + name, f.read())
+            self.store.put_directory(directory)
         self.proxy = FaultProxy(self.server.url, latency=latency, rate=rate, reset_after=reset_after)
         #: the base URL readers use (through the link)
         self.url = self.proxy.url

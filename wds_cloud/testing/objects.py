@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import os
 import re
 import threading
 import time
@@ -53,6 +54,14 @@ class Store:
         with self.lock:
             self.objects[key] = data
             self.etags[key] = etag
+
+    def put_directory(self, directory: str) -> None:
+        """Store every file of ``directory`` as ``/NAME``."""
+        for name in sorted(os.listdir(directory)):
+            path = os.path.join(directory, name)
+            if os.path.isfile(path):
+                with open(path, "rb") as f:
+                    self.put("/" + name, f.read())
 
     def etag(self, key: str) -> str:
         return self.etags[key]
