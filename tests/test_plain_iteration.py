@@ -1,9 +1,11 @@
 """Pipelines of the user's own functions and generators iterate through WebLoader and DataLoader as in webdataset.
 
-Resume never gets in the way: a pipeline that cannot be resumed iterates like any other, and only
-``state_dict()`` says why it cannot be resumed.
+Resume never gets in the way: a pipeline that cannot be resumed iterates like any other, its
+``state_dict()`` (which trainers call on their own) gives an inexact state saying why, and only
+``state_dict(strict=True)`` raises.
 """
 
+import json
 import logging
 import random
 
@@ -113,18 +115,43 @@ def test_non_resumable_pipeline_gives_the_same_samples_as_dataloader(urls, num_w
 
 
 def test_state_dict_of_a_non_resumable_pipeline_names_the_stage_and_the_fix(urls):
-    """Only state_dict() raises: it names the shuffle that no shard reader feeds and what would make it resumable."""
+    """state_dict(strict=True) raises, naming the shuffle that no shard reader feeds and what would make it resumable."""
     dataset = clip_style_pipeline(urls)
     it = iter(dataset)
     next(it)
     with pytest.raises(NotResumableError, match=r"stage 5 \(shuffle\(bufsize=5000\)\).*stage 4 "
                        r"\(function tarfile_to_samples_nothrow\).*tarfile_to_samples\(\)"):
-        dataset.state_dict()
+        dataset.state_dict(strict=True)
     loader = wds.WebLoader(clip_style_pipeline(urls), batch_size=None, num_workers=0)
     assert len(list(loader)) == 10
     with pytest.raises(NotResumableError, match="stage 5") as info:
-        loader.state_dict()
+        loader.state_dict(strict=True)
     assert isinstance(info.value, StateMismatchError) and isinstance(info.value, TypeError)
+
+
+def test_state_dict_of_a_non_resumable_pipeline_is_inexact_and_restarts_the_pass(urls, caplog):
+    """Without strict, trainers' own calls never raise: the state says why it is inexact (logged once), and
+    loading it starts the pass again, as webdataset would."""
+    dataset = clip_style_pipeline(urls)
+    it = iter(dataset)
+    next(it)
+    with caplog.at_level("WARNING", logger="wds_cloud.resume"):
+        state = dataset.state_dict()
+        dataset.state_dict()
+    assert "stage 5" in state["inexact"] and json.loads(json.dumps(state)) == state
+    assert sum("stage 5" in r.getMessage() for r in caplog.records) <= 1
+    again = clip_style_pipeline(urls)
+    with caplog.at_level("WARNING", logger="wds_cloud.resume"):
+        again.load_state_dict(state)
+    assert "starts again" in caplog.text
+    assert texts(list(again)) == texts(list(clip_style_pipeline(urls)))
+    loader = wds.WebLoader(clip_style_pipeline(urls), batch_size=None, num_workers=0)
+    first = list(loader)
+    state = loader.state_dict()
+    assert state["inexact"] and state["epoch"] == 1  # the pass had ended: the next one is epoch 1
+    fresh = wds.WebLoader(clip_style_pipeline(urls), batch_size=None, num_workers=0)
+    fresh.load_state_dict(state)
+    assert len(list(fresh)) == len(first)
 
 
 def passthrough(src):
@@ -177,7 +204,8 @@ def test_a_shard_shuffle_before_the_reader_iterates_and_explains_itself(urls, nu
     loader = wds.WebLoader(dataset, batch_size=None, num_workers=num_workers)
     assert len(texts(list(loader))) == 80
     with pytest.raises(NotResumableError, match=r"stage 1 .*stage 0 \(SimpleShardList\)"):
-        loader.state_dict()
+        loader.state_dict(strict=True)
+    assert "stage 1" in loader.state_dict()["inexact"]
 
 
 def test_a_stage_whose_state_fails_never_interrupts_iteration(urls):
@@ -195,9 +223,13 @@ def test_a_stage_whose_state_fails_never_interrupts_iteration(urls):
 
     dataset = build(urls, 3, Fragile())
     loader = wds.WebLoader(dataset, batch_size=None, num_workers=2)
-    assert len(texts(list(loader))) == 80
+    iterator = iter(loader)
+    assert len(texts([next(iterator) for _ in range(10)])) == 40
     with pytest.raises(NotResumableError, match="my stage keeps no state"):
-        loader.state_dict()
+        loader.state_dict(strict=True)
+    assert "my stage keeps no state" in loader.state_dict()["inexact"]
+    with pytest.raises(NotResumableError, match="my stage keeps no state"):
+        dataset.state_dict(strict=True)
 
 
 def test_webloader_resumes_a_nested_pipeline_exactly(tmp_path):

@@ -77,20 +77,23 @@ class _Holding:
 
 
 def test_a_stage_declaring_itself_not_resumable_iterates_and_only_state_dict_raises(urls):
-    """resumable = False: the pipeline iterates as before; state_dict() raises naming the stage."""
+    """resumable = False: the pipeline iterates as before; its state is inexact and names the stage, and
+    state_dict(strict=True) raises naming it."""
     pipeline = wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples(), _Holding())
     assert len(list(pipeline)) == 40
     with pytest.raises(wds.NotResumableError, match=r"stage 2 \(_Holding\)"):
-        pipeline.state_dict()
+        pipeline.state_dict(strict=True)
+    assert "stage 2 (_Holding)" in pipeline.state_dict()["inexact"]
 
 
 def test_a_stage_declaring_itself_not_resumable_iterates_through_webloader(urls):
-    """Through WebLoader (no workers) the same pipeline iterates; its state_dict() names the stage."""
+    """Through WebLoader (no workers) the same pipeline iterates; its state names the stage."""
     pipeline = wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples(), _Holding())
     loader = wds.WebLoader(pipeline, batch_size=None, num_workers=0)
     assert len(list(loader)) == 40
     with pytest.raises(wds.NotResumableError, match="_Holding"):
-        loader.state_dict()
+        loader.state_dict(strict=True)
+    assert "_Holding" in loader.state_dict()["inexact"] and loader.resume_blocker()
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -22,7 +22,7 @@ from .pipeline import DataPipeline
 from .pytorch import DataLoader
 from .resume import loader as loaderstate
 from .resume.protocol import Resumable, is_buffering
-from .resume.state import check_same
+from .resume.state import check_same, inexact_state, is_inexact, restart_from
 from .stages import PipelineStage
 from .tar.shardreader import TarSamples
 
@@ -390,16 +390,52 @@ class WebLoader(DataPipeline, FluidInterface):
     def __iter__(self) -> Iterator:
         dataset = self._dataset
         resuming = self._blocker is None and dataset is not None and dataset.has_worker_states
-        epoch = self._pass_epoch if resuming else self._auto_epoch  # a resumed pass continues its epoch
+        # A resumed pass continues its epoch; so does a pass whose iterator was never advanced (Lightning
+        # calls iter() once only to check that the loader is iterable): an epoch is used by reading it.
+        unread = not self._progress[2] and self._resume_progress is None
+        epoch = self._pass_epoch if resuming or unread else self._auto_epoch
         if dataset is not None and hasattr(dataset, "set_epoch"):
             dataset.set_epoch(epoch)  # before the workers start: each pass a new order
+        if resuming and self._resumed_pass_is_over():
+            # the saved pass had yielded all its items (with_epoch): it resumes as an empty pass,
+            # which starts no worker, so nothing would take the worker states; the next pass is fresh
+            dataset.set_worker_states(None)
+            resuming = False
         if not resuming and self._untag is not None:
             self._untag.resume(0, set(), {})  # a new pass: no worker has delivered anything yet
         self._pass_epoch, self._auto_epoch = epoch, epoch + 1
         return super().__iter__()
 
-    def state_dict(self) -> dict:
-        """Every worker's dataset state at the last item yielded, and which worker comes next: plain JSON."""
+    def state_dict(self, strict: bool = False) -> dict:
+        """Every worker's dataset state at the last item yielded, and which worker comes next: plain JSON.
+
+        Lightning calls this with every checkpoint: a loader that cannot be resumed exactly (see
+        :meth:`resume_blocker`) never raises here but gives an inexact state holding the epoch, which
+        :meth:`load_state_dict` turns into a restart of that epoch; ``strict=True`` raises
+        :class:`~wds_cloud.errors.NotResumableError` instead.
+        """
+        # The pass has ended when its iterator said so (Lightning's fetcher asks one item ahead, so it
+        # has at the checkpoint after an epoch's last batch) or, with a declared length, when that many
+        # items were yielded (where Lightning ends a sized epoch): the state then starts the next epoch.
+        progress = self._progress
+        ended = self._resume_progress is None and (
+            progress[3] or (self._has_length and self.size is not None and progress[1] >= self.size > 0))
+        if ended and self._untag is not None:
+            return {"format": LOADER_FORMAT, "num_workers": self._untag.num_workers, "next": 0, "exhausted": [],
+                    "epoch": self._auto_epoch, "workers": [], "progress": [0, 0]}
+        try:
+            return self._exact_state()
+        except StateMismatchError as exc:  # NotResumableError, or a shuffle after the workers holding items
+            if strict:
+                raise exc if isinstance(exc, NotResumableError) else NotResumableError(
+                    f"this WebLoader cannot save a resumable state now: {exc}") from exc
+            return inexact_state(LOADER_FORMAT, str(exc), epoch=self._auto_epoch if ended else self._pass_epoch)
+
+    def resume_blocker(self) -> Optional[str]:
+        """Why this loader's states cannot be resumed exactly (None: they can, at batch boundaries)."""
+        return None if self._untag is not None else self._blocker
+
+    def _exact_state(self) -> dict:
         if self._untag is None:
             raise NotResumableError(f"this WebLoader cannot save a resumable state: {self._blocker}")
         for stage in self.pipeline[2:]:
@@ -411,18 +447,31 @@ class WebLoader(DataPipeline, FluidInterface):
             if isinstance(state, loaderstate.Unavailable):
                 raise NotResumableError(f"this WebLoader cannot save a resumable state: DataLoader worker "
                                         f"{worker} could not take its dataset's state: {state.reason}")
+            if is_inexact(state):
+                raise NotResumableError(f"this WebLoader cannot save a resumable state: DataLoader worker "
+                                        f"{worker}: {state['inexact']}")
         progress = self._resume_progress if self._resume_progress is not None else self._progress
-        return {"format": "wds_cloud.loader/1", "num_workers": untag.num_workers, "next": next_worker,
+        return {"format": LOADER_FORMAT, "num_workers": untag.num_workers, "next": next_worker,
                 "exhausted": sorted(exhausted), "epoch": self._pass_epoch,
                 "workers": [[w, loaderstate.jsonable(s)] for w, s in sorted(states.items())],
                 "progress": list(progress[:2])}
 
     def load_state_dict(self, state: dict) -> None:
-        """Make the next pass continue where ``state`` (from :meth:`state_dict`) stood."""
+        """Make the next pass continue where ``state`` (from :meth:`state_dict`) stood.
+
+        An inexact state (see :meth:`state_dict`) is logged and makes the next pass begin its
+        epoch again.
+        """
+        if not isinstance(state, dict) or state.get("format") != LOADER_FORMAT:
+            raise StateMismatchError("not a WebLoader state: pass the dict that WebLoader.state_dict() returned")
+        if is_inexact(state):
+            restart_from(state, "WebLoader")
+            epoch = state.get("epoch", 0)
+            self._pass_epoch = self._auto_epoch = epoch if type(epoch) is int and epoch >= 0 else 0
+            self._resume_progress = None
+            return
         if self._untag is None:
             raise NotResumableError(f"this WebLoader cannot load a state: {self._blocker}")
-        if not isinstance(state, dict) or state.get("format") != "wds_cloud.loader/1":
-            raise StateMismatchError("not a WebLoader state: pass the dict that WebLoader.state_dict() returned")
         check_same("WebLoader", {"num_workers": state["num_workers"]}, {"num_workers": self._untag.num_workers})
         workers = {int(w): s for w, s in state["workers"]}
         self._untag.resume(state["next"], set(state["exhausted"]), workers)
@@ -432,6 +481,9 @@ class WebLoader(DataPipeline, FluidInterface):
         self._pass_epoch = state.get("epoch", 0)
         self._auto_epoch = self._pass_epoch + 1
         self._resume_progress = list(state.get("progress") or (0, 0))
+
+
+LOADER_FORMAT = "wds_cloud.loader/1"
 
 
 def _resume_blocker(dataset: Any, args: list, kw: dict) -> Optional[str]:

@@ -13,7 +13,7 @@ data loader already catch::
     ├── IntegrityError(ValueError)         a shard does not match its manifest (size, samples, checksum)
     ├── RandomAccessError(ValueError)      a sample cannot be read at random (a compressed shard)
     ├── StateMismatchError(ValueError)     a saved state does not fit the dataset it is loaded into
-    │   └── NotResumableError(TypeError)   state_dict() of a pipeline that cannot be resumed
+    │   └── NotResumableError(TypeError)   state_dict(strict=True) of a pipeline that cannot be resumed
     ├── MissingExtraError(ImportError)     an optional dependency is not installed
     ├── PluginError(RuntimeError)          a plugin misbehaves or cannot be loaded
     │   └── PluginConflictError            two plugins claim one scheme
@@ -142,9 +142,11 @@ class StateMismatchError(WdsCloudError, ValueError):
 
 
 class NotResumableError(StateMismatchError, TypeError):
-    """``state_dict()`` was asked of a pipeline that cannot be resumed; the message names the stage and the fix.
+    """``state_dict(strict=True)`` was asked of a pipeline that cannot be resumed; the message names the stage
+    and the fix.
 
-    Raised only by ``state_dict()``: such a pipeline iterates as any other.
+    Raised only when asked for: such a pipeline iterates as any other, and its plain ``state_dict()`` (which
+    trainers call on their own) gives an inexact state that restarts the pass when loaded.
     """
 
 

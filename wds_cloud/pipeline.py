@@ -28,7 +28,7 @@ from .resume.protocol import (
     next_pass_state,
     transport_state,
 )
-from .resume.state import FORMAT, check_same, expect, shown_url, url_id
+from .resume.state import FORMAT, check_same, expect, inexact_state, is_inexact, restart_from, shown_url, url_id
 from .stages import PipelineStage
 
 __all__ = ["DataPipeline", "add_length_method"]
@@ -38,6 +38,10 @@ def add_length_method(obj: Any) -> Any:
     """Give ``obj`` (a DataPipeline with ``size`` set) a working ``len()``; returns ``obj``."""
     obj._has_length = True
     return obj
+
+
+def _plain_state(stage: Any) -> Any:
+    return stage.state_dict()
 
 
 def stage_name(stage: Any) -> str:
@@ -63,7 +67,8 @@ class DataPipeline(IterableDataset, PipelineStage):
         self.size: Optional[int] = None
         self._has_length = False
         self.epoch: Optional[int] = None
-        self._progress = [0, 0, True]  # (pass, samples yielded, begun) of the most recent iterator
+        #: (pass, samples yielded, begun, ended) of the most recent iterator; "ended": it raised StopIteration
+        self._progress = [0, 0, True, False]
         self._resume_progress: Optional[list] = None
         self._worker_states: Optional[dict] = None  # per-DataLoader-worker states, applied in each worker
         for arg in args:
@@ -103,7 +108,7 @@ class DataPipeline(IterableDataset, PipelineStage):
 
     def iterator(self) -> Iterator:
         """``repetitions`` passes; stops early when a pass yields nothing."""
-        self._progress = [0, 0, False]
+        self._progress = [0, 0, False, False]
         return self._run(self._progress, None)
 
     def __iter__(self) -> Iterator:
@@ -112,13 +117,22 @@ class DataPipeline(IterableDataset, PipelineStage):
         resume, self._resume_progress = self._resume_progress, None
         limit = self.nsamples if self.repetitions != 1 and self.nsamples > 0 else None
         # at once: state_dict() may come before next(); a resumed pass is "begun" (its stages hold the state)
-        self._progress = [resume[0], resume[1], True] if resume else [0, 0, False]
+        self._progress = [resume[0], resume[1], True, False] if resume else [0, 0, False, False]
         return self._run(self._progress, limit)
 
+    def _resumed_pass_is_over(self) -> bool:
+        """Whether a loaded state's pass had already yielded the items ``with_epoch`` allows."""
+        resume = self._resume_progress
+        limit = self.nsamples if self.repetitions != 1 and self.nsamples > 0 else None
+        return resume is not None and limit is not None and resume[1] >= limit
+
     def _run(self, progress: list, limit: Any) -> Iterator:
+        # progress[3] ("ended") is set only where the consumer asked past the last item, not when it
+        # stopped early (set inline: a generator layer of its own would cost every sample)
         first, count = progress[0], progress[1]
         progress[2] = True
         if limit is not None and count >= limit:
+            progress[3] = True
             return
         for repetition in range(first, self.repetitions):
             progress[0] = repetition
@@ -129,9 +143,11 @@ class DataPipeline(IterableDataset, PipelineStage):
                 progress[1] = count
                 yield sample
                 if limit is not None and count >= limit:
+                    progress[3] = True
                     return
             if not produced:
                 break
+        progress[3] = True
 
     # pickling (spawn-started DataLoader workers)
     def __getstate__(self) -> dict:
@@ -217,15 +233,26 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._stateful_cache = (list(pipeline), found, self.resume_blocker())
         return self._stateful_cache
 
-    def state_dict(self) -> dict:
+    def state_dict(self, strict: bool = False) -> dict:
         """Where the most recent iterator stands, at the last sample it yielded: plain JSON.
 
         Build an identical pipeline, ``load_state_dict`` it, and iterating yields exactly
         the rest of the pass (shuffle buffer included).  Inside a DataLoader worker this
         is that worker's state; ``WebLoader.state_dict()`` and torchdata's
         ``StatefulDataLoader`` gather the workers' states.
+
+        Trainers call this on their own (Lightning with every checkpoint, torchdata's loader in
+        every worker with every batch), so a pipeline that cannot be resumed exactly never makes
+        it raise: it returns an *inexact* state (see :func:`wds_cloud.resume.state.inexact_state`),
+        logs why once, and loading that state starts the pass again, as webdataset would.
+        ``strict=True`` raises :class:`~wds_cloud.errors.NotResumableError` instead.
         """
-        return self._state(False)
+        try:
+            return self._state(False)
+        except NotResumableError as exc:
+            if strict:
+                raise
+            return inexact_state(FORMAT, str(exc), progress=self._current_progress())
 
     def transport_state(self) -> dict:
         """:meth:`state_dict` where stages may give arrays and deltas (for a loader that sends one per batch)."""
@@ -234,6 +261,10 @@ class DataPipeline(IterableDataset, PipelineStage):
     def next_pass_state(self) -> dict:
         """The state that starts this pipeline's next pass."""
         return self._state(False, next_pass=True)
+
+    def _current_progress(self) -> list:
+        progress = self._resume_progress if self._resume_progress is not None else self._progress
+        return [progress[0], progress[1]]
 
     def _state(self, fast: bool, next_pass: bool = False) -> dict:
         blocker = self._stage_facts()[2]
@@ -244,14 +275,29 @@ class DataPipeline(IterableDataset, PipelineStage):
             # iter() was called but the pass has not begun: its stages still describe the pass before
             return {"format": FORMAT, "progress": [0, 0],
                     "stages": [[i, kind, next_pass_state(stage)] for i, kind, stage in self._stateful()]}
-        if fast:
-            stages = [[i, kind, transport_state(stage)] for i, kind, stage in self._stateful()]
-        else:
-            stages = [[i, kind, stage.state_dict()] for i, kind, stage in self._stateful()]
+        take = transport_state if fast else _plain_state
+        stages = []
+        for i, kind, stage in self._stateful():
+            try:
+                stages.append([i, kind, take(stage)])
+            except NotResumableError:
+                raise
+            except Exception as exc:  # a stage of the user's: reported, never raised into a trainer's loop
+                raise NotResumableError(f"this pipeline cannot save a resumable state: stage {i} "
+                                        f"({stage_name(stage)}) could not take its state: "
+                                        f"{type(exc).__name__}: {exc}") from exc
         return {"format": FORMAT, "progress": [progress[0], progress[1]], "stages": stages}
 
     def load_state_dict(self, state: dict) -> None:
-        """Make the next iteration continue where ``state`` (from :meth:`state_dict`) stood."""
+        """Make the next iteration continue where ``state`` (from :meth:`state_dict`) stood.
+
+        An inexact state (taken from a pipeline that cannot be resumed) is logged and makes the
+        next pass start from its beginning.
+        """
+        if isinstance(state, dict) and state.get("format") == FORMAT and is_inexact(state):
+            restart_from(state, "pipeline")
+            self._resume_progress = None
+            return
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise StateMismatchError(
                 f"not a wds_cloud pipeline state (expected format {FORMAT!r}, got "

@@ -28,11 +28,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 from typing import Any, Optional
 
 from ..errors import StateMismatchError, redact
 
-__all__ = ["FORMAT", "StateURL", "check_same", "expect", "same_url", "shown_url", "url_id"]
+__all__ = ["FORMAT", "StateURL", "check_same", "expect", "same_url", "shown_url", "url_id", "inexact_state",
+           "is_inexact", "restart_from"]
+
+log = logging.getLogger("wds_cloud.resume")
 
 #: the format tag of a pipeline state; bumped when the layout changes incompatibly
 FORMAT = "wds_cloud.state/1"
@@ -102,3 +106,32 @@ def check_same(what: str, saved: dict, current: dict) -> None:
             f"the saved state does not fit this {what}: " + "; ".join(diffs) +
             ". Load a state into a dataset built with the same shards, seed, splitting, shuffle and "
             "worker count (one state per rank and worker)", differences=diffs)
+
+
+# Inexact states.  Trainers take states on their own: Lightning asks every stateful loader with each
+# checkpoint, torchdata's StatefulDataLoader asks the dataset in every worker with every batch.  A
+# pipeline that cannot be resumed exactly must not stop that training run (webdataset has no states
+# at all, so code written for it never expects an error there); it gives a state that says so.
+
+_warned: set = set()
+
+
+def inexact_state(fmt: str, reason: str, **fields: Any) -> dict:
+    """A state that cannot be resumed exactly: its ``format``, ``inexact`` (why), and ``fields`` (such
+    as the epoch) that let a restart begin the same pass again.  Logged once per reason."""
+    if reason not in _warned and len(_warned) < 256:
+        _warned.add(reason)
+        log.warning("%s; a run restored from this state starts its data pass again (as webdataset would). "
+                    "Pass strict=True to state_dict() to make this an error", reason)
+    return {"format": fmt, "inexact": reason, **fields}
+
+
+def is_inexact(state: Any) -> bool:
+    """Whether ``state`` was taken from a pipeline or loader that cannot be resumed exactly."""
+    return isinstance(state, dict) and isinstance(state.get("inexact"), str)
+
+
+def restart_from(state: dict, what: str) -> None:
+    """Log that an inexact state is loaded: the pass it was taken in starts again."""
+    log.warning("the saved %s state cannot be resumed exactly (%s): the pass starts again from its beginning",
+                what, state["inexact"])
