@@ -184,6 +184,102 @@ def test_twelve_octal_digits_without_terminator():
     assert "error" not in out and len(out["value"][0]["bin"]) == 1024
 
 
+# 4b. memory that piles up over many members
+
+
+@pytest.mark.parametrize("typeflag", [b"x", b"g"])
+def test_pax_records_piling_up_over_headers_are_capped(typeflag):
+    """Consecutive (or global) PAX headers, each under the cap, cannot pile up records past it."""
+    headers = b"".join(pax(pax_record(f"key{i}", "v" * (400 << 10)), typeflag) for i in range(4))
+    out = read(GOOD + headers + member("b.txt", b"x") + END)
+    error = out.get("error")
+    assert isinstance(error, CorruptShardError) and "PAX records in force" in str(error)
+    assert error.offset > len(GOOD) and out["peak"] < 8 << 20
+
+
+def one_key_shard(fields: int, size: int) -> bytes:
+    return b"".join(member(f"a.f{i}", bytes(size)) for i in range(fields)) + member("b.txt", b"ok") + END
+
+
+def test_a_sample_growing_past_the_limit_is_refused(monkeypatch):
+    """Members sharing one key cannot fill memory: past WDS_MAX_SAMPLE_SIZE the sample is an error naming
+    its key, the member and the limit, read with memory near the limit."""
+    monkeypatch.setenv("WDS_MAX_SAMPLE_SIZE", "1MiB")
+    out = read(one_key_shard(64, 64 << 10))
+    error = out["error"]
+    assert isinstance(error, CorruptShardError) and error.key == "a" and str(1 << 20) in str(error)
+    assert "WDS_MAX_SAMPLE_SIZE" in str(error) and "a.f15" in str(error)
+    assert out["peak"] < 4 << 20
+
+
+def test_empty_members_under_one_key_count_towards_the_sample_limit(monkeypatch):
+    """A stream of empty (or tiny) members of one key is bounded too: each field costs its name and more."""
+    monkeypatch.setenv("WDS_MAX_SAMPLE_SIZE", "64KiB")
+    out = read(one_key_shard(2000, 0))
+    assert isinstance(out["error"], CorruptShardError) and "grows past the limit" in str(out["error"])
+
+
+def test_the_sample_limit_follows_the_member_limit_and_the_dataset(tmp_path, monkeypatch):
+    """Unset, the sample limit is the member limit (the dataset's own when given); max_sample_size= sets it;
+    upstream's grouping stage applies it too; a handler skips the shard."""
+    path = tmp_path / "s.tar"
+    path.write_bytes(one_key_shard(8, 4096))
+    with pytest.raises(CorruptShardError, match="grows past the limit of 16384 bytes"):
+        list(wds.WebDataset(str(path), shardshuffle=False, max_member_size="16KiB"))
+    with pytest.raises(CorruptShardError, match="grows past the limit of 8192 bytes"):
+        list(wds.WebDataset(str(path), shardshuffle=False, max_sample_size="8KiB"))
+    assert [s["__key__"] for s in wds.WebDataset(str(path), shardshuffle=False)] == ["a", "b"]
+    skipped = wds.WebDataset(str(path), shardshuffle=False, max_sample_size="8KiB", handler=wds.ignore_and_continue,
+                             empty_check=False)
+    assert list(skipped) == []
+    monkeypatch.setenv("WDS_MAX_SAMPLE_SIZE", "8KiB")
+    with pytest.raises(CorruptShardError, match="sample 'a'"):
+        list(group_by_keys(tar_file_expander(url_opener([{"url": str(path)}]))))
+
+
+# 4c. shard lists that go round for ever
+
+
+def broken_shards(tmp_path, data: bytes, n: int = 3) -> list:
+    paths = []
+    for i in range(n):
+        path = tmp_path / f"b{i}.tar"
+        path.write_bytes(data)
+        paths.append(str(path))
+    return paths
+
+
+@pytest.mark.parametrize("data", [b"not a tar" * 100, END], ids=["damaged", "empty"])
+def test_resampled_shards_that_never_give_a_sample_end_in_an_error(tmp_path, data):
+    """Resampling damaged or empty shards with a skipping handler would spin for ever: it raises, naming the
+    shards and the last error."""
+    paths = broken_shards(tmp_path, data)
+    out = bounded(lambda: list(wds.WebDataset(paths, resampled=True, handler=wds.ignore_and_continue)))
+    error = out["error"]
+    assert isinstance(error, ValueError) and "gave no sample" in str(error) and paths[0] in str(error)
+    assert ("not a tar archive" in str(error)) == (data != END)
+
+
+def test_upstream_stages_over_resampled_broken_shards_end_in_an_error(tmp_path):
+    """url_opener and tar_file_expander with skipping handlers (OpenCLIP's reader) end too, for shards that
+    cannot be opened and for damaged ones."""
+    missing = [str(tmp_path / f"missing{i}.tar") for i in range(3)]
+    damaged = broken_shards(tmp_path, b"not a tar" * 100)
+    for paths in (missing, damaged):
+        pipeline = wds.DataPipeline(wds.ResampledShards(paths), wds.pipelinefilter(url_opener)(handler=wds.ignore_and_continue),
+                                    wds.pipelinefilter(tar_file_expander)(handler=wds.ignore_and_continue), group_by_keys)
+        out = bounded(lambda: list(pipeline))
+        assert isinstance(out["error"], ValueError) and "gave no sample" in str(out["error"])
+
+
+def test_a_long_finite_list_of_empty_shards_is_read_to_its_end(tmp_path):
+    """Many empty shards in a finite list are not a loop: the list ends, and the good shard is read."""
+    paths = broken_shards(tmp_path, END, 150)
+    good = tmp_path / "good.tar"
+    good.write_bytes(GOOD + END)
+    assert [s["__key__"] for s in wds.WebDataset(paths + [str(good)], shardshuffle=False)] == ["a"]
+
+
 # 5. what follows the archive
 
 
@@ -221,6 +317,18 @@ def test_the_last_sample_comes_at_the_marker_and_the_trailer_is_bounded():
     out = bounded(run)
     assert out["value"] == ["a", "b"] and not stream.early
     assert stream.pos < len(archive) + (4 << 20)
+
+
+def test_a_pipe_with_endless_output_after_the_archive_does_not_hang(tmp_path):
+    """A pipe: command that goes on writing after the archive (cat shard /dev/zero): its samples come, the
+    trailer is read boundedly, the command is stopped, and the next shard is read."""
+    path = tmp_path / "a.tar"
+    path.write_bytes(GOOD + END)
+    other = tmp_path / "b.tar"
+    other.write_bytes(member("z.txt", b"z") + END)
+    urls = [f"pipe:cat {path} /dev/zero", str(other)]
+    out = bounded(lambda: [s["__key__"] for s in wds.WebDataset(urls, shardshuffle=False)])
+    assert out.get("value") == ["a", "z"], out
 
 
 # 6. malformed inputs and their classes

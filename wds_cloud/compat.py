@@ -156,7 +156,8 @@ class WebDataset(DataPipeline, FluidInterface):
     shards with replacement forever.  ``cache_dir``/``cache_size`` stream remote
     shards through a local cache.  ``handler`` decides what a damaged shard does.
     ``max_member_size`` (bytes, or a size such as ``"256MB"``; default ``WDS_MAX_MEMBER_SIZE``,
-    else 2 GiB) refuses larger members before reading them.
+    else 2 GiB) refuses larger members before reading them; ``max_sample_size`` (default
+    ``WDS_MAX_SAMPLE_SIZE``, else the member limit) refuses a sample whose fields together grow past it.
     Remote shards are read as parallel ranged parts: ``part_size`` (bytes or ``"8MB"``),
     ``concurrency`` (parts in flight; None grows it while that helps, up to ``max_concurrency``;
     1 reads one stream per shard) and ``prefetch`` (how many of the next shards are requested
@@ -183,10 +184,12 @@ class WebDataset(DataPipeline, FluidInterface):
                  equal_work: Union[int, str, None] = None, max_member_size: Union[int, str, None] = None,
                  part_size: Union[int, str, None] = None, concurrency: Optional[int] = None,
                  max_concurrency: Optional[int] = None, prefetch: Optional[int] = None, manifest: Any = None,
-                 write_index: Union[bool, Callable[[Any], None]] = False) -> None:
+                 write_index: Union[bool, Callable[[Any], None]] = False,
+                 max_sample_size: Union[int, str, None] = None) -> None:
         super().__init__()
         settings = config.current()
         max_member_size = config.parse_positive_size("max_member_size", max_member_size)
+        max_sample_size = config.parse_positive_size("max_sample_size", max_sample_size)
         if resampled:
             mode = "resampled"
         if shardshuffle is True:
@@ -236,7 +239,8 @@ class WebDataset(DataPipeline, FluidInterface):
             self._nodesplitter = nodesplitter
         self._reader = TarSamples(handler=handler, select_files=select_files, rename_files=rename_files, keys=keys,
                                   opener=opener, limit=self._equal_limit if self.equal_work is not None else None,
-                                  max_member_size=max_member_size, index_sink=_index_sink(write_index, storage_options))
+                                  max_member_size=max_member_size, index_sink=_index_sink(write_index, storage_options),
+                                  max_sample_size=max_sample_size)
         self.append(self._reader)
         if empty_check:
             self.append(CheckEmpty())
@@ -396,7 +400,7 @@ class WebLoader(DataPipeline, FluidInterface):
         epoch = self._pass_epoch if resuming or unread else self._auto_epoch
         if dataset is not None and hasattr(dataset, "set_epoch"):
             dataset.set_epoch(epoch)  # before the workers start: each pass a new order
-        if resuming and self._resumed_pass_is_over():
+        if resuming and dataset is not None and self._resumed_pass_is_over():
             # the saved pass had yielded all its items (with_epoch): it resumes as an empty pass,
             # which starts no worker, so nothing would take the worker states; the next pass is fresh
             dataset.set_worker_states(None)

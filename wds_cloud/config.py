@@ -23,6 +23,7 @@ __all__ = ["Settings", "current", "parse_size", "parse_positive_size", "parse_bo
 #: substitution in shard specs is the one family read by prefix).
 ENV_VARS = (
     "WDS_MAX_MEMBER_SIZE",
+    "WDS_MAX_SAMPLE_SIZE",
     "WDS_PART_SIZE",
     "WDS_CONCURRENCY",
     "WDS_MAX_CONCURRENCY",
@@ -223,6 +224,8 @@ class Settings:
     #: the largest tar member or decoded field read into memory (bytes): a hostile or broken
     #: shard fails with a clear error instead of exhausting memory
     max_member_size: int = DEFAULT_MAX_MEMBER_SIZE
+    #: the most bytes one sample may hold (its fields together, plus 256 per field); None: the member limit
+    max_sample_size: Optional[int] = None
     #: parallel ranged reads of remote shards (see :mod:`wds_cloud.io.parallel`): the size of a part, the
     #: parts in flight (None: adaptive, growing up to ``max_concurrency``; 1: one stream per shard), and
     #: how many of the next shards are requested ahead of time (0: none)
@@ -267,6 +270,7 @@ class Settings:
             retry_backoff=_parse_float("WDS_RETRY_BACKOFF", get("WDS_RETRY_BACKOFF"), 0.2),
             max_member_size=parse_positive_size("WDS_MAX_MEMBER_SIZE", get("WDS_MAX_MEMBER_SIZE"),
                                                 DEFAULT_MAX_MEMBER_SIZE),
+            max_sample_size=parse_positive_size("WDS_MAX_SAMPLE_SIZE", get("WDS_MAX_SAMPLE_SIZE")),
             part_size=parse_positive_size("WDS_PART_SIZE", get("WDS_PART_SIZE"), 8 << 20),
             concurrency=parse_count("WDS_CONCURRENCY", get("WDS_CONCURRENCY"), None, 1),
             max_concurrency=parse_count("WDS_MAX_CONCURRENCY", get("WDS_MAX_CONCURRENCY"), 16, 1),

@@ -36,6 +36,9 @@ _PREALLOCATE = 16 << 20
 #: after the end-of-archive block, at most this much of a stream is read (tar pads archives to
 #: 10 KiB records); a pipe: command is read to its end, so that its exit status is known
 _TRAILER_SIZE = 1 << 20
+#: a pipe: command's output after the archive is read to its end, up to this much, so that its exit status
+#: is known; a command that goes on past it (endless output) is stopped when the shard is closed
+_PIPE_TRAILER_SIZE = 16 << 20
 _REGULAR = (48, 0, 55)  # b"0", b"\0", b"7" (contiguous file)
 _GNU_LONGNAME, _GNU_LONGLINK, _PAX, _PAX_GLOBAL = 76, 75, 120, 103  # L K x g
 _END = object()
@@ -246,7 +249,7 @@ class TarMembers:
     refused before it is read, metadata records are capped at
     :data:`MAX_META_SIZE`, and a payload gets memory as its bytes arrive.
     Iteration stops at the end-of-archive block; :meth:`finish` reads what
-    follows (a bounded amount, or all of a ``pipe:`` command's output).
+    follows (a bounded amount: a ``pipe:`` command's output to its end, unless it goes on without end).
     """
 
     def __init__(self, stream: IO[bytes], url: str = "", select: Optional[Callable[[str], bool]] = None,
@@ -597,6 +600,12 @@ class TarMembers:
         else:
             self._pax.update(records)
             self._extended = True
+        # Records pile up over consecutive headers (a global one stays in force for the whole archive):
+        # what is in force is capped like one record set, or a stream of small headers would fill memory.
+        held = sum(len(k) + len(v) for k, v in self._pax.items())
+        if held > MAX_META_SIZE:
+            raise self._fail(f"the PAX records in force hold {held} bytes, more than the {MAX_META_SIZE} allowed "
+                             "(consecutive or global PAX headers piling up records)", None, header_offset)
         self._special = bool(self._pax)
 
     def _parse_pax(self, payload: bytes, header_offset: int) -> dict[str, str]:
@@ -625,18 +634,17 @@ class TarMembers:
         return records
 
     def finish(self) -> None:
-        """After the end-of-archive block: read what follows, a bounded amount (all of a ``pipe:``
-        command's output, so that it can report its exit status).  Called once the last sample
+        """After the end-of-archive block: read what follows, a bounded amount (a ``pipe:`` command's
+        output to its end, up to 16 MiB, so that it can report its exit status).  Called once the last sample
         was delivered, so a stream that trickles on after the archive never delays it."""
         if self.archive_end is None or self._ranged or self._stream is None:
             return
-        left = None if self.url[:5].lower() == "pipe:" else _TRAILER_SIZE
-        while left is None or left > 0:
-            data = self._read(self.chunk if left is None else min(self.chunk, left))
+        left = _PIPE_TRAILER_SIZE if self.url[:5].lower() == "pipe:" else _TRAILER_SIZE
+        while left > 0:
+            data = self._read(min(self.chunk, left))
             if not data:
                 return
-            if left is not None:
-                left -= len(data)
+            left -= len(data)
 
     def close(self) -> None:
         for stream in (self._stream, self._source):

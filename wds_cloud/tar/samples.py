@@ -26,7 +26,7 @@ from .reader import TarMembers
 __all__ = [
     "base_plus_ext", "last_dot_split", "key_rule", "valid_sample", "url_opener", "tar_file_iterator",
     "tar_file_expander", "group_by_keys", "meta_prefix", "meta_suffix", "shard_samples", "member_filter",
-    "close_quietly", "SKIP_META",
+    "close_quietly", "SKIP_META", "sample_limit", "FIELD_COST", "Barren",
 ]
 
 meta_prefix = "__"
@@ -98,16 +98,62 @@ def member_filter(skip_meta, select_files, rename_files) -> Optional[Callable[[s
     return select
 
 
+class Barren:
+    """Notices a shard list that goes round without end over shards giving no sample (each damaged or empty).
+
+    Resampled shards never run out, so with a handler that skips damaged shards a dataset of
+    damaged or empty shards would spin for ever; ``check(url, samples so far)``, called as each
+    shard begins, raises once such a run has gone over the same shards many times (``ROUNDS``
+    times as many shards as distinct URLs in it, and at least ``MINIMUM``).  A finite list never
+    repeats a URL that often, and a shard giving samples ends the run.
+    """
+
+    ROUNDS = 20
+    MINIMUM = 100
+
+    def __init__(self) -> None:
+        self.samples = -1
+        self.run = 0
+        self.urls: set = set()
+        self.last_error: Optional[BaseException] = None
+
+    def check(self, url: Any, samples: int) -> None:
+        if samples != self.samples:  # the shard before gave samples (or this is the first)
+            self.samples, self.run, self.last_error = samples, 0, None
+            self.urls.clear()
+            return
+        self.run += 1
+        if len(self.urls) < 10_000:
+            self.urls.add(url)
+        if self.run >= self.MINIMUM and self.run >= self.ROUNDS * len(self.urls):
+            shown = ", ".join(redact(u) for u in sorted(map(str, self.urls))[:3])
+            more = f" and {len(self.urls) - 3} more" if len(self.urls) > 3 else ""
+            why = (f"; the last error: {type(self.last_error).__name__}: {self.last_error}"
+                   if self.last_error is not None else "; they were empty (or every member was filtered out)")
+            raise ValueError(
+                f"{self.run} shards in a row gave no sample, going round {len(self.urls)} distinct shards "
+                f"({shown}{more}){why}. A resampled dataset of such shards would never yield anything: fix or "
+                "remove those shards, or check the shard spec and select_files")
+
+    def failed(self, exn: BaseException) -> None:
+        self.last_error = exn
+
+
 def url_opener(data: Iterable[dict], handler: Callable = reraise_exception, **kw: Any) -> Iterator[dict]:
     """Add an open ``stream`` to each ``{"url": ...}`` item (``kw`` go to ``gopen``)."""
+    barren = Barren()
+    opened = 0
     for sample in data:
         url = sample["url"]
+        barren.check(url, opened)
         try:
             stream = gopen(url, **kw)
         except Exception as exn:
+            barren.failed(exn)
             if handler(exn):
                 continue
             break
+        opened += 1
         sample.update(stream=stream)
         yield sample
 
@@ -160,9 +206,16 @@ def tar_file_expander(data: Iterable[dict], handler: Callable = reraise_exceptio
                       select_files: Optional[Callable] = None, rename_files: Optional[Callable] = None,
                       eof_value: Optional[dict] = {}) -> Iterator[dict]:  # noqa: B006 - upstream's marker
     """Expand each opened shard into its members, tagged with ``__url__``; ``eof_value`` ends each shard."""
+    barren = Barren()
+    members = 0
     for source in data:
         url = source["url"]
         stream = source["stream"]
+        try:
+            barren.check(url, members)
+        except ValueError:
+            close_quietly(stream)
+            raise
         failed: list = []
         try:
             for sample in tar_file_iterator(stream, handler=handler, select_files=select_files,
@@ -170,6 +223,7 @@ def tar_file_expander(data: Iterable[dict], handler: Callable = reraise_exceptio
                 sample["__url__"] = url
                 if "local_path" in source:
                     sample["__local_path__"] = source["local_path"]
+                members += 1
                 yield sample
         except _Stop:
             yield _ABORT
@@ -177,6 +231,7 @@ def tar_file_expander(data: Iterable[dict], handler: Callable = reraise_exceptio
         finally:
             close_quietly(stream)
         if failed:  # the shard ended in an error the handler let pass: its partial sample is dropped
+            barren.failed(failed[-1])
             yield _ABORT
         elif eof_value is not None:
             yield eof_value
@@ -208,7 +263,7 @@ def group_by_keys(data: Iterable[dict], keys: Callable = base_plus_ext, lcase: b
         run = _MemberRun(item, items)
         yield from _grouped(run, run.url, _NO_OFFSETS, keys=keys, lcase=lcase, suffixes=suffixes,
                             local_path=run.local_path, where=None, rename_files=None, on_repeat=handler,
-                            last_ok=run.keeps_last)
+                            last_ok=run.keeps_last, max_sample=sample_limit())
         item = run.next_item
 
 
@@ -268,7 +323,8 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
                   rename_files: Optional[Callable] = None, skip_meta: Optional[str] = SKIP_META,
                   local_path: Optional[str] = None, where: Optional[list] = None,
                   members: Optional[TarMembers] = None, expect_first: Any = (),
-                  record: Optional[Callable[[str, int, int], None]] = None) -> Iterator[dict]:
+                  record: Optional[Callable[[str, int, int], None]] = None,
+                  max_sample: Optional[int] = None) -> Iterator[dict]:
     """The samples of one shard, read and grouped in a single loop.
 
     Raises on damage; a sample cut short by the damage is never yielded.  When
@@ -280,6 +336,7 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
     :class:`TarMembers` over ``stream`` (to read from a given offset); ``expect_first`` (a
     resumed read) is the name its first member must have, None for the end of the archive.
     ``record(name, data offset, size)`` sees every member read (to index the shard as it streams).
+    ``max_sample``: the most bytes a sample may hold (see :func:`sample_limit`).
     """
     if members is None:
         members = TarMembers(stream, url, select=member_filter(skip_meta, select_files, rename_files),
@@ -289,7 +346,28 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
         source = _recorded(source, members, record)
     # the grouping generator itself is returned: no generator layer of our own per sample
     return _grouped(source, url, members, keys=keys, lcase=lcase, suffixes=suffixes, local_path=local_path,
-                    where=where, rename_files=rename_files, on_repeat=None, last_ok=None)
+                    where=where, rename_files=rename_files, on_repeat=None, last_ok=None,
+                    max_sample=sample_limit(max_sample, members.max_member))
+
+
+#: what a field costs a sample beyond its bytes and its name, in the limit's count (the dict entry and
+#: objects): so that a stream of empty members under one key is bounded too
+FIELD_COST = 256
+
+
+def sample_limit(given: Optional[int] = None, member_limit: Optional[int] = None) -> int:
+    """The most bytes one sample may hold (its fields' data and names, and ``FIELD_COST`` per field):
+    ``given``, else ``WDS_MAX_SAMPLE_SIZE``, else the member limit (``member_limit``, else the setting).
+
+    A sample's fields are held in memory together, so a shard whose members share one key (a few
+    bytes each when compressed) could otherwise fill memory one member at a time.
+    """
+    if given is not None:
+        return given
+    settings = config.current()
+    if settings.max_sample_size is not None:
+        return settings.max_sample_size
+    return member_limit if member_limit is not None else settings.max_member_size
 
 
 def _recorded(source: Iterable[tuple[str, Any]], members: Any,
@@ -302,12 +380,13 @@ def _recorded(source: Iterable[tuple[str, Any]], members: Any,
 def _grouped(source: Iterable[tuple[str, Any]], url: Any, members: Any, *, keys: Callable, lcase: bool,
              suffixes: Optional[Iterable[str]], local_path: Optional[str], where: Optional[list],
              rename_files: Optional[Callable], on_repeat: Optional[Callable],
-             last_ok: Optional[Callable[[dict], bool]]) -> Iterator[dict]:
+             last_ok: Optional[Callable[[dict], bool]], max_sample: int) -> Iterator[dict]:
     """The one grouping loop: adjacent ``(name, data)`` members sharing a key become a sample.
 
     ``members`` tells byte offsets (a :class:`TarMembers`, or a stand-in without them); a
     repeated field raises unless ``on_repeat(error)`` says to skip the member; the last sample
-    is yielded when ``last_ok(sample)`` says so (default: it holds a field).
+    is yielded when ``last_ok(sample)`` says so (default: it holds a field); a sample holding more
+    than ``max_sample`` bytes (``FIELD_COST`` more per field) is an error.
     """
     # Kept as one loop (reading, key rules and grouping inline), hence its length: it runs per member,
     # and a call per member would cost the tiny-sample workload of bench_read several percent.
@@ -315,7 +394,7 @@ def _grouped(source: Iterable[tuple[str, Any]], url: Any, members: Any, *, keys:
     fast_keys = keys is base_plus_ext
     current: Optional[dict] = None
     key = None
-    start = 0
+    start = held = 0
     for name, data in source:
         if rename_files is not None:
             name = rename_files(name)
@@ -342,8 +421,12 @@ def _grouped(source: Iterable[tuple[str, Any]], url: Any, members: Any, *, keys:
                 current["__local_path__"] = local_path
             key = prefix
             start = members.record_start
+            held = 0
         if suffixes is not None and suffix not in suffixes:
             continue
+        held += len(data) + len(suffix) + FIELD_COST
+        if held > max_sample:
+            raise _too_large(url, name, prefix, held, max_sample, members.member_offset)
         if suffix in current:
             offset = members.member_offset
             exn = CorruptShardError(
@@ -361,6 +444,16 @@ def _grouped(source: Iterable[tuple[str, Any]], url: Any, members: Any, *, keys:
             where[3] = None
         yield current
     members.finish()  # after the last sample: what trails the archive never delays it
+
+
+def _too_large(url: Any, name: str, key: str, held: int, limit: int, offset: Optional[int]) -> CorruptShardError:
+    where = f" at byte {offset}" if offset is not None else ""
+    return CorruptShardError(
+        f"{redact(url or '<stream>')}: sample {key!r} grows past the limit of {limit} bytes on one sample with its "
+        f"member {name[:200]!r}{where} ({held} bytes, counting names and {FIELD_COST} per field): a shard whose members share one "
+        "key would fill memory. Raise the limit with WDS_MAX_SAMPLE_SIZE (such as 8GiB) or WebDataset(..., "
+        "max_sample_size=) if the shard is trusted; to skip such shards pass handler=warn_and_continue",
+        url=url, member=name, offset=offset, key=key, size=held, limit=limit)
 
 
 def _checked_start(members: TarMembers, expected: Optional[str], url: str,

@@ -21,7 +21,7 @@ from ..resume import state as resuming
 from ..resume.refetch import refetch
 from ..resume.state import expect, shown_url, url_id
 from .reader import TarMembers
-from .samples import SKIP_META, close_quietly, key_rule, member_filter, shard_samples
+from .samples import SKIP_META, Barren, close_quietly, key_rule, member_filter, sample_limit, shard_samples
 
 __all__ = ["TarSamples", "tarfile_samples", "tarfile_to_samples"]
 
@@ -106,12 +106,15 @@ class TarSamples:
                  rename_files: Optional[Callable] = None, keys: Union[str, Callable, None] = None,
                  lcase: bool = True, suffixes: Optional[Iterable[str]] = None, opener: Any = None,
                  limit: Any = None, max_member_size: Optional[int] = None,
-                 index_sink: Optional[Callable[[Any], None]] = None, **open_kw: Any) -> None:
+                 index_sink: Optional[Callable[[Any], None]] = None, max_sample_size: Optional[int] = None,
+                 **open_kw: Any) -> None:
         self.handler = handler
         #: given a ShardIndex of every shard read whole in a pass (see WebDataset(write_index=))
         self.index_sink = index_sink
         #: the largest member read (bytes); None: WDS_MAX_MEMBER_SIZE or its default, when a pass begins
         self.max_member_size = max_member_size
+        #: the most bytes one sample holds; None: WDS_MAX_SAMPLE_SIZE, else the member limit
+        self.max_sample_size = max_sample_size
         self.select_files = select_files
         self.rename_files = rename_files
         self.keys = keys
@@ -193,6 +196,9 @@ class TarSamples:
     def _max_member(self) -> int:
         return config.parse_positive_size("max_member_size", self.max_member_size, config.current().max_member_size)
 
+    def _max_sample(self) -> int:
+        return sample_limit(config.parse_positive_size("max_sample_size", self.max_sample_size), self._max_member())
+
     # opening
     def _member_filter(self) -> Optional[Callable[[str], bool]]:
         return member_filter(SKIP_META, self.select_files, self.rename_files)
@@ -226,7 +232,8 @@ class TarSamples:
         members = TarMembers(stream, url, select=self._member_filter(), start=start, ranged=ranged,
                              max_member=self._max_member())
         for sample in shard_samples(url, stream, keys=key_rule(self.keys), lcase=self.lcase, suffixes=self.suffixes,
-                                    rename_files=self.rename_files, where=where, members=members):
+                                    rename_files=self.rename_files, where=where, members=members,
+                                    max_sample=self._max_sample()):
             yield where[0], sample
 
     # reading
@@ -256,10 +263,12 @@ class TarSamples:
             limit = self.limit() if callable(self.limit) else self.limit
             skip = saved["shard"] if saved else 0
             reached = -1
+            barren = Barren()
             for index, source in enumerate(self._shards(src, cursor, limit, skip)):
                 reached = index
                 if index < skip:
                     continue
+                barren.check(source.get("url") if isinstance(source, dict) else source, where[2])
                 if limit is not None and where[2] >= limit:  # reached before this shard (a resumed pass)
                     cursor.done = True
                     return
@@ -282,6 +291,7 @@ class TarSamples:
                 except StateMismatchError:
                     raise  # a state that does not fit is the caller's to fix, never a damaged shard to skip
                 except Exception as exn:
+                    barren.failed(exn)
                     if not self.handler(exn):
                         return
                 finally:
@@ -362,7 +372,8 @@ class TarSamples:
         samples = shard_samples(url, stream, keys=key_rule(self.keys), lcase=self.lcase, suffixes=self.suffixes,
                                 rename_files=self.rename_files, local_path=local_path,
                                 where=where, members=members, expect_first=expected,
-                                record=(lambda *member: recorded.append(member)) if recorded is not None else None)
+                                record=(lambda *member: recorded.append(member)) if recorded is not None else None,
+                                max_sample=self._max_sample())
         return stream, samples, None if seekable else offset
 
     def _indexed(self, url: str, cursor: _Cursor, stream: Any) -> None:
