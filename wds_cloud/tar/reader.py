@@ -281,6 +281,10 @@ class TarMembers:
         self._long_name: Optional[str] = None
         self._pax: dict[str, str] = {}
         self._pax_global: dict[str, str] = dict(pax_global or {})
+        #: the sample limit (bytes of tar stream one sample may span; None: none) and where the current
+        #: sample began, which the grouping loop sets once per sample (see :func:`~.samples.shard_samples`)
+        self.max_sample: Optional[int] = None
+        self.sample_start = start
         if self._pax_global:
             self._pax = dict(self._pax_global)
             self._special = True
@@ -315,6 +319,8 @@ class TarMembers:
         A damaged or cut compressed stream raises only once the bytes decompressed before
         the damage are used up, so the complete samples before it are still delivered.
         """
+        if self.max_sample is not None and self.member_offset - self.sample_start > self.max_sample:
+            self._sample_too_large()  # checked as the stream is read on (every MiB or member), not per member
         have = len(self._buf) - self._pos
         parts = [self._buf[self._pos:]] if have else []
         failure = None
@@ -338,6 +344,15 @@ class TarMembers:
         if failure is not None and have < need:
             raise failure
         return have >= need
+
+    def _sample_too_large(self) -> None:
+        start, limit = self.sample_start, self.max_sample
+        raise CorruptShardError(
+            f"{redact(self.url) or '<stream>'}: the sample beginning at byte {start} grows past the limit of {limit} "
+            f"bytes on one sample (its members run on to byte {self.member_offset} and beyond): a shard whose "
+            "members share one key would fill memory. Raise the limit with WDS_MAX_SAMPLE_SIZE (such as 8GiB) or "
+            "WebDataset(..., max_sample_size=) if the shard is trusted; to skip such shards pass "
+            "handler=warn_and_continue", url=self.url, offset=start, limit=limit)
 
     def _take(self, size: int, name: str, header_offset: int) -> bytes:
         """The next ``size`` bytes (a member's payload), then skip its padding."""

@@ -260,10 +260,10 @@ def group_by_keys(data: Iterable[dict], keys: Callable = base_plus_ext, lcase: b
         if item is _ABORT or not item or "fname" not in item:  # a marker with no member before it
             item = next(items, _EXHAUSTED)
             continue
-        run = _MemberRun(item, items)
-        yield from _grouped(run, run.url, _NO_OFFSETS, keys=keys, lcase=lcase, suffixes=suffixes,
+        run = _MemberRun(item, items, sample_limit())
+        yield from _grouped(run, run.url, run, keys=keys, lcase=lcase, suffixes=suffixes,
                             local_path=run.local_path, where=None, rename_files=None, on_repeat=handler,
-                            last_ok=run.keeps_last, max_sample=sample_limit())
+                            last_ok=run.keeps_last)
         item = run.next_item
 
 
@@ -274,21 +274,33 @@ class _MemberRun:
     """One shard's member dicts as ``(name, data)``, up to the marker that ends the shard.
 
     A change of ``__url__`` (or ``__local_path__``) without a marker (``eof_value=None``) also
-    ends a run: a sample never spans shards.
+    ends a run: a sample never spans shards.  Stands for the tar reader in the grouping loop:
+    its offsets count the members' bytes (names, and ``FIELD_COST`` each), so the sample limit
+    applies here as it does to the reader.
     """
 
-    def __init__(self, first: dict, items: Iterator[Any]) -> None:
+    member_offset = None
+
+    def __init__(self, first: dict, items: Iterator[Any], max_sample: int) -> None:
         self._first = first
         self._items = items
         self.url = first.get("__url__")
         self.local_path = first.get("__local_path__")
         self.aborted = False
         self.next_item: Any = _EXHAUSTED
+        self.record_start = 0
+        self.sample_start = 0
+        self.max_sample = max_sample
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
         item: Any = self._first
         while True:
-            yield item["fname"], item["data"]
+            name, data = item["fname"], item["data"]
+            end = self.record_start + len(name) + len(data) + FIELD_COST
+            if end - self.sample_start > self.max_sample:
+                raise _too_large(self.url, name, self.sample_start, end, self.max_sample)
+            yield name, data
+            self.record_start = end
             item = next(self._items, _EXHAUSTED)
             if item is _EXHAUSTED:
                 return
@@ -304,18 +316,8 @@ class _MemberRun:
         """The last sample of the run is kept unless the shard ended in an error (webdataset's rule)."""
         return not self.aborted and valid_sample(sample)
 
-
-class _NoOffsets:
-    """Stands for the tar reader where grouping is fed member dicts: no byte offsets to track."""
-
-    record_start = 0
-    member_offset = None
-
     def finish(self) -> None:
         pass
-
-
-_NO_OFFSETS = _NoOffsets()
 
 
 def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcase: bool = True,
@@ -345,19 +347,19 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
     if record is not None:
         source = _recorded(source, members, record)
     # the grouping generator itself is returned: no generator layer of our own per sample
+    members.max_sample = sample_limit(max_sample, members.max_member)
     return _grouped(source, url, members, keys=keys, lcase=lcase, suffixes=suffixes, local_path=local_path,
-                    where=where, rename_files=rename_files, on_repeat=None, last_ok=None,
-                    max_sample=sample_limit(max_sample, members.max_member))
+                    where=where, rename_files=rename_files, on_repeat=None, last_ok=None)
 
 
-#: what a field costs a sample beyond its bytes and its name, in the limit's count (the dict entry and
-#: objects): so that a stream of empty members under one key is bounded too
+#: what a member dict costs beyond its bytes and its name, in the limit's count where grouping is fed
+#: member dicts (the tar reader counts the tar bytes a sample spans: 512 or more per member)
 FIELD_COST = 256
 
 
 def sample_limit(given: Optional[int] = None, member_limit: Optional[int] = None) -> int:
-    """The most bytes one sample may hold (its fields' data and names, and ``FIELD_COST`` per field):
-    ``given``, else ``WDS_MAX_SAMPLE_SIZE``, else the member limit (``member_limit``, else the setting).
+    """The most bytes one sample may span in its tar stream (headers, long names and data): ``given``,
+    else ``WDS_MAX_SAMPLE_SIZE``, else the member limit (``member_limit``, else the setting).
 
     A sample's fields are held in memory together, so a shard whose members share one key (a few
     bytes each when compressed) could otherwise fill memory one member at a time.
@@ -380,13 +382,13 @@ def _recorded(source: Iterable[tuple[str, Any]], members: Any,
 def _grouped(source: Iterable[tuple[str, Any]], url: Any, members: Any, *, keys: Callable, lcase: bool,
              suffixes: Optional[Iterable[str]], local_path: Optional[str], where: Optional[list],
              rename_files: Optional[Callable], on_repeat: Optional[Callable],
-             last_ok: Optional[Callable[[dict], bool]], max_sample: int) -> Iterator[dict]:
+             last_ok: Optional[Callable[[dict], bool]]) -> Iterator[dict]:
     """The one grouping loop: adjacent ``(name, data)`` members sharing a key become a sample.
 
     ``members`` tells byte offsets (a :class:`TarMembers`, or a stand-in without them); a
     repeated field raises unless ``on_repeat(error)`` says to skip the member; the last sample
-    is yielded when ``last_ok(sample)`` says so (default: it holds a field); a sample holding more
-    than ``max_sample`` bytes (``FIELD_COST`` more per field) is an error.
+    is yielded when ``last_ok(sample)`` says so (default: it holds a field).  ``members.sample_start``
+    is set where each sample begins: the reader refuses a sample spanning more than its sample limit.
     """
     # Kept as one loop (reading, key rules and grouping inline), hence its length: it runs per member,
     # and a call per member would cost the tiny-sample workload of bench_read several percent.
@@ -394,7 +396,7 @@ def _grouped(source: Iterable[tuple[str, Any]], url: Any, members: Any, *, keys:
     fast_keys = keys is base_plus_ext
     current: Optional[dict] = None
     key = None
-    start = held = 0
+    start = 0
     for name, data in source:
         if rename_files is not None:
             name = rename_files(name)
@@ -420,13 +422,9 @@ def _grouped(source: Iterable[tuple[str, Any]], url: Any, members: Any, *, keys:
             if local_path is not None:
                 current["__local_path__"] = local_path
             key = prefix
-            start = members.record_start
-            held = 0
+            start = members.sample_start = members.record_start  # once per sample: the limit's base
         if suffixes is not None and suffix not in suffixes:
             continue
-        held += len(data) + len(suffix) + FIELD_COST
-        if held > max_sample:
-            raise _too_large(url, name, prefix, held, max_sample, members.member_offset)
         if suffix in current:
             offset = members.member_offset
             exn = CorruptShardError(
@@ -446,14 +444,14 @@ def _grouped(source: Iterable[tuple[str, Any]], url: Any, members: Any, *, keys:
     members.finish()  # after the last sample: what trails the archive never delays it
 
 
-def _too_large(url: Any, name: str, key: str, held: int, limit: int, offset: Optional[int]) -> CorruptShardError:
-    where = f" at byte {offset}" if offset is not None else ""
+def _too_large(url: Any, name: str, start: int, end: int, limit: int) -> CorruptShardError:
+    """The error for a sample spanning more than ``limit`` bytes (from ``start`` to ``end``)."""
     return CorruptShardError(
-        f"{redact(url or '<stream>')}: sample {key!r} grows past the limit of {limit} bytes on one sample with its "
-        f"member {name[:200]!r}{where} ({held} bytes, counting names and {FIELD_COST} per field): a shard whose members share one "
-        "key would fill memory. Raise the limit with WDS_MAX_SAMPLE_SIZE (such as 8GiB) or WebDataset(..., "
+        f"{redact(url or '<stream>')}: the sample beginning at byte {start} grows past the limit of {limit} bytes "
+        f"on one sample with the member {name[:200]!r} (it spans {end - start} bytes): a shard whose members share "
+        "one key would fill memory. Raise the limit with WDS_MAX_SAMPLE_SIZE (such as 8GiB) or WebDataset(..., "
         "max_sample_size=) if the shard is trusted; to skip such shards pass handler=warn_and_continue",
-        url=url, member=name, offset=offset, key=key, size=held, limit=limit)
+        url=url, member=name, offset=start, size=end - start, limit=limit)
 
 
 def _checked_start(members: TarMembers, expected: Optional[str], url: str,
