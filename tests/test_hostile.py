@@ -267,8 +267,9 @@ def test_upstream_stages_over_resampled_broken_shards_end_in_an_error(tmp_path):
     missing = [str(tmp_path / f"missing{i}.tar") for i in range(3)]
     damaged = broken_shards(tmp_path, b"not a tar" * 100)
     for paths in (missing, damaged):
-        pipeline = wds.DataPipeline(wds.ResampledShards(paths), wds.pipelinefilter(url_opener)(handler=wds.ignore_and_continue),
-                                    wds.pipelinefilter(tar_file_expander)(handler=wds.ignore_and_continue), group_by_keys)
+        skip = wds.ignore_and_continue
+        pipeline = wds.DataPipeline(wds.ResampledShards(paths), wds.pipelinefilter(url_opener)(handler=skip),
+                                    wds.pipelinefilter(tar_file_expander)(handler=skip), group_by_keys)
         out = bounded(lambda: list(pipeline))
         assert isinstance(out["error"], ValueError) and "gave no sample" in str(out["error"])
 

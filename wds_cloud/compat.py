@@ -157,7 +157,7 @@ class WebDataset(DataPipeline, FluidInterface):
     shards through a local cache.  ``handler`` decides what a damaged shard does.
     ``max_member_size`` (bytes, or a size such as ``"256MB"``; default ``WDS_MAX_MEMBER_SIZE``,
     else 2 GiB) refuses larger members before reading them; ``max_sample_size`` (default
-    ``WDS_MAX_SAMPLE_SIZE``, else the member limit) refuses a sample whose fields together grow past it.
+    ``WDS_MAX_SAMPLE_SIZE``, else the member limit) refuses a sample spanning more of its tar stream.
     Remote shards are read as parallel ranged parts: ``part_size`` (bytes or ``"8MB"``),
     ``concurrency`` (parts in flight; None grows it while that helps, up to ``max_concurrency``;
     1 reads one stream per shard) and ``prefetch`` (how many of the next shards are requested
@@ -239,8 +239,8 @@ class WebDataset(DataPipeline, FluidInterface):
             self._nodesplitter = nodesplitter
         self._reader = TarSamples(handler=handler, select_files=select_files, rename_files=rename_files, keys=keys,
                                   opener=opener, limit=self._equal_limit if self.equal_work is not None else None,
-                                  max_member_size=max_member_size, index_sink=_index_sink(write_index, storage_options),
-                                  max_sample_size=max_sample_size)
+                                  max_member_size=max_member_size, max_sample_size=max_sample_size,
+                                  index_sink=_index_sink(write_index, storage_options))
         self.append(self._reader)
         if empty_check:
             self.append(CheckEmpty())
@@ -454,11 +454,10 @@ class WebLoader(DataPipeline, FluidInterface):
             if is_inexact(state):
                 raise NotResumableError(f"this WebLoader cannot save a resumable state: DataLoader worker "
                                         f"{worker}: {state['inexact']}")
-        progress = self._resume_progress if self._resume_progress is not None else self._progress
         return {"format": LOADER_FORMAT, "num_workers": untag.num_workers, "next": next_worker,
                 "exhausted": sorted(exhausted), "epoch": self._pass_epoch,
                 "workers": [[w, loaderstate.jsonable(s)] for w, s in sorted(states.items())],
-                "progress": list(progress[:2])}
+                "progress": self._current_progress()}
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next pass continue where ``state`` (from :meth:`state_dict`) stood.

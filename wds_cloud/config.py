@@ -224,7 +224,7 @@ class Settings:
     #: the largest tar member or decoded field read into memory (bytes): a hostile or broken
     #: shard fails with a clear error instead of exhausting memory
     max_member_size: int = DEFAULT_MAX_MEMBER_SIZE
-    #: the most bytes one sample may hold (its fields together, plus 256 per field); None: the member limit
+    #: the most bytes of tar stream one sample may span (headers, names, data); None: the member limit
     max_sample_size: Optional[int] = None
     #: parallel ranged reads of remote shards (see :mod:`wds_cloud.io.parallel`): the size of a part, the
     #: parts in flight (None: adaptive, growing up to ``max_concurrency``; 1: one stream per shard), and

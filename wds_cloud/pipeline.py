@@ -263,6 +263,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         return self._state(False, next_pass=True)
 
     def _current_progress(self) -> list:
+        """(pass, items yielded) that a state taken now reports: a loaded state's until a pass begins."""
         progress = self._resume_progress if self._resume_progress is not None else self._progress
         return [progress[0], progress[1]]
 
@@ -270,7 +271,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         blocker = self._stage_facts()[2]
         if blocker is not None:
             raise NotResumableError(f"this pipeline cannot save a resumable state: {blocker}")
-        progress = self._resume_progress if self._resume_progress is not None else self._progress
+        progress = self._current_progress()
         if next_pass or (self._resume_progress is None and not self._progress[2]):
             # iter() was called but the pass has not begun: its stages still describe the pass before
             return {"format": FORMAT, "progress": [0, 0],
@@ -286,7 +287,7 @@ class DataPipeline(IterableDataset, PipelineStage):
                 raise NotResumableError(f"this pipeline cannot save a resumable state: stage {i} "
                                         f"({stage_name(stage)}) could not take its state: "
                                         f"{type(exc).__name__}: {exc}") from exc
-        return {"format": FORMAT, "progress": [progress[0], progress[1]], "stages": stages}
+        return {"format": FORMAT, "progress": progress, "stages": stages}
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next iteration continue where ``state`` (from :meth:`state_dict`) stood.

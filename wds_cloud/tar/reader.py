@@ -24,7 +24,7 @@ from typing import IO, Any, Callable, Iterator, Optional, Protocol, cast
 from ..errors import CorruptShardError, MissingExtraError, redact
 from ..io.backend import WrappedStream
 
-__all__ = ["TarMembers", "open_decompressed", "detect_compression", "CHUNK", "MAX_META_SIZE"]
+__all__ = ["TarMembers", "open_decompressed", "detect_compression", "sample_too_large", "CHUNK", "MAX_META_SIZE"]
 
 CHUNK = 1 << 20
 FIRST_READ = 64 << 10
@@ -192,6 +192,17 @@ def _decompression_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def sample_too_large(url: Any, start: int, end: int, limit: int, member: Optional[str] = None) -> CorruptShardError:
+    """The error for a sample that spans more than ``limit`` bytes, from byte ``start`` to ``end`` (and on)."""
+    about = f" with the member {member[:200]!r}" if member is not None else ""
+    return CorruptShardError(
+        f"{redact(url) or '<stream>'}: the sample beginning at byte {start} grows past the limit of {limit} bytes on "
+        f"one sample{about} (it runs on to byte {end}): a shard whose members share one key would fill memory. "
+        "Raise the limit with WDS_MAX_SAMPLE_SIZE (such as 8GiB) or WebDataset(..., max_sample_size=) if the shard "
+        "is trusted; to skip such shards pass handler=warn_and_continue",
+        url=url, offset=start, member=member, size=end - start, limit=limit)
+
+
 def plain_member(header: bytes) -> Optional[tuple[str, int]]:
     """``(name, size)`` when ``header`` is a plain regular member's (checksum right, type ``0``, no long
     name or PAX record before it is needed); None for anything else, which the full reader handles."""
@@ -320,7 +331,8 @@ class TarMembers:
         the damage are used up, so the complete samples before it are still delivered.
         """
         if self.max_sample is not None and self.member_offset - self.sample_start > self.max_sample:
-            self._sample_too_large()  # checked as the stream is read on (every MiB or member), not per member
+            # checked as the stream is read on (every MiB or large member), not per member
+            raise sample_too_large(self.url, self.sample_start, self.member_offset, self.max_sample)
         have = len(self._buf) - self._pos
         parts = [self._buf[self._pos:]] if have else []
         failure = None
@@ -344,15 +356,6 @@ class TarMembers:
         if failure is not None and have < need:
             raise failure
         return have >= need
-
-    def _sample_too_large(self) -> None:
-        start, limit = self.sample_start, self.max_sample
-        raise CorruptShardError(
-            f"{redact(self.url) or '<stream>'}: the sample beginning at byte {start} grows past the limit of {limit} "
-            f"bytes on one sample (its members run on to byte {self.member_offset} and beyond): a shard whose "
-            "members share one key would fill memory. Raise the limit with WDS_MAX_SAMPLE_SIZE (such as 8GiB) or "
-            "WebDataset(..., max_sample_size=) if the shard is trusted; to skip such shards pass "
-            "handler=warn_and_continue", url=self.url, offset=start, limit=limit)
 
     def _take(self, size: int, name: str, header_offset: int) -> bytes:
         """The next ``size`` bytes (a member's payload), then skip its padding."""

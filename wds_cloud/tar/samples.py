@@ -21,7 +21,7 @@ from .. import config
 from ..errors import ConfigError, CorruptShardError, StateMismatchError, redact
 from ..handlers import reraise_exception
 from ..io.open import gopen
-from .reader import TarMembers
+from .reader import TarMembers, sample_too_large
 
 __all__ = [
     "base_plus_ext", "last_dot_split", "key_rule", "valid_sample", "url_opener", "tar_file_iterator",
@@ -298,7 +298,7 @@ class _MemberRun:
             name, data = item["fname"], item["data"]
             end = self.record_start + len(name) + len(data) + FIELD_COST
             if end - self.sample_start > self.max_sample:
-                raise _too_large(self.url, name, self.sample_start, end, self.max_sample)
+                raise sample_too_large(self.url, self.sample_start, end, self.max_sample, name)
             yield name, data
             self.record_start = end
             item = next(self._items, _EXHAUSTED)
@@ -385,7 +385,7 @@ def _grouped(source: Iterable[tuple[str, Any]], url: Any, members: Any, *, keys:
              last_ok: Optional[Callable[[dict], bool]]) -> Iterator[dict]:
     """The one grouping loop: adjacent ``(name, data)`` members sharing a key become a sample.
 
-    ``members`` tells byte offsets (a :class:`TarMembers`, or a stand-in without them); a
+    ``members`` tells byte offsets (a :class:`TarMembers`, or the member-dict run standing for one); a
     repeated field raises unless ``on_repeat(error)`` says to skip the member; the last sample
     is yielded when ``last_ok(sample)`` says so (default: it holds a field).  ``members.sample_start``
     is set where each sample begins: the reader refuses a sample spanning more than its sample limit.
@@ -442,16 +442,6 @@ def _grouped(source: Iterable[tuple[str, Any]], url: Any, members: Any, *, keys:
             where[3] = None
         yield current
     members.finish()  # after the last sample: what trails the archive never delays it
-
-
-def _too_large(url: Any, name: str, start: int, end: int, limit: int) -> CorruptShardError:
-    """The error for a sample spanning more than ``limit`` bytes (from ``start`` to ``end``)."""
-    return CorruptShardError(
-        f"{redact(url or '<stream>')}: the sample beginning at byte {start} grows past the limit of {limit} bytes "
-        f"on one sample with the member {name[:200]!r} (it spans {end - start} bytes): a shard whose members share "
-        "one key would fill memory. Raise the limit with WDS_MAX_SAMPLE_SIZE (such as 8GiB) or WebDataset(..., "
-        "max_sample_size=) if the shard is trusted; to skip such shards pass handler=warn_and_continue",
-        url=url, member=name, offset=start, size=end - start, limit=limit)
 
 
 def _checked_start(members: TarMembers, expected: Optional[str], url: str,
