@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import re
+import sys
 import urllib.parse
 from typing import Any, Optional
 
@@ -45,21 +46,25 @@ def _azure_error(status: int, body: str, url: str) -> Optional[BaseException]:
         return ObjectChangedError(f"{shown}: the blob changed while it was being read", url=url)
     return None
 
-try:  # azure-core comes with adlfs; without it none of its errors can arise
-    from azure.core.exceptions import (
-        ClientAuthenticationError,
-        HttpResponseError,
-        ResourceModifiedError,
-        ResourceNotFoundError,
-        ServiceRequestError,
-        ServiceResponseError,
-    )
-except ImportError:  # pragma: no cover - the az extra is not installed
-    class _NeverRaised(Exception):
-        """Stands for azure-core's errors when it is not installed."""
+class _NeverRaised(Exception):
+    """Stands for azure-core's errors while azure-core is not imported (so none can have been raised)."""
 
-    ClientAuthenticationError = HttpResponseError = ResourceModifiedError = _NeverRaised  # type: ignore[misc,assignment]
-    ResourceNotFoundError = ServiceRequestError = ServiceResponseError = _NeverRaised  # type: ignore[misc,assignment]
+
+def _azure_errors() -> Any:
+    """azure-core's exceptions module if something imported it, else a stand-in whose classes match nothing.
+
+    Looked up per call instead of imported with this module: every process loads the plugins, and
+    azure-core costs ~30 ms to import, which users who never open an ``az://`` URL should not pay.
+    """
+    module = sys.modules.get("azure.core.exceptions")
+    if module is not None:
+        return module
+
+    class Missing:
+        ClientAuthenticationError = HttpResponseError = ResourceModifiedError = _NeverRaised
+        ResourceNotFoundError = ServiceRequestError = ServiceResponseError = _NeverRaised
+
+    return Missing
 
 
 def translate(exc: BaseException, url: str) -> BaseException:
@@ -68,11 +73,12 @@ def translate(exc: BaseException, url: str) -> BaseException:
     shown = redact(url)
     status = getattr(exc, "status_code", None)
     code = str(getattr(exc, "error_code", "") or "")
-    if status == 412 or isinstance(exc, ResourceModifiedError):
+    azure = _azure_errors()
+    if status == 412 or isinstance(exc, azure.ResourceModifiedError):
         return ObjectChangedError(f"{shown}: the blob changed while it was being read", url=url)
     if status in (429, 500, 502, 503, 504):
         return TransferError(f"{shown}: Azure answered HTTP {status}; it will be retried", url=url, status=status)
-    if isinstance(exc, FileNotFoundError) or status == 404 or isinstance(exc, ResourceNotFoundError):
+    if isinstance(exc, FileNotFoundError) or status == 404 or isinstance(exc, azure.ResourceNotFoundError):
         what = "the container does not exist" if "Container" in code else "no such object"
         return ShardNotFoundError(f"{shown}: {what}", url=url)
     # adlfs wraps a refused upload in a bare RuntimeError; Azure's error code is still in its text
@@ -80,16 +86,16 @@ def translate(exc: BaseException, url: str) -> BaseException:
         c in str(exc) for c in ("AuthorizationFailure", "AuthenticationFailed", "Server failed to authenticate"))
     if wrapped:
         code = "AuthorizationFailure" if "AuthorizationFailure" in str(exc) else "AuthenticationFailed"
-    if isinstance(exc, ClientAuthenticationError) or code in ("AuthenticationFailed", "AuthorizationFailure") or \
+    if isinstance(exc, azure.ClientAuthenticationError) or code in ("AuthenticationFailed", "AuthorizationFailure") or \
             status == 401 or wrapped:
         return CredentialsError(f"{shown}: Azure rejected the credentials ({code or status}); {CREDENTIALS_HINT}",
                                 url=url)
     if status == 403 or isinstance(exc, PermissionError):
         return AccessDeniedError(f"{shown}: access denied by Azure ({code or exc})", url=url)
-    if isinstance(exc, (ServiceRequestError, ServiceResponseError)) or isinstance(exc, ConnectionError):
+    if isinstance(exc, (azure.ServiceRequestError, azure.ServiceResponseError)) or isinstance(exc, ConnectionError):
         return TransferError(f"{shown}: cannot reach the Azure endpoint ({exc}); check that it is running and "
                              "that the account URL / connection string is right", url=url, cause=exc)
-    if isinstance(exc, HttpResponseError) and "payload is not completed" in str(exc):
+    if isinstance(exc, azure.HttpResponseError) and "payload is not completed" in str(exc):
         return TransferError(f"{shown}: the download was cut short ({exc})", url=url, cause=exc)
     if isinstance(exc, ValueError) and "credential" in str(exc).lower():
         return CredentialsError(f"{shown}: {exc}; {CREDENTIALS_HINT}", url=url)

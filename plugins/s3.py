@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.parse
 from typing import Any, Optional
 
 from wds_cloud.errors import (
@@ -31,6 +32,101 @@ CREDENTIALS_HINT = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PRO
 
 
 _XML_CODE = re.compile(r"<Code>([^<]+)</Code>")
+
+
+#: a bucket name S3 serves as ``https://BUCKET.s3.amazonaws.com`` (no dots: the wildcard certificate fits)
+_DNS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
+#: the regions of the standard AWS partition (amazonaws.com); others (China, GovCloud, ISO) go through botocore
+_AWS_REGION = re.compile(r"^(us|eu|ap|sa|ca|me|af|il|mx)-[a-z]+-\d+$")
+#: Config settings that only shape botocore's connections, not the URL or the signature
+_TRANSPORT_ONLY = {"max_pool_connections", "connect_timeout", "read_timeout", "retries", "tcp_keepalive",
+                   "user_agent", "user_agent_extra", "user_agent_appid"}
+#: the AWS variables (config.AWS_S3_VARS) that only name an endpoint; with any other one set the client signs
+_ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+
+
+class LocalSigner:
+    """Presigns S3 GETs without a botocore client, for the common cases.
+
+    Creating a botocore client parses botocore's endpoint and S3 service models (~70-230 ms,
+    once per process, so once per DataLoader worker too), which is most of the time to a first
+    sample.  A presigned GET needs none of it: the credentials (botocore's own chain, so profiles,
+    SSO, roles and refresh work as before), the region, and the URL.  This class makes the URL
+    itself where botocore's rule is simple (an endpoint_url: path style; AWS: a DNS-safe bucket
+    on ``s3.amazonaws.com``) and signs it with botocore's SigV4 query signer, so the result equals
+    the client's URL.  Anything else (accelerate, FIPS, dual-stack, access points, other partitions,
+    addressing settings) answers None from :meth:`presign` and the client signs.
+    """
+
+    def __init__(self, storage_options: dict, aws_s3: tuple[tuple[str, str], ...] = ()) -> None:
+        import botocore.session
+
+        options = storage_options
+        env = dict(aws_s3)
+        client_kwargs = dict(options.get("client_kwargs") or {})
+        config_kwargs = dict(options.get("config_kwargs") or {})
+        self.anon = bool(options.get("anon"))
+        self.usable = (set(config_kwargs) <= _TRANSPORT_ONLY
+                       and set(client_kwargs) <= {"endpoint_url", "region_name", "aws_access_key_id",
+                                                  "aws_secret_access_key", "aws_session_token"}
+                       and set(env) <= set(_ENDPOINT_VARS))
+        self.session = botocore.session.Session(profile=options.get("profile"))
+        endpoint = (options.get("endpoint_url") or client_kwargs.get("endpoint_url")
+                    or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"))
+        try:
+            scoped = self.session.get_scoped_config()
+        except Exception:  # a named profile that does not exist: the client says so in its words
+            self.usable = False
+            scoped = {}
+        if any(name in scoped for name in ("s3", "services", "endpoint_url", "use_fips_endpoint",
+                                           "use_dualstack_endpoint", "ignore_configured_endpoint_urls")):
+            self.usable = False
+        self.endpoint = endpoint.rstrip("/") if endpoint else None
+        self.region = client_kwargs.get("region_name") or self.session.get_config_variable("region") or "us-east-1"
+        if self.endpoint is None and not _AWS_REGION.match(self.region):
+            self.usable = False
+        # as the client is built below: client_kwargs first, then s3fs's key/secret/token
+        self.key = client_kwargs.get("aws_access_key_id") or options.get("key")
+        self.secret = client_kwargs.get("aws_secret_access_key") or options.get("secret")
+        self.token = client_kwargs.get("aws_session_token") or options.get("token")
+        self._credentials: Any = None
+
+    def url_for(self, bucket: str, key: str) -> Optional[str]:
+        """The unsigned URL of the object, or None where botocore's addressing rules are not simple."""
+        quoted = urllib.parse.quote(key, safe="/~")
+        if self.endpoint is not None:
+            return f"{self.endpoint}/{bucket}/{quoted}"
+        if _DNS_BUCKET.match(bucket) and "--" not in bucket:  # "--": S3 Express and the like
+            return f"https://{bucket}.s3.amazonaws.com/{quoted}"
+        return None
+
+    def credentials(self) -> Any:
+        if self._credentials is None:
+            if self.key and self.secret:
+                from botocore.credentials import Credentials
+
+                self._credentials = Credentials(self.key, self.secret, self.token)
+            else:
+                self._credentials = self.session.get_credentials()
+                if self._credentials is None:
+                    import botocore.exceptions
+
+                    raise botocore.exceptions.NoCredentialsError()
+        return self._credentials
+
+    def presign(self, bucket: str, key: str, expires: int = 3600) -> Optional[str]:
+        if not self.usable or bucket.startswith("arn:"):
+            return None
+        url = self.url_for(bucket, key)
+        if url is None or self.anon:
+            return url
+        from botocore.auth import S3SigV4QueryAuth
+        from botocore.awsrequest import AWSRequest
+
+        request = AWSRequest(method="GET", url=url)
+        S3SigV4QueryAuth(self.credentials().get_frozen_credentials(), "s3", self.region,
+                         expires=expires).add_auth(request)
+        return request.url
 
 
 def split(url: str) -> tuple[str, str]:
@@ -125,6 +221,7 @@ class S3Backend(FsspecBackend):
         super().__init__(settings, **storage_options)
         self._client = None
         self._client_pid = os.getpid()
+        self._signer: Optional[LocalSigner] = None
 
     def make_fs(self) -> Any:
         import s3fs
@@ -142,8 +239,24 @@ class S3Backend(FsspecBackend):
                 self._client, self._client_pid = self._make_client(), os.getpid()
         return self._client
 
+    @property
+    def signer(self) -> LocalSigner:
+        require(self.scheme, self.requires, self.extra)
+        with self._lock:
+            if self._signer is None:  # no connection inside: safe to keep across a fork
+                self._signer = LocalSigner(self.storage_options, self.settings.aws_s3 if self.settings else ())
+        return self._signer
+
+    def presign(self, bucket: str, key: str) -> str:
+        """A GET URL for the object, valid an hour: signed here where that is simple, else by the client."""
+        signed = self.signer.presign(bucket, key)
+        if signed is None:
+            signed = self.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key},
+                                                        ExpiresIn=3600)
+        return signed
+
     def _make_client(self) -> Any:
-        # botocore (which s3fs brings through aiobotocore) signs the GETs; boto3 is not needed.
+        # botocore (which s3fs brings through aiobotocore) builds the client; boto3 is not needed.
         import botocore
         import botocore.session
         from botocore.config import Config
@@ -165,7 +278,7 @@ class S3Backend(FsspecBackend):
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
                   timeout: Optional[float] = None, length: Optional[int] = None) -> InStream:
-        """One GET for the whole shard, signed by boto3 and streamed with http.client.
+        """One GET for the whole shard (or the range asked for), presigned and streamed with http.client.
 
         The signed URL is made locally (no request) and read straight from the
         socket, without botocore's and urllib3's per-read overhead; it never
@@ -174,8 +287,7 @@ class S3Backend(FsspecBackend):
         bucket, key = split(url)
         headers = {"If-Match": version} if version else {}
         try:
-            signed = self.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key},
-                                                        ExpiresIn=3600)
+            signed = self.presign(bucket, key)
             stream = HTTPReadStream(signed, offset, headers, timeout or 60.0, display_url=url,
                                     credentials_hint=CREDENTIALS_HINT, error_body=_s3_error, length=length)
         except Exception as exc:

@@ -19,6 +19,19 @@ from .errors import ConfigError
 
 __all__ = ["Settings", "current", "parse_size", "parse_positive_size", "parse_bool", "parse_count", "ENV_VARS"]
 
+#: AWS variables that change where or how botocore addresses S3: the s3 plugin presigns a GET itself only
+#: where none of these asks for more than an endpoint (see plugins/s3.py); botocore reads them as ever
+AWS_S3_VARS = (
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ENDPOINT_URL",
+    "AWS_USE_FIPS_ENDPOINT",
+    "AWS_USE_DUALSTACK_ENDPOINT",
+    "AWS_S3_US_EAST_1_REGIONAL_ENDPOINT",
+    "AWS_S3_USE_ARN_REGION",
+    "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
+    "AWS_S3_DISABLE_MULTIREGION_ACCESS_POINTS",
+)
+
 #: Every variable name ``from_environ`` looks up (``WDS_<NAME>`` for ``${NAME}``
 #: substitution in shard specs is the one family read by prefix).
 ENV_VARS = (
@@ -55,7 +68,7 @@ ENV_VARS = (
     "WDS_RETRIES",
     "WDS_RETRY_TIMEOUT",
     "WDS_RETRY_BACKOFF",
-)
+) + AWS_S3_VARS
 
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
 _FALSE = {"0", "false", "no", "off", "n", "f", ""}
@@ -233,6 +246,8 @@ class Settings:
     concurrency: Optional[int] = None
     max_concurrency: int = 16
     prefetch: int = 1
+    #: the :data:`AWS_S3_VARS` that are set, as (name, value) pairs
+    aws_s3: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> "Settings":
@@ -275,6 +290,7 @@ class Settings:
             concurrency=parse_count("WDS_CONCURRENCY", get("WDS_CONCURRENCY"), None, 1),
             max_concurrency=parse_count("WDS_MAX_CONCURRENCY", get("WDS_MAX_CONCURRENCY"), 16, 1),
             prefetch=parse_count("WDS_PREFETCH", get("WDS_PREFETCH"), 1, 0),
+            aws_s3=tuple((name, value) for name in AWS_S3_VARS if (value := get(name) or "")),
         )
 
     def replace(self, **changes: Any) -> "Settings":

@@ -12,14 +12,17 @@ import argparse
 import hashlib
 import io
 import json
+import multiprocessing
+import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from .errors import ConfigError, CorruptShardError, IntegrityError, ShardNotFoundError, WdsCloudError, redact
 from .index import build_index, index_of, read_index, wids_description, write_index
 from .io.integrity import Hashing
 from .io.open import gopen
+from .io.urls import is_local
 from .manifest import Manifest, load_manifest
 from .shardlists import expand_urls
 from .tar.index import index_stream
@@ -49,9 +52,8 @@ def _emit(args: argparse.Namespace, data: Any, text: Callable[[Any], str]) -> No
 
 def _jobs(args: argparse.Namespace, urls: list[str]) -> int:
     """``--jobs``, or by default 8 for remote shards (waiting on the network) and 1 for local ones (reading
-    local headers is CPU work, which threads in one interpreter only slow down)."""
-    from .io.urls import is_local
-
+    local headers is CPU work, which threads in one interpreter only slow down; ``index`` spreads local
+    shards over one process per core instead)."""
     if args.jobs is not None:
         if args.jobs < 1:
             raise ConfigError("--jobs must be at least 1")
@@ -183,6 +185,16 @@ def _stat(args: argparse.Namespace) -> int:
 
 
 # index
+def _index_one(url: str, output: Optional[str], fmt: Optional[str]) -> dict:
+    """Index one shard and write its index (``fmt`` None: only the row of a wids description); in a worker
+    thread or process."""
+    index = build_index(url)
+    row = {"url": url, "nsamples": len(index), "filesize": index.size}
+    if fmt is not None:
+        row["index"] = write_index(index, output, fmt)
+    return row
+
+
 def _index(args: argparse.Namespace) -> int:
     urls = _urls(args.spec)
     if args.format == "wids" and not args.output:
@@ -191,15 +203,18 @@ def _index(args: argparse.Namespace) -> int:
         raise ConfigError("--output names one index file: with several shards, leave it out (each index is "
                           "written beside its shard)")
 
-    def one(url: str) -> dict:
-        index = build_index(url)
-        row = {"url": url, "nsamples": len(index), "filesize": index.size}
-        if args.format != "wids":
-            row["index"] = write_index(index, args.output, args.format)
-        return row
-
-    with ThreadPoolExecutor(max_workers=_jobs(args, urls)) as pool:
-        rows = list(_progress(pool.map(one, urls), len(urls), "index"))
+    jobs = _jobs(args, urls)
+    local = all(is_local(u) for u in urls)
+    if args.jobs is None and local:  # headers only: CPU work, spread over processes where fork makes them cheap
+        jobs = min(os.cpu_count() or 1, len(urls))
+    output = args.output if args.format != "wids" else None
+    fmt = args.format if args.format != "wids" else None
+    fork = multiprocessing.get_all_start_methods()[0] == "fork" if local and jobs > 1 else False
+    pool: Executor = (ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
+                      if fork else ThreadPoolExecutor(max_workers=jobs))
+    with pool:
+        rows = list(_progress(pool.map(_index_one, urls, [output] * len(urls), [fmt] * len(urls)), len(urls),
+                              "index"))
     if args.format == "wids":
         with gopen(args.output, "wb") as out:
             out.write(json.dumps(wids_description(rows, name=args.name), indent=1).encode("utf-8"))
@@ -345,9 +360,9 @@ def add_parsers(commands: Any) -> None:
         sub.add_argument("--json", action="store_true", help="print JSON for scripts")
         return sub
 
-    def jobs(sub: argparse.ArgumentParser, what: str) -> None:
+    def jobs(sub: argparse.ArgumentParser, what: str, local: str = "1 for local ones") -> None:
         sub.add_argument("--jobs", type=int, default=None,
-                         help=f"shards {what} at once (default: 8 for remote shards, 1 for local ones)")
+                         help=f"shards {what} at once (default: 8 for remote shards, {local})")
 
     ls = add("ls", "list a shard's members (or samples) with their sizes", "wds-cloud ls s3://bucket/train-0000.tar")
     ls.add_argument("url", help="the shard (any URL)")
@@ -374,7 +389,7 @@ def add_parsers(commands: Any) -> None:
                        help="json: ours (SHARD.index.json); dali: SHARD.idx; wids: one dataset description")
     index.add_argument("--output", help="where to write (one shard's index, or the wids description)")
     index.add_argument("--name", help="the dataset's name in a wids description")
-    jobs(index, "indexed")
+    jobs(index, "indexed", "one process per core for local ones")
     index.set_defaults(func=_index)
 
     verify = add("verify", "read every shard completely: tar structure, samples, checksums against a manifest",

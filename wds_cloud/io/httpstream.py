@@ -31,6 +31,7 @@ from ..errors import (
     redact,
 )
 from .backend import read_to_end, skip
+from .keepalive import POOL, STALE
 
 __all__ = ["HTTPReadStream", "request", "exchange", "raise_for_status", "connection_error"]
 
@@ -90,10 +91,20 @@ def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, 
         path = parts.path or "/"
         if parts.query:
             path += "?" + parts.query
-        conn = _connection(parts, timeout)
+        key = POOL.key(parts.scheme, parts.hostname or "", parts.port)
+        kept = POOL.take(key, timeout) if method in ("GET", "HEAD") else None
+        conn = kept or _connection(parts, timeout)
         try:
-            conn.request(method, path, body=body, headers=dict(headers or {}))
-            response = conn.getresponse()
+            try:
+                conn.request(method, path, body=body, headers=dict(headers or {}))
+                response = conn.getresponse()
+            except STALE:
+                if kept is None:
+                    raise
+                conn.close()  # the server closed the kept connection as it was used: once more on a new one
+                conn = _connection(parts, timeout)
+                conn.request(method, path, body=body, headers=dict(headers or {}))
+                response = conn.getresponse()
         except http.client.InvalidURL as exc:  # a space or control character: no retry makes it valid
             conn.close()
             raise TransferError(f"{redact(display_url)}: not a valid HTTP URL ({redact(str(exc))}); quote the "
@@ -385,11 +396,22 @@ class HTTPReadStream:
                 pass
 
     def close(self) -> None:
+        """Close the response; its connection is kept for the next request when the body was read to its end."""
+        if getattr(self, "closed", False) is True:
+            return
         self.closed = True
+        response, conn = self._response, self._conn
+        reusable = (getattr(self, "remaining", None) == 0 and not self._pending and self.ranged is not False
+                    and response.status in (200, 206, 416) and not response.will_close and conn.sock is not None)
         try:
-            self._response.close()
+            response.close()
         finally:
-            self._conn.close()
+            if reusable:
+                parts_key = POOL.key("https" if isinstance(conn, http.client.HTTPSConnection) else "http",
+                                     conn.host, conn.port)
+                POOL.give(parts_key, conn)
+            else:
+                conn.close()
 
     def __enter__(self) -> "HTTPReadStream":
         return self

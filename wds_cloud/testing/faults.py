@@ -10,7 +10,9 @@ Faults apply to the server-to-client direction of each connection:
 stops forwarding (the client sees silence), ``truncate_after=N`` closes the
 connection cleanly (a short body), and ``error_first=K`` answers the first K
 requests itself with ``error_status`` (503 by default; ``error_body`` may hold an
-S3 ``SlowDown`` XML).  Settings may be changed while it runs.  Every loop is
+S3 ``SlowDown`` XML).  A client keeps connections for more requests (keep-alive): a request on
+such a connection while errors are due closes it unanswered, so the client connects again and
+meets the error.  Settings may be changed while it runs.  Every loop is
 bounded: threads end when either side closes or the proxy stops.
 """
 
@@ -76,6 +78,9 @@ class FaultProxy:
         Counting follows each send, so a client may hold bytes the count does not show yet;
         a test reads the count after this, never by guessing how long the proxy needs.
         """
+        from wds_cloud.io.keepalive import POOL
+
+        POOL.clear()  # connections this process keeps for reuse are done with: close them, so they finish
         with self._idle:
             if not self._idle.wait_for(lambda: self._active == 0, timeout):
                 raise TimeoutError(f"{self._active} proxied connection(s) still open after {timeout} s")
@@ -116,15 +121,21 @@ class FaultProxy:
         except OSError:
             client.close()
             return
+        for sock in (client, upstream):  # forward each piece at once, as a server does (no Nagle delay)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         asked: list = []  # when the requests whose responses have not begun were sent (the link's clock)
-        threading.Thread(target=self._pump_requests, args=(client, upstream, asked), daemon=True).start()
-        self._pump_responses(upstream, client, asked)
+        answered: list = []  # not empty once a response went back on this connection
+        threading.Thread(target=self._pump_requests, args=(client, upstream, asked, answered), daemon=True).start()
+        self._pump_responses(upstream, client, asked, answered)
 
-    def _pump_requests(self, client: socket.socket, upstream: socket.socket, asked: list) -> None:
+    def _pump_requests(self, client: socket.socket, upstream: socket.socket, asked: list, answered: list) -> None:
         try:
             while not self._stopped.is_set():
                 data = client.recv(65536)
                 if not data:
+                    break
+                if answered and self.error_first > 0:  # a kept connection reused while errors are due
+                    client.shutdown(socket.SHUT_RDWR)
                     break
                 asked.append(time.monotonic())
                 upstream.sendall(data)
@@ -136,7 +147,7 @@ class FaultProxy:
             except OSError:
                 pass
 
-    def _pump_responses(self, upstream: socket.socket, client: socket.socket, asked: list) -> None:
+    def _pump_responses(self, upstream: socket.socket, client: socket.socket, asked: list, answered: list) -> None:
         sent = 0
         due = 0.0  # when the link has carried what was sent so far (pacing)
         try:
@@ -164,6 +175,8 @@ class FaultProxy:
                     self._fault(client)
                     return
                 client.sendall(data)
+                if not answered:
+                    answered.append(True)
                 sent += len(data)
                 with self._lock:
                     self.bytes_forwarded += len(data)
