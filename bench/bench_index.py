@@ -3,7 +3,8 @@ wids 0.1.11 (downloads each shard whole, then reads it mapped) side by side, ove
 and moto's S3 server (wids reads s3:// with the `aws` command: pip install awscli).
 
 1,000 random samples out of 64 shards x 1,000 samples (~22 KB JPEG-sized fields).  Printed: time to the
-first sample (median of 5 cold starts: a new dataset, no kept connection, an empty cache), samples/s, and bytes that crossed the network (counted by a proxy both readers go through);
+first sample (median of 5 cold starts: a new dataset, no kept connection, an empty cache), samples/s, and
+bytes that crossed the network (counted by a proxy both readers go through);
 then both readers with their local copies warm (our shard cache, wids' download cache); and the rate of
 `wds-cloud index` over the local shards next to a plain read of them.  wids is installed only in the
 benchmark environment (pip install wids==0.1.11), never as a dependency.

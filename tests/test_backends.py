@@ -316,7 +316,8 @@ def test_use_ais_for_naming_a_scheme_aistore_cannot_proxy_is_a_config_error(monk
 
 
 @pytest.mark.parametrize("options, env, bucket, key", [
-    ({"key": "AKIDEXAMPLE", "secret": "s3cr3t", "endpoint_url": "http://127.0.0.1:9000"}, {}, "bench", "a/b c+d~é.tar"),
+    ({"key": "AKIDEXAMPLE", "secret": "s3cr3t", "endpoint_url": "http://127.0.0.1:9000"}, {}, "bench",
+     "a/b c+d~é.tar"),
     ({"key": "AKIDEXAMPLE", "secret": "s3cr3t", "token": "tok",
       "client_kwargs": {"endpoint_url": "https://minio.local:9000/base/", "region_name": "eu-west-1"}},
      {}, "Up_per", "x//y.tar"),

@@ -50,7 +50,10 @@ def write_index(index: ShardIndex, url: Optional[str] = None, fmt: str = "json",
         raise ConfigError(f"index format {fmt!r} is not one of {', '.join(FORMATS)} (wids descriptions list whole "
                           "datasets: see wds_cloud.index.wids_description)")
     url = url or (index_url(index.url) if fmt == "json" else dali_url(index.url))
-    text = json.dumps(index.to_json(), separators=(",", ":"), check_circular=False) if fmt == "json" else dali_text(index)
+    if fmt == "json":
+        text = json.dumps(index.to_json(), separators=(",", ":"), check_circular=False)
+    else:
+        text = dali_text(index)
     with gopen(url, "wb", storage_options=storage_options) as out:
         out.write(text.encode("utf-8"))
     return url
