@@ -83,6 +83,7 @@ from .handlers import (
 from .indexed import ShardListDataset
 from .io import hookimpl
 from .mix import RandomMix, RoundRobin
+from .mixing import MixedDataset, from_spec
 from .pipeline import DataPipeline
 from .resume import Resumable
 from .shardlists import (
@@ -120,7 +121,7 @@ __all__ = [
     # handlers
     "reraise_exception", "warn_and_continue", "ignore_and_continue", "warn_and_stop", "ignore_and_stop",
     # mixing
-    "RandomMix", "RoundRobin",
+    "RandomMix", "RoundRobin", "from_spec", "MixedDataset",
     # I/O
     "gopen", "gopen_schemes", "reader", "LRUCleanup", "pipe_cleaner",
     # writing

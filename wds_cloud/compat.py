@@ -146,6 +146,17 @@ def check_empty(source: Iterable) -> Iterator:
         )
 
 
+def _names_mix_spec(urls: Any, storage_options: Optional[dict]) -> bool:
+    """Whether ``urls`` is one of our dataset specs (a dict, or a .yaml/.yml/.json file holding one)."""
+    from .spec import is_mix_spec, read_spec_file
+
+    if isinstance(urls, dict):
+        return is_mix_spec(urls)
+    if isinstance(urls, str) and re.search(r"\.(ya?ml|json)$", urls):
+        return is_mix_spec(read_spec_file(urls, storage_options))
+    return False
+
+
 class WebDataset(DataPipeline, FluidInterface):
     """Samples from WebDataset shards named by ``urls`` (a spec string, a list, a JSON/YAML spec, a directory/).
 
@@ -170,6 +181,15 @@ class WebDataset(DataPipeline, FluidInterface):
     beside it (``SHARD.index.json``, for random access) as a by-product of the pass; a callable is
     given each :class:`~wds_cloud.index.ShardIndex` instead.
     """
+
+    def __new__(cls, urls: Any = None, *args: Any, **kwargs: Any) -> "WebDataset":
+        # A dataset spec of ours (version + sources, a dict or a .yaml/.json file) is a mix of sources:
+        # a MixedDataset (a WebDataset subclass), which Python then initializes with the same arguments.
+        if cls is WebDataset and _names_mix_spec(urls, kwargs.get("storage_options")):
+            from .mixing import MixedDataset
+
+            return super().__new__(MixedDataset)
+        return super().__new__(cls)
 
     def __init__(self, urls: Any, handler: Callable = reraise_exception, mode: Optional[str] = None,
                  resampled: bool = False, repeat: bool = False, shardshuffle: Union[int, bool, None] = None,

@@ -14,6 +14,12 @@ dataset (``storage_options=``) over all of them::
     key = "minio"
     secret = "minio-secret"
 
+Named profiles, for dataset specs (``profile: NAME`` in a source), are tables under ``[profiles]``::
+
+    [profiles.laion]
+    endpoint_url = "https://s3.example.com"
+    key = "..."
+
 The keys ``part_size``, ``concurrency``, ``max_concurrency`` and ``prefetch`` are not storage
 options: they tune the parallel ranged reads of the matching URLs (:mod:`wds_cloud.io.parallel`).
 """
@@ -28,12 +34,12 @@ from typing import Any, Optional
 from ..config import Settings
 from ..errors import ConfigError
 
-__all__ = ["load_profiles", "options_for", "transfer_for", "TRANSFER_KEYS"]
+__all__ = ["load_profiles", "named_profile", "options_for", "transfer_for", "TRANSFER_KEYS"]
 
 #: profile keys that tune transfers (parallel ranged reads), kept from the backend's storage options
 TRANSFER_KEYS = ("part_size", "concurrency", "max_concurrency", "prefetch")
 
-_cache: dict[str, tuple[float, tuple]] = {}
+_cache: dict[str, tuple[float, tuple, dict]] = {}
 _lock = threading.Lock()
 
 
@@ -46,16 +52,31 @@ def _toml() -> Any:
 
 def load_profiles(path: Optional[str]) -> tuple[tuple[str, dict], ...]:
     """The (prefix, options) pairs of the profiles file, longest prefix last; cached until the file changes."""
+    return _load(path)[0]
+
+
+def named_profile(name: str, settings: Settings) -> dict:
+    """The storage options of the profile called ``name`` (a ``[profiles.NAME]`` table of the profiles file),
+    as dataset specs name them (``profile: NAME``); ConfigError naming the file when there is none."""
+    named = _load(settings.cloud_config)[1]
+    if name not in named:
+        where = settings.cloud_config or "the profiles file (WDS_CLOUD_CONFIG)"
+        raise ConfigError(f"no profile {name!r} in {where}: add a [profiles.{name}] table with its storage options"
+                          f"{' (it has ' + ', '.join(sorted(named)) + ')' if named else ''}")
+    return dict(named[name])
+
+
+def _load(path: Optional[str]) -> tuple[tuple[tuple[str, dict], ...], dict]:
     if not path:
-        return ()
+        return (), {}
     try:
         mtime = os.stat(path).st_mtime
     except FileNotFoundError:
-        return ()
+        return (), {}
     with _lock:
         cached = _cache.get(path)
         if cached and cached[0] == mtime:
-            return cached[1]
+            return cached[1], cached[2]
     try:
         with open(path, "rb") as f:
             data = _toml().load(f)
@@ -63,6 +84,10 @@ def load_profiles(path: Optional[str]) -> tuple[tuple[str, dict], ...]:
         raise ConfigError(f"{path}: cannot read the wds_cloud profiles file: {exc}; it should hold one TOML "
                           'table per URL prefix, e.g. ["s3://bucket/"] with endpoint_url = "..."') from exc
     profiles = []
+    named = data.pop("profiles", {})
+    if not isinstance(named, dict) or not all(isinstance(v, dict) for v in named.values()):
+        raise ConfigError(f"{path}: [profiles] should hold one table per profile name, e.g. [profiles.laion] "
+                          "with its storage options")
     for prefix, options in data.items():
         if not isinstance(options, dict) or "://" not in prefix and not prefix.endswith(":"):
             raise ConfigError(f"{path}: [{prefix!r}] should be a URL prefix such as \"s3://bucket/\" "
@@ -70,8 +95,8 @@ def load_profiles(path: Optional[str]) -> tuple[tuple[str, dict], ...]:
         profiles.append((prefix, dict(options)))
     result = tuple(sorted(profiles, key=lambda p: len(p[0])))
     with _lock:
-        _cache[path] = (mtime, result)
-    return result
+        _cache[path] = (mtime, result, named)
+    return result, named
 
 
 def options_for(url: str, settings: Settings, storage_options: Optional[dict] = None) -> dict:

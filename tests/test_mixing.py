@@ -1,0 +1,212 @@
+"""Dataset specs and weighted mixing: schema, shares, determinism, running out, exact resume, stores, stats."""
+
+import collections
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import wds_cloud as wds
+from wds_cloud.errors import ConfigError, SecurityError, StateMismatchError
+from wds_cloud.gopen import gopen
+from wds_cloud.mixing import MixedDataset
+
+SIZES = {"a": (4, 300), "b": (3, 200), "c": (2, 100)}  # source: (shards, samples per shard)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mix")
+    for name, (count, per) in SIZES.items():
+        for s in range(count):
+            with wds.TarWriter(str(root / f"{name}-{s}.tar")) as w:
+                for i in range(per):
+                    w.write({"__key__": f"{name}{s}-{i:04d}", "txt": f"{name} {s} {i}".encode()})
+    return root
+
+
+def spec_for(root, **top):
+    sources = [
+        {"name": "a", "urls": f"{root}/a-{{0..3}}.tar", "weight": 5},
+        {"name": "b", "urls": [f"{root}/b-{i}.tar" for i in range(3)], "weight": 3, "resampled": True},
+        {"name": "c", "urls": f"{root}/c-{{0..1}}.tar", "weight": 2, "shuffle": 50},
+    ]
+    return dict({"version": 1, "seed": 7, "sources": sources}, **top)
+
+
+def keys(ds):
+    return [s["__key__"] for s in ds]
+
+
+# the schema
+@pytest.mark.parametrize("change, message", [
+    (lambda s: s.update(version=2), "'version' is 2"),
+    (lambda s: s.update(sources=[]), "'sources' must be a non-empty list"),
+    (lambda s: s.update(extra=1), "unknown top-level field"),
+    (lambda s: s.update(samples_per_epoch=0), "'samples_per_epoch' must be a positive integer"),
+    (lambda s: s["sources"][0].update(weight=-1), "source 'a': 'weight' must be a positive number"),
+    (lambda s: s["sources"][1].update(wieght=1), "source 'b': unknown field(s) 'wieght'"),
+    (lambda s: s["sources"][2].update(urls=[]), "source 'c': 'urls' must be"),
+    (lambda s: s["sources"][2].update(resampled="yes"), "source 'c': 'resampled' must be true or false"),
+    (lambda s: s["sources"][2].update(name="a"), "source name(s) 'a' appear more than once"),
+    (lambda s: s["sources"][0].pop("name"), "sources[0]: 'name' is missing"),
+    (lambda s: s["sources"][0].update(storage_options=[1]), "source 'a': 'storage_options' must be a mapping"),
+])
+def test_schema_errors_name_the_source_and_the_field(shards, change, message):
+    spec = spec_for(shards)
+    change(spec)
+    with pytest.raises(ConfigError) as info:
+        wds.from_spec(spec)
+    assert message in str(info.value) and "docs/specs.md" in str(info.value)
+
+
+def test_a_yaml_or_json_file_opens_as_a_webdataset(shards, tmp_path):
+    yaml = pytest.importorskip("yaml")
+    spec = spec_for(shards, samples_per_epoch=600)
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(spec))
+    (tmp_path / "train.json").write_text(json.dumps(spec))
+    from_yaml = wds.WebDataset(str(tmp_path / "train.yaml"))
+    assert isinstance(from_yaml, MixedDataset) and isinstance(from_yaml, wds.WebDataset)
+    expected = keys(wds.from_spec(spec))
+    assert len(expected) == 600
+    assert keys(from_yaml) == expected == keys(wds.WebDataset(str(tmp_path / "train.json")))
+    # stages chain as on any WebDataset
+    assert next(iter(wds.WebDataset(str(tmp_path / "train.yaml")).decode().to_tuple("txt")))[0].count(" ") == 2
+
+
+def test_relative_urls_in_a_spec_file_are_resolved_against_it(shards):
+    (shards / "rel.json").write_text(json.dumps({"version": 1, "sources": [{"name": "c", "urls": "c-{0..1}.tar"}]}))
+    assert len(keys(wds.WebDataset(str(shards / "rel.json")))) == 200
+
+
+def test_pipe_urls_in_a_spec_file_are_untrusted(tmp_path, monkeypatch):
+    monkeypatch.delenv("WDS_ALLOW_UNTRUSTED_PIPES", raising=False)
+    spec = {"version": 1, "sources": [{"name": "p", "urls": ["pipe:echo pwned > /dev/null"]}]}
+    (tmp_path / "evil.json").write_text(json.dumps(spec))
+    with pytest.raises(SecurityError):
+        list(wds.WebDataset(str(tmp_path / "evil.json")))
+
+
+def test_webdatasets_yaml_form_still_works(shards, tmp_path):
+    pytest.importorskip("yaml")
+    (tmp_path / "old.yaml").write_text(f"prefix: {shards}\ndatasets:\n  - name: c\n    shards: c-{{0..1}}.tar\n"
+                                       "    perepoch: 2\n")
+    assert len(keys(wds.WebDataset(str(tmp_path / "old.yaml"), shardshuffle=False))) == 200
+
+
+# shares and determinism
+def test_weights_give_the_shares_within_one_percent_over_100k_samples(shards):
+    spec = spec_for(shards, samples_per_epoch=100_000)
+    for source in spec["sources"]:
+        source["resampled"] = True
+    ds = wds.from_spec(spec)
+    counts = collections.Counter(s["__source__"] for s in ds)
+    assert sum(counts.values()) == 100_000
+    for name, weight in (("a", 0.5), ("b", 0.3), ("c", 0.2)):
+        assert abs(counts[name] / 100_000 - weight) < 0.01, counts
+    stats = ds.stats["sources"]
+    assert stats["a"]["samples"] == counts["a"] and stats["a"]["target"] == pytest.approx(0.5)
+    assert stats["a"]["bytes"] > 0 and abs(stats["c"]["share"] - 0.2) < 0.01
+
+
+def test_the_mix_is_a_function_of_seed_epoch_rank_and_worker(shards, monkeypatch):
+    spec = spec_for(shards, samples_per_epoch=400)
+    ds = wds.from_spec(spec)
+    epoch0, epoch1 = keys(ds), keys(ds)
+    assert epoch0 == keys(wds.from_spec(spec)) and epoch0 != epoch1
+    assert keys(wds.from_spec(spec_for(shards, samples_per_epoch=400, seed=8))) != epoch0
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    rank0 = keys(wds.from_spec(spec))
+    monkeypatch.setenv("RANK", "1")
+    rank1 = keys(wds.from_spec(spec))
+    assert len(rank0) == len(rank1) == 200
+    # each source split over the ranks like a single dataset: no sample of a finite source on both ranks
+    finite = {k for k in rank0 if k.startswith(("a", "c"))} & {k for k in rank1 if k.startswith(("a", "c"))}
+    assert not finite
+
+
+def test_without_samples_per_epoch_the_epoch_ends_with_the_first_finite_source(shards):
+    got = collections.Counter(s["__source__"] for s in wds.from_spec(spec_for(shards)))
+    assert got["c"] == 200 or got["a"] == 1200  # one finite source ran out, and the epoch ended there
+    assert got["b"] > 0
+
+
+def test_with_samples_per_epoch_a_finite_source_that_runs_out_leaves_the_mix(shards):
+    spec = spec_for(shards, samples_per_epoch=3000)
+    got = collections.Counter(s["__source__"] for s in wds.from_spec(spec))
+    assert got["c"] == 200 and got["a"] == 1200 and got["b"] == 1600  # both finite ones used up, b fills
+
+
+# exact resume
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(0, 1399), epochs_before=st.integers(0, 1), through_json=st.booleans())
+def test_resume_through_the_mix_yields_exactly_the_rest(shards, cut, epochs_before, through_json):
+    spec = spec_for(shards, samples_per_epoch=1400)
+    reference = wds.from_spec(spec)
+    for _ in range(epochs_before):
+        keys(reference)
+    expected = keys(reference)
+    ds = wds.from_spec(spec)
+    for _ in range(epochs_before):
+        keys(ds)
+    it = iter(ds)
+    head = [next(it)["__key__"] for _ in range(cut)]
+    state = ds.state_dict(strict=True)
+    if through_json:
+        state = json.loads(json.dumps(state))
+    resumed = wds.from_spec(spec)
+    resumed.load_state_dict(state)
+    assert head + keys(resumed) == expected
+
+
+def test_a_state_of_another_mix_is_refused(shards):
+    ds = wds.from_spec(spec_for(shards, samples_per_epoch=100))
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict(strict=True)
+    other = spec_for(shards, samples_per_epoch=100)
+    other["sources"][0]["name"] = "renamed"
+    with pytest.raises(StateMismatchError, match="resume with the spec"):
+        wds.from_spec(other).load_state_dict(state)
+
+
+def test_resume_through_the_mix_with_dataloader_workers(shards):
+    torch = pytest.importorskip("torch")  # noqa: F841
+    spec = spec_for(shards, samples_per_epoch=600)
+
+    def loader():
+        return wds.WebLoader(wds.from_spec(spec).to_tuple("__key__"), batch_size=10, num_workers=2)
+
+    expected = [k for batch in loader() for k in batch[0]]
+    first = loader()
+    it = iter(first)
+    head = [k for _ in range(17) for k in next(it)[0]]
+    state = first.state_dict(strict=True)
+    del it
+    again = loader()
+    again.load_state_dict(state)
+    assert head + [k for batch in again for k in batch[0]] == expected
+    assert len(expected) == 600
+
+
+# stores and profiles
+def test_a_mix_of_s3_and_local_sources_with_their_own_profiles(shards, s3_bucket, tmp_path, monkeypatch):
+    bucket, options = s3_bucket
+    for s in range(2):
+        with open(shards / f"c-{s}.tar", "rb") as f, gopen(f"s3://{bucket}/c-{s}.tar", "wb",
+                                                          storage_options=options) as out:
+            out.write(f.read())
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text(f'[profiles.moto]\nendpoint_url = "{options["endpoint_url"]}"\nkey = "testing"\n'
+                        'secret = "testing"\n')
+    monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profiles))
+    spec = {"version": 1, "seed": 3, "sources": [
+        {"name": "local", "urls": f"{shards}/a-{{0..3}}.tar", "weight": 1, "resampled": True},
+        {"name": "remote", "urls": f"s3://{bucket}/c-{{0..1}}.tar", "weight": 1, "profile": "moto"}]}
+    got = collections.Counter(s["__source__"] for s in wds.from_spec(spec))
+    assert got["remote"] == 200 and got["local"] > 100
+    spec["sources"][1]["profile"] = "nosuch"
+    with pytest.raises(ConfigError, match=r"no profile 'nosuch'.*\[profiles.nosuch\]"):
+        wds.from_spec(spec)

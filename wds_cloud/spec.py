@@ -1,0 +1,181 @@
+"""Dataset specs: many sources, each with its URLs, weight and storage options, in one YAML or JSON file.
+
+The schema (version 1; documented in ``docs/specs.md``)::
+
+    version: 1
+    seed: 0                      # optional
+    samples_per_epoch: 100000    # optional, over all ranks and workers
+    sources:
+      - name: laion              # unique
+        urls: s3://bucket/laion-{000000..000999}.tar    # a brace spec, or a list of URLs
+        weight: 0.7              # relative (default 1)
+        resampled: true          # optional: draw shards with replacement, never run out
+        shuffle: 1000            # optional: a sample shuffle inside the source (resumable)
+        shardshuffle: true       # optional (default true): a new shard order each epoch
+        storage_options: {}      # optional; or profile: NAME (a [profiles.NAME] table of the profiles file)
+
+A spec read from a file or URL is data: its URLs are untrusted (a ``pipe:`` among them runs only when
+``WDS_ALLOW_UNTRUSTED_PIPES`` allows it), and relative URLs are resolved against the spec's location.
+A dict given to :func:`load_spec` by the program is trusted as code is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any, Optional
+
+from .errors import ConfigError, MissingExtraError, redact
+from .io.open import gopen
+from .io.security import untrusted
+from .shardlists import expand_urls
+
+__all__ = ["DatasetSpec", "SourceSpec", "load_spec", "is_mix_spec", "read_spec_file", "SPEC_VERSION"]
+
+SPEC_VERSION = 1
+_TOP = ("version", "seed", "samples_per_epoch", "sources")
+_SOURCE = ("name", "urls", "weight", "resampled", "shuffle", "shardshuffle", "storage_options", "profile")
+_SCHEMA_HINT = "see docs/specs.md for the schema"
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceSpec:
+    """One source of a spec (see the module docstring for the fields)."""
+
+    name: str
+    urls: tuple[str, ...]
+    weight: float = 1.0
+    resampled: bool = False
+    shuffle: int = 0
+    shardshuffle: bool = True
+    storage_options: Optional[dict] = None
+    profile: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec:
+    """A parsed, checked spec."""
+
+    sources: tuple[SourceSpec, ...]
+    seed: Optional[int] = None
+    samples_per_epoch: Optional[int] = None
+    where: str = "<dict>"
+
+
+def is_mix_spec(data: Any) -> bool:
+    """Whether ``data`` (a parsed file) is one of our specs (``version`` and ``sources``), not webdataset's
+    ``datasets:`` form or a wids ``shardlist``."""
+    return isinstance(data, dict) and "sources" in data and "version" in data
+
+
+def read_spec_file(url: str, storage_options: Optional[dict] = None) -> Any:
+    """The parsed content of a ``.yaml``/``.yml``/``.json`` file at ``url`` (any URL)."""
+    with gopen(url, storage_options=storage_options) as stream:
+        text = stream.read().decode("utf-8")
+    if re.search(r"\.json$", url):
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"{redact(url)}: not valid JSON ({exc}); {_SCHEMA_HINT}") from None
+    try:
+        import yaml
+    except ImportError:
+        raise MissingExtraError(f"{redact(url)}: reading a YAML dataset spec needs PyYAML: pip install pyyaml "
+                                "(or write the spec as JSON)") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{redact(url)}: not valid YAML ({exc}); {_SCHEMA_HINT}") from None
+
+
+def load_spec(spec: Any, storage_options: Optional[dict] = None) -> DatasetSpec:
+    """A :class:`DatasetSpec` from a dict (trusted) or the URL/path of a YAML or JSON file (untrusted data)."""
+    if isinstance(spec, DatasetSpec):
+        return spec
+    if isinstance(spec, str):
+        return _parse(read_spec_file(spec, storage_options), spec, from_data=True)
+    if isinstance(spec, dict):
+        return _parse(spec, "<dict>", from_data=False)
+    raise ConfigError(f"a dataset spec is a dict or the URL of a .yaml/.json file, not {type(spec).__name__}")
+
+
+def _fail(where: str, what: str) -> ConfigError:
+    return ConfigError(f"{redact(where)}: {what}; {_SCHEMA_HINT}")
+
+
+def _parse(data: Any, where: str, from_data: bool) -> DatasetSpec:
+    if not isinstance(data, dict):
+        raise _fail(where, f"a dataset spec is a mapping with 'version' and 'sources', not {type(data).__name__}")
+    unknown = [k for k in data if k not in _TOP]
+    if unknown:
+        raise _fail(where, f"unknown top-level field(s) {', '.join(map(repr, unknown))} (known: {', '.join(_TOP)})")
+    if data.get("version") != SPEC_VERSION:
+        raise _fail(where, f"'version' is {data.get('version')!r}; this wds_cloud reads version: {SPEC_VERSION}")
+    seed = data.get("seed")
+    if seed is not None and (type(seed) is not int):
+        raise _fail(where, f"'seed' must be an integer, not {seed!r}")
+    per_epoch = data.get("samples_per_epoch")
+    if per_epoch is not None and (type(per_epoch) is not int or per_epoch < 1):
+        raise _fail(where, f"'samples_per_epoch' must be a positive integer, not {per_epoch!r} (leave it out to "
+                           "end an epoch when a source that is not resampled ends)")
+    sources = data.get("sources")
+    if not isinstance(sources, list) or not sources:
+        raise _fail(where, "'sources' must be a non-empty list of sources (each with name, urls and weight)")
+    base = where.rsplit("/", 1)[0] + "/" if from_data and "/" in where else ""
+    parsed: list[SourceSpec] = []
+    for i, source in enumerate(sources):
+        parsed.append(_source(source, i, where, base, from_data))
+    names = [s.name for s in parsed]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise _fail(where, f"source name(s) {', '.join(map(repr, duplicated))} appear more than once; give each "
+                           "source a unique name")
+    return DatasetSpec(tuple(parsed), seed, per_epoch, where)
+
+
+def _source(source: Any, i: int, where: str, base: str, from_data: bool) -> SourceSpec:
+    if not isinstance(source, dict):
+        raise _fail(where, f"sources[{i}] must be a mapping with name, urls and weight, not {type(source).__name__}")
+    name = source.get("name")
+    label = f"source {name!r}" if isinstance(name, str) and name else f"sources[{i}]"
+    if not isinstance(name, str) or not name:
+        raise _fail(where, f"{label}: 'name' is missing or not a string; give each source a unique name")
+    unknown = [k for k in source if k not in _SOURCE]
+    if unknown:
+        raise _fail(where, f"{label}: unknown field(s) {', '.join(map(repr, unknown))} (known: {', '.join(_SOURCE)})")
+    urls = source.get("urls")
+    if isinstance(urls, str) and urls:
+        urls = [urls]
+    if isinstance(urls, list) and urls and all(isinstance(u, str) and u for u in urls):
+        # expanded here, so that each URL of a spec read from data carries its untrusted mark
+        resolved = tuple(_resolve(u, base, from_data) for u in expand_urls(list(urls)))
+    else:
+        raise _fail(where, f"{label}: 'urls' must be a brace spec string or a non-empty list of URLs, not {urls!r}")
+    weight = source.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0 or weight != weight:
+        raise _fail(where, f"{label}: 'weight' must be a positive number (weights are relative), not {weight!r}")
+    flags = {}
+    for key in ("resampled", "shardshuffle"):
+        value = source.get(key, key == "shardshuffle")
+        if not isinstance(value, bool):
+            raise _fail(where, f"{label}: '{key}' must be true or false, not {value!r}")
+        flags[key] = value
+    shuffle = source.get("shuffle", 0)
+    if type(shuffle) is not int or shuffle < 0:
+        raise _fail(where, f"{label}: 'shuffle' must be a buffer size (a whole number, 0 for none), not {shuffle!r}")
+    options = source.get("storage_options")
+    if options is not None and not isinstance(options, dict):
+        raise _fail(where, f"{label}: 'storage_options' must be a mapping of the backend's options, not {options!r}")
+    profile = source.get("profile")
+    if profile is not None and (not isinstance(profile, str) or not profile):
+        raise _fail(where, f"{label}: 'profile' must name a [profiles.NAME] table of the profiles file, "
+                           f"not {profile!r}")
+    return SourceSpec(name, resolved, float(weight), flags["resampled"], shuffle, flags["shardshuffle"],
+                      dict(options) if options else None, profile)
+
+
+def _resolve(url: str, base: str, from_data: bool) -> str:
+    if base and not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]+:|^/", url):
+        url = base + url
+    return untrusted(url) if from_data else url
