@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import wds_cloud as wds
 from wds_cloud.errors import ConfigError, SecurityError, StateMismatchError
 from wds_cloud.gopen import gopen
-from wds_cloud.mixing import MixedDataset
+from wds_cloud.compat import MixedDataset
 
 SIZES = {"a": (4, 300), "b": (3, 200), "c": (2, 100)}  # source: (shards, samples per shard)
 

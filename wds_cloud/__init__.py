@@ -22,7 +22,7 @@ from .autodecode import (
     torch_video,
 )
 from .cache import LRUCleanup, pipe_cleaner
-from .compat import FluidInterface, FluidWrapper, WebDataset, WebLoader
+from .compat import FluidInterface, FluidWrapper, MixedDataset, WebDataset, WebLoader, from_spec
 from .config import Settings
 from .errors import (
     AccessDeniedError,
@@ -83,7 +83,7 @@ from .handlers import (
 from .indexed import ShardListDataset
 from .io import hookimpl
 from .mix import RandomMix, RoundRobin
-from .mixing import MixedDataset, from_spec
+from .interleaved import collate_interleaved, interleaved, interleaved_sample
 from .pipeline import DataPipeline
 from .resume import Resumable
 from .shardlists import (
@@ -122,6 +122,8 @@ __all__ = [
     "reraise_exception", "warn_and_continue", "ignore_and_continue", "warn_and_stop", "ignore_and_stop",
     # mixing
     "RandomMix", "RoundRobin", "from_spec", "MixedDataset",
+    # interleaved image-text documents
+    "interleaved", "interleaved_sample", "collate_interleaved",
     # I/O
     "gopen", "gopen_schemes", "reader", "LRUCleanup", "pipe_cleaner",
     # writing

@@ -17,16 +17,20 @@ from . import autodecode, config, filters, shardlists, utils
 from .errors import ConfigError, NotResumableError, StateMismatchError, redact
 from .handlers import reraise_exception
 from .io import opener as cache
+from .io.profiles import named_profile
 from .io.resilient import StatsSink, TransferStats
+from .mixing import MixSource
 from .pipeline import DataPipeline
 from .pytorch import DataLoader
 from .resume import loader as loaderstate
 from .resume.protocol import Resumable, is_buffering
 from .resume.state import check_same, inexact_state, is_inexact, restart_from
+from .spec import is_mix_spec, load_spec, read_spec_file
 from .stages import PipelineStage
 from .tar.shardreader import TarSamples
 
-__all__ = ["FluidInterface", "WebDataset", "FluidWrapper", "WebLoader", "check_empty", "CheckEmpty"]
+__all__ = ["FluidInterface", "WebDataset", "FluidWrapper", "WebLoader", "check_empty", "CheckEmpty", "MixedDataset",
+           "from_spec"]
 
 log = logging.getLogger("wds_cloud.compat")
 
@@ -148,8 +152,6 @@ def check_empty(source: Iterable) -> Iterator:
 
 def _names_mix_spec(urls: Any, storage_options: Optional[dict]) -> bool:
     """Whether ``urls`` is one of our dataset specs (a dict, or a .yaml/.yml/.json file holding one)."""
-    from .spec import is_mix_spec, read_spec_file
-
     if isinstance(urls, dict):
         return is_mix_spec(urls)
     if isinstance(urls, str) and re.search(r"\.(ya?ml|json)$", urls):
@@ -186,8 +188,6 @@ class WebDataset(DataPipeline, FluidInterface):
         # A dataset spec of ours (version + sources, a dict or a .yaml/.json file) is a mix of sources:
         # a MixedDataset (a WebDataset subclass), which Python then initializes with the same arguments.
         if cls is WebDataset and _names_mix_spec(urls, kwargs.get("storage_options")):
-            from .mixing import MixedDataset
-
             return super().__new__(MixedDataset)
         return super().__new__(cls)
 
@@ -520,3 +520,77 @@ def _resume_blocker(dataset: Any, args: list, kw: dict) -> Optional[str]:
         return (f"its dataset ({type(dataset).__name__}) cannot take a state per DataLoader worker; give it a "
                 "WebDataset or DataPipeline")
     return dataset.resume_blocker()
+
+
+# mixed datasets: a spec of several sources (``WebDataset("train.yaml")``)
+def _source_options(source: Any, storage_options: Optional[dict]) -> Optional[dict]:
+    """A source's storage options: its named profile, then its own options, then the dataset's."""
+    options: dict = {}
+    if source.profile:
+        options.update(named_profile(source.profile, config.current()))
+    options.update(source.storage_options or {})
+    options.update(storage_options or {})
+    return options or None
+
+
+class MixedDataset(WebDataset):
+    """Samples of several sources mixed by weight, from a spec (``WebDataset("train.yaml")``,
+    :func:`wds_cloud.from_spec`); chain stages on it as on any WebDataset.
+
+    ``seed=`` applies where the spec has none (then ``WDS_SEED``, then 0).  The other keyword arguments
+    of WebDataset (handler, cache_dir, timeout, ...) apply to every source; ``storage_options=``
+    over each source's own.  ``stats`` reports samples, bytes and share per source.
+    """
+
+    def __init__(self, urls: Any, handler: Any = reraise_exception, seed: Optional[int] = None,
+                 storage_options: Optional[dict] = None, nodesplitter: Any = shardlists.split_by_node,
+                 **kwargs: Any) -> None:
+        DataPipeline.__init__(self)
+        spec = load_spec(urls, storage_options)
+        settings = config.current()
+        base_seed = spec.seed if spec.seed is not None else (
+            seed if seed is not None else (settings.seed if settings.seed is not None else 0))
+        self.seed = base_seed
+        self.spec = spec
+        self.storage_options = storage_options
+        kwargs.pop("shardshuffle", None)  # per source, in the spec
+        kwargs.pop("resampled", None)
+        datasets = []
+        for number, source in enumerate(spec.sources):
+            ds = WebDataset(list(source.urls), handler=handler, resampled=source.resampled,
+                                   shardshuffle=source.shardshuffle and not source.resampled,
+                                   seed=utils.make_seed(base_seed, number, source.name), nodesplitter=nodesplitter,
+                                   storage_options=_source_options(source, storage_options), **kwargs)
+            if source.shuffle:
+                ds = ds.shuffle(source.shuffle, seed=utils.make_seed(base_seed, "shuffle", source.name))
+            datasets.append(ds)
+        self.sources = datasets
+        self._mix = MixSource([s.name for s in spec.sources], datasets, [s.weight for s in spec.sources],
+                              [s.resampled for s in spec.sources], base_seed, spec.samples_per_epoch)
+        self.append(self._mix)
+
+    @property
+    def stats(self) -> Any:
+        """Per source: samples, payload bytes, share and target share drawn in this process (each
+        DataLoader worker counts its own; every sample also names its source in ``__source__``), and
+        each source's transfer figures under ``"transfer"``."""
+        snap = self._mix.stats.snapshot()
+        for name, ds in zip(self._mix.names, self.sources):
+            snap["sources"][name]["transfer"] = ds.stats
+        return snap
+
+    def close(self) -> None:
+        for ds in self.sources:
+            ds.close()
+        super().close()
+
+    def __repr__(self) -> str:
+        return f"<MixedDataset {self.spec.where}: {', '.join(s.name for s in self.spec.sources)}>"
+
+
+def from_spec(spec: Any, **kwargs: Any) -> MixedDataset:
+    """A mixed dataset from a spec: a dict (trusted, as code), or the URL/path of a YAML/JSON file (data).
+
+    ``kwargs`` are WebDataset's (``handler``, ``seed``, ``cache_dir``, ``storage_options``, ...).
+    """
+    return MixedDataset(spec, **kwargs)

@@ -126,7 +126,7 @@ class DecodingError(WdsCloudError, ValueError):
 
 
 class SampleError(WdsCloudError, ValueError):
-    """A sample given to a writer is invalid."""
+    """A sample is invalid: one given to a writer, or one a stage cannot use (a document missing an image)."""
 
 
 class IntegrityError(WdsCloudError, ValueError):

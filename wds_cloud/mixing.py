@@ -1,5 +1,8 @@
 """Weighted mixing of several sources into one stream, resumable exactly (``WebDataset("train.yaml")``).
 
+The dataset class, :class:`~wds_cloud.compat.MixedDataset`, lives beside WebDataset (which opens a spec
+as one); this module holds the stage that draws the samples.
+
 Each source of a :class:`~wds_cloud.spec.DatasetSpec` is a :class:`~wds_cloud.compat.WebDataset` of its
 own (its shards split over ranks and DataLoader workers like any dataset's, its own storage options,
 shuffle and reader); :class:`MixSource` draws the next sample from one of them with probability
@@ -19,16 +22,11 @@ import itertools
 import random
 from typing import Any, Iterator, Optional
 
-from . import compat, config, shardlists
 from .errors import StateMismatchError
-from .handlers import reraise_exception
-from .io.profiles import named_profile
-from .pipeline import DataPipeline
-from .spec import load_spec
 from .stages import PipelineStage
 from .utils import make_seed, pytorch_worker_info
 
-__all__ = ["MixSource", "MixStats", "MixedDataset", "from_spec", "STATE_FORMAT"]
+__all__ = ["MixSource", "MixStats", "STATE_FORMAT"]
 
 STATE_FORMAT = "wds_cloud.mix/1"
 
@@ -179,76 +177,3 @@ class MixSource(PipelineStage):
         for ds, source_state in zip(self.datasets, sources):
             ds.load_state_dict(source_state)
         self._resume = dict(state)
-
-
-def _source_options(source: Any, storage_options: Optional[dict]) -> Optional[dict]:
-    """A source's storage options: its named profile, then its own options, then the dataset's."""
-    options: dict = {}
-    if source.profile:
-        options.update(named_profile(source.profile, config.current()))
-    options.update(source.storage_options or {})
-    options.update(storage_options or {})
-    return options or None
-
-
-class MixedDataset(compat.WebDataset):
-    """Samples of several sources mixed by weight, from a spec (``WebDataset("train.yaml")``,
-    :func:`wds_cloud.from_spec`); chain stages on it as on any WebDataset.
-
-    ``seed=`` applies where the spec has none (then ``WDS_SEED``, then 0).  The other keyword arguments
-    of WebDataset (handler, cache_dir, timeout, ...) apply to every source; ``storage_options=``
-    over each source's own.  ``stats`` reports samples, bytes and share per source.
-    """
-
-    def __init__(self, urls: Any, handler: Any = reraise_exception, seed: Optional[int] = None,
-                 storage_options: Optional[dict] = None, nodesplitter: Any = shardlists.split_by_node,
-                 **kwargs: Any) -> None:
-        DataPipeline.__init__(self)
-        spec = load_spec(urls, storage_options)
-        settings = config.current()
-        base_seed = spec.seed if spec.seed is not None else (
-            seed if seed is not None else (settings.seed if settings.seed is not None else 0))
-        self.seed = base_seed
-        self.spec = spec
-        self.storage_options = storage_options
-        kwargs.pop("shardshuffle", None)  # per source, in the spec
-        kwargs.pop("resampled", None)
-        datasets = []
-        for number, source in enumerate(spec.sources):
-            ds = compat.WebDataset(list(source.urls), handler=handler, resampled=source.resampled,
-                                   shardshuffle=source.shardshuffle and not source.resampled,
-                                   seed=make_seed(base_seed, number, source.name), nodesplitter=nodesplitter,
-                                   storage_options=_source_options(source, storage_options), **kwargs)
-            if source.shuffle:
-                ds = ds.shuffle(source.shuffle, seed=make_seed(base_seed, "shuffle", source.name))
-            datasets.append(ds)
-        self.sources = datasets
-        self._mix = MixSource([s.name for s in spec.sources], datasets, [s.weight for s in spec.sources],
-                              [s.resampled for s in spec.sources], base_seed, spec.samples_per_epoch)
-        self.append(self._mix)
-
-    @property
-    def stats(self) -> Any:  # type: ignore[override]
-        """Per source: samples, payload bytes, share and target share drawn in this process (each
-        DataLoader worker counts its own; every sample also names its source in ``__source__``), and
-        each source's transfer figures under ``"transfer"``."""
-        snap = self._mix.stats.snapshot()
-        for name, ds in zip(self._mix.names, self.sources):
-            snap["sources"][name]["transfer"] = ds.stats
-        return snap
-
-    def close(self) -> None:
-        for ds in self.sources:
-            ds.close()
-        super().close()
-
-    def __repr__(self) -> str:
-        return f"<MixedDataset {self.spec.where}: {', '.join(s.name for s in self.spec.sources)}>"
-
-
-def from_spec(spec: Any, **kwargs: Any) -> MixedDataset:
-    """A mixed dataset from a spec: a dict (trusted, as code), or the URL/path of a YAML/JSON file (data).
-
-    ``kwargs`` are WebDataset's (``handler``, ``seed``, ``cache_dir``, ``storage_options``, ...).
-    """
-    return MixedDataset(spec, **kwargs)

@@ -323,6 +323,20 @@ def _reshard(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _convert_mmc4(args: argparse.Namespace) -> int:
+    from .interleaved import convert_mmc4
+
+    if args.maxcount < 1:
+        raise ConfigError("--maxcount must be at least 1")
+    counts = convert_mmc4(_urls(args.docs), args.images, args.dest, maxcount=args.maxcount, missing=args.missing,
+                          progress=lambda lines: _progress(lines, None, "documents"))
+    _emit(args, counts, lambda c: f"{c['documents']} documents, {c['images']} images into {c['shards']} shards "
+                                  f"({c['written']} written, {c['kept']} already complete and kept); "
+                                  f"{c['dropped_images']} missing images dropped, {c['skipped_documents']} "
+                                  "documents skipped")
+    return EXIT_OK
+
+
 class _Plan:
     """Which output shard a sample goes to: a new one when it would pass maxcount or maxsize."""
 
@@ -411,3 +425,26 @@ def add_parsers(commands: Any) -> None:
     reshard.add_argument("--compress", choices=["keep", "none", "gz"], default="keep",
                          help="keep: from the output name (.tar.gz compresses); none; gz")
     reshard.set_defaults(func=_reshard)
+
+    convert = commands.add_parser("convert", help="convert a published dataset layout to shards (mmc4)",
+                                  description="Convert a published dataset layout to WebDataset shards.")
+    kinds = convert.add_subparsers(dest="kind", metavar="LAYOUT")
+    kinds.required = True
+    mmc4 = kinds.add_parser(
+        "mmc4", help="MMC4: JSON lines of documents plus image files, to interleaved-document shards (resumable)",
+        description="Convert MMC4's published layout (JSON lines of documents, .jsonl or .jsonl.gz, and the image "
+                    "files their image_info names) to shards: one sample per document, its JSON and its images "
+                    "(image i as field i.<ext>), read back with wds.interleaved(). Shards are published whole; a "
+                    "run after an interruption keeps the shards already written and does the rest.",
+        epilog="example:\n  wds-cloud convert mmc4 'docs/docs_shard_{0..9}_v2.jsonl' --images s3://bucket/mmc4-images "
+               f"--dest out/mmc4-%06d.tar --maxcount 1000\n\n{EXIT_CODES}",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    mmc4.add_argument("docs", nargs="+", help="the documents: JSON-lines files (any URL, brace specs, .gz read too)")
+    mmc4.add_argument("--images", required=True, help="where the image files are (a directory or URL prefix)")
+    mmc4.add_argument("--dest", required=True, help="output pattern with a %%d field, such as out/mmc4-%%06d.tar")
+    mmc4.add_argument("--maxcount", type=int, default=1000, help="documents per shard (default 1000)")
+    mmc4.add_argument("--missing", choices=["drop", "skip", "error"], default="drop",
+                      help="an image file that does not exist: drop it from its document (default), skip the "
+                           "document, or stop with an error")
+    mmc4.add_argument("--json", action="store_true", help="print JSON for scripts")
+    mmc4.set_defaults(func=_convert_mmc4)
