@@ -4,7 +4,7 @@ import collections
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import wds_cloud as wds
@@ -142,6 +142,8 @@ def test_with_samples_per_epoch_a_finite_source_that_runs_out_leaves_the_mix(sha
 # exact resume
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cut=st.integers(0, 1399), epochs_before=st.integers(0, 1), through_json=st.booleans())
+@example(cut=0, epochs_before=1, through_json=False)  # after iter(), before the first sample of a later epoch
+@example(cut=1399, epochs_before=0, through_json=True)  # before the last sample
 def test_resume_through_the_mix_yields_exactly_the_rest(shards, cut, epochs_before, through_json):
     spec = spec_for(shards, samples_per_epoch=1400)
     reference = wds.from_spec(spec)
