@@ -195,20 +195,46 @@ def test_resume_through_the_mix_with_dataloader_workers(shards):
 
 # stores and profiles
 def test_a_mix_of_s3_and_local_sources_with_their_own_profiles(shards, s3_bucket, tmp_path, monkeypatch):
+    """Three sources: local disk, and two S3 prefixes, one configured by a named profile, one by its own
+    storage options (the dataset has none, and the profiles file no URL-prefix table)."""
     bucket, options = s3_bucket
-    for s in range(2):
-        with open(shards / f"c-{s}.tar", "rb") as f, gopen(f"s3://{bucket}/c-{s}.tar", "wb",
-                                                          storage_options=options) as out:
-            out.write(f.read())
+    for name, count in (("c", 2), ("b", 3)):
+        for s in range(count):
+            with open(shards / f"{name}-{s}.tar", "rb") as f, gopen(f"s3://{bucket}/{name}/{name}-{s}.tar", "wb",
+                                                                    storage_options=options) as out:
+                out.write(f.read())
     profiles = tmp_path / "profiles.toml"
     profiles.write_text(f'[profiles.moto]\nendpoint_url = "{options["endpoint_url"]}"\nkey = "testing"\n'
                         'secret = "testing"\n')
     monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profiles))
     spec = {"version": 1, "seed": 3, "sources": [
         {"name": "local", "urls": f"{shards}/a-{{0..3}}.tar", "weight": 1, "resampled": True},
-        {"name": "remote", "urls": f"s3://{bucket}/c-{{0..1}}.tar", "weight": 1, "profile": "moto"}]}
-    got = collections.Counter(s["__source__"] for s in wds.from_spec(spec))
-    assert got["remote"] == 200 and got["local"] > 100
+        {"name": "by-profile", "urls": f"s3://{bucket}/c/c-{{0..1}}.tar", "weight": 1, "profile": "moto"},
+        {"name": "by-options", "urls": f"s3://{bucket}/b/b-{{0..2}}.tar", "weight": 1, "storage_options": options}]}
+    ds = wds.from_spec(spec)
+    got = collections.Counter(s["__source__"] for s in ds)
+    assert got["by-profile"] == 200 or got["by-options"] == 600  # a finite source ended the epoch
+    assert min(got.values()) > 100
+    assert ds.stats["sources"]["by-options"]["transfer"].bytes > 0
     spec["sources"][1]["profile"] = "nosuch"
     with pytest.raises(ConfigError, match=r"no profile 'nosuch'.*\[profiles.nosuch\]"):
         wds.from_spec(spec)
+
+
+def test_a_remote_spec_over_http_is_data(shards, http_store, monkeypatch):
+    """A spec fetched from a server: its relative URLs resolve against it, and its pipe: URLs do not run."""
+    from .cloud import HTTP_TOKEN
+
+    server, store = http_store
+    for s in range(2):
+        store.put(f"/spec/c-{s}.tar", (shards / f"c-{s}.tar").read_bytes())
+    store.put("/spec/train.json", json.dumps({"version": 1, "sources": [
+        {"name": "c", "urls": "c-{0..1}.tar"}]}).encode())
+    options = {"headers": {"Authorization": f"Bearer {HTTP_TOKEN}"}}
+    ds = wds.WebDataset(f"{server.url}/spec/train.json", storage_options=options)
+    assert isinstance(ds, MixedDataset) and len(keys(ds)) == 200
+    store.put("/spec/evil.json", json.dumps({"version": 1, "sources": [
+        {"name": "p", "urls": ["pipe:echo pwned"]}]}).encode())
+    monkeypatch.delenv("WDS_ALLOW_UNTRUSTED_PIPES", raising=False)
+    with pytest.raises(SecurityError):
+        list(wds.WebDataset(f"{server.url}/spec/evil.json", storage_options=options))
