@@ -20,7 +20,8 @@ UPSTREAM_MODULES = ["autodecode", "cache", "compat", "extradatasets", "filters",
                     "wids"]
 #: our own public modules at the top level; everything else lives in io/, tar/ or resume/
 OWN_PUBLIC_MODULES = ["__init__", "__main__", "cli", "config", "demo", "encoders", "errors", "extensions", "records",
-                      "stages", "index", "indexed", "manifest", "shardtools", "spec", "mixing", "interleaved"]
+                      "stages", "index", "indexed", "manifest", "shardtools", "spec", "mixing", "interleaved",
+                      "transport", "gpu"]
 
 
 def _modules() -> dict[str, pathlib.Path]:

@@ -13,7 +13,7 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Union
 
-from . import autodecode, config, filters, shardlists, utils
+from . import autodecode, config, filters, shardlists, transport, utils
 from .errors import ConfigError, NotResumableError, StateMismatchError, redact
 from .handlers import reraise_exception
 from .io import opener as cache
@@ -375,13 +375,20 @@ class WebLoader(DataPipeline, FluidInterface):
     (a ``WebDataset`` or ``DataPipeline``), ``state_dict()`` is where every worker stands
     at the last item this loader yielded, and ``load_state_dict`` makes the next pass
     continue from there, in the same worker order.
+
+    ``pack_bytes=True``: lists of byte strings batched in workers travel as one shared-memory tensor
+    each (:class:`wds_cloud.transport.PackedBytes`) instead of being pickled through the workers'
+    pipes; meant for many workers and for decoding on the GPU (see ``docs/gpu.md``).
     """
 
-    def __init__(self, *given: Any, **kw: Any) -> None:
+    def __init__(self, *given: Any, pack_bytes: bool = False, **kw: Any) -> None:
         args = list(given)
         dataset = args[0] if args else kw.get("dataset")
         self._dataset = dataset
         self._untag = None
+        num_workers = kw.get("num_workers", 0) if len(args) < 6 else args[5]
+        # byte strings batched in workers travel as shared-memory tensors (wds_cloud.transport)
+        pack = transport.pack_batch if pack_bytes and num_workers and _torch_available() else None
         # Why state_dict() cannot work here (None: it can).  Decided from the stages alone; a
         # pipeline that cannot be resumed is iterated exactly as torch's DataLoader would.
         self._blocker = _resume_blocker(dataset, args, kw)
@@ -393,12 +400,19 @@ class WebLoader(DataPipeline, FluidInterface):
             else:
                 kw["dataset"] = ended
             if len(args) > 6:  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, workers, collate_fn)
-                args[6] = loaderstate.StateCollate(args[6], batch_size is None, ended)
+                args[6] = loaderstate.StateCollate(args[6], batch_size is None, ended, pack)
             else:
-                kw["collate_fn"] = loaderstate.StateCollate(kw.get("collate_fn"), batch_size is None, ended)
-            num_workers = kw.get("num_workers", 0) if len(args) < 6 else args[5]
+                kw["collate_fn"] = loaderstate.StateCollate(kw.get("collate_fn"), batch_size is None, ended, pack)
             self._untag = loaderstate.Untag(num_workers or 0)
             self._untag.dataset = dataset
+        elif pack is not None:
+            batch_size = args[1] if len(args) > 1 else kw.get("batch_size", 1)
+            index = 6 if len(args) > 6 else None
+            inner = (args[6] if index else kw.get("collate_fn")) or _torch_default_collate(batch_size is None)
+            if index:
+                args[6] = transport.PackingCollate(inner)
+            else:
+                kw["collate_fn"] = transport.PackingCollate(inner)
         super().__init__(DataLoader(*args, **kw))
         if self._untag is not None:
             self.append(self._untag)
@@ -507,6 +521,20 @@ class WebLoader(DataPipeline, FluidInterface):
 
 
 LOADER_FORMAT = "wds_cloud.loader/1"
+
+
+def _torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _torch_default_collate(per_item: bool) -> Callable:
+    from torch.utils.data import default_collate, default_convert
+
+    return default_convert if per_item else default_collate
 
 
 def _resume_blocker(dataset: Any, args: list, kw: dict) -> Optional[str]:

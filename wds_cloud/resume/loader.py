@@ -163,10 +163,12 @@ class StateCollate:
     resume after it.
     """
 
-    def __init__(self, collate: Optional[Callable], per_item: bool, ended: Ended) -> None:
+    def __init__(self, collate: Optional[Callable], per_item: bool, ended: Ended,
+                 pack: Optional[Callable[[Any], Any]] = None) -> None:
         self.collate = collate
         self.per_item = per_item
         self.ended = ended
+        self.pack = pack  # run on each batch in a worker (wds_cloud.transport.pack_batch), or None
 
     def _default(self, data: Any) -> Any:
         global _torch_collate
@@ -196,15 +198,18 @@ class StateCollate:
         whole = None
         if info is not None:
             state, whole = seal(state)
+        pack = self.pack if info is not None else None
         if self.per_item:
             if isinstance(data, EndMark):
                 return [TAG, None, worker, state, whole, True]
-            return [TAG, self.collate(data) if self.collate else self._default(data), worker, state, whole, False]
+            out = self.collate(data) if self.collate else self._default(data)
+            return [TAG, pack(out) if pack is not None else out, worker, state, whole, False]
         items = [x for x in data if not isinstance(x, EndMark)]
         end = len(items) != len(data)
         if not items:
             return [TAG, None, worker, state, whole, True]
-        return [TAG, self.collate(items) if self.collate else self._default(items), worker, state, whole, end]
+        out = self.collate(items) if self.collate else self._default(items)
+        return [TAG, pack(out) if pack is not None else out, worker, state, whole, end]
 
 
 def _worker_info() -> Any:
