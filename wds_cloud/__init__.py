@@ -83,6 +83,7 @@ from .handlers import (
 from .indexed import ShardListDataset
 from .io import hookimpl
 from .mix import RandomMix, RoundRobin
+from .gpu import gpu_decode, to_device
 from .interleaved import collate_interleaved, interleaved, interleaved_sample
 from .pipeline import DataPipeline
 from .resume import Resumable
@@ -124,6 +125,8 @@ __all__ = [
     "RandomMix", "RoundRobin", "from_spec", "MixedDataset",
     # interleaved image-text documents
     "interleaved", "interleaved_sample", "collate_interleaved",
+    # feeding a GPU
+    "gpu_decode", "to_device",
     # I/O
     "gopen", "gopen_schemes", "reader", "LRUCleanup", "pipe_cleaner",
     # writing

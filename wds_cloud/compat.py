@@ -379,14 +379,18 @@ class WebLoader(DataPipeline, FluidInterface):
     ``pack_bytes=True``: lists of byte strings batched in workers travel as one shared-memory tensor
     each (:class:`wds_cloud.transport.PackedBytes`) instead of being pickled through the workers'
     pipes; meant for many workers and for decoding on the GPU (see ``docs/gpu.md``).
+    ``device="cuda"``: every batch's tensors are copied there from pinned memory (``pin_memory`` is
+    then on) with ``non_blocking=True`` on a side stream (:func:`wds_cloud.gpu.to_device`).
     """
 
-    def __init__(self, *given: Any, pack_bytes: bool = False, **kw: Any) -> None:
+    def __init__(self, *given: Any, pack_bytes: bool = False, device: Any = None, **kw: Any) -> None:
         args = list(given)
         dataset = args[0] if args else kw.get("dataset")
         self._dataset = dataset
         self._untag = None
         num_workers = kw.get("num_workers", 0) if len(args) < 6 else args[5]
+        if device is not None and str(device).startswith("cuda") and "pin_memory" not in kw:
+            kw["pin_memory"] = True
         # byte strings batched in workers travel as shared-memory tensors (wds_cloud.transport)
         pack = transport.pack_batch if pack_bytes and num_workers and _torch_available() else None
         # Why state_dict() cannot work here (None: it can).  Decided from the stages alone; a
@@ -416,6 +420,10 @@ class WebLoader(DataPipeline, FluidInterface):
         super().__init__(DataLoader(*args, **kw))
         if self._untag is not None:
             self.append(self._untag)
+        if device is not None:
+            from .gpu import ToDevice
+
+            self.append(ToDevice(device))
         self._auto_epoch = 0  # the epoch of the next pass
         self._pass_epoch = 0  # the epoch of the current (or loaded) pass
 
