@@ -176,7 +176,8 @@ def gpu_decode(field: Union[int, str] = 0, device: Any = "cuda", size: Optional[
 
 
 def to_device(batch: Any, device: Any, stream: Any = None) -> Any:
-    """Every tensor of ``batch`` (tuples, lists, dicts, PackedBytes) copied to ``device``.
+    """Every tensor of ``batch`` (in tuples, lists, dicts) copied to ``device``; encoded bytes
+    (:class:`~wds_cloud.transport.PackedBytes`) stay on the host, pinned, for :func:`gpu_decode`.
 
     To a GPU: from pinned memory (pinned here if the loader did not), ``non_blocking=True``, on
     ``stream`` (a side stream) when given; the current stream then waits for that stream, so the
@@ -192,7 +193,8 @@ def to_device(batch: Any, device: Any, stream: Any = None) -> Any:
                 value = value.pin_memory()
             return value.to(device, non_blocking=cuda)
         if hasattr(value, "offsets") and hasattr(value, "data") and hasattr(value, "tensor"):  # PackedBytes
-            return type(value)(move(value.data), value.offsets)
+            # encoded bytes stay on the host, pinned: the GPU decoder reads them from there in one copy
+            return value.pin_memory() if cuda and not value.data.is_pinned() else value
         if isinstance(value, tuple) and not hasattr(value, "_fields"):
             return tuple(move(v) for v in value)
         if isinstance(value, list):
