@@ -10,10 +10,10 @@ and iterating give ``bytes`` (a copy out of shared memory), so code written for 
 tensor view, and ``data``/``offsets`` hand the whole batch to a GPU decoder in one copy.
 
 ``WebLoader(..., pack_bytes=True)`` turns it on.  It is off by default: on a 2-core machine with 2
-workers it moved raw 22 KB JPEG batches at parity with pickling when the main process hands the batch
-on whole (23-26k vs 25-28k samples/s) and at 70% when it takes every item out as ``bytes`` (22k vs 31k);
-the gain it is for (the main process unpickling for 8-15 workers, measured at 1.5x by a prototype on a
-16-core machine) could not be measured here.
+workers, batches of 256 JPEGs handed on whole (to a GPU decoder) moved 1.45x faster packed (61k vs 42k
+samples/s, bench/bench_gpu.py), batches of 64 at parity, and where the main process takes every item
+out as ``bytes`` packing ran at 70% of pickling (22k vs 31k).  The case it is for (the main process
+unpickling for 8-15 workers) could not be measured on that machine.
 """
 
 from __future__ import annotations
