@@ -238,3 +238,15 @@ def test_a_remote_spec_over_http_is_data(shards, http_store, monkeypatch):
     monkeypatch.delenv("WDS_ALLOW_UNTRUSTED_PIPES", raising=False)
     with pytest.raises(SecurityError):
         list(wds.WebDataset(f"{server.url}/spec/evil.json", storage_options=options))
+
+
+def test_stats_count_what_this_process_drew(shards):
+    spec = spec_for(shards, samples_per_epoch=300)
+    ds = wds.from_spec(spec)
+    it = iter(ds)
+    for _ in range(100):
+        next(it)
+    resumed = wds.from_spec(spec)
+    resumed.load_state_dict(ds.state_dict(strict=True))
+    assert len(keys(resumed)) == 200 and resumed.stats["samples"] == 200
+    assert len(keys(resumed)) == 300 and resumed.stats["samples"] == 500

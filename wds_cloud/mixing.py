@@ -40,15 +40,19 @@ class MixStats:
         self.targets = [w / total for w in weights]
         self.earlier = [0] * len(names)  # samples of the passes before the current one
         self.current = [0] * len(names)  # the current pass's (the live list the mix counts in)
+        self.before = [0] * len(names)  # what ``current`` held when the pass began (a resumed pass's counts)
         self.bytes = [0] * len(names)
 
     def new_pass(self, taken: list[int]) -> None:
-        self.earlier = [a + b for a, b in zip(self.earlier, self.current)]
+        """Count in ``taken`` from now on (a resumed pass's list starts at the counts of its state, which
+        were drawn by the process that saved it: they are left out here)."""
+        self.earlier = [a + b - c for a, b, c in zip(self.earlier, self.current, self.before)]
+        self.before = list(taken)
         self.current = taken
 
     @property
     def samples(self) -> list[int]:
-        return [a + b for a, b in zip(self.earlier, self.current)]
+        return [a + b - c for a, b, c in zip(self.earlier, self.current, self.before)]
 
     def snapshot(self) -> dict:
         """``{"sources": {name: {"samples", "bytes", "share", "target"}}, "samples", "bytes"}``."""
