@@ -25,7 +25,7 @@ from .pytorch import DataLoader
 from .resume import loader as loaderstate
 from .resume.protocol import Resumable, is_buffering
 from .resume.state import check_same, inexact_state, is_inexact, restart_from
-from .spec import is_mix_spec, load_spec, read_spec_file
+from .spec import is_mix_spec, load_spec
 from .stages import PipelineStage
 from .tar.shardreader import TarSamples
 
@@ -155,7 +155,7 @@ def _names_mix_spec(urls: Any, storage_options: Optional[dict]) -> bool:
     if isinstance(urls, dict):
         return is_mix_spec(urls)
     if isinstance(urls, str) and re.search(r"\.(ya?ml|json)$", urls):
-        return is_mix_spec(read_spec_file(urls, storage_options))
+        return is_mix_spec(shardlists.read_spec_file(urls, storage_options))
     return False
 
 
@@ -412,7 +412,7 @@ class WebLoader(DataPipeline, FluidInterface):
         elif pack is not None:
             batch_size = args[1] if len(args) > 1 else kw.get("batch_size", 1)
             index = 6 if len(args) > 6 else None
-            inner = (args[6] if index else kw.get("collate_fn")) or _torch_default_collate(batch_size is None)
+            inner = (args[6] if index else kw.get("collate_fn")) or loaderstate.default_collate(batch_size is None)
             if index:
                 args[6] = transport.PackingCollate(inner)
             else:
@@ -537,12 +537,6 @@ def _torch_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def _torch_default_collate(per_item: bool) -> Callable:
-    from torch.utils.data import default_collate, default_convert
-
-    return default_convert if per_item else default_collate
 
 
 def _resume_blocker(dataset: Any, args: list, kw: dict) -> Optional[str]:

@@ -298,15 +298,8 @@ def convert_mmc4(docs: list[str], images: str, dest: str, maxcount: int = 1000, 
     document (MMC4's image links often died), ``skip`` the document, or ``error``.
     Returns counts: documents, images, dropped images, skipped documents, shards written and kept.
     """
-    from .io.open import gopen, open_backend
+    from .io.open import exists, gopen
     from .writer import TarWriter
-
-    def exists(url: str) -> bool:
-        try:
-            open_backend(url).stat(url)
-            return True
-        except (FileNotFoundError, NotImplementedError):
-            return False
 
     if "%" not in dest:
         raise SampleError(f"the destination {dest!r} needs a %d-style field for the shard number, such as "

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 import braceexpand
 
 from . import config, utils
-from .errors import ConfigError, MissingExtraError
+from .errors import ConfigError, MissingExtraError, redact
 from .io.open import gopen
 from .io.security import untrusted
 from .resume.state import check_same, expect
@@ -30,6 +30,7 @@ __all__ = [
     "envsubst", "expand_urls", "expand_source", "SimpleShardList", "ResampledShards", "ResampledShardList",
     "MultiShardSample", "DirectoryShardList", "split_by_node", "split_by_worker", "single_node_only",
     "non_empty", "resampled", "resampled_", "shardspec", "cleanup_files_without_processes", "shard_order", "index_counts", "slot_shards",
+    "read_spec_file",
 ]
 
 log = logging.getLogger("wds_cloud.shardlists")
@@ -80,17 +81,28 @@ def _spec_file_urls(url: str) -> list[str]:
 
     The URLs come from data, so any ``pipe:`` among them is untrusted.
     """
-    with gopen(url) as stream:
+    return _spec_urls(read_spec_file(url), url)
+
+
+def read_spec_file(url: str, storage_options: Optional[dict] = None) -> Any:
+    """The parsed content of a ``.yaml``/``.yml``/``.json`` file at ``url`` (any URL)."""
+    with gopen(url, storage_options=storage_options) as stream:
         text = stream.read().decode("utf-8")
-    if url.endswith(".json"):
-        spec = json.loads(text)
-    else:
+    if re.search(r"\.json$", url):
         try:
-            import yaml
-        except ImportError:
-            raise MissingExtraError(f"{url}: reading a YAML dataset spec needs PyYAML: pip install pyyaml") from None
-        spec = yaml.safe_load(text)
-    return _spec_urls(spec, url)
+            return json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"{redact(url)}: not valid JSON ({exc}); see docs/specs.md for dataset "
+                              "specs") from None
+    try:
+        import yaml
+    except ImportError:
+        raise MissingExtraError(f"{redact(url)}: reading a YAML dataset spec needs PyYAML: pip install pyyaml "
+                                "(or write the spec as JSON)") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{redact(url)}: not valid YAML ({exc}); see docs/specs.md for dataset specs") from None
 
 
 def index_counts(source: Any) -> Optional[dict]:

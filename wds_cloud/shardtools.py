@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 from .errors import ConfigError, CorruptShardError, IntegrityError, ShardNotFoundError, WdsCloudError, redact
 from .index import build_index, index_of, read_index, wids_description, write_index
 from .io.integrity import Hashing
-from .io.open import gopen
+from .io.open import exists, gopen
 from .io.urls import is_local
 from .manifest import Manifest, load_manifest
 from .shardlists import expand_urls
@@ -293,7 +293,6 @@ def _reshard(args: argparse.Namespace) -> int:
                           "'out/train-%06d.tar'")
     compress = {"none": False, "gz": "gz", "keep": None}[args.compress]
     written = skipped = samples = 0
-    exists = _exists_checker()
     plan = _Plan(args.maxcount, args.maxsize)
     current: Optional[Any] = None
     shard_no = -1
@@ -350,19 +349,6 @@ class _Plan:
         self.count += 1
         self.bytes += size
         return self.number
-
-
-def _exists_checker() -> Callable[[str], bool]:
-    from .io.open import open_backend
-
-    def exists(url: str) -> bool:
-        try:
-            open_backend(url).stat(url)
-            return True
-        except (FileNotFoundError, NotImplementedError):
-            return False
-
-    return exists
 
 
 def add_parsers(commands: Any) -> None:

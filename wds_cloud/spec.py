@@ -22,16 +22,14 @@ A dict given to :func:`load_spec` by the program is trusted as code is.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from typing import Any, Optional
 
-from .errors import ConfigError, MissingExtraError, redact
-from .io.open import gopen
+from .errors import ConfigError, redact
 from .io.security import untrusted
-from .shardlists import expand_urls
+from .shardlists import expand_urls, read_spec_file
 
-__all__ = ["DatasetSpec", "SourceSpec", "load_spec", "is_mix_spec", "read_spec_file", "SPEC_VERSION"]
+__all__ = ["DatasetSpec", "SourceSpec", "load_spec", "is_mix_spec", "SPEC_VERSION"]
 
 SPEC_VERSION = 1
 _TOP = ("version", "seed", "samples_per_epoch", "sources")
@@ -67,26 +65,6 @@ def is_mix_spec(data: Any) -> bool:
     """Whether ``data`` (a parsed file) is one of our specs (``version`` and ``sources``), not webdataset's
     ``datasets:`` form or a wids ``shardlist``."""
     return isinstance(data, dict) and "sources" in data and "version" in data
-
-
-def read_spec_file(url: str, storage_options: Optional[dict] = None) -> Any:
-    """The parsed content of a ``.yaml``/``.yml``/``.json`` file at ``url`` (any URL)."""
-    with gopen(url, storage_options=storage_options) as stream:
-        text = stream.read().decode("utf-8")
-    if re.search(r"\.json$", url):
-        try:
-            return json.loads(text)
-        except ValueError as exc:
-            raise ConfigError(f"{redact(url)}: not valid JSON ({exc}); {_SCHEMA_HINT}") from None
-    try:
-        import yaml
-    except ImportError:
-        raise MissingExtraError(f"{redact(url)}: reading a YAML dataset spec needs PyYAML: pip install pyyaml "
-                                "(or write the spec as JSON)") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{redact(url)}: not valid YAML ({exc}); {_SCHEMA_HINT}") from None
 
 
 def load_spec(spec: Any, storage_options: Optional[dict] = None) -> DatasetSpec:

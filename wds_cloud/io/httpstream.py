@@ -95,16 +95,16 @@ def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, 
         kept = POOL.take(key, timeout) if method in ("GET", "HEAD") else None
         conn = kept or _connection(parts, timeout)
         try:
-            try:
-                conn.request(method, path, body=body, headers=dict(headers or {}))
-                response = conn.getresponse()
-            except STALE:
-                if kept is None:
-                    raise
-                conn.close()  # the server closed the kept connection as it was used: once more on a new one
-                conn = _connection(parts, timeout)
-                conn.request(method, path, body=body, headers=dict(headers or {}))
-                response = conn.getresponse()
+            for attempt in (kept, None):  # a kept connection the server closed as it was used: once more, new
+                try:
+                    conn.request(method, path, body=body, headers=dict(headers or {}))
+                    response = conn.getresponse()
+                    break
+                except STALE:
+                    if attempt is None:
+                        raise
+                    conn.close()
+                    conn = _connection(parts, timeout)
         except http.client.InvalidURL as exc:  # a space or control character: no retry makes it valid
             conn.close()
             raise TransferError(f"{redact(display_url)}: not a valid HTTP URL ({redact(str(exc))}); quote the "

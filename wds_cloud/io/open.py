@@ -28,7 +28,7 @@ from .urls import is_local, split_scheme
 
 __all__ = [
     "gopen", "gopen_schemes", "rewrite_url", "reader", "gopen_file", "gopen_pipe", "gopen_curl",
-    "gopen_error", "Pipe", "open_backend", "RemoteObject", "remote_object",
+    "gopen_error", "Pipe", "open_backend", "RemoteObject", "remote_object", "exists",
 ]
 
 log = logging.getLogger("wds_cloud.gopen")
@@ -95,6 +95,16 @@ def open_backend(url: str, settings: Optional[Settings] = None, storage_options:
     options = profiles.options_for(url, settings, storage_options) if scheme not in ("file", "pipe") else (
         storage_options or {})
     return registry.backend(scheme, url, settings, **options)
+
+
+def exists(url: str, storage_options: Optional[dict] = None) -> bool:
+    """Whether the object at ``url`` exists (published whole: writes appear under their name only when
+    complete); False also for a backend that cannot stat (``pipe:``)."""
+    try:
+        open_backend(url, storage_options=storage_options).stat(url)
+        return True
+    except (FileNotFoundError, NotImplementedError):
+        return False
 
 
 def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0, length: Optional[int] = None,

@@ -24,8 +24,8 @@ from ..stages import PipelineStage
 from .protocol import transport_state
 from .shuffle import apply_journal, buffer_locations
 
-__all__ = ["EndMark", "Unavailable", "TAG", "seal", "tagged", "Ended", "StateCollate", "Untag", "note", "resolve",
-           "jsonable"]
+__all__ = ["EndMark", "Unavailable", "TAG", "seal", "tagged", "Ended", "StateCollate", "default_collate", "Untag",
+           "note", "resolve", "jsonable"]
 
 
 def jsonable(value: Any) -> Any:
@@ -171,17 +171,7 @@ class StateCollate:
         self.pack = pack  # run on each batch in a worker (wds_cloud.transport.pack_batch), or None
 
     def _default(self, data: Any) -> Any:
-        global _torch_collate
-        if _torch_collate is None:
-            try:
-                from torch.utils.data import default_collate, default_convert
-            except ImportError:
-                _torch_collate = ()
-            else:
-                _torch_collate = (default_convert, default_collate)
-        if not _torch_collate:
-            return data
-        return _torch_collate[0](data) if self.per_item else _torch_collate[1](data)
+        return default_collate(self.per_item)(data)
 
     def __call__(self, data: Any) -> list:
         worker, ended = 0, self.ended
@@ -210,6 +200,26 @@ class StateCollate:
             return [TAG, None, worker, state, whole, True]
         out = self.collate(items) if self.collate else self._default(items)
         return [TAG, pack(out) if pack is not None else out, worker, state, whole, end]
+
+
+def default_collate(per_item: bool) -> Callable[[Any], Any]:
+    """What a DataLoader collates with when given no ``collate_fn``: torch's ``default_convert`` for items
+    (``batch_size=None``), ``default_collate`` for batches; without torch, nothing."""
+    global _torch_collate
+    if _torch_collate is None:
+        try:
+            from torch.utils.data import default_collate as collate, default_convert
+        except ImportError:
+            _torch_collate = ()
+        else:
+            _torch_collate = (default_convert, collate)
+    if not _torch_collate:
+        return _unchanged
+    return _torch_collate[0] if per_item else _torch_collate[1]
+
+
+def _unchanged(data: Any) -> Any:
+    return data
 
 
 def _worker_info() -> Any:
