@@ -9,7 +9,7 @@ import io
 import pytest
 
 import wds_cloud as wds
-from wds_cloud.errors import ConfigError
+from wds_cloud.errors import ConfigError, DecodingError
 from wds_cloud.transport import PackedBytes
 
 torch = pytest.importorskip("torch")
@@ -36,6 +36,23 @@ def test_cpu_fallback_decodes_resizes_crops_and_normalizes():
     assert normalized.dtype == torch.float32 and float(normalized.max()) <= 1.0 + 1e-6
     uneven = wds.gpu_decode(0, device="cpu")((BATCH,))[0]
     assert isinstance(uneven, list) and [tuple(i.shape) for i in uneven] == [(3, 30, 40), (3, 30, 40), (3, 40, 30)]
+
+
+def test_a_batch_of_one_size_is_resized_at_once_like_each_image_alone():
+    same = [encoded((250, 10 * i, 0), size=(48, 36)) for i in range(4)]
+    decode = wds.gpu_decode(0, device="cpu", size=24, crop=20)
+    together = decode((same,))[0]
+    alone = torch.cat([decode(([image],))[0] for image in same])
+    assert together.shape == (4, 3, 20, 20) and torch.equal(together, alone)
+    floats = wds.gpu_decode(0, device="cpu", size=24, dtype=torch.float32)((same,))[0]
+    assert floats.dtype == torch.float32 and floats.shape == (4, 3, 24, 32) and 0 <= float(floats.min())
+    empty = wds.gpu_decode(0, device="cpu", crop=20)(([],))[0]
+    assert empty.shape == (0, 3, 20, 20)
+
+
+def test_a_damaged_image_is_an_error_naming_it():
+    with pytest.raises(DecodingError, match=r"image 1 of the batch \(15 bytes.*leave damaged images out"):
+        wds.gpu_decode(0, device="cpu")(([BATCH[0], b"\xff\xd8\xff damaged...."],))
 
 
 def test_packed_batches_and_dict_batches_decode_too():
@@ -90,6 +107,20 @@ def test_on_the_gpu_equals_the_cpu_decode_within_jpeg_tolerance():
     on_cpu = wds.gpu_decode(0, device="cpu", size=24, crop=20)((BATCH,))[0]
     assert on_gpu.device.type == "cuda" and on_gpu.shape == on_cpu.shape
     assert (on_gpu.cpu().int() - on_cpu.int()).abs().float().mean() < 3
+
+
+@cuda
+def test_on_the_gpu_one_refused_image_costs_only_itself():
+    pytest.importorskip("torchvision")
+    cmyk = io.BytesIO()
+    PIL.new("CMYK", (40, 30), (0, 255, 255, 0)).save(cmyk, format="JPEG")
+    batch = [encoded((250, 0, 0)), cmyk.getvalue(), b"\xff\xd8\xff damaged", encoded((0, 250, 0))]
+    decode = wds.gpu_decode(0, size=24, crop=20)
+    with pytest.raises(DecodingError, match="image 2 of the batch"):
+        decode((batch,))  # the damaged one cannot be decoded anywhere: an error, not a silent blank
+    images = decode(([batch[0], batch[1], batch[3]],))[0]
+    assert images.device.type == "cuda" and images.shape == (3, 3, 20, 20)
+    assert images[1, 0].float().mean() > 200  # the CMYK image decoded (on the CPU), red
 
 
 @cuda

@@ -1,6 +1,8 @@
-"""Byte strings batched in DataLoader workers travel as one shared-memory tensor (WebLoader(pack_bytes=True))."""
+"""Byte strings batched in DataLoader workers travel as one shared-memory tensor (WebLoader(pack_bytes=...))."""
 
+import copy
 import os
+import pickle
 
 import pytest
 
@@ -8,6 +10,7 @@ import wds_cloud as wds
 
 torch = pytest.importorskip("torch")
 
+from wds_cloud import transport  # noqa: E402
 from wds_cloud.transport import PackedBytes, pack_batch  # noqa: E402
 
 
@@ -17,7 +20,7 @@ def test_packed_bytes_is_a_sequence_of_the_items():
     assert len(packed) == 4 and list(packed) == items and packed == items and packed[-1] == items[-1]
     assert packed[1:3] == items[1:3] and isinstance(packed[0], bytes)
     assert bytes(packed.view(2)) == items[2] and packed.view(2).readonly
-    assert packed.tensor(0).tolist() == list(b"alpha") and packed.data.is_shared()
+    assert packed.tensor(0).tolist() == list(b"alpha")
     assert packed + [b"z"] == items + [b"z"]
     with pytest.raises(IndexError):
         packed.view(4)
@@ -63,3 +66,70 @@ def test_pin_memory_keeps_the_batch_packed():
         pytest.skip("pinning memory needs CUDA")
     pinned = packed.pin_memory()
     assert isinstance(pinned, PackedBytes) and pinned.data.is_pinned() and list(pinned) == [b"ab", b"cd"]
+
+
+def test_the_columns_of_a_batch_share_one_buffer_and_survive_pickling_and_copies():
+    batch = pack_batch(([b"abc", b"de"], [b"x", b"yz"], ["k1", "k2"]))
+    assert batch[0].data is batch[1].data and batch[2] == ["k1", "k2"]
+    for copied in (pickle.loads(pickle.dumps(batch)), copy.deepcopy(batch)):
+        assert list(copied[0]) == [b"abc", b"de"] and list(copied[1]) == [b"x", b"yz"]
+    # code that rebuilds a sequence as type(seq)(items) (Lightning's apply_to_collection) gets one back
+    rebuilt = type(batch[0])([bytes(v) for v in batch[0].views()])
+    assert isinstance(rebuilt, PackedBytes) and rebuilt == batch[0] and list(PackedBytes()) == []
+    assert [b"0"] + batch[1] == [b"0", b"x", b"yz"] and batch[1] + [b"1"] == [b"x", b"yz", b"1"]
+
+
+def test_the_default_packs_only_batches_big_enough_to_gain(shards, monkeypatch):
+    # 16 items of 100-115 bytes: ~1.7 kB of byte strings per batch
+    monkeypatch.setattr(transport, "AUTO_MIN_BYTES", 1000)
+
+    def first(**kw):
+        ds = wds.WebDataset(shards, shardshuffle=False).to_tuple("jpg", "__key__").batched(kw.pop("n"))
+        return next(iter(wds.WebLoader(ds, batch_size=None, num_workers=1, **kw)))
+
+    assert isinstance(first(n=16)[0], PackedBytes)  # pack_bytes=None: the default
+    assert type(first(n=4)[0]) is list  # ~0.4 kB: pickled as before
+    assert type(first(n=16, pack_bytes=False)[0]) is list
+    assert isinstance(first(n=4, pack_bytes=True)[0], PackedBytes)
+
+
+def test_batches_kept_alive_hold_no_open_files(shards):
+    """torch's shared tensors each keep a descriptor open in the receiving process, so a program that keeps
+    ~1,000 batches fails with "Too many open files"; packed batches are mapped and their descriptors closed."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("counts this process's descriptors in /proc")
+    ds = wds.WebDataset(shards, shardshuffle=False, resampled=True).to_tuple("jpg", "cls").batched(2)
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=2, pack_bytes=True, persistent_workers=True)
+    kept, it = [], iter(loader)
+    kept.extend(next(it) for _ in range(10))
+    before = len(os.listdir("/proc/self/fd"))
+    kept.extend(next(it) for _ in range(300))
+    assert len(os.listdir("/proc/self/fd")) - before < 50
+    assert all(isinstance(b[0], PackedBytes) and len(b[0]) == 2 for b in kept)
+    del it
+
+
+def test_a_received_batch_can_be_sent_on_to_another_process(shards):
+    mp = pytest.importorskip("torch.multiprocessing")
+    ds = wds.WebDataset(shards, shardshuffle=False).to_tuple("jpg", "cls").batched(8)
+    batch = next(iter(wds.WebLoader(ds, batch_size=None, num_workers=1, pack_bytes=True)))
+    ctx = mp.get_context("fork")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=_echo, args=(inbox, outbox))
+    child.start()
+    inbox.put(batch)
+    assert outbox.get(timeout=60) == [list(batch[0]), list(batch[1])]
+    child.join(timeout=60)
+
+
+def _echo(inbox, outbox):
+    batch = inbox.get()
+    outbox.put([list(batch[0]), list(batch[1])])
+
+
+def test_torchs_own_dataloader_packs_with_the_packing_collate(shards):
+    from torch.utils.data import DataLoader
+
+    ds = wds.WebDataset(shards, shardshuffle=False).to_tuple("jpg", "cls").batched(8)
+    batches = list(DataLoader(ds, batch_size=None, num_workers=1, collate_fn=transport.PackingCollate()))
+    assert all(isinstance(b[0], PackedBytes) for b in batches) and sum(len(b[0]) for b in batches) == 200

@@ -9,6 +9,7 @@ storage backend).
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Union
@@ -376,14 +377,16 @@ class WebLoader(DataPipeline, FluidInterface):
     at the last item this loader yielded, and ``load_state_dict`` makes the next pass
     continue from there, in the same worker order.
 
-    ``pack_bytes=True``: lists of byte strings batched in workers travel as one shared-memory tensor
-    each (:class:`wds_cloud.transport.PackedBytes`) instead of being pickled through the workers'
-    pipes; meant for many workers and for decoding on the GPU (see ``docs/gpu.md``).
+    ``pack_bytes``: lists of byte strings batched in workers travel in one shared-memory tensor per
+    batch (:class:`wds_cloud.transport.PackedBytes`, a sequence of ``bytes``) instead of being pickled
+    through the workers' pipes.  ``None`` (the default) packs a batch whose byte strings add up to
+    ``transport.AUTO_MIN_BYTES`` (1 MiB) or more, where that is faster; ``True`` packs every batch with
+    byte strings; ``False`` never (every column stays a ``list``).  See ``docs/gpu.md``.
     ``device="cuda"``: every batch's tensors are copied there from pinned memory (``pin_memory`` is
     then on) with ``non_blocking=True`` on a side stream (:func:`wds_cloud.gpu.to_device`).
     """
 
-    def __init__(self, *given: Any, pack_bytes: bool = False, device: Any = None, **kw: Any) -> None:
+    def __init__(self, *given: Any, pack_bytes: Optional[bool] = None, device: Any = None, **kw: Any) -> None:
         args = list(given)
         dataset = args[0] if args else kw.get("dataset")
         self._dataset = dataset
@@ -392,7 +395,10 @@ class WebLoader(DataPipeline, FluidInterface):
         if device is not None and str(device).startswith("cuda") and "pin_memory" not in kw:
             kw["pin_memory"] = True
         # byte strings batched in workers travel as shared-memory tensors (wds_cloud.transport)
-        pack = transport.pack_batch if pack_bytes and num_workers and _torch_available() else None
+        pack: Optional[Callable[[Any], Any]] = None
+        min_bytes = transport.AUTO_MIN_BYTES if pack_bytes is None else 0
+        if pack_bytes is not False and num_workers and _torch_available():
+            pack = functools.partial(transport.pack_batch, min_bytes=min_bytes)
         # Why state_dict() cannot work here (None: it can).  Decided from the stages alone; a
         # pipeline that cannot be resumed is iterated exactly as torch's DataLoader would.
         self._blocker = _resume_blocker(dataset, args, kw)
@@ -414,9 +420,9 @@ class WebLoader(DataPipeline, FluidInterface):
             index = 6 if len(args) > 6 else None
             inner = (args[6] if index else kw.get("collate_fn")) or loaderstate.default_collate(batch_size is None)
             if index:
-                args[6] = transport.PackingCollate(inner)
+                args[6] = transport.PackingCollate(inner, min_bytes)
             else:
-                kw["collate_fn"] = transport.PackingCollate(inner)
+                kw["collate_fn"] = transport.PackingCollate(inner, min_bytes)
         super().__init__(DataLoader(*args, **kw))
         if self._untag is not None:
             self.append(self._untag)

@@ -2,10 +2,11 @@
 
 - :func:`gpu_decode` returns a batch transform for the main process (``loader.map(...)``): the encoded
   images of one field of the batch (a list of bytes, or a :class:`~wds_cloud.transport.PackedBytes`
-  from ``WebLoader(pack_bytes=True)``) become one ``NCHW`` tensor on the device, decoded by nvJPEG
-  through torchvision's batched ``decode_jpeg``, optionally resized (shorter side), center-cropped
-  and normalized there.  Images nvJPEG refuses (PNG, CMYK JPEGs, damaged ones) are decoded on the
-  CPU, one by one, and moved over.  It never runs in a DataLoader worker (CUDA must not be
+  from ``WebLoader``, which packs big byte batches by default) become one ``NCHW`` tensor on the
+  device, decoded by nvJPEG through torchvision's batched ``decode_jpeg`` on a side stream (so that it
+  overlaps the training step already queued), optionally resized (shorter side), center-cropped and
+  normalized there.  Images nvJPEG refuses (PNG, CMYK JPEGs) are decoded on the CPU, one by one, and
+  moved over; one that nothing can read is a ``DecodingError``.  It never runs in a DataLoader worker (CUDA must not be
   initialized there).
 - :func:`to_device` (``WebLoader(device=...)``) copies every tensor of a batch to the device from
   pinned memory with ``non_blocking=True`` on a side stream, and makes the consuming stream wait
@@ -18,9 +19,11 @@ Pillow) with the same output, as an explicit fallback.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+import contextlib
+import warnings
+from typing import Any, Iterator, Optional, Sequence, Union
 
-from .errors import ConfigError, MissingExtraError
+from .errors import ConfigError, DecodingError, MissingExtraError
 
 __all__ = ["gpu_decode", "GPUDecode", "to_device"]
 
@@ -74,6 +77,8 @@ class GPUDecode:
         self.dtype = dtype
         if (mean is None) != (std is None):
             raise ConfigError("gpu_decode: give mean and std together (per channel), or neither")
+        self._streams: dict = {}  # device -> the side stream decoding runs on
+        self._moments: dict = {}  # (device, dtype) -> mean and std as tensors there
 
     def __call__(self, batch: Any) -> Any:
         if _in_worker():
@@ -88,74 +93,139 @@ class GPUDecode:
         return tuple(out) if isinstance(batch, tuple) else out
 
     def decode(self, items: Sequence) -> Any:
-        """``items`` (encoded images) as one NCHW tensor on the device (a list where sizes differ and no crop)."""
+        """``items`` (encoded images) as one NCHW tensor on the device (a list where sizes differ and no crop).
+
+        On a GPU the work runs on a side stream of this decoder's, which the current stream then waits
+        for: nothing waits for the training step already queued, so decoding batch N+1 overlaps step N.
+        """
         torch = _torch()
         device = _check_device(self.device)
-        tensors = ([items.tensor(i) for i in range(len(items))] if hasattr(items, "tensor")
-                   else [torch.frombuffer(bytearray(item), dtype=torch.uint8) for item in items])
+        if hasattr(items, "tensors"):  # PackedBytes: views of one (pinned) buffer
+            tensors = items.tensors()
+        else:
+            tensors = [torch.frombuffer(bytearray(item), dtype=torch.uint8) if len(item) else
+                       torch.empty(0, dtype=torch.uint8) for item in items]
+        if device.type != "cuda":
+            return self._finish([self._cpu(t, i) for i, t in enumerate(tensors)], torch, device)
+        current = torch.cuda.current_stream(device)
+        side = self._streams.get(device)
+        if side is None:
+            side = self._streams[device] = torch.cuda.Stream(device)
+        with torch.cuda.stream(side):
+            out = self._finish(self._on_gpu(tensors, device), torch, device)
+        current.wait_stream(side)
+        for tensor in (out if isinstance(out, list) else [out]):
+            tensor.record_stream(current)  # its memory is not reused before the current stream is done with it
+        return out
+
+    def _on_gpu(self, tensors: list, device: Any) -> list:
+        """Every image decoded onto ``device``: the JPEGs by nvJPEG in one batched call, what it refuses
+        (PNG, CMYK, damaged) on the CPU one by one."""
+        io = _torchvision_io()
         decoded: list = [None] * len(tensors)
-        if device.type == "cuda":
-            io = _torchvision_io()
-            jpegs = [i for i, t in enumerate(tensors) if bytes(t[:3].tolist()) == _JPEG]
-            if jpegs:
-                try:
+        jpegs = [i for i, t in enumerate(tensors) if len(t) > 3 and bytes(t[:3].tolist()) == _JPEG]
+        if jpegs:
+            try:
+                with _quiet():
                     out = io.decode_jpeg([tensors[i] for i in jpegs], mode=io.ImageReadMode.RGB, device=device)
-                    for i, image in zip(jpegs, out):
-                        decoded[i] = image
-                except RuntimeError:  # one image nvJPEG refuses fails the batch: those go one by one below
-                    pass
+                for i, image in zip(jpegs, out):
+                    decoded[i] = image
+            except RuntimeError:  # one image nvJPEG refuses fails the whole call: then one by one
+                for i in jpegs:
+                    try:
+                        with _quiet():
+                            decoded[i] = io.decode_jpeg(tensors[i], mode=io.ImageReadMode.RGB, device=device)
+                    except RuntimeError:
+                        pass
         for i, tensor in enumerate(tensors):
             if decoded[i] is None:
-                decoded[i] = self._cpu(tensor).to(device, non_blocking=True)
-        return self._finish(decoded, torch)
+                decoded[i] = self._cpu(tensor, i).to(device, non_blocking=True)
+        return decoded
 
-    def _cpu(self, tensor: Any) -> Any:
-        """One image decoded on the CPU as a uint8 CHW RGB tensor (torchvision, else Pillow)."""
+    def _cpu(self, tensor: Any, index: int) -> Any:
+        """Image ``index`` decoded on the CPU as a uint8 CHW RGB tensor (torchvision, else Pillow)."""
         torch = _torch()
         try:
             io = _torchvision_io()
         except MissingExtraError:
             io = None
-        if io is not None:
-            return io.decode_image(tensor, mode=io.ImageReadMode.RGB)
-        import numpy as np
+        try:
+            if io is not None:
+                with _quiet():
+                    return io.decode_image(tensor, mode=io.ImageReadMode.RGB)
+            import numpy as np
 
-        from .autodecode import imagehandler
+            from .autodecode import imagehandler
 
-        array = imagehandler("rgb8").decode_any(tensor.numpy().tobytes())
-        return torch.from_numpy(np.array(array)).permute(2, 0, 1)  # a writable copy: Pillow's is read-only
+            array = imagehandler("rgb8").decode_any(tensor.numpy().tobytes())
+            return torch.from_numpy(np.array(array)).permute(2, 0, 1)  # a writable copy: Pillow's is read-only
+        except Exception as exc:
+            head = bytes(tensor[:8].tolist())
+            raise DecodingError(
+                f"gpu_decode: image {index} of the batch ({len(tensor)} bytes, starting {head!r}) is not an image "
+                f"that nvJPEG or the CPU decoders can read ({exc}); leave damaged images out before batching, "
+                "e.g. check them in the workers with .map(...) under handler=wds.warn_and_continue") from exc
 
-    def _finish(self, images: list, torch: Any) -> Any:
+    def _finish(self, images: list, torch: Any, device: Any) -> Any:
+        """Resize, crop, convert and normalize: the whole batch at once where the images are one size."""
+        dtype = self.dtype or (torch.float32 if self.mean is not None else torch.uint8)
+        if not images:
+            return torch.empty((0, 3) + (self.crop or (0, 0)), dtype=dtype, device=device)
+        if len({tuple(i.shape) for i in images}) == 1:
+            out = self._resize_crop(torch.stack(images), torch, dtype)
+        else:
+            each = [self._resize_crop(image[None], torch, dtype)[0] for image in images]
+            if len({tuple(i.shape) for i in each}) > 1:
+                return [self._convert(i[None], torch, dtype)[0] for i in each]  # sizes differ: a list
+            out = torch.stack(each)
+        return self._convert(out, torch, dtype)
+
+    def _resize_crop(self, batch: Any, torch: Any, dtype: Any) -> Any:
+        """``batch`` (N x C x H x W) resized (shorter side to ``size``) and center-cropped."""
         import torch.nn.functional as F
 
-        out = []
-        for image in images:
-            if self.size is not None:
-                h, w = image.shape[-2:]
-                scale = self.size / min(h, w)
-                new = (max(1, round(h * scale)), max(1, round(w * scale)))
-                image = F.interpolate(image[None].float(), size=new, mode="bilinear", antialias=True,
-                                      align_corners=False)[0].round().clamp(0, 255).to(torch.uint8)
-            if self.crop is not None:
-                ch, cw = self.crop
-                h, w = image.shape[-2:]
-                if h < ch or w < cw:
-                    raise ConfigError(f"gpu_decode: an image of {h}x{w} is smaller than crop={self.crop}; "
-                                      "give size= at least the crop")
-                top, left = (h - ch) // 2, (w - cw) // 2
-                image = image[:, top:top + ch, left:left + cw]
-            out.append(image)
-        if len({tuple(i.shape) for i in out}) > 1:
-            return out  # sizes differ and nothing made them equal: a list, as the images are
-        batch = torch.stack(out) if out else torch.empty((0, 3, 0, 0), dtype=torch.uint8)
-        dtype = self.dtype or (torch.float32 if self.mean is not None else torch.uint8)
-        if dtype != torch.uint8:
-            batch = batch.to(dtype) / 255.0
-            if self.mean is not None:
-                mean = torch.tensor(self.mean, dtype=dtype, device=batch.device).view(1, -1, 1, 1)
-                std = torch.tensor(self.std, dtype=dtype, device=batch.device).view(1, -1, 1, 1)
-                batch = (batch - mean) / std
+        if self.size is not None:
+            h, w = batch.shape[-2:]
+            scale = self.size / min(h, w)
+            new = (max(1, round(h * scale)), max(1, round(w * scale)))
+            if new != (h, w):
+                batch = F.interpolate(batch.float(), size=new, mode="bilinear", antialias=True,
+                                      align_corners=False).clamp_(0, 255)
+                if dtype == torch.uint8:
+                    batch = batch.round_().to(torch.uint8)
+        if self.crop is not None:
+            ch, cw = self.crop
+            h, w = batch.shape[-2:]
+            if h < ch or w < cw:
+                raise ConfigError(f"gpu_decode: an image of {h}x{w} is smaller than crop={self.crop}; "
+                                  "give size= at least the crop")
+            top, left = (h - ch) // 2, (w - cw) // 2
+            batch = batch[:, :, top:top + ch, left:left + cw]
         return batch
+
+    def _convert(self, batch: Any, torch: Any, dtype: Any) -> Any:
+        """``batch`` in ``dtype``: uint8 as it is; floating point in [0, 1], normalized with mean/std."""
+        if dtype == torch.uint8:
+            return batch.to(torch.uint8)
+        batch = batch.to(dtype) / 255.0
+        if self.mean is not None:
+            key = (batch.device, dtype)
+            if key not in self._moments:
+                self._moments[key] = tuple(torch.tensor(v, dtype=dtype).view(1, -1, 1, 1).to(batch.device)
+                                           for v in (self.mean, self.std))
+            mean, std = self._moments[key]
+            batch = (batch - mean) / std
+        return batch
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """torchvision 0.29 deprecated its image decoders (for TorchCodec) and warns on every call: the user
+    asked us to decode, so the warning is ours to keep, not theirs to read once per batch."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torchvision\.")
+        warnings.filterwarnings("ignore", message=".*(TorchCodec|torchcodec).*")
+        yield
 
 
 def gpu_decode(field: Union[int, str] = 0, device: Any = "cuda", size: Optional[int] = None,
@@ -169,8 +239,8 @@ def gpu_decode(field: Union[int, str] = 0, device: Any = "cuda", size: Optional[
     The result is one ``NCHW`` tensor on the device, or a list of ``CHW`` tensors when the images differ
     in size and no crop made them equal.  ``device="cpu"`` is the explicit CPU fallback.
 
-        loader = wds.WebLoader(ds.to_tuple("jpg", "cls").batched(256), batch_size=None, num_workers=8,
-                               pack_bytes=True).map(wds.gpu_decode("jpg" if dicts else 0, size=256, crop=224))
+        loader = wds.WebLoader(ds.to_tuple("jpg", "cls").batched(256), batch_size=None, num_workers=8)
+        loader = loader.map(wds.gpu_decode(0, size=256, crop=224))
     """
     return GPUDecode(field, device, size, crop, mean, std, dtype)
 

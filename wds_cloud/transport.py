@@ -2,59 +2,81 @@
 
 torch moves tensors between processes through shared memory (only a handle crosses the pipe), but
 every ``bytes`` object (an encoded JPEG, a text) is pickled and written through the worker's pipe.
-:func:`pack_batch`, run in the worker after collation, turns each list of byte strings in a batch into
-one :class:`PackedBytes`: a contiguous ``uint8`` tensor plus the offsets of its items, which then
-travel as two tensors.  In the main process a ``PackedBytes`` is a sequence of the items: indexing
-and iterating give ``bytes`` (a copy out of shared memory), so code written for lists keeps working;
-:meth:`PackedBytes.view` gives a zero-copy ``memoryview`` and :meth:`PackedBytes.tensor` a ``uint8``
-tensor view, and ``data``/``offsets`` hand the whole batch to a GPU decoder in one copy.
+:func:`pack_batch`, run in the worker after collation, copies every list of byte strings in a batch into
+one shared buffer (a Linux ``memfd``; torch's shared memory elsewhere) and presents each list as a
+:class:`PackedBytes`: the buffer as a ``uint8`` tensor plus the offsets of the items.  The buffer crosses
+to the main process as one file descriptor per batch, which is mapped there and closed at once (a kept
+batch holds no open file).  In the main process a ``PackedBytes`` is a sequence of the items: indexing
+and iterating give ``bytes`` (a copy), so code written for lists keeps working; :meth:`PackedBytes.view`
+gives a zero-copy ``memoryview``, :meth:`PackedBytes.tensor` a ``uint8`` tensor view, and ``data`` /
+``offsets`` hand the whole batch to a GPU decoder in one copy.
 
-``WebLoader(..., pack_bytes=True)`` turns it on.  It is off by default: on a 2-core machine with 2
-workers, batches of 256 JPEGs handed on whole (to a GPU decoder) moved 1.45x faster packed (61k vs 42k
-samples/s, bench/bench_gpu.py), batches of 64 at parity, and where the main process takes every item
-out as ``bytes`` packing ran at 70% of pickling (22k vs 31k).  The case it is for (the main process
-unpickling for 8-15 workers) could not be measured on that machine.
+``WebLoader(pack_bytes=None)``, the default, packs a batch whose byte strings add up to
+:data:`AUTO_MIN_BYTES` (1 MiB) or more.  Measured on a 2-core machine with 2 workers (bench/bench_gpu.py,
+256x256 JPEGs of ~14 kB): batches of 256 moved 1.7x faster packed when handed on whole (75k vs 44k
+samples/s) and 1.5x when the main process took every item out as ``bytes`` (62k vs 41k); batches of 64
+(~0.9 MB) at parity; below that a shared segment per batch costs more than pickling (8 JPEGs: 10k vs
+23k), and tiny samples are never worth it.  ``pack_bytes=True`` packs every batch holding byte strings,
+``False`` none.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
-from typing import Any, Callable, Union, overload
+from typing import Any, Callable, Iterable, Iterator, Optional, Union, overload
 
-__all__ = ["PackedBytes", "pack_batch", "PackingCollate"]
+__all__ = ["PackedBytes", "pack_batch", "PackingCollate", "AUTO_MIN_BYTES"]
 
 #: lists of byte strings shorter than this stay lists (packing two items saves nothing)
 MIN_ITEMS = 2
 
+#: ``pack_bytes=None`` (the default) packs a batch whose byte strings add up to at least this many bytes:
+#: below it, handing a shared-memory segment to the main process costs more than pickling the bytes
+AUTO_MIN_BYTES = 256 * 1024
+
 
 class PackedBytes(Sequence):
-    """A batch's byte strings as one ``uint8`` tensor ``data`` (in shared memory) and ``offsets`` (a list of
-    ``len + 1`` ints, pickled with the batch): item ``i`` is ``data[offsets[i]:offsets[i + 1]]``."""
+    """A batch's byte strings in one ``uint8`` tensor ``data`` (in shared memory): item ``i`` is
+    ``data[offsets[i]:offsets[i + 1]]``.  The columns of one batch share one ``data``; ``offsets`` (a list
+    of ``len + 1`` ints) travels pickled with the batch.
 
-    __slots__ = ("data", "offsets")
+    ``PackedBytes(items)`` packs a sequence of bytes-like objects (so code that rebuilds a sequence as
+    ``type(seq)(new_items)`` keeps working); ``PackedBytes(data, offsets)`` wraps a buffer.
+    """
 
-    def __init__(self, data: Any, offsets: list) -> None:
+    __slots__ = ("data", "offsets", "_memory", "_segment")
+
+    def __init__(self, data: Any = (), offsets: Optional[list] = None) -> None:
+        segment = None
+        if offsets is None:
+            data, offsets = _pack_into_one([list(data)], shared=False)[0]
+        elif isinstance(data, _Segment):  # packed in a worker, about to be sent
+            segment, data = data, data.tensor
         self.data = data
         self.offsets = offsets
+        self._memory: Optional[memoryview] = None
+        self._segment = segment
 
     @classmethod
-    def pack(cls, items: Sequence) -> "PackedBytes":
-        """Pack ``items`` (bytes-like) into one tensor: one copy, into memory torch can share."""
-        import torch
+    def pack(cls, items: Iterable) -> "PackedBytes":
+        """Pack ``items`` (bytes-like) into one tensor (in this process's memory)."""
+        return cls(items)
 
-        offsets = [0]
-        for item in items:
-            offsets.append(offsets[-1] + len(item))
-        # allocated in shared memory at once: torch would otherwise copy it there when the batch is sent
-        data = torch.empty(offsets[-1], dtype=torch.uint8).share_memory_()
-        if offsets[-1]:
-            array = data.numpy()
-            for item, start, end in zip(items, offsets, offsets[1:]):
-                array[start:end] = memoryview(item).cast("B")
-        return cls(data, offsets)
+    def __reduce__(self) -> Any:
+        if self._segment is not None:
+            # packed in a worker: the segment travels as a file descriptor, once per batch (the batch's
+            # columns hold the same segment object, and pickle's memo sends it once)
+            return (PackedBytes, (self._segment, self.offsets))
+        # anywhere else (received, pinned, built here): this column's bytes, by value
+        start, offsets = self.offsets[0], self.offsets
+        return (_unpickle, (self._buffer()[start:offsets[-1]].tobytes(), [o - start for o in offsets]))
 
-    def _spans(self) -> list:
-        return self.offsets
+    def _buffer(self) -> memoryview:
+        memory = self._memory
+        if memory is None:
+            memory = self._memory = memoryview(self.data.numpy()).toreadonly()
+        return memory
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -68,73 +90,227 @@ class PackedBytes(Sequence):
     def __getitem__(self, index: Union[int, slice]) -> Union[bytes, list]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        return bytes(self.view(index))
+        return self.view(index).tobytes()
+
+    def __iter__(self) -> Iterator[bytes]:
+        memory, offsets = self._buffer(), self.offsets
+        for i in range(len(offsets) - 1):
+            yield memory[offsets[i]:offsets[i + 1]].tobytes()
 
     def view(self, index: int) -> memoryview:
         """Item ``index`` as a read-only ``memoryview`` of the shared buffer (no copy)."""
-        spans = self._spans()
-        n = len(spans) - 1
+        offsets = self.offsets
+        n = len(offsets) - 1
         if index < 0:
             index += n
         if not 0 <= index < n:
             raise IndexError(f"item {index} of a batch of {n}")
-        return memoryview(self.data.numpy())[spans[index]:spans[index + 1]].toreadonly()
+        return self._buffer()[offsets[index]:offsets[index + 1]]
 
     def views(self) -> list:
         """Every item as a zero-copy ``memoryview``."""
-        return [self.view(i) for i in range(len(self))]
+        memory, offsets = self._buffer(), self.offsets
+        return [memory[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
 
     def tensor(self, index: int) -> Any:
         """Item ``index`` as a ``uint8`` tensor view (what ``torchvision.io.decode_jpeg`` takes)."""
-        spans = self._spans()
-        return self.data[spans[index]:spans[index + 1]]
+        offsets = self.offsets
+        return self.data[offsets[index]:offsets[index + 1]]
+
+    def tensors(self) -> list:
+        """Every item as a ``uint8`` tensor view."""
+        data, offsets = self.data, self.offsets
+        return [data[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
 
     def pin_memory(self, device: Any = None) -> "PackedBytes":
         """Pinned (page-locked) for a fast, asynchronous copy to a GPU (DataLoader's ``pin_memory=True``)."""
         return PackedBytes(self.data.pin_memory(), self.offsets)
 
     def tolist(self) -> list:
-        return [bytes(v) for v in self.views()]
+        return list(self)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (PackedBytes, list, tuple)):
             return len(self) == len(other) and all(a == b for a, b in zip(self, other))
         return NotImplemented
 
+    __hash__ = None  # type: ignore[assignment]  # a sequence compared by value, like a list
+
     def __add__(self, other: Any) -> list:
         return self.tolist() + list(other)
 
+    def __radd__(self, other: Any) -> list:
+        return list(other) + self.tolist()
+
     def __repr__(self) -> str:
-        return f"<PackedBytes: {len(self)} items, {self.offsets[-1]} bytes>"
+        return f"<PackedBytes: {len(self)} items, {self.offsets[-1] - self.offsets[0]} bytes>"
 
 
-def _is_bytes_list(value: Any) -> bool:
-    return (isinstance(value, list) and len(value) >= MIN_ITEMS
-            and all(isinstance(item, (bytes, bytearray)) for item in value))
+def _unpickle(data: bytes, offsets: list) -> PackedBytes:
+    return PackedBytes(_unpickle_tensor(data), offsets)
 
 
-def pack_batch(batch: Any) -> Any:
-    """``batch`` with every list of byte strings (a column of a tuple, a value of a dict, or the batch
-    itself) packed into a :class:`PackedBytes`; anything else as it is."""
-    if _is_bytes_list(batch):
-        return PackedBytes.pack(batch)
-    if isinstance(batch, tuple) and not hasattr(batch, "_fields"):
-        return tuple(PackedBytes.pack(c) if _is_bytes_list(c) else c for c in batch)
-    if isinstance(batch, list):
-        return [PackedBytes.pack(c) if _is_bytes_list(c) else c for c in batch]
+def _unpickle_tensor(data: bytes) -> Any:
+    import torch
+
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+
+class _Segment:
+    """Memory for one batch's bytes that another process can map: a Linux ``memfd``, sent by file descriptor
+    (``multiprocessing``'s ``DupFd``, as torch sends its tensors).  The receiver maps it and closes the
+    descriptor at once, so a batch kept alive holds no open file (torch's own shared tensors each keep one,
+    and a program holding ~1,000 batches then fails with "Too many open files")."""
+
+    __slots__ = ("fd", "tensor")
+
+    def __init__(self, size: int) -> None:
+        _register_reducer()
+        self.fd = os.memfd_create("wds_cloud-batch", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, size)
+            self.tensor = _map(self.fd, size)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def __del__(self) -> None:
+        os.close(self.fd)  # the mapping stays valid while ``tensor`` lives
+
+    def __reduce__(self) -> Any:
+        # pickled for keeps (plain pickle): by value; between processes see _register_reducer
+        return (_unpickle_tensor, (self.tensor.numpy().tobytes(),))
+
+
+def _send_segment(segment: _Segment) -> Any:
+    """How ``multiprocessing`` (a DataLoader's queues) pickles a :class:`_Segment`: by file descriptor."""
+    from multiprocessing.reduction import DupFd
+
+    return (_attach, (DupFd(segment.fd), segment.tensor.numel()))
+
+
+_registered = False
+
+
+def _register_reducer() -> None:
+    global _registered
+    if not _registered:
+        from multiprocessing.reduction import ForkingPickler
+
+        ForkingPickler.register(_Segment, _send_segment)
+        _registered = True
+
+
+def _attach(handle: Any, size: int) -> Any:
+    """A received :class:`_Segment`: its memory mapped here as a ``uint8`` tensor, the descriptor closed."""
+    fd = handle.detach()
+    try:
+        return _map(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _map(fd: int, size: int) -> Any:
+    """The memory of ``fd`` as a ``uint8`` tensor that holds no descriptor (``mmap.mmap`` would keep a copy)."""
+    import torch
+
+    return torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=size, dtype=torch.uint8)
+
+
+_MEMFD = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+
+
+def _pack_into_one(columns: list, shared: bool) -> list:
+    """``columns`` (lists of bytes-like items) copied into one ``uint8`` buffer: ``(data, offsets)`` per
+    column, all with the same ``data``.  ``shared``: in memory another process can map (a :class:`_Segment`
+    where Linux has ``memfd``, else torch's shared memory)."""
+    import torch
+
+    spans, end = [], 0
+    for items in columns:
+        offsets = [end]
+        for item in items:
+            end += len(item)
+            offsets.append(end)
+        spans.append(offsets)
+    data: Any
+    if shared and end and _MEMFD:
+        data = _Segment(end)
+        array = memoryview(data.tensor.numpy())
+    else:
+        data = torch.empty(end, dtype=torch.uint8)
+        if shared:  # torch would otherwise copy it into shared memory when the batch is sent
+            data.share_memory_()
+        array = memoryview(data.numpy())
+    if end:
+        for items, offsets in zip(columns, spans):
+            for item, start, stop in zip(items, offsets, offsets[1:]):
+                array[start:stop] = item if type(item) is bytes else memoryview(item).cast("B")
+    return [(data, offsets) for offsets in spans]
+
+
+_BYTE_TYPES = frozenset((bytes, bytearray))
+
+
+def _byte_size(value: Any) -> int:
+    """How many bytes the list of byte strings ``value`` holds; -1 where it is not one (or too short)."""
+    if type(value) is not list or len(value) < MIN_ITEMS or not _BYTE_TYPES.issuperset(map(type, value)):
+        return -1
+    return sum(map(len, value))
+
+
+def pack_batch(batch: Any, min_bytes: int = 0) -> Any:
+    """``batch`` with every list of byte strings (a column of a tuple or list, a value of a dict, or the
+    batch itself) packed into a :class:`PackedBytes`, all in one shared-memory buffer; anything else as it
+    is.  Nothing is packed when the byte strings add up to fewer than ``min_bytes``."""
+    keys: list
+    whole = _byte_size(batch)
+    if whole >= 0:
+        keys, total = [None], whole
+        columns = [batch]
+    elif type(batch) is dict:
+        sizes = {k: _byte_size(v) for k, v in batch.items()}
+        keys = [k for k, n in sizes.items() if n >= 0]
+        total = sum(sizes[k] for k in keys)
+        columns = [batch[k] for k in keys]
+    elif type(batch) in (tuple, list):
+        sizes = [_byte_size(c) for c in batch]
+        keys = [i for i, n in enumerate(sizes) if n >= 0]
+        total = sum(sizes[i] for i in keys)
+        columns = [batch[i] for i in keys]
+    else:
+        return batch
+    if not columns or total < min_bytes:
+        return batch
+    packed = [PackedBytes(data, offsets) for data, offsets in _pack_into_one(columns, shared=True)]
+    if keys == [None]:
+        return packed[0]
     if isinstance(batch, dict):
-        return {k: PackedBytes.pack(v) if _is_bytes_list(v) else v for k, v in batch.items()}
-    return batch
+        return {**batch, **dict(zip(keys, packed))}
+    out = list(batch)
+    for i, column in zip(keys, packed):
+        out[i] = column
+    return tuple(out) if isinstance(batch, tuple) else out
 
 
 class PackingCollate:
-    """A DataLoader ``collate_fn``: ``inner``'s result packed by :func:`pack_batch` when in a worker process."""
+    """A DataLoader ``collate_fn``: ``inner``'s result packed by :func:`pack_batch` when in a worker process.
 
-    def __init__(self, inner: Callable) -> None:
-        self.inner = inner
+    For torch's own ``DataLoader``: ``DataLoader(ds.batched(256), batch_size=None, num_workers=8,
+    collate_fn=wds.transport.PackingCollate())`` (``inner`` defaults to torch's ``default_convert``, what a
+    loader with ``batch_size=None`` uses; give ``torch.utils.data.default_collate`` when the loader batches).
+    """
+
+    def __init__(self, inner: Optional[Callable] = None, min_bytes: int = 0) -> None:
+        if inner is None:
+            from torch.utils.data import default_convert
+
+            inner = default_convert
+        self.inner: Callable = inner
+        self.min_bytes = min_bytes
 
     def __call__(self, data: Any) -> Any:
         from torch.utils.data import get_worker_info
 
         out = self.inner(data)
-        return pack_batch(out) if get_worker_info() is not None else out
+        return pack_batch(out, self.min_bytes) if get_worker_info() is not None else out
