@@ -269,9 +269,9 @@ def pack_batch(batch: Any, min_bytes: int = 0) -> Any:
         keys, total = [None], whole
         columns = [batch]
     elif type(batch) is dict:
-        sizes = {k: _byte_size(v) for k, v in batch.items()}
-        keys = [k for k, n in sizes.items() if n >= 0]
-        total = sum(sizes[k] for k in keys)
+        named = {k: _byte_size(v) for k, v in batch.items()}
+        keys = [k for k, n in named.items() if n >= 0]
+        total = sum(named[k] for k in keys)
         columns = [batch[k] for k in keys]
     elif type(batch) in (tuple, list):
         sizes = [_byte_size(c) for c in batch]
