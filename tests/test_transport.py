@@ -66,6 +66,8 @@ def test_pin_memory_keeps_the_batch_packed():
         pytest.skip("pinning memory needs CUDA")
     pinned = packed.pin_memory()
     assert isinstance(pinned, PackedBytes) and pinned.data.is_pinned() and list(pinned) == [b"ab", b"cd"]
+    jpg, cls = pack_batch(([b"ab", b"cd"], [b"1", b"2"]))
+    assert jpg.pin_memory().data is cls.pin_memory().data  # one buffer per batch, pinned once
 
 
 def test_the_columns_of_a_batch_share_one_buffer_and_survive_pickling_and_copies():

@@ -256,12 +256,18 @@ def to_device(batch: Any, device: Any, stream: Any = None) -> Any:
     torch = _torch()
     device = _check_device(device)
     cuda = device.type == "cuda"
+    # the stream that will use the batch: tensors made on the side stream are recorded as used by it, so
+    # that the caching allocator does not hand their memory to the next copy while a step still reads them
+    consumer = torch.cuda.current_stream(device) if cuda and stream is not None else None
 
     def move(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             if cuda and value.device.type == "cpu" and not value.is_pinned():
                 value = value.pin_memory()
-            return value.to(device, non_blocking=cuda)
+            moved = value.to(device, non_blocking=cuda)
+            if consumer is not None and moved is not value:
+                moved.record_stream(consumer)
+            return moved
         if hasattr(value, "offsets") and hasattr(value, "data") and hasattr(value, "tensor"):  # PackedBytes
             # encoded bytes stay on the host, pinned: the GPU decoder reads them from there in one copy
             return value.pin_memory() if cuda and not value.data.is_pinned() else value
@@ -273,10 +279,10 @@ def to_device(batch: Any, device: Any, stream: Any = None) -> Any:
             return {k: move(v) for k, v in value.items()}
         return value
 
-    if cuda and stream is not None:
+    if consumer is not None:
         with torch.cuda.stream(stream):
             moved = move(batch)
-        torch.cuda.current_stream(device).wait_stream(stream)
+        consumer.wait_stream(stream)
         return moved
     return move(batch)
 

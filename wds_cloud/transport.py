@@ -123,8 +123,16 @@ class PackedBytes(Sequence):
         return [data[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
 
     def pin_memory(self, device: Any = None) -> "PackedBytes":
-        """Pinned (page-locked) for a fast, asynchronous copy to a GPU (DataLoader's ``pin_memory=True``)."""
-        return PackedBytes(self.data.pin_memory(), self.offsets)
+        """Pinned (page-locked) for a fast, asynchronous copy to a GPU (DataLoader's ``pin_memory=True``).
+
+        The columns of a batch share one buffer, and it is pinned once: the first column's pinned copy
+        is kept on the buffer for the others."""
+        data = self.data
+        pinned = getattr(data, "_wds_pinned", None)
+        if pinned is None:
+            pinned = data.pin_memory()
+            data._wds_pinned = pinned
+        return PackedBytes(pinned, self.offsets)
 
     def tolist(self) -> list:
         return list(self)
