@@ -137,6 +137,10 @@ class PackedBytes(Sequence):
     def tolist(self) -> list:
         return list(self)
 
+    def copy(self) -> list:
+        """The items as a new ``list`` (what ``list.copy`` gives code written for lists)."""
+        return list(self)
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (PackedBytes, list, tuple)):
             return len(self) == len(other) and all(a == b for a, b in zip(self, other))
