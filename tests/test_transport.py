@@ -135,3 +135,12 @@ def test_torchs_own_dataloader_packs_with_the_packing_collate(shards):
     ds = wds.WebDataset(shards, shardshuffle=False).to_tuple("jpg", "cls").batched(8)
     batches = list(DataLoader(ds, batch_size=None, num_workers=1, collate_fn=transport.PackingCollate()))
     assert all(isinstance(b[0], PackedBytes) for b in batches) and sum(len(b[0]) for b in batches) == 200
+
+
+def test_without_memfd_batches_travel_in_torchs_shared_memory(shards, monkeypatch):
+    monkeypatch.setattr(transport, "_MEMFD", False)
+    ds = wds.WebDataset(shards, shardshuffle=False).to_tuple("jpg", "cls").batched(16)
+    plain = list(wds.WebLoader(ds, batch_size=None, num_workers=2, pack_bytes=False))
+    packed = list(wds.WebLoader(ds, batch_size=None, num_workers=2, pack_bytes=True))
+    assert all(isinstance(b[0], PackedBytes) for b in packed)
+    assert [(list(a), list(b)) for a, b in packed] == [(a, b) for a, b in plain]

@@ -6,8 +6,8 @@
   device, decoded by nvJPEG through torchvision's batched ``decode_jpeg`` on a side stream (so that it
   overlaps the training step already queued), optionally resized (shorter side), center-cropped and
   normalized there.  Images nvJPEG refuses (PNG, CMYK JPEGs) are decoded on the CPU, one by one, and
-  moved over; one that nothing can read is a ``DecodingError``.  It never runs in a DataLoader worker (CUDA must not be
-  initialized there).
+  moved over; one that nothing can read is a ``DecodingError``.  It never runs in a DataLoader worker
+  (CUDA must not be initialized there).
 - :func:`to_device` (``WebLoader(device=...)``) copies every tensor of a batch to the device from
   pinned memory with ``non_blocking=True`` on a side stream, and makes the consuming stream wait
   for that copy only: the copy of batch N+1 runs while the GPU still works on step N.

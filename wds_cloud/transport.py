@@ -33,7 +33,7 @@ MIN_ITEMS = 2
 
 #: ``pack_bytes=None`` (the default) packs a batch whose byte strings add up to at least this many bytes:
 #: below it, handing a shared-memory segment to the main process costs more than pickling the bytes
-AUTO_MIN_BYTES = 256 * 1024
+AUTO_MIN_BYTES = 1024 * 1024
 
 
 class PackedBytes(Sequence):
@@ -178,16 +178,19 @@ class _Segment:
 
     def __init__(self, size: int) -> None:
         _register_reducer()
-        self.fd = os.memfd_create("wds_cloud-batch", os.MFD_CLOEXEC)
+        self.fd = -1
+        fd = os.memfd_create("wds_cloud-batch", os.MFD_CLOEXEC)
         try:
-            os.ftruncate(self.fd, size)
-            self.tensor = _map(self.fd, size)
+            os.ftruncate(fd, size)
+            self.tensor = _map(fd, size)
         except BaseException:
-            os.close(self.fd)
+            os.close(fd)
             raise
+        self.fd = fd
 
     def __del__(self) -> None:
-        os.close(self.fd)  # the mapping stays valid while ``tensor`` lives
+        if self.fd >= 0:
+            os.close(self.fd)  # the mapping stays valid while ``tensor`` lives
 
     def __reduce__(self) -> Any:
         # pickled for keeps (plain pickle): by value; between processes see _register_reducer
@@ -245,11 +248,15 @@ def _pack_into_one(columns: list, shared: bool) -> list:
             end += len(item)
             offsets.append(end)
         spans.append(offsets)
-    data: Any
+    global _MEMFD
+    data: Any = None
     if shared and end and _MEMFD:
-        data = _Segment(end)
-        array = memoryview(data.tensor.numpy())
-    else:
+        try:
+            data = _Segment(end)
+            array = memoryview(data.tensor.numpy())
+        except (OSError, RuntimeError):  # no memfd here after all (a sandbox): torch's shared memory from now on
+            _MEMFD, data = False, None
+    if data is None:
         data = torch.empty(end, dtype=torch.uint8)
         if shared:  # torch would otherwise copy it into shared memory when the batch is sent
             data.share_memory_()
