@@ -22,7 +22,7 @@ from .io.profiles import named_profile
 from .io.resilient import StatsSink, TransferStats
 from .mixing import MixSource
 from .pipeline import DataPipeline
-from .pytorch import DataLoader
+from .pytorch import HAVE_TORCH, DataLoader
 from .resume import loader as loaderstate
 from .resume.protocol import Resumable, is_buffering
 from .resume.state import check_same, inexact_state, is_inexact, restart_from
@@ -397,7 +397,7 @@ class WebLoader(DataPipeline, FluidInterface):
         # byte strings batched in workers travel as shared-memory tensors (wds_cloud.transport)
         pack: Optional[Callable[[Any], Any]] = None
         min_bytes = transport.AUTO_MIN_BYTES if pack_bytes is None else 0
-        if pack_bytes is not False and num_workers and _torch_available():
+        if pack_bytes is not False and num_workers and HAVE_TORCH:
             pack = functools.partial(transport.pack_batch, min_bytes=min_bytes)
         # Why state_dict() cannot work here (None: it can).  Decided from the stages alone; a
         # pipeline that cannot be resumed is iterated exactly as torch's DataLoader would.
@@ -537,14 +537,6 @@ class WebLoader(DataPipeline, FluidInterface):
 LOADER_FORMAT = "wds_cloud.loader/1"
 
 
-def _torch_available() -> bool:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _resume_blocker(dataset: Any, args: list, kw: dict) -> Optional[str]:
     """Why a WebLoader over ``dataset`` cannot save states (None: it can), known before iterating."""
     if not isinstance(dataset, Resumable):
@@ -594,9 +586,9 @@ class MixedDataset(WebDataset):
         datasets = []
         for number, source in enumerate(spec.sources):
             ds = WebDataset(list(source.urls), handler=handler, resampled=source.resampled,
-                                   shardshuffle=source.shardshuffle and not source.resampled,
-                                   seed=utils.make_seed(base_seed, number, source.name), nodesplitter=nodesplitter,
-                                   storage_options=_source_options(source, storage_options), **kwargs)
+                            shardshuffle=source.shardshuffle and not source.resampled,
+                            seed=utils.make_seed(base_seed, number, source.name), nodesplitter=nodesplitter,
+                            storage_options=_source_options(source, storage_options), **kwargs)
             if source.shuffle:
                 ds = ds.shuffle(source.shuffle, seed=utils.make_seed(base_seed, "shuffle", source.name))
             datasets.append(ds)

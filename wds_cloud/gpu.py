@@ -24,6 +24,7 @@ import warnings
 from typing import Any, Iterator, Optional, Sequence, Union
 
 from .errors import ConfigError, DecodingError, MissingExtraError
+from .transport import PackedBytes
 
 __all__ = ["gpu_decode", "GPUDecode", "to_device"]
 
@@ -100,7 +101,7 @@ class GPUDecode:
         """
         torch = _torch()
         device = _check_device(self.device)
-        if hasattr(items, "tensors"):  # PackedBytes: views of one (pinned) buffer
+        if isinstance(items, PackedBytes):  # views of one (pinned) buffer
             tensors = items.tensors()
         else:
             tensors = [torch.frombuffer(bytearray(item), dtype=torch.uint8) if len(item) else
@@ -268,7 +269,7 @@ def to_device(batch: Any, device: Any, stream: Any = None) -> Any:
             if consumer is not None and moved is not value:
                 moved.record_stream(consumer)
             return moved
-        if hasattr(value, "offsets") and hasattr(value, "data") and hasattr(value, "tensor"):  # PackedBytes
+        if isinstance(value, PackedBytes):
             # encoded bytes stay on the host, pinned: the GPU decoder reads them from there in one copy
             return value.pin_memory() if cuda and not value.data.is_pinned() else value
         if isinstance(value, tuple) and not hasattr(value, "_fields"):

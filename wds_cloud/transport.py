@@ -322,9 +322,9 @@ class PackingCollate:
 
     def __init__(self, inner: Optional[Callable] = None, min_bytes: int = 0) -> None:
         if inner is None:
-            from torch.utils.data import default_convert
+            from .resume.loader import default_collate
 
-            inner = default_convert
+            inner = default_collate(per_item=True)  # torch's default_convert
         self.inner: Callable = inner
         self.min_bytes = min_bytes
 
