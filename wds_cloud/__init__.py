@@ -27,10 +27,12 @@ from .config import Settings
 from .errors import (
     AccessDeniedError,
     ConfigError,
+    CorruptIndexError,
     CorruptShardError,
     CredentialsError,
     DecodingError,
     IntegrityError,
+    MalformedDataError,
     MissingExtraError,
     NotResumableError,
     ObjectChangedError,
@@ -139,7 +141,7 @@ __all__ = [
     "WdsCloudError", "ConfigError", "UnknownSchemeError", "CorruptShardError", "SampleError",
     "StateMismatchError", "NotResumableError", "MissingExtraError", "PluginError", "PluginConflictError", "ShardNotFoundError",
     "SecurityError", "CredentialsError", "AccessDeniedError", "TransferError", "PipeError", "ObjectChangedError",
-    "IntegrityError", "RandomAccessError", "ShardListDataset",
+    "IntegrityError", "RandomAccessError", "MalformedDataError", "CorruptIndexError", "ShardListDataset",
 ]
 
 # The internal modules of 0.1 moved into io/, tar/ and resume/; their old paths still import, as

@@ -46,6 +46,8 @@ ENV_VARS = (
     "WDS_SECURE",
     "WDS_ALLOW_UNTRUSTED_PIPES",
     "WDS_ALLOW_PICKLE",
+    "WDS_ALLOW_UNTRUSTED_LOCAL",
+    "WDS_MAX_DATA_FILE_SIZE",
     "WDS_REWRITE",
     "GOPEN_REWRITE",
     "GOPEN_VERBOSE",
@@ -246,6 +248,10 @@ class Settings:
     concurrency: Optional[int] = None
     max_concurrency: int = 16
     prefetch: int = 1
+    #: the largest structured file read from data (index, description, manifest, spec, state, job record)
+    max_data_file_size: int = 64 << 20
+    #: shell commands and local paths named by a remote file (a spec, description or index) are used
+    allow_untrusted_local: bool = False
     #: the :data:`AWS_S3_VARS` that are set, as (name, value) pairs
     aws_s3: tuple[tuple[str, str], ...] = ()
 
@@ -290,6 +296,9 @@ class Settings:
             concurrency=parse_count("WDS_CONCURRENCY", get("WDS_CONCURRENCY"), None, 1),
             max_concurrency=parse_count("WDS_MAX_CONCURRENCY", get("WDS_MAX_CONCURRENCY"), 16, 1),
             prefetch=parse_count("WDS_PREFETCH", get("WDS_PREFETCH"), 1, 0),
+            max_data_file_size=parse_positive_size("WDS_MAX_DATA_FILE_SIZE", get("WDS_MAX_DATA_FILE_SIZE"),
+                                                   64 << 20),
+            allow_untrusted_local=parse_bool("WDS_ALLOW_UNTRUSTED_LOCAL", get("WDS_ALLOW_UNTRUSTED_LOCAL")),
             aws_s3=tuple((name, value) for name in AWS_S3_VARS if (value := get(name) or "")),
         )
 

@@ -6,6 +6,9 @@ data loader already catch::
 
     WdsCloudError(Exception)
     ├── ConfigError(ValueError)            an argument, setting or environment value is malformed
+    │   └── MalformedDataError             a structured file from data (index, description, manifest, spec,
+    │       │                              state, job record) is malformed, too large or too deep
+    │       └── CorruptIndexError          a shard's index does not describe a shard (offsets, sizes, counts)
     ├── UnknownSchemeError(ValueError)     no backend claims the URL's scheme
     ├── CorruptShardError(ValueError, tarfile.ReadError)  a tar/compressed stream is damaged or truncated
     ├── DecodingError(ValueError)          a sample field could not be decoded
@@ -38,6 +41,8 @@ import tarfile
 __all__ = [
     "WdsCloudError",
     "ConfigError",
+    "MalformedDataError",
+    "CorruptIndexError",
     "UnknownSchemeError",
     "CorruptShardError",
     "IntegrityError",
@@ -108,6 +113,17 @@ class WdsCloudError(Exception):
 
 class ConfigError(WdsCloudError, ValueError):
     """A configuration value (argument or environment variable) is malformed."""
+
+
+class MalformedDataError(ConfigError):
+    """A structured file read from data (an index, a wids description, a manifest, a spec, a saved state, a
+    job record, a line of documents) is malformed, larger or deeper than allowed, or claims what cannot be;
+    ``url`` and ``field`` say where.  Also a ``ConfigError`` and a ``ValueError``."""
+
+
+class CorruptIndexError(MalformedDataError):
+    """A shard's index cannot describe the shard: offsets outside it or overlapping, sizes beyond it, counts
+    that do not fit; write it again with ``wds-cloud index``."""
 
 
 class UnknownSchemeError(WdsCloudError, ValueError):

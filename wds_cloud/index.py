@@ -9,23 +9,29 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
+import os
+from typing import Any, Optional
 
-from .errors import ConfigError, ShardNotFoundError, redact
+from .errors import ConfigError, CorruptIndexError, ObjectChangedError, ShardNotFoundError, redact
+from .io import datafile
 from .io.open import gopen
+from .io.security import resolve
+from .io.urls import is_local, local_path
 from .tar.index import (
     FORMAT,
     SampleEntry,
     ShardIndex,
     build_index,
     dali_text,
+    local_version,
     parse_dali,
     parse_wids,
     split_name,
     wids_description,
 )
 
-__all__ = ["ShardIndex", "SampleEntry", "build_index", "write_index", "read_index", "index_of", "index_url", "dali_url",
+__all__ = ["ShardIndex", "SampleEntry", "build_index", "write_index", "read_index", "index_of", "check_fresh",
+           "index_url", "dali_url",
            "dali_text", "parse_dali", "wids_description", "parse_wids", "split_name", "FORMAT"]
 
 FORMATS = ("json", "dali")
@@ -62,7 +68,10 @@ def write_index(index: ShardIndex, url: Optional[str] = None, fmt: str = "json",
 def read_index(url: str, storage_options: Optional[dict] = None, shard_url: Optional[str] = None) -> ShardIndex:
     """The index at ``url``, ours or DALI's; given a shard's URL (``.tar``...), its sidecar: ours, else DALI's.
 
-    Raises ``ShardNotFoundError`` when there is none.
+    An index file is data: it is read bounded (``WDS_MAX_DATA_FILE_SIZE``), every field is checked
+    (:class:`~wds_cloud.errors.CorruptIndexError` naming the file and field), and the shard URL it names is
+    resolved as any URL read from a file (untrusted, relative to it).  Raises ``ShardNotFoundError`` when
+    there is none.
     """
     candidates = [url]
     if not (url.endswith(".json") or url.endswith(".idx")):
@@ -71,20 +80,49 @@ def read_index(url: str, storage_options: Optional[dict] = None, shard_url: Opti
     last: Optional[BaseException] = None
     for candidate in candidates:
         try:
-            with gopen(candidate, "rb", storage_options=storage_options) as stream:
-                text = stream.read().decode("utf-8")
+            data = datafile.read_bytes(candidate, "shard index", storage_options)
         except ShardNotFoundError as exc:
             last = exc
             continue
-        if text.lstrip().startswith("{"):
-            index = ShardIndex.from_json(json.loads(text), candidate)
+        shown = redact(candidate)
+        if data.lstrip().startswith(b"{"):
+            index = ShardIndex.from_json(datafile.parse_json(data, shown, "shard index", max_depth=None), candidate)
         else:
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                raise CorruptIndexError(f"{shown}: not an index (neither JSON nor DALI's text); write it again with "
+                                        "`wds-cloud index`", url=candidate, field="encoding") from None
             index = parse_dali(text, shard_url or candidate)
-        if shard_url is not None:
-            index.url = shard_url
+        index.url = shard_url if shard_url is not None else resolve(index.url, candidate, field="url")
         return index
     raise ShardNotFoundError(f"{redact(url)}: no index found (looked for {', '.join(map(redact, candidates))}); "
                              "write one with `wds-cloud index URL`", url=url) from last
+
+
+def check_fresh(index: ShardIndex, url: str, stream: Any = None) -> None:
+    """Refuse to read ``url`` by ``index`` when the shard is no longer the one indexed: another size, or another
+    version (ETag, generation; a local file's modification time and size).  ``stream``: an open ranged read of
+    the shard, whose answer tells its size and version; a local shard is asked with ``stat``.  An index that
+    recorded a version, read over a store that now gives none, is refused too (no version cannot match)."""
+    if is_local(url):
+        try:
+            st = os.stat(local_path(url))
+        except OSError:
+            return  # opening it says what is wrong
+        size, version = st.st_size, local_version(st)
+        if index.version is not None and "-" not in index.version:
+            version = index.version  # an index of another kind of version: the size decides
+    else:
+        size = getattr(stream, "size", None)
+        version = getattr(stream, "version", None)
+    stale = (index.size is not None and size is not None and size != index.size) or (
+        index.version is not None and version != index.version)
+    if stale:
+        raise ObjectChangedError(
+            f"{redact(url)}: the shard changed since it was indexed (now {size} bytes, version {version!r:.80}; the "
+            f"index says {index.size} bytes, version {index.version!r:.80}); index it again with `wds-cloud index "
+            f"{redact(url)}`", url=url, expected=index.version, actual=version)
 
 
 def index_of(shard_url: str, storage_options: Optional[dict] = None) -> ShardIndex:

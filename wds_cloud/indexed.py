@@ -11,7 +11,6 @@ shards locally instead (the cheaper choice when most of each shard is read).
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import os
 import random
@@ -21,10 +20,13 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from . import config
 from .errors import ConfigError, ObjectChangedError, RandomAccessError, redact
-from .index import index_of
+from .index import check_fresh, index_of
+from .io import datafile
 from .io.open import gopen
+from .io.security import resolve, resolve_base
 from .io.resilient import StatsSink, TransferStats
 from .io.shardcache import ShardCache
+from .io.urls import is_local
 from .shardlists import expand_urls as _expand
 from .tar.index import ShardIndex, parse_wids
 from .tar.reader import open_decompressed
@@ -47,8 +49,10 @@ def _resolve(base: Optional[str], url: str) -> str:
         os.path.join(base, url)
 
 
-def _dirname(url: str) -> str:
-    return url.rsplit("/", 1)[0] + "/" if "/" in url else ""
+def _description(data: Any, where: str) -> dict:
+    datafile.need(isinstance(data, dict), redact(where), "the description", "must be a JSON object with "
+                  "\"wids_version\": 1 and a \"shardlist\"")
+    return data
 
 
 def default_decoder(sample: dict, format: str = "PIL") -> dict:
@@ -104,15 +108,14 @@ class ShardListDataset(_Dataset):
         self.retries, self.timeout = retries, timeout
         self.compressed = compressed
         self.spec: dict = dict(options or {})
+        where = ""
         if isinstance(shards, str) and (shards.endswith(".json") or shards.endswith(".json.gz")):
-            with gopen(shards, "rb", storage_options=storage_options) as stream:
-                text = stream.read()
-            self.spec = dict(json.loads(text), **(options or {}))
-            base = base or self.spec.get("base") or _dirname(shards)
+            where = shards  # a description read from a file is data: its URLs are resolved against it, untrusted
+            self.spec = dict(_description(datafile.load(shards, "dataset description", storage_options), shards),
+                             **(options or {}))
             shard_list = parse_wids(self.spec, shards)
         elif isinstance(shards, dict):
             self.spec = dict(shards, **(options or {}))
-            base = base or self.spec.get("base")
             shard_list = parse_wids(self.spec)
         elif isinstance(shards, str):
             shard_list = [{"url": u} for u in _expand(shards)]
@@ -120,8 +123,20 @@ class ShardListDataset(_Dataset):
             shard_list = [s if isinstance(s, dict) else {"url": os.fspath(s)} for s in shards]
         if not shard_list:
             raise ConfigError("ShardListDataset was given no shards")
+        if where:
+            folder = resolve_base(base, where) if base else (
+                resolve_base(self.spec["base"], where) if self.spec.get("base") is not None else None)
+            bases = {}
+            for s in shard_list:
+                if s.get("base") is not None and s["base"] not in bases:
+                    bases[s["base"]] = resolve_base(s["base"], where, "datasets[].base")
+            self.shards = [dict(s, url=resolve(s["url"], where, base=bases.get(s.get("base"), folder)))
+                           for s in shard_list]
+            base = folder
+        else:
+            base = base or self.spec.get("base")
+            self.shards = [dict(s, url=_resolve(s.get("base", base), s["url"])) for s in shard_list]
         self.base = base
-        self.shards = [dict(s, url=_resolve(s.get("base", base), s["url"])) for s in shard_list]
         self.dataset_name = dataset_name or self.spec.get("name")
         self.transformations = _transformations(transformations)
         self.manifest = manifest
@@ -202,21 +217,20 @@ class ShardListDataset(_Dataset):
         if index.compression is not None:
             return self._from_loaded(shard, index)[start:end]
         if self.cache_dir is not None:
-            return self._from_cache(url, start, end)
+            return self._from_cache(url, index, start, end)
+        if is_local(url):
+            check_fresh(index, url)
         with gopen(url, "rb", offset=start, length=end - start, storage_options=self.storage_options,
                    retries=self.retries, timeout=self.timeout, stats=self._stats) as stream:
-            served = getattr(stream, "version", None)
-            if index.version and served and served != index.version:
-                raise ObjectChangedError(f"{redact(url)}: the shard changed since it was indexed (version "
-                                         f"{served!r}, the index has {index.version!r}); index it again with "
-                                         "`wds-cloud index`", url=url)
+            if not is_local(url):
+                check_fresh(index, url, stream)
             data = stream.read()
         if len(data) != end - start:
             raise ObjectChangedError(f"{redact(url)}: bytes {start}-{end} asked for, {len(data)} received: the shard "
                                      "is shorter than its index says; index it again", url=url, offset=start)
         return data
 
-    def _from_cache(self, url: str, start: int, end: int) -> bytes:
+    def _from_cache(self, url: str, index: ShardIndex, start: int, end: int) -> bytes:
         cache = ShardCache(self.cache_dir or "", self.cache_size, stats=self._stats)
         path = cache.path_for(url)
         if not os.path.exists(path):
@@ -228,6 +242,11 @@ class ShardListDataset(_Dataset):
                 while stream.read(1 << 20):
                     pass
         with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if index.size is not None and size != index.size:
+                raise ObjectChangedError(f"{redact(url)}: the cached shard has {size} bytes, its index says "
+                                         f"{index.size}: the shard changed since it was indexed; index it again "
+                                         "with `wds-cloud index` (and clear the cache entry)", url=url)
             f.seek(start)
             return f.read(end - start)
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any, Optional, Union
 
-from .errors import ConfigError, IntegrityError, redact
+from .errors import IntegrityError, MalformedDataError, redact
+from .io import datafile
 from .io.integrity import Verifying, mismatch
 from .io.open import gopen
 
@@ -58,18 +59,42 @@ class Manifest:
 
 def load_manifest(source: Union[str, dict, Manifest], allow_missing: bool = False,
                   storage_options: Optional[dict] = None) -> Manifest:
-    """A :class:`Manifest` from a URL/path of its JSON, the parsed dict, or a Manifest."""
+    """A :class:`Manifest` from a URL/path of its JSON, the parsed dict, or a Manifest; every entry is checked
+    before a shard is read (a :class:`~wds_cloud.errors.MalformedDataError` naming the file and the shard)."""
     if isinstance(source, Manifest):
         return source
     where = "<manifest>"
     if isinstance(source, str):
         where = source
-        with gopen(source, "rb", storage_options=storage_options) as stream:
-            source = json.loads(stream.read())
+        source = datafile.load(source, "manifest", storage_options)
+    shown = redact(where)
     if not isinstance(source, dict) or source.get("format") != FORMAT or not isinstance(source.get("shards"), dict):
-        raise ConfigError(f"{redact(where)}: not a wds_cloud manifest (expected {{\"format\": \"{FORMAT}\", "
-                          "\"shards\": {...}}}); write one with `wds-cloud verify SPEC --write-manifest FILE`")
+        raise MalformedDataError(f"{shown}: not a wds_cloud manifest (expected {{\"format\": \"{FORMAT}\", "
+                                 "\"shards\": {...}}}); write one with `wds-cloud verify SPEC --write-manifest FILE`",
+                                 field="format")
+    for url, entry in source["shards"].items():
+        _check_entry(url, entry, shown)
     return Manifest(source["shards"], allow_missing)
+
+
+_HEX = {"sha256": 64, "md5": 32}
+
+
+def _check_entry(url: str, entry: Any, shown: str) -> None:
+    fix = "write the manifest again with `wds-cloud verify SPEC --write-manifest FILE`"
+    field = f"shards[{datafile.shown(url)}]"
+    datafile.need(isinstance(entry, dict), shown, field, f"must be a mapping of size, samples and sha256, not "
+                  f"{datafile.shown(entry)}", fix)
+    for key in ("size", "samples"):
+        if key in entry:
+            datafile.need(datafile.is_count(entry[key]), shown, f"{field}.{key}", "must be a whole number, not "
+                          f"{datafile.shown(entry[key])}", fix)
+    for key, length in _HEX.items():
+        if key in entry:
+            value = entry[key]
+            datafile.need(isinstance(value, str) and len(value) == length and
+                          all(c in "0123456789abcdef" for c in value.lower()), shown, f"{field}.{key}",
+                          f"must be {length} hex digits", fix)
 
 
 def check_index(manifest: Any, index: Any) -> None:

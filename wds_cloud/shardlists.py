@@ -20,9 +20,9 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 import braceexpand
 
 from . import config, utils
-from .errors import ConfigError, MissingExtraError, redact
-from .io.open import gopen
-from .io.security import untrusted
+from .errors import ConfigError, MalformedDataError, redact
+from .io import datafile
+from .io.security import UntrustedURL, resolve, resolve_base
 from .resume.state import check_same, expect
 from .stages import PipelineStage, pipelinefilter
 
@@ -51,16 +51,37 @@ def envsubst(s: str, settings: Optional[config.Settings] = None) -> str:
     return _VAR.sub(replace, s)
 
 
-def expand_urls(urls: Union[str, Iterable[str]]) -> list[str]:
-    """Expand ``::``-joined specs, ``${NAME}`` and brace ranges into a list of URLs."""
+#: the most shard URLs one spec read from data may expand to (a brace range is a claim too)
+MAX_DATA_URLS = 1_000_000
+
+
+def expand_urls(urls: Union[str, Iterable[str]], limit: Optional[int] = None, where: str = "") -> list[str]:
+    """Expand ``::``-joined specs, ``${NAME}`` and brace ranges into a list of URLs.
+
+    ``limit``: the most URLs accepted (a spec read from data: its ranges are expanded no further than that,
+    and more is a :class:`~wds_cloud.errors.MalformedDataError` naming ``where``).
+    """
     if isinstance(urls, str):
         result: list[str] = []
         for spec in urls.split("::"):
             spec = envsubst(spec)
-            result.extend(braceexpand.braceexpand(spec))
+            if limit is None:
+                result.extend(braceexpand.braceexpand(spec))
+                continue
+            result.extend(islice(braceexpand.braceexpand(spec), limit + 1 - len(result)))
+            if len(result) > limit:
+                raise MalformedDataError(f"{redact(where) or '<spec>'}: the shard spec {spec[:80]!r} names more than "
+                                         f"{limit} URLs; split the dataset into smaller specs", field="urls")
         return result
-    return [u for url in urls for u in (expand_urls(url) if isinstance(url, str) and
-                                        ("{" in url or "::" in url or "$" in url) else [url])]
+    out: list[str] = []
+    for url in urls:
+        more = expand_urls(url, limit, where) if isinstance(url, str) and ("{" in url or "::" in url or "$" in url) \
+            else [url]
+        out.extend(more)
+        if limit is not None and len(out) > limit:
+            raise MalformedDataError(f"{redact(where) or '<spec>'}: the spec names more than {limit} URLs; split the "
+                                     "dataset into smaller specs", field="urls")
+    return out
 
 
 def expand_source(source: Any, max_urls: int = int(1e9)) -> list[str]:
@@ -85,24 +106,9 @@ def _spec_file_urls(url: str) -> list[str]:
 
 
 def read_spec_file(url: str, storage_options: Optional[dict] = None) -> Any:
-    """The parsed content of a ``.yaml``/``.yml``/``.json`` file at ``url`` (any URL)."""
-    with gopen(url, storage_options=storage_options) as stream:
-        text = stream.read().decode("utf-8")
-    if re.search(r"\.json$", url):
-        try:
-            return json.loads(text)
-        except ValueError as exc:
-            raise ConfigError(f"{redact(url)}: not valid JSON ({exc}); see docs/specs.md for dataset "
-                              "specs") from None
-    try:
-        import yaml
-    except ImportError:
-        raise MissingExtraError(f"{redact(url)}: reading a YAML dataset spec needs PyYAML: pip install pyyaml "
-                                "(or write the spec as JSON)") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{redact(url)}: not valid YAML ({exc}); see docs/specs.md for dataset specs") from None
+    """The parsed content of a ``.yaml``/``.yml``/``.json`` file at ``url`` (any URL), read as data: bounded in
+    size and depth, a :class:`~wds_cloud.errors.MalformedDataError` naming the file when it is not one."""
+    return datafile.load(url, "dataset spec", storage_options)
 
 
 def index_counts(source: Any) -> Optional[dict]:
@@ -112,41 +118,63 @@ def index_counts(source: Any) -> Optional[dict]:
     :func:`expand_source` resolves them.
     """
     if isinstance(source, str) and source.endswith(".json"):
-        with gopen(source) as stream:
-            spec = json.loads(stream.read().decode("utf-8"))
+        spec = datafile.load(source, "dataset description")
         where = source
     elif isinstance(source, dict):
         spec, where = source, ""
     else:
         return None
     entries = spec.get("shardlist") if isinstance(spec, dict) else None
-    if not entries or not all(isinstance(e, dict) and isinstance(e.get("nsamples"), int) for e in entries):
+    if not isinstance(entries, list) or not entries or not all(
+            isinstance(e, dict) and datafile.is_count(e.get("nsamples")) for e in entries):
         return None
-    urls = _spec_urls({"shardlist": entries}, where)
+    urls = _spec_urls({k: v for k, v in spec.items() if k in ("shardlist", "base")}, where)
     return {str(url): entry["nsamples"] for url, entry in zip(urls, entries)}
 
 
 def _spec_urls(spec: Any, where: str) -> list[str]:
-    base = where.rsplit("/", 1)[0] + "/" if "/" in where else ""
+    """The shard URLs a parsed spec file names, each resolved by :func:`~wds_cloud.io.security.resolve` (relative
+    to the file, untrusted, never out of its folder); ``where`` empty: a dict the program gave (trusted)."""
+    shown = redact(where) if where else "<dict>"
+    base: Optional[str] = None
     if isinstance(spec, dict) and "shardlist" in spec:  # wids index
         entries = spec["shardlist"]
-        urls = [e["url"] if isinstance(e, dict) else e for e in entries]
+        datafile.need(isinstance(entries, list), shown, "'shardlist'", "must be a list of shards")
+        urls = []
+        for i, e in enumerate(entries):
+            u = e.get("url") if isinstance(e, dict) else e
+            datafile.need(isinstance(u, str) and bool(u), shown, f"shardlist[{i}].url", "must be a URL or path")
+            urls.append(u)
+        if where and spec.get("base") is not None:
+            base = resolve_base(spec["base"], where)
     elif isinstance(spec, dict) and "datasets" in spec:  # webdataset YAML spec
         urls = []
-        for ds in spec["datasets"]:
-            prefix = ds.get("buckets", [""])[0] if isinstance(ds.get("buckets"), list) else ds.get("buckets", "")
-            for shards in ds.get("shards", []):
-                urls.extend(expand_urls(prefix.rstrip("/") + "/" + shards if prefix else shards))
+        datafile.need(isinstance(spec["datasets"], list), shown, "'datasets'", "must be a list")
+        for i, ds in enumerate(spec["datasets"]):
+            datafile.need(isinstance(ds, dict), shown, f"datasets[{i}]", "must be a mapping with 'shards'")
+            buckets = ds.get("buckets", "")
+            prefix = buckets[0] if isinstance(buckets, list) and buckets else buckets
+            shards = ds.get("shards", [])
+            shards = [shards] if isinstance(shards, str) else shards
+            datafile.need(isinstance(prefix, str) and isinstance(shards, list) and
+                          all(isinstance(x, str) for x in shards), shown, f"datasets[{i}]",
+                          "needs 'shards' (strings) and 'buckets' (a string or a list of them)")
+            if where and prefix:  # a bucket is a base: resolved in one place, never a command
+                folder = resolve_base(prefix, where, "buckets")
+                for spec_text in shards:
+                    urls.extend(resolve(u, where, base=folder) for u in expand_urls(spec_text, MAX_DATA_URLS, where))
+                continue
+            for spec_text in shards:
+                urls.extend(expand_urls(prefix.rstrip("/") + "/" + spec_text if prefix else spec_text,
+                                        MAX_DATA_URLS if where else None, where))
     elif isinstance(spec, list):
         urls = list(spec)
     else:
-        raise ValueError(f"{where}: not a dataset spec: expected a 'shardlist' (wids JSON) or 'datasets' (YAML)")
-    resolved: list[str] = []
-    for u in urls:
-        if base and not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]+:|^/", u):
-            u = base + u
-        resolved.append(untrusted(u))
-    return resolved
+        raise MalformedDataError(f"{shown}: not a dataset spec: expected a 'shardlist' (wids JSON) or 'datasets' "
+                                 "(YAML)", url=where or None)
+    if not where:
+        return urls
+    return [u if isinstance(u, UntrustedURL) else resolve(u, where, base=base) for u in urls]
 
 
 def shard_order(n: int, seed: int, epoch: int) -> list[int]:
@@ -417,26 +445,29 @@ class MultiShardSample(PipelineStage):
 
     def __init__(self, fname: Any) -> None:
         from_file = not isinstance(fname, dict)
-        if isinstance(fname, dict):
-            spec = fname
-        else:
-            try:
-                import yaml
-            except ImportError:
-                raise MissingExtraError("MultiShardSample reads YAML and needs PyYAML: pip install pyyaml") from None
-            with open(fname) as stream:
-                spec = yaml.safe_load(stream)
+        where = os.fspath(fname) if from_file else ""
+        spec = datafile.load(where, "dataset spec", fmt="yaml") if from_file else fname
+        shown = redact(where) if from_file else "<dict>"
+        datafile.need(isinstance(spec, dict) and isinstance(spec.get("datasets"), list), shown, "'datasets'",
+                      "must be a list of datasets (each with 'shards')")
         self.sources = []
         prefix = spec.get("prefix", "")
-        for ds in spec["datasets"]:
+        for i, ds in enumerate(spec["datasets"]):
+            datafile.need(isinstance(ds, dict) and "shards" in ds, shown, f"datasets[{i}]", "needs 'shards'")
             buckets = ds.get("buckets", prefix)
-            buckets = buckets[0] if isinstance(buckets, list) else buckets
-            urls = expand_urls(ds["shards"])
-            urls = [os.path.join(buckets, u) if buckets else u for u in urls]
-            if from_file:  # a spec file is data: its URLs run no command unless untrusted pipes are allowed
-                urls = [untrusted(u) for u in urls]
+            buckets = buckets[0] if isinstance(buckets, list) and buckets else buckets
+            counts = [ds.get("perepoch", -1), ds.get("choose", -1)]
+            datafile.need(isinstance(buckets, str) and isinstance(ds["shards"], (str, list)) and all(
+                type(c) is int for c in counts), shown, f"datasets[{i}]",
+                "needs 'shards' (a spec or list), 'buckets' (a string) and whole 'perepoch'/'choose'")
+            urls = expand_urls(ds["shards"], MAX_DATA_URLS if from_file else None, where)
+            if from_file:  # a spec file is data: its URLs are resolved in one place, untrusted
+                folder = resolve_base(buckets, where) if buckets else None
+                urls = [resolve(u, where, base=folder) for u in urls]
+            else:
+                urls = [os.path.join(buckets, u) if buckets else u for u in urls]
             self.sources.append({"name": ds.get("name", ""), "urls": urls,
-                                 "perepoch": ds.get("perepoch", -1), "choose": ds.get("choose", -1)})
+                                 "perepoch": counts[0], "choose": counts[1]})
         self.rng = random.Random()
 
     def set_epoch(self, epoch: int) -> None:

@@ -18,8 +18,9 @@ import sys
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from .errors import ConfigError, CorruptShardError, IntegrityError, ShardNotFoundError, WdsCloudError, redact
-from .index import build_index, index_of, read_index, wids_description, write_index
+from .errors import (ConfigError, CorruptShardError, IntegrityError, ObjectChangedError, ShardNotFoundError,
+                     WdsCloudError, redact)
+from .index import build_index, check_fresh, index_of, read_index, wids_description, write_index
 from .io.integrity import Hashing
 from .io.open import exists, gopen
 from .io.urls import is_local
@@ -112,7 +113,7 @@ def _cat(args: argparse.Namespace) -> int:
         data = _whole_member_bytes(args.url, {f[3] for f in fields})
         blobs = [(f[3], data[f[3]]) for f in fields]
     else:
-        blobs = [(name, _ranged(args.url, offset, size)) for _, offset, size, name in fields]
+        blobs = [(name, _ranged(index, args.url, offset, size)) for _, offset, size, name in fields]
     if args.field is not None:
         out.write(blobs[0][1])
         return EXIT_OK
@@ -126,9 +127,18 @@ def _cat(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _ranged(url: str, offset: int, size: int) -> bytes:
+def _ranged(index: Any, url: str, offset: int, size: int) -> bytes:
+    """Bytes of the shard by its index, after checking the shard is still the one indexed."""
+    if is_local(url):
+        check_fresh(index, url)
     with gopen(url, "rb", offset=offset, length=size) as stream:
-        return stream.read()
+        if not is_local(url):
+            check_fresh(index, url, stream)
+        data = stream.read()
+    if len(data) != size:
+        raise ObjectChangedError(f"{redact(url)}: bytes {offset}-{offset + size} asked for, {len(data)} received: "
+                                 "the shard is shorter than its index says; index it again", url=url, offset=offset)
+    return data
 
 
 def _whole_member_bytes(url: str, names: set) -> dict:

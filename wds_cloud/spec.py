@@ -21,17 +21,23 @@ A dict given to :func:`load_spec` by the program is trusted as code is.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import re
+import math
 from typing import Any, Optional
 
-from .errors import ConfigError, redact
-from .io.security import untrusted
-from .shardlists import expand_urls, read_spec_file
+from .errors import ConfigError, MalformedDataError, redact
+from .io.datafile import shown
+from .io.security import resolve
+from .shardlists import MAX_DATA_URLS, expand_urls, read_spec_file
 
 __all__ = ["DatasetSpec", "SourceSpec", "load_spec", "is_mix_spec", "SPEC_VERSION"]
 
 SPEC_VERSION = 1
+#: weights are relative: outside this range one source would starve the others to nothing, or overflow
+MIN_WEIGHT, MAX_WEIGHT = 1e-9, 1e9
+#: the largest sample shuffle buffer a spec may ask for (samples held in memory)
+MAX_SHUFFLE = 10_000_000
 _TOP = ("version", "seed", "samples_per_epoch", "sources")
 _SOURCE = ("name", "urls", "weight", "resampled", "shuffle", "shardshuffle", "storage_options", "profile")
 _SCHEMA_HINT = "see docs/specs.md for the schema"
@@ -79,7 +85,7 @@ def load_spec(spec: Any, storage_options: Optional[dict] = None) -> DatasetSpec:
 
 
 def _fail(where: str, what: str) -> ConfigError:
-    return ConfigError(f"{redact(where)}: {what}; {_SCHEMA_HINT}")
+    return MalformedDataError(f"{redact(where)}: {what}; {_SCHEMA_HINT}", url=where if where != "<dict>" else None)
 
 
 def _parse(data: Any, where: str, from_data: bool) -> DatasetSpec:
@@ -87,73 +93,70 @@ def _parse(data: Any, where: str, from_data: bool) -> DatasetSpec:
         raise _fail(where, f"a dataset spec is a mapping with 'version' and 'sources', not {type(data).__name__}")
     unknown = [k for k in data if k not in _TOP]
     if unknown:
-        raise _fail(where, f"unknown top-level field(s) {', '.join(map(repr, unknown))} (known: {', '.join(_TOP)})")
+        raise _fail(where, f"unknown top-level field(s) {', '.join(map(shown, unknown[:5]))} (known: {', '.join(_TOP)})")
     if data.get("version") != SPEC_VERSION:
-        raise _fail(where, f"'version' is {data.get('version')!r}; this wds_cloud reads version: {SPEC_VERSION}")
+        raise _fail(where, f"'version' is {shown(data.get('version'))}; this wds_cloud reads version: {SPEC_VERSION}")
     seed = data.get("seed")
-    if seed is not None and (type(seed) is not int):
-        raise _fail(where, f"'seed' must be an integer, not {seed!r}")
+    if seed is not None and (type(seed) is not int or not -(1 << 63) <= seed < (1 << 64)):
+        raise _fail(where, f"'seed' must be an integer, not {shown(seed)}")
     per_epoch = data.get("samples_per_epoch")
     if per_epoch is not None and (type(per_epoch) is not int or per_epoch < 1):
-        raise _fail(where, f"'samples_per_epoch' must be a positive integer, not {per_epoch!r} (leave it out to "
+        raise _fail(where, f"'samples_per_epoch' must be a positive integer, not {shown(per_epoch)} (leave it out to "
                            "end an epoch when a source that is not resampled ends)")
     sources = data.get("sources")
     if not isinstance(sources, list) or not sources:
         raise _fail(where, "'sources' must be a non-empty list of sources (each with name, urls and weight)")
-    base = where.rsplit("/", 1)[0] + "/" if from_data and "/" in where else ""
     parsed: list[SourceSpec] = []
     for i, source in enumerate(sources):
-        parsed.append(_source(source, i, where, base, from_data))
+        parsed.append(_source(source, i, where, from_data))
     names = [s.name for s in parsed]
-    duplicated = sorted({n for n in names if names.count(n) > 1})
+    duplicated = sorted(n for n, count in collections.Counter(names).items() if count > 1)
     if duplicated:
-        raise _fail(where, f"source name(s) {', '.join(map(repr, duplicated))} appear more than once; give each "
+        raise _fail(where, f"source name(s) {', '.join(map(shown, duplicated[:5]))} appear more than once; give each "
                            "source a unique name")
     return DatasetSpec(tuple(parsed), seed, per_epoch, where)
 
 
-def _source(source: Any, i: int, where: str, base: str, from_data: bool) -> SourceSpec:
+def _source(source: Any, i: int, where: str, from_data: bool) -> SourceSpec:
     if not isinstance(source, dict):
         raise _fail(where, f"sources[{i}] must be a mapping with name, urls and weight, not {type(source).__name__}")
     name = source.get("name")
-    label = f"source {name!r}" if isinstance(name, str) and name else f"sources[{i}]"
+    label = f"source {name[:80]!r}" if isinstance(name, str) and name else f"sources[{i}]"
     if not isinstance(name, str) or not name:
         raise _fail(where, f"{label}: 'name' is missing or not a string; give each source a unique name")
     unknown = [k for k in source if k not in _SOURCE]
     if unknown:
-        raise _fail(where, f"{label}: unknown field(s) {', '.join(map(repr, unknown))} (known: {', '.join(_SOURCE)})")
+        raise _fail(where, f"{label}: unknown field(s) {', '.join(map(shown, unknown[:5]))} (known: {', '.join(_SOURCE)})")
     urls = source.get("urls")
     if isinstance(urls, str) and urls:
         urls = [urls]
     if isinstance(urls, list) and urls and all(isinstance(u, str) and u for u in urls):
         # expanded here, so that each URL of a spec read from data carries its untrusted mark
-        resolved = tuple(_resolve(u, base, from_data) for u in expand_urls(list(urls)))
+        resolved = tuple(resolve(u, where) if from_data else u
+                         for u in expand_urls(list(urls), MAX_DATA_URLS if from_data else None, where))
     else:
-        raise _fail(where, f"{label}: 'urls' must be a brace spec string or a non-empty list of URLs, not {urls!r}")
+        raise _fail(where, f"{label}: 'urls' must be a brace spec string or a non-empty list of URLs, not {shown(urls)}")
     weight = source.get("weight", 1.0)
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0 or weight != weight:
-        raise _fail(where, f"{label}: 'weight' must be a positive number (weights are relative), not {weight!r}")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or \
+            not MIN_WEIGHT <= weight <= MAX_WEIGHT:
+        raise _fail(where, f"{label}: 'weight' must be a positive number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g} "
+                           f"(weights are relative), not {shown(weight)}")
     flags = {}
     for key in ("resampled", "shardshuffle"):
         value = source.get(key, key == "shardshuffle")
         if not isinstance(value, bool):
-            raise _fail(where, f"{label}: '{key}' must be true or false, not {value!r}")
+            raise _fail(where, f"{label}: '{key}' must be true or false, not {shown(value)}")
         flags[key] = value
     shuffle = source.get("shuffle", 0)
-    if type(shuffle) is not int or shuffle < 0:
-        raise _fail(where, f"{label}: 'shuffle' must be a buffer size (a whole number, 0 for none), not {shuffle!r}")
+    if type(shuffle) is not int or not 0 <= shuffle <= MAX_SHUFFLE:
+        raise _fail(where, f"{label}: 'shuffle' must be a buffer size (a whole number, 0 for none), not {shown(shuffle)}")
     options = source.get("storage_options")
     if options is not None and not isinstance(options, dict):
-        raise _fail(where, f"{label}: 'storage_options' must be a mapping of the backend's options, not {options!r}")
+        raise _fail(where, f"{label}: 'storage_options' must be a mapping of the backend's options, not {shown(options)}")
     profile = source.get("profile")
     if profile is not None and (not isinstance(profile, str) or not profile):
         raise _fail(where, f"{label}: 'profile' must name a [profiles.NAME] table of the profiles file, "
-                           f"not {profile!r}")
+                           f"not {shown(profile)}")
     return SourceSpec(name, resolved, float(weight), flags["resampled"], shuffle, flags["shardshuffle"],
                       dict(options) if options else None, profile)
 
-
-def _resolve(url: str, base: str, from_data: bool) -> str:
-    if base and not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]+:|^/", url):
-        url = base + url
-    return untrusted(url) if from_data else url

@@ -10,23 +10,182 @@ set ``WDS_ALLOW_UNTRUSTED_PIPES=1``.  ``WDS_SECURE=1`` (or
 
 from __future__ import annotations
 
-from typing import Optional
+import os
+import posixpath
+import urllib.parse
+from typing import Any, Optional
 
 from .. import config, utils
 from ..config import Settings
-from ..errors import SecurityError, redact
+from ..errors import MalformedDataError, SecurityError, redact
+from .urls import is_local, local_path, split_scheme
 
-__all__ = ["UntrustedURL", "is_secure", "check_pipe", "untrusted"]
+__all__ = ["UntrustedURL", "is_secure", "check_pipe", "untrusted", "resolve", "resolve_base", "confined",
+           "check_url_text"]
 
 
 class UntrustedURL(str):
-    """A URL string that came from data rather than from the program."""
+    """A URL string that came from data rather than from the program.
+
+    The mark survives what code does to derive another URL from it (``+ ".index.json"``, slicing,
+    ``replace``, ``strip``, ``%``-formatting, splitting): every such result is untrusted too.
+    """
 
     __slots__ = ()
+
+    def __add__(self, other: str) -> "UntrustedURL":
+        return UntrustedURL(str.__add__(self, other))
+
+    def __radd__(self, other: str) -> "UntrustedURL":
+        return UntrustedURL(str.__add__(other, self))
+
+    def __mod__(self, values: Any) -> "UntrustedURL":
+        return UntrustedURL(str.__mod__(self, values))
+
+    def __rmod__(self, template: str) -> "UntrustedURL":
+        return UntrustedURL(str.__mod__(template, self))
+
+    def __getitem__(self, index: Any) -> "UntrustedURL":  # type: ignore[override]
+        return UntrustedURL(str.__getitem__(self, index))
+
+    def __reduce__(self) -> Any:  # pickled to a spawned worker, still untrusted
+        return (UntrustedURL, (str(self),))
+
+
+def _marking(name: str) -> Any:
+    plain = getattr(str, name)
+
+    def method(self: UntrustedURL, *args: Any, **kwargs: Any) -> Any:
+        out = plain(self, *args, **kwargs)
+        if isinstance(out, str):
+            return UntrustedURL(out)
+        if isinstance(out, (list, tuple)):
+            return type(out)(UntrustedURL(x) for x in out)
+        return out
+
+    method.__name__ = name
+    method.__doc__ = plain.__doc__
+    return method
+
+
+for _name in ("replace", "strip", "lstrip", "rstrip", "removeprefix", "removesuffix", "format", "lower", "upper",
+              "casefold", "expandtabs", "split", "rsplit", "partition", "rpartition", "splitlines", "join",
+              "ljust", "rjust", "center", "zfill", "title", "capitalize", "swapcase", "translate"):
+    setattr(UntrustedURL, _name, _marking(_name))
 
 
 def untrusted(url: str) -> UntrustedURL:
     return url if isinstance(url, UntrustedURL) else UntrustedURL(url)
+
+
+def check_url_text(url: Any, where: str, field: str = "url") -> str:
+    """``url`` if it is a non-empty string of printable characters; else an error naming ``where`` and ``field``,
+    never the value (it may hold a token)."""
+    if not isinstance(url, str) or not url:
+        raise MalformedDataError(f"{where}: {field} must be a non-empty string (a URL or path), not "
+                                 f"{'an empty string' if url == '' else type(url).__name__}; write it again",
+                                 field=field)
+    bad = next((i for i, c in enumerate(url) if c < " " or c == "\x7f"), None)
+    if bad is not None:
+        raise MalformedDataError(f"{where}: {field} holds a control character at position {bad}, which no URL "
+                                 "or path may hold; write it again", field=field)
+    return url
+
+
+def _refuse_local(url: str, origin: str, field: str) -> SecurityError:
+    return SecurityError(f"{redact(origin)}: {field} {redact(url)!r} names a file of this machine, but the file naming "
+                         "it is remote (it came from data, not from your program); if you trust its source, set "
+                         "WDS_ALLOW_UNTRUSTED_LOCAL=1", url=url)
+
+
+def _climbs(url: str, origin: str, base: str, field: str, fix: str) -> SecurityError:
+    return SecurityError(f"{redact(origin)}: {field} {redact(url)!r} leaves {redact(base)!r}, the folder it is "
+                         f"resolved in (through '..', an absolute path or a link); {fix}", url=url)
+
+
+def _dir_of(url: str) -> str:
+    return url.rsplit("/", 1)[0] + "/" if "/" in url else ""
+
+
+def resolve(url: Any, origin: str, *, base: Optional[str] = None, field: str = "url",
+            settings: Optional[Settings] = None) -> UntrustedURL:
+    """The one place a URL read from a file (``origin``: that file's URL or path) becomes a URL to open.
+
+    - the result is always :class:`UntrustedURL` (a ``pipe:`` one runs only as ``check_pipe`` allows);
+    - a relative name is joined to ``base`` (already resolved, see :func:`resolve_base`) or to ``origin``'s
+      folder, and must stay inside it: ``..``, and for local files a link, that leave it are refused;
+    - a local path or ``file:`` URL named by a remote file is refused unless ``WDS_ALLOW_UNTRUSTED_LOCAL``;
+    - a join never makes a scheme: a relative name stays relative to its folder, whatever it holds.
+    """
+    settings = settings if settings is not None else config.current()
+    where = redact(origin)
+    url = check_url_text(url, where, field)
+    remote_origin = bool(origin) and not is_local(origin)
+    scheme, _ = split_scheme(url)
+    if scheme is not None or url.startswith("/") or url.startswith("\\"):
+        if (scheme in (None, "file")) and remote_origin and not settings.allow_untrusted_local:
+            raise _refuse_local(url, origin, field)
+        return untrusted(url)
+    folder = base if base is not None else _dir_of(origin)
+    if not folder:
+        return untrusted(url)
+    return untrusted(_join(folder, url, origin, field, settings))
+
+
+def _join(folder: str, name: str, origin: str, field: str, settings: Settings,
+          fix: str = "write the full URL or path instead of a relative one") -> str:
+    fscheme, _ = split_scheme(folder)
+    if fscheme == "pipe":
+        raise SecurityError(f"{redact(origin)}: {field} {redact(name)!r} would be joined to a pipe: command; a base "
+                            "or folder is a storage location, never a command", url=origin)
+    if fscheme in (None, "file"):
+        root = os.path.normpath(local_path(folder) or ".")
+        joined = os.path.normpath(os.path.join(root, name))
+        if not settings.allow_untrusted_local:
+            rel = os.path.relpath(joined, root)
+            if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+                raise _climbs(name, origin, folder, field, fix)
+            real_root = os.path.realpath(root)
+            real = os.path.realpath(joined)
+            if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
+                raise _climbs(name, origin, folder, field, fix + " (or set WDS_ALLOW_UNTRUSTED_LOCAL=1 to follow "
+                              "links out of the folder)")
+        return joined if fscheme is None else "file://" + joined
+    folder = folder if folder.endswith("/") else folder + "/"
+    joined = urllib.parse.urljoin(folder, name)
+    prefix = urllib.parse.urlsplit(folder)
+    result = urllib.parse.urlsplit(joined)
+    folder_path = posixpath.normpath(prefix.path or "/")
+    joined_path = posixpath.normpath(result.path or "/")
+    if (result.scheme, result.netloc) != (prefix.scheme, prefix.netloc) or not (
+            joined_path == folder_path or joined_path.startswith(folder_path.rstrip("/") + "/")):
+        raise _climbs(name, origin, folder, field, fix)
+    return joined
+
+
+def resolve_base(base: Any, origin: str, field: str = "base", settings: Optional[Settings] = None) -> str:
+    """A ``base`` read from ``origin`` as a folder URL (resolved as :func:`resolve` resolves a URL); a ``pipe:``
+    base is refused: joining names to a command would turn every one into a command."""
+    url = check_url_text(base, redact(origin), field)
+    if split_scheme(url)[0] == "pipe":
+        raise SecurityError(f"{redact(origin)}: {field} {redact(url)!r} is a pipe: command; a base is a storage "
+                            "location that relative shard names are joined to, never a command", url=origin)
+    resolved = resolve(url, origin, field=field, settings=settings)
+    return resolved if resolved.endswith("/") else resolved + "/"
+
+
+def confined(folder: str, name: Any, where: str, field: str) -> str:
+    """``name`` (read from a file) joined to ``folder`` (given by the user), refused when it would leave it:
+    an absolute path, a scheme, ``..``, or a link out of a local folder.  Used where a name from data picks a
+    file to read, such as the MMC4 converter's ``image_name``."""
+    name = check_url_text(name, where, field)
+    scheme, _ = split_scheme(name)
+    if scheme is not None or name.startswith("/") or name.startswith("\\"):
+        raise SecurityError(f"{where}: {field} {redact(name)!r} is not a name inside {redact(folder)!r} (it is an "
+                            "absolute path or URL); files are read only from the folder you gave", url=name)
+    settings = config.current().replace(allow_untrusted_local=False)
+    return _join(folder.rstrip("/") + "/", name, where, field, settings, "files are read only from inside the "
+                 "folder you gave")
 
 
 def is_secure(settings: Optional[Settings] = None) -> bool:

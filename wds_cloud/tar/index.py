@@ -22,11 +22,14 @@ import os
 import re
 from typing import IO, Any, Callable, Iterable, Iterator, Optional, cast
 
-from ..errors import ConfigError, CorruptShardError, redact
+from .. import config
+from ..errors import ConfigError, CorruptIndexError, CorruptShardError, MalformedDataError, redact
+from ..io.datafile import is_count, need
+from ..io.datafile import shown as shown_value
 from ..io.integrity import Hashing
 from ..io.open import gopen
 from ..io.urls import is_local, local_path
-from .reader import ZERO_BLOCK, TarMembers, detect_compression, plain_member
+from .reader import COMPRESSIONS, ZERO_BLOCK, TarMembers, detect_compression, plain_member
 from .samples import SKIP_META, member_filter
 
 __all__ = ["ShardIndex", "SampleEntry", "build_index", "index_stream", "group_members", "FORMAT", "dali_text", "parse_dali",
@@ -53,6 +56,11 @@ def _acyclic() -> Iterator[None]:
     finally:
         if paused:
             gc.enable()
+
+
+def local_version(st: os.stat_result) -> str:
+    """What stands for a local file's version: its modification time and size (as the file backend's ``stat``)."""
+    return f"{st.st_mtime_ns:x}-{st.st_size:x}"
 
 
 def split_name(name: str) -> tuple[str, str]:
@@ -109,19 +117,30 @@ class ShardIndex:
 
     @classmethod
     def from_json(cls, data: Any, where: str = "<index>") -> "ShardIndex":
+        """Our index from parsed JSON, every field checked (see :func:`check_layout`); a
+        :class:`~wds_cloud.errors.CorruptIndexError` naming ``where`` and the field otherwise."""
+        shown = redact(where)
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ConfigError(f"{redact(where)}: not a wds_cloud index (no \"format\": \"{FORMAT}\"); write one "
-                              "with `wds-cloud index URL`")
+            raise CorruptIndexError(f"{shown}: not a wds_cloud index (no \"format\": \"{FORMAT}\"); write one "
+                                    "with `wds-cloud index URL`", field="format")
         if data.get("version") != VERSION:
-            raise ConfigError(f"{redact(where)}: wds_cloud index version {data.get('version')!r} is not supported "
-                              f"(this version reads {VERSION}); write it again with `wds-cloud index`")
-        try:
-            with _acyclic():
-                samples = _samples_from_json(data["samples"])
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise ConfigError(f"{redact(where)}: a malformed wds_cloud index ({exc}); write it again") from None
-        return cls(str(data["url"]), samples, data.get("size"), data.get("object_version"), data.get("compression"))
-
+            raise CorruptIndexError(f"{shown}: wds_cloud index version {shown_value(data.get('version'))} is not "
+                                    f"supported (this version reads {VERSION}); write it again with `wds-cloud index`",
+                                    field="version")
+        url, size, version, compression = (data.get("url"), data.get("size"), data.get("object_version"),
+                                           data.get("compression"))
+        _need(isinstance(url, str), shown, "'url'", "must be the shard's URL")
+        _need(size is None or is_count(size), shown, "'size'", f"must be a whole number of bytes, not {shown_value(size)}")
+        _need(version is None or (isinstance(version, str) and len(version) <= 1024), shown, "'object_version'",
+              "must be the store's version tag (a string)")
+        _need(compression is None or compression in COMPRESSIONS, shown, "'compression'",
+              f"must be one of {', '.join(COMPRESSIONS)} or null")
+        rows = data.get("samples")
+        _need(isinstance(rows, list), shown, "'samples'", "must be a list of [key, fields] rows")
+        with _acyclic():
+            samples = _samples_from_json(rows, shown)
+        check_layout(samples, size, shown)
+        return cls(url, samples, size, version, compression)
     # DALI
     def to_dali(self) -> str:
         return dali_text(self)
@@ -130,22 +149,61 @@ class ShardIndex:
         return f"<ShardIndex {redact(self.url)}: {len(self.samples)} samples>"
 
 
-def _samples_from_json(rows: Any) -> list[SampleEntry]:
+def _need(ok: bool, shown: str, field: str, problem: str) -> None:
+    if not ok:
+        raise CorruptIndexError(f"{shown}: {field} {problem}; write the index again with `wds-cloud index`",
+                                field=field)
+
+
+def _samples_from_json(rows: list, shown: str) -> list[SampleEntry]:
     """The samples of our JSON index, each checked (plain loops: this is on the path to a first sample)."""
     samples = []
-    for key, fields in rows:
-        if type(key) is not str or not fields:
-            raise ValueError(f"sample {key!r}: a key that is not a string, or no fields")
+    for number, row in enumerate(rows):
+        if type(row) is not list or len(row) != 2 or type(row[0]) is not str or not row[0] or \
+                type(row[1]) is not list or not row[1]:
+            _need(False, shown, f"samples[{number}]", "must be [key, fields] with a key and at least one field")
+        key, fields = row
         entries = []
         for f in fields:
+            if type(f) is not list or not 3 <= len(f) <= 4:
+                _need(False, shown, f"samples[{number}]", "has a field that is not [ext, offset, size(, name)]")
             ext, offset, size = f[0], f[1], f[2]
-            name = f[3] if len(f) > 3 else key + "." + ext
-            if (type(ext) is not str or type(offset) is not int or type(size) is not int or offset < 0 or size < 0
-                    or type(name) is not str):
-                raise ValueError(f"sample {key!r}: an extension, offset, size or name of the wrong type")
+            name = f[3] if len(f) > 3 else key + "." + ext if type(ext) is str else None
+            if (type(ext) is not str or not ext or type(offset) is not int or type(size) is not int or offset < 0
+                    or size < 0 or type(name) is not str):
+                _need(False, shown, f"samples[{number}]", "has an extension, offset, size or name of the wrong type")
             entries.append((ext, offset, size, name))
         samples.append(SampleEntry(key, entries))
     return samples
+
+
+def check_layout(samples: list[SampleEntry], size: Optional[int], shown: str) -> None:
+    """Refuse an index that cannot describe a tar: every field's data starts on a 512-byte block after its
+    header, fields (and samples) in the order of the tar and never overlapping, inside the shard's ``size``
+    when known, no field beyond ``WDS_MAX_MEMBER_SIZE`` and no sample beyond ``WDS_MAX_SAMPLE_SIZE``.
+    What is read by this index is then bounded by the configuration, never by the index's claims."""
+    settings = config.current()
+    most_member = settings.max_member_size
+    most_span = settings.max_sample_size or most_member
+    free = 0  # the first byte the next header may use
+    for number, sample in enumerate(samples):
+        first = None
+        for _, offset, length, _ in sample.fields:
+            if offset & 511 or offset - 512 < free:
+                _need(False, shown, f"samples[{number}]", f"has a field at byte {offset}, which is not where a tar "
+                      "member's data can begin (each follows its 512-byte header, after the field before it)")
+            if length > most_member:
+                _need(False, shown, f"samples[{number}]", f"claims a field of {length} bytes, more than "
+                      f"WDS_MAX_MEMBER_SIZE ({most_member})")
+            free = offset + ((length + 511) & ~511)
+            if first is None:
+                first = offset
+        if size is not None and offset + length > size:
+            _need(False, shown, f"samples[{number}]", f"ends at byte {offset + length}, past the end of the "
+                  f"{size}-byte shard")
+        if first is not None and offset + length - first > most_span:
+            _need(False, shown, f"samples[{number}]", f"spans {offset + length - first} bytes, more than "
+                  f"WDS_MAX_SAMPLE_SIZE ({most_span})")
 
 
 def index_stream(stream: IO[bytes], url: str = "", keys: Optional[Callable[[str], tuple]] = None,
@@ -196,6 +254,12 @@ def build_index(url: str, *, keys: Optional[Callable[[str], tuple]] = None, stor
             walked = _walk_local(local_path(url), url, keys or split_name)
         if walked is not None:
             return walked
+    before = None
+    if is_local(url):
+        try:
+            before = local_version(os.stat(local_path(url)))
+        except OSError:
+            pass  # gopen gives the error, with the fix
     with gopen(url, "rb", storage_options=storage_options) as stream:
         counted = Hashing(stream)
         samples, members = index_stream(cast(IO[bytes], counted), url, keys, max_member)
@@ -204,7 +268,7 @@ def build_index(url: str, *, keys: Optional[Callable[[str], tuple]] = None, stor
                                     "it cannot be indexed", url=url)
         counted.drain()  # the rest (zero blocks), so the size is the object's
         return ShardIndex(url, samples, size=getattr(stream, "size", None) or counted.count,
-                          version=getattr(stream, "version", None), compression=members.compression)
+                          version=before or getattr(stream, "version", None), compression=members.compression)
 
 
 _META = re.compile(SKIP_META)
@@ -227,7 +291,7 @@ def _walk_local(path: str, url: str, split: Callable[[str], tuple]) -> Optional[
         while at + 512 <= total:
             header = os.pread(fd, 512, at)
             if header == ZERO_BLOCK:
-                return ShardIndex(url, samples, size=total)
+                return ShardIndex(url, samples, size=total, version=local_version(os.fstat(fd)))
             member = plain_member(header)
             if member is None:
                 return None
@@ -265,14 +329,15 @@ def dali_text(index: ShardIndex) -> str:
 
 
 def parse_dali(text: str, url: str = "") -> ShardIndex:
-    """A DALI ``.idx`` text as a :class:`ShardIndex` (v1.0 lines without names, and v1.1/v1.2)."""
+    """A DALI ``.idx`` text as a :class:`ShardIndex` (v1.0 lines without names, and v1.1/v1.2), every field checked."""
+    shown = redact(url) or "<index>"
     lines = text.splitlines()
     if not lines:
-        raise ConfigError(f"{redact(url) or '<index>'}: an empty DALI index")
+        raise CorruptIndexError(f"{shown}: an empty DALI index; write it again", field="header")
     head = lines[0].split()
-    if len(head) != 2 or not head[0].startswith("v1.") or not head[1].isdigit():
-        raise ConfigError(f"{redact(url) or '<index>'}: not a DALI index (first line {lines[0][:40]!r}, expected "
-                          "'v1.2 <samples>')")
+    if len(head) != 2 or not head[0].startswith("v1.") or not head[1].isdigit() or not head[1].isascii():
+        raise CorruptIndexError(f"{shown}: not a DALI index (first line {lines[0][:40]!r}, expected "
+                                "'v1.2 <samples>')", field="header")
     width = 4 if head[0] in ("v1.1", "v1.2") else 3
     samples: list[SampleEntry] = []
     for number, line in enumerate(lines[1:], 2):
@@ -280,17 +345,21 @@ def parse_dali(text: str, url: str = "") -> ShardIndex:
         if not parts:
             continue
         if len(parts) % width:
-            raise ConfigError(f"{redact(url) or '<index>'}: line {number} of the DALI index has {len(parts)} "
-                              f"words, not groups of {width}")
+            raise CorruptIndexError(f"{shown}: line {number} of the DALI index has {len(parts)} words, not groups of "
+                                    f"{width}; write it again", field=f"line {number}")
         fields = []
         for i in range(0, len(parts), width):
-            ext, offset, size = parts[i], int(parts[i + 1]), int(parts[i + 2])
+            ext, offset, size = parts[i], parts[i + 1], parts[i + 2]
+            if not (offset.isdigit() and size.isdigit() and offset.isascii() and size.isascii()):
+                raise CorruptIndexError(f"{shown}: line {number} of the DALI index has an offset or size that is not "
+                                        "a whole number; write it again", field=f"line {number}")
             name = parts[i + 3] if width == 4 else f"{len(samples):08d}.{ext}"
-            fields.append((ext, offset, size, name))
+            fields.append((ext, int(offset), int(size), name))
         samples.append(SampleEntry(split_name(fields[0][3])[0] or f"{len(samples):08d}", fields))
     if len(samples) != int(head[1]):
-        raise ConfigError(f"{redact(url) or '<index>'}: the DALI index announces {head[1]} samples but lists "
-                          f"{len(samples)}")
+        raise CorruptIndexError(f"{shown}: the DALI index announces {int(head[1])} samples but lists {len(samples)}; "
+                                "write it again", field="header")
+    check_layout(samples, None, shown)
     return ShardIndex(url, samples)
 
 
@@ -307,28 +376,47 @@ def wids_description(shards: Iterable[dict], name: Optional[str] = None, base: O
 
 
 def parse_wids(data: Any, where: str = "<description>") -> list[dict]:
-    """The shard list of a ``wids`` dataset description (``url`` and ``nsamples`` checked), with
-    ``datasets`` components flattened; URLs are returned as written (resolve them against a base)."""
+    """The shard list of a ``wids`` dataset description, every field checked (``url`` a string, ``nsamples`` and
+    ``filesize`` whole and consistent: a sample spans at least one 512-byte tar block), with ``datasets``
+    components flattened; URLs are returned as written (resolve them with :func:`wds_cloud.io.security.resolve`)."""
+    shown = redact(where)
     if not isinstance(data, dict) or data.get("wids_version") != 1:
-        raise ConfigError(f"{redact(where)}: not a wids dataset description (it needs \"wids_version\": 1 and a "
-                          "\"shardlist\")")
-    shards = list(_shardlist(data, where))
-    for component in data.get("datasets") or []:
+        raise MalformedDataError(f"{shown}: not a wids dataset description (it needs \"wids_version\": 1 and a "
+                                 "\"shardlist\")", field="wids_version")
+    shards = list(_shardlist(data, shown, "shardlist"))
+    components = data.get("datasets") or []
+    need(isinstance(components, list), shown, "'datasets'", "must be a list of components")
+    for c, component in enumerate(components):
+        need(isinstance(component, dict), shown, f"datasets[{c}]", "must be a mapping with a \"shardlist\"")
         if "source_url" in component:
-            raise ConfigError(f"{redact(where)}: components with \"source_url\" are not followed; list their "
-                              "shards in this description")
-        shards.extend(_shardlist(component, where, component.get("base")))
+            raise MalformedDataError(f"{shown}: components with \"source_url\" are not followed; list their "
+                                     "shards in this description", field=f"datasets[{c}].source_url")
+        base = component.get("base")
+        need(base is None or isinstance(base, str), shown, f"datasets[{c}].base", "must be a URL or path")
+        shards.extend(_shardlist(component, shown, f"datasets[{c}].shardlist", base))
     if not shards:
-        raise ConfigError(f"{redact(where)}: the dataset description lists no shards")
+        raise MalformedDataError(f"{shown}: the dataset description lists no shards", field="shardlist")
     return shards
 
 
-def _shardlist(data: dict, where: str, base: Optional[str] = None) -> Iterator[dict]:
-    for i, shard in enumerate(data.get("shardlist") or []):
-        if not isinstance(shard, dict) or "url" not in shard or not isinstance(shard.get("nsamples"), int) \
-                or shard["nsamples"] < 0:
-            raise ConfigError(f"{redact(where)}: shard {i} of the description needs \"url\" and a whole "
-                              "\"nsamples\"")
+def _shardlist(data: dict, shown: str, field: str, base: Optional[str] = None) -> Iterator[dict]:
+    entries = data.get("shardlist") or []
+    need(isinstance(entries, list), shown, f"'{field}'", "must be a list of shards")
+    for i, shard in enumerate(entries):
+        name = f"{field}[{i}]"
+        need(isinstance(shard, dict), shown, name, "must be a mapping with \"url\" and \"nsamples\"")
+        need(isinstance(shard.get("url"), str) and bool(shard["url"]), shown, f"{name}.url",
+             "must be a URL or path (a string)")
+        need(is_count(shard.get("nsamples")), shown, f"{name}.nsamples", "must be a whole number of samples, not "
+             f"{shown_value(shard.get('nsamples'))}")
+        size = shard.get("filesize")
+        need(size is None or is_count(size), shown, f"{name}.filesize", "must be a whole number of bytes, not "
+             f"{shown_value(size)}")
+        if size is not None:
+            need(shard["nsamples"] * 512 <= size, shown, f"{name}.nsamples",
+                 f"claims {shard['nsamples']} samples in {size} bytes (each takes at least 512)")
+        for key in ("md5sum", "dataset"):
+            need(shard.get(key) is None or isinstance(shard[key], str), shown, f"{name}.{key}", "must be a string")
         item = dict(shard)
         if base:
             item["base"] = base

@@ -50,6 +50,9 @@ _MAGICS = (
     (b"\x28\xb5\x2f\xfd", "zstd"),
 )
 
+#: the compressions a shard may have (what :func:`detect_compression` names)
+COMPRESSIONS = tuple(name for _, name in _MAGICS)
+
 
 def detect_compression(head: bytes) -> Optional[str]:
     """The compression named by a stream's first bytes, or None for a plain tar."""

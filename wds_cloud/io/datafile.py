@@ -1,0 +1,177 @@
+"""The one reader of structured files that may come from data: indexes, wids descriptions, manifests,
+dataset specs, job records, saved states and JSON lines of documents.
+
+Such a file may have been written by anyone who can write where the data lives, so nothing in it is
+believed before it is checked:
+
+- its size is bounded before it is parsed (``WDS_MAX_DATA_FILE_SIZE``, 64 MiB by default; a ``.gz``
+  file is bounded after decompression too);
+- its nesting is bounded (JSON nested deeper than :data:`MAX_DEPTH`, or a YAML document whose aliases
+  expand past :data:`MAX_NODES` values, is refused: a 600-byte "billion laughs" never grows);
+- text that is not UTF-8, JSON or YAML that does not parse, and every check of a field fail with
+  :class:`~wds_cloud.errors.MalformedDataError` (a ``ConfigError``, so a ``ValueError``) naming the
+  file, the field and the fix; :func:`shown` keeps any value put into a message short.
+
+The callers check their fields with :func:`need` and the ``is_*`` helpers; what a field means is
+theirs to know.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import math
+import re
+from typing import Any, Callable, Optional
+
+from .. import config
+from ..errors import MalformedDataError, MissingExtraError, redact
+
+__all__ = ["read_bytes", "load", "parse_json", "parse_yaml", "shown", "need", "is_count", "is_number",
+           "check_shape", "MAX_DEPTH", "MAX_NODES"]
+
+#: nesting deeper than this is refused in every structured file (ours nest 4 or 5 deep)
+MAX_DEPTH = 64
+#: values a document may hold once YAML aliases are expanded (a spec holds a few hundred)
+MAX_NODES = 1_000_000
+#: the longest text of a value put into an error message
+SHOWN = 120
+
+
+def shown(value: Any, limit: int = SHOWN) -> str:
+    """``repr(value)`` cut to ``limit`` characters; never walks more of a large or deep value than it shows."""
+    if isinstance(value, (str, bytes)):
+        text = repr(value[:limit + 1])
+    elif isinstance(value, (dict, list, tuple, set)):
+        text = f"a {type(value).__name__} of {len(value)}"
+    else:
+        try:
+            text = repr(value)
+        except Exception:
+            text = f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def read_bytes(url: str, what: str, storage_options: Optional[dict] = None, max_size: Optional[int] = None,
+               opener: Optional[Callable[..., Any]] = None) -> bytes:
+    """The bytes of ``url`` (decompressed when it ends in ``.gz``), refused past ``max_size`` (default
+    ``WDS_MAX_DATA_FILE_SIZE``) before more is read."""
+    from .open import gopen
+
+    limit = max_size if max_size is not None else config.current().max_data_file_size
+    open_ = opener or gopen
+    with open_(url, "rb", storage_options=storage_options) as stream:
+        data = stream.read(limit + 1)
+    if url.endswith(".gz"):
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as plain:
+                data = plain.read(limit + 1)
+        except (OSError, EOFError) as exc:
+            raise MalformedDataError(f"{redact(url)}: the {what} is not valid gzip ({type(exc).__name__}); write "
+                                     "it again", url=url) from None
+    if len(data) > limit:
+        raise MalformedDataError(f"{redact(url)}: the {what} is larger than {limit} bytes, the most read for one; "
+                                 "if it is genuine, raise WDS_MAX_DATA_FILE_SIZE", url=url, limit=limit)
+    return data
+
+
+def _text(data: Any, where: str, what: str) -> str:
+    if isinstance(data, str):
+        return data
+    try:
+        return bytes(data).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MalformedDataError(f"{where}: the {what} is not UTF-8 text (byte {exc.start}); write it again",
+                                 field="encoding") from None
+
+
+def parse_json(data: Any, where: str = "<data>", what: str = "file", max_depth: Optional[int] = MAX_DEPTH) -> Any:
+    """JSON ``data`` (bytes or text) parsed; ``max_depth`` None skips the depth walk (the caller checks every
+    field's type, as the index reader does), though Python's own recursion bound still applies."""
+    text = _text(data, where, what)
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise MalformedDataError(f"{where}: the {what} is nested too deeply to be a {what}; write it again",
+                                 field="nesting") from None
+    except ValueError as exc:
+        raise MalformedDataError(f"{where}: the {what} is not valid JSON ({_why(exc)}); write it again",
+                                 field="syntax") from None
+    if max_depth is not None:
+        check_shape(value, where, what, max_depth)
+    return value
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def parse_yaml(data: Any, where: str = "<data>", what: str = "file", max_depth: int = MAX_DEPTH) -> Any:
+    """YAML ``data`` parsed safely (no Python objects), with aliases expanded no further than :data:`MAX_NODES`."""
+    text = _text(data, where, what)
+    try:
+        import yaml
+    except ImportError:
+        raise MissingExtraError(f"{where}: reading a YAML {what} needs PyYAML: pip install 'wds_cloud[yaml]' "
+                                "(or write it as JSON)") from None
+    try:
+        value = yaml.safe_load(text)
+    except RecursionError:
+        raise MalformedDataError(f"{where}: the {what} is nested too deeply; write it again", field="nesting") from None
+    except yaml.YAMLError as exc:
+        raise MalformedDataError(f"{where}: the {what} is not valid YAML ({_why(exc)}); write it again",
+                                 field="syntax") from None
+    check_shape(value, where, what, max_depth)
+    return value
+
+
+def check_shape(value: Any, where: str, what: str, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> None:
+    """Refuse a parsed value nested deeper than ``max_depth`` or holding more than ``max_nodes`` values when
+    shared ones (YAML aliases) are counted each time they appear.  Iterative: no recursion to exhaust."""
+    stack = [(value, 1)]
+    nodes = 0
+    while stack:
+        item, depth = stack.pop()
+        nodes += 1
+        if nodes > max_nodes:
+            raise MalformedDataError(f"{where}: the {what} holds more than {max_nodes} values once its aliases are "
+                                     "expanded; write it without them", field="size")
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth >= max_depth:
+            raise MalformedDataError(f"{where}: the {what} is nested more than {max_depth} deep; write it again",
+                                     field="nesting")
+        stack.extend((child, depth + 1) for child in children)
+
+
+def load(url: str, what: str, storage_options: Optional[dict] = None, fmt: Optional[str] = None,
+         max_size: Optional[int] = None, max_depth: Optional[int] = MAX_DEPTH) -> Any:
+    """Read and parse the structured file at ``url``: JSON, or YAML for ``.yaml``/``.yml`` (``fmt`` overrides)."""
+    data = read_bytes(url, what, storage_options, max_size)
+    where = redact(url)
+    fmt = fmt or ("yaml" if re.search(r"\.ya?ml(\.gz)?$", url) else "json")
+    if fmt == "yaml":
+        return parse_yaml(data, where, what)
+    return parse_json(data, where, what, max_depth)
+
+
+def need(ok: bool, where: str, field: str, problem: str, fix: str = "write it again") -> None:
+    """Raise :class:`MalformedDataError` ``"{where}: {field} {problem}; {fix}"`` unless ``ok``."""
+    if not ok:
+        raise MalformedDataError(f"{where}: {field} {problem}; {fix}", field=field)
+
+
+def is_count(value: Any, most: Optional[int] = None) -> bool:
+    """A whole number (not a bool) from 0 to ``most``."""
+    return type(value) is int and value >= 0 and (most is None or value <= most)
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool)."""
+    return type(value) in (int, float) and math.isfinite(value)
