@@ -30,7 +30,9 @@ import re
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from .autodecode import IMAGE_EXTENSIONS, imagehandler
-from .errors import SampleError
+from .errors import MalformedDataError, SampleError, redact
+from .io import datafile
+from .io.security import confined
 from .filters import pipelinefilter
 from .handlers import reraise_exception
 
@@ -275,15 +277,47 @@ def collate_interleaved(samples: list[dict], pad: bool = False) -> dict:
     return batch
 
 
-def _open_text(url: str) -> Iterator[str]:
+def _open_text(url: str) -> Iterator[tuple[str, int, str]]:
+    """``(url, line number, line)`` of the non-empty lines of a JSON-lines file, each bounded by
+    ``WDS_MAX_DATA_FILE_SIZE`` (a line without end never fills memory)."""
+    from . import config
     from .io.open import gopen
 
+    limit = config.current().max_data_file_size
     with gopen(url) as stream:
         raw: Any = gzip.GzipFile(fileobj=stream) if url.endswith(".gz") else stream
         with io.TextIOWrapper(raw, encoding="utf-8") as text:
-            for line in text:
+            number = 0
+            while True:
+                number += 1
+                try:
+                    line = text.readline(limit + 1)
+                except UnicodeDecodeError as exc:
+                    raise MalformedDataError(f"{redact(url)}: line {number} is not UTF-8 text (byte {exc.start} of "
+                                             "its chunk); fix the file", url=url, field=f"line {number}") from None
+                if not line:
+                    return
+                if len(line) > limit:
+                    raise MalformedDataError(f"{redact(url)}: line {number} is longer than {limit} characters, the "
+                                             "most read for one document; if it is genuine, raise "
+                                             "WDS_MAX_DATA_FILE_SIZE", url=url, field=f"line {number}")
                 if line.strip():
-                    yield line
+                    yield url, number, line
+
+
+def _mmc4_doc(url: str, number: int, line: str) -> dict:
+    """One MMC4 document of a JSON-lines file, its fields checked (a MalformedDataError naming file and line)."""
+    where = f"{redact(url)} line {number}"
+    doc = datafile.parse_json(line, where, "document")
+    if _layout(doc) != "mmc4":
+        raise MalformedDataError(f"{where}: no text_list/image_info (not MMC4's layout)", url=url, field="layout")
+    datafile.need(isinstance(doc["text_list"], list) and all(isinstance(t, str) for t in doc["text_list"]), where,
+                  "text_list", "must be a list of strings", "fix the document")
+    infos = doc["image_info"]
+    datafile.need(isinstance(infos, list) and all(isinstance(i, dict) and isinstance(i.get("image_name"), str) and
+                                                  i["image_name"] for i in infos), where, "image_info",
+                  "must be a list of mappings, each with an image_name", "fix the document")
+    return doc
 
 
 def convert_mmc4(docs: list[str], images: str, dest: str, maxcount: int = 1000, missing: str = "drop",
@@ -310,12 +344,12 @@ def convert_mmc4(docs: list[str], images: str, dest: str, maxcount: int = 1000, 
     writer: Optional[TarWriter] = None
     shard = -1
     keep = False
-    lines: Iterable = (line for url in docs for line in _open_text(url))
+    lines: Iterable = (found for url in docs for found in _open_text(url))
     if progress is not None:
         lines = progress(lines)
     base = images.rstrip("/")
     try:
-        for number, line in enumerate(lines):
+        for number, (url, line_number, line) in enumerate(lines):
             if number // maxcount != shard:
                 if writer is not None:
                     writer.close()
@@ -325,19 +359,17 @@ def convert_mmc4(docs: list[str], images: str, dest: str, maxcount: int = 1000, 
                 counts["kept" if keep else "written"] += 1
                 if not keep:
                     writer = TarWriter(dest % shard)
-            try:
-                doc = json.loads(line)
-            except ValueError as exc:
-                raise SampleError(f"document {number} (line {number + 1} of the input) is not JSON: {exc}") from None
-            if _layout(doc) != "mmc4":
-                raise SampleError(f"document {number}: no text_list/image_info (not MMC4's layout)")
+            doc = _mmc4_doc(url, line_number, line)
             if keep:
                 counts["documents"] += 1
                 continue
             infos, pictures, skip = [], [], False
             for info in doc["image_info"]:
                 try:
-                    with gopen(f"{base}/{info['image_name']}") as stream:
+                    # a name from the document never reads outside the folder given (no '..', path, URL, link)
+                    path = confined(base, info["image_name"], f"{redact(url)} line {line_number}",
+                                    "image_info[].image_name")
+                    with gopen(path) as stream:
                         pictures.append(stream.read())
                     infos.append(info)
                 except FileNotFoundError:

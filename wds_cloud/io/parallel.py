@@ -49,7 +49,7 @@ from .open import RemoteObject, gopen, remote_object
 from .registry import get_registry
 from .resilient import ResumableStream, StatsSink, TransferStats
 
-__all__ = ["TransferOptions", "Fetcher", "PartedStream", "plan_parts"]
+__all__ = ["TransferOptions", "Fetcher", "PartedStream", "plan_parts", "part_step"]
 
 log = logging.getLogger("wds_cloud.parallel")
 
@@ -107,16 +107,23 @@ def _checked(key: str, value: Any) -> Any:
     return value
 
 
-def plan_parts(start: int, size: int, part_size: int, concurrency: int) -> list[tuple[int, int]]:
-    """The byte ranges ``[start, size)`` is read in after a first part: no longer than ``part_size``, and
-    as many as ``concurrency`` where each is still at least :data:`MIN_PART` (or ``part_size``)."""
+def part_step(start: int, size: int, part_size: int, concurrency: int) -> tuple[int, int]:
+    """``(step, count)``: ``[start, size)`` is read after a first part in ``count`` parts of ``step`` bytes (the
+    last shorter), no longer than ``part_size`` and as many as ``concurrency`` where each is still at least
+    :data:`MIN_PART` (or ``part_size``).  Arithmetic only: a size claimed by a server costs no memory."""
     rest = size - start
     if rest <= 0:
-        return []
+        return 0, 0
     floor = min(part_size, MIN_PART)
     count = max(math.ceil(rest / part_size), min(concurrency, math.ceil(rest / floor)))
     step = math.ceil(rest / count)
-    return [(at, min(size, at + step)) for at in range(start, size, step)]
+    return step, math.ceil(rest / step)
+
+
+def plan_parts(start: int, size: int, part_size: int, concurrency: int) -> list[tuple[int, int]]:
+    """The byte ranges of :func:`part_step` as a list (the reader makes them one at a time, as it needs them)."""
+    step, count = part_step(start, size, part_size, concurrency)
+    return [(start + i * step, min(size, start + (i + 1) * step)) for i in range(count)]
 
 
 _PREFETCHED, _ACTIVE, _CLOSED = "prefetched", "active", "closed"
@@ -146,7 +153,23 @@ class _Part:
 
 
 class _Object:
-    """One shard being read (or expected): its parts, in order."""
+    """One shard being read (or expected): its parts, in order, made lazily from the plan (a server's claim of
+    the object's size decides how many there are, never how much memory is taken before bytes arrive)."""
+
+    def plan(self, step: int, count: int) -> None:
+        self._step = step
+        self.total = 1 + count
+
+    def part(self, index: int) -> _Part:
+        """Part ``index`` (< ``total``), made with those before it when first asked for."""
+        while len(self.parts) <= index:
+            i = len(self.parts)
+            begin = self.parts[0].end + (i - 1) * self._step
+            end = begin + self._step
+            if self.size is not None:
+                end = min(end, self.size)
+            self.parts.append(_Part(self, i, begin, end))
+        return self.parts[index]
 
     def __init__(self, url: str, remote: RemoteObject, options: TransferOptions, start: int, state: str) -> None:
         self.url = url
@@ -160,7 +183,9 @@ class _Object:
         self.planned = False
         self.single = False  # the store ignored Range: the rest is read as one stream
         self.deferred = state == _ACTIVE  # opened cold: the other parts wait for the first sample's bytes
-        self.parts = [_Part(self, 0, start, start + options.first_part)]
+        self.parts = [_Part(self, 0, start, start + options.first_part)]  # made as they are needed
+        self.total = 1  # parts planned, made or not
+        self._step = 0
         self.dispatched = 0
         self.reading = 0  # the part its reader is at
         self.peak = 0  # the most of its parts in flight at once
@@ -367,11 +392,11 @@ class Fetcher:
                 continue
             tuner = self._tune(obj.options)
             budget = tuner.concurrency * obj.options.part_size
-            while obj.dispatched < len(obj.parts):
-                part = obj.parts[obj.dispatched]
-                if part.index and (not obj.planned or obj.deferred):
+            while obj.dispatched < obj.total:
+                if obj.dispatched and (not obj.planned or obj.deferred):
                     break
-                if obj.state == _PREFETCHED and part.index and part.index == len(obj.parts) - 1:
+                part = obj.part(obj.dispatched)
+                if obj.state == _PREFETCHED and part.index and part.index == obj.total - 1:
                     break  # an expected shard's last part waits until the shard is read
                 waited_on = obj.state == _ACTIVE and obj.reading >= part.index  # its reader waits for it
                 if not waited_on and (self._in_flight >= tuner.concurrency
@@ -407,12 +432,11 @@ class Fetcher:
                          redact(obj.url))
         else:
             tuner = self._tune(obj.options)
-            obj.parts += [_Part(obj, i + 1, s, e) for i, (s, e) in enumerate(
-                plan_parts(first.end, obj.size, obj.options.part_size, tuner.concurrency))]
+            obj.plan(*part_step(first.end, obj.size, obj.options.part_size, tuner.concurrency))
         self._window -= first.reserved - first.length
         first.reserved = first.length
         first.limit = first.length
-        if obj.state == _PREFETCHED and len(obj.parts) == 1 and not obj.single:
+        if obj.state == _PREFETCHED and obj.total == 1 and not obj.single:
             first.limit = first.length // 2  # a one-part shard expected ahead: never all of it unread
         obj.planned = True
         self._cond.notify_all()
@@ -557,9 +581,9 @@ class PartedStream:
                 while True:
                     if obj.state == _CLOSED:
                         raise ValueError(f"read of a closed stream ({redact(self.url)})")
-                    if self._index >= len(obj.parts):
+                    if self._index >= obj.total:
                         break
-                    part = obj.parts[self._index]
+                    part = obj.part(self._index)
                     if part.filled > self._at:
                         n = min(limit, part.filled - self._at)
                         buf = part.buf
@@ -574,7 +598,7 @@ class PartedStream:
                         self._fetcher._pump()
                         continue
                     cond.wait()
-            if self._index < len(obj.parts):
+            if self._index < obj.total:
                 assert buf is not None
                 piece = memoryview(buf)[self._at:self._at + n]
                 self._at += n

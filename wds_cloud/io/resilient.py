@@ -200,7 +200,9 @@ class ResumableStream:
         """Guard for stores that ignore the pinning condition: the version or size served must not change."""
         served = getattr(stream, "version", None) or getattr(stream, "etag", None)
         size = getattr(stream, "size", None)
-        if (served and self.version and served != self.version) or (
+        # A store that ignores the condition and gives no version cannot show it served the pinned one: an
+        # answer without a version where one was pinned is a change, never a match.
+        if (self.version and served != self.version) or (
                 size is not None and self.size is not None and size != self.size):
             try:
                 stream.close()
