@@ -19,7 +19,7 @@ import warnings
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from . import config
-from .errors import ConfigError, ObjectChangedError, RandomAccessError, redact
+from .errors import ConfigError, CorruptIndexError, ObjectChangedError, RandomAccessError, redact
 from .index import check_fresh, index_of
 from .io import datafile
 from .io.open import gopen
@@ -192,14 +192,27 @@ class ShardListDataset(_Dataset):
         index = index_of(url, self.storage_options)
         expected = self.shards[shard].get("nsamples")
         if isinstance(expected, int) and expected != len(index):
-            raise ConfigError(f"{redact(url)}: the dataset description says {expected} samples, the shard's index "
-                              f"{len(index)}; write the description (or the index) again")
+            raise CorruptIndexError(f"{redact(url)}: the dataset description says {expected} samples, the shard's "
+                                    f"index {len(index)}; write the description (or the index) again", url=url,
+                                    field="nsamples")
         if self.manifest is not None:
             from .manifest import check_index
 
             check_index(self.manifest, index)
         self._indexes[shard] = index
         return index
+
+    def check_range(self, lo: int, hi: int) -> None:
+        """Confirm the sample counts of the shards holding samples ``[lo, hi)`` against their indexes (a
+        description's ``nsamples`` is a claim): a :class:`~wds_cloud.errors.CorruptIndexError` when one differs.
+        The samplers ask before they list a large range."""
+        cum = self._ensure_lengths()
+        if hi <= lo or not cum:
+            return
+        first = bisect.bisect_right(cum, lo)
+        last = bisect.bisect_right(cum, hi - 1)
+        for shard in range(first, min(last, len(cum) - 1) + 1):
+            self._index(shard)
 
     def locate(self, index: int) -> tuple[int, int]:
         """``(shard, index within the shard)`` of sample ``index``."""
@@ -335,12 +348,26 @@ def _ranges(lengths: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
+#: a sampler lists the indexes of a range longer than this only after the dataset confirmed the range's
+#: counts against the shards' indexes (a description may claim any count; memory follows only real ones)
+CONFIRM_ABOVE = 1 << 16
+#: the most ranges (chunks) a sampler lists before the whole dataset's counts are confirmed
+CONFIRM_RANGES_ABOVE = 1 << 20
+
+
+def _confirmer(dataset: Any) -> Callable[[int, int], None]:
+    check = getattr(dataset, "check_range", None)
+    return check if callable(check) else (lambda lo, hi: None)
+
+
 def _in_ranges(ranges: Sequence[tuple[int, int]], rng: random.Random, shuffle_items: bool,
-               shuffle_ranges: bool) -> Iterator[int]:
+               shuffle_ranges: bool, confirm: Callable[[int, int], None] = lambda lo, hi: None) -> Iterator[int]:
     order = list(range(len(ranges)))
     if shuffle_ranges:
         rng.shuffle(order)
     for i in order:
+        if ranges[i][1] - ranges[i][0] > CONFIRM_ABOVE:
+            confirm(*ranges[i])
         items = list(range(*ranges[i]))
         if shuffle_items:
             rng.shuffle(items)
@@ -364,13 +391,14 @@ class ShardListSampler(_Sampler):
             dataset._ensure_lengths()
             self.ranges = _ranges(dataset.lengths)
         self.seed, self.shufflefirst, self.epoch = seed, shufflefirst, 0
+        self.confirm = _confirmer(dataset) if lengths is None else (lambda lo, hi: None)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
         rng = _epoch_rng(self.seed, self.epoch)
-        yield from _in_ranges(self.ranges, rng, True, self.shufflefirst or self.epoch > 0)
+        yield from _in_ranges(self.ranges, rng, True, self.shufflefirst or self.epoch > 0, self.confirm)
         self.epoch += 1
 
     def __len__(self) -> int:
@@ -396,6 +424,9 @@ class ChunkedSampler(_Sampler):
         if chunksize < 1:
             raise ConfigError("ChunkedSampler needs chunksize >= 1")
         self.dslength_per_replica = dslength_per_replica if dslength_per_replica > 0 else hi - lo
+        self.confirm = _confirmer(dataset)
+        if (hi - lo) // chunksize > CONFIRM_RANGES_ABOVE:
+            self.confirm(lo, hi)
         self.ranges = [(i, min(i + chunksize, hi)) for i in range(lo, hi, chunksize)]
         self.seed, self.shuffle, self.shufflefirst, self.epoch = seed, shuffle, shufflefirst, 0
 
@@ -404,7 +435,8 @@ class ChunkedSampler(_Sampler):
 
     def __iter__(self) -> Iterator[int]:
         rng = _epoch_rng(self.seed, self.epoch)
-        yield from _in_ranges(self.ranges, rng, self.shuffle, self.shuffle and (self.shufflefirst or self.epoch > 0))
+        yield from _in_ranges(self.ranges, rng, self.shuffle, self.shuffle and (self.shufflefirst or self.epoch > 0),
+                              self.confirm)
         self.epoch += 1
 
     def __len__(self) -> int:

@@ -11,24 +11,26 @@ is reproducible; a source that runs out leaves the mix (its weight shared among 
 spec gives ``samples_per_epoch``, and otherwise ends the epoch, so the shares stay what the weights say.
 
 Resume: the state holds every source's own state (reader position, shuffle buffer) and, for the mix,
-the samples drawn this pass, the RNG draws made (the RNG is replayed that far, a few ms per 100k
-samples) and the sources that ran out.  Every sample carries ``__source__``, the name of its source.
+the samples drawn this pass, the RNG draws made (a counted generator: restored by re-seeding and skipping
+fewer than 4,096 draws, whatever the count) and the sources that ran out.  A state is input: its counts
+must agree with each other (draws = samples + sources ended) and with the spec before anything is replayed.  Every sample carries ``__source__``, the name of its source.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-import random
 from typing import Any, Iterator, Optional
 
 from .errors import StateMismatchError
+from .io.datafile import shown
+from .resume.rng import CountedRandom
 from .stages import PipelineStage
 from .utils import make_seed, pytorch_worker_info
 
 __all__ = ["MixSource", "MixStats", "STATE_FORMAT"]
 
-STATE_FORMAT = "wds_cloud.mix/1"
+STATE_FORMAT = "wds_cloud.mix/2"  # 2: draws from a CountedRandom (bounded replay)
 
 
 class MixStats:
@@ -133,10 +135,14 @@ class MixSource(PipelineStage):
 
     def _mix(self, live: _Pass) -> Iterator[dict]:
         rank, _, worker, _ = pytorch_worker_info()
-        rng = random.Random(make_seed(self.seed, live.number, rank, worker))
-        for _ in range(live.draws):  # the draws made before the state was taken
-            rng.random()
+        # a counted generator: the draws made before a state was taken are restored by re-seeding a block and
+        # skipping fewer than 4,096, whatever count a state claims (a replay is bounded)
+        rng = CountedRandom(make_seed(self.seed, live.number, rank, worker), live.draws)
         quota = self._quota()
+        if quota is not None and live.count > quota:
+            raise StateMismatchError(f"the mix state counts {live.count} samples taken this pass, more than this "
+                                     f"worker's share of samples_per_epoch ({quota}): load the state state_dict() "
+                                     "returned, into a loader of the same shape", field="count")
         names, taken, stats_bytes = self.names, live.taken, self.stats.bytes
         iterators = [iter(ds) for ds in self.datasets]
         active = [i for i in range(len(names)) if i not in live.dropped]
@@ -200,19 +206,25 @@ class MixSource(PipelineStage):
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise StateMismatchError(f"not the state of a mixed dataset ({STATE_FORMAT}): {str(state)[:80]!r}")
         if state.get("names") != list(self.names):
-            raise StateMismatchError(f"the state was saved by a mix of the sources {state.get('names')!r}; this one "
+            raise StateMismatchError(f"the state was saved by a mix of the sources {shown(state.get('names'))}; this one "
                                      f"mixes {list(self.names)!r}: resume with the spec the state was saved with")
         for key in ("pass", "count", "draws"):
             if type(state.get(key)) is not int or state[key] < 0:
-                raise StateMismatchError(f"the mix state's {key!r} is {state.get(key)!r}, not a count")
+                raise StateMismatchError(f"the mix state's {key!r} is {shown(state.get(key))}, not a count")
         taken = state.get("taken")
         if (not isinstance(taken, list) or len(taken) != len(self.names) or not all(type(n) is int and n >= 0
                                                                                   for n in taken)
                 or sum(taken) != state["count"] or state["draws"] < state["count"]):
-            raise StateMismatchError(f"the mix state's 'taken' ({taken!r}) does not fit its count and draws")
+            raise StateMismatchError(f"the mix state's 'taken' ({shown(taken)}) does not fit its count and draws")
         dropped = state.get("dropped")
-        if not isinstance(dropped, list) or not all(type(i) is int and 0 <= i < len(self.names) for i in dropped):
-            raise StateMismatchError(f"the mix state's 'dropped' is {dropped!r}, not a list of source numbers")
+        if not isinstance(dropped, list) or not all(type(i) is int and 0 <= i < len(self.names) for i in dropped) \
+                or len(set(dropped)) != len(dropped) or any(self.resampled[i] for i in dropped):
+            raise StateMismatchError(f"the mix state's 'dropped' is {shown(dropped)}, not a list of the sources that "
+                                     "ended this pass")
+        if state["draws"] != state["count"] + len(dropped):  # every draw takes a sample or finds a source ended
+            raise StateMismatchError(f"the mix state's 'draws' ({state['draws']}) is not its count ({state['count']}) "
+                                     f"plus the sources that ended ({len(dropped)}): the state was changed",
+                                     field="draws")
         sources = state.get("sources")
         if not isinstance(sources, list) or len(sources) != len(self.datasets):
             raise StateMismatchError("the mix state does not hold one state per source")
