@@ -332,7 +332,7 @@ def convert_mmc4(docs: list[str], images: str, dest: str, maxcount: int = 1000, 
     document (MMC4's image links often died), ``skip`` the document, or ``error``.
     Returns counts: documents, images, dropped images, skipped documents, shards written and kept.
     """
-    from .io.open import exists, gopen
+    from .io.open import gopen
     from .writer import TarWriter
 
     if "%" not in dest:
@@ -340,8 +340,20 @@ def convert_mmc4(docs: list[str], images: str, dest: str, maxcount: int = 1000, 
                           "'out/mmc4-%06d.tar'")
     if missing not in ("drop", "skip", "error"):
         raise SampleError(f"missing={missing!r} is not one of drop, skip, error")
+    from .jobrecord import HashingWriter, JobRecord
+
+    record = JobRecord(dest, "convert mmc4", list(docs), {"images": redact(images), "maxcount": maxcount,
+                                                         "missing": missing})
     counts = {"documents": 0, "images": 0, "dropped_images": 0, "skipped_documents": 0, "written": 0, "kept": 0}
     writer: Optional[TarWriter] = None
+    output: Optional[HashingWriter] = None
+
+    def finish() -> None:
+        if writer is not None and output is not None:
+            writer.close()
+            output.close()  # published whole here
+            record.done(output.name, output)
+
     shard = -1
     keep = False
     lines: Iterable = (found for url in docs for found in _open_text(url))
@@ -351,14 +363,14 @@ def convert_mmc4(docs: list[str], images: str, dest: str, maxcount: int = 1000, 
     try:
         for number, (url, line_number, line) in enumerate(lines):
             if number // maxcount != shard:
-                if writer is not None:
-                    writer.close()
-                    writer = None
+                finish()
+                writer = output = None
                 shard = number // maxcount
-                keep = exists(dest % shard)
+                keep = record.keep(dest % shard)  # finished by this same job before an interruption, unchanged
                 counts["kept" if keep else "written"] += 1
                 if not keep:
-                    writer = TarWriter(dest % shard)
+                    output = record.open(dest % shard)
+                    writer = TarWriter(output)
             doc = _mmc4_doc(url, line_number, line)
             if keep:
                 counts["documents"] += 1
@@ -396,7 +408,6 @@ def convert_mmc4(docs: list[str], images: str, dest: str, maxcount: int = 1000, 
         if writer is not None:
             writer.abort()  # a partial shard never appears under its name
         raise
-    if writer is not None:
-        writer.close()
+    finish()
     counts["shards"] = shard + 1
     return counts

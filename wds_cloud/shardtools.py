@@ -24,6 +24,7 @@ from .index import build_index, check_fresh, index_of, read_index, wids_descript
 from .io.integrity import Hashing
 from .io.open import exists, gopen
 from .io.urls import is_local
+from .jobrecord import HashingWriter, JobRecord
 from .manifest import Manifest, load_manifest
 from .shardlists import expand_urls
 from .tar.index import index_stream
@@ -213,6 +214,10 @@ def _index(args: argparse.Namespace) -> int:
         raise ConfigError("--output names one index file: with several shards, leave it out (each index is "
                           "written beside its shard)")
 
+    record = None
+    if args.output:  # an index file or description the tool owns: never over an input or a stranger's file
+        record = JobRecord(args.output, "index", urls, {"format": args.format, "name": args.name})
+        record.keep(args.output)
     jobs = _jobs(args, urls)
     local = all(is_local(u) for u in urls)
     if args.jobs is None and local:  # headers only: CPU work, spread over processes where fork makes them cheap
@@ -228,6 +233,8 @@ def _index(args: argparse.Namespace) -> int:
     if args.format == "wids":
         with gopen(args.output, "wb") as out:
             out.write(json.dumps(wids_description(rows, name=args.name), indent=1).encode("utf-8"))
+    if record is not None:
+        record.written(args.output)
     _emit(args, rows, lambda rs: "\n".join(
         f"{redact(r['url'])}: {r['nsamples']} samples" + (f" -> {redact(r['index'])}" if "index" in r else "")
         for r in rs) + (f"\nwrote {redact(args.output)}" if args.format == "wids" else ""))
@@ -295,37 +302,53 @@ def _verify(args: argparse.Namespace) -> int:
 # reshard
 def _reshard(args: argparse.Namespace) -> int:
     from .compat import WebDataset
-    from .writer import ShardWriter
+    from .writer import TarWriter
 
     urls = _urls(args.source)
     if "%" not in args.dest:
         raise ConfigError(f"the destination {args.dest!r} needs a %d-style field for the shard number, such as "
                           "'out/train-%06d.tar'")
     compress = {"none": False, "gz": "gz", "keep": None}[args.compress]
+    if args.maxcount < 1 or not args.maxsize > 0:
+        raise ConfigError("--maxcount must be at least 1 and --maxsize more than 0")
+    record = JobRecord(args.dest, "reshard", urls, {"maxcount": args.maxcount, "maxsize": args.maxsize,
+                                                    "compress": args.compress})
     written = skipped = samples = 0
     plan = _Plan(args.maxcount, args.maxsize)
     current: Optional[Any] = None
+    stream: Optional[HashingWriter] = None
     shard_no = -1
     dataset = WebDataset(urls, shardshuffle=False, empty_check=False)
-    for sample in _progress(dataset, None, "reshard"):
-        size = sum(len(v) for k, v in sample.items() if not k.startswith("__") and isinstance(v, (bytes, str)))
-        number = plan.shard_for(size)
-        if number != shard_no:
+
+    def finish() -> None:
+        if current is not None and stream is not None:
+            current.close()
+            stream.close()  # published whole here
+            record.done(stream.name, stream)
+
+    try:
+        for sample in _progress(dataset, None, "reshard"):
+            size = sum(len(v) for k, v in sample.items() if not k.startswith("__") and isinstance(v, (bytes, str)))
+            number = plan.shard_for(size)
+            if number != shard_no:
+                finish()
+                current = stream = None
+                shard_no = number
+                target = args.dest % number
+                if record.keep(target):  # finished by this same job before an interruption: kept
+                    skipped += 1
+                else:
+                    stream = record.open(target)
+                    current = TarWriter(stream, compress=compress) if compress is not None else TarWriter(stream)
+                    written += 1
+            samples += 1
             if current is not None:
-                current.close()
-            shard_no = number
-            target = args.dest % number
-            if exists(target):  # published whole before an interruption: kept, not written again
-                current, skipped = None, skipped + 1
-            else:
-                writer_kw: dict[str, Any] = {} if compress is None else {"compress": compress}
-                current = ShardWriter(args.dest, maxcount=10**12, maxsize=1e18, start_shard=number, **writer_kw)
-                written += 1
-        samples += 1
+                current.write({k: v for k, v in sample.items() if k == "__key__" or not k.startswith("__")})
+        finish()
+    except BaseException:
         if current is not None:
-            current.write({k: v for k, v in sample.items() if k == "__key__" or not k.startswith("__")})
-    if current is not None:
-        current.close()
+            current.abort()  # a partial shard never appears under its name
+        raise
     result = {"samples": samples, "shards": shard_no + 1, "written": written, "kept": skipped}
     _emit(args, result, lambda r: f"{r['samples']} samples into {r['shards']} shards ({r['written']} written, "
                                   f"{r['kept']} already complete and kept)")
