@@ -26,6 +26,9 @@ import os
 from collections.abc import Sequence
 from typing import Any, Callable, Iterable, Iterator, Optional, Union, overload
 
+from .errors import MalformedDataError
+from .io.datafile import shown
+
 __all__ = ["PackedBytes", "pack_batch", "PackingCollate", "AUTO_MIN_BYTES"]
 
 #: lists of byte strings shorter than this stay lists (packing two items saves nothing)
@@ -51,8 +54,10 @@ class PackedBytes(Sequence):
         segment = None
         if offsets is None:
             data, offsets = _pack_into_one([list(data)], shared=False)[0]
-        elif isinstance(data, _Segment):  # packed in a worker, about to be sent
-            segment, data = data, data.tensor
+        else:
+            if isinstance(data, _Segment):  # packed in a worker, about to be sent
+                segment, data = data, data.tensor
+            _check_offsets(offsets, data)
         self.data = data
         self.offsets = offsets
         self._memory: Optional[memoryview] = None
@@ -156,6 +161,17 @@ class PackedBytes(Sequence):
 
     def __repr__(self) -> str:
         return f"<PackedBytes: {len(self)} items, {self.offsets[-1] - self.offsets[0]} bytes>"
+
+
+def _check_offsets(offsets: Any, data: Any) -> None:
+    """Offsets that slice ``data`` into items: a list of ints from 0 (or more), never decreasing, the last
+    inside the buffer.  A wrong one is an error, never a silently short or shifted item."""
+    length = int(data.numel()) if hasattr(data, "numel") else len(data)
+    if (not isinstance(offsets, list) or not offsets or not all(type(at) is int for at in offsets)
+            or offsets[0] < 0 or offsets[-1] > length or any(map(int.__gt__, offsets, offsets[1:]))):
+        raise MalformedDataError(f"PackedBytes offsets {shown(offsets)} do not slice a buffer of {length} bytes: they "
+                                 "must be a non-empty list of ints from 0 that never decrease and end inside it",
+                                 field="offsets")
 
 
 def _unpickle(data: bytes, offsets: list) -> PackedBytes:

@@ -72,6 +72,27 @@ def _same_trust(old: urllib.parse.SplitResult, new: urllib.parse.SplitResult) ->
     return (old.hostname, old.port) == (new.hostname, new.port) and not (old.scheme == "https" and new.scheme == "http")
 
 
+def _where(url: str) -> str:
+    parts = urllib.parse.urlsplit(url.split()[0] if url.split() else url)
+    return f"{parts.scheme}://{parts.hostname or ''}" if parts.scheme else "the URL"
+
+
+def _check_request(url: str, headers: Mapping[str, str]) -> None:
+    """Refuse, before any byte is sent, a URL holding a space or control character and a header (a token) holding
+    a newline or NUL: HTTP cannot carry them, and ``http.client``'s own error would print the value."""
+    bad = next((i for i, c in enumerate(url) if c <= " " or c == "\x7f"), None)
+    if bad is not None:
+        raise ConfigError(f"{_where(url)}: the URL holds a space or control character at position {bad}, which HTTP "
+                          "does not allow; quote it (a space is %20) or remove it")
+    for number, (key, value) in enumerate(headers.items()):
+        text = f"{key}{value}"
+        if any(c in text for c in "\r\n\0"):
+            name = key if not any(c in key for c in "\r\n\0") else f"header {number}"
+            raise ConfigError(f"{_where(url)}: the request header {name!r} holds a newline or NUL (a token or "
+                              "credential that ends in a newline, often from a file read whole), which HTTP does not "
+                              "allow; strip it from storage_options['headers'] or the variable it came from")
+
+
 def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, body: Optional[bytes] = None,
             timeout: float = 60.0, max_redirects: int = 5, display_url: Optional[str] = None,
             follow_redirects: bool = True, trust_redirects: bool = False):
@@ -84,6 +105,8 @@ def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, 
     """
     display_url = display_url or url
     headers = dict(headers or {})
+    _check_request(url, headers)
+    trusted_hops = 1 if trust_redirects else 0  # the gateway's one redirect to its target, never further
     while True:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https"):
@@ -130,8 +153,12 @@ def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, 
                 raise SecurityError(f"{redact(display_url)}: the server redirected to {redact(location)!r}, which is "
                                     "not an http(s) URL; redirects never open local files or run commands",
                                     url=display_url)
-            if not trust_redirects and not _same_trust(parts, target):
-                headers = {k: v for k, v in headers.items() if k.lower() in _REDIRECT_SAFE}
+            if not _same_trust(parts, target):
+                if trusted_hops > 0:
+                    trusted_hops -= 1
+                else:
+                    headers = {k: v for k, v in headers.items() if k.lower() in _REDIRECT_SAFE}
+            _check_request(location, {})
             url = location
             max_redirects -= 1
             continue
