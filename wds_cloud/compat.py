@@ -25,7 +25,7 @@ from .pipeline import DataPipeline
 from .pytorch import HAVE_TORCH, DataLoader
 from .resume import loader as loaderstate
 from .resume.protocol import Resumable, is_buffering
-from .resume.state import check_same, inexact_state, is_inexact, restart_from
+from .resume.state import check_same, check_seal, expect, inexact_state, is_inexact, restart_from, seal
 from .spec import is_mix_spec, load_spec
 from .stages import PipelineStage
 from .tar.shardreader import TarSamples
@@ -134,7 +134,8 @@ class CheckEmpty(PipelineStage):
         return {"seen": self._resume_seen}
 
     def load_state_dict(self, state: dict) -> None:
-        self._resume_seen = bool(state.get("seen"))
+        expect(state, "empty check", dict, seen=bool)
+        self._resume_seen = state["seen"]
 
 
 def check_empty(source: Iterable) -> Iterator:
@@ -473,15 +474,15 @@ class WebLoader(DataPipeline, FluidInterface):
         ended = self._resume_progress is None and (
             progress[3] or (self._has_length and self.size is not None and progress[1] >= self.size > 0))
         if ended and self._untag is not None:
-            return {"format": LOADER_FORMAT, "num_workers": self._untag.num_workers, "next": 0, "exhausted": [],
-                    "epoch": self._auto_epoch, "workers": [], "progress": [0, 0]}
+            return seal({"format": LOADER_FORMAT, "num_workers": self._untag.num_workers, "next": 0, "exhausted": [],
+                         "epoch": self._auto_epoch, "workers": [], "progress": [0, 0]})
         try:
-            return self._exact_state()
+            return seal(self._exact_state())
         except StateMismatchError as exc:  # NotResumableError, or a shuffle after the workers holding items
             if strict:
                 raise exc if isinstance(exc, NotResumableError) else NotResumableError(
                     f"this WebLoader cannot save a resumable state now: {exc}") from exc
-            return inexact_state(LOADER_FORMAT, str(exc), epoch=self._auto_epoch if ended else self._pass_epoch)
+            return seal(inexact_state(LOADER_FORMAT, str(exc), epoch=self._auto_epoch if ended else self._pass_epoch))
 
     def resume_blocker(self) -> Optional[str]:
         """Why this loader's states cannot be resumed exactly (None: they can, at batch boundaries)."""
@@ -514,8 +515,10 @@ class WebLoader(DataPipeline, FluidInterface):
         epoch again.
         """
         if not isinstance(state, dict) or state.get("format") != LOADER_FORMAT:
-            raise StateMismatchError("not a WebLoader state: pass the dict that WebLoader.state_dict() returned")
+            raise StateMismatchError("not a WebLoader state: pass the dict that WebLoader.state_dict() returned",
+                                     field="format")
         if is_inexact(state):
+            check_seal(state, "WebLoader")
             restart_from(state, "WebLoader")
             epoch = state.get("epoch", 0)
             self._pass_epoch = self._auto_epoch = epoch if type(epoch) is int and epoch >= 0 else 0
@@ -523,8 +526,19 @@ class WebLoader(DataPipeline, FluidInterface):
             return
         if self._untag is None:
             raise NotResumableError(f"this WebLoader cannot load a state: {self._blocker}")
+        expect(state, "WebLoader", dict, num_workers=(int, lambda n: n >= 0), next=(int, lambda n: n >= 0),
+               exhausted=(list, lambda v: all(type(w) is int and w >= 0 for w in v)),
+               workers=(list, lambda v: all(isinstance(e, (list, tuple)) and len(e) == 2 and type(e[0]) is int
+                                            and e[0] >= 0 and isinstance(e[1], dict) for e in v)),
+               epoch=(int, lambda n: n >= 0, True),
+               progress=(list, lambda v: len(v) == 2 and all(type(x) is int and x >= 0 for x in v), True))
         check_same("WebLoader", {"num_workers": state["num_workers"]}, {"num_workers": self._untag.num_workers})
-        workers = {int(w): s for w, s in state["workers"]}
+        workers = {w: s for w, s in state["workers"]}
+        slots = max(self._untag.num_workers, 1)  # no workers: the main process is worker 0
+        if any(w >= slots for w in workers) or state["next"] > slots:
+            raise StateMismatchError("the saved WebLoader state names a worker this loader does not have: the state "
+                                     "was changed; load the state that state_dict() returned", field="workers")
+        check_seal(state, "WebLoader")  # after the fields, so that a changed one is named
         self._untag.resume(state["next"], set(state["exhausted"]), workers)
         dataset = self._dataset
         assert dataset is not None  # a loader without a dataset has a resume blocker

@@ -28,10 +28,21 @@ from .resume.protocol import (
     next_pass_state,
     transport_state,
 )
-from .resume.state import FORMAT, check_same, expect, inexact_state, is_inexact, restart_from, shown_url, url_id
+from .io.datafile import shown
+from .resume.state import (FORMAT, check_same, expect, inexact_state, is_inexact, restart_from, seal,
+                           seal_problem, shown_url, url_id)
 from .stages import PipelineStage
 
 __all__ = ["DataPipeline", "add_length_method"]
+
+
+def _refused(items: Iterator, problem: StateMismatchError) -> Iterator:
+    """A pass resumed from a state whose checksum did not match: the stages make their first item (their own
+    checks of the state raise, naming the field), then ``problem`` is raised; nothing is yielded."""
+    for _ in items:
+        break
+    raise problem
+    yield  # a generator
 
 
 def add_length_method(obj: Any) -> Any:
@@ -71,6 +82,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._progress = [0, 0, True, False]
         self._resume_progress: Optional[list] = None
         self._worker_states: Optional[dict] = None  # per-DataLoader-worker states, applied in each worker
+        self._seal_problem: Optional[StateMismatchError] = None  # a loaded state's checksum did not match
         for arg in args:
             if arg is None:
                 continue
@@ -118,7 +130,9 @@ class DataPipeline(IterableDataset, PipelineStage):
         limit = self.nsamples if self.repetitions != 1 and self.nsamples > 0 else None
         # at once: state_dict() may come before next(); a resumed pass is "begun" (its stages hold the state)
         self._progress = [resume[0], resume[1], True, False] if resume else [0, 0, False, False]
-        return self._run(self._progress, limit)
+        problem, self._seal_problem = self._seal_problem, None
+        items = self._run(self._progress, limit)
+        return items if problem is None else _refused(items, problem)
 
     def _resumed_pass_is_over(self) -> bool:
         """Whether a loaded state's pass had already yielded the items ``with_epoch`` allows."""
@@ -248,11 +262,11 @@ class DataPipeline(IterableDataset, PipelineStage):
         ``strict=True`` raises :class:`~wds_cloud.errors.NotResumableError` instead.
         """
         try:
-            return self._state(False)
+            return seal(self._state(False))
         except NotResumableError as exc:
             if strict:
                 raise
-            return inexact_state(FORMAT, str(exc), progress=self._current_progress())
+            return seal(inexact_state(FORMAT, str(exc), progress=self._current_progress()))
 
     def transport_state(self) -> dict:
         """:meth:`state_dict` where stages may give arrays and deltas (for a loader that sends one per batch)."""
@@ -260,7 +274,7 @@ class DataPipeline(IterableDataset, PipelineStage):
 
     def next_pass_state(self) -> dict:
         """The state that starts this pipeline's next pass."""
-        return self._state(False, next_pass=True)
+        return seal(self._state(False, next_pass=True))
 
     def _current_progress(self) -> list:
         """(pass, items yielded) that a state taken now reports: a loaded state's until a pass begins."""
@@ -295,21 +309,30 @@ class DataPipeline(IterableDataset, PipelineStage):
         An inexact state (taken from a pipeline that cannot be resumed) is logged and makes the
         next pass start from its beginning.
         """
-        if isinstance(state, dict) and state.get("format") == FORMAT and is_inexact(state):
-            restart_from(state, "pipeline")
-            self._resume_progress = None
-            return
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise StateMismatchError(
                 f"not a wds_cloud pipeline state (expected format {FORMAT!r}, got "
-                f"{state.get('format') if isinstance(state, dict) else type(state).__name__!r}): pass the dict "
-                "that state_dict() returned")
+                f"{shown(state.get('format')) if isinstance(state, dict) else type(state).__name__}): pass the dict "
+                "that state_dict() returned", field="format")
+        problem = seal_problem(state, "pipeline")
+        if problem is not None and is_inexact(state):
+            raise problem
+        self._load(state)  # the stages check their fields first: a changed one is named
+        self._seal_problem = problem  # raised before the first item, after the stages' own checks (see __iter__)
+
+    def _load(self, state: dict) -> None:
+        """:meth:`load_state_dict` of a state whose checksum was checked (or that came from a loader whose state
+        was): a DataLoader worker's share of a WebLoader state."""
+        if is_inexact(state):
+            restart_from(state, "pipeline")
+            self._resume_progress = None
+            return
         expect(state, "pipeline", dict, progress=(list, lambda v: len(v) == 2 and all(
             type(x) is int and x >= 0 for x in v), True), stages=list)
         for entry in state["stages"]:
             if not (isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int
                     and isinstance(entry[1], str)):
-                raise StateMismatchError(f"the saved pipeline state lists the stage {entry!r:.80}, which no "
+                raise StateMismatchError(f"the saved pipeline state lists the stage {shown(entry)}, which no "
                                          "state_dict() gives: the state was changed", field="stages")
         saved = {f"stage {i}": kind for i, kind, _ in state["stages"]}
         here = {f"stage {i}": kind for i, kind, _ in self._stateful()}
@@ -381,7 +404,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         state = (self._worker_states or {}).get(worker)
         self._worker_states = None  # applied once (a persistent worker starts the next epoch afresh)
         if state is not None:
-            self.load_state_dict(state)
+            self._load(state)  # the loader's state it came from had its checksum checked
 
     def __len__(self) -> int:
         if not self._has_length or self.size is None:

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 from typing import Any, Optional
 
 from ..errors import StateMismatchError, redact
 
 __all__ = ["FORMAT", "StateURL", "check_same", "expect", "same_url", "shown_url", "url_id", "inexact_state",
-           "is_inexact", "restart_from"]
+           "is_inexact", "restart_from", "seal", "check_seal", "seal_problem", "SEAL"]
 
 log = logging.getLogger("wds_cloud.resume")
 
@@ -64,6 +65,56 @@ class StateURL(str):
         obj = super().__new__(cls, text)
         obj.id = ident
         return obj
+
+
+#: the key of a state's checksum (see :func:`seal`)
+SEAL = "checksum"
+
+
+def _digest(state: dict) -> str:
+    body = {k: v for k, v in state.items() if k != SEAL}
+    try:
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"), check_circular=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise StateMismatchError(f"the saved state holds a value that no state_dict() gives ({exc}): the state was "
+                                 "changed; load the state that state_dict() returned", field=SEAL) from None
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def seal(state: dict) -> dict:
+    """``state`` with its checksum (a digest of its canonical JSON): a state changed after it was taken, by a
+    bit flipped on disk, an edit or a merge gone wrong, is refused on load instead of resuming somewhere else
+    (an RNG count moved by one would give another order, silently).  Not a signature: a state is still
+    checked field by field, as input."""
+    state[SEAL] = _digest(state)
+    return state
+
+
+def check_seal(state: dict, what: str) -> None:
+    """Refuse a state whose checksum is missing or does not match (:func:`seal`)."""
+    problem = seal_problem(state, what)
+    if problem is not None:
+        raise problem
+
+
+def seal_problem(state: dict, what: str) -> Optional[StateMismatchError]:
+    """The error :func:`check_seal` would raise, or None.  A pipeline raises it only after its stages' own
+    checks of the state had their say (they name the field that was changed), before any item is yielded."""
+    saved = state.get(SEAL)
+    if not isinstance(saved, str):
+        return StateMismatchError(f"the saved {what} state has no checksum: it was not returned by state_dict() of "
+                                  "this version of wds_cloud (or it was edited); load the state that state_dict() "
+                                  "returned, or start the pass again", field=SEAL)
+    try:
+        digest = _digest(state)
+    except StateMismatchError as exc:
+        return exc
+    if saved != digest:
+        return StateMismatchError(f"the saved {what} state does not match its checksum: it was changed after "
+                                  "state_dict() returned it (an edit, a damaged file); resuming from it could not be "
+                                  "exact, so it is refused: load an unchanged state, or start the pass again",
+                                  field=SEAL)
+    return None
 
 
 def same_url(url: str, saved: str, saved_id: Optional[str]) -> bool:
