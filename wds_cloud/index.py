@@ -110,7 +110,8 @@ def check_fresh(index: ShardIndex, url: str, stream: Any = None) -> None:
             st = os.stat(local_path(url))
         except OSError:
             return  # opening it says what is wrong
-        size, version = st.st_size, local_version(st)
+        size: Optional[int] = st.st_size
+        version: Optional[str] = local_version(st)
         if index.version is not None and "-" not in index.version:
             version = index.version  # an index of another kind of version: the size decides
     else:

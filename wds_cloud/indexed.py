@@ -192,8 +192,8 @@ class ShardListDataset(_Dataset):
         index = index_of(url, self.storage_options)
         expected = self.shards[shard].get("nsamples")
         if isinstance(expected, int) and expected != len(index):
-            raise CorruptIndexError(f"{redact(url)}: the dataset description says {expected} samples, the shard's "
-                                    f"index {len(index)}; write the description (or the index) again", url=url,
+            raise CorruptIndexError(f"{redact(url)}: the dataset description says {expected} samples ('nsamples'), "
+                                    f"the shard's index {len(index)}; write the description (or the index) again", url=url,
                                     field="nsamples")
         if self.manifest is not None:
             from .manifest import check_index

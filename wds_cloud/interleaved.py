@@ -27,7 +27,7 @@ import gzip
 import io
 import json
 import re
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import IO, Any, Callable, Iterable, Iterator, Optional, cast
 
 from .autodecode import IMAGE_EXTENSIONS, imagehandler
 from .errors import MalformedDataError, SampleError, redact
@@ -340,7 +340,7 @@ def convert_mmc4(docs: list[str], images: str, dest: str, maxcount: int = 1000, 
                           "'out/mmc4-%06d.tar'")
     if missing not in ("drop", "skip", "error"):
         raise SampleError(f"missing={missing!r} is not one of drop, skip, error")
-    from .jobrecord import HashingWriter, JobRecord
+    from .io.jobrecord import HashingWriter, JobRecord
 
     record = JobRecord(dest, "convert mmc4", list(docs), {"images": redact(images), "maxcount": maxcount,
                                                          "missing": missing})
@@ -370,7 +370,7 @@ def convert_mmc4(docs: list[str], images: str, dest: str, maxcount: int = 1000, 
                 counts["kept" if keep else "written"] += 1
                 if not keep:
                     output = record.open(dest % shard)
-                    writer = TarWriter(output)
+                    writer = TarWriter(cast(IO[bytes], output))
             doc = _mmc4_doc(url, line_number, line)
             if keep:
                 counts["documents"] += 1

@@ -339,7 +339,11 @@ class DataPipeline(IterableDataset, PipelineStage):
         check_same("pipeline (its stages differ)", saved, here)
         self._wire()
         for i, _, stage_state in state["stages"]:
-            self.pipeline[i].load_state_dict(stage_state)
+            stage = self.pipeline[i]
+            if isinstance(stage, DataPipeline):  # a nested pipeline's part of a state checked as a whole
+                stage._load(stage_state)
+            else:
+                stage.load_state_dict(stage_state)
         feeders = self._feeding()[0]
         for i, _, stage_state in state["stages"]:
             stage = self.pipeline[i]

@@ -140,7 +140,7 @@ def _spec_urls(spec: Any, where: str) -> list[str]:
     if isinstance(spec, dict) and "shardlist" in spec:  # wids index
         entries = spec["shardlist"]
         datafile.need(isinstance(entries, list), shown, "'shardlist'", "must be a list of shards")
-        urls = []
+        urls: list = []
         for i, e in enumerate(entries):
             u = e.get("url") if isinstance(e, dict) else e
             datafile.need(isinstance(u, str) and bool(u), shown, f"shardlist[{i}].url", "must be a URL or path")
@@ -173,7 +173,7 @@ def _spec_urls(spec: Any, where: str) -> list[str]:
         raise MalformedDataError(f"{shown}: not a dataset spec: expected a 'shardlist' (wids JSON) or 'datasets' "
                                  "(YAML)", url=where or None)
     if not where:
-        return urls
+        return [str(u) if not isinstance(u, str) else u for u in urls]
     return [u if isinstance(u, UntrustedURL) else resolve(u, where, base=base) for u in urls]
 
 

@@ -16,7 +16,7 @@ import multiprocessing
 import os
 import sys
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import IO, Any, Callable, Iterable, Iterator, Optional, Union, cast
 
 from .errors import (ConfigError, CorruptShardError, IntegrityError, ObjectChangedError, ShardNotFoundError,
                      WdsCloudError, redact)
@@ -24,7 +24,7 @@ from .index import build_index, check_fresh, index_of, read_index, wids_descript
 from .io.integrity import Hashing
 from .io.open import exists, gopen
 from .io.urls import is_local
-from .jobrecord import HashingWriter, JobRecord
+from .io.jobrecord import HashingWriter, JobRecord
 from .manifest import Manifest, load_manifest
 from .shardlists import expand_urls
 from .tar.index import index_stream
@@ -308,7 +308,8 @@ def _reshard(args: argparse.Namespace) -> int:
     if "%" not in args.dest:
         raise ConfigError(f"the destination {args.dest!r} needs a %d-style field for the shard number, such as "
                           "'out/train-%06d.tar'")
-    compress = {"none": False, "gz": "gz", "keep": None}[args.compress]
+    choices: dict[str, Union[bool, str, None]] = {"none": False, "gz": "gz", "keep": None}
+    compress = choices[args.compress]
     if args.maxcount < 1 or not args.maxsize > 0:
         raise ConfigError("--maxcount must be at least 1 and --maxsize more than 0")
     record = JobRecord(args.dest, "reshard", urls, {"maxcount": args.maxcount, "maxsize": args.maxsize,
@@ -339,7 +340,7 @@ def _reshard(args: argparse.Namespace) -> int:
                     skipped += 1
                 else:
                     stream = record.open(target)
-                    current = TarWriter(stream, compress=compress) if compress is not None else TarWriter(stream)
+                    current = TarWriter(cast(IO[bytes], stream), compress=compress)
                     written += 1
             samples += 1
             if current is not None:

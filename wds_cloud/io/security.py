@@ -45,7 +45,7 @@ class UntrustedURL(str):
     def __rmod__(self, template: str) -> "UntrustedURL":
         return UntrustedURL(str.__mod__(template, self))
 
-    def __getitem__(self, index: Any) -> "UntrustedURL":  # type: ignore[override]
+    def __getitem__(self, index: Any) -> "UntrustedURL":
         return UntrustedURL(str.__getitem__(self, index))
 
     def __reduce__(self) -> Any:  # pickled to a spawned worker, still untrusted

@@ -138,9 +138,9 @@ class ShardIndex:
         rows = data.get("samples")
         _need(isinstance(rows, list), shown, "'samples'", "must be a list of [key, fields] rows")
         with _acyclic():
-            samples = _samples_from_json(rows, shown)
+            samples = _samples_from_json(cast(list, rows), shown)
         check_layout(samples, size, shown)
-        return cls(url, samples, size, version, compression)
+        return cls(cast(str, url), samples, size, version, compression)
     # DALI
     def to_dali(self) -> str:
         return dali_text(self)
@@ -163,7 +163,7 @@ def _samples_from_json(rows: list, shown: str) -> list[SampleEntry]:
                 type(row[1]) is not list or not row[1]:
             _need(False, shown, f"samples[{number}]", "must be [key, fields] with a key and at least one field")
         key, fields = row
-        entries = []
+        entries: list[tuple[str, int, int, str]] = []
         for f in fields:
             if type(f) is not list or not 3 <= len(f) <= 4:
                 _need(False, shown, f"samples[{number}]", "has a field that is not [ext, offset, size(, name)]")
@@ -172,7 +172,7 @@ def _samples_from_json(rows: list, shown: str) -> list[SampleEntry]:
             if (type(ext) is not str or not ext or type(offset) is not int or type(size) is not int or offset < 0
                     or size < 0 or type(name) is not str):
                 _need(False, shown, f"samples[{number}]", "has an extension, offset, size or name of the wrong type")
-            entries.append((ext, offset, size, name))
+            entries.append((ext, offset, size, cast(str, name)))
         samples.append(SampleEntry(key, entries))
     return samples
 

@@ -13,7 +13,7 @@ settings, and for every output finished its size and SHA-256.  With it a rerun i
 - an output name that is also an input is refused before anything is written.
 
 The record is a structured file read as data (:mod:`wds_cloud.io.datafile`), written atomically after
-each output.
+each output.  The shard tools above use it (io/ depends on nothing above it).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import os
 import re
 from typing import Any
 
-from .errors import ConfigError, ShardNotFoundError, redact
-from .io import datafile
-from .io.open import exists, gopen
-from .io.urls import is_local, local_path
+from ..errors import ConfigError, ShardNotFoundError, redact
+from . import datafile
+from .open import exists, gopen
+from .urls import is_local, local_path
 
 __all__ = ["JobRecord", "record_url", "HashingWriter", "FORMAT"]
 
