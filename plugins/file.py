@@ -6,6 +6,7 @@ and ``file:`` URLs are not percent-decoded (as in webdataset).
 
 from __future__ import annotations
 
+import errno
 import glob
 import io
 import os
@@ -62,6 +63,14 @@ class FileBackend(Backend):
             ) from exc
         except IsADirectoryError as exc:
             raise ShardNotFoundError(f"{url}: is a directory, not a shard file", url=url) from exc
+        except ValueError as exc:  # a NUL in the path: no file can have that name
+            raise ShardNotFoundError(f"{url!r:.200}: no such file (a path cannot hold a NUL character)",
+                                     url=url) from exc
+        except OSError as exc:
+            if exc.errno in (errno.ENAMETOOLONG, errno.ENOTDIR, errno.ELOOP):  # names no file can have
+                raise ShardNotFoundError(f"{url[:200]}: no such file ({os.strerror(exc.errno).lower()}); check the "
+                                         "path", url=url) from exc
+            raise
         if offset:
             stream.seek(offset)
         return stream

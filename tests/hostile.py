@@ -163,3 +163,57 @@ def damage(data: bytes, rng: random.Random) -> tuple[bytes, bool]:
     k = rng.randrange(len(data))
     return data[:k] + bytes([data[k] ^ (1 << rng.randrange(8))]) + data[k + 1:], False
 
+
+
+#: values a mutated structured file (index, description, manifest, spec, state) may hold where another was
+HOSTILE_VALUES = [None, True, False, -1, 0, 1, 513, 10**12, 10**30, -(10**30), 1.5, 1e308, -0.0, "", "x",
+                  "pipe:touch X", "../../etc/passwd", "/etc/passwd", "file:///etc/passwd", "a\nb", [], {}, [1, 2],
+                  {"a": 1}, [[[[[]]]]], "x" * 10_000]
+
+
+def json_paths(value, here=()):
+    """Every path (a tuple of keys and indexes) into a parsed JSON value, the root's ``()`` first."""
+    yield here
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from json_paths(v, here + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from json_paths(v, here + (i,))
+
+
+def mutate_json(doc, rng: random.Random):
+    """A copy of ``doc`` with one to three values replaced by hostile ones, keys dropped or numbers nudged."""
+    import copy
+
+    doc = copy.deepcopy(doc)
+    for _ in range(rng.randint(1, 3)):
+        paths = [p for p in json_paths(doc) if p]
+        if not paths:
+            return copy.deepcopy(rng.choice(HOSTILE_VALUES))
+        path = rng.choice(paths)
+        parent = doc
+        for step in path[:-1]:
+            parent = parent[step]
+        last, kind = path[-1], rng.choice(["replace", "drop", "nudge"])
+        if kind == "drop" and isinstance(parent, dict):
+            del parent[last]
+        elif kind == "nudge" and type(parent[last]) is int:
+            parent[last] += rng.choice([-1, 1, 511, 512, -512, 10**9])
+        else:
+            parent[last] = copy.deepcopy(rng.choice(HOSTILE_VALUES))
+    return doc
+
+
+def mutate_text(text: bytes, rng: random.Random) -> bytes:
+    """``text`` cut, with bytes flipped, or wrapped in deep nesting."""
+    kind = rng.choice(["cut", "flip", "nest"])
+    if kind == "cut" and text:
+        return text[:rng.randrange(len(text))]
+    if kind == "flip" and text:
+        data = bytearray(text)
+        for _ in range(rng.randint(1, 8)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        return bytes(data)
+    depth = rng.choice([100, 10_000, 200_000])
+    return b"[" * depth + text + b"]" * depth

@@ -39,8 +39,13 @@ __all__ = ["DataPipeline", "add_length_method"]
 def _refused(items: Iterator, problem: StateMismatchError) -> Iterator:
     """A pass resumed from a state whose checksum did not match: the stages make their first item (their own
     checks of the state raise, naming the field), then ``problem`` is raised; nothing is yielded."""
-    for _ in items:
-        break
+    try:
+        for _ in items:
+            break
+    except StateMismatchError:
+        raise
+    except Exception as exc:  # what a changed state made fail is reported as what it is: a changed state
+        raise problem from exc
     raise problem
     yield  # a generator
 

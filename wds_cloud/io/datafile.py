@@ -23,6 +23,7 @@ import io
 import json
 import math
 import re
+import reprlib
 from typing import Any, Callable, Optional
 
 from .. import config
@@ -39,17 +40,18 @@ MAX_NODES = 1_000_000
 SHOWN = 120
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 3, 6, 6, 6
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong = 80, 80, 40
+
+
 def shown(value: Any, limit: int = SHOWN) -> str:
-    """``repr(value)`` cut to ``limit`` characters; never walks more of a large or deep value than it shows."""
-    if isinstance(value, (str, bytes)):
-        text = repr(value[:limit + 1])
-    elif isinstance(value, (dict, list, tuple, set)):
-        text = f"a {type(value).__name__} of {len(value)}"
-    else:
-        try:
-            text = repr(value)
-        except Exception:
-            text = f"a {type(value).__name__}"
+    """``repr(value)`` cut to ``limit`` characters: a few levels, items and characters of a large or deep value
+    (never all of it: a YAML alias bomb or a 10**12-digit number stays short)."""
+    try:
+        text = _REPR.repr(value)
+    except Exception:
+        text = f"a {type(value).__name__}"
     return text if len(text) <= limit else text[:limit] + "..."
 
 

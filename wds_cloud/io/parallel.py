@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import threading
 import time
@@ -115,9 +114,9 @@ def part_step(start: int, size: int, part_size: int, concurrency: int) -> tuple[
     if rest <= 0:
         return 0, 0
     floor = min(part_size, MIN_PART)
-    count = max(math.ceil(rest / part_size), min(concurrency, math.ceil(rest / floor)))
-    step = math.ceil(rest / count)
-    return step, math.ceil(rest / step)
+    count = max(-(-rest // part_size), min(concurrency, -(-rest // floor)))  # whole numbers: exact for any size
+    step = -(-rest // count)
+    return step, -(-rest // step)
 
 
 def plan_parts(start: int, size: int, part_size: int, concurrency: int) -> list[tuple[int, int]]:

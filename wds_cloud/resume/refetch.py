@@ -6,7 +6,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from ..errors import StateMismatchError, redact
+from ..errors import CorruptShardError, StateMismatchError, redact
 from ..io.urls import is_local
 
 __all__ = ["refetch"]
@@ -48,6 +48,11 @@ def refetch(locs: Sequence[tuple], read_range: Callable[[str, int, int], Any],
         stream = read_range(url, start, end)
         try:
             return [(offset, sample) for offset, sample in parse(stream, url, start, True)]
+        except CorruptShardError as exc:  # the range the state names does not hold whole tar members
+            raise StateMismatchError(
+                f"{redact(url)}: the saved state's buffered samples at bytes {start}-{end} are not whole tar "
+                f"members ({exc}); the state was changed, or the shard was: load the state state_dict() returned "
+                "for these shards", url=url, offset=start, field="buffer") from exc
         finally:
             stream.close()
 

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 from .. import config
 from ..errors import StateMismatchError
+from ..io.datafile import shown
 from ..stages import PipelineStage
 from ..utils import make_seed
 from .rng import CountedRandom
@@ -252,17 +253,39 @@ class Shuffle(PipelineStage):
             for entry in state["urls"]:
                 if not (isinstance(entry, list) and len(entry) in (3, 4) and type(entry[0]) is int
                         and isinstance(entry[1], str) and (len(entry) == 3 or isinstance(entry[3], str))):
-                    raise StateMismatchError(f"the saved shuffle state's 'urls' holds {entry!r:.80}, which no "
+                    raise StateMismatchError(f"the saved shuffle state's 'urls' holds {shown(entry)}, which no "
                                              "state_dict() gives: the state was changed", field="urls")
                 refs.add(entry[0])
+            self._check_rng(state["rng"])
+            most_blocks = _most_blocks()
             for entry in state["buffer"]:
                 if not (isinstance(entry, (list, tuple)) and len(entry) == 3
-                        and all(type(v) is int and v >= 0 for v in entry) and entry[0] in refs and entry[2] > 0):
-                    raise StateMismatchError(f"the saved shuffle state's 'buffer' holds {entry!r:.80}, which no "
+                        and all(type(v) is int and v >= 0 for v in entry) and entry[0] in refs
+                        and 0 < entry[2] <= most_blocks and entry[1] < _MOST_BLOCK):
+                    raise StateMismatchError(f"the saved shuffle state's 'buffer' holds {shown(entry)}, which no "
                                              "state_dict() gives: the state was changed", field="buffer")
         self._resume = None if state.get("fresh") else state
         if state.get("fresh") and "epoch" in state:
             self.epoch = state["epoch"] - 1  # run() advances before use
+
+    def _check_rng(self, saved: Any) -> None:
+        """The saved RNG state has the shape this shuffle's generator gives: two whole numbers (a counted
+        generator: seed and draws), or ``random.Random``'s (version, 625 words, gauss) for a given ``rng``."""
+        if isinstance(self.rng, random.Random):
+            ok = (isinstance(saved, list) and len(saved) == 3 and type(saved[0]) is int and
+                  isinstance(saved[1], list) and len(saved[1]) == 625 and
+                  all(type(w) is int and 0 <= w < (1 << 32) for w in saved[1][:-1]) and
+                  type(saved[1][-1]) is int and 0 <= saved[1][-1] <= 624 and
+                  (saved[2] is None or type(saved[2]) is float))
+        elif self.rng is not None:
+            ok = isinstance(saved, list)
+        else:
+            ok = (isinstance(saved, list) and len(saved) == 2 and all(type(v) is int for v in saved)
+                  and 0 <= saved[1] < (1 << 63))
+        if not ok:
+            raise StateMismatchError(f"the saved shuffle state's 'rng' is {shown(saved)}, which no state_dict() "
+                                     "gives: the state was changed; load the state that state_dict() returned",
+                                     field="rng")
 
     def replay_locations(self, state: dict) -> list:
         """``(url, start, end, compressed, ref)`` of the buffered samples of ``state``, in buffer order."""
@@ -271,12 +294,23 @@ class Shuffle(PipelineStage):
 
         urls = {entry[0]: (StateURL(entry[1], entry[3] if len(entry) > 3 else None), entry[2])
                 for entry in state.get("urls") or ()}
-        block = state.get("block", 512)
+        block = state.get("block") or 512
         out = []
         for ref, first, blocks in state.get("buffer") or ():
             url, compressed = urls[ref]
             out.append((url, first * block, (first + blocks) * block, bool(compressed), ref))
         return out
+
+
+#: where a buffered sample may begin, in 512-byte blocks (a shard is no larger than 2**63 bytes)
+_MOST_BLOCK = 1 << 54
+
+
+def _most_blocks() -> int:
+    """The most 512-byte blocks one buffered sample may span: the sample limit (``WDS_MAX_SAMPLE_SIZE``, else the
+    member limit) and its headers; a state claiming more would be read on resume, so it is refused."""
+    settings = config.current()
+    return (settings.max_sample_size or settings.max_member_size) // 512 + 64
 
 
 def apply_journal(buffer: list, journal: Any) -> list:
