@@ -32,6 +32,8 @@ class Manifest:
 
     def __init__(self, shards: Optional[dict] = None, allow_missing: bool = False) -> None:
         self.shards: dict[str, dict] = dict(shards or {})
+        for url, entry in self.shards.items():  # checked before a shard is read, whoever built it
+            _check_entry(url, entry, "<manifest>")
         self.allow_missing = allow_missing
 
     def entry(self, url: str) -> Optional[dict]:
@@ -74,7 +76,9 @@ def load_manifest(source: Union[str, dict, Manifest], allow_missing: bool = Fals
                                  field="format")
     for url, entry in source["shards"].items():
         _check_entry(url, entry, shown)
-    return Manifest(source["shards"], allow_missing)
+    manifest = Manifest(None, allow_missing)
+    manifest.shards = dict(source["shards"])
+    return manifest
 
 
 _HEX = {"sha256": 64, "md5": 32}

@@ -31,6 +31,7 @@ import os
 import threading
 from typing import Any, Optional
 
+from .. import config
 from ..config import Settings
 from ..errors import ConfigError
 
@@ -77,11 +78,16 @@ def _load(path: Optional[str]) -> tuple[tuple[tuple[str, dict], ...], dict]:
         cached = _cache.get(path)
         if cached and cached[0] == mtime:
             return cached[1], cached[2]
+    limit = config.current().max_data_file_size
     try:
         with open(path, "rb") as f:
-            data = _toml().load(f)
+            raw = f.read(limit + 1)
+        if len(raw) > limit:
+            raise ValueError(f"it is larger than {limit} bytes (WDS_MAX_DATA_FILE_SIZE)")
+        data = _toml().loads(raw.decode("utf-8"))
     except Exception as exc:
-        raise ConfigError(f"{path}: cannot read the wds_cloud profiles file: {exc}; it should hold one TOML "
+        why = str(exc)[:200]
+        raise ConfigError(f"{path}: cannot read the wds_cloud profiles file: {why}; it should hold one TOML "
                           'table per URL prefix, e.g. ["s3://bucket/"] with endpoint_url = "..."') from exc
     profiles = []
     named = data.pop("profiles", {})

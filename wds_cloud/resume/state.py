@@ -33,6 +33,7 @@ import logging
 from typing import Any, Optional
 
 from ..errors import StateMismatchError, redact
+from ..io.datafile import shown
 
 __all__ = ["FORMAT", "StateURL", "check_same", "expect", "same_url", "shown_url", "url_id", "inexact_state",
            "is_inexact", "restart_from", "seal", "check_seal", "seal_problem", "SEAL"]
@@ -143,14 +144,14 @@ def expect(state: Any, what: str, kind: type, **fields: Any) -> None:
         if ok and check is not None:
             ok = bool(check(value))
         if not ok:
-            raise StateMismatchError(f"the saved {what} state's {name!r} is {value!r:.80}, which no state_dict() "
+            raise StateMismatchError(f"the saved {what} state's {name!r} is {shown(value)}, which no state_dict() "
                                      "gives: the state was changed; load the state that state_dict() returned",
                                      field=name)
 
 
 def check_same(what: str, saved: dict, current: dict) -> None:
     """Raise :class:`StateMismatchError` naming every key whose value differs between ``saved`` and ``current``."""
-    diffs = [f"{key}: saved {saved.get(key)!r}, here {current.get(key)!r}"
+    diffs = [f"{key}: saved {shown(saved.get(key))}, here {shown(current.get(key))}"
              for key in sorted(set(saved) | set(current)) if saved.get(key) != current.get(key)]
     if diffs:
         raise StateMismatchError(
