@@ -94,10 +94,22 @@ def read_index(url: str, storage_options: Optional[dict] = None, shard_url: Opti
                 raise CorruptIndexError(f"{shown}: not an index (neither JSON nor DALI's text); write it again with "
                                         "`wds-cloud index`", url=candidate, field="encoding") from None
             index = parse_dali(text, shard_url or candidate)
+        built_for = index.url
         index.url = shard_url if shard_url is not None else resolve(index.url, candidate, field="url")
+        if not _same_object(built_for, index.url):
+            # built for a copy elsewhere (indexed on local disk, then uploaded): that copy's version says
+            # nothing of this one's, so only the size is compared
+            index.version = None
         return index
     raise ShardNotFoundError(f"{redact(url)}: no index found (looked for {', '.join(map(redact, candidates))}); "
                              "write one with `wds-cloud index URL`", url=url) from last
+
+
+def _same_object(a: str, b: str) -> bool:
+    """Whether two URLs name one object (local paths compared as absolute paths)."""
+    if is_local(a) and is_local(b):
+        return os.path.abspath(local_path(a)) == os.path.abspath(local_path(b))
+    return a == b
 
 
 def check_fresh(index: ShardIndex, url: str, stream: Any = None) -> None:
