@@ -545,3 +545,33 @@ def test_an_index_built_locally_serves_the_uploaded_copy(tmp_path):
             wds.ShardListDataset([f"{server.url}/s.tar"], transformations=[])[2]
     finally:
         server.stop()
+
+
+def test_a_held_shard_replaced_under_its_name_keeps_giving_the_indexed_version(indexed_shard):
+    """A local shard read by index is held open: replaced by another file under its name, the held one (the
+    version indexed) keeps giving its own bytes; a dataset opened afterwards refuses the new file."""
+    ds = wds.ShardListDataset([indexed_shard], transformations=[])
+    assert ds[1][".txt"] == b"sample 1"
+    with open(indexed_shard, "rb") as f:
+        original = f.read()
+    with open(indexed_shard + ".new", "wb") as f:
+        f.write(original.replace(b"sample 1", b"SAMPLE 1") + bytes(512))
+    os.replace(indexed_shard + ".new", indexed_shard)
+    assert ds[1][".txt"] == b"sample 1"
+    ds.close()
+    with pytest.raises(ObjectChangedError):
+        wds.ShardListDataset([indexed_shard], transformations=[])[1]
+
+
+def test_a_held_shard_changed_in_place_is_noticed_before_the_next_read(indexed_shard):
+    ds = wds.ShardListDataset([indexed_shard], transformations=[])
+    assert ds[1][".txt"] == b"sample 1"
+    with open(indexed_shard, "r+b") as f:  # the same file, rewritten in place
+        data = f.read()
+        f.seek(0)
+        f.write(data.replace(b"sample 1", b"SAMPLE 1"))
+    later = os.stat(indexed_shard).st_mtime + 5
+    os.utime(indexed_shard, (later, later))
+    with pytest.raises(ObjectChangedError):
+        ds[1]
+    ds.close()

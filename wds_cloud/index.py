@@ -112,14 +112,15 @@ def _same_object(a: str, b: str) -> bool:
     return a == b
 
 
-def check_fresh(index: ShardIndex, url: str, stream: Any = None) -> None:
+def check_fresh(index: ShardIndex, url: str, stream: Any = None, stat: Optional[os.stat_result] = None) -> None:
     """Refuse to read ``url`` by ``index`` when the shard is no longer the one indexed: another size, or another
     version (ETag, generation; a local file's modification time and size).  ``stream``: an open ranged read of
-    the shard, whose answer tells its size and version; a local shard is asked with ``stat``.  An index that
+    the shard, whose answer tells its size and version; a local shard is asked with ``stat`` (or ``stat`` is
+    the ``os.fstat`` of the file opened).  An index that
     recorded a version, read over a store that now gives none, is refused too (no version cannot match)."""
-    if is_local(url):
+    if stat is not None or is_local(url):
         try:
-            st = os.stat(local_path(url))
+            st = stat if stat is not None else os.stat(local_path(url))
         except OSError:
             return  # opening it says what is wrong
         size: Optional[int] = st.st_size

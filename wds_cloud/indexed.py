@@ -14,6 +14,7 @@ import bisect
 import math
 import os
 import random
+import threading
 import urllib.parse
 import warnings
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
@@ -22,7 +23,7 @@ from . import config
 from .errors import ConfigError, CorruptIndexError, ObjectChangedError, RandomAccessError, redact
 from .index import check_fresh, index_of
 from .io import datafile
-from .io.open import gopen
+from .io.open import gopen, rewrite_url
 from .io.security import resolve, resolve_base
 from .io.resilient import StatsSink, TransferStats
 from .io.shardcache import ShardCache
@@ -146,6 +147,9 @@ class ShardListDataset(_Dataset):
         self._stats = StatsSink()
         self._indexes: dict[int, ShardIndex] = {}
         self._loaded: dict[int, bytes] = {}  # decompressed shards (compressed="load"), a few at a time
+        self._held: dict[int, list] = {}  # local shards held open: [descriptor, (mtime, size) last checked]
+        self._lock = threading.Lock()
+        self._streamed: set[int] = set()  # shards that are not local files
         self._cum: Optional[list[int]] = None
         if all(isinstance(s.get("nsamples"), int) for s in self.shards):
             self._set_lengths([s["nsamples"] for s in self.shards])
@@ -153,7 +157,13 @@ class ShardListDataset(_Dataset):
     def __getstate__(self) -> dict:  # a spawned DataLoader worker starts without the decompressed shards
         state = dict(self.__dict__)
         state["_loaded"] = {}
+        state["_held"] = {}  # descriptors stay in the process that opened them
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     # lengths
     def _set_lengths(self, lengths: Sequence[int]) -> None:
@@ -231,17 +241,64 @@ class ShardListDataset(_Dataset):
             return self._from_loaded(shard, index)[start:end]
         if self.cache_dir is not None:
             return self._from_cache(url, index, start, end)
-        if is_local(url):
-            check_fresh(index, url)
-        with gopen(url, "rb", offset=start, length=end - start, storage_options=self.storage_options,
-                   retries=self.retries, timeout=self.timeout, stats=self._stats) as stream:
-            if not is_local(url):
+        if shard not in self._streamed:
+            with self._lock:  # a descriptor is never closed (by an eviction) while another thread reads it
+                held = self._held.get(shard) or self._hold(shard, url, index)
+                if held is not None:  # a local file: one fstat against the index, then one pread
+                    st = os.fstat(held[0])
+                    if (st.st_mtime_ns, st.st_size) != held[1]:
+                        check_fresh(index, url, stat=st)
+                        held[1] = (st.st_mtime_ns, st.st_size)
+                    data = os.pread(held[0], end - start, start)
+        if shard in self._streamed:
+            with gopen(url, "rb", offset=start, length=end - start, storage_options=self.storage_options,
+                       retries=self.retries, timeout=self.timeout, stats=self._stats) as stream:
                 check_fresh(index, url, stream)
-            data = stream.read()
+                data = stream.read()
         if len(data) != end - start:
             raise ObjectChangedError(f"{redact(url)}: bytes {start}-{end} asked for, {len(data)} received: the shard "
                                      "is shorter than its index says; index it again", url=url, offset=start)
         return data
+
+    def _hold(self, shard: int, url: str, index: ShardIndex) -> Optional[list]:
+        """Keep a local shard open (as ``gopen`` opens it: rewrites and the security policy apply) and check it
+        against its index; None for a shard that is not a local file (it is read by ranged requests).
+
+        A held file is read with ``pread``: a shard replaced later (a new file under the name) is still the
+        file that was checked, so no byte of another version is returned; one changed in place is noticed by
+        the ``fstat`` before each read.  At most ``lru_size`` are held."""
+        if not is_local(rewrite_url(url)):
+            self._streamed.add(shard)
+            return None
+        stream = gopen(url, "rb", storage_options=self.storage_options)
+        try:
+            fd = os.dup(stream.fileno())
+        except (AttributeError, OSError, ValueError):
+            self._streamed.add(shard)  # stdin, or a plugin's stream over a local path: read as before
+            return None
+        finally:
+            stream.close()
+        try:
+            st = os.fstat(fd)
+            check_fresh(index, url, stat=st)
+        except BaseException:
+            os.close(fd)
+            raise
+        while len(self._held) >= max(1, self.lru_size):
+            os.close(self._held.pop(next(iter(self._held)))[0])
+        held = self._held[shard] = [fd, (st.st_mtime_ns, st.st_size)]
+        return held
+
+    def _release(self) -> None:
+        held, self._held = getattr(self, "_held", {}), {}
+        for fd, _ in held.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def __del__(self) -> None:
+        self._release()
 
     def _from_cache(self, url: str, index: ShardIndex, start: int, end: int) -> bytes:
         cache = ShardCache(self.cache_dir or "", self.cache_size, stats=self._stats)
@@ -310,6 +367,7 @@ class ShardListDataset(_Dataset):
 
     def close(self) -> None:
         self._loaded.clear()
+        self._release()
 
     def __repr__(self) -> str:
         return f"<ShardListDataset {len(self.shards)} shards>"

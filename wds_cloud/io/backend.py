@@ -6,6 +6,8 @@ A backend object is made by the factory a plugin registers, one per
 
 from __future__ import annotations
 
+import io
+
 import dataclasses
 import importlib.util
 from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
@@ -123,6 +125,13 @@ class WrappedStream:
     @property
     def closed(self) -> bool:
         return getattr(self._stream, "closed", False)
+
+    def fileno(self) -> int:
+        """The descriptor of the file underneath (``io.UnsupportedOperation`` when there is none)."""
+        fileno = getattr(self._stream, "fileno", None)
+        if fileno is None:
+            raise io.UnsupportedOperation("this stream has no file descriptor")
+        return fileno()
 
     def __enter__(self) -> Any:
         return self
