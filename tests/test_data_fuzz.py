@@ -181,7 +181,8 @@ def resumable(tmp_path_factory):
 def test_a_mutated_state_resumes_exactly_or_is_refused(resumable, data):
     build, state, expected = resumable
     changed = mutate(state, data)
-    if isinstance(changed, dict) and data.draw(st.booleans()):
+    resealed = isinstance(changed, dict) and data.draw(st.booleans())
+    if resealed:
         seal(changed)  # changed on purpose, its checksum made again: the fields must hold on their own
     ds = build()
     try:
@@ -189,7 +190,9 @@ def test_a_mutated_state_resumes_exactly_or_is_refused(resumable, data):
         got = _keys(ds)
     except StateMismatchError:
         return
-    assert got == expected
+    # a state changed at random is refused or resumes exactly; one changed on purpose and sealed again can
+    # only be held to its form (an RNG count moved by one is well formed), never to a raw error
+    assert resealed or got == expected
 
 
 def test_an_unchanged_state_still_resumes(resumable):

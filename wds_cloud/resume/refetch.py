@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Optional, Sequence
@@ -45,7 +46,15 @@ def refetch(locs: Sequence[tuple], read_range: Callable[[str, int, int], Any],
 
     def fetch_run(run: tuple[str, int, int]) -> list[tuple[int, dict]]:
         url, start, end = run
-        stream = read_range(url, start, end)
+        try:
+            stream = read_range(url, start, end)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            raise StateMismatchError(  # a local file cannot even be positioned there
+                f"{redact(url)}: the saved state's buffered samples at bytes {start}-{end} lie where the shard "
+                "cannot be read from; the state was changed: load the state state_dict() returned", url=url,
+                offset=start, field="buffer") from None
         try:
             return [(offset, sample) for offset, sample in parse(stream, url, start, True)]
         except CorruptShardError as exc:  # the range the state names does not hold whole tar members

@@ -302,8 +302,8 @@ class Shuffle(PipelineStage):
         return out
 
 
-#: where a buffered sample may begin, in 512-byte blocks (a shard is no larger than 2**63 bytes)
-_MOST_BLOCK = 1 << 54
+#: where a buffered sample may begin, in 512-byte blocks (a shard is no larger than 2**50 bytes, a petabyte)
+_MOST_BLOCK = 1 << 41
 
 
 def _most_blocks() -> int:

@@ -38,6 +38,8 @@ __all__ = ["ShardIndex", "SampleEntry", "build_index", "index_stream", "group_me
 FORMAT = "wds_cloud.index"
 VERSION = 1
 DALI_VERSION = "v1.2"
+#: the most samples a description may claim for one shard: a petabyte of 512-byte tar blocks
+MOST_SAMPLES = 1 << 41
 
 
 @contextlib.contextmanager
@@ -407,11 +409,11 @@ def _shardlist(data: dict, shown: str, field: str, base: Optional[str] = None) -
         need(isinstance(shard, dict), shown, name, "must be a mapping with \"url\" and \"nsamples\"")
         need(isinstance(shard.get("url"), str) and bool(shard["url"]), shown, f"{name}.url",
              "must be a URL or path (a string)")
-        need(is_count(shard.get("nsamples")), shown, f"{name}.nsamples", "must be a whole number of samples, not "
-             f"{shown_value(shard.get('nsamples'))}")
+        need(is_count(shard.get("nsamples"), MOST_SAMPLES), shown, f"{name}.nsamples", "must be a whole number of "
+             f"samples (at most {MOST_SAMPLES}: a shard of a petabyte), not {shown_value(shard.get('nsamples'))}")
         size = shard.get("filesize")
-        need(size is None or is_count(size), shown, f"{name}.filesize", "must be a whole number of bytes, not "
-             f"{shown_value(size)}")
+        need(size is None or is_count(size, MOST_SAMPLES * 512), shown, f"{name}.filesize", "must be a whole "
+             f"number of bytes, not {shown_value(size)}")
         if size is not None:
             need(shard["nsamples"] * 512 <= size, shown, f"{name}.nsamples",
                  f"claims {shard['nsamples']} samples in {size} bytes (each takes at least 512)")

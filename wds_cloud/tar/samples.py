@@ -14,6 +14,8 @@ semantics, for code that composes them itself.
 
 from __future__ import annotations
 
+import itertools
+
 import re
 from typing import Any, Callable, Iterable, Iterator, Optional, TypeGuard, Union
 
@@ -448,7 +450,15 @@ def _checked_start(members: TarMembers, expected: Optional[str], url: str,
                    rename_files: Optional[Callable]) -> Iterator[tuple[str, bytes]]:
     """``members``, having checked that a resumed read begins at the member the saved state names."""
     first = True
-    for name, data in members:
+    iterator = iter(members)
+    try:
+        head = next(iterator, None)
+    except CorruptShardError as exc:  # no tar member where the state says one begins
+        raise StateMismatchError(
+            f"{redact(url)}: the saved state resumes at byte {members.record_start}, where no tar member begins "
+            f"({exc}); the state was changed, or the shard was: load a state that state_dict() returned for "
+            "these shards", url=url, offset=members.record_start, field="offset") from exc
+    for name, data in itertools.chain([head] if head is not None else [], iterator):
         if first:
             first = False
             shown = rename_files(name) if rename_files else name
