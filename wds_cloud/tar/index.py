@@ -140,8 +140,7 @@ class ShardIndex:
         rows = data.get("samples")
         _need(isinstance(rows, list), shown, "'samples'", "must be a list of [key, fields] rows")
         with _acyclic():
-            samples = _samples_from_json(cast(list, rows), shown)
-        check_layout(samples, size, shown)
+            samples = _samples_from_json(cast(list, rows), shown, size)
         return cls(cast(str, url), samples, size, version, compression)
     # DALI
     def to_dali(self) -> str:
@@ -157,56 +156,83 @@ def _need(ok: bool, shown: str, field: str, problem: str) -> None:
                                 field=field)
 
 
-def _samples_from_json(rows: list, shown: str) -> list[SampleEntry]:
-    """The samples of our JSON index, each checked (plain loops: this is on the path to a first sample)."""
-    samples = []
+def _samples_from_json(rows: list, shown: str, size: Optional[int]) -> list[SampleEntry]:
+    """The samples of our JSON index, each checked, its layout too (as :func:`check_layout`, in the same loop:
+    this is on the path to a first sample, and runs once per field)."""
+    settings = config.current()
+    most_member = settings.max_member_size
+    most_span = settings.max_sample_size or most_member
+    end_of_shard = size if size is not None else 1 << 62
+    free = 0  # the first byte the next header may use
+    samples: list[SampleEntry] = []
+    append = samples.append
     for number, row in enumerate(rows):
-        if type(row) is not list or len(row) != 2 or type(row[0]) is not str or not row[0] or \
-                type(row[1]) is not list or not row[1]:
+        if type(row) is not list or len(row) != 2:
             _need(False, shown, f"samples[{number}]", "must be [key, fields] with a key and at least one field")
         key, fields = row
+        if type(key) is not str or type(fields) is not list or not key or not fields:
+            _need(False, shown, f"samples[{number}]", "must be [key, fields] with a key and at least one field")
+        prefix = key + "."
         entries: list[tuple[str, int, int, str]] = []
         for f in fields:
-            if type(f) is not list or not 3 <= len(f) <= 4:
+            if type(f) is not list:
                 _need(False, shown, f"samples[{number}]", "has a field that is not [ext, offset, size(, name)]")
-            ext, offset, size = f[0], f[1], f[2]
-            name = f[3] if len(f) > 3 else key + "." + ext if type(ext) is str else None
-            if (type(ext) is not str or not ext or type(offset) is not int or type(size) is not int or offset < 0
-                    or size < 0 or type(name) is not str):
+            n = len(f)
+            if n == 3:
+                ext, offset, length = f
+                name = prefix + ext if type(ext) is str else None
+            elif n == 4:
+                ext, offset, length, name = f
+            else:
+                _need(False, shown, f"samples[{number}]", "has a field that is not [ext, offset, size(, name)]")
+            if (type(ext) is not str or type(offset) is not int or type(length) is not int or offset < 0
+                    or length < 0 or type(name) is not str or not ext):
                 _need(False, shown, f"samples[{number}]", "has an extension, offset, size or name of the wrong type")
-            entries.append((ext, offset, size, cast(str, name)))
-        samples.append(SampleEntry(key, entries))
+            if offset & 511 or offset - 512 < free or length > most_member:
+                _bad_field(shown, number, offset, length, most_member)
+            free = offset + ((length + 511) & ~511)
+            entries.append((ext, offset, length, cast(str, name)))
+        end = offset + length
+        if end > end_of_shard or end - entries[0][1] > most_span:
+            _bad_sample(shown, number, entries[0][1], end, size, most_span)
+        append(SampleEntry(key, entries))
     return samples
+
+
+def _bad_field(shown: str, number: int, offset: int, length: int, most_member: int) -> None:
+    if length > most_member:
+        _need(False, shown, f"samples[{number}]", f"claims a field of {length} bytes, more than "
+              f"WDS_MAX_MEMBER_SIZE ({most_member})")
+    _need(False, shown, f"samples[{number}]", f"has a field at byte {offset}, which is not where a tar member's "
+          "data can begin (each follows its 512-byte header, after the field before it)")
+
+
+def _bad_sample(shown: str, number: int, first: int, end: int, size: Optional[int], most_span: int) -> None:
+    if size is not None and end > size:
+        _need(False, shown, f"samples[{number}]", f"ends at byte {end}, past the end of the {size}-byte shard")
+    _need(False, shown, f"samples[{number}]", f"spans {end - first} bytes, more than WDS_MAX_SAMPLE_SIZE "
+          f"({most_span})")
 
 
 def check_layout(samples: list[SampleEntry], size: Optional[int], shown: str) -> None:
     """Refuse an index that cannot describe a tar: every field's data starts on a 512-byte block after its
     header, fields (and samples) in the order of the tar and never overlapping, inside the shard's ``size``
     when known, no field beyond ``WDS_MAX_MEMBER_SIZE`` and no sample beyond ``WDS_MAX_SAMPLE_SIZE``.
-    What is read by this index is then bounded by the configuration, never by the index's claims."""
+    What is read by this index is then bounded by the configuration, never by the index's claims.  (Our JSON
+    index is checked so as it is parsed; this is for indexes built otherwise, such as DALI's.)"""
     settings = config.current()
     most_member = settings.max_member_size
     most_span = settings.max_sample_size or most_member
-    free = 0  # the first byte the next header may use
+    end_of_shard = size if size is not None else 1 << 62
+    free = 0
     for number, sample in enumerate(samples):
-        first = None
         for _, offset, length, _ in sample.fields:
-            if offset & 511 or offset - 512 < free:
-                _need(False, shown, f"samples[{number}]", f"has a field at byte {offset}, which is not where a tar "
-                      "member's data can begin (each follows its 512-byte header, after the field before it)")
-            if length > most_member:
-                _need(False, shown, f"samples[{number}]", f"claims a field of {length} bytes, more than "
-                      f"WDS_MAX_MEMBER_SIZE ({most_member})")
+            if offset & 511 or offset - 512 < free or length > most_member:
+                _bad_field(shown, number, offset, length, most_member)
             free = offset + ((length + 511) & ~511)
-            if first is None:
-                first = offset
-        if size is not None and offset + length > size:
-            _need(False, shown, f"samples[{number}]", f"ends at byte {offset + length}, past the end of the "
-                  f"{size}-byte shard")
-        if first is not None and offset + length - first > most_span:
-            _need(False, shown, f"samples[{number}]", f"spans {offset + length - first} bytes, more than "
-                  f"WDS_MAX_SAMPLE_SIZE ({most_span})")
-
+        end = offset + length
+        if end > end_of_shard or end - sample.fields[0][1] > most_span:
+            _bad_sample(shown, number, sample.fields[0][1], end, size, most_span)
 
 def index_stream(stream: IO[bytes], url: str = "", keys: Optional[Callable[[str], tuple]] = None,
                  max_member: Optional[int] = None, on_member: Optional[Callable[[str, bytes], None]] = None
