@@ -335,19 +335,32 @@ def test_group_by_keys_runs_the_shard_readers_grouping_with_webdatasets_rules():
     a shard that ended in an error drops its cut-short sample, a key-only last sample is kept, a repeated field
     goes to the handler, and a sample never spans two URLs even without markers."""
     from wds_cloud.errors import CorruptShardError
-    from wds_cloud.tar.samples import _ABORT
-    from wds_cloud.tariterators import group_by_keys
+    from wds_cloud.tariterators import group_by_keys, tar_file_expander
 
     def m(url, name, data=b"x"):
         return {"fname": name, "data": data, "__url__": url}
 
     stream = [m("a", "k1.txt"), m("a", "k1.cls"), m("a", "k2.txt"), {},  # shard a ends cleanly
-              m("b", "k3.txt"), _ABORT,                                  # shard b ended in an error
               m("c", "k4.txt"), m("c", "k5.json"), m("d", "k5.txt")]     # no markers: the URL changes
     samples = list(group_by_keys(iter(stream), suffixes={"txt", "cls"}))
     assert [(s["__key__"], s["__url__"], sorted(k for k in s if not k.startswith("__"))) for s in samples] == [
         ("k1", "a", ["cls", "txt"]), ("k2", "a", ["txt"]), ("k4", "c", ["txt"]), ("k5", "c", []),
         ("k5", "d", ["txt"])]
+    # a shard that ended in an error: the expander yields its members only (no marker, as webdataset), and
+    # group_by_keys, told through a channel user code never sees, drops the sample it cut short
+    whole = io.BytesIO()
+    with tarfile.open(fileobj=whole, mode="w") as tar:
+        for name in ("k3.txt", "k3.cls", "k4.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = 600
+            tar.addfile(info, io.BytesIO(b"y" * 600))
+    cut = whole.getvalue()[:512 + 1024 + 512 + 100]  # k3.txt whole, k3.cls cut short
+    sources = [{"url": "b", "stream": io.BytesIO(cut)}, {"url": "e", "stream": io.BytesIO(whole.getvalue())}]
+    members = list(tar_file_expander(iter([dict(s, stream=io.BytesIO(s["stream"].getvalue())) for s in sources]),
+                                     handler=lambda e: True, eof_value=None))
+    assert all(set(x) == {"fname", "data", "__url__"} for x in members)
+    grouped = list(group_by_keys(tar_file_expander(iter(sources), handler=lambda e: True)))
+    assert [(s["__key__"], s["__url__"]) for s in grouped] == [("k3", "e"), ("k4", "e")]
     with pytest.raises(CorruptShardError, match="repeats the field 'txt'"):
         list(group_by_keys([m("a", "k1.txt"), m("a", "k1.txt")]))
     seen = []

@@ -14,6 +14,7 @@ semantics, for code that composes them itself.
 
 from __future__ import annotations
 
+import collections
 import itertools
 
 import re
@@ -186,30 +187,43 @@ class _Stop(Exception):
     """Internal: a handler asked to stop the whole iteration."""
 
 
-class _AbortMarker(dict):
-    """Ends a shard that ended in an error: ``group_by_keys`` drops its partial sample.
+class _Expansion:
+    """What :func:`tar_file_expander` returns: an iterator of exactly what webdataset's yields (member dicts,
+    and ``eof_value`` after each shard read to its end), that also tells :func:`group_by_keys` where each
+    shard ended and whether it ended in an error the handler let pass, through ``boundaries``, a channel
+    user code never sees.  (webdataset yields nothing after such a shard; code of one's own that groups
+    members, such as open_clip's, sees member dicts only.)"""
 
-    An empty dict, so code of one's own that treats ``{}`` as the end of a shard (the upstream
-    ``eof_value``) reads it as just that.
-    """
+    __slots__ = ("_items", "boundaries", "yielded")
 
-    def __reduce__(self):
-        return (_abort_marker, ())
+    def __init__(self) -> None:
+        self._items: Iterator[dict] = iter(())
+        #: (member dicts yielded before the boundary, whether the shard ended in an error), oldest first
+        self.boundaries: collections.deque = collections.deque()
+        self.yielded = 0
 
+    def __iter__(self) -> "_Expansion":
+        return self
 
-def _abort_marker() -> dict:
-    return _ABORT
-
-
-_ABORT = _AbortMarker()
+    def __next__(self) -> dict:
+        return next(self._items)
 
 
 def tar_file_expander(data: Iterable[dict], handler: Callable = reraise_exception,
                       select_files: Optional[Callable] = None, rename_files: Optional[Callable] = None,
                       eof_value: Optional[dict] = {}) -> Iterator[dict]:  # noqa: B006 - upstream's marker
-    """Expand each opened shard into its members, tagged with ``__url__``; ``eof_value`` ends each shard."""
+    """Expand each opened shard into its members, tagged with ``__url__``; ``eof_value`` ends each shard read
+    to its end (a shard that ended in an error the handler let pass ends without it, as in webdataset)."""
+    expansion = _Expansion()
+    expansion._items = _expand(expansion, data, handler, select_files, rename_files, eof_value)
+    return expansion
+
+
+def _expand(expansion: _Expansion, data: Iterable[dict], handler: Callable, select_files: Optional[Callable],
+            rename_files: Optional[Callable], eof_value: Optional[dict]) -> Iterator[dict]:
     barren = Barren()
     members = 0
+    boundaries = expansion.boundaries
     for source in data:
         url = source["url"]
         stream = source["stream"]
@@ -226,17 +240,21 @@ def tar_file_expander(data: Iterable[dict], handler: Callable = reraise_exceptio
                 if "local_path" in source:
                     sample["__local_path__"] = source["local_path"]
                 members += 1
+                expansion.yielded += 1
                 yield sample
         except _Stop:
-            yield _ABORT
+            boundaries.append((expansion.yielded, True))
             return
         finally:
             close_quietly(stream)
         if failed:  # the shard ended in an error the handler let pass: its partial sample is dropped
             barren.failed(failed[-1])
-            yield _ABORT
-        elif eof_value is not None:
-            yield eof_value
+            boundaries.append((expansion.yielded, True))
+        else:
+            boundaries.append((expansion.yielded, False))
+            if eof_value is not None:
+                expansion.yielded += 1
+                yield eof_value
 
 
 def close_quietly(stream: Any) -> None:
@@ -256,13 +274,14 @@ def group_by_keys(data: Iterable[dict], keys: Callable = base_plus_ext, lcase: b
     repeated field goes to ``handler`` (True: skip the member) and a shard that ended in an error
     (``tar_file_expander``'s marker) drops the sample it cut short.
     """
-    items: Iterator[Any] = iter(data)
-    item: Any = next(items, _EXHAUSTED)
+    expansion = data if isinstance(data, _Expansion) else None  # our expander: it says where shards end
+    counted = _Counted(iter(data), expansion)
+    item: Any = counted.next()
     while item is not _EXHAUSTED:
-        if item is _ABORT or not item or "fname" not in item:  # a marker with no member before it
-            item = next(items, _EXHAUSTED)
+        if not item or "fname" not in item:  # an end-of-shard marker with no member before it
+            item = counted.next()
             continue
-        run = _MemberRun(item, items, sample_limit())
+        run = _MemberRun(item, counted, sample_limit())
         yield from _grouped(run, run.url, run, keys=keys, lcase=lcase, suffixes=suffixes,
                             local_path=run.local_path, where=None, rename_files=None, on_repeat=handler,
                             last_ok=run.keeps_last)
@@ -270,6 +289,32 @@ def group_by_keys(data: Iterable[dict], keys: Callable = base_plus_ext, lcase: b
 
 
 _EXHAUSTED = object()
+
+
+class _Counted:
+    """The items of ``group_by_keys``' input, counted, with the shard boundaries :class:`_Expansion` reported:
+    ``ended`` says, after an item was taken, that a shard ended just before it (and whether in an error)."""
+
+    __slots__ = ("_items", "_expansion", "_taken", "ended")
+
+    def __init__(self, items: Iterator[Any], expansion: Optional[_Expansion]) -> None:
+        self._items = items
+        self._expansion = expansion
+        self._taken = 0
+        self.ended: Optional[bool] = None  # None: no boundary before the item just taken; else: aborted?
+
+    def next(self) -> Any:
+        before = self._taken
+        item = next(self._items, _EXHAUSTED)
+        self.ended = None
+        expansion = self._expansion
+        if expansion is not None:
+            boundaries = expansion.boundaries
+            while boundaries and boundaries[0][0] <= before:
+                self.ended = bool(boundaries.popleft()[1]) or bool(self.ended)
+        if item is not _EXHAUSTED:
+            self._taken += 1
+        return item
 
 
 class _MemberRun:
@@ -283,7 +328,7 @@ class _MemberRun:
 
     member_offset = None
 
-    def __init__(self, first: dict, items: Iterator[Any], max_sample: int) -> None:
+    def __init__(self, first: dict, items: "_Counted", max_sample: int) -> None:
         self._first = first
         self._items = items
         self.url = first.get("__url__")
@@ -303,12 +348,17 @@ class _MemberRun:
                 raise sample_too_large(self.url, self.sample_start, end, self.max_sample, name)
             yield name, data
             self.record_start = end
-            item = next(self._items, _EXHAUSTED)
+            item = self._items.next()
+            if self._items.ended is not None:  # our expander said the shard ended here
+                self.aborted = self._items.ended
+                if item is not _EXHAUSTED and (not item or "fname" not in item):
+                    item = self._items.next()  # its end-of-shard marker
+                self.next_item = item
+                return
             if item is _EXHAUSTED:
                 return
-            if item is _ABORT or not item or "fname" not in item:
-                self.aborted = item is _ABORT
-                self.next_item = next(self._items, _EXHAUSTED)
+            if not item or "fname" not in item:
+                self.next_item = self._items.next()
                 return
             if item.get("__url__") != self.url or item.get("__local_path__") != self.local_path:
                 self.next_item = item
