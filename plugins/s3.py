@@ -149,7 +149,9 @@ _CODES: dict[str, tuple[type[WdsCloudError], str]] = {
     "InvalidToken": (CredentialsError, _REJECTED),
     "ExpiredToken": (CredentialsError, _REJECTED),
     "AccessDenied": (AccessDeniedError, "access denied by S3; the credentials in use may not access this object"),
-    "403": (AccessDeniedError, "access denied by S3; the credentials in use may not access this object"),
+    # a HEAD answer has no body: a wrong key and a key without the permission look the same
+    "403": (AccessDeniedError, "access denied by S3 (HTTP 403): the credentials in use are wrong, or may not "
+                               "access this object; " + CREDENTIALS_HINT),
     "PreconditionFailed": (ObjectChangedError, "the object changed while it was being read"),
     "SlowDown": (TransferError, "S3 answered {code} (HTTP {status}); it will be retried"),
     "ServiceUnavailable": (TransferError, "S3 answered {code} (HTTP {status}); it will be retried"),
@@ -158,13 +160,27 @@ _CODES: dict[str, tuple[type[WdsCloudError], str]] = {
 }
 
 
+_FIELD = re.compile(r"\{(code|status|bucket)(!r)?\}")
+
+
+def _fill(template: str, **values: object) -> str:
+    """``template`` with its ``{code}``, ``{status}`` and ``{bucket}`` (``!r``: quoted) filled in one pass;
+    every other brace is text (the credentials hint shows ``{'key': ...}``; ``str.format`` read that as a
+    field and raised ``KeyError`` on a wrong key)."""
+    def one(m: re.Match) -> str:
+        value = values[m.group(1)]
+        return repr(value) if m.group(2) else str(value)
+
+    return _FIELD.sub(one, template)
+
+
 def _from_code(code: str, status: Optional[int], url: str) -> Optional[BaseException]:
     """The wds_cloud error for an S3 error code (None: the code is not in the table)."""
     entry = _CODES.get(code)
     if entry is None:
         return None
     cls, what = entry
-    message = f"{redact(url)}: " + what.format(code=code, status=status, bucket=split(url)[0])
+    message = f"{redact(url)}: " + _fill(what, code=code, status=status, bucket=split(url)[0])
     if cls is TransferError:  # retried: a throttling code counts as the 503 it stands for
         return TransferError(message, url=url, status=status if status and status >= 500 else 503)
     return cls(message, url=url)
