@@ -116,8 +116,8 @@ def parse_yaml(data: Any, where: str = "<data>", what: str = "file", max_depth: 
     try:
         import yaml
     except ImportError:
-        raise MissingExtraError(f"{where}: reading a YAML {what} needs PyYAML: pip install 'wds_cloud[yaml]' "
-                                "(or write it as JSON)") from None
+        raise MissingExtraError(f"{where}: reading a YAML {what} needs PyYAML, a dependency of wds_cloud that is "
+                                "missing here: pip install pyyaml (or write it as JSON)") from None
     try:
         value = yaml.safe_load(text)
     except RecursionError:
