@@ -250,3 +250,10 @@ def test_stats_count_what_this_process_drew(shards):
     resumed.load_state_dict(ds.state_dict(strict=True))
     assert len(keys(resumed)) == 200 and resumed.stats["samples"] == 200
     assert len(keys(resumed)) == 300 and resumed.stats["samples"] == 500
+
+
+def test_a_shuffle_after_a_mix_names_the_fix_that_fits_a_mix(shards):
+    """The inexact state of a shuffle after a mix points at 'shuffle:' per source, as docs/specs.md does."""
+    ds = wds.from_spec(spec_for(shards)).shuffle(10)
+    why = ds.resume_blocker()
+    assert "shuffle: N" in why and "tarfile_to_samples" not in why
