@@ -32,7 +32,9 @@ print(len(list(wds_cloud.WebDataset(path, shardshuffle=False))))
 
 @pytest.mark.slow
 def test_the_built_wheel_installs_and_works_without_the_source_tree(tmp_path):
-    pytest.importorskip("setuptools")
+    setuptools = pytest.importorskip("setuptools")
+    if int(setuptools.__version__.split(".")[0]) < 77:  # built offline with this environment's setuptools
+        pytest.skip("building the wheel offline needs setuptools >= 77 here (torch's install brings it)")
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(wheels), ROOT], check=True, capture_output=True, timeout=300)
