@@ -367,3 +367,19 @@ def test_group_by_keys_runs_the_shard_readers_grouping_with_webdatasets_rules():
     assert [s["txt"] for s in group_by_keys([m("a", "k1.txt", b"1"), m("a", "k1.txt", b"2")],
                                             handler=lambda e: seen.append(e) or True)] == [b"1"]
     assert len(seen) == 1
+
+
+def test_url_to_cache_name_refuses_a_non_string_as_webdataset_does():
+    """webdataset asserts a string (AssertionError); ours is also a TypeError naming the type."""
+    with pytest.raises(AssertionError, match="not int"):
+        cache.url_to_cache_name(5)
+    with pytest.raises(TypeError):
+        cache.url_to_cache_name(None)
+
+
+def test_the_pickle_refusal_under_enforce_security_carries_webdatasets_sentence(monkeypatch):
+    import pickle
+
+    monkeypatch.setattr(utils, "enforce_security", True)
+    with pytest.raises(ValueError, match="Unpickling is not allowed for security reasons when enforce_security"):
+        autodecode.Decoder([])({"__key__": "k", "pyd": pickle.dumps(1)})

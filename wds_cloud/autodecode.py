@@ -52,7 +52,9 @@ _PICKLE_HOW = ("pass decode(..., allow_pickle=True) or set WDS_ALLOW_PICKLE=1, a
 
 def _refuse(what: str) -> SecurityError:
     if is_secure():
-        return SecurityError(f"refusing to decode {what}: WDS_SECURE=1 (or utils.enforce_security) forbids it")
+        # webdataset's own sentence leads, so code that matches it keeps working
+        return SecurityError("Unpickling is not allowed for security reasons when enforce_security is set: "
+                             f"refusing to decode {what}, as WDS_SECURE=1 (or utils.enforce_security) forbids it")
     return SecurityError(f"refusing to decode {what} by default; {_PICKLE_HOW}")
 
 

@@ -56,12 +56,18 @@ def pipe_cleaner(spec: str) -> str:
     return spec
 
 
+class NotAURLError(TypeError, AssertionError):
+    """A URL that is not a string: a ``TypeError``, and the ``AssertionError`` webdataset raises there."""
+
+
 def url_to_cache_name(url: str, ndir: int = 0) -> str:
     """A safe, collision-free, readable cache file name for ``url``.
 
     Readable part: scheme, bucket/host and path joined by ``__`` with unsafe
     characters replaced; a hash of the whole URL keeps distinct URLs apart.
     """
+    if not isinstance(url, str):
+        raise NotAURLError(f"url_to_cache_name needs a URL string, not {type(url).__name__}")
     url = pipe_cleaner(url)
     scheme, rest = split_scheme(url)
     # The readable part never holds a credential: no userinfo, no query (signatures, tokens, SAS);
