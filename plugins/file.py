@@ -14,7 +14,7 @@ import sys
 from typing import Iterator, Optional
 
 from wds_cloud.errors import ShardNotFoundError
-from wds_cloud.io import AtomicFile, Backend, InStream, ObjectInfo, OutStream, hookimpl, local_path
+from wds_cloud.io import AtomicFile, Backend, InStream, ObjectInfo, OutStream, hookimpl, local_path, local_version
 
 
 class _Unclosable(io.RawIOBase):
@@ -85,7 +85,7 @@ class FileBackend(Backend):
             st = os.stat(local_path(url))
         except FileNotFoundError as exc:
             raise ShardNotFoundError(f"{url}: no such file", url=url) from exc
-        return ObjectInfo(url, st.st_size, f"{st.st_mtime_ns:x}-{st.st_size:x}")
+        return ObjectInfo(url, st.st_size, local_version(st))
 
     def list(self, prefix: str) -> Iterator[str]:
         path = local_path(prefix)

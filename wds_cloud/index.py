@@ -16,14 +16,13 @@ from .errors import ConfigError, CorruptIndexError, ObjectChangedError, ShardNot
 from .io import datafile
 from .io.open import gopen
 from .io.security import resolve
-from .io.urls import is_local, local_path
+from .io.urls import is_local, local_path, local_version, same_location
 from .tar.index import (
     FORMAT,
     SampleEntry,
     ShardIndex,
     build_index,
     dali_text,
-    local_version,
     parse_dali,
     parse_wids,
     split_name,
@@ -31,6 +30,7 @@ from .tar.index import (
 )
 
 __all__ = ["ShardIndex", "SampleEntry", "build_index", "write_index", "read_index", "index_of", "check_fresh",
+           "read_range",
            "index_url", "dali_url",
            "dali_text", "parse_dali", "wids_description", "parse_wids", "split_name", "FORMAT"]
 
@@ -96,20 +96,13 @@ def read_index(url: str, storage_options: Optional[dict] = None, shard_url: Opti
             index = parse_dali(text, shard_url or candidate)
         built_for = index.url
         index.url = shard_url if shard_url is not None else resolve(index.url, candidate, field="url")
-        if not _same_object(built_for, index.url):
+        if not same_location(built_for, index.url):
             # built for a copy elsewhere (indexed on local disk, then uploaded): that copy's version says
             # nothing of this one's, so only the size is compared
             index.version = None
         return index
     raise ShardNotFoundError(f"{redact(url)}: no index found (looked for {', '.join(map(redact, candidates))}); "
                              "write one with `wds-cloud index URL`", url=url) from last
-
-
-def _same_object(a: str, b: str) -> bool:
-    """Whether two URLs name one object (local paths compared as absolute paths)."""
-    if is_local(a) and is_local(b):
-        return os.path.abspath(local_path(a)) == os.path.abspath(local_path(b))
-    return a == b
 
 
 def check_fresh(index: ShardIndex, url: str, stream: Any = None, stat: Optional[os.stat_result] = None) -> None:
@@ -125,8 +118,6 @@ def check_fresh(index: ShardIndex, url: str, stream: Any = None, stat: Optional[
             return  # opening it says what is wrong
         size: Optional[int] = st.st_size
         version: Optional[str] = local_version(st)
-        if index.version is not None and "-" not in index.version:
-            version = index.version  # an index of another kind of version: the size decides
     else:
         size = getattr(stream, "size", None)
         version = getattr(stream, "version", None)
@@ -137,6 +128,23 @@ def check_fresh(index: ShardIndex, url: str, stream: Any = None, stat: Optional[
             f"{redact(url)}: the shard changed since it was indexed (now {size} bytes, version {version!r:.80}; the "
             f"index says {index.size} bytes, version {index.version!r:.80}); index it again with `wds-cloud index "
             f"{redact(url)}`", url=url, expected=index.version, actual=version)
+
+
+def read_range(index: ShardIndex, url: str, start: int, end: int, **gopen_kw: Any) -> bytes:
+    """Bytes ``[start, end)`` of the shard ``index`` describes, one ranged read (``gopen_kw``: storage options,
+    retries, timeout, stats), after checking the shard is still the one indexed (:func:`check_fresh`); a
+    shard shorter than its index says is :class:`~wds_cloud.errors.ObjectChangedError`."""
+    local = is_local(url)
+    if local:
+        check_fresh(index, url)
+    with gopen(url, "rb", offset=start, length=end - start, **gopen_kw) as stream:
+        if not local:
+            check_fresh(index, url, stream)
+        data = stream.read()
+    if len(data) != end - start:
+        raise ObjectChangedError(f"{redact(url)}: bytes {start}-{end} asked for, {len(data)} received: the shard "
+                                 "is shorter than its index says; index it again", url=url, offset=start)
+    return data
 
 
 def index_of(shard_url: str, storage_options: Optional[dict] = None) -> ShardIndex:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from . import config
 from .errors import ConfigError, CorruptIndexError, ObjectChangedError, RandomAccessError, redact
-from .index import check_fresh, index_of
+from .index import check_fresh, index_of, read_range
 from .io import datafile
 from .io.open import gopen, rewrite_url
 from .io.security import resolve, resolve_base
@@ -251,10 +251,8 @@ class ShardListDataset(_Dataset):
                         held[1] = (st.st_mtime_ns, st.st_size)
                     data = os.pread(held[0], end - start, start)
         if shard in self._streamed:
-            with gopen(url, "rb", offset=start, length=end - start, storage_options=self.storage_options,
-                       retries=self.retries, timeout=self.timeout, stats=self._stats) as stream:
-                check_fresh(index, url, stream)
-                data = stream.read()
+            return read_range(index, url, start, end, storage_options=self.storage_options, retries=self.retries,
+                              timeout=self.timeout, stats=self._stats)
         if len(data) != end - start:
             raise ObjectChangedError(f"{redact(url)}: bytes {start}-{end} asked for, {len(data)} received: the shard "
                                      "is shorter than its index says; index it again", url=url, offset=start)

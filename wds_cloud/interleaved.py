@@ -348,12 +348,6 @@ def convert_mmc4(docs: list[str], images: str, dest: str, maxcount: int = 1000, 
     writer: Optional[TarWriter] = None
     output: Optional[HashingWriter] = None
 
-    def finish() -> None:
-        if writer is not None and output is not None:
-            writer.close()
-            output.close()  # published whole here
-            record.done(output.name, output)
-
     shard = -1
     keep = False
     lines: Iterable = (found for url in docs for found in _open_text(url))
@@ -363,7 +357,8 @@ def convert_mmc4(docs: list[str], images: str, dest: str, maxcount: int = 1000, 
     try:
         for number, (url, line_number, line) in enumerate(lines):
             if number // maxcount != shard:
-                finish()
+                if writer is not None and output is not None:
+                    record.finish(writer, output)  # published whole here
                 writer = output = None
                 shard = number // maxcount
                 keep = record.keep(dest % shard)  # finished by this same job before an interruption, unchanged
@@ -408,6 +403,7 @@ def convert_mmc4(docs: list[str], images: str, dest: str, maxcount: int = 1000, 
         if writer is not None:
             writer.abort()  # a partial shard never appears under its name
         raise
-    finish()
+    if writer is not None and output is not None:
+        record.finish(writer, output)
     counts["shards"] = shard + 1
     return counts

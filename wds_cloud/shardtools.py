@@ -18,9 +18,8 @@ import sys
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import IO, Any, Callable, Iterable, Iterator, Optional, Union, cast
 
-from .errors import (ConfigError, CorruptShardError, IntegrityError, ObjectChangedError, ShardNotFoundError,
-                     WdsCloudError, redact)
-from .index import build_index, check_fresh, index_of, read_index, wids_description, write_index
+from .errors import ConfigError, CorruptShardError, IntegrityError, ShardNotFoundError, WdsCloudError, redact
+from .index import build_index, index_of, read_index, read_range, wids_description, write_index
 from .io.integrity import Hashing
 from .io.open import exists, gopen
 from .io.urls import is_local
@@ -114,7 +113,7 @@ def _cat(args: argparse.Namespace) -> int:
         data = _whole_member_bytes(args.url, {f[3] for f in fields})
         blobs = [(f[3], data[f[3]]) for f in fields]
     else:
-        blobs = [(name, _ranged(index, args.url, offset, size)) for _, offset, size, name in fields]
+        blobs = [(name, read_range(index, args.url, offset, offset + size)) for _, offset, size, name in fields]
     if args.field is not None:
         out.write(blobs[0][1])
         return EXIT_OK
@@ -126,20 +125,6 @@ def _cat(args: argparse.Namespace) -> int:
             writer.write({"__key__": sample.key, name[len(sample.key) + 1:]: blob})
     out.write(buffer.getvalue())
     return EXIT_OK
-
-
-def _ranged(index: Any, url: str, offset: int, size: int) -> bytes:
-    """Bytes of the shard by its index, after checking the shard is still the one indexed."""
-    if is_local(url):
-        check_fresh(index, url)
-    with gopen(url, "rb", offset=offset, length=size) as stream:
-        if not is_local(url):
-            check_fresh(index, url, stream)
-        data = stream.read()
-    if len(data) != size:
-        raise ObjectChangedError(f"{redact(url)}: bytes {offset}-{offset + size} asked for, {len(data)} received: "
-                                 "the shard is shorter than its index says; index it again", url=url, offset=offset)
-    return data
 
 
 def _whole_member_bytes(url: str, names: set) -> dict:
@@ -321,18 +306,13 @@ def _reshard(args: argparse.Namespace) -> int:
     shard_no = -1
     dataset = WebDataset(urls, shardshuffle=False, empty_check=False)
 
-    def finish() -> None:
-        if current is not None and stream is not None:
-            current.close()
-            stream.close()  # published whole here
-            record.done(stream.name, stream)
-
     try:
         for sample in _progress(dataset, None, "reshard"):
             size = sum(len(v) for k, v in sample.items() if not k.startswith("__") and isinstance(v, (bytes, str)))
             number = plan.shard_for(size)
             if number != shard_no:
-                finish()
+                if current is not None and stream is not None:
+                    record.finish(current, stream)  # published whole here
                 current = stream = None
                 shard_no = number
                 target = args.dest % number
@@ -345,7 +325,9 @@ def _reshard(args: argparse.Namespace) -> int:
             samples += 1
             if current is not None:
                 current.write({k: v for k, v in sample.items() if k == "__key__" or not k.startswith("__")})
-        finish()
+        if current is not None and stream is not None:
+            record.finish(current, stream)
+            current = None
     except BaseException:
         if current is not None:
             current.abort()  # a partial shard never appears under its name

@@ -23,7 +23,7 @@ from .publishing import Publishing
 from .registry import Claim, Registrar, Registry, get_registry, split_scheme
 from .security import UntrustedURL, check_pipe, is_secure, untrusted
 from .uploads import FsspecUpload, SpooledPut
-from .urls import is_local, local_path
+from .urls import is_local, local_path, local_version
 
 __all__ = [
     # the plugin contract
@@ -34,5 +34,5 @@ __all__ = [
     "AtomicFile", "Publishing", "Pipe", "check_pipe", "is_secure", "untrusted", "UntrustedURL",
     # opening and URL facts
     "gopen", "open_backend", "rewrite_url", "Registry", "Claim", "get_registry", "split_scheme", "is_local",
-    "local_path",
+    "local_path", "local_version",
 ]

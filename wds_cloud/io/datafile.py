@@ -21,15 +21,14 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import math
 import re
 import reprlib
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from .. import config
 from ..errors import MalformedDataError, MissingExtraError, redact
 
-__all__ = ["read_bytes", "load", "parse_json", "parse_yaml", "shown", "need", "is_count", "is_number",
+__all__ = ["read_bytes", "load", "parse_json", "parse_yaml", "shown", "need", "is_count",
            "check_shape", "MAX_DEPTH", "MAX_NODES"]
 
 #: nesting deeper than this is refused in every structured file (ours nest 4 or 5 deep)
@@ -55,15 +54,13 @@ def shown(value: Any, limit: int = SHOWN) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def read_bytes(url: str, what: str, storage_options: Optional[dict] = None, max_size: Optional[int] = None,
-               opener: Optional[Callable[..., Any]] = None) -> bytes:
+def read_bytes(url: str, what: str, storage_options: Optional[dict] = None, max_size: Optional[int] = None) -> bytes:
     """The bytes of ``url`` (decompressed when it ends in ``.gz``), refused past ``max_size`` (default
     ``WDS_MAX_DATA_FILE_SIZE``) before more is read."""
     from .open import gopen
 
     limit = max_size if max_size is not None else config.current().max_data_file_size
-    open_ = opener or gopen
-    with open_(url, "rb", storage_options=storage_options) as stream:
+    with gopen(url, "rb", storage_options=storage_options) as stream:
         data = stream.read(limit + 1)
     if url.endswith(".gz"):
         try:
@@ -163,17 +160,14 @@ def load(url: str, what: str, storage_options: Optional[dict] = None, fmt: Optio
     return parse_json(data, where, what, max_depth)
 
 
-def need(ok: bool, where: str, field: str, problem: str, fix: str = "write it again") -> None:
-    """Raise :class:`MalformedDataError` ``"{where}: {field} {problem}; {fix}"`` unless ``ok``."""
+def need(ok: bool, where: str, field: str, problem: str, fix: str = "write it again",
+         error: type[MalformedDataError] = MalformedDataError) -> None:
+    """Raise ``error`` ``"{where}: {field} {problem}; {fix}"`` unless ``ok``."""
     if not ok:
-        raise MalformedDataError(f"{where}: {field} {problem}; {fix}", field=field)
+        raise error(f"{where}: {field} {problem}; {fix}", field=field)
 
 
 def is_count(value: Any, most: Optional[int] = None) -> bool:
     """A whole number (not a bool) from 0 to ``most``."""
     return type(value) is int and value >= 0 and (most is None or value <= most)
 
-
-def is_number(value: Any) -> bool:
-    """A finite int or float (not a bool)."""
-    return type(value) in (int, float) and math.isfinite(value)

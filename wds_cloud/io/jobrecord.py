@@ -28,7 +28,8 @@ from typing import Any
 from ..errors import ConfigError, ShardNotFoundError, redact
 from . import datafile
 from .open import exists, gopen
-from .urls import is_local, local_path
+from .integrity import Hashing
+from .urls import is_local, local_path, same_location
 
 __all__ = ["JobRecord", "record_url", "HashingWriter", "FORMAT"]
 
@@ -41,17 +42,11 @@ def record_url(destination: str) -> str:
     return _FIELD.sub("N", destination, count=1) + ".wds-job.json"
 
 
-def _same_place(a: str, b: str) -> bool:
-    if is_local(a) and is_local(b):
-        return os.path.realpath(local_path(a)) == os.path.realpath(local_path(b))
-    return a == b
-
-
 def _matches(pattern: str, url: str) -> bool:
     """Whether ``url`` is one of the names of the ``%d`` ``pattern``."""
     m = _FIELD.search(pattern)
     if m is None:
-        return _same_place(pattern, url)
+        return same_location(pattern, url)
     if is_local(pattern) and is_local(url):
         pattern_dir, url_dir = os.path.dirname(local_path(pattern)), os.path.dirname(local_path(url))
         if os.path.realpath(pattern_dir or ".") != os.path.realpath(url_dir or "."):
@@ -63,15 +58,12 @@ def _matches(pattern: str, url: str) -> bool:
 
 
 def _checksum(url: str) -> tuple[int, str]:
-    digest, size = hashlib.sha256(), 0
+    """``(size, SHA-256)`` of the object at ``url``, read once."""
+    digest = hashlib.sha256()
     with gopen(url, "rb") as stream:
-        while True:
-            chunk = stream.read(1 << 20)
-            if not chunk:
-                break
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
+        counted = Hashing(stream, digest)
+        counted.drain()
+    return counted.count, digest.hexdigest()
 
 
 class HashingWriter:
@@ -119,7 +111,7 @@ class JobRecord:
         self.settings = dict(settings)
         self.outputs: dict[str, dict] = {}
         for url in inputs:
-            if _matches(destination, url) or _same_place(self.url, url):
+            if _matches(destination, url) or same_location(self.url, url):
                 raise ConfigError(f"{redact(url)} is both an input and an output name of this {tool} ("
                                   f"{redact(destination)}): it would be overwritten while it is read; write the "
                                   "output somewhere else")
@@ -159,7 +151,7 @@ class JobRecord:
                 raise self._stranger(path)
 
     def _listed(self, url: str) -> bool:
-        return any(_same_place(url, name) for name in self.outputs)
+        return any(same_location(url, name) for name in self.outputs)
 
     def _stranger(self, url: str) -> ConfigError:
         return ConfigError(f"{redact(url)} is at an output name of this {self.tool}, but no record of this job says it "
@@ -184,14 +176,17 @@ class JobRecord:
         return size == entry["size"] and digest == entry["sha256"]
 
     def open(self, output: str) -> HashingWriter:
-        """A write stream for ``output`` (published whole when closed) whose checksum :meth:`done` records."""
+        """A write stream for ``output`` (published whole when closed) whose checksum :meth:`finish` records."""
         if is_local(output) and os.path.islink(local_path(output)):
             raise self._stranger(output)
         return HashingWriter(gopen(output, "wb"), output)
 
-    def done(self, output: str, stream: HashingWriter) -> None:
-        """Record ``output`` as finished (after its stream was closed) and save the record."""
-        self.outputs[output] = {"size": stream.count, "sha256": stream.sha256.hexdigest()}
+    def finish(self, writer: Any, stream: HashingWriter) -> None:
+        """Close ``writer`` (a TarWriter over ``stream``, from :meth:`open`) and ``stream``, which publishes the
+        output whole, then record it as finished and save the record."""
+        writer.close()
+        stream.close()
+        self.outputs[stream.name] = {"size": stream.count, "sha256": stream.sha256.hexdigest()}
         self.save()
 
     def written(self, output: str) -> None:

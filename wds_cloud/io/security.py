@@ -103,6 +103,11 @@ def _climbs(url: str, origin: str, base: str, field: str, fix: str) -> SecurityE
                          f"resolved in (through '..', an absolute path or a link); {fix}", url=url)
 
 
+def _absolute(url: str) -> bool:
+    """Whether ``url`` stands on its own (a scheme, or an absolute path) rather than naming something in a folder."""
+    return split_scheme(url)[0] is not None or url.startswith("/") or url.startswith("\\")
+
+
 def _dir_of(url: str) -> str:
     return url.rsplit("/", 1)[0] + "/" if "/" in url else ""
 
@@ -122,7 +127,7 @@ def resolve(url: Any, origin: str, *, base: Optional[str] = None, field: str = "
     url = check_url_text(url, where, field)
     remote_origin = bool(origin) and not is_local(origin)
     scheme, _ = split_scheme(url)
-    if scheme is not None or url.startswith("/") or url.startswith("\\"):
+    if _absolute(url):
         if (scheme in (None, "file")) and remote_origin and not settings.allow_untrusted_local:
             raise _refuse_local(url, origin, field)
         return untrusted(url)
@@ -179,8 +184,7 @@ def confined(folder: str, name: Any, where: str, field: str) -> str:
     an absolute path, a scheme, ``..``, or a link out of a local folder.  Used where a name from data picks a
     file to read, such as the MMC4 converter's ``image_name``."""
     name = check_url_text(name, where, field)
-    scheme, _ = split_scheme(name)
-    if scheme is not None or name.startswith("/") or name.startswith("\\"):
+    if _absolute(name):
         raise SecurityError(f"{where}: {field} {redact(name)!r} is not a name inside {redact(folder)!r} (it is an "
                             "absolute path or URL); files are read only from the folder you gave", url=name)
     settings = config.current().replace(allow_untrusted_local=False)

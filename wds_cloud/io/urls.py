@@ -11,7 +11,8 @@ import os
 import re
 from typing import Optional
 
-__all__ = ["split_scheme", "is_local", "local_path", "pipe_cleaner", "url_to_cache_name"]
+__all__ = ["split_scheme", "is_local", "local_path", "same_location", "local_version", "pipe_cleaner",
+           "url_to_cache_name"]
 
 _URLISH = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://\S+$")
 
@@ -43,6 +44,19 @@ def local_path(url: str) -> str:
     if url.startswith("file:"):
         return url[5:]
     return url
+
+
+def same_location(a: str, b: str) -> bool:
+    """Whether two URLs name one object: local ones compared as real paths (links and ``file:`` resolved)."""
+    if is_local(a) and is_local(b):
+        return os.path.realpath(local_path(a)) == os.path.realpath(local_path(b))
+    return a == b
+
+
+def local_version(st: os.stat_result) -> str:
+    """What stands for a local file's version (its modification time and size), from its ``stat``: the file
+    backend's ``stat`` and the indexes of local shards say the same."""
+    return f"{st.st_mtime_ns:x}-{st.st_size:x}"
 
 
 def pipe_cleaner(spec: str) -> str:

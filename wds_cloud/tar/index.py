@@ -28,7 +28,7 @@ from ..io.datafile import is_count, need
 from ..io.datafile import shown as shown_value
 from ..io.integrity import Hashing
 from ..io.open import gopen
-from ..io.urls import is_local, local_path
+from ..io.urls import is_local, local_path, local_version
 from .reader import COMPRESSIONS, ZERO_BLOCK, TarMembers, detect_compression, plain_member
 from .samples import SKIP_META, member_filter
 
@@ -58,11 +58,6 @@ def _acyclic() -> Iterator[None]:
     finally:
         if paused:
             gc.enable()
-
-
-def local_version(st: os.stat_result) -> str:
-    """What stands for a local file's version: its modification time and size (as the file backend's ``stat``)."""
-    return f"{st.st_mtime_ns:x}-{st.st_size:x}"
 
 
 def split_name(name: str) -> tuple[str, str]:
@@ -151,9 +146,7 @@ class ShardIndex:
 
 
 def _need(ok: bool, shown: str, field: str, problem: str) -> None:
-    if not ok:
-        raise CorruptIndexError(f"{shown}: {field} {problem}; write the index again with `wds-cloud index`",
-                                field=field)
+    need(ok, shown, field, problem, "write the index again with `wds-cloud index`", CorruptIndexError)
 
 
 def _samples_from_json(rows: list, shown: str, size: Optional[int]) -> list[SampleEntry]:

@@ -194,16 +194,15 @@ class _Expansion:
     user code never sees.  (webdataset yields nothing after such a shard; code of one's own that groups
     members, such as open_clip's, sees member dicts only.)"""
 
-    __slots__ = ("_items", "boundaries", "yielded")
+    __slots__ = ("_items", "boundaries")
 
     def __init__(self) -> None:
         self._items: Iterator[dict] = iter(())
-        #: (member dicts yielded before the boundary, whether the shard ended in an error), oldest first
+        #: (items yielded before the boundary, whether the shard ended in an error), oldest first
         self.boundaries: collections.deque = collections.deque()
-        self.yielded = 0
 
-    def __iter__(self) -> "_Expansion":
-        return self
+    def __iter__(self) -> Iterator[dict]:
+        return self._items  # a for loop runs the generator itself: nothing added per member
 
     def __next__(self) -> dict:
         return next(self._items)
@@ -223,6 +222,7 @@ def _expand(expansion: _Expansion, data: Iterable[dict], handler: Callable, sele
             rename_files: Optional[Callable], eof_value: Optional[dict]) -> Iterator[dict]:
     barren = Barren()
     members = 0
+    yielded = 0  # items yielded, eof_value included: where the boundaries lie
     boundaries = expansion.boundaries
     for source in data:
         url = source["url"]
@@ -240,20 +240,20 @@ def _expand(expansion: _Expansion, data: Iterable[dict], handler: Callable, sele
                 if "local_path" in source:
                     sample["__local_path__"] = source["local_path"]
                 members += 1
-                expansion.yielded += 1
+                yielded += 1
                 yield sample
         except _Stop:
-            boundaries.append((expansion.yielded, True))
+            boundaries.append((yielded, True))
             return
         finally:
             close_quietly(stream)
         if failed:  # the shard ended in an error the handler let pass: its partial sample is dropped
             barren.failed(failed[-1])
-            boundaries.append((expansion.yielded, True))
+            boundaries.append((yielded, True))
         else:
-            boundaries.append((expansion.yielded, False))
+            boundaries.append((yielded, False))
             if eof_value is not None:
-                expansion.yielded += 1
+                yielded += 1
                 yield eof_value
 
 
@@ -271,8 +271,8 @@ def group_by_keys(data: Iterable[dict], keys: Callable = base_plus_ext, lcase: b
     """Group adjacent ``{"fname", "data"}`` members into samples; an empty dict ends a shard.
 
     The grouping is :func:`shard_samples`' own loop, run over each shard's members in turn; a
-    repeated field goes to ``handler`` (True: skip the member) and a shard that ended in an error
-    (``tar_file_expander``'s marker) drops the sample it cut short.
+    repeated field goes to ``handler`` (True: skip the member) and a shard that ended in an error (as
+    ``tar_file_expander`` tells it, through a channel the items do not carry) drops the sample it cut short.
     """
     expansion = data if isinstance(data, _Expansion) else None  # our expander: it says where shards end
     counted = _Counted(iter(data), expansion)
@@ -295,25 +295,23 @@ class _Counted:
     """The items of ``group_by_keys``' input, counted, with the shard boundaries :class:`_Expansion` reported:
     ``ended`` says, after an item was taken, that a shard ended just before it (and whether in an error)."""
 
-    __slots__ = ("_items", "_expansion", "_taken", "ended")
+    __slots__ = ("_items", "_boundaries", "_taken", "ended")
 
     def __init__(self, items: Iterator[Any], expansion: Optional[_Expansion]) -> None:
         self._items = items
-        self._expansion = expansion
+        self._boundaries: collections.deque = expansion.boundaries if expansion is not None else collections.deque()
         self._taken = 0
         self.ended: Optional[bool] = None  # None: no boundary before the item just taken; else: aborted?
 
     def next(self) -> Any:
-        before = self._taken
         item = next(self._items, _EXHAUSTED)
+        before = self._taken
         self.ended = None
-        expansion = self._expansion
-        if expansion is not None:
-            boundaries = expansion.boundaries
-            while boundaries and boundaries[0][0] <= before:
-                self.ended = bool(boundaries.popleft()[1]) or bool(self.ended)
+        boundaries = self._boundaries
+        while boundaries and boundaries[0][0] <= before:
+            self.ended = boundaries.popleft()[1] or bool(self.ended)
         if item is not _EXHAUSTED:
-            self._taken += 1
+            self._taken = before + 1
         return item
 
 
