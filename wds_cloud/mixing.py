@@ -110,6 +110,10 @@ class MixSource(PipelineStage):
         self._live: Optional[_Pass] = None
         self._resume: Optional[dict] = None
 
+    #: what a sample shuffle after the mix should be instead (said when its state cannot be exact)
+    shuffle_after_fix = ("shuffle inside each source instead: give each source of the spec 'shuffle: N' (see "
+                         "docs/specs.md), rather than a sample shuffle after the mix")
+
     # the SampleSource role: nothing to wire (a shuffle after the mix is fed by several readers)
     def feeding_source(self) -> None:
         return None

@@ -36,12 +36,6 @@ from .stages import PipelineStage
 __all__ = ["DataPipeline", "add_length_method"]
 
 
-def _is_mix(stage: Any) -> bool:
-    from .mixing import MixSource  # here: mixing's stages build on this module's neighbours
-
-    return isinstance(stage, MixSource)
-
-
 def _refused(items: Iterator, problem: StateMismatchError) -> Iterator:
     """A pass resumed from a state whose checksum did not match: the stages make their first item (their own
     checks of the state raise, naming the field), then ``problem`` is raised; nothing is yielded."""
@@ -236,11 +230,10 @@ class DataPipeline(IterableDataset, PipelineStage):
                     feeder = f"it takes its items from another shuffle (stage {i - 1})"
                 else:
                     feeder = f"it takes its items from stage {i - 1} ({stage_name(self.pipeline[i - 1])})"
-                if i > 0 and _is_mix(self.pipeline[i - 1]):  # the fix that fits a mix: a shuffle per source
-                    return (f"stage {i} ({stage_name(stage)}) takes its items from a mix of sources, so the items "
-                            "in its buffer could not be fetched again on resume. To make the pipeline resumable, "
-                            "shuffle inside each source instead: give each source of the spec 'shuffle: N' (see "
-                            "docs/specs.md), rather than a sample shuffle after the mix")
+                fix = getattr(self.pipeline[i - 1], "shuffle_after_fix", None) if i > 0 else None
+                if fix:  # the stage before knows the fix that fits it (a mix: a shuffle per source)
+                    return (f"stage {i} ({stage_name(stage)}): {feeder}, so the items in its buffer could not be "
+                            f"fetched again on resume. To make the pipeline resumable, {fix}")
                 return f"stage {i} {stage.resume_blocker(feeder)}"
             if isinstance(stage, DataPipeline):
                 inner = stage.resume_blocker()

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Iterator, Optional
 from .. import config
 from ..errors import StateMismatchError
 from ..io.datafile import shown
+from ..tar.reader import MAX_SHARD_BLOCKS
 from ..stages import PipelineStage
 from ..utils import make_seed
 from .rng import CountedRandom
@@ -261,7 +262,7 @@ class Shuffle(PipelineStage):
             for entry in state["buffer"]:
                 if not (isinstance(entry, (list, tuple)) and len(entry) == 3
                         and all(type(v) is int and v >= 0 for v in entry) and entry[0] in refs
-                        and 0 < entry[2] <= most_blocks and entry[1] < _MOST_BLOCK):
+                        and 0 < entry[2] <= most_blocks and entry[1] < MAX_SHARD_BLOCKS):
                     raise StateMismatchError(f"the saved shuffle state's 'buffer' holds {shown(entry)}, which no "
                                              "state_dict() gives: the state was changed", field="buffer")
         self._resume = None if state.get("fresh") else state
@@ -300,10 +301,6 @@ class Shuffle(PipelineStage):
             url, compressed = urls[ref]
             out.append((url, first * block, (first + blocks) * block, bool(compressed), ref))
         return out
-
-
-#: where a buffered sample may begin, in 512-byte blocks (a shard is no larger than 2**50 bytes, a petabyte)
-_MOST_BLOCK = 1 << 41
 
 
 def _most_blocks() -> int:

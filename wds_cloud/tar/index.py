@@ -29,7 +29,7 @@ from ..io.datafile import shown as shown_value
 from ..io.integrity import Hashing
 from ..io.open import gopen
 from ..io.urls import is_local, local_path, local_version
-from .reader import COMPRESSIONS, ZERO_BLOCK, TarMembers, detect_compression, plain_member
+from .reader import COMPRESSIONS, MAX_SHARD_BLOCKS, ZERO_BLOCK, TarMembers, detect_compression, plain_member
 from .samples import SKIP_META, member_filter
 
 __all__ = ["ShardIndex", "SampleEntry", "build_index", "index_stream", "group_members", "FORMAT", "dali_text", "parse_dali",
@@ -38,8 +38,8 @@ __all__ = ["ShardIndex", "SampleEntry", "build_index", "index_stream", "group_me
 FORMAT = "wds_cloud.index"
 VERSION = 1
 DALI_VERSION = "v1.2"
-#: the most samples a description may claim for one shard: a petabyte of 512-byte tar blocks
-MOST_SAMPLES = 1 << 41
+#: the most samples a description may claim for one shard: each takes at least one block
+MOST_SAMPLES = MAX_SHARD_BLOCKS
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from typing import IO, Any, Callable, Iterator, Optional, Protocol, cast
 from ..errors import CorruptShardError, MissingExtraError, redact
 from ..io.backend import WrappedStream
 
-__all__ = ["TarMembers", "open_decompressed", "detect_compression", "sample_too_large", "CHUNK", "MAX_META_SIZE"]
+__all__ = ["MAX_SHARD_BLOCKS", "TarMembers", "open_decompressed", "detect_compression", "sample_too_large", "CHUNK", "MAX_META_SIZE"]
 
 CHUNK = 1 << 20
 FIRST_READ = 64 << 10
@@ -49,6 +49,10 @@ _MAGICS = (
     (b"\xfd7zXZ\x00", "xz"),
     (b"\x28\xb5\x2f\xfd", "zstd"),
 )
+
+#: the most 512-byte tar blocks a shard is believed to hold (a petabyte): what a description, index or state
+#: read from data may claim about one shard (a count of samples, where a sample begins)
+MAX_SHARD_BLOCKS = 1 << 41
 
 #: the compressions a shard may have (what :func:`detect_compression` names)
 COMPRESSIONS = tuple(name for _, name in _MAGICS)
