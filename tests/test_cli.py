@@ -28,7 +28,7 @@ def test_help_and_version():
 def test_no_command_prints_help(capsys):
     """Without a command the usage is printed and the exit status is 2."""
     assert main([]) == 2
-    assert "usage" in capsys.readouterr().out
+    assert "usage" in capsys.readouterr().err
 
 
 def test_demo_runs_and_cleans_up(tmp_path, capsys, monkeypatch):

@@ -394,7 +394,7 @@ def test_malformed_sidecars_give_our_errors_and_no_tracebacks(tmp_path, content)
     with pytest.raises(MalformedDataError):
         wds_index.read_index(path)
     run = cli("cat", path, "--key", "000")
-    assert run.returncode == 1 and "Traceback" not in run.stderr and "wds-cloud: error" in run.stderr
+    assert run.returncode == 1 and "Traceback" not in run.stderr and "wds-cloud cat: error" in run.stderr
 
 
 # the tools own their outputs

@@ -52,8 +52,12 @@ def test_plugins_take_precedence_over_the_fallback():
 
 
 def test_backends_lists_fallback_protocols(capsys):
-    """`wds-cloud backends` shows fsspec's protocols as 'fsspec (fallback)', with fsspec's install hint."""
+    """`wds-cloud backends --all` adds fsspec's protocols as 'fsspec (fallback)', with fsspec's install hint;
+    without --all only our plugins and installed ones are listed."""
     assert main(["backends"]) == 0
+    plain = capsys.readouterr().out
+    assert "s3:" in plain and "memory:" not in plain and "--all" in plain
+    assert main(["backends", "--all"]) == 0
     out = capsys.readouterr().out
     memory = next(line for line in out.splitlines() if line.startswith("memory:"))
     assert "fsspec (fallback)" in memory and "ready" in memory

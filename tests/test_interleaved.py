@@ -183,4 +183,4 @@ def test_convert_mmc4_command(mmc4):
     assert json.loads(run.stdout)["shards"] == 2
     bad = subprocess.run([sys.executable, "-m", "wds_cloud", "convert", "mmc4", jsonl, "--images", images, "--dest",
                           str(root / "nopattern.tar")], capture_output=True, text=True)
-    assert bad.returncode == 1 and "%d-style field" in bad.stderr
+    assert bad.returncode == 2 and "%d-style field" in bad.stderr

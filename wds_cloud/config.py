@@ -70,6 +70,7 @@ ENV_VARS = (
     "WDS_RETRIES",
     "WDS_RETRY_TIMEOUT",
     "WDS_RETRY_BACKOFF",
+    "WDS_PROGRESS_INTERVAL",
 ) + AWS_S3_VARS
 
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
@@ -252,6 +253,8 @@ class Settings:
     max_data_file_size: int = 64 << 20
     #: shell commands and local paths named by a remote file (a spec, description or index) are used
     allow_untrusted_local: bool = False
+    #: seconds between the CLI's progress lines when stderr is not a terminal (a job log); 0: after every item
+    progress_interval: float = 5.0
     #: the :data:`AWS_S3_VARS` that are set, as (name, value) pairs
     aws_s3: tuple[tuple[str, str], ...] = ()
 
@@ -299,6 +302,7 @@ class Settings:
             max_data_file_size=parse_positive_size("WDS_MAX_DATA_FILE_SIZE", get("WDS_MAX_DATA_FILE_SIZE"),
                                                    64 << 20),
             allow_untrusted_local=parse_bool("WDS_ALLOW_UNTRUSTED_LOCAL", get("WDS_ALLOW_UNTRUSTED_LOCAL")),
+            progress_interval=_parse_float("WDS_PROGRESS_INTERVAL", get("WDS_PROGRESS_INTERVAL"), 5.0),
             aws_s3=tuple((name, value) for name in AWS_S3_VARS if (value := get(name) or "")),
         )
 

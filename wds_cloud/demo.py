@@ -153,10 +153,15 @@ def run_demo(url: Optional[str] = None, samples: int = 2000, workers: int = 2, s
 
 
 def _main(args: argparse.Namespace) -> int:
+    from .console import UsageError, emit
+
     if args.samples < 1 or args.shards < 1 or args.workers < 0:
-        print("wds-cloud demo: --samples and --shards must be at least 1, --workers at least 0", file=sys.stderr)
-        return 2
-    run_demo(args.url, args.samples, args.workers, args.shards, keep=args.keep)
+        raise UsageError("--samples and --shards must be at least 1, --workers at least 0")
+    # with --json the narrative goes to stderr and stdout carries only the figures
+    figures = run_demo(args.url, args.samples, args.workers, args.shards, keep=args.keep,
+                       out=sys.stderr if args.json else None)
+    if args.json:
+        emit(args, figures, str)
     return 0
 
 
@@ -174,6 +179,8 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--shards", type=int, default=4, help="number of shards (default: 4)")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (default: 2)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary dataset and print where it is")
+    parser.add_argument("--json", action="store_true",
+                        help="print the figures (samples, seconds, rate) as JSON on stdout; the rest goes to stderr")
     parser.set_defaults(func=_main)
 
 

@@ -16,9 +16,10 @@ import multiprocessing
 import os
 import sys
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import IO, Any, Callable, Iterable, Iterator, Optional, Union, cast
+from typing import IO, Any, Optional, Union, cast
 
-from .errors import ConfigError, CorruptShardError, IntegrityError, ShardNotFoundError, WdsCloudError, redact
+from .errors import CorruptShardError, IntegrityError, ShardNotFoundError, WdsCloudError, redact
+from .console import EXIT_CODES, EXIT_OK, EXIT_PROBLEM, UsageError, emit, progress
 from .index import build_index, index_of, read_index, read_range, wids_description, write_index
 from .io.integrity import Hashing
 from .io.open import exists, gopen
@@ -30,25 +31,7 @@ from .tar.index import index_stream
 
 __all__ = ["add_parsers"]
 
-EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
-EXIT_CODES = "exit codes: 0 done (every shard passed), 1 a shard could not be read or failed a check, 2 bad arguments"
-
-
-def _progress(items: Iterable, total: Optional[int], what: str) -> Iterator:
-    """``items`` with a progress bar on stderr when it is a terminal (tqdm), else as they are."""
-    from tqdm import tqdm
-
-    return iter(tqdm(items, total=total, desc=what, unit="shard", file=sys.stderr, disable=not sys.stderr.isatty(),
-                     leave=False))
-
-
-def _emit(args: argparse.Namespace, data: Any, text: Callable[[Any], str]) -> None:
-    if args.json:
-        print(json.dumps(data, indent=1))
-    else:
-        out = text(data)
-        if out:
-            print(out)
+_progress, _emit = progress, emit
 
 
 def _jobs(args: argparse.Namespace, urls: list[str]) -> int:
@@ -57,7 +40,7 @@ def _jobs(args: argparse.Namespace, urls: list[str]) -> int:
     shards over one process per core instead)."""
     if args.jobs is not None:
         if args.jobs < 1:
-            raise ConfigError("--jobs must be at least 1")
+            raise UsageError("--jobs must be at least 1")
         return args.jobs
     return 1 if all(is_local(u) for u in urls) else 8
 
@@ -66,8 +49,10 @@ def _urls(spec: list[str]) -> list[str]:
     urls: list[str] = []
     for item in spec:
         urls.extend(expand_urls(item))
+    if any(not url.strip() for url in urls):
+        raise UsageError(f"an empty shard name in {' '.join(map(repr, spec))}: give URLs, paths or brace specs")
     if not urls:
-        raise ConfigError("no shards named: give URLs, paths or brace specs such as 'shard-{0000..0009}.tar'")
+        raise UsageError("no shards named: give URLs, paths or brace specs such as 'shard-{0000..0009}.tar'")
     return urls
 
 
@@ -88,10 +73,14 @@ def _ls(args: argparse.Namespace) -> int:
 
 # cat
 def _cat(args: argparse.Namespace) -> int:
+    if args.json:
+        raise UsageError("cat writes bytes (a shard, a sample as a tar, or one field), not JSON: for a shard's "
+                         "members and samples as JSON use `wds-cloud ls --json URL` or `wds-cloud ls --samples --json "
+                         "URL`")
     out = sys.stdout.buffer
     if args.key is None:
         if args.field is not None:
-            raise ConfigError("--field needs --key: name the sample whose field to print")
+            raise UsageError("--field needs --key: name the sample whose field to print")
         with gopen(args.url, "rb") as stream:
             while True:
                 chunk = stream.read(1 << 20)
@@ -194,9 +183,9 @@ def _index_one(url: str, output: Optional[str], fmt: Optional[str]) -> dict:
 def _index(args: argparse.Namespace) -> int:
     urls = _urls(args.spec)
     if args.format == "wids" and not args.output:
-        raise ConfigError("--format wids writes one dataset description: give its URL or path with --output")
+        raise UsageError("--format wids writes one dataset description: give its URL or path with --output")
     if args.output and args.format != "wids" and len(urls) > 1:
-        raise ConfigError("--output names one index file: with several shards, leave it out (each index is "
+        raise UsageError("--output names one index file: with several shards, leave it out (each index is "
                           "written beside its shard)")
 
     record = None
@@ -246,7 +235,10 @@ def _verify_one(url: str, manifest: Optional[Manifest]) -> dict:
                 row["problems"].append(f"sample {s.key!r} has a field twice")
         row.update(size=tee.count, samples=len(samples), sha256=sha.hexdigest(), md5=md5.hexdigest())
         if manifest is not None:
-            entry = manifest.entry(url)
+            entry = manifest.find(url)
+            if entry is None and not manifest.allow_missing:
+                row["problems"].append("not in the manifest (write it again with --write-manifest, or pass "
+                                       "--allow-missing to check only the shards it lists)")
             for field in ("size", "samples", "sha256", "md5"):
                 if entry is not None and field in entry and entry[field] != row[field]:
                     row["problems"].append(f"{field} {row[field]!r}, the manifest says {entry[field]!r}")
@@ -261,11 +253,9 @@ def _verify(args: argparse.Namespace) -> int:
     manifest = load_manifest(args.manifest, allow_missing=args.allow_missing) if args.manifest else None
     with ThreadPoolExecutor(max_workers=_jobs(args, urls)) as pool:
         rows = list(_progress(pool.map(lambda u: _verify_one(u, manifest), urls), len(urls), "verify"))
-    if manifest is not None and not args.allow_missing:
-        listed = set(manifest.shards) - set(urls)
-        for url in sorted(listed):
-            rows.append({"url": url, "ok": False, "problems": ["listed in the manifest but not among the shards "
-                                                               "given (missing, or not named on the command line)"]})
+    # the shards given are checked: a manifest's other entries (a subset verified) are not failures
+    given = {manifest.name_of(u) for u in urls} if manifest is not None else set()
+    not_given = len(manifest.shards.keys() - given) if manifest is not None else 0
     if args.write_manifest:
         bad = [r for r in rows if not r["ok"]]
         if bad:
@@ -277,9 +267,13 @@ def _verify(args: argparse.Namespace) -> int:
             out.shards[r["url"]] = {k: r[k] for k in ("size", "samples", "sha256", "md5")}
         out.write(args.write_manifest)
     ok = all(r["ok"] for r in rows)
-    _emit(args, {"ok": ok, "shards": [dict(r, url=redact(r["url"])) for r in rows]}, lambda d: "\n".join(
+    result = {"ok": ok, "shards": [dict(r, url=redact(r["url"])) for r in rows]}
+    if manifest is not None:
+        result["manifest_entries_not_given"] = not_given
+    _emit(args, result, lambda d: "\n".join(
         [f"{'ok  ' if r['ok'] else 'FAIL'} {r['url']}" + ("" if r["ok"] else ": " + "; ".join(r["problems"]))
          for r in d["shards"]] + [f"{sum(r['ok'] for r in d['shards'])} of {len(d['shards'])} shards passed"
+                                  + (f" ({not_given} more in the manifest, not given)" if not_given else "")
                                   + (f"; wrote {redact(args.write_manifest)}" if args.write_manifest else "")]))
     return EXIT_OK if ok else EXIT_PROBLEM
 
@@ -291,12 +285,12 @@ def _reshard(args: argparse.Namespace) -> int:
 
     urls = _urls(args.source)
     if "%" not in args.dest:
-        raise ConfigError(f"the destination {args.dest!r} needs a %d-style field for the shard number, such as "
+        raise UsageError(f"the destination {args.dest!r} needs a %d-style field for the shard number, such as "
                           "'out/train-%06d.tar'")
     choices: dict[str, Union[bool, str, None]] = {"none": False, "gz": "gz", "keep": None}
     compress = choices[args.compress]
     if args.maxcount < 1 or not args.maxsize > 0:
-        raise ConfigError("--maxcount must be at least 1 and --maxsize more than 0")
+        raise UsageError("--maxcount must be at least 1 and --maxsize more than 0")
     record = JobRecord(args.dest, "reshard", urls, {"maxcount": args.maxcount, "maxsize": args.maxsize,
                                                     "compress": args.compress})
     written = skipped = samples = 0
@@ -307,7 +301,7 @@ def _reshard(args: argparse.Namespace) -> int:
     dataset = WebDataset(urls, shardshuffle=False, empty_check=False)
 
     try:
-        for sample in _progress(dataset, None, "reshard"):
+        for sample in _progress(dataset, None, "reshard", unit="samples"):
             size = sum(len(v) for k, v in sample.items() if not k.startswith("__") and isinstance(v, (bytes, str)))
             number = plan.shard_for(size)
             if number != shard_no:
@@ -342,9 +336,12 @@ def _convert_mmc4(args: argparse.Namespace) -> int:
     from .interleaved import convert_mmc4
 
     if args.maxcount < 1:
-        raise ConfigError("--maxcount must be at least 1")
+        raise UsageError("--maxcount must be at least 1")
+    if "%" not in args.dest:
+        raise UsageError(f"--dest {args.dest!r} needs a %d-style field for the shard number, such as "
+                         "'out/mmc4-%06d.tar'")
     counts = convert_mmc4(_urls(args.docs), args.images, args.dest, maxcount=args.maxcount, missing=args.missing,
-                          progress=lambda lines: _progress(lines, None, "documents"))
+                          progress=lambda lines: _progress(lines, None, "convert", unit="documents"))
     _emit(args, counts, lambda c: f"{c['documents']} documents, {c['images']} images into {c['shards']} shards "
                                   f"({c['written']} written, {c['kept']} already complete and kept); "
                                   f"{c['dropped_images']} missing images dropped, {c['skipped_documents']} "
@@ -413,7 +410,8 @@ def add_parsers(commands: Any) -> None:
     verify.add_argument("spec", nargs="+", help="shards: URLs, paths or brace specs")
     verify.add_argument("--manifest", help="check against this manifest (URL or path)")
     verify.add_argument("--allow-missing", action="store_true",
-                        help="shards absent from the manifest (and manifest entries not given) are not errors")
+                        help="shards given that the manifest does not list are not errors (the shards it lists "
+                             "are checked; its entries not given are never errors)")
     verify.add_argument("--write-manifest", help="write a manifest of the shards (only when every one passes)")
     jobs(verify, "read")
     verify.set_defaults(func=_verify)

@@ -1,0 +1,90 @@
+"""What the ``wds-cloud`` commands show a person or a script: results, progress, errors and exit codes.
+
+- Results go to stdout, as text or (``--json``) as one JSON document.
+- Progress goes to stderr: a bar when stderr is a terminal, else a line every ``WDS_PROGRESS_INTERVAL``
+  seconds (``verify: 120/1000 shards, 12.5 shards/s``) and one at the end, so that a job's log shows it.
+- Exit codes: 0 done, 1 a problem with the data or the store (the message names the URL and the fix),
+  2 bad arguments (:class:`UsageError`, or argparse's own refusals), 130 interrupted.
+- Messages of the library that advise a Python argument name the command's flag instead (:func:`for_cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+from . import config
+from .errors import ConfigError
+
+__all__ = ["UsageError", "EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "EXIT_CODES", "progress", "emit", "for_cli"]
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+EXIT_CODES = ("exit codes: 0 done (every shard passed), 1 a shard could not be read or failed a check, "
+              "2 bad arguments")
+
+
+class UsageError(ConfigError):
+    """The command line asks for something that cannot be done as given (exit code 2); the message names the
+    flag and what to give instead."""
+
+
+def progress(items: Iterable, total: Optional[int], what: str, unit: str = "shards",
+             stream: Any = None) -> Iterator:
+    """``items`` as they come, with progress on ``stream`` (stderr): a tqdm bar on a terminal, else a line
+    every ``WDS_PROGRESS_INTERVAL`` seconds and a last one when the items end."""
+    stream = stream or sys.stderr
+    if getattr(stream, "isatty", lambda: False)():
+        from tqdm import tqdm
+
+        yield from tqdm(items, total=total, desc=what, unit=unit.rstrip("s") or unit, file=stream, leave=False)
+        return
+    interval = config.current().progress_interval
+    started = last = time.monotonic()
+    done = 0
+
+    def line(now: float) -> None:
+        of = f"/{total}" if total is not None else ""
+        rate = done / (now - started) if now > started else 0.0
+        print(f"{what}: {done}{of} {unit}, {rate:,.1f} {unit}/s", file=stream, flush=True)
+
+    for item in items:
+        yield item
+        done += 1
+        now = time.monotonic()
+        if now - last >= interval:
+            line(now)
+            last = now
+    if done and (interval > 0 or last == started):
+        line(time.monotonic())
+
+
+def emit(args: argparse.Namespace, data: Any, text: Callable[[Any], str]) -> None:
+    """Print a command's result: ``data`` as JSON with ``--json``, else ``text(data)``."""
+    if getattr(args, "json", False):
+        print(json.dumps(data, indent=1))
+    else:
+        out = text(data)
+        if out:
+            print(out)
+
+
+#: library advice that names a Python argument, and what a command line user does instead
+_CLI_WORDS = (
+    (re.compile(r"; to skip damaged shards pass handler=\S+"),
+     "; `wds-cloud verify SPEC` lists every damaged shard"),
+    (re.compile(r" or WebDataset\(\.\.\., max_sample_size=\)"), ""),
+    (re.compile(r" or WebDataset\(\.\.\., max_member_size=\)"), ""),
+    (re.compile(r"pass allow_missing=True"), "pass --allow-missing"),
+    (re.compile(r",? ?or pass empty_check=False[^.;)]*"), ""),
+)
+
+
+def for_cli(message: str) -> str:
+    """``message`` with advice about Python arguments replaced by what the command line offers."""
+    for pattern, words in _CLI_WORDS:
+        message = pattern.sub(words, message)
+    return message
