@@ -31,6 +31,7 @@ from .errors import (
     CorruptShardError,
     CredentialsError,
     DecodingError,
+    InexactResumeWarning,
     IntegrityError,
     MalformedDataError,
     MissingExtraError,
@@ -139,7 +140,7 @@ __all__ = [
     "errors", "tenbin", "utils",
     # errors
     "WdsCloudError", "ConfigError", "UnknownSchemeError", "CorruptShardError", "SampleError",
-    "StateMismatchError", "NotResumableError", "MissingExtraError", "PluginError", "PluginConflictError", "ShardNotFoundError",
+    "StateMismatchError", "NotResumableError", "InexactResumeWarning", "MissingExtraError", "PluginError", "PluginConflictError", "ShardNotFoundError",
     "SecurityError", "CredentialsError", "AccessDeniedError", "TransferError", "PipeError", "ObjectChangedError",
     "IntegrityError", "RandomAccessError", "MalformedDataError", "CorruptIndexError", "ShardListDataset",
 ]

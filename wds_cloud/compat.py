@@ -59,8 +59,17 @@ class FluidInterface:
         return self.compose(filters.log_keys(logfile))
 
     def shuffle(self, size: int, **kw: Any) -> Any:
+        """A sample shuffle of ``size`` samples.  In a dataset given a seed (``WebDataset(url, seed=S)``,
+        ``WDS_SEED``, or a spec's ``seed:``), a shuffle given neither ``seed`` nor ``rng`` is seeded from it and
+        from the epoch, so the same ``S`` gives the same order (webdataset seeds it from the clock)."""
         if size < 1:
             return self
+        base = getattr(self, "sample_seed", None)
+        if base is not None and kw.get("seed") is None and kw.get("rng") is None:
+            number = sum(isinstance(stage, filters.Shuffle) for stage in getattr(self, "pipeline", ()))
+            return self.compose(filters.Shuffle(size, kw.get("initial", 100), handler=kw.get("handler"),
+                                                seed=utils.make_seed(base, "sample shuffle", number),
+                                                epoch_seeded=True))
         return self.compose(filters.shuffle(size, **kw))
 
     def map(self, f: Callable, handler: Callable = reraise_exception) -> Any:
@@ -220,6 +229,8 @@ class WebDataset(DataPipeline, FluidInterface):
             seed = config.Settings.from_environ({"WDS_SEED": seed}).seed
         # Without a seed every node must still agree on the order, so the default is fixed.
         self.seed = seed if seed is not None else (settings.seed if settings.seed is not None else 0)
+        #: what seeds the sample shuffles chained on this dataset: the seed the user gave, or None (fresh seeds)
+        self.sample_seed: Optional[int] = self.seed if seed is not None or settings.seed is not None else None
         self.verbose = verbose
         self.storage_options = storage_options
         if cache_dir is None:
@@ -593,6 +604,8 @@ class MixedDataset(WebDataset):
         base_seed = spec.seed if spec.seed is not None else (
             seed if seed is not None else (settings.seed if settings.seed is not None else 0))
         self.seed = base_seed
+        self.sample_seed = base_seed if (spec.seed is not None or seed is not None or settings.seed is not None) \
+            else None
         self.spec = spec
         self.storage_options = storage_options
         kwargs.pop("shardshuffle", None)  # per source, in the spec

@@ -51,6 +51,7 @@ __all__ = [
     "SampleError",
     "StateMismatchError",
     "NotResumableError",
+    "InexactResumeWarning",
     "MissingExtraError",
     "PluginError",
     "PluginConflictError",
@@ -164,6 +165,12 @@ class NotResumableError(StateMismatchError, TypeError):
     Raised only when asked for: such a pipeline iterates as any other, and its plain ``state_dict()`` (which
     trainers call on their own) gives an inexact state that restarts the pass when loaded.
     """
+
+
+class InexactResumeWarning(UserWarning):
+    """A state that cannot be resumed exactly was loaded: the pass it was taken in starts again from its
+    beginning (the message says why the state is inexact and the fix).  A warning, not an error: training
+    goes on, as with webdataset, which has no states at all."""
 
 
 class MissingExtraError(WdsCloudError, ImportError):

@@ -28,7 +28,7 @@ from .resume.rng import CountedRandom
 from .stages import PipelineStage
 from .utils import make_seed, pytorch_worker_info
 
-__all__ = ["MixSource", "MixStats", "STATE_FORMAT"]
+__all__ = ["MixSource", "MixStats", "ReplayedSources", "STATE_FORMAT"]
 
 STATE_FORMAT = "wds_cloud.mix/2"  # 2: draws from a CountedRandom (bounded replay)
 
@@ -89,7 +89,85 @@ class _Pass:
         return sum(self.taken) + self.misses
 
 
-class MixSource(PipelineStage):
+class ReplayedSources:
+    """The sample-source role of a stage that mixes datasets (:class:`MixSource`, :class:`~wds_cloud.mix.RandomMix`):
+    a sample shuffle after the mix records where each sample came from through ``cursor`` (the cursor of
+    the reader of the source drawn last, its shard refs made unique over the sources), and gets its buffer
+    back through ``set_replay`` (each source's reader fetches its own samples again, and the mix yields them
+    in buffer order, from ``_replay``, before drawing on).  The class sets ``datasets``, ``_cursor = None``,
+    ``_replay = None``, and calls ``_replayed`` at the start of each pass."""
+
+    datasets: list
+    names: list
+    _cursor: Optional["_MixCursor"]
+    _replay: Optional[list]
+
+    #: what a sample shuffle after the mix should be instead (said when its state cannot be exact: a source
+    #: keeps a shuffle buffer of its own, whose samples no reader's cursor names)
+    shuffle_after_fix = ("shuffle in one place: either after the mix (drop 'shuffle: N' from the spec's sources) "
+                         "or inside each source (give each source 'shuffle: N', see docs/specs.md, and no "
+                         "sample shuffle after the mix)")
+
+    @property
+    def replayable(self) -> bool:
+        """Whether every source's output comes straight from its shard reader (no buffer of its own)."""
+        return all(_reader_of(ds) is not None for ds in self.datasets)
+
+    @property
+    def cursor(self) -> Optional["_MixCursor"]:
+        if self._cursor is None and self.replayable:
+            self._cursor = _MixCursor([_reader_of(ds) for ds in self.datasets])
+        return self._cursor
+
+    def set_replay(self, locations: Any) -> None:
+        """Yield the samples at ``locations`` (``(url, start, end, compressed, ref)``, refs of this mix's cursor)
+        first on the next pass, in that order, without drawing."""
+        n = len(self.datasets)
+        per: list[list] = [[] for _ in range(n)]
+        order = []
+        for url, start, end, compressed, ref in locations:
+            if type(ref) is not int or ref < 0:
+                raise StateMismatchError(f"the saved shuffle state names the shard ref {shown(ref)}, which no mix "
+                                         "gives: the state was changed", field="buffer")
+            source = ref % n
+            per[source].append((url, start, end, compressed, ref // n))
+            order.append(source)
+        for ds, replay in zip(self.datasets, per):
+            if replay:
+                reader = _reader_of(ds)
+                if reader is None:
+                    raise StateMismatchError("the saved state has samples of a mix in a shuffle buffer, but a source "
+                                             f"of this mix keeps a buffer of its own: {self.shuffle_after_fix}")
+                reader.set_replay(replay)
+        self._replay = order
+
+    def shard_urls(self) -> dict:
+        """The shard URLs the sources' shard lists name, by text (to check a replayed state against)."""
+        urls: dict = {}
+        for ds in self.datasets:
+            if callable(getattr(ds, "shard_urls", None)):
+                urls.update(ds.shard_urls())
+        return urls
+
+    def _replayed(self, nexts: list, label: Optional[list] = None) -> Iterator[dict]:
+        """The samples of a resumed shuffle's buffer, fetched again by the sources' readers, in buffer order (not
+        drawn, not counted); ``label``: the names to put in ``__source__``."""
+        cursor = self._cursor
+        replay, self._replay = self._replay, None
+        for i in replay or ():
+            try:
+                sample = nexts[i]()
+            except StopIteration:
+                raise StateMismatchError(f"source {i} of the mix gave fewer samples than the saved shuffle buffer "
+                                         "holds from it: the state was changed") from None
+            if cursor is not None:
+                cursor.current = i
+            if label is not None:
+                sample["__source__"] = label[i]
+            yield sample
+
+
+class MixSource(ReplayedSources, PipelineStage):
     """The source stage of a mixed dataset: samples drawn from ``datasets`` by ``weights``.
 
     ``resampled[i]``: source i never runs out (its shards are drawn with replacement).
@@ -109,14 +187,8 @@ class MixSource(PipelineStage):
         self._passes = 0  # the number of the next pass
         self._live: Optional[_Pass] = None
         self._resume: Optional[dict] = None
-
-    #: what a sample shuffle after the mix should be instead (said when its state cannot be exact)
-    shuffle_after_fix = ("shuffle inside each source instead: give each source of the spec 'shuffle: N' (see "
-                         "docs/specs.md), rather than a sample shuffle after the mix")
-
-    # the SampleSource role: nothing to wire (a shuffle after the mix is fed by several readers)
-    def feeding_source(self) -> None:
-        return None
+        self._cursor: Optional[_MixCursor] = None
+        self._replay: Optional[list] = None  # the source of each sample to yield again first (see set_replay)
 
     def _quota(self) -> Optional[int]:
         if self.samples_per_epoch is None:
@@ -158,6 +230,8 @@ class MixSource(PipelineStage):
         bounds = table()
         last = len(active) - 1
         nexts = [it.__next__ for it in iterators]
+        cursor = self._cursor
+        yield from self._replayed(nexts, names)
         draw = rng.random
         bytes_type = bytes
         # one loop, its names local: this runs once per sample (bench_mix.py measures it against no mix)
@@ -186,6 +260,8 @@ class MixSource(PipelineStage):
                     size += len(value)
             stats_bytes[i] += size
             sample["__source__"] = names[i]
+            if cursor is not None:
+                cursor.current = i
             yield sample
 
     # the Resumable protocol (wds_cloud.resume.protocol)
@@ -235,3 +311,37 @@ class MixSource(PipelineStage):
         for ds, source_state in zip(self.datasets, sources):
             ds.load_state_dict(source_state)
         self._resume = dict(state)
+
+
+def _reader_of(dataset: Any) -> Any:
+    """The shard reader whose latest sample is ``dataset``'s latest output, or None (a buffer in between)."""
+    feeding = getattr(dataset, "feeding_source", None)
+    return feeding() if feeding is not None else None
+
+
+class _MixCursor:
+    """Where the sample a mix yielded last came from: its source's reader's cursor, read through, with the
+    shard ref made unique over the sources (``ref * sources + source``)."""
+
+    __slots__ = ("readers", "n", "current")
+
+    def __init__(self, readers: list) -> None:
+        self.readers = readers
+        self.n = len(readers)
+        self.current = 0
+
+    @property
+    def shard(self) -> int:
+        return self.readers[self.current].cursor.shard * self.n + self.current
+
+    @property
+    def url(self) -> Any:
+        return self.readers[self.current].cursor.url
+
+    @property
+    def compressed(self) -> bool:
+        return self.readers[self.current].cursor.compressed
+
+    @property
+    def where(self) -> list:
+        return self.readers[self.current].cursor.where

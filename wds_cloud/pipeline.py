@@ -197,7 +197,7 @@ class DataPipeline(IterableDataset, PipelineStage):
             elif isinstance(stage, DataPipeline):
                 source = stage.feeding_source()
             elif is_source(stage):
-                source = stage
+                source = stage if getattr(stage, "replayable", True) else None
         return feeders, source
 
     def _wire(self) -> None:
@@ -374,6 +374,8 @@ class DataPipeline(IterableDataset, PipelineStage):
                 urls.update(stage.shard_urls())
             elif isinstance(getattr(stage, "urls", None), list):
                 urls.update((str(u), u) for u in stage.urls)
+            elif callable(getattr(stage, "shard_urls", None)):  # a stage over datasets of its own (a mix)
+                urls.update(stage.shard_urls())
         return urls
 
     def _trusted_replay(self, replay: list) -> list:

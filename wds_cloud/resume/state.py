@@ -30,9 +30,10 @@ import functools
 import hashlib
 import json
 import logging
+import warnings
 from typing import Any, Optional
 
-from ..errors import StateMismatchError, redact
+from ..errors import InexactResumeWarning, StateMismatchError, redact
 from ..io.datafile import shown
 
 __all__ = ["FORMAT", "StateURL", "check_same", "expect", "same_url", "shown_url", "url_id", "inexact_state",
@@ -184,6 +185,7 @@ def is_inexact(state: Any) -> bool:
 
 
 def restart_from(state: dict, what: str) -> None:
-    """Log that an inexact state is loaded: the pass it was taken in starts again."""
-    log.warning("the saved %s state cannot be resumed exactly (%s): the pass starts again from its beginning",
-                what, state["inexact"])
+    """Warn (:class:`~wds_cloud.errors.InexactResumeWarning`, once per load) that an inexact state is loaded:
+    the pass it was taken in starts again."""
+    warnings.warn(f"the saved {what} state cannot be resumed exactly ({str(state['inexact'])[:2000]}): the epoch "
+                  "starts again from its beginning", InexactResumeWarning, stacklevel=3)
