@@ -72,7 +72,8 @@ def translate(exc: BaseException, url: str) -> BaseException:
         return exc
     shown = redact(url)
     status = getattr(exc, "status_code", None)
-    code = str(getattr(exc, "error_code", "") or "")
+    code = getattr(exc, "error_code", "") or ""
+    code = str(getattr(code, "value", code))  # the SDK's StorageErrorCode enum: its value is Azure's code
     azure = _azure_errors()
     if status == 412 or isinstance(exc, azure.ResourceModifiedError):
         return ObjectChangedError(f"{shown}: the blob changed while it was being read", url=url)

@@ -106,19 +106,34 @@ class GCSBackend(FsspecBackend):
         self._check_credentials(url)
         return super().open_write(url, bufsize)
 
-    def _check_credentials(self, url: str) -> None:
-        """Ask once, before writing, whether the store accepts the credentials.
+    def stat(self, url: str) -> Any:
+        self._check_credentials(url, once=True)
+        return super().stat(url)
 
-        gcsfs retries a 401 six times with growing pauses (about half a minute) before an upload
-        fails; one request of ours says the same at once.
+    def list(self, prefix: str) -> Any:
+        self._check_credentials(prefix, once=True)
+        return super().list(prefix)
+
+    def _check_credentials(self, url: str, once: bool = False) -> None:
+        """Ask whether the store accepts the credentials for the bucket of ``url`` (``once``: only the first time
+        for this bucket, for stat and list; before every write).
+
+        gcsfs retries a 401 six times with growing pauses (about half a minute) before an upload, a stat or
+        a listing fails; one request of ours says the same at once.
         """
         fs = self.fs
-        headers = self._auth_headers(url)
         bucket = self.path(url).split("/", 1)[0]
+        checked = self.__dict__.setdefault("_accepted", set())
+        if once and bucket in checked:
+            return
+        headers = self._auth_headers(url)
         probe = f"{fs._location}/storage/v1/b/{urllib.parse.quote(bucket, safe='')}?fields=name"
         with exchange("GET", probe, headers, timeout=60.0, display_url=url) as response:
-            if response.status in (401, 403):
+            # 401 only: credentials that work for objects may lack the bucket's own read permission (a 403 here),
+            # and the operation itself says whether it is allowed
+            if response.status == 401:
                 raise_for_status(response, url, CREDENTIALS_HINT)
+        checked.add(bucket)
 
 
 @hookimpl

@@ -152,6 +152,10 @@ _CODES: dict[str, tuple[type[WdsCloudError], str]] = {
     # a HEAD answer has no body: a wrong key and a key without the permission look the same
     "403": (AccessDeniedError, "access denied by S3 (HTTP 403): the credentials in use are wrong, or may not "
                                "access this object; " + CREDENTIALS_HINT),
+    # a HEAD answer has no body: a 400 there is, in practice, a session token S3 cannot read or has expired
+    "400": (CredentialsError, "S3 answered HTTP 400 (Bad Request) with no detail, as it does when the session "
+                              "token (AWS_SESSION_TOKEN, storage_options token) is malformed or expired; "
+                              + CREDENTIALS_HINT),
     "PreconditionFailed": (ObjectChangedError, "the object changed while it was being read"),
     "SlowDown": (TransferError, "S3 answered {code} (HTTP {status}); it will be retried"),
     "ServiceUnavailable": (TransferError, "S3 answered {code} (HTTP {status}); it will be retried"),
@@ -210,18 +214,20 @@ def translate(exc: BaseException, url: str) -> BaseException:
     if isinstance(exc, bex.ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        known = _from_code(code if code in _CODES or status != 403 else "403", status, url)
+        if code not in _CODES and (status == 403 or (status == 400 and code in ("", "400", "Bad Request"))):
+            code = str(status)  # a bodyless answer (HEAD): the status is all S3 said
+        known = _from_code(code, status, url)
         if known is not None:
             return known
         return TransferError(f"{shown}: S3 error {code or status}: {exc}", url=url, status=status)
+    # s3fs turns S3's answers into OSErrors (PermissionError("Access Denied") for every 403, EINVAL for a
+    # rejected session token, ...); S3's own code, kept as the cause, tells what happened and the fix
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(exc, OSError) and isinstance(cause, bex.ClientError):
+        return translate(cause, url)
     if isinstance(exc, FileNotFoundError):
         return ShardNotFoundError(f"{shown}: no such object", url=url)
     if isinstance(exc, PermissionError):
-        # s3fs turns every 403 into PermissionError("Access Denied"); S3's own code tells a rejected key
-        # (InvalidAccessKeyId, SignatureDoesNotMatch) from a key without the permission
-        cause = exc.__cause__ or exc.__context__
-        if isinstance(cause, bex.ClientError):
-            return translate(cause, url)
         return AccessDeniedError(f"{shown}: access denied by S3 ({exc})", url=url)
     return exc
 
