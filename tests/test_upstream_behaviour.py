@@ -209,6 +209,22 @@ def test_directory_shard_list_keep_and_resample(tmp_path):
     assert os.path.exists(claimed)  # abandoned: still claimed
 
 
+def test_an_abandoned_iterators_claim_stays_where_webdataset_leaves_it(tmp_path):
+    """mode='unlink': a consumer that stopped in the middle of a shard leaves it claimed; a new iterator of the
+    same list neither deletes nor recycles it (it did: the shard was gone, unread to its end)."""
+    for name in ("a.tar", "b.tar"):
+        (tmp_path / name).write_bytes(b"x")
+    listing = shardlists.DirectoryShardList(str(tmp_path), poll=None, mode="unlink", select="oldest")
+    first = iter(listing)
+    abandoned = next(first)["url"]
+    del first
+    again = iter(listing)
+    other = next(again)["url"]
+    assert other != abandoned and os.path.exists(abandoned) and os.path.exists(other)
+    assert list(again) == []  # b.tar is read and recycled; the abandoned claim is not offered again
+    assert os.path.exists(abandoned) and not os.path.exists(other)
+
+
 def test_directory_shard_list_rejects_unknown_select_and_cleans_dead_claims(tmp_path):
     """Unknown select values are a ValueError; claims of processes that are gone are recycled."""
     with pytest.raises(ValueError, match="select"):

@@ -554,7 +554,9 @@ class DirectoryShardList(PipelineStage):
     ``mode`` (``"unlink"`` deletes the file, ``"keep"`` renames it to ``<file>._done_``,
     ``"resample"`` renames it back), or by what ``fate(path)`` returns when given; then the
     claims of processes that are gone are recycled (:func:`cleanup_files_without_processes`).
-    An iterator abandoned mid-way leaves its last claim to that clean-up.
+    An iterator abandoned mid-way (its consumer stopped, perhaps in the middle of the shard) leaves its
+    last claim as it is, as webdataset does: a later iterator never recycles it (with ``mode="unlink"``
+    that would delete a shard not yet read to its end); the clean-up does, once this process is gone.
     """
 
     def __init__(self, path: str, pattern: str = "*.{tar,tgz,tar.tgz}", poll: Optional[float] = 1,
@@ -571,7 +573,6 @@ class DirectoryShardList(PipelineStage):
         self.mode = mode
         self.select = select
         self.fate = fate
-        self.last: Optional[str] = None
 
     def _files(self) -> list[str]:
         return sorted(utils.glob_with_braces(os.path.join(self.path, self.pattern)))
@@ -599,10 +600,11 @@ class DirectoryShardList(PipelineStage):
 
     def run(self) -> Iterator[dict]:
         started = time.monotonic()
+        last: Optional[str] = None  # this iterator's claim: recycled when the next item is asked for
         while True:
-            if self.last is not None:
-                self.recycle(self.last)
-                self.last = None
+            if last is not None:
+                self.recycle(last)
+                last = None
             self.cleanup_files_without_processes()
             files = self._files()
             if not files:
@@ -616,7 +618,7 @@ class DirectoryShardList(PipelineStage):
                 os.rename(chosen, claimed)
             except FileNotFoundError:  # claimed by another process between listing and renaming
                 continue
-            self.last = claimed
+            last = claimed
             yield {"url": claimed}
 
     def __iter__(self) -> Iterator[dict]:
