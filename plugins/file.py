@@ -17,30 +17,37 @@ from wds_cloud.errors import ShardNotFoundError
 from wds_cloud.io import AtomicFile, Backend, InStream, ObjectInfo, OutStream, hookimpl, local_path, local_version
 
 
-class _Unclosable(io.RawIOBase):
-    """stdin/stdout as a stream whose close() leaves the process's own stream open."""
+class _Stdio(io.RawIOBase):
+    """stdin or stdout as a stream, opened lazily: the process's stream is looked up at each read or write (a
+    program, a test runner or a DataLoader worker may replace it, and it need not be readable when opened, as
+    with webdataset's ``sys.stdin.buffer``), and close() leaves it open."""
 
-    def __init__(self, stream) -> None:
-        self._stream = stream
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def _stream(self):
+        stream = getattr(sys, self._name)
+        if stream is None:
+            raise OSError(errno.EBADF, f"'-' names {self._name}, which this process does not have")
+        return getattr(stream, "buffer", stream)
 
     def readable(self) -> bool:
-        return self._stream.readable()
+        return self._name == "stdin"
 
     def writable(self) -> bool:
-        return self._stream.writable()
+        return self._name == "stdout"
 
     def readinto(self, buffer) -> int:
-        data = self._stream.read(len(buffer))
+        data = self._stream().read(len(buffer))
         buffer[: len(data)] = data
         return len(data)
 
     def write(self, data) -> int:
-        return self._stream.write(data)
+        return self._stream().write(data)
 
-    def close(self) -> None:
-        if self._stream.writable():
-            self._stream.flush()
-        super().close()
+    def flush(self) -> None:
+        if self._name == "stdout" and not self.closed:
+            self._stream().flush()
 
 
 class FileBackend(Backend):
@@ -48,8 +55,7 @@ class FileBackend(Backend):
 
     def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, **kw: object) -> InStream:
         if url == "-":
-            # looked up now, not at import: a program (or a test) may have replaced sys.stdin
-            stdin = io.BufferedReader(_Unclosable(getattr(sys.stdin, "buffer", sys.stdin)))
+            stdin = io.BufferedReader(_Stdio("stdin"))
             if offset:
                 stdin.read(offset)
             return stdin
@@ -77,7 +83,7 @@ class FileBackend(Backend):
 
     def open_write(self, url: str, bufsize: Optional[int] = None) -> OutStream:
         if url == "-":
-            return io.BufferedWriter(_Unclosable(getattr(sys.stdout, "buffer", sys.stdout)))
+            return io.BufferedWriter(_Stdio("stdout"))
         return AtomicFile(local_path(url), bufsize or self.settings.bufsize)
 
     def stat(self, url: str) -> ObjectInfo:

@@ -139,3 +139,28 @@ def test_rewrite_errors_name_both_urls(tmp_path, monkeypatch):
         gopen("data://missing.tar")
     text = str(info.value) + " ".join(getattr(info.value, "__notes__", []))
     assert "data://missing.tar" in text and f"{tmp_path}/missing.tar" in text
+
+
+def test_dash_opens_stdin_and_stdout_lazily(monkeypatch):
+    """``gopen("-")`` (as webdataset's ``sys.stdin.buffer``) needs no readable stdin when opened: the
+    process's stream is looked up at each read or write, and closing leaves it open."""
+    import io
+    import sys
+
+    class NotYet:
+        def readable(self):
+            raise OSError("not readable at open time")
+
+    monkeypatch.setattr(sys, "stdin", NotYet())
+    stream = gopen("-")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"shard bytes")))
+    assert stream.read() == b"shard bytes"
+    stream.close()
+    assert not sys.stdin.closed
+    out = io.TextIOWrapper(io.BytesIO())
+    monkeypatch.setattr(sys, "stdout", None)
+    writer = gopen("-", "wb")
+    monkeypatch.setattr(sys, "stdout", out)
+    writer.write(b"written")
+    writer.close()
+    assert out.buffer.getvalue() == b"written" and not out.closed
