@@ -78,3 +78,34 @@ def test_wrapped_stream_passes_close_through():
     with WrappedStream(inner) as w:
         assert w.readable() and not w.closed
     assert inner.closed and w.closed
+
+
+def test_stats_read_right_for_local_files_single_streams_and_parts(tmp_path):
+    """A local dataset's figures are local files and bytes (not an empty transfer); over HTTP ``streams``
+    counts shards and ``requests`` the GETs made: one per shard read whole, one per part."""
+    import wds_cloud as wds
+    from wds_cloud.testing.objects import http_server
+
+    for s in range(2):
+        with wds.TarWriter(str(tmp_path / f"s-{s}.tar")) as w:
+            for i in range(40):
+                w.write({"__key__": f"{s}-{i}", "bin": bytes(50_000)})
+    size = sum((tmp_path / f"s-{s}.tar").stat().st_size for s in range(2))
+    local = wds.WebDataset(str(tmp_path / "s-{0..1}.tar"), shardshuffle=False)
+    assert len(list(local)) == 80
+    stats = local.stats
+    assert (stats.local_files, stats.local_bytes, stats.streams, stats.requests) == (2, size, 0, 0)
+    server, store = http_server()
+    try:
+        store.put_directory(str(tmp_path))
+        whole = wds.WebDataset(server.url + "/s-{0..1}.tar", shardshuffle=False, concurrency=1)
+        assert len(list(whole)) == 80
+        assert (whole.stats.streams, whole.stats.requests, whole.stats.bytes) == (2, 2, size)
+        store.requests.clear()
+        parts = wds.WebDataset(server.url + "/s-{0..1}.tar", shardshuffle=False, part_size="256KiB")
+        assert len(list(parts)) == 80
+        gets = [r for r in store.requests if r[0] == "GET"]
+        assert parts.stats.streams == 2 and parts.stats.requests == len(gets) > 2
+        assert parts.stats.local_files == 0
+    finally:
+        server.stop()

@@ -316,11 +316,12 @@ class WebDataset(DataPipeline, FluidInterface):
     def stats(self) -> TransferStats:
         """Transfer figures of the remote reads this process made for the dataset (a snapshot).
 
-        ``bytes``, ``seconds``, ``retries``, ``bytes_refetched``, ``time_lost``, ``streams``,
-        the cache's ``cache_hits``, ``cache_misses``, ``cache_evictions``, ``bytes_saved``, and of
-        parallel ranged reads ``requests``, ``first_byte`` (mean seconds to a part's first byte),
-        ``connection_rate`` (mean bytes/s of one connection), ``concurrency`` (most parts in flight).
-        Each DataLoader worker process counts its own reads.
+        ``streams`` (remote shards read), ``requests`` (the GETs made for them: one per shard read as one
+        stream, one per part), ``bytes``, ``seconds``, ``retries``, ``bytes_refetched``, ``time_lost``,
+        the cache's ``cache_hits``, ``cache_misses``, ``cache_evictions``, ``bytes_saved``, of parallel
+        ranged reads ``first_byte`` (mean seconds to a part's first byte), ``connection_rate`` (mean bytes/s
+        of one connection), ``concurrency`` (most parts in flight), and of local files (not transfers)
+        ``local_files`` and ``local_bytes``.  Each DataLoader worker process counts its own reads.
         """
         return self._stats.snapshot()
 

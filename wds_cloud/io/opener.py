@@ -23,7 +23,7 @@ from .backend import skip
 from .integrity import Verifying
 from .open import Bounded, gopen
 from .parallel import Fetcher
-from .resilient import StatsSink
+from .resilient import StatsSink, TransferStats
 from .shardcache import ShardCache
 from .urls import is_local, local_path, pipe_cleaner, url_to_cache_name
 
@@ -148,6 +148,7 @@ class StreamingOpen(PipelineStage):
         local = _local_path(url)
         if local is not None:
             out["local_path"] = local
+            _count_local(self.stats, stream, local, offset)
         return out
 
     def open_range(self, url: str, start: int, end: int) -> Any:
@@ -171,6 +172,18 @@ def _open_each(stage: Any, src: Iterable[Any]) -> Iterator[dict]:
                 continue
             break
         yield dict(sample, **opened)
+
+
+def _count_local(stats: Any, stream: Any, path: str, offset: int) -> None:
+    """Count a local shard file in ``stats``: its size from ``offset`` (one stat per shard, none per read)."""
+    try:
+        size = os.fstat(stream.fileno()).st_size
+    except (AttributeError, OSError, ValueError):  # a wrapped stream (a manifest check): the path then
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            size = 0
+    stats.add(TransferStats(local_files=1, local_bytes=max(0, size - offset)))
 
 
 def _local_path(url: str) -> Optional[str]:

@@ -51,7 +51,13 @@ class RetryPolicy:
 
 @dataclasses.dataclass
 class TransferStats:
-    """Transfer figures of one stream, or summed over a dataset's streams (see ``WebDataset.stats``)."""
+    """Transfer figures of one stream, or summed over a dataset's streams (see ``WebDataset.stats``).
+
+    ``streams`` counts remote shards read (each read whole by one GET, or as ranged parts), ``requests`` the
+    GETs made for them (one per stream read whole, one per part; reopening after a fault counts in
+    ``retries``), ``bytes``/``seconds`` what they carried and took.  Local files are not transfers: they
+    count in ``local_files`` and ``local_bytes`` (what was there to read from the offset opened at).
+    """
 
     streams: int = 0
     bytes: int = 0
@@ -70,6 +76,9 @@ class TransferStats:
     part_bytes: int = 0
     part_seconds: float = 0.0
     concurrency: int = 0
+    #: local shard files opened, and their bytes from where they were opened
+    local_files: int = 0
+    local_bytes: int = 0
 
     def add(self, other: "TransferStats") -> None:
         for field in dataclasses.fields(self):
@@ -148,7 +157,7 @@ class ResumableStream:
                  version: Optional[str] = None, size: Optional[int] = None) -> None:
         self.url = url
         self.policy = policy or RetryPolicy()
-        self.stats = TransferStats(streams=1)
+        self.stats = TransferStats(streams=1, requests=1)  # one GET (a part's figures are taken apart)
         self._opener = opener
         self._sink = sink
         self._rng = rng or random.Random()
