@@ -19,7 +19,7 @@ UPSTREAM_MODULES = ["autodecode", "cache", "compat", "extradatasets", "filters",
                     "pipeline", "pytorch", "shardlists", "tariterators", "tenbin", "typecheck", "utils", "writer",
                     "wids"]
 #: our own public modules at the top level; everything else lives in io/, tar/ or resume/
-OWN_PUBLIC_MODULES = ["__init__", "__main__", "cli", "config", "demo", "encoders", "errors", "extensions", "records",
+OWN_PUBLIC_MODULES = ["__init__", "__main__", "cli", "console", "config", "demo", "encoders", "errors", "extensions", "records",
                       "stages", "index", "indexed", "manifest", "shardtools", "spec", "mixing", "interleaved",
                       "transport", "gpu"]
 

@@ -28,6 +28,9 @@ data loader already catch::
         ├── PipeError                      a pipe: command failed
         └── ObjectChangedError             the object changed while it was being read
 
+One warning: :class:`InexactResumeWarning` (a ``UserWarning``), when a state that cannot be resumed exactly
+is loaded and the epoch starts again (training goes on).
+
 Messages name the value at fault (the URL, the byte offset, the member), the
 rule that was broken, and the fix.  URLs are passed through :func:`redact`
 before they are put into a message, so credentials never end up in logs.

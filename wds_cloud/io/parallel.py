@@ -607,6 +607,7 @@ class PartedStream:
                 return memoryview(b"")
             self._tail = obj.remote.stream(self.position, None, self._fetcher.stats, version=obj.version,
                                            size=obj.size)
+            self._tail.stats.streams = 0  # the rest of this shard: one more request, not one more stream
         data = self._tail.read(limit)
         self.position += len(data)
         return memoryview(data)
