@@ -97,7 +97,9 @@ def test_the_expander_yields_member_dicts_and_markers_only_where_asked(shards):
 
 
 # What webdataset 1.0.2 gives for exactly this code over exactly these shards (recorded by running it:
-# bench/.venv has it; it is never a dependency of ours): the same keys, the same handler calls.
+# bench/.venv has it; it is never a dependency of ours): the same keys.  The handler is called once per
+# damaged shard here; webdataset's count depends on where the damage is (twice for a truncation, never for
+# a corrupt header after the first member: it ends that shard silently), a documented difference.
 WEBDATASET_KEYS = {
     None: ["a000", "a001", "a002", "a003", "a004", "a005", "b000", "b001", "c000", "c001", "d000", "d001",
            "e000", "e001", "e002", "e003", "e004", "e005"],
@@ -105,11 +107,11 @@ WEBDATASET_KEYS = {
     # fname fails with KeyError at the end of the first shard, in webdataset as here
     "default": ["a000", "a001", "a002", "a003", "a004", KeyError],
 }
-WEBDATASET_HANDLER_CALLS = {None: 3, "default": 0}  # tarfile.ReadError each (CorruptShardError is one)
+HANDLER_CALLS = {None: 3, "default": 0}  # one per damaged shard reached; a tarfile.ReadError each
 
 
 @pytest.mark.parametrize("eof", [None, "default"])
-def test_the_same_samples_and_handler_calls_as_webdataset(shards, eof):
+def test_the_same_samples_as_webdataset_and_one_handler_call_per_damaged_shard(shards, eof):
     calls: list = []
 
     def handler(exn):
@@ -126,7 +128,7 @@ def test_the_same_samples_and_handler_calls_as_webdataset(shards, eof):
     except KeyError:
         keys.append(KeyError)
     assert keys == WEBDATASET_KEYS[eof]
-    assert len(calls) == WEBDATASET_HANDLER_CALLS[eof]
+    assert len(calls) == HANDLER_CALLS[eof]
     assert all(isinstance(exn, tarfile.ReadError) for exn in calls)
 
 
@@ -139,4 +141,4 @@ def test_the_same_samples_as_webdataset_through_dataloader_workers(shards, worke
     loader = wds.WebLoader(pipeline(shards, calls, None), batch_size=None, num_workers=workers)
     assert sorted(s["__key__"] for s in loader) == WEBDATASET_KEYS[None]
     if workers == 0:
-        assert len(calls) == 2 * WEBDATASET_HANDLER_CALLS[None]
+        assert len(calls) == 2 * HANDLER_CALLS[None]
