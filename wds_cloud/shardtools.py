@@ -31,7 +31,6 @@ from .tar.index import index_stream
 
 __all__ = ["add_parsers"]
 
-_progress, _emit = progress, emit
 
 
 def _jobs(args: argparse.Namespace, urls: list[str]) -> int:
@@ -62,12 +61,12 @@ def _ls(args: argparse.Namespace) -> int:
     if args.samples:
         data = [{"key": s.key, "fields": {ext: size for ext, _, size, _ in s.fields},
                  "bytes": sum(size for _, _, size, _ in s.fields)} for s in index.samples]
-        _emit(args, data, lambda rows: "\n".join(
+        emit(args, data, lambda rows: "\n".join(
             f"{r['key']}  {r['bytes']:>10}  " + " ".join(f"{e}={n}" for e, n in r["fields"].items()) for r in rows))
     else:
         data = [{"name": name, "size": size, "offset": offset} for s in index.samples
                 for _, offset, size, name in s.fields]
-        _emit(args, data, lambda rows: "\n".join(f"{r['size']:>10}  {r['name']}" for r in rows))
+        emit(args, data, lambda rows: "\n".join(f"{r['size']:>10}  {r['name']}" for r in rows))
     return EXIT_OK
 
 
@@ -149,7 +148,7 @@ def _stat_one(url: str) -> dict:
 def _stat(args: argparse.Namespace) -> int:
     urls = _urls(args.spec)
     with ThreadPoolExecutor(max_workers=_jobs(args, urls)) as pool:
-        rows = list(_progress(pool.map(_stat_one, urls), len(urls), "stat"))
+        rows = list(progress(pool.map(_stat_one, urls), len(urls), "stat"))
     total = {"shards": len(rows), "samples": sum(r["samples"] for r in rows),
              "bytes": sum(r["size"] or 0 for r in rows), "shards_indexed": sum(r["index"] for r in rows)}
 
@@ -165,7 +164,7 @@ def _stat(args: argparse.Namespace) -> int:
                      f"{t['shards_indexed']} indexed")
         return "\n".join(lines)
 
-    _emit(args, {"shards": rows, "total": total}, text)
+    emit(args, {"shards": rows, "total": total}, text)
     return EXIT_OK
 
 
@@ -202,14 +201,14 @@ def _index(args: argparse.Namespace) -> int:
     pool: Executor = (ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
                       if fork else ThreadPoolExecutor(max_workers=jobs))
     with pool:
-        rows = list(_progress(pool.map(_index_one, urls, [output] * len(urls), [fmt] * len(urls)), len(urls),
+        rows = list(progress(pool.map(_index_one, urls, [output] * len(urls), [fmt] * len(urls)), len(urls),
                               "index"))
     if args.format == "wids":
         with gopen(args.output, "wb") as out:
             out.write(json.dumps(wids_description(rows, name=args.name), indent=1).encode("utf-8"))
     if record is not None:
         record.written(args.output)
-    _emit(args, rows, lambda rs: "\n".join(
+    emit(args, rows, lambda rs: "\n".join(
         f"{redact(r['url'])}: {r['nsamples']} samples" + (f" -> {redact(r['index'])}" if "index" in r else "")
         for r in rs) + (f"\nwrote {redact(args.output)}" if args.format == "wids" else ""))
     return EXIT_OK
@@ -252,7 +251,7 @@ def _verify(args: argparse.Namespace) -> int:
     urls = _urls(args.spec)
     manifest = load_manifest(args.manifest, allow_missing=args.allow_missing) if args.manifest else None
     with ThreadPoolExecutor(max_workers=_jobs(args, urls)) as pool:
-        rows = list(_progress(pool.map(lambda u: _verify_one(u, manifest), urls), len(urls), "verify"))
+        rows = list(progress(pool.map(lambda u: _verify_one(u, manifest), urls), len(urls), "verify"))
     # the shards given are checked: a manifest's other entries (a subset verified) are not failures
     given = {manifest.name_of(u) for u in urls} if manifest is not None else set()
     not_given = len(manifest.shards.keys() - given) if manifest is not None else 0
@@ -270,7 +269,7 @@ def _verify(args: argparse.Namespace) -> int:
     result = {"ok": ok, "shards": [dict(r, url=redact(r["url"])) for r in rows]}
     if manifest is not None:
         result["manifest_entries_not_given"] = not_given
-    _emit(args, result, lambda d: "\n".join(
+    emit(args, result, lambda d: "\n".join(
         [f"{'ok  ' if r['ok'] else 'FAIL'} {r['url']}" + ("" if r["ok"] else ": " + "; ".join(r["problems"]))
          for r in d["shards"]] + [f"{sum(r['ok'] for r in d['shards'])} of {len(d['shards'])} shards passed"
                                   + (f" ({not_given} more in the manifest, not given)" if not_given else "")
@@ -301,7 +300,7 @@ def _reshard(args: argparse.Namespace) -> int:
     dataset = WebDataset(urls, shardshuffle=False, empty_check=False)
 
     try:
-        for sample in _progress(dataset, None, "reshard", unit="samples"):
+        for sample in progress(dataset, None, "reshard", unit="samples"):
             size = sum(len(v) for k, v in sample.items() if not k.startswith("__") and isinstance(v, (bytes, str)))
             number = plan.shard_for(size)
             if number != shard_no:
@@ -327,7 +326,7 @@ def _reshard(args: argparse.Namespace) -> int:
             current.abort()  # a partial shard never appears under its name
         raise
     result = {"samples": samples, "shards": shard_no + 1, "written": written, "kept": skipped}
-    _emit(args, result, lambda r: f"{r['samples']} samples into {r['shards']} shards ({r['written']} written, "
+    emit(args, result, lambda r: f"{r['samples']} samples into {r['shards']} shards ({r['written']} written, "
                                   f"{r['kept']} already complete and kept)")
     return EXIT_OK
 
@@ -341,8 +340,8 @@ def _convert_mmc4(args: argparse.Namespace) -> int:
         raise UsageError(f"--dest {args.dest!r} needs a %d-style field for the shard number, such as "
                          "'out/mmc4-%06d.tar'")
     counts = convert_mmc4(_urls(args.docs), args.images, args.dest, maxcount=args.maxcount, missing=args.missing,
-                          progress=lambda lines: _progress(lines, None, "convert", unit="documents"))
-    _emit(args, counts, lambda c: f"{c['documents']} documents, {c['images']} images into {c['shards']} shards "
+                          progress=lambda lines: progress(lines, None, "convert", unit="documents"))
+    emit(args, counts, lambda c: f"{c['documents']} documents, {c['images']} images into {c['shards']} shards "
                                   f"({c['written']} written, {c['kept']} already complete and kept); "
                                   f"{c['dropped_images']} missing images dropped, {c['skipped_documents']} "
                                   "documents skipped")
