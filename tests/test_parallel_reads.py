@@ -128,9 +128,13 @@ def test_a_server_that_ignores_range_is_read_as_one_stream(tmp_path):
     try:
         url = f"http://127.0.0.1:{httpd.server_address[1]}/s-{{0..1}}.tar"
         expected = [s["__key__"] for s in wds.WebDataset(url, shardshuffle=False, concurrency=1)]
+        # measured (the default): a host starts at one connection, one request for each whole shard
         dataset = wds.WebDataset(url, shardshuffle=False, part_size=64 * KiB)
         assert [s["__key__"] for s in dataset] == expected and len(expected) == 80
-        # the first part told; everything else was one stream per shard (a GET each)
+        assert dataset.stats.requests == 2 and dataset.stats.streams == 2
+        # pinned to 4: the first part told; everything else was one stream per shard (a GET each)
+        dataset = wds.WebDataset(url, shardshuffle=False, part_size=64 * KiB, concurrency=4)
+        assert [s["__key__"] for s in dataset] == expected
         assert dataset.stats.requests == 3 and dataset.stats.streams == 2
     finally:
         httpd.shutdown()
@@ -255,10 +259,10 @@ def test_settings_come_from_the_dataset_then_the_profile_then_the_environment(tm
     profile = tmp_path / "profiles.toml"
     profile.write_text('["http://fast.example/"]\nconcurrency = 12\npart_size = "16MiB"\n')
     monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profile))
-    assert Fetcher().options("http://other.example/x.tar") == TransferOptions(2_000_000, 3, 16, 2)
-    assert Fetcher().options("http://fast.example/x.tar") == TransferOptions(16 << 20, 12, 16, 2)
+    assert Fetcher().options("http://other.example/x.tar") == TransferOptions(2_000_000, 3, None, 2)
+    assert Fetcher().options("http://fast.example/x.tar") == TransferOptions(16 << 20, 12, None, 2)
     assert Fetcher(concurrency=1, prefetch=0).options("http://fast.example/x.tar") == TransferOptions(
-        16 << 20, 1, 16, 0)
+        16 << 20, 1, None, 0)
     assert Fetcher(prefetch=0).depth == 0 and Fetcher().depth == 2
     # the profile's transfer keys never reach the backend as storage options
     from wds_cloud.config import current

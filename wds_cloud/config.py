@@ -61,6 +61,7 @@ ENV_VARS = (
     "RANK",
     "WORLD_SIZE",
     "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
     "AIS_ENDPOINT",
     "AIS_AUTHN_TOKEN",
     "USE_AIS_FOR",
@@ -226,6 +227,8 @@ class Settings:
     rank: Optional[int] = None
     world_size: Optional[int] = None
     local_rank: Optional[int] = None
+    #: processes on this node (torchrun's ``LOCAL_WORLD_SIZE``): they share each host's connections
+    local_world_size: Optional[int] = None
     #: ``WDS_<NAME>`` variables as sorted (NAME, value) pairs, for ``${NAME}`` in shard specs.
     template_vars: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False)
     ais_endpoint: Optional[str] = None
@@ -243,11 +246,12 @@ class Settings:
     #: the most bytes of tar stream one sample may span (headers, names, data); None: the member limit
     max_sample_size: Optional[int] = None
     #: parallel ranged reads of remote shards (see :mod:`wds_cloud.io.parallel`): the size of a part, the
-    #: parts in flight (None: adaptive, growing up to ``max_concurrency``; 1: one stream per shard), and
+    #: parts in flight (None: measured per host, up to ``max_concurrency``; 1: one stream per shard), the
+    #: ceiling of the measured level (None: 16 shared among the machine's DataLoader workers), and
     #: how many of the next shards are requested ahead of time (0: none)
     part_size: int = 8 << 20
     concurrency: Optional[int] = None
-    max_concurrency: int = 16
+    max_concurrency: Optional[int] = None
     prefetch: int = 1
     #: the largest structured file read from data (index, description, manifest, spec, state, job record)
     max_data_file_size: int = 64 << 20
@@ -284,6 +288,7 @@ class Settings:
             rank=_parse_int("RANK", get("RANK"), None),
             world_size=_parse_int("WORLD_SIZE", get("WORLD_SIZE"), None),
             local_rank=_parse_int("LOCAL_RANK", get("LOCAL_RANK"), None),
+            local_world_size=parse_count("LOCAL_WORLD_SIZE", get("LOCAL_WORLD_SIZE"), None, 1),
             template_vars=tuple(sorted((k[4:], v) for k, v in environ.items() if k.startswith("WDS_") and len(k) > 4)),
             ais_endpoint=(get("AIS_ENDPOINT") or "").rstrip("/") or None,
             ais_token=get("AIS_AUTHN_TOKEN") or None,
@@ -297,7 +302,7 @@ class Settings:
             max_sample_size=parse_positive_size("WDS_MAX_SAMPLE_SIZE", get("WDS_MAX_SAMPLE_SIZE")),
             part_size=parse_positive_size("WDS_PART_SIZE", get("WDS_PART_SIZE"), 8 << 20),
             concurrency=parse_count("WDS_CONCURRENCY", get("WDS_CONCURRENCY"), None, 1),
-            max_concurrency=parse_count("WDS_MAX_CONCURRENCY", get("WDS_MAX_CONCURRENCY"), 16, 1),
+            max_concurrency=parse_count("WDS_MAX_CONCURRENCY", get("WDS_MAX_CONCURRENCY"), None, 1),
             prefetch=parse_count("WDS_PREFETCH", get("WDS_PREFETCH"), 1, 0),
             max_data_file_size=parse_positive_size("WDS_MAX_DATA_FILE_SIZE", get("WDS_MAX_DATA_FILE_SIZE"),
                                                    64 << 20),

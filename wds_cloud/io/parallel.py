@@ -1,36 +1,44 @@
 """Parallel ranged reads: a remote shard fetched as parts on several connections, the next shards ahead.
 
 Over a distant link one connection carries tens of MB/s and every request waits for its first
-byte, so one stream per shard leaves most of the link idle.  A :class:`Fetcher` (one per dataset
-and process) reads a shard as byte ranges ("parts") on several connections at once and hands them
-to the tar reader in order as one stream (:class:`PartedStream`):
+byte, so one stream per shard leaves most of the link idle; on a store where a ranged request costs
+more than its share, parts make things worse.  A :class:`Fetcher` (one per dataset and process)
+reads each remote shard on as many connections as its host's *level* (measured by a
+:class:`~wds_cloud.io.concurrency.Controller`, per host, in both directions) and hands the bytes to
+the tar reader in order as one stream (:class:`PartedStream`):
 
-- the first part is asked for at once (``part_size / 2`` bytes); its answer tells the size and
-  version, and the rest is split into parts of at most ``part_size`` (at least as many as there are
-  connections, down to 1 MiB).  A shard no longer than the first part is read with one request;
-  a store that ignores ``Range`` is read as one stream after the first part, and so is every later
-  shard of that host;
+- at one connection, the first request asks for the whole rest of the shard: one request per shard,
+  as a plain stream makes; when more connections are chosen while it flows, it stops a little ahead
+  of where it is and the rest is asked for as parts;
+- at more, the first request asks for ``part_size / 2`` bytes; its answer tells the size and version,
+  and the rest is split into parts of at most ``part_size`` (at least as many as the level, down to
+  1 MiB).  A store that ignores ``Range`` is read as one stream, and so is every later shard of that
+  host;
 - every part is a :class:`~wds_cloud.io.resilient.ResumableStream` pinned to the version of the
   first part: a fault resumes that part at its next unread byte, and an object replaced between
   parts raises :class:`~wds_cloud.errors.ObjectChangedError`, never a splice;
-- at most ``concurrency`` parts are in flight and at most ``concurrency x part_size`` bytes are held
-  (parts wait in memory only until the reader takes them);
+- at most ``level`` parts of a host are in flight and at most ``level x part_size`` bytes held (parts
+  wait in memory only until the reader takes them; a request for a whole shard holds at most
+  ``part_size`` unread);
 - ``prefetch(urls)`` names the shards that come next (the reader knows them after shuffling and
-  splitting): their parts are requested with the connections the current shard leaves free, except
-  the last part of each (or the second half, for a one-part shard), so a shard that is never read is
-  never downloaded whole; a shard dropped from the list, or left when the reader stops, is cancelled
-  and its connections closed;
-- without a fixed ``concurrency``, it starts at 8 parts in flight and grows while the bytes per second
-  of all parts together grow (by 5% or more over a round of as many parts), up to ``max_concurrency``.
+  splitting): the first request of each is sent ahead (even at the level, unless ``concurrency`` is
+  pinned: it holds at most :data:`FIRST_SAMPLE_BYTES`, or half a part, until the shard is read), then
+  its parts with the connections the current shard leaves free, except the last one, so a shard that is
+  never read is never downloaded whole; a shard dropped from the list, or left when the reader stops,
+  is cancelled and its connections closed;
+- parts reuse kept-alive connections (:mod:`~wds_cloud.io.keepalive`): no new TCP or TLS handshake
+  per part on the HTTP backends.
 
 Settings (the dataset's arguments, else the profile of the URL, else the environment):
-``part_size`` (``WDS_PART_SIZE``, 8 MiB), ``concurrency`` (``WDS_CONCURRENCY``; 1 turns parts off),
-``max_concurrency`` (``WDS_MAX_CONCURRENCY``, 16), ``prefetch`` (``WDS_PREFETCH``, 1 shard ahead).
-Local files, pipes and backends without ranged reads are opened as before, one stream each.
+``part_size`` (``WDS_PART_SIZE``, 8 MiB), ``concurrency`` (``WDS_CONCURRENCY``; pins the level, and 1
+turns parts off), ``max_concurrency`` (``WDS_MAX_CONCURRENCY``; the ceiling of the measured level, by
+default 16 shared among the machine's DataLoader workers), ``prefetch`` (``WDS_PREFETCH``, 1 shard
+ahead).  Local files, pipes and backends without ranged reads are opened as before, one stream each.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
@@ -42,8 +50,9 @@ from typing import Any, Mapping, Optional, Sequence
 from .. import config
 from ..config import Settings
 from ..errors import ConfigError, TransferError, redact
-from . import profiles
+from . import concurrency, profiles
 from .backend import read_to_end
+from .concurrency import Controller
 from .open import RemoteObject, gopen, remote_object
 from .registry import get_registry
 from .resilient import ResumableStream, StatsSink, TransferStats
@@ -61,8 +70,6 @@ FIRST_PIECE = 64 << 10
 FIRST_SAMPLE_BYTES = 1 << 20
 #: parts are not split finer than this to use more connections (unless ``part_size`` is smaller)
 MIN_PART = 1 << 20
-#: where an adaptive concurrency starts
-START_CONCURRENCY = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +77,8 @@ class TransferOptions:
     """How one shard is fetched (see the module docstring)."""
 
     part_size: int = 8 << 20
-    concurrency: Optional[int] = None
-    max_concurrency: int = 16
+    concurrency: Optional[int] = None  # None: measured per host (see wds_cloud.io.concurrency)
+    max_concurrency: Optional[int] = None  # None: the default ceiling, shared by a machine's workers
     prefetch: int = 1
 
     @classmethod
@@ -129,102 +136,123 @@ _PREFETCHED, _ACTIVE, _CLOSED = "prefetched", "active", "closed"
 
 
 class _Part:
-    __slots__ = ("obj", "index", "start", "end", "limit", "buf", "filled", "error", "done", "stream",
-                 "reserved", "released")
+    """A byte range of an object, filled by one request in pieces that the reader takes in order.
 
-    def __init__(self, obj: "_Object", index: int, start: int, end: int) -> None:
+    ``end`` is None for a *streamed* part: the first request of a shard read on one connection asks
+    for everything from its start, and its end becomes the object's size (or where the rest is split
+    into parts when more connections are chosen)."""
+
+    __slots__ = ("obj", "index", "start", "end", "limit", "cap", "chunks", "filled", "taken", "asked_to",
+                 "blocked", "began", "error", "done", "stream", "reserved", "released", "streamed", "extra")
+
+    def __init__(self, obj: "_Object", index: int, start: int, end: Optional[int]) -> None:
         self.obj = obj
         self.index = index
         self.start = start
         self.end = end
-        self.limit = end - start  # bytes it may fill now (less while a one-part shard is only prefetched)
-        self.buf: Optional[bytearray] = None
+        self.streamed = end is None
+        self.limit: Optional[int] = None  # fill no further for now (a shard only expected); None: no limit
+        self.cap: Optional[int] = None  # hold at most this many unread bytes (a streamed part); None: all
+        self.chunks: collections.deque[memoryview] = collections.deque()  # filled, not yet taken, in order
         self.filled = 0
+        self.taken = 0
+        self.asked_to = 0  # ``filled`` plus the read in progress: a split never cuts below it
+        self.blocked = False  # its filler waits for the reader (memory) or for the shard to be read
+        self.began: Optional[float] = None  # when its first byte came
         self.error: Optional[BaseException] = None
         self.done = False
         self.stream: Optional[ResumableStream] = None
         self.reserved = 0  # bytes of the window it holds
         self.released = False
+        self.extra = False  # sent ahead beyond the level (the first request of a shard expected next)
 
     @property
-    def length(self) -> int:
-        return self.end - self.start
+    def length(self) -> Optional[int]:
+        return None if self.end is None else self.end - self.start
+
+    @property
+    def holds(self) -> int:
+        """The most bytes it can hold at once: what it reserves of the window."""
+        length = self.length
+        if self.cap is None:
+            return length if length is not None else 0
+        return self.cap if length is None else min(self.cap, length)
 
 
 class _Object:
     """One shard being read (or expected): its parts, in order, made lazily from the plan (a server's claim of
     the object's size decides how many there are, never how much memory is taken before bytes arrive)."""
 
-    def plan(self, step: int, count: int) -> None:
+    def plan(self, step: int, count: int, base: int = 1) -> None:
+        """Parts ``base`` onwards: ``count`` of ``step`` bytes from where part ``base - 1`` ends."""
+        self._base = base
         self._step = step
-        self.total = 1 + count
+        self.total = base + count
 
     def part(self, index: int) -> _Part:
         """Part ``index`` (< ``total``), made with those before it when first asked for."""
         while len(self.parts) <= index:
             i = len(self.parts)
-            begin = self.parts[0].end + (i - 1) * self._step
+            grid_start = self.parts[self._base - 1].end
+            assert grid_start is not None
+            begin = grid_start + (i - self._base) * self._step
             end = begin + self._step
             if self.size is not None:
                 end = min(end, self.size)
             self.parts.append(_Part(self, i, begin, end))
         return self.parts[index]
 
-    def __init__(self, url: str, remote: RemoteObject, options: TransferOptions, start: int, state: str) -> None:
+    def replan(self, level: int) -> None:
+        """Split the parts not yet asked for finer, for ``level`` connections (lock held)."""
+        done = self.dispatched
+        if not self.planned or self.single or self.size is None or not 0 < done < self.total:
+            return
+        begin = self.parts[done - 1].end
+        assert begin is not None
+        step, count = part_step(begin, self.size, self.options.part_size, level)
+        if count > self.total - done:
+            del self.parts[done:]
+            self.plan(step, count, base=done)
+
+    def __init__(self, url: str, remote: RemoteObject, options: TransferOptions, start: int, state: str,
+                 host: str, controller: Controller) -> None:
         self.url = url
         self.remote = remote
         self.start = start
         self.options = options
         self.state = state
+        self.host = host
+        self.controller = controller
         self.size: Optional[int] = None
         self.version: Optional[str] = None
         self.md5: Optional[str] = None
         self.planned = False
         self.single = False  # the store ignored Range: the rest is read as one stream
         self.deferred = state == _ACTIVE  # opened cold: the other parts wait for the first sample's bytes
-        self.parts = [_Part(self, 0, start, start + options.first_part)]  # made as they are needed
+        # At one connection the first request asks for the whole rest of the shard (one request, as one
+        # stream would); with more, for the first half part, and the rest is planned once its answer tells
+        # the size.
+        streamed = controller.level == 1 and not controller.fixed
+        first = _Part(self, 0, start, None if streamed else start + options.first_part)
+        if streamed:
+            first.cap = options.part_size
+            if state == _PREFETCHED:
+                first.limit = FIRST_SAMPLE_BYTES
+        self.parts = [first]  # the others are made as they are needed
         self.total = 1  # parts planned, made or not
         self._step = 0
+        self._base = 1
         self.dispatched = 0
         self.reading = 0  # the part its reader is at
+        self.received = 0  # bytes of it arrived
         self.peak = 0  # the most of its parts in flight at once
         self.running = 0
         self.created = time.perf_counter()
 
-
-class _Tuner:
-    """Parts in flight: fixed, or grown while the aggregate bytes per second grow."""
-
-    def __init__(self, fixed: Optional[int], cap: int) -> None:
-        self.fixed = fixed is not None
-        self.concurrency = fixed if fixed is not None else min(START_CONCURRENCY, cap)
-        self.cap = cap
-        self.frozen = self.fixed or self.concurrency >= cap
-        self._best = 0.0
-        self._since: Optional[float] = None
-        self._bytes = 0
-        self._parts = 0
-
-    def started(self, now: float) -> None:
-        if self._since is None:
-            self._since = now
-
-    def finished(self, nbytes: int, now: float) -> None:
-        if self.frozen or self._since is None:
-            return
-        self._bytes += nbytes
-        self._parts += 1
-        if self._parts < self.concurrency or now <= self._since:
-            return
-        rate = self._bytes / (now - self._since)
-        if rate > self._best * 1.05:
-            self._best = rate
-            self.concurrency = min(self.cap, self.concurrency + max(1, self.concurrency // 2))
-            self.frozen = self.concurrency >= self.cap
-            log.debug("parallel reads: %.1f MB/s, now %d parts in flight", rate / 1e6, self.concurrency)
-        else:
-            self.frozen = True
-        self._since, self._bytes, self._parts = now, 0, 0
+    @property
+    def left(self) -> Optional[int]:
+        """Bytes of it still to arrive (None: its size is not known yet)."""
+        return None if self.size is None else max(0, self.size - self.start - self.received)
 
 
 class Fetcher:
@@ -232,7 +260,8 @@ class Fetcher:
 
     ``open(url, offset)`` returns a binary stream; ``prefetch(urls)`` names the shards that come next.
     One per dataset stage and process: a forked DataLoader worker starts with none of its parent's
-    connections, and a pickled one (a spawned worker) carries only its settings.
+    connections (but with what the parent learned of each host), and a pickled one (a spawned worker)
+    carries its settings and what was learned.
     """
 
     def __init__(self, storage_options: Optional[dict] = None, retries: Optional[int] = None,
@@ -249,16 +278,18 @@ class Fetcher:
         self._pid = os.getpid()
         self._cond = threading.Condition()
         self._objects: list[_Object] = []  # the shards being read, then those expected, in order
-        self._in_flight = 0
-        self._window = 0
-        self._tuner: Optional[_Tuner] = None
+        self._in_flight: dict[str, int] = {}  # per host
+        self._window: dict[str, int] = {}  # bytes reserved by parts, per host
+        self._controllers: dict[tuple, Controller] = {}
         self._single_hosts: set[str] = set()
 
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        state["learned"] = concurrency.learned()  # a spawned worker starts from what this process knows
         return state
 
     def __setstate__(self, state: dict) -> None:
+        concurrency.seed(state.pop("learned", {}))
         self.__dict__.update(state)
         self._reset()
 
@@ -270,13 +301,13 @@ class Fetcher:
     def in_flight(self) -> int:
         """Parts being downloaded now."""
         with self._cond:
-            return self._in_flight
+            return sum(self._in_flight.values())
 
     @property
     def held(self) -> int:
         """Bytes of part buffers held now (requested and not yet read): at most ``concurrency x part_size``."""
         with self._cond:
-            return self._window
+            return sum(self._window.values())
 
     # settings
     def options(self, url: str) -> TransferOptions:
@@ -289,6 +320,19 @@ class Fetcher:
         prefetch = self.given.get("prefetch")
         return prefetch if prefetch is not None else config.current().prefetch
 
+    def controller(self, host: str, options: TransferOptions) -> Controller:
+        """The level of ``host`` for these settings: pinned by ``concurrency``, else measured (and shared by
+        the process's readers of that host); the ceiling is ``max_concurrency``, or this worker's share of
+        the default."""
+        cap = options.max_concurrency
+        if cap is None:
+            cap = concurrency.worker_share(concurrency.DEFAULT_MAX_CONCURRENCY, config.current().local_world_size)
+        key = (host, options.concurrency, cap)
+        found = self._controllers.get(key)
+        if found is None:
+            found = self._controllers[key] = concurrency.controller_for(host, cap, options.concurrency)
+        return found
+
     def _remote(self, url: str) -> Optional[tuple[RemoteObject, TransferOptions]]:
         """The object and its settings when ``url`` is read in parts (None: one stream, through gopen)."""
         remote = remote_object(url, storage_options=self.storage_options, retries=self.retries,
@@ -297,6 +341,10 @@ class Fetcher:
             return None
         options = self.options(url)
         return (remote, options) if options.parallel else None
+
+    def _object(self, url: str, remote: RemoteObject, options: TransferOptions, offset: int, state: str) -> _Object:
+        host = _host(remote.url)
+        return _Object(url, remote, options, offset, state, host, self.controller(host, options))
 
     # opening
     def open(self, url: str, offset: int = 0) -> Any:
@@ -314,7 +362,7 @@ class Fetcher:
             if found is None:
                 return gopen(url, "rb", offset=offset, storage_options=self.storage_options, retries=self.retries,
                              timeout=self.timeout, stats=self.stats)
-            obj = _Object(url, *found, offset, _ACTIVE)
+            obj = self._object(url, *found, offset, _ACTIVE)
             with self._cond:
                 actives = sum(1 for o in self._objects if o.state == _ACTIVE)
                 self._objects.insert(actives, obj)
@@ -333,7 +381,9 @@ class Fetcher:
         actives = sum(1 for o in self._objects if o.state == _ACTIVE)
         self._objects.insert(actives, obj)
         for part in obj.parts:
-            part.limit = part.length
+            part.limit = None
+        if obj.controller.level > 1:
+            self._split(obj)
         self._pump()
         self._cond.notify_all()
 
@@ -361,7 +411,7 @@ class Fetcher:
             except Exception:  # a hint only: open() reports the error when the shard is reached
                 continue
             if found is not None:
-                fresh[url] = _Object(url, *found, 0, _PREFETCHED)
+                fresh[url] = self._object(url, *found, 0, _PREFETCHED)
         with self._cond:
             for obj in list(self._objects):
                 if obj.state == _PREFETCHED and obj.url not in wanted:
@@ -379,18 +429,14 @@ class Fetcher:
                 self._cancel(obj)
 
     # scheduling (called with the lock held)
-    def _tune(self, options: TransferOptions) -> _Tuner:
-        if self._tuner is None:
-            self._tuner = _Tuner(options.concurrency, options.max_concurrency)
-        return self._tuner
-
     def _pump(self) -> None:
-        """Start parts in reading order while connections and window allow."""
+        """Start parts in reading order while each host's level and window allow."""
+        full: set[str] = set()
         for obj in self._objects:
-            if obj.state == _CLOSED:
+            if obj.state == _CLOSED or obj.host in full:
                 continue
-            tuner = self._tune(obj.options)
-            budget = tuner.concurrency * obj.options.part_size
+            level = obj.controller.level
+            budget = level * obj.options.part_size
             while obj.dispatched < obj.total:
                 if obj.dispatched and (not obj.planned or obj.deferred):
                     break
@@ -398,52 +444,124 @@ class Fetcher:
                 if obj.state == _PREFETCHED and part.index and part.index == obj.total - 1:
                     break  # an expected shard's last part waits until the shard is read
                 waited_on = obj.state == _ACTIVE and obj.reading >= part.index  # its reader waits for it
-                if not waited_on and (self._in_flight >= tuner.concurrency
-                                      or (self._window and self._window + part.length > budget)):
-                    return
-                self._start(part, tuner)
+                # the first request of the next shard goes out ahead even at the level (it holds little until
+                # the shard is read): its first byte's latency is hidden behind the shard being read
+                ahead = obj.state == _PREFETCHED and part.index == 0 and not obj.controller.fixed
+                window = self._window.get(obj.host, 0)
+                if not (waited_on or ahead) and (self._in_flight.get(obj.host, 0) >= level
+                                                 or (window and window + part.holds > budget)):
+                    full.add(obj.host)
+                    break
+                self._start(part, extra=ahead and not waited_on and self._in_flight.get(obj.host, 0) >= level)
             if obj.deferred:
                 return  # nothing after it starts before its first sample's bytes are in
 
-    def _start(self, part: _Part, tuner: _Tuner) -> None:
+    def _start(self, part: _Part, extra: bool = False) -> None:
         obj = part.obj
         obj.dispatched += 1
-        part.reserved = part.length
-        self._window += part.reserved
-        self._in_flight += 1
         obj.running += 1
         obj.peak = max(obj.peak, obj.running)
-        tuner.started(time.perf_counter())
-        threading.Thread(target=self._run, args=(part, tuner), daemon=True,
+        part.extra = extra
+        if extra:
+            return self._thread(part)  # beyond the level: neither counted in it nor in its window
+        part.reserved = part.holds
+        self._window[obj.host] = self._window.get(obj.host, 0) + part.reserved
+        in_flight = self._in_flight[obj.host] = self._in_flight.get(obj.host, 0) + 1
+        obj.controller.flight(in_flight, time.perf_counter())
+        self._thread(part)
+
+    def _thread(self, part: _Part) -> None:
+        obj = part.obj
+        threading.Thread(target=self._run, args=(part,), daemon=True,
                          name=f"wds_cloud part {part.index} of {redact(obj.url)}").start()
+
+    def _reserve(self, part: _Part) -> None:
+        """Reserve what ``part`` can hold now (its end or cap changed)."""
+        holds = part.holds
+        if part.reserved != holds and not part.released and not part.extra:
+            self._window[part.obj.host] = self._window.get(part.obj.host, 0) - part.reserved + holds
+            part.reserved = holds
 
     def _planned(self, obj: _Object, stream: ResumableStream) -> None:
         """The first part answered: plan the rest of the object (lock held)."""
         first = obj.parts[0]
         obj.size, obj.version, obj.md5 = stream.size, stream.version, stream.md5
-        if obj.size is not None:
-            first.end = max(first.start, min(first.end, obj.size))
-        if not stream.ranged or obj.size is None:
-            obj.single = True  # the rest, if any, as one stream (see PartedStream)
-            if not stream.ranged:
-                self._single_hosts.add(_host(obj.remote.url))
-                log.info("%s: the server ignores Range requests; reading its shards as one stream",
-                         redact(obj.url))
+        if not stream.ranged:
+            self._single_hosts.add(obj.host)
+            log.info("%s: the server ignores Range requests; reading its shards as one stream", redact(obj.url))
+        if first.streamed:
+            if obj.size is not None:
+                first.end = max(first.start, obj.size)  # one request for the whole rest of the shard
         else:
-            tuner = self._tune(obj.options)
-            obj.plan(*part_step(first.end, obj.size, obj.options.part_size, tuner.concurrency))
-        self._window -= first.reserved - first.length
-        first.reserved = first.length
-        first.limit = first.length
-        if obj.state == _PREFETCHED and obj.total == 1 and not obj.single:
-            first.limit = first.length // 2  # a one-part shard expected ahead: never all of it unread
+            if obj.size is not None:
+                first.end = max(first.start, min(first.end or 0, obj.size))
+            if not stream.ranged or obj.size is None:
+                obj.single = True  # the rest, if any, as one stream (see PartedStream)
+            else:
+                assert first.end is not None
+                obj.plan(*part_step(first.end, obj.size, obj.options.part_size, obj.controller.level))
+            if obj.state == _PREFETCHED and obj.total == 1 and not obj.single:
+                first.limit = (first.length or 0) // 2  # a one-part shard expected ahead: never all of it unread
+        self._reserve(first)
         obj.planned = True
+        if obj.controller.level > 1:
+            self._split(obj)
         self._cond.notify_all()
         self._pump()
 
-    def _run(self, part: _Part, tuner: _Tuner) -> None:
-        """One part: open (pinned to the first part's version), fill its buffer piece by piece."""
+    def _split(self, obj: _Object) -> None:
+        """More connections were chosen while ``obj`` streams on one: its request stops a little ahead of
+        where it is (what it brings while the new parts wait for their first byte) and the rest is planned
+        as parts (lock held)."""
+        first = obj.parts[0]
+        if (not first.streamed or obj.total > 1 or first.done or not obj.planned or obj.size is None
+                or obj.single or obj.host in self._single_hosts or first.error is not None):
+            return
+        controller = obj.controller
+        if obj.state == _PREFETCHED:  # waiting at its limit: the rest is parts, fetched ahead but the last
+            at = first.start + max(first.asked_to, first.filled, first.limit or 0)
+        else:
+            rate = 0.0
+            if first.began is not None and first.filled:
+                rate = first.filled / max(1e-6, time.perf_counter() - first.began)
+            ahead = int(rate * (controller.latency or 0.0))
+            at = first.start + max(first.asked_to, first.filled + ahead)
+        at = -(-at // CHUNK) * CHUNK  # whole pieces
+        if obj.size - at < MIN_PART:
+            return  # too little left to be worth new requests
+        first.end = at
+        first.limit = None if obj.state == _ACTIVE else first.limit
+        self._reserve(first)
+        obj.plan(*part_step(at, obj.size, obj.options.part_size, controller.level))
+        log.debug("%s: %d connections chosen; parts from byte %d", redact(obj.url), controller.level, at)
+
+    def _decide(self, obj: _Object, now: float) -> None:
+        """A measuring window of ``obj``'s host ended: the controller decides; more connections split the
+        shards streaming on one, fewer take effect as parts finish (lock held)."""
+        controller = obj.controller
+        # what is known to be left (a shard whose size is not known yet counts for nothing: more
+        # connections must pay on what is known)
+        mine = [o for o in self._objects if o.host == obj.host and o.state != _CLOSED]
+        remaining = sum(o.left or 0 for o in mine)
+        flowing = [(p.filled, now - p.began) for o in mine for p in o.parts[:o.dispatched]
+                   if p.began is not None and not p.done and not p.blocked and now > p.began]
+        carried, seconds = sum(f for f, _ in flowing), sum(t for _, t in flowing)
+        before = controller.level
+        changed = controller.decide(now, remaining, carried / seconds if seconds and carried else None)
+        self.stats.add(TransferStats(hosts={redact(obj.host): controller.report()}))
+        if changed is not None:
+            log.debug("%s: %d -> %d connections (%s)", redact(obj.host), before, changed, controller.reason)
+            if changed > before:
+                for other in self._objects:
+                    if other.host == obj.host:
+                        self._split(other)
+                        other.replan(changed)
+            self._pump()
+
+    def _run(self, part: _Part) -> None:
+        """One part: open (pinned to the first part's version), fill it piece by piece as the reader takes."""
         obj = part.obj
+        controller = obj.controller
         cond = self._cond
         stream: Optional[ResumableStream] = None
         asked = time.perf_counter()
@@ -454,31 +572,58 @@ class Fetcher:
             else:
                 stream = obj.remote.stream(part.start, part.end, None)
             began = time.perf_counter()
+            controller.first_byte(began - asked)
             with cond:
                 if obj.state == _CLOSED:  # cancelled while the request was on its way
                     return
                 part.stream = stream
+                part.began = began
                 if part.index == 0:
                     self._planned(obj, stream)
-            buf = part.buf = bytearray(part.length)
-            view = memoryview(buf)
-            while part.filled < part.length:
+            while True:
                 with cond:
-                    while part.filled >= part.limit and obj.state == _PREFETCHED:
-                        cond.wait()
-                    if obj.state == _CLOSED:
-                        return
-                at = part.filled
-                n = stream.readinto(view[at:min(part.length, at + min(CHUNK, max(FIRST_PIECE, at)))])
+                    while True:
+                        if obj.state == _CLOSED:
+                            return
+                        at, length = part.filled, part.length
+                        if length is not None and at >= length:
+                            break
+                        if (part.limit is not None and at >= part.limit) or (
+                                part.cap is not None and at - part.taken >= part.cap):
+                            part.blocked = True
+                            cond.wait()
+                            continue
+                        break
+                    part.blocked = False
+                    if length is not None and at >= length:
+                        break
+                    want = min(CHUNK, max(FIRST_PIECE, at))
+                    if length is not None:
+                        want = min(want, length - at)
+                    if part.limit is not None:
+                        want = min(want, part.limit - at)
+                    if part.cap is not None:
+                        want = min(want, part.cap - (at - part.taken))
+                    part.asked_to = at + want
+                buf = bytearray(want)
+                n = stream.readinto(buf)
                 if not n:
+                    if part.length is None:  # streamed to an end no header told: the object ends here
+                        break
                     raise TransferError(f"{redact(obj.url)}: the part [{part.start}, {part.end}) ended at byte "
                                         f"{part.start + at}", url=obj.url, offset=part.start + at)
+                now = time.perf_counter()
                 with cond:
+                    part.chunks.append(memoryview(buf) if n == want else memoryview(buf)[:n])
                     part.filled = at + n
+                    obj.received += n
+                    controller.received(n, now)
                     cond.notify_all()
                     if obj.deferred and part.filled >= FIRST_SAMPLE_BYTES:
                         obj.deferred = False
                         self._pump()
+                    if controller.due(now):
+                        self._decide(obj, now)
         except BaseException as exc:
             with cond:
                 if obj.state != _CLOSED:
@@ -495,11 +640,14 @@ class Fetcher:
                 figures.bytes_refetched, figures.time_lost = stream.stats.bytes_refetched, stream.stats.time_lost
             self.stats.add(figures)
             with cond:
-                tuner.finished(part.filled, finished)
                 obj.deferred = False
+                if part.end is None:
+                    part.end = part.start + part.filled  # streamed to its end: the object's end
                 part.done = True
                 part.stream = None
-                self._in_flight -= 1
+                if not part.extra:
+                    in_flight = self._in_flight[obj.host] = self._in_flight.get(obj.host, 1) - 1
+                    controller.flight(in_flight, finished)
                 obj.running -= 1
                 cond.notify_all()
                 self._pump()
@@ -507,8 +655,8 @@ class Fetcher:
     def _release(self, part: _Part) -> None:
         if not part.released:
             part.released = True
-            self._window -= part.reserved
-            part.buf = None
+            self._window[part.obj.host] = self._window.get(part.obj.host, 0) - part.reserved
+            part.chunks.clear()
 
     def _cancel(self, obj: _Object) -> None:
         """Stop reading ``obj``: its connections close, its memory is given back (lock held)."""
@@ -546,8 +694,7 @@ class PartedStream:
     def __init__(self, obj: _Object, fetcher: Fetcher) -> None:
         self._obj = obj
         self._fetcher = fetcher
-        self._index = 0
-        self._at = 0  # within the current part
+        self._index = 0  # the part being read
         self._tail: Optional[ResumableStream] = None
         self.url = obj.url
         self.position = obj.start
@@ -571,11 +718,14 @@ class PartedStream:
         return True
 
     def _piece(self, limit: int) -> memoryview:
-        """Up to ``limit`` bytes past the read position, as a view of the buffer holding them (empty at
+        """Up to ``limit`` bytes past the read position, as a view of the piece holding them (empty at
         the end of the object); the position advances past them."""
         obj = self._obj
         if self._tail is None:
-            cond = self._fetcher._cond
+            fetcher = self._fetcher
+            cond = fetcher._cond
+            piece: Optional[memoryview] = None
+            waited: Optional[float] = None
             with cond:
                 while True:
                     if obj.state == _CLOSED:
@@ -583,25 +733,32 @@ class PartedStream:
                     if self._index >= obj.total:
                         break
                     part = obj.part(self._index)
-                    if part.filled > self._at:
-                        n = min(limit, part.filled - self._at)
-                        buf = part.buf
+                    chunks = part.chunks
+                    if chunks:
+                        head = chunks[0]
+                        if len(head) <= limit:
+                            piece = chunks.popleft()
+                        else:
+                            piece, chunks[0] = head[:limit], head[limit:]
+                        part.taken += len(piece)
+                        if part.blocked:
+                            cond.notify_all()  # its filler waits for room
                         break
                     if part.error is not None:
                         raise part.error
-                    if part.done and self._at >= part.length:
-                        self._fetcher._release(part)
+                    if part.done:
+                        fetcher._release(part)
                         self._index += 1
                         obj.reading = self._index
-                        self._at = 0
-                        self._fetcher._pump()
+                        fetcher._pump()
                         continue
+                    if waited is None:
+                        waited = time.perf_counter()
                     cond.wait()
-            if self._index < obj.total:
-                assert buf is not None
-                piece = memoryview(buf)[self._at:self._at + n]
-                self._at += n
-                self.position += n
+            if waited is not None:  # the reader waited for bytes: what the controller grows on
+                obj.controller.waited(time.perf_counter() - waited)
+            if piece is not None:
+                self.position += len(piece)
                 return piece
             if not obj.single or (obj.size is not None and self.position >= obj.size):
                 return memoryview(b"")
@@ -648,7 +805,8 @@ class PartedStream:
         with self._fetcher._cond:
             self._fetcher._cancel(obj)
         self._fetcher.stats.add(TransferStats(streams=1, seconds=time.perf_counter() - obj.created,
-                                              concurrency=obj.peak))
+                                              concurrency=obj.peak,
+                                              hosts={redact(obj.host): obj.controller.report()}))
 
     def __del__(self) -> None:  # a stream dropped unclosed gives its connections and memory back
         try:

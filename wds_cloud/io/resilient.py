@@ -79,11 +79,16 @@ class TransferStats:
     #: local shard files opened, and their bytes from where they were opened
     local_files: int = 0
     local_bytes: int = 0
+    #: parallel ranged reads, per host: the connections chosen and why (see :mod:`wds_cloud.io.concurrency`):
+    #: ``{host: {"level", "why", "waiting", "latency", "rates", "cap", "pinned"}}``, the latest of each
+    hosts: dict = dataclasses.field(default_factory=dict)
 
     def add(self, other: "TransferStats") -> None:
         for field in dataclasses.fields(self):
             if field.name == "concurrency":
                 self.concurrency = max(self.concurrency, other.concurrency)
+            elif field.name == "hosts":
+                self.hosts.update(other.hosts)
             else:
                 setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
 
@@ -119,7 +124,7 @@ class StatsSink:
 
     def snapshot(self) -> TransferStats:
         with self._lock:
-            return dataclasses.replace(self.total)
+            return dataclasses.replace(self.total, hosts={k: dict(v) for k, v in self.total.hosts.items()})
 
     def __getstate__(self) -> dict:  # picklable for spawn-started workers (a lock is not)
         return {"total": self.snapshot()}

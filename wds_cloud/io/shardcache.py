@@ -256,7 +256,7 @@ class ShardCache:
                              f"cache directory {self.directory}")
         return path
 
-    def _count(self, **fields: int) -> None:
+    def _count(self, **fields: Any) -> None:
         self.stats.add(TransferStats(**fields))
 
     # opening

@@ -11,7 +11,9 @@ is logged as ``(method, key, Range)`` in ``Store.requests``, so a test can see w
     server.stop()
 
 With :class:`~wds_cloud.testing.faults.FaultProxy` in front it is a distant store (see
-:mod:`wds_cloud.testing.link`).
+:mod:`wds_cloud.testing.link`).  With ``range_cost`` it is a store where every GET, ranged or not,
+costs time in proportion to the whole object, one request at a time (as a store that reads the whole
+object for each request does): ``http_server(range_cost=0.01)`` charges 10 ms per MB of the object.
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ class Store:
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str, Optional[str]]] = []
         self.bytes_sent = 0
+        #: seconds per MB of the whole object that every GET costs, one GET at a time (None: free)
+        self.range_cost: Optional[float] = None
+        self.busy = threading.Lock()  # held while a GET's cost is paid
+        #: connections the server accepted (a reader that reuses kept connections opens few)
+        self.connections = 0
 
     def put(self, key: str, data: bytes) -> None:
         etag = '"' + hashlib.md5(data).hexdigest() + '"'  # once per version, not per request
@@ -93,6 +100,11 @@ class ObjectHandler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:  # quiet
         pass
 
+    def setup(self) -> None:
+        super().setup()
+        with self.store.lock:
+            self.store.connections += 1
+
     def _key(self) -> str:
         return urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
 
@@ -128,6 +140,9 @@ class ObjectHandler(BaseHTTPRequestHandler):
         rng = parse_range(self.headers.get("Range"), len(data))
         if rng and rng[0] >= len(data):
             return self._error(416, "range not satisfiable")
+        if self.store.range_cost and self.command == "GET":  # the whole object is read for every request,
+            with self.store.busy:                              # one at a time, before the answer starts
+                time.sleep(self.store.range_cost * len(data) / 1e6)
         view = memoryview(data)  # a Range answer must not copy the object (resumes would pay for it)
         status, body = (206, view[rng[0]:rng[1] + 1]) if rng else (200, view)
         self.send_response(status)
@@ -202,7 +217,10 @@ class Server:
         self.httpd.server_close()
 
 
-def http_server(token: Optional[str] = None) -> tuple[Server, Store]:
+def http_server(token: Optional[str] = None, range_cost: Optional[float] = None) -> tuple[Server, Store]:
+    """A server and its store; ``token`` requires that bearer token, ``range_cost`` charges every GET
+    that many seconds per MB of the whole object, one GET at a time."""
     store = Store()
+    store.range_cost = range_cost
     handler = type("Handler", (HTTPObjectHandler,), {"store": store, "token": token})
     return Server(handler), store

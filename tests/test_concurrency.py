@@ -1,0 +1,236 @@
+"""The connection controller: measured per host, up and down (a simulated store and clock), then end to end
+over the emulated link and over a store where every range costs the whole object (counters, not timings)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+import wds_cloud as wds
+from wds_cloud.io import concurrency
+from wds_cloud.io.concurrency import REPROBE, Controller, worker_share
+from wds_cloud.testing.link import EmulatedLink
+from wds_cloud.testing.objects import http_server
+
+from .test_parallel_reads import shard_bytes
+
+MB = 1e6
+
+
+class SimulatedStore:
+    """A store and a reader in simulated time: ``rate(level, t)`` bytes/s of all connections together, a reader
+    that takes ``reader`` bytes/s at most; every step, what arrives and how long the reader waited."""
+
+    def __init__(self, rate, reader=2000 * MB, latency=0.03, remaining=None):
+        self.rate = rate
+        self.reader = reader
+        self.latency = latency
+        self.remaining = remaining
+        self.now = 0.0
+        self.levels = []
+
+    def run(self, controller: Controller, seconds: float, step: float = 0.002) -> Controller:
+        controller.first_byte(self.latency)
+        end = self.now + seconds
+        while self.now < end:
+            level = controller.level
+            controller.flight(level, self.now)
+            self.now += step
+            store = self.rate(level, self.now)
+            delivered = min(store, self.reader)
+            controller.received(int(delivered * step), self.now)
+            controller.waited(step * max(0.0, 1 - store / self.reader))
+            if controller.due(self.now):
+                controller.decide(self.now, self.remaining)
+            self.levels.append(controller.level)
+        return controller
+
+
+def paced(per_connection, total):
+    return lambda level, t: min(level * per_connection, total)
+
+
+def test_a_paced_link_grows_to_where_more_connections_stop_helping():
+    store = SimulatedStore(paced(50 * MB, 400 * MB))
+    controller = store.run(Controller(16), 3.0)
+    # 8 x 50 MB/s fill the link: it settles where the link is full, below the 16 it tried
+    assert 8 <= controller.level <= 10
+    assert controller.rates[controller.level] == pytest.approx(400 * MB, rel=0.05)
+    assert 16 in controller.rates and controller.rates[16] < controller.rates[controller.level] * 1.1
+    assert store.levels[0] == 1  # it started from one connection
+
+
+def test_a_store_where_ranges_cost_goes_back_to_one_connection():
+    store = SimulatedStore(lambda level, t: 900 * MB / level)  # every extra request slows all
+    controller = store.run(Controller(16), 3.0)
+    assert controller.level == 1
+    trials = sum(1 for a, b in zip(store.levels, store.levels[1:]) if b > a)
+    assert trials <= 3  # 4, then 2, then it stays: the ceiling is remembered
+
+
+def test_more_connections_are_not_tried_where_they_cannot_pay():
+    # the reader waits, but what is left of the shard takes less than two first bytes at the current rate
+    store = SimulatedStore(lambda level, t: 900 * MB / level, latency=0.09, remaining=64 << 20)
+    controller = store.run(Controller(16), 2.0)
+    assert set(store.levels) == {1}
+    assert "would not pay" in controller.reason
+
+
+def test_a_reader_that_is_never_kept_waiting_stays_on_one_connection():
+    store = SimulatedStore(paced(500 * MB, 4000 * MB), reader=100 * MB)
+    controller = store.run(Controller(16), 2.0)
+    assert set(store.levels) == {1}
+    assert "not waiting" in controller.reason
+
+
+def test_it_measures_again_and_follows_a_link_that_got_faster():
+    store = SimulatedStore(lambda level, t: min(level * 50 * MB, 200 * MB if t < 5 else 800 * MB))
+    controller = store.run(Controller(16), 4.9)
+    assert controller.level == 4
+    store.run(controller, REPROBE + 6.0)
+    assert controller.level == 16
+
+
+def test_it_comes_down_when_the_store_starts_to_suffer_from_many_connections():
+    def rate(level, t):
+        if t < 3:
+            return min(level * 50 * MB, 400 * MB)
+        return 300 * MB if level <= 2 else 300 * MB * 2 / level  # many connections now cost
+
+    store = SimulatedStore(rate)
+    controller = store.run(Controller(16), 2.9)
+    assert 8 <= controller.level <= 10
+    store.run(controller, 3 * REPROBE + 3)
+    assert controller.level <= 2
+
+
+def test_a_level_learned_elsewhere_is_checked_against_fewer_connections_at_once():
+    store = SimulatedStore(lambda level, t: 900 * MB / level)
+    controller = store.run(Controller(16, start=8), 1.0)
+    assert controller.level == 1
+
+
+def test_a_pinned_level_is_never_measured_or_changed():
+    store = SimulatedStore(lambda level, t: 900 * MB / level)
+    controller = store.run(Controller(16, fixed=6), 1.0)
+    assert set(store.levels) == {6} and controller.decisions == 0
+    assert controller.report()["pinned"] and "concurrency=6" in controller.report()["why"]
+
+
+def test_the_ceiling_is_a_share_of_the_machine(monkeypatch):
+    assert worker_share(16) == 16 and worker_share(16, local_world_size=4) == 4
+    fake_torch = types.ModuleType("torch")
+    fake_torch.utils = types.SimpleNamespace(data=types.SimpleNamespace(
+        get_worker_info=lambda: types.SimpleNamespace(num_workers=2, id=0)))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    assert worker_share(16) == 8 and worker_share(16, local_world_size=2) == 4 and worker_share(3, 8) == 1
+
+
+def test_what_is_learned_travels_to_a_spawned_worker_and_hostile_tables_are_ignored():
+    concurrency.forget()
+    try:
+        concurrency.controller_for("http://a.example", 16).level = 6
+        table = concurrency.learned()
+        concurrency.forget()
+        concurrency.seed({**table, "http://b.example": {"level": 10 ** 9}, "http://c.example": "x",
+                          "http://d.example": {"level": True}})
+        assert concurrency.report()["http://a.example"]["level"] == 6
+        assert set(concurrency.report()) == {"http://a.example"}
+        # a worker's ceiling caps what it was handed
+        assert concurrency.controller_for("http://a.example", 4).level == 4
+    finally:
+        concurrency.forget()
+
+
+# end to end: real servers; the assertions are on levels and request counts
+
+@pytest.fixture(autouse=False)
+def fresh_hosts():
+    concurrency.forget()
+    yield
+    concurrency.forget()
+
+
+def test_over_a_slow_link_the_level_grows(fresh_hosts):
+    with EmulatedLink(latency=0.02, rate=2e6) as link:  # slow enough that pacing, not the CPU, sets the rate
+        link.put("/b/big.tar", shard_bytes("x-", samples=40, size=100_000))
+        ds = wds.WebDataset(f"{link.url}/b/big.tar", shardshuffle=False)
+        assert len(list(ds)) == 40
+        (host, figures), = ds.stats.hosts.items()
+        assert figures["level"] > 1 and len(figures["rates"]) >= 2, str(figures)
+        assert figures["waiting"] > 0 and figures["latency"] >= 0.02
+        assert any(r[2] is not None for r in link.store.requests)  # parts: ranged GETs
+        assert ds.stats.requests > 1
+
+
+def test_a_store_where_every_range_costs_the_object_is_read_with_one_request_per_shard(fresh_hosts):
+    server, store = http_server(range_cost=0.05)
+    try:
+        for i in range(4):
+            store.put(f"/b/s-{i}.tar", shard_bytes(f"{i}-", samples=30, size=100_000))
+        ds = wds.WebDataset(f"{server.url}/b/s-{{0..3}}.tar", shardshuffle=False)
+        assert len(list(ds)) == 120
+        gets = [r for r in store.requests if r[0] == "GET"]
+        assert len(gets) == 4 and all(r[2] is None for r in gets)  # one whole-object GET per shard
+        (figures,) = ds.stats.hosts.values()
+        assert figures["level"] == 1
+    finally:
+        server.stop()
+
+
+def test_a_level_learned_too_high_comes_down_on_a_store_where_ranges_cost(fresh_hosts):
+    server, store = http_server(range_cost=0.02)
+    try:
+        for i in range(12):
+            store.put(f"/b/s-{i}.tar", shard_bytes(f"{i}-", samples=10, size=100_000))
+        concurrency.seed({server.url: {"level": 4}})
+        ds = wds.WebDataset(f"{server.url}/b/s-{{0..11}}.tar", shardshuffle=False, part_size="256KiB")
+        assert len(list(ds)) == 120
+        (figures,) = ds.stats.hosts.values()
+        assert figures["level"] < 4, figures
+        assert min(figures["rates"]) < 4
+    finally:
+        server.stop()
+
+
+def test_parts_reuse_kept_connections(fresh_hosts):
+    server, store = http_server()
+    try:
+        for i in range(3):
+            store.put(f"/b/s-{i}.tar", shard_bytes(f"{i}-", samples=40, size=50_000))
+        ds = wds.WebDataset(f"{server.url}/b/s-{{0..2}}.tar", shardshuffle=False, part_size="256KiB",
+                            concurrency=4)
+        assert len(list(ds)) == 120
+        gets = [r for r in store.requests if r[0] == "GET"]
+        assert len(gets) > 12
+        assert store.connections <= 4 + 2  # as many as parts in flight (and the next shard's), not one per GET
+    finally:
+        server.stop()
+
+
+def test_dataloader_workers_share_the_host_and_start_from_what_was_learned(fresh_hosts):
+    torch = pytest.importorskip("torch")
+    server, store = http_server()
+    try:
+        for i in range(4):
+            store.put(f"/b/s-{i}.tar", shard_bytes(f"{i}-", samples=10, size=20_000))
+        concurrency.seed({server.url: {"level": 3}})
+
+        def seen(sample):
+            sample["report"] = concurrency.report()[server.url]
+            return sample
+
+        ds = wds.WebDataset(f"{server.url}/b/s-{{0..3}}.tar", shardshuffle=False).map(seen)
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+        reports = [s["report"] for s in loader]
+        assert len(reports) == 40
+        assert {r["cap"] for r in reports} == {8}  # 16 shared by 2 workers
+        assert reports[0]["level"] == 3 or min(reports[0]["rates"], default=3) <= 3  # started from the parent's
+        # set by the user, the ceiling is each worker's own
+        ds = wds.WebDataset(f"{server.url}/b/s-{{0..3}}.tar", shardshuffle=False, max_concurrency=12).map(seen)
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+        assert {s["report"]["cap"] for s in loader} == {12}
+    finally:
+        server.stop()

@@ -1,0 +1,388 @@
+"""How many connections a host gets: a measured decision, per host, that goes up and down.
+
+Parallel ranged reads help where one connection carries less than the reader can take (a distant
+store, a paced link) and hurt where a ranged request costs more than its share (a store that reads
+the whole object for every range, a busy self-hosted server).  A :class:`Controller` decides, for one
+host, how many parts may be in flight (the *level*) from what it measures, in windows of a few
+first-byte latencies:
+
+- it starts at one connection (or at what this process already learned about the host);
+- it adds connections only while the reader waits for bytes (a share of the window spent blocked of at
+  least :data:`WAIT_SHARE`), the rate of all connections together grew by at least :data:`GAIN` at the
+  last step, and more connections can pay: the bytes left to read take longer than the first byte of a
+  new request (on a store where a range costs as much as the whole object, they never do);
+- it goes back down when a level was not faster than the one below it, and searches between the two;
+- after :data:`REPROBE` seconds at one level it measures again: one step down (kept when the reader
+  still does not wait, or the rate is no lower), and up again while the reader waits;
+- ``concurrency=N`` pins the level: nothing is measured or changed.
+
+What is learned about a host (the level, the rate per level, the latency) lives in this module for the
+life of the process: the next shards and datasets start from it, and DataLoader workers forked later
+inherit it (a spawned worker gets it with the dataset).  With N DataLoader workers (and
+``LOCAL_WORLD_SIZE`` processes on the machine), each worker's ceiling is a share of the default
+``max_concurrency``, so that the workers share the host instead of multiplying it; a
+``max_concurrency`` the user sets is each process's own ceiling.
+
+Pure logic, with the clock passed in: the fetcher reports bytes, waits, first bytes and parts in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any, Optional
+
+__all__ = ["Controller", "controller_for", "learned", "report", "forget", "worker_share",
+           "DEFAULT_MAX_CONCURRENCY", "WAIT_SHARE", "GAIN", "REPROBE"]
+
+#: the ceiling when the user sets none, shared by a machine's DataLoader workers
+DEFAULT_MAX_CONCURRENCY = 16
+#: the share of a window the reader must spend waiting for bytes before more connections are tried
+WAIT_SHARE = 0.10
+#: how much faster a level must be than the one below it to be kept (a fraction of the lower rate)
+GAIN = 0.10
+#: seconds at one level before the levels around it are measured again (a link changes)
+REPROBE = 10.0
+#: the shortest measuring window (s); a window lasts at least one first-byte latency as well
+MIN_WINDOW = 0.02
+#: a level counts as used when this share of its connections had parts in flight on average
+USED = 0.7
+#: a window holds at least this many pieces per connection (a few pieces are a burst, not a rate)
+ARRIVALS = 4
+
+
+class Controller:
+    """The level (parts in flight) of one host, measured in windows (see the module docstring).
+
+    Feed it with :meth:`first_byte`, :meth:`flight`, :meth:`received` and :meth:`waited`; call
+    :meth:`decide` when :meth:`due` says a window is complete.  Thread-safe.
+    """
+
+    def __init__(self, cap: int, fixed: Optional[int] = None, start: int = 1) -> None:
+        self.fixed = fixed is not None
+        self.cap = max(1, cap)
+        self.level = fixed if fixed is not None else max(1, min(start, self.cap))
+        #: bytes per second of all connections together, as last measured at each level
+        self.rates: dict[int, float] = {}
+        #: seconds from a request to its first byte (smoothed)
+        self.latency: Optional[float] = None
+        #: the share of the last window the reader spent waiting for bytes
+        self.waiting = 0.0
+        #: why the level is what it is (shown in ``ds.stats``)
+        self.reason = (f"pinned by concurrency={fixed}" if fixed is not None
+                       else "starting from one connection" if self.level == 1
+                       else f"starting from {self.level} connections, as learned earlier in this process")
+        self.decisions = 0
+        self._lock = threading.Lock()
+        self._from: Optional[int] = None  # the level the current one is a trial from
+        self._trial: Optional[str] = None  # "up" or "down" while the current level is on trial
+        self._ceiling: Optional[int] = None  # the lowest level known to be no faster than one below it
+        self._in_flight = 0
+        self._held_since: Optional[float] = None
+        self._confirmed = False  # a trial that was not faster on one window gets a second
+        self._connection_rate: Optional[float] = None
+        self._extend = False  # the next window continues this one
+        self._open_window(None, settle=0.0)
+
+    # the window being measured
+    def _open_window(self, now: Optional[float], settle: float) -> None:
+        self._settle_until = (now + settle) if now is not None else None
+        self._started: Optional[float] = None  # set by the first bytes after the settling time
+        self._bytes = 0
+        self._arrivals = 0
+        self._waited = 0.0
+        self._busy = 0.0
+        self._busy_at: Optional[float] = None
+        self._length: Optional[float] = None  # set when a window is extended
+
+    def _window_length(self) -> float:
+        return self._length or max(MIN_WINDOW, self.latency or 0.0)
+
+    # what the fetcher reports (the clock is the caller's: time.perf_counter in use, any clock in tests)
+    def first_byte(self, seconds: float) -> None:
+        """A request's time to its first byte."""
+        with self._lock:
+            self.latency = seconds if self.latency is None else 0.7 * self.latency + 0.3 * seconds
+
+    def flight(self, in_flight: int, now: float) -> None:
+        """Parts in flight for this host are now ``in_flight``."""
+        with self._lock:
+            self._account(now)
+            self._in_flight = in_flight
+
+    def _account(self, now: float) -> None:
+        if self._started is not None and self._busy_at is not None:
+            self._busy += self._in_flight * max(0.0, now - self._busy_at)
+        self._busy_at = now
+
+    def received(self, nbytes: int, now: float) -> None:
+        """``nbytes`` arrived on one of the host's connections."""
+        with self._lock:
+            if self._settle_until is not None and now < self._settle_until:
+                return
+            if self._started is None:
+                self._started = now
+                self._busy_at = now
+                return  # the window starts with these bytes: their transfer time is not in it
+            self._bytes += nbytes
+            self._arrivals += 1
+
+    def waited(self, seconds: float) -> None:
+        """The reader was blocked ``seconds`` waiting for the host's bytes."""
+        with self._lock:
+            if self._started is not None:
+                self._waited += seconds
+
+    def due(self, now: float) -> bool:
+        """Whether the current window is long enough to decide on."""
+        started = self._started
+        return (not self.fixed and started is not None and now - started >= self._window_length()
+                and self._arrivals >= ARRIVALS * self.level)
+
+    # deciding
+    def decide(self, now: float, remaining: Optional[int] = None, connection_rate: Optional[float] = None
+               ) -> Optional[int]:
+        """Close the window: the new level when it changes, else None.  ``remaining``: the bytes the
+        reader has still to get from this host as far as is known (None: unknown, taken as plenty);
+        ``connection_rate``: bytes/s one connection carries while a body flows (None: unknown)."""
+        with self._lock:
+            if not self.due(now):
+                return None
+            self._account(now)
+            assert self._started is not None
+            seconds = now - self._started
+            rate = self._bytes / seconds
+            share = min(1.0, self._waited / seconds)
+            used = self._busy / seconds
+            self.waiting = share
+            self.decisions += 1
+            level = self.level
+            self.rates[level] = rate
+            self._connection_rate = connection_rate
+            new = self._next(level, rate, share, used, remaining, now)
+            if self._held_since is None or new != level:
+                self._held_since = now
+            if new != level:
+                self.level = new
+            if self._extend:  # measure on: the same window, twice as long
+                self._extend = False
+                self._length = 2 * (now - self._started)
+            else:
+                self._open_window(now, settle=self.latency or 0.0)
+            return new if new != level else None
+
+    def _next(self, level: int, rate: float, share: float, used: float, remaining: Optional[int],
+              now: float) -> int:
+        mb = rate / 1e6
+        if self._trial == "down":  # measuring below ``_from``
+            above = self._from
+            assert above is not None
+            self._trial = self._from = None
+            if share < WAIT_SHARE:
+                self.reason = f"the reader did not wait at {level} connections ({mb:.0f} MB/s): fewer suffice"
+                return level
+            if self.rates.get(above, 0.0) >= rate * (1 + GAIN):
+                self.reason = (f"{above} connections were faster than {level} ({self.rates[above] / 1e6:.0f} "
+                               f"vs {mb:.0f} MB/s) while the reader waited {share:.0%} of the time")
+                return above
+            self._ceiling = above
+            self.reason = f"{above} connections were no faster than {level} ({mb:.0f} MB/s)"
+            down = max(1, level // 2)
+            if (rate > self.rates.get(above, 0.0) * (1 + GAIN) and level > 1
+                    and self.rates.get(down, rate) * (1 + GAIN) >= rate):
+                # fewer were faster: the store suffers from many connections; on down (unless the level
+                # below was measured slower)
+                self._trial, self._from = "down", level
+                self.reason += f": trying {down}"
+                return down
+            return level
+        below = self._from if self._trial == "up" else None
+        if below is not None and used < USED * level and share >= WAIT_SHARE:
+            # the trial level was not used (too few parts to fetch at once): measure it again
+            self.reason = (f"trying {level} connections: only {used:.1f} had parts to fetch so far "
+                           f"(the reader waited {share:.0%} of the time)")
+            return level
+        self._trial = self._from = None
+        if share < WAIT_SHARE:
+            self.reason = f"the reader is not waiting for bytes ({share:.0%} of the time) at {mb:.0f} MB/s"
+            return self._reprobe(level, now)
+        if below is not None and rate < self.rates.get(below, 0.0) * (1 + GAIN) and not self._confirmed:
+            # not faster on one window: measure a second one with it before going back down
+            self._trial, self._from, self._confirmed = "up", below, True
+            self._extend = True
+            self.reason = f"trying {level} connections: measuring again ({mb:.0f} MB/s so far)"
+            return level
+        self._confirmed = False
+        if below is not None and rate < self.rates.get(below, 0.0) * (1 + GAIN):
+            self._ceiling = level
+            self.reason = (f"{level} connections were no faster than {below} ({mb:.0f} vs "
+                           f"{self.rates[below] / 1e6:.0f} MB/s)")
+            return below
+        if below is not None and level > below + 1 and rate < 0.75 * self.rates.get(below, 0.0) * level / below:
+            # faster, but far from in proportion: a level between the two may be as fast
+            middle = (below + level) // 2
+            self._trial, self._from = "down", level
+            self.reason = (f"{level} connections were faster than {below} ({mb:.0f} vs "
+                           f"{self.rates[below] / 1e6:.0f} MB/s), not in proportion: trying {middle}")
+            return middle
+        if below is None and level > 1 and not any(k < level for k in self.rates):
+            return self._reprobe(level, now)  # a level learned elsewhere: compared with fewer first
+        if below is None and level > 1 and used < USED * level:
+            self.reason = (f"the reader waits ({share:.0%} of the time), but only {used:.1f} of {level} connections "
+                           "had parts to fetch")
+            return self._reprobe(level, now)
+        # far from a limit (the reader mostly waits, and the last step scaled nearly in proportion) it
+        # quadruples, else it doubles
+        scaled = below is None or rate >= 0.75 * self.rates.get(below, 0.0) * level / below
+        up = self._up(level, 4 if share >= 0.5 and scaled else 2)
+        if up is None:
+            self.reason = (f"the reader waits {share:.0%} of the time at {mb:.0f} MB/s; {level} connections is the "
+                           + ("ceiling (max_concurrency)" if level >= self.cap else "best measured"))
+            return self._reprobe(level, now)
+        if not self._pays(level, up, rate, remaining):
+            self.reason = (f"the reader waits {share:.0%} of the time at {mb:.0f} MB/s, but more connections would "
+                           f"not pay: what is left takes less than a request's first byte ({self.latency or 0:.3f} s)")
+            return self._reprobe(level, now)
+        self._trial, self._from = "up", level
+        self.reason = f"the reader waited {share:.0%} of the time at {level} connections ({mb:.0f} MB/s): trying {up}"
+        return up
+
+    def _up(self, level: int, factor: int = 2) -> Optional[int]:
+        """The next level to try above ``level`` (``factor`` times it, or halfway to a known ceiling), or None."""
+        if level >= self.cap:
+            return None
+        if self._ceiling is None:
+            return min(self.cap, level * factor)
+        middle = (level + min(self._ceiling, self.cap)) // 2
+        return middle if middle - level >= max(1, level // 4) else None
+
+    def _pays(self, level: int, up: int, rate: float, remaining: Optional[int]) -> bool:
+        """Whether ``up`` connections can win back a new request's first byte on what is left to read: the
+        time ``level`` connections take to carry it (at the rate of a flowing body, not counting waits)
+        must shrink by more than two first bytes."""
+        carried = level * self._connection_rate if self._connection_rate else rate
+        if remaining is None or not carried:
+            return True
+        left = remaining / carried
+        return left * (1 - level / up) > 2 * (self.latency or 0.0)
+
+    def _reprobe(self, level: int, now: float) -> int:
+        """Hold ``level``; but after :data:`REPROBE` seconds at it (a link changes), or at once when no level
+        below it was measured (it was learned, or pinned before), forget the ceiling and try one step down."""
+        unmeasured = level > 1 and not any(k < level for k in self.rates)
+        if not unmeasured and (self._held_since is None or now - self._held_since < REPROBE):
+            return level
+        self._ceiling = None
+        self.rates = {level: self.rates[level]} if level in self.rates else {}
+        if level <= 1:
+            return level
+        self._trial, self._from = "down", level
+        down = max(1, level // 2)
+        self.reason = (f"measuring one step down from {level} connections, never compared with fewer: trying {down}"
+                       if unmeasured else f"measuring again after {REPROBE:.0f} s at {level} connections: trying {down}")
+        return down
+
+    def report(self) -> dict:
+        """The level and why, for ``ds.stats``: ``level``, ``why``, ``waiting`` (share of the last window),
+        ``latency`` (s), ``rates`` (bytes/s per level measured), ``cap``."""
+        with self._lock:
+            return {"level": self.level, "why": self.reason, "waiting": round(self.waiting, 3),
+                    "latency": round(self.latency, 4) if self.latency is not None else None,
+                    "rates": {k: round(v) for k, v in sorted(self.rates.items())}, "cap": self.cap,
+                    "pinned": self.fixed}
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+# what this process learned, per host (module state: forked workers inherit it)
+_learned: dict[str, Controller] = {}
+_learned_lock = threading.Lock()
+_pid = os.getpid()
+
+
+def worker_share(cap: int, local_world_size: Optional[int] = None) -> int:
+    """``cap`` divided among this machine's readers: the DataLoader workers of this process's parent
+    and the ``local_world_size`` processes of the node (at least 1)."""
+    workers = 1
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            info = torch.utils.data.get_worker_info()
+        except Exception:
+            info = None
+        if info is not None:
+            workers = max(1, int(info.num_workers))
+    return max(1, cap // (workers * max(1, local_world_size or 1)))
+
+
+def controller_for(host: str, cap: int, fixed: Optional[int] = None) -> Controller:
+    """The controller of ``host`` in this process: a pinned one for ``fixed``, else the one learned so far
+    (created at one connection), its ceiling set to ``cap``."""
+    global _pid
+    if fixed is not None:
+        return Controller(cap, fixed=fixed)
+    with _learned_lock:
+        if _pid != os.getpid():  # a forked worker: keep what the parent learned, under this process's ceiling
+            _pid = os.getpid()
+            for old in list(_learned.values()):
+                old._lock = threading.Lock()
+                old._in_flight = 0
+                old._open_window(None, settle=0.0)
+        controller = _learned.get(host)
+        if controller is None:
+            controller = _learned[host] = Controller(cap)
+        elif controller.cap != cap:
+            with controller._lock:
+                controller.cap = max(1, cap)
+                if controller.level > controller.cap:
+                    controller.level = controller.cap
+                    controller.reason = f"{controller.cap} connections: this process's share of max_concurrency"
+                if controller._ceiling is not None and controller._ceiling > controller.cap:
+                    controller._ceiling = None
+        return controller
+
+
+def learned() -> dict[str, Any]:
+    """A copy of what this process learned (to hand to a worker started with spawn)."""
+    with _learned_lock:
+        return {host: {"level": c.level, "rates": dict(c.rates), "latency": c.latency}
+                for host, c in _learned.items()}
+
+
+def seed(table: dict[str, Any]) -> None:
+    """Start from ``table`` (from :func:`learned` in another process) for hosts not yet known here."""
+    if not isinstance(table, dict):
+        return
+    with _learned_lock:
+        for host, entry in table.items():
+            if host in _learned or not isinstance(entry, dict):
+                continue
+            level = entry.get("level")
+            if not isinstance(level, int) or isinstance(level, bool) or not 1 <= level <= 1024:
+                continue
+            controller = Controller(DEFAULT_MAX_CONCURRENCY, start=level)
+            latency = entry.get("latency")
+            if isinstance(latency, float) and latency >= 0:
+                controller.latency = latency
+            _learned[host] = controller
+
+
+def report() -> dict[str, dict]:
+    """Each host's level and why (as in ``ds.stats``), for every host this process read from in parts."""
+    with _learned_lock:
+        controllers = dict(_learned)
+    return {host: c.report() for host, c in controllers.items()}
+
+
+def forget() -> None:
+    """Forget every host (tests, or a link known to have changed)."""
+    with _learned_lock:
+        _learned.clear()
