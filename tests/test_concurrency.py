@@ -23,11 +23,12 @@ class SimulatedStore:
     """A store and a reader in simulated time: ``rate(level, t)`` bytes/s of all connections together, a reader
     that takes ``reader`` bytes/s at most; every step, what arrives and how long the reader waited."""
 
-    def __init__(self, rate, reader=2000 * MB, latency=0.03, remaining=None):
+    def __init__(self, rate, reader=2000 * MB, latency=0.03, remaining=None, part_size=None):
         self.rate = rate
         self.reader = reader
         self.latency = latency
         self.remaining = remaining
+        self.part_size = part_size  # given: the connection rate is told too (as the fetcher does)
         self.now = 0.0
         self.levels = []
 
@@ -43,7 +44,8 @@ class SimulatedStore:
             controller.received(int(delivered * step), self.now)
             controller.waited(step * max(0.0, 1 - store / self.reader))
             if controller.due(self.now):
-                controller.decide(self.now, self.remaining)
+                per_connection = store / level if self.part_size else None
+                controller.decide(self.now, self.remaining, per_connection, self.part_size)
             self.levels.append(controller.level)
         return controller
 
@@ -76,6 +78,17 @@ def test_more_connections_are_not_tried_where_they_cannot_pay():
     controller = store.run(Controller(16), 2.0)
     assert set(store.levels) == {1}
     assert "would not pay" in controller.reason
+
+
+def test_no_parts_where_a_part_would_wait_longer_for_its_first_byte_than_it_flows():
+    # one connection carries 1.8 GB/s, a request waits 90 ms for its first byte: an 8 MiB part would
+    # flow for 5 ms after waiting 90 (as on moto, which copies the whole object for every GET)
+    store = SimulatedStore(lambda level, t: 1800 * MB, reader=4000 * MB, latency=0.09, part_size=8 << 20)
+    controller = store.run(Controller(16), 2.0)
+    assert set(store.levels) == {1} and "would not pay" in controller.reason
+    # the same first byte on a link of 50 MB/s per connection: parts flow for 160 ms, and it grows
+    store = SimulatedStore(paced(50 * MB, 800 * MB), latency=0.09, part_size=8 << 20)
+    assert store.run(Controller(16), 4.0).level > 4
 
 
 def test_a_reader_that_is_never_kept_waiting_stays_on_one_connection():

@@ -82,6 +82,7 @@ class Controller:
         self._held_since: Optional[float] = None
         self._confirmed = False  # a trial that was not faster on one window gets a second
         self._connection_rate: Optional[float] = None
+        self._part_size: Optional[int] = None
         self._extend = False  # the next window continues this one
         self._open_window(None, settle=0.0)
 
@@ -141,11 +142,12 @@ class Controller:
                 and self._arrivals >= ARRIVALS * self.level)
 
     # deciding
-    def decide(self, now: float, remaining: Optional[int] = None, connection_rate: Optional[float] = None
-               ) -> Optional[int]:
+    def decide(self, now: float, remaining: Optional[int] = None, connection_rate: Optional[float] = None,
+               part_size: Optional[int] = None) -> Optional[int]:
         """Close the window: the new level when it changes, else None.  ``remaining``: the bytes the
         reader has still to get from this host as far as is known (None: unknown, taken as plenty);
-        ``connection_rate``: bytes/s one connection carries while a body flows (None: unknown)."""
+        ``connection_rate``: bytes/s one connection carries while a body flows (None: unknown);
+        ``part_size``: the longest part a new request would ask for."""
         with self._lock:
             if not self.due(now):
                 return None
@@ -160,6 +162,7 @@ class Controller:
             level = self.level
             self.rates[level] = rate
             self._connection_rate = connection_rate
+            self._part_size = part_size
             new = self._next(level, rate, share, used, remaining, now)
             if self._held_since is None or new != level:
                 self._held_since = now
@@ -242,7 +245,7 @@ class Controller:
             return self._reprobe(level, now)
         if not self._pays(level, up, rate, remaining):
             self.reason = (f"the reader waits {share:.0%} of the time at {mb:.0f} MB/s, but more connections would "
-                           f"not pay: what is left takes less than a request's first byte ({self.latency or 0:.3f} s)")
+                           f"not pay: a request's first byte ({self.latency or 0:.3f} s) costs more than they would win")
             return self._reprobe(level, now)
         self._trial, self._from = "up", level
         self.reason = f"the reader waited {share:.0%} of the time at {level} connections ({mb:.0f} MB/s): trying {up}"
@@ -261,11 +264,14 @@ class Controller:
         """Whether ``up`` connections can win back a new request's first byte on what is left to read: the
         time ``level`` connections take to carry it (at the rate of a flowing body, not counting waits)
         must shrink by more than two first bytes."""
+        latency = self.latency or 0.0
+        if self._connection_rate and self._part_size and self._part_size / self._connection_rate < latency:
+            return False  # a part would wait longer for its first byte than its body takes to flow
         carried = level * self._connection_rate if self._connection_rate else rate
         if remaining is None or not carried:
             return True
         left = remaining / carried
-        return left * (1 - level / up) > 2 * (self.latency or 0.0)
+        return left * (1 - level / up) > 2 * latency
 
     def _reprobe(self, level: int, now: float) -> int:
         """Hold ``level``; but after :data:`REPROBE` seconds at it (a link changes), or at once when no level

@@ -199,20 +199,32 @@ class _Object:
             end = begin + self._step
             if self.size is not None:
                 end = min(end, self.size)
-            self.parts.append(_Part(self, i, begin, end))
+            part = _Part(self, i, begin, end)
+            if end - begin > self.options.part_size:
+                part.cap = self.options.part_size  # a long part holds no more than a part's worth unread
+            self.parts.append(part)
         return self.parts[index]
 
     def replan(self, level: int) -> None:
-        """Split the parts not yet asked for finer, for ``level`` connections (lock held)."""
+        """Plan the parts not yet asked for again, for ``level`` connections (lock held): finer when it
+        grew; when it fell, coarser, and at one connection one request for all the rest."""
         done = self.dispatched
         if not self.planned or self.single or self.size is None or not 0 < done < self.total:
             return
         begin = self.parts[done - 1].end
         assert begin is not None
-        step, count = part_step(begin, self.size, self.options.part_size, level)
-        if count > self.total - done:
+        step, count = self.steps(begin, level)
+        if count != self.total - done:
             del self.parts[done:]
             self.plan(step, count, base=done)
+
+    def steps(self, begin: int, level: int) -> tuple[int, int]:
+        """``(step, count)`` of the parts for ``[begin, size)`` at ``level`` connections: at one, a single
+        request for all of it (holding at most a part's worth unread); else :func:`part_step`."""
+        assert self.size is not None
+        if level == 1:
+            return (self.size - begin, 1) if self.size > begin else (0, 0)
+        return part_step(begin, self.size, self.options.part_size, level)
 
     def __init__(self, url: str, remote: RemoteObject, options: TransferOptions, start: int, state: str,
                  host: str, controller: Controller) -> None:
@@ -499,7 +511,7 @@ class Fetcher:
                 obj.single = True  # the rest, if any, as one stream (see PartedStream)
             else:
                 assert first.end is not None
-                obj.plan(*part_step(first.end, obj.size, obj.options.part_size, obj.controller.level))
+                obj.plan(*obj.steps(first.end, obj.controller.level))
             if obj.state == _PREFETCHED and obj.total == 1 and not obj.single:
                 first.limit = (first.length or 0) // 2  # a one-part shard expected ahead: never all of it unread
         self._reserve(first)
@@ -532,7 +544,7 @@ class Fetcher:
         first.end = at
         first.limit = None if obj.state == _ACTIVE else first.limit
         self._reserve(first)
-        obj.plan(*part_step(at, obj.size, obj.options.part_size, controller.level))
+        obj.plan(*obj.steps(at, controller.level))
         log.debug("%s: %d connections chosen; parts from byte %d", redact(obj.url), controller.level, at)
 
     def _decide(self, obj: _Object, now: float) -> None:
@@ -547,15 +559,16 @@ class Fetcher:
                    if p.began is not None and not p.done and not p.blocked and now > p.began]
         carried, seconds = sum(f for f, _ in flowing), sum(t for _, t in flowing)
         before = controller.level
-        changed = controller.decide(now, remaining, carried / seconds if seconds and carried else None)
+        changed = controller.decide(now, remaining, carried / seconds if seconds and carried else None,
+                                    obj.options.part_size)
         self.stats.add(TransferStats(hosts={redact(obj.host): controller.report()}))
         if changed is not None:
             log.debug("%s: %d -> %d connections (%s)", redact(obj.host), before, changed, controller.reason)
-            if changed > before:
-                for other in self._objects:
-                    if other.host == obj.host:
+            for other in self._objects:
+                if other.host == obj.host:
+                    if changed > before:
                         self._split(other)
-                        other.replan(changed)
+                    other.replan(changed)
             self._pump()
 
     def _run(self, part: _Part) -> None:
