@@ -105,8 +105,9 @@ def main() -> None:
             cloud.wait_for_port(port, server, "HTTP server", timeout=300)
             for make in readers.values():  # imports and plugins loaded before any clock starts
                 next(iter(make(f"http://127.0.0.1:{port}/{name.split('{')[0]}0000.tar")))
-            if "loader" in args.modes:
-                import torch.utils.data  # noqa: F401  (not in the first loader run's time to first sample)
+            if "loader" in args.modes:  # worker start-up machinery warmed, not in the first loader run's figures
+                import torch.utils.data
+                list(torch.utils.data.DataLoader(list(range(4)), batch_size=None, num_workers=2))
             from wds_cloud.io import concurrency
             concurrency.forget()  # the warm-up read above was on the server itself, not through a link
             print(f"\n### {set_name}: {shards} shards, {size / 1e6:.0f} MB\n", flush=True)
