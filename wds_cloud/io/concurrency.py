@@ -41,11 +41,11 @@ DEFAULT_MAX_CONCURRENCY = 16
 #: the share of a window the reader must spend waiting for bytes before more connections are tried
 WAIT_SHARE = 0.10
 #: how much faster a level must be than the one below it to be kept (a fraction of the lower rate)
-GAIN = 0.10
+GAIN = 0.20
 #: seconds at one level before the levels around it are measured again (a link changes)
 REPROBE = 10.0
 #: the shortest measuring window (s); a window lasts at least one first-byte latency as well
-MIN_WINDOW = 0.02
+MIN_WINDOW = 0.05
 #: a level counts as used when this share of its connections had parts in flight on average
 USED = 0.7
 #: a window holds at least this many pieces per connection (a few pieces are a burst, not a rate)
@@ -207,9 +207,8 @@ class Controller:
                            f"(the reader waited {share:.0%} of the time)")
             return level
         self._trial = self._from = None
-        if share < WAIT_SHARE:
-            self.reason = f"the reader is not waiting for bytes ({share:.0%} of the time) at {mb:.0f} MB/s"
-            return self._reprobe(level, now)
+        # a trial is judged on the rate the reader got, waiting or not: more connections that only keep a
+        # busy reader from waiting, without giving it more bytes per second, are not kept
         if below is not None and rate < self.rates.get(below, 0.0) * (1 + GAIN) and not self._confirmed:
             # not faster on one window: measure a second one with it before going back down
             self._trial, self._from, self._confirmed = "up", below, True
@@ -229,6 +228,9 @@ class Controller:
             self.reason = (f"{level} connections were faster than {below} ({mb:.0f} vs "
                            f"{self.rates[below] / 1e6:.0f} MB/s), not in proportion: trying {middle}")
             return middle
+        if share < WAIT_SHARE:
+            self.reason = f"the reader is not waiting for bytes ({share:.0%} of the time) at {mb:.0f} MB/s"
+            return self._reprobe(level, now)
         if below is None and level > 1 and not any(k < level for k in self.rates):
             return self._reprobe(level, now)  # a level learned elsewhere: compared with fewer first
         if below is None and level > 1 and used < USED * level:
@@ -274,8 +276,9 @@ class Controller:
         return left * (1 - level / up) > 2 * latency
 
     def _reprobe(self, level: int, now: float) -> int:
-        """Hold ``level``; but after :data:`REPROBE` seconds at it (a link changes), or at once when no level
-        below it was measured (it was learned, or pinned before), forget the ceiling and try one step down."""
+        """Hold ``level``; but after :data:`REPROBE` seconds at it (a link changes), forget the ceiling and try
+        one step down; and at once when no level below it was measured (it was learned in another
+        process), try one connection."""
         unmeasured = level > 1 and not any(k < level for k in self.rates)
         if not unmeasured and (self._held_since is None or now - self._held_since < REPROBE):
             return level
@@ -284,8 +287,8 @@ class Controller:
         if level <= 1:
             return level
         self._trial, self._from = "down", level
-        down = max(1, level // 2)
-        self.reason = (f"measuring one step down from {level} connections, never compared with fewer: trying {down}"
+        down = 1 if unmeasured else max(1, level // 2)
+        self.reason = (f"{level} connections were never compared with fewer here: trying {down}"
                        if unmeasured else f"measuring again after {REPROBE:.0f} s at {level} connections: trying {down}")
         return down
 

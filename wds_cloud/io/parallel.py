@@ -64,6 +64,8 @@ log = logging.getLogger("wds_cloud.parallel")
 #: a part's bytes become readable in pieces of this size (the first sample does not wait for a whole part);
 #: the first pieces of a part are smaller (from FIRST_PIECE, doubling), so the first bytes come sooner
 CHUNK = 256 << 10
+#: a filler already ahead of its reader reads in pieces of this size (fewer wake-ups)
+BIG_CHUNK = 1 << 20
 FIRST_PIECE = 64 << 10
 #: a shard opened cold (not fetched ahead) asks for its other parts once this much of the first part
 #: has come: the first sample arrives as fast as over one stream, not sharing the link with them
@@ -143,7 +145,8 @@ class _Part:
     into parts when more connections are chosen)."""
 
     __slots__ = ("obj", "index", "start", "end", "limit", "cap", "chunks", "filled", "taken", "asked_to",
-                 "blocked", "began", "error", "done", "stream", "reserved", "released", "streamed", "extra")
+                 "blocked", "began", "error", "done", "stream", "reserved", "released", "streamed", "extra", "asked",
+                 "handoff", "direct")
 
     def __init__(self, obj: "_Object", index: int, start: int, end: Optional[int]) -> None:
         self.obj = obj
@@ -165,6 +168,12 @@ class _Part:
         self.reserved = 0  # bytes of the window it holds
         self.released = False
         self.extra = False  # sent ahead beyond the level (the first request of a shard expected next)
+        self.asked = 0.0  # when its request was sent
+        # A shard read on one connection is read by its reader itself, as a plain stream is (no thread in
+        # between): its filler hands the stream over (``handoff`` asked, ``direct`` done) once the shard is
+        # being read and its first bytes have come.
+        self.handoff = False
+        self.direct = False
 
     @property
     def length(self) -> Optional[int]:
@@ -396,6 +405,8 @@ class Fetcher:
             part.limit = None
         if obj.controller.level > 1:
             self._split(obj)
+        elif obj.parts[0].stream is not None:
+            self._offer(obj.parts[0])
         self._pump()
         self._cond.notify_all()
 
@@ -593,16 +604,24 @@ class Fetcher:
                 part.began = began
                 if part.index == 0:
                     self._planned(obj, stream)
+                    self._offer(part)
             while True:
                 with cond:
                     while True:
                         if obj.state == _CLOSED:
                             return
+                        if part.handoff:  # the reader reads the rest itself
+                            part.direct = True
+                            cond.notify_all()
+                            return
                         at, length = part.filled, part.length
                         if length is not None and at >= length:
                             break
-                        if (part.limit is not None and at >= part.limit) or (
-                                part.cap is not None and at - part.taken >= part.cap):
+                        # full: wait until the reader has taken half of what it holds (one wake-up per
+                        # half a part, not per piece: a reader busy decoding is not interrupted by a
+                        # filler taking the interpreter back for every piece)
+                        if (part.limit is not None and at >= part.limit) or (part.cap is not None and (
+                                at - part.taken >= (part.cap // 2 if part.blocked else part.cap))):
                             part.blocked = True
                             cond.wait()
                             continue
@@ -610,7 +629,8 @@ class Fetcher:
                     part.blocked = False
                     if length is not None and at >= length:
                         break
-                    want = min(CHUNK, max(FIRST_PIECE, at))
+                    # pieces grow from FIRST_PIECE to CHUNK, and to BIG_CHUNK while the reader has bytes to take
+                    want = min(CHUNK if at - part.taken < CHUNK else BIG_CHUNK, max(FIRST_PIECE, at))
                     if length is not None:
                         want = min(want, length - at)
                     if part.limit is not None:
@@ -630,13 +650,10 @@ class Fetcher:
                     part.chunks.append(memoryview(buf) if n == want else memoryview(buf)[:n])
                     part.filled = at + n
                     obj.received += n
-                    controller.received(n, now)
                     cond.notify_all()
                     if obj.deferred and part.filled >= FIRST_SAMPLE_BYTES:
                         obj.deferred = False
                         self._pump()
-                    if controller.due(now):
-                        self._decide(obj, now)
         except BaseException as exc:
             with cond:
                 if obj.state != _CLOSED:
@@ -644,26 +661,46 @@ class Fetcher:
                     if part.index == 0 and not obj.planned:
                         obj.planned = True  # nothing to plan: the error is the answer
         finally:
-            finished = time.perf_counter()
-            figures = TransferStats(requests=1, first_byte_seconds=began - asked, part_bytes=part.filled,
-                                    part_seconds=finished - began)
-            if stream is not None:
-                stream.close()
-                figures.bytes, figures.retries = stream.stats.bytes, stream.stats.retries
-                figures.bytes_refetched, figures.time_lost = stream.stats.bytes_refetched, stream.stats.time_lost
-            self.stats.add(figures)
-            with cond:
-                obj.deferred = False
-                if part.end is None:
-                    part.end = part.start + part.filled  # streamed to its end: the object's end
-                part.done = True
-                part.stream = None
-                if not part.extra:
-                    in_flight = self._in_flight[obj.host] = self._in_flight.get(obj.host, 1) - 1
-                    controller.flight(in_flight, finished)
-                obj.running -= 1
-                cond.notify_all()
-                self._pump()
+            part.asked = asked
+            if part.began is None:
+                part.began = began
+            if not part.direct:
+                self._finished(part, stream)
+
+    def _finished(self, part: _Part, stream: Optional[ResumableStream]) -> None:
+        """``part``'s request is over (read, failed, cancelled or cut short): its connection closes or goes back
+        to the pool, its figures are counted, its place in the level is free (lock not held)."""
+        obj = part.obj
+        finished = time.perf_counter()
+        began = part.began if part.began is not None else finished
+        figures = TransferStats(requests=1, first_byte_seconds=began - part.asked, part_bytes=part.filled,
+                                part_seconds=finished - began)
+        if stream is not None:
+            stream.close()
+            figures.bytes, figures.retries = stream.stats.bytes, stream.stats.retries
+            figures.bytes_refetched, figures.time_lost = stream.stats.bytes_refetched, stream.stats.time_lost
+        self.stats.add(figures)
+        with self._cond:
+            obj.deferred = False
+            if part.end is None:
+                part.end = part.start + part.filled  # streamed to its end: the object's end
+            part.done = True
+            part.stream = None
+            if not part.extra:
+                in_flight = self._in_flight[obj.host] = self._in_flight.get(obj.host, 1) - 1
+                obj.controller.flight(in_flight, finished)
+            obj.running -= 1
+            self._cond.notify_all()
+            self._pump()
+
+    def _offer(self, part: _Part) -> None:
+        """Ask ``part``'s filler to hand its stream to the reader when the shard is read on one connection
+        (lock held)."""
+        obj = part.obj
+        if (part.streamed and part.index == 0 and obj.state == _ACTIVE and obj.total == 1 and not part.done
+                and part.limit is None and obj.controller.level == 1 and not obj.controller.fixed):
+            part.handoff = True
+            self._cond.notify_all()
 
     def _release(self, part: _Part) -> None:
         if not part.released:
@@ -730,21 +767,21 @@ class PartedStream:
     def readable(self) -> bool:
         return True
 
-    def _piece(self, limit: int) -> memoryview:
-        """Up to ``limit`` bytes past the read position, as a view of the piece holding them (empty at
-        the end of the object); the position advances past them."""
+    def _source(self, limit: int) -> tuple[Optional[memoryview], Optional[_Part], int]:
+        """Where the next bytes come from: ``(piece, None, 0)``, a piece of at most ``limit`` bytes taken
+        from a part (the position is not moved yet); ``(None, part, n)``, a part its reader reads itself,
+        ``n`` bytes at most (0: its end is reached); ``(None, None, 0)``: no part is left."""
         obj = self._obj
-        if self._tail is None:
-            fetcher = self._fetcher
-            cond = fetcher._cond
-            piece: Optional[memoryview] = None
-            waited: Optional[float] = None
+        fetcher = self._fetcher
+        cond = fetcher._cond
+        waited: Optional[float] = None
+        try:
             with cond:
                 while True:
                     if obj.state == _CLOSED:
                         raise ValueError(f"read of a closed stream ({redact(self.url)})")
                     if self._index >= obj.total:
-                        break
+                        return None, None, 0
                     part = obj.part(self._index)
                     chunks = part.chunks
                     if chunks:
@@ -754,9 +791,15 @@ class PartedStream:
                         else:
                             piece, chunks[0] = head[:limit], head[limit:]
                         part.taken += len(piece)
-                        if part.blocked:
+                        if part.blocked and part.cap is not None and part.filled - part.taken <= part.cap // 2:
                             cond.notify_all()  # its filler waits for room
-                        break
+                        # the rate measured is what the reader gets (more connections that only fill
+                        # buffers while the reader is busy are not faster)
+                        now = time.perf_counter()
+                        obj.controller.received(len(piece), now)
+                        if obj.controller.due(now):
+                            fetcher._decide(obj, now)
+                        return piece, None, 0
                     if part.error is not None:
                         raise part.error
                     if part.done:
@@ -765,29 +808,99 @@ class PartedStream:
                         obj.reading = self._index
                         fetcher._pump()
                         continue
+                    if part.direct:
+                        length = part.length
+                        left = limit if length is None else min(limit, length - part.taken)
+                        part.asked_to = part.taken + left  # a split never cuts below this read
+                        return None, part, left
                     if waited is None:
                         waited = time.perf_counter()
                     cond.wait()
+        finally:
             if waited is not None:  # the reader waited for bytes: what the controller grows on
                 obj.controller.waited(time.perf_counter() - waited)
+
+    def _direct(self, part: _Part, limit: int, into: Optional[memoryview]) -> Any:
+        """Read up to ``limit`` bytes of ``part`` straight from its connection (into ``into`` when given):
+        the bytes (or their count); None at the end of a stream whose size no header told."""
+        obj = self._obj
+        stream = part.stream
+        assert stream is not None
+        asked = time.perf_counter()
+        if into is None:
+            data: Any = stream.read(limit)
+            n = len(data)
+        else:
+            data = n = stream.readinto(into[:limit])
+        now = time.perf_counter()
+        controller = obj.controller
+        controller.waited(now - asked)  # time in the read is time the reader waited for the link
+        if not n:
+            if part.length is not None:
+                raise TransferError(f"{redact(obj.url)}: the body ended at byte {part.start + part.taken} of "
+                                    f"{obj.size}", url=obj.url, offset=part.start + part.taken)
+            self._fetcher._finished(part, stream)
+            return None
+        cond = self._fetcher._cond
+        with cond:
+            part.filled += n
+            part.taken += n
+            obj.received += n
+            controller.received(n, now)
+            if obj.deferred and part.filled >= FIRST_SAMPLE_BYTES:
+                obj.deferred = False  # the next shard may be asked for now
+                self._fetcher._pump()
+            if controller.due(now):
+                self._fetcher._decide(obj, now)
+        self.position += n
+        return data
+
+    def _piece(self, limit: int) -> memoryview:
+        """Up to ``limit`` bytes past the read position, as a view of the piece holding them (empty at
+        the end of the object); the position advances past them."""
+        obj = self._obj
+        while self._tail is None:
+            piece, part, left = self._source(limit)
             if piece is not None:
                 self.position += len(piece)
                 return piece
-            if not obj.single or (obj.size is not None and self.position >= obj.size):
-                return memoryview(b"")
-            self._tail = obj.remote.stream(self.position, None, self._fetcher.stats, version=obj.version,
-                                           size=obj.size)
-            self._tail.stats.streams = 0  # the rest of this shard: one more request, not one more stream
+            if part is None:
+                if not obj.single or (obj.size is not None and self.position >= obj.size):
+                    return memoryview(b"")
+                self._tail = obj.remote.stream(self.position, None, self._fetcher.stats, version=obj.version,
+                                               size=obj.size)
+                self._tail.stats.streams = 0  # the rest of this shard: one more request, not one more stream
+                break
+            if left <= 0:  # its end (where the rest was split into parts) is reached
+                self._fetcher._finished(part, part.stream)
+                continue
+            data = self._direct(part, left, None)
+            if data is not None:
+                return memoryview(data)
         data = self._tail.read(limit)
         self.position += len(data)
         return memoryview(data)
 
     def readinto(self, buffer: Any) -> int:
-        """Fill ``buffer``; fewer bytes only at the end of the object."""
+        """Fill ``buffer``; fewer bytes only at the end of the object (a part read directly reads into it)."""
         view = memoryview(buffer).cast("B")
         have = 0
         while have < len(view):
-            piece = self._piece(len(view) - have)
+            if self._tail is None:
+                piece, part, left = self._source(len(view) - have)
+                if piece is not None:
+                    view[have:have + len(piece)] = piece
+                    have += len(piece)
+                    self.position += len(piece)
+                    continue
+                if part is not None:
+                    if left <= 0:
+                        self._fetcher._finished(part, part.stream)
+                        continue
+                    n = self._direct(part, left, view[have:])
+                    have += n or 0
+                    continue
+            piece = self._piece(len(view) - have)  # the end, or the rest of a shard read as one stream
             if not len(piece):
                 break
             view[have:have + len(piece)] = piece
@@ -804,7 +917,8 @@ class PartedStream:
             piece = self._piece(want)
             if not len(piece):
                 break
-            pieces.append(bytes(piece))
+            whole = piece.obj  # a read straight from the connection: its bytes as they are, not copied again
+            pieces.append(whole if type(whole) is bytes and piece.nbytes == len(whole) else bytes(piece))
             want -= len(piece)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
@@ -817,6 +931,9 @@ class PartedStream:
         obj = self._obj
         with self._fetcher._cond:
             self._fetcher._cancel(obj)
+            direct = [p for p in obj.parts if p.direct and not p.done]
+        for part in direct:  # read by this reader: its request ends here
+            self._fetcher._finished(part, part.stream)
         self._fetcher.stats.add(TransferStats(streams=1, seconds=time.perf_counter() - obj.created,
                                               concurrency=obj.peak,
                                               hosts={redact(obj.host): obj.controller.report()}))
