@@ -6,14 +6,16 @@ the whole object for every range, a busy self-hosted server).  A :class:`Control
 host, how many parts may be in flight (the *level*) from what it measures, in windows of a few
 first-byte latencies:
 
-- it starts at one connection (or at what this process already learned about the host);
+- it starts at one connection (or at what this process already learned about the host; a level learned
+  in another process is first compared with one connection);
 - it adds connections only while the reader waits for bytes (a share of the window spent blocked of at
-  least :data:`WAIT_SHARE`), the rate of all connections together grew by at least :data:`GAIN` at the
-  last step, and more connections can pay: the bytes left to read take longer than the first byte of a
-  new request (on a store where a range costs as much as the whole object, they never do);
-- it goes back down when a level was not faster than the one below it, and searches between the two;
+  least :data:`WAIT_SHARE`) and more connections can pay: a part flows for longer than its request waits
+  for the first byte, and the bytes known to be left take longer than two first bytes (on a store where
+  a range costs as much as the whole object, they never do);
+- a new level is kept only when the reader got at least :data:`GAIN` more bytes per second than at the
+  level below (measured twice before going back, waiting or not); it then searches between the two;
 - after :data:`REPROBE` seconds at one level it measures again: one step down (kept when the reader
-  still does not wait, or the rate is no lower), and up again while the reader waits;
+  still does not wait, or gets no less), and up again while the reader waits;
 - ``concurrency=N`` pins the level: nothing is measured or changed.
 
 What is learned about a host (the level, the rate per level, the latency) lives in this module for the

@@ -7,9 +7,10 @@ reads each remote shard on as many connections as its host's *level* (measured b
 :class:`~wds_cloud.io.concurrency.Controller`, per host, in both directions) and hands the bytes to
 the tar reader in order as one stream (:class:`PartedStream`):
 
-- at one connection, the first request asks for the whole rest of the shard: one request per shard,
-  as a plain stream makes; when more connections are chosen while it flows, it stops a little ahead
-  of where it is and the rest is asked for as parts;
+- at one connection, the first request asks for the whole rest of the shard and, once the shard is
+  being read, its reader reads it straight from the connection (one request per shard and no thread in
+  between, as a plain stream); when more connections are chosen while it flows, it stops a little
+  ahead of where it is and the rest is asked for as parts;
 - at more, the first request asks for ``part_size / 2`` bytes; its answer tells the size and version,
   and the rest is split into parts of at most ``part_size`` (at least as many as the level, down to
   1 MiB).  A store that ignores ``Range`` is read as one stream, and so is every later shard of that
