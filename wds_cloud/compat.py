@@ -320,8 +320,10 @@ class WebDataset(DataPipeline, FluidInterface):
         stream, one per part), ``bytes``, ``seconds``, ``retries``, ``bytes_refetched``, ``time_lost``,
         the cache's ``cache_hits``, ``cache_misses``, ``cache_evictions``, ``bytes_saved``, of parallel
         ranged reads ``first_byte`` (mean seconds to a part's first byte), ``connection_rate`` (mean bytes/s
-        of one connection), ``concurrency`` (most parts in flight), and of local files (not transfers)
-        ``local_files`` and ``local_bytes``.  Each DataLoader worker process counts its own reads.
+        of one connection), ``concurrency`` (most parts in flight), ``hosts`` (per host: the ``level`` of
+        connections chosen and ``why``, the reader's ``waiting`` share, ``latency``, ``rates`` per level),
+        and of local files (not transfers) ``local_files`` and ``local_bytes``.  Each DataLoader worker
+        process counts its own reads.
         """
         return self._stats.snapshot()
 
