@@ -41,7 +41,7 @@ __all__ = ["Controller", "controller_for", "learned", "report", "forget", "worke
 #: the ceiling when the user sets none, shared by a machine's DataLoader workers
 DEFAULT_MAX_CONCURRENCY = 16
 #: the share of a window the reader must spend waiting for bytes before more connections are tried
-WAIT_SHARE = 0.10
+WAIT_SHARE = 0.25
 #: how much faster a level must be than the one below it to be kept (a fraction of the lower rate)
 GAIN = 0.20
 #: seconds at one level before the levels around it are measured again (a link changes)
@@ -97,10 +97,9 @@ class Controller:
         self._waited = 0.0
         self._busy = 0.0
         self._busy_at: Optional[float] = None
-        self._length: Optional[float] = None  # set when a window is extended
 
     def _window_length(self) -> float:
-        return self._length or max(MIN_WINDOW, self.latency or 0.0)
+        return max(MIN_WINDOW, self.latency or 0.0)
 
     # what the fetcher reports (the clock is the caller's: time.perf_counter in use, any clock in tests)
     def first_byte(self, seconds: float) -> None:
@@ -170,9 +169,9 @@ class Controller:
                 self._held_since = now
             if new != level:
                 self.level = new
-            if self._extend:  # measure on: the same window, twice as long
+            if self._extend:  # measure again at once: the connections of this level have started by now
                 self._extend = False
-                self._length = 2 * (now - self._started)
+                self._open_window(now, settle=0.0)
             else:
                 self._open_window(now, settle=self.latency or 0.0)
             return new if new != level else None
@@ -217,12 +216,21 @@ class Controller:
             self._extend = True
             self.reason = f"trying {level} connections: measuring again ({mb:.0f} MB/s so far)"
             return level
-        self._confirmed = False
         if below is not None and rate < self.rates.get(below, 0.0) * (1 + GAIN):
+            self._confirmed = False
             self._ceiling = level
             self.reason = (f"{level} connections were no faster than {below} ({mb:.0f} vs "
                            f"{self.rates[below] / 1e6:.0f} MB/s)")
             return below
+        if (below is not None and level > below + 1 and rate < 0.75 * self.rates.get(below, 0.0) * level / below
+                and not self._confirmed):
+            # faster, but far from in proportion on one window (new connections may still be starting):
+            # measure a second one with it
+            self._trial, self._from, self._confirmed = "up", below, True
+            self._extend = True
+            self.reason = f"trying {level} connections: measuring again ({mb:.0f} MB/s so far)"
+            return level
+        self._confirmed = False
         if below is not None and level > below + 1 and rate < 0.75 * self.rates.get(below, 0.0) * level / below:
             # faster, but far from in proportion: a level between the two may be as fast
             middle = (below + level) // 2

@@ -279,7 +279,8 @@ class HTTPReadStream:
         self._conn, self._response = request("GET", url, request_headers, timeout=timeout, display_url=self.url,
                                              trust_redirects=trust_redirects)
         try:
-            if self._response.status == 416 and offset:  # reading from the very end: nothing left
+            # a range from the very end (or any range of an empty object) is not satisfiable: nothing left
+            if self._response.status == 416 and (offset or wanted is not None):
                 self.size: Optional[int] = offset
                 self._response.read()
                 self.remaining: Optional[int] = 0

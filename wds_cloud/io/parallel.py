@@ -651,10 +651,13 @@ class Fetcher:
                     part.chunks.append(memoryview(buf) if n == want else memoryview(buf)[:n])
                     part.filled = at + n
                     obj.received += n
+                    controller.received(n, now)
                     cond.notify_all()
                     if obj.deferred and part.filled >= FIRST_SAMPLE_BYTES:
                         obj.deferred = False
                         self._pump()
+                    if controller.due(now):
+                        self._decide(obj, now)
         except BaseException as exc:
             with cond:
                 if obj.state != _CLOSED:
@@ -794,12 +797,6 @@ class PartedStream:
                         part.taken += len(piece)
                         if part.blocked and part.cap is not None and part.filled - part.taken <= part.cap // 2:
                             cond.notify_all()  # its filler waits for room
-                        # the rate measured is what the reader gets (more connections that only fill
-                        # buffers while the reader is busy are not faster)
-                        now = time.perf_counter()
-                        obj.controller.received(len(piece), now)
-                        if obj.controller.due(now):
-                            fetcher._decide(obj, now)
                         return piece, None, 0
                     if part.error is not None:
                         raise part.error
