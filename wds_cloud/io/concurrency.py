@@ -12,8 +12,9 @@ first-byte latencies:
   least :data:`WAIT_SHARE`) and more connections can pay: a part flows for longer than its request waits
   for the first byte, and the bytes known to be left take longer than two first bytes (on a store where
   a range costs as much as the whole object, they never do);
-- a new level is kept only when the reader got at least :data:`GAIN` more bytes per second than at the
-  level below (measured twice before going back, waiting or not); it then searches between the two;
+- a new level is kept only when its connections brought at least :data:`GAIN` more bytes per second
+  than the level below, waiting or not (a step that did not, or that paid far less than in proportion,
+  is measured again on a fresh window first); it then searches between the two;
 - after :data:`REPROBE` seconds at one level it measures again: one step down (kept when the reader
   still does not wait, or gets no less), and up again while the reader waits;
 - ``concurrency=N`` pins the level: nothing is measured or changed.
@@ -208,8 +209,8 @@ class Controller:
                            f"(the reader waited {share:.0%} of the time)")
             return level
         self._trial = self._from = None
-        # a trial is judged on the rate the reader got, waiting or not: more connections that only keep a
-        # busy reader from waiting, without giving it more bytes per second, are not kept
+        # a trial is judged on the rate its connections brought, whether the reader waited or not: more
+        # connections that only keep a busy reader from waiting, without more bytes per second, are not kept
         if below is not None and rate < self.rates.get(below, 0.0) * (1 + GAIN) and not self._confirmed:
             # not faster on one window: measure a second one with it before going back down
             self._trial, self._from, self._confirmed = "up", below, True
