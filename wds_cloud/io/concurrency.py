@@ -36,7 +36,7 @@ import sys
 import threading
 from typing import Any, Optional
 
-__all__ = ["Controller", "controller_for", "learned", "report", "forget", "worker_share",
+__all__ = ["Controller", "controller_for", "learned", "seed", "report", "forget", "worker_share",
            "DEFAULT_MAX_CONCURRENCY", "WAIT_SHARE", "GAIN", "REPROBE"]
 
 #: the ceiling when the user sets none, shared by a machine's DataLoader workers
@@ -332,6 +332,8 @@ def worker_share(cap: int, local_world_size: Optional[int] = None) -> int:
     """``cap`` divided among this machine's readers: the DataLoader workers of this process's parent
     and the ``local_world_size`` processes of the node (at least 1)."""
     workers = 1
+    # the worker count straight from torch (already imported by a DataLoader worker), not through
+    # wds_cloud.utils: io/ depends on nothing above it
     torch = sys.modules.get("torch")
     if torch is not None:
         try:

@@ -327,7 +327,7 @@ class Fetcher:
 
     @property
     def held(self) -> int:
-        """Bytes of part buffers held now (requested and not yet read): at most ``concurrency x part_size``."""
+        """Bytes of part buffers reserved now (requested and not yet read): at most ``level x part_size`` per host."""
         with self._cond:
             return sum(self._window.values())
 
