@@ -174,6 +174,20 @@ def test_a_state_of_another_mix_is_refused(shards):
         wds.from_spec(other).load_state_dict(state)
 
 
+def _stopped_and_resumed(loader, batches):
+    """The keys of one uninterrupted pass of ``loader()``, and of a pass stopped after ``batches`` batches
+    (a strict state taken) and finished by a new loader from that state."""
+    expected = [k for batch in loader() for k in batch[0]]
+    first = loader()
+    it = iter(first)
+    head = [k for _ in range(batches) for k in next(it)[0]]
+    state = first.state_dict(strict=True)
+    del it
+    again = loader()
+    again.load_state_dict(state)
+    return expected, head + [k for batch in again for k in batch[0]]
+
+
 def test_resume_through_the_mix_with_dataloader_workers(shards):
     torch = pytest.importorskip("torch")  # noqa: F841
     spec = spec_for(shards, samples_per_epoch=600)
@@ -181,15 +195,8 @@ def test_resume_through_the_mix_with_dataloader_workers(shards):
     def loader():
         return wds.WebLoader(wds.from_spec(spec).to_tuple("__key__"), batch_size=10, num_workers=2)
 
-    expected = [k for batch in loader() for k in batch[0]]
-    first = loader()
-    it = iter(first)
-    head = [k for _ in range(17) for k in next(it)[0]]
-    state = first.state_dict(strict=True)
-    del it
-    again = loader()
-    again.load_state_dict(state)
-    assert head + [k for batch in again for k in batch[0]] == expected
+    expected, resumed = _stopped_and_resumed(loader, 17)
+    assert resumed == expected
     assert len(expected) == 600
 
 
@@ -316,15 +323,8 @@ def test_a_shuffle_after_a_spec_mix_resumes_exactly_with_dataloader_workers(shar
     def loader():
         return wds.WebLoader(wds.from_spec(spec).shuffle(50).to_tuple("__key__"), batch_size=10, num_workers=2)
 
-    expected = [k for batch in loader() for k in batch[0]]
-    first = loader()
-    it = iter(first)
-    head = [k for _ in range(23) for k in next(it)[0]]
-    state = first.state_dict(strict=True)
-    del it
-    again = loader()
-    again.load_state_dict(state)
-    assert head + [k for batch in again for k in batch[0]] == expected
+    expected, resumed = _stopped_and_resumed(loader, 23)
+    assert resumed == expected
     assert sorted(expected) == sorted(set(expected)) and len(expected) == 600
 
 
