@@ -84,8 +84,6 @@ class Controller:
         self._in_flight = 0
         self._held_since: Optional[float] = None
         self._confirmed = False  # a trial that was not faster on one window gets a second
-        self._connection_rate: Optional[float] = None
-        self._part_size: Optional[int] = None
         self._extend = False  # the next window continues this one
         self._open_window(None, settle=0.0)
 
@@ -163,9 +161,7 @@ class Controller:
             self.decisions += 1
             level = self.level
             self.rates[level] = rate
-            self._connection_rate = connection_rate
-            self._part_size = part_size
-            new = self._next(level, rate, share, used, remaining, now)
+            new = self._next(level, rate, share, used, remaining, now, connection_rate, part_size)
             if self._held_since is None or new != level:
                 self._held_since = now
             if new != level:
@@ -178,7 +174,7 @@ class Controller:
             return new if new != level else None
 
     def _next(self, level: int, rate: float, share: float, used: float, remaining: Optional[int],
-              now: float) -> int:
+              now: float, connection_rate: Optional[float], part_size: Optional[int]) -> int:
         mb = rate / 1e6
         if self._trial == "down":  # measuring below ``_from``
             above = self._from
@@ -256,7 +252,7 @@ class Controller:
             self.reason = (f"the reader waits {share:.0%} of the time at {mb:.0f} MB/s; {level} connections is the "
                            + ("ceiling (max_concurrency)" if level >= self.cap else "best measured"))
             return self._reprobe(level, now)
-        if not self._pays(level, up, rate, remaining):
+        if not self._pays(level, up, rate, remaining, connection_rate, part_size):
             self.reason = (f"the reader waits {share:.0%} of the time at {mb:.0f} MB/s, but more connections would "
                            f"not pay: a request's first byte ({self.latency or 0:.3f} s) costs more than they would win")
             return self._reprobe(level, now)
@@ -273,14 +269,15 @@ class Controller:
         middle = (level + min(self._ceiling, self.cap)) // 2
         return middle if middle - level >= max(1, level // 4) else None
 
-    def _pays(self, level: int, up: int, rate: float, remaining: Optional[int]) -> bool:
+    def _pays(self, level: int, up: int, rate: float, remaining: Optional[int], connection_rate: Optional[float],
+              part_size: Optional[int]) -> bool:
         """Whether ``up`` connections can win back a new request's first byte on what is left to read: the
         time ``level`` connections take to carry it (at the rate of a flowing body, not counting waits)
         must shrink by more than two first bytes."""
         latency = self.latency or 0.0
-        if self._connection_rate and self._part_size and self._part_size / self._connection_rate < latency:
+        if connection_rate and part_size and part_size / connection_rate < latency:
             return False  # a part would wait longer for its first byte than its body takes to flow
-        carried = level * self._connection_rate if self._connection_rate else rate
+        carried = level * connection_rate if connection_rate else rate
         if remaining is None or not carried:
             return True
         left = remaining / carried

@@ -539,7 +539,7 @@ class Fetcher:
         as parts (lock held)."""
         first = obj.parts[0]
         if (not first.streamed or obj.total > 1 or first.done or not obj.planned or obj.size is None
-                or obj.single or obj.host in self._single_hosts or first.error is not None):
+                or obj.host in self._single_hosts or first.error is not None):
             return
         controller = obj.controller
         if obj.state == _PREFETCHED:  # waiting at its limit: the rest is parts, fetched ahead but the last
@@ -554,7 +554,6 @@ class Fetcher:
         if obj.size - at < MIN_PART:
             return  # too little left to be worth new requests
         first.end = at
-        first.limit = None if obj.state == _ACTIVE else first.limit
         self._reserve(first)
         obj.plan(*obj.steps(at, controller.level))
         log.debug("%s: %d connections chosen; parts from byte %d", redact(obj.url), controller.level, at)
