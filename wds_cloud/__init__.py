@@ -90,6 +90,7 @@ from .gpu import gpu_decode, to_device
 from .interleaved import collate_interleaved, interleaved, interleaved_sample
 from .pipeline import DataPipeline
 from .resume import Resumable
+from .resume.elastic import merge_states
 from .shardlists import (
     MultiShardSample,
     ResampledShards,
@@ -106,6 +107,7 @@ from .tariterators import tarfile_samples, tarfile_to_samples
 from .writer import ShardWriter, TarWriter, numpy_dumps, torch_dumps
 
 __all__ = [
+    "merge_states",
     "__version__",
     # pipeline
     "DataPipeline", "WebDataset", "WebLoader", "FluidInterface", "FluidWrapper", "PipelineStage",

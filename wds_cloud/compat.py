@@ -25,6 +25,7 @@ from .pipeline import DataPipeline
 from .pytorch import HAVE_TORCH, DataLoader
 from .resume import loader as loaderstate
 from .resume.protocol import Resumable, is_buffering
+from .resume.elastic import LOADER_FORMAT, is_merged, items_share, merge_states
 from .resume.state import check_same, check_seal, expect, inexact_state, is_inexact, restart_from, seal
 from .spec import is_mix_spec, load_spec
 from .stages import PipelineStage
@@ -145,6 +146,10 @@ class CheckEmpty(PipelineStage):
     def load_state_dict(self, state: dict) -> None:
         expect(state, "empty check", dict, seen=bool)
         self._resume_seen = state["seen"]
+
+    def on_elastic_resume(self) -> None:
+        """An elastic resume's share may be empty (the epoch was nearly done): that is not an empty dataset."""
+        self._resume_seen = True
 
 
 def check_empty(source: Iterable) -> Iterator:
@@ -312,6 +317,10 @@ class WebDataset(DataPipeline, FluidInterface):
                 "use at least as many shards as ranks x workers, or fewer workers")
         return min(totals) if self.equal_work == "min" else max(totals)
 
+    def shard_counts(self) -> Optional[dict]:
+        """Samples per shard index (``equal_work="min"``/``"max"`` read them from the index), else None."""
+        return dict(enumerate(self._counts)) if self._counts is not None else None
+
     @property
     def stats(self) -> TransferStats:
         """Transfer figures of the remote reads this process made for the dataset (a snapshot).
@@ -473,14 +482,23 @@ class WebLoader(DataPipeline, FluidInterface):
         self._pass_epoch, self._auto_epoch = epoch, epoch + 1
         return super().__iter__()
 
-    def state_dict(self, strict: bool = False) -> dict:
+    def state_dict(self, strict: bool = False, gather: bool = False) -> dict:
         """Every worker's dataset state at the last item yielded, and which worker comes next: plain JSON.
 
         Lightning calls this with every checkpoint: a loader that cannot be resumed exactly (see
         :meth:`resume_blocker`) never raises here but gives an inexact state holding the epoch, which
         :meth:`load_state_dict` turns into a restart of that epoch; ``strict=True`` raises
         :class:`~wds_cloud.errors.NotResumableError` instead.
+
+        ``gather=True``: the states of every rank, gathered over ``torch.distributed`` (a collective: every
+        rank calls it at the same step) and merged (:func:`wds_cloud.merge_states`): every rank gets the same
+        state, which a loader of any number of ranks and workers can load.
         """
+        if gather:
+            return merge_states(gather_states(self._own_state(True)))
+        return self._own_state(strict)
+
+    def _own_state(self, strict: bool) -> dict:
         # The pass has ended when its iterator said so (Lightning's fetcher asks one item ahead, so it
         # has at the checkpoint after an epoch's last batch) or, with a declared length, when that many
         # items were yielded (where Lightning ends a sized epoch): the state then starts the next epoch.
@@ -488,8 +506,10 @@ class WebLoader(DataPipeline, FluidInterface):
         ended = self._resume_progress is None and (
             progress[3] or (self._has_length and self.size is not None and progress[1] >= self.size > 0))
         if ended and self._untag is not None:
+            rank, world_size = _rank()
             return seal({"format": LOADER_FORMAT, "num_workers": self._untag.num_workers, "next": 0, "exhausted": [],
-                         "epoch": self._auto_epoch, "workers": [], "progress": [0, 0]})
+                         "epoch": self._auto_epoch, "workers": [], "progress": [0, 0], "rank": rank,
+                         "world_size": world_size})
         try:
             return seal(self._exact_state())
         except StateMismatchError as exc:  # NotResumableError, or a shuffle after the workers holding items
@@ -517,10 +537,11 @@ class WebLoader(DataPipeline, FluidInterface):
             if is_inexact(state):
                 raise NotResumableError(f"this WebLoader cannot save a resumable state: DataLoader worker "
                                         f"{worker}: {state['inexact']}")
+        rank, world_size = _rank()
         return {"format": LOADER_FORMAT, "num_workers": untag.num_workers, "next": next_worker,
                 "exhausted": sorted(exhausted), "epoch": self._pass_epoch,
                 "workers": [[w, loaderstate.jsonable(s)] for w, s in sorted(states.items())],
-                "progress": self._current_progress()}
+                "progress": self._current_progress(), "rank": rank, "world_size": world_size}
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next pass continue where ``state`` (from :meth:`state_dict`) stood.
@@ -528,9 +549,12 @@ class WebLoader(DataPipeline, FluidInterface):
         An inexact state (see :meth:`state_dict`) is logged and makes the next pass begin its
         epoch again.
         """
+        if is_merged(state):
+            self._load_merged(state)
+            return
         if not isinstance(state, dict) or state.get("format") != LOADER_FORMAT:
-            raise StateMismatchError("not a WebLoader state: pass the dict that WebLoader.state_dict() returned",
-                                     field="format")
+            raise StateMismatchError("not a WebLoader state: pass the dict that WebLoader.state_dict() returned "
+                                     "(or merge_states() of every rank's)", field="format")
         if is_inexact(state):
             check_seal(state, "WebLoader")
             restart_from(state, "WebLoader")
@@ -561,8 +585,45 @@ class WebLoader(DataPipeline, FluidInterface):
         self._auto_epoch = self._pass_epoch + 1
         self._resume_progress = list(state.get("progress") or (0, 0))
 
+    def _load_merged(self, state: dict) -> None:
+        """Continue the epoch of a merged state with this rank's share, each worker taking its own."""
+        if self._untag is None:
+            raise NotResumableError(f"this WebLoader cannot load a state: {self._blocker}")
+        dataset = self._dataset
+        assert dataset is not None  # a loader without a dataset has a resume blocker
+        dataset.load_state_dict(state)  # checked there; each worker takes its share when its pass begins
+        self._untag.resume(0, set(), {})
+        self._pass_epoch = state["epoch"]
+        self._auto_epoch = self._pass_epoch + 1
+        loader = state.get("loader")
+        passes = loader["pass"] if loader else 0
+        if loader and self.repetitions != 1 and self.nsamples > 0:  # with_epoch on the loader: the items left
+            rank, world_size = _rank()
+            left = items_share(loader["items"], loader["ranks"], self.nsamples, rank, world_size)
+            self._resume_progress = [passes, max(0, self.nsamples - left)]
+        else:
+            self._resume_progress = [passes, 0]
 
-LOADER_FORMAT = "wds_cloud.loader/1"
+
+def _rank() -> tuple[int, int]:
+    rank, world_size, _, _ = utils.pytorch_worker_info()
+    return rank, world_size
+
+
+def gather_states(state: dict) -> list:
+    """``state`` of every rank, gathered over ``torch.distributed`` (every rank must call this at the same step);
+    ``[state]`` alone on one process."""
+    rank, world_size = _rank()
+    if world_size == 1:
+        return [state]
+    dist = utils.torch_distributed_module()
+    if dist is None:
+        raise ConfigError(f"state_dict(gather=True) on rank {rank} of {world_size}: gathering the ranks' states needs "
+                          "an initialized torch.distributed process group (torch.distributed.init_process_group); "
+                          "without one, save each rank's state_dict() and merge them with wds.merge_states(states)")
+    gathered: list = [None] * world_size
+    dist.all_gather_object(gathered, state)
+    return gathered
 
 
 def _resume_blocker(dataset: Any, args: list, kw: dict) -> Optional[str]:

@@ -75,10 +75,13 @@ class _Pass:
     """Where the current pass stands (the live counters a state is taken from): the samples taken from each
     source, the draws that met a source already ended, and the sources that ran out."""
 
-    __slots__ = ("number", "taken", "misses", "dropped")
+    __slots__ = ("number", "taken", "misses", "dropped", "quota")
 
-    def __init__(self, number: int, taken: list[int], misses: int = 0, dropped: Optional[list] = None) -> None:
+    def __init__(self, number: int, taken: list[int], misses: int = 0, dropped: Optional[list] = None,
+                 quota: Optional[int] = None) -> None:
         self.number, self.taken, self.misses, self.dropped = number, taken, misses, list(dropped or ())
+        #: after an elastic resume: what this rank and worker draws in the rest of the pass (else None)
+        self.quota = quota
 
     @property
     def count(self) -> int:
@@ -189,6 +192,7 @@ class MixSource(ReplayedSources, PipelineStage):
         self._resume: Optional[dict] = None
         self._cursor: Optional[_MixCursor] = None
         self._replay: Optional[list] = None  # the source of each sample to yield again first (see set_replay)
+        self._elastic: Optional[tuple] = None  # (pass, quota) of an elastic resume's share, for the next pass
 
     def _quota(self) -> Optional[int]:
         if self.samples_per_epoch is None:
@@ -200,8 +204,12 @@ class MixSource(ReplayedSources, PipelineStage):
 
     def run(self, *args: Any) -> Iterator[dict]:
         resume, self._resume = self._resume, None
+        elastic, self._elastic = self._elastic, None
         if resume is not None:
-            live = _Pass(resume["pass"], list(resume["taken"]), resume["draws"] - resume["count"], resume["dropped"])
+            live = _Pass(resume["pass"], list(resume["taken"]), resume["draws"] - resume["count"], resume["dropped"],
+                         resume.get("quota"))
+        elif elastic is not None:
+            live = _Pass(elastic[0], [0] * len(self.names), quota=elastic[1])
         else:
             live = _Pass(self._passes, [0] * len(self.names))
         self._passes = live.number + 1
@@ -213,8 +221,10 @@ class MixSource(ReplayedSources, PipelineStage):
         rank, _, worker, _ = pytorch_worker_info()
         # a counted generator: the draws made before a state was taken are restored by re-seeding a block and
         # skipping fewer than 4,096, whatever count a state claims (a replay is bounded)
-        rng = CountedRandom(make_seed(self.seed, live.number, rank, worker), live.draws)
-        quota = self._quota()
+        # after an elastic resume the draws of this share are its own (another sequence than the slot's first)
+        salt = () if live.quota is None else ("elastic",)
+        rng = CountedRandom(make_seed(self.seed, live.number, rank, worker, *salt), live.draws)
+        quota = self._quota() if live.quota is None else live.quota
         if quota is not None and live.count > quota:
             raise StateMismatchError(f"the mix state counts {live.count} samples taken this pass, more than this "
                                      f"worker's share of samples_per_epoch ({quota}): load the state state_dict() "
@@ -271,9 +281,36 @@ class MixSource(ReplayedSources, PipelineStage):
         live = self._live
         if live is None:
             return self.next_pass_state()
-        return {"format": STATE_FORMAT, "names": list(self.names), "pass": live.number, "count": live.count,
-                "draws": live.draws, "taken": list(live.taken), "dropped": list(live.dropped),
-                "sources": [ds.state_dict(strict=True) for ds in self.datasets]}
+        state = {"format": STATE_FORMAT, "names": list(self.names), "pass": live.number, "count": live.count,
+                 "draws": live.draws, "taken": list(live.taken), "dropped": list(live.dropped),
+                 "sources": [ds.state_dict(strict=True) for ds in self.datasets]}
+        if live.quota is not None:
+            state["quota"] = live.quota
+        return state
+
+    # elastic resume (wds_cloud.resume.elastic)
+    def check_merged_mix(self, mix: dict) -> None:
+        """Refuse the mix part of a merged state taken from another spec, naming what differs."""
+        if mix.get("names") != list(self.names):
+            raise StateMismatchError(f"the merged state was taken from a mix of the sources {shown(mix.get('names'))}; "
+                                     f"this one mixes {list(self.names)!r}: resume with the spec it was saved with",
+                                     field="names")
+        for ds, level in zip(self.datasets, mix["sources"]):
+            ds.check_level(level)
+
+    def load_merged_mix(self, mix: dict, rank: int, world_size: int, worker: int, workers: int) -> None:
+        """Take this rank and worker's share of a merged mix for the next pass: each source's share of its work,
+        and of what the epoch still owes (``samples_per_epoch`` less what was drawn, plus the samples a shuffle
+        after the mix held, which are drawn again from the front of their sources)."""
+        for ds, level in zip(self.datasets, mix["sources"]):
+            ds.assign_level(level, rank, world_size, worker, workers)
+        quota = None
+        if self.samples_per_epoch is not None:
+            left = max(0, self.samples_per_epoch - mix["count"]) + sum(level.get("outer", 0) for level in mix["sources"])
+            slot, slots = rank * workers + worker, world_size * workers
+            quota = left // slots + (1 if slot < left % slots else 0)
+        self._elastic = (mix["pass"], quota)
+        self._resume = None
 
     def next_pass_state(self) -> dict:
         if self._resume is not None:
@@ -301,6 +338,9 @@ class MixSource(ReplayedSources, PipelineStage):
                 or len(set(dropped)) != len(dropped) or any(self.resampled[i] for i in dropped):
             raise StateMismatchError(f"the mix state's 'dropped' is {shown(dropped)}, not a list of the sources that "
                                      "ended this pass")
+        if "quota" in state and (type(state["quota"]) is not int or not state["count"] <= state["quota"]):
+            raise StateMismatchError(f"the mix state's 'quota' is {shown(state['quota'])}, which no state_dict() "
+                                     "gives: the state was changed", field="quota")
         if state["draws"] != state["count"] + len(dropped):  # every draw takes a sample or finds a source ended
             raise StateMismatchError(f"the mix state's 'draws' ({state['draws']}) is not its count ({state['count']}) "
                                      f"plus the sources that ended ({len(dropped)}): the state was changed",

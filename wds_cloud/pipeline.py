@@ -15,10 +15,11 @@ import copy
 import sys
 from typing import Any, Callable, Iterator, Optional
 
-from . import utils
+from . import shardlists, utils
 from .errors import ConfigError, NotResumableError, StateMismatchError, redact
 from .io.security import untrusted
 from .pytorch import DataLoader, IterableDataset
+from .resume import elastic
 from .resume.protocol import (
     SampleSource,
     declines_resume,
@@ -88,6 +89,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._resume_progress: Optional[list] = None
         self._worker_states: Optional[dict] = None  # per-DataLoader-worker states, applied in each worker
         self._seal_problem: Optional[StateMismatchError] = None  # a loaded state's checksum did not match
+        self._elastic: Optional[dict] = None  # a merged state, shared out when the next pass begins (per worker)
         for arg in args:
             if arg is None:
                 continue
@@ -129,6 +131,8 @@ class DataPipeline(IterableDataset, PipelineStage):
         return self._run(self._progress, None)
 
     def __iter__(self) -> Iterator:
+        if self._elastic is not None:
+            self._apply_elastic()
         if self._worker_states is not None:
             self._apply_worker_state()
         resume, self._resume_progress = self._resume_progress, None
@@ -246,15 +250,39 @@ class DataPipeline(IterableDataset, PipelineStage):
         return self._stage_facts()[1]
 
     def _stage_facts(self) -> tuple:
-        """(stage list, resumable stages, resume blocker), computed again only when the stage list changed."""
+        """(stage list, resumable stages, resume blocker, splitting), computed again only when the stage list
+        changed."""
         pipeline = self.pipeline
         cached = self.__dict__.get("_stateful_cache")
         if cached is not None and cached[0] == pipeline:  # list equality: identity first, element by element
             return cached
         # the kind is a label saved with each stage's state, to tell a different pipeline apart on load
         found = [(i, type(stage).__name__, stage) for i, stage in enumerate(pipeline) if is_resumable(stage)]
-        self._stateful_cache = (list(pipeline), found, self.resume_blocker())
+        self._stateful_cache = (list(pipeline), found, self.resume_blocker(), self._split_kind())
         return self._stateful_cache
+
+    def _split_kind(self) -> Optional[str]:
+        """How the shards of the shard list reach the reader: ``"nodes+workers"``, ``"nodes"``, ``"workers"``,
+        ``"none"`` (every worker reads every shard), ``"custom"`` (a stage of the user's in between), or None
+        (no shard list and reader)."""
+        stages = self.pipeline
+        start = next((i for i, s in enumerate(stages) if isinstance(s, shardlists.SHARE_LISTS)), None)
+        if start is None:
+            return None
+        end = next((i for i in range(start + 1, len(stages)) if callable(getattr(stages[i], "set_elastic", None))),
+                   None)
+        if end is None:
+            return None
+        nodes = workers = False
+        for stage in stages[start + 1:end]:
+            if stage is shardlists.split_by_node:
+                nodes = True
+            elif stage is shardlists.split_by_worker:
+                workers = True
+            elif stage is not shardlists.single_node_only and not getattr(stage, "keeps_shards", False):
+                return "custom"
+        return {(True, True): "nodes+workers", (True, False): "nodes", (False, True): "workers"}.get(
+            (nodes, workers), "none")
 
     def state_dict(self, strict: bool = False) -> dict:
         """Where the most recent iterator stands, at the last sample it yielded: plain JSON.
@@ -310,6 +338,9 @@ class DataPipeline(IterableDataset, PipelineStage):
                 raise NotResumableError(f"this pipeline cannot save a resumable state: stage {i} "
                                         f"({stage_name(stage)}) could not take its state: "
                                         f"{type(exc).__name__}: {exc}") from exc
+        split = self._stage_facts()[3]
+        if split is not None:
+            return {"format": FORMAT, "progress": progress, "stages": stages, "split": split}
         return {"format": FORMAT, "progress": progress, "stages": stages}
 
     def load_state_dict(self, state: dict) -> None:
@@ -318,6 +349,9 @@ class DataPipeline(IterableDataset, PipelineStage):
         An inexact state (taken from a pipeline that cannot be resumed) is logged and makes the
         next pass start from its beginning.
         """
+        if elastic.is_merged(state):
+            self.load_merged(state)
+            return
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise StateMismatchError(
                 f"not a wds_cloud pipeline state (expected format {FORMAT!r}, got "
@@ -364,7 +398,104 @@ class DataPipeline(IterableDataset, PipelineStage):
                         raise StateMismatchError("the saved state has samples in a shuffle buffer, but no shard "
                                                  "reader feeds that shuffle here")
                     source.set_replay(self._trusted_replay(replay))
+        for i, kind, stage_state in state["stages"]:
+            if kind in elastic.SHARD_LISTS and isinstance(stage_state.get("assigned"), dict):
+                self.assign_share(stage_state["assigned"])  # a pass begun by an elastic resume goes on
         self._resume_progress = list(state.get("progress") or (0, 0))
+
+    # elastic resume (wds_cloud.resume.elastic)
+    def load_merged(self, state: dict) -> None:
+        """Continue the epoch of a merged state (:func:`wds_cloud.merge_states`) with this process's share of its
+        work, whatever the number of ranks and workers; the share is taken when the next pass begins (in each
+        DataLoader worker)."""
+        elastic.check_merged(state)
+        self.check_level(state["pipeline"])
+        self._elastic = state
+        self._worker_states = None
+        self._resume_progress = None
+        self._seal_problem = None
+
+    def check_level(self, level: dict) -> None:
+        """Refuse a merged level that was not taken from a pipeline like this one, naming what differs."""
+        if level.get("fresh"):
+            return
+        here = [[i, kind] for i, kind, _ in self._stateful()]
+        if level["kinds"] != here:
+            check_same("pipeline (its stages differ)", {f"stage {i}": k for i, k in level["kinds"]},
+                       {f"stage {i}": k for i, k in here})
+        stages = dict((i, stage) for i, _, stage in self._stateful())
+        for key, saved in level["configs"].items():
+            stage = stages.get(int(key)) if key.isdigit() else None
+            current = next_pass_state(stage).get("config") if stage is not None else None
+            if isinstance(saved, dict) and isinstance(current, dict):
+                check_same(f"dataset (stage {key}, {stage_name(stage)})", saved, current)
+        mix = level.get("mix")
+        if mix is not None:
+            for stage in stages.values():
+                if callable(getattr(stage, "check_merged_mix", None)):
+                    stage.check_merged_mix(mix)
+
+    def _apply_elastic(self) -> None:
+        state, self._elastic = self._elastic, None
+        assert state is not None
+        rank, world_size, worker, workers = utils.pytorch_worker_info()
+        self.set_epoch(state["epoch"])
+        level = state["pipeline"]
+        self.assign_level(level, rank, world_size, worker, workers)
+        slot, slots = rank * workers + worker, world_size * workers
+        passes = level.get("pass", 0)
+        if self.repetitions != 1 and self.nsamples > 0 and not level.get("fresh"):
+            left = elastic.items_share(level["items"], level["slots"], self.nsamples, slot, slots)
+            self._resume_progress = [passes, max(0, self.nsamples - left)]
+        else:
+            self._resume_progress = [passes, 0]
+
+    def assign_level(self, level: dict, rank: int, world_size: int, worker: int, workers: int) -> None:
+        """Take this rank and worker's share of a merged level for the next pass (see :meth:`load_merged`)."""
+        if level.get("fresh"):
+            return
+        stages = [stage for _, _, stage in self._stateful()]
+        mix = level.get("mix")
+        if mix is not None:
+            for stage in stages:
+                if callable(getattr(stage, "load_merged_mix", None)):
+                    stage.load_merged_mix(mix, rank, world_size, worker, workers)
+            return
+        split = self._stage_facts()[3]
+        slot, slots = elastic.shard_split(split, world_size, workers, rank, worker)
+        counts = self.shard_counts() if level.get("owed") is not None else None
+        mode = getattr(self, "equal_work", None) if level.get("owed") is not None else None
+        self.assign_share(elastic.share(level, slot, slots, counts, mode))
+
+    def shard_counts(self) -> Optional[dict]:
+        """Samples per shard index, when the dataset knows them (``equal_work``); None here."""
+        return None
+
+    def assign_share(self, record: dict) -> None:
+        """Make the next pass read the share ``record`` (see :func:`wds_cloud.resume.elastic.share`): its buffered
+        samples, then its partly read shards from their saved bytes, then its unstarted shards."""
+        shard_list = next((s for s in self.pipeline if isinstance(s, shardlists.SHARE_LISTS)), None)
+        reader = next((s for s in self.pipeline if callable(getattr(s, "set_elastic", None))), None)
+        if shard_list is None or reader is None:
+            raise StateMismatchError("the merged state holds shards, but this pipeline has no shard list and reader to "
+                                     "read them", field="stages")
+        urls = shard_list.urls
+        elastic.check_share(record, len(urls))
+        by_id = {url_id(u): u for u in urls}
+        items = [{"url": url, "resume_at": {"url": shown_url(url), "url_id": entry[0], "offset": entry[2],
+                                            "next": entry[3], "compressed": entry[4], "pax": entry[5]}}
+                 for url, entry in zip(elastic.resolve(record["partial"], by_id, "partial"), record["partial"])]
+        items += [{"url": urls[index]} for index in record["pending"]]
+        replays = []
+        for entry in record["replay"]:
+            url = elastic.resolve([entry], by_id, "buffered")[0]
+            replays += [(url, first * 512, (first + blocks) * 512, entry[2])
+                        for first, blocks in elastic.decode_ranges(entry[3])]
+        shard_list.assign(record, items)
+        reader.set_elastic(replays, record.get("limit"))
+        for stage in self.pipeline:
+            if callable(getattr(stage, "on_elastic_resume", None)):
+                stage.on_elastic_resume()
 
     def shard_urls(self) -> dict:
         """The shard URLs this pipeline's shard lists name (as the program gave them), by text."""
@@ -406,13 +537,16 @@ class DataPipeline(IterableDataset, PipelineStage):
 
     def set_worker_states(self, states: Optional[dict]) -> None:
         """States to load, one per DataLoader worker (``{worker id: state}``), each in its own worker when
-        the next pass begins; None: none (a loader calls this once its workers have started)."""
+        the next pass begins; None: none, and no merged state either (a loader calls this once its workers
+        have started)."""
         self._worker_states = states
+        if states is None:
+            self._elastic = None
 
     @property
     def has_worker_states(self) -> bool:
-        """Whether per-worker states wait to be loaded at the start of the next pass."""
-        return self._worker_states is not None
+        """Whether per-worker states (or a merged state) wait to be loaded at the start of the next pass."""
+        return self._worker_states is not None or self.__dict__.get("_elastic") is not None
 
     def _apply_worker_state(self) -> None:
         _, _, worker, _ = utils.pytorch_worker_info()

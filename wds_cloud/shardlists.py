@@ -23,13 +23,14 @@ from . import config, utils
 from .errors import ConfigError, MalformedDataError, redact
 from .io import datafile
 from .io.security import UntrustedURL, resolve, resolve_base
+from .resume.elastic import shard_order
 from .resume.state import check_same, expect
 from .stages import PipelineStage, pipelinefilter
 
 __all__ = [
     "envsubst", "expand_urls", "expand_source", "SimpleShardList", "ResampledShards", "ResampledShardList",
     "MultiShardSample", "DirectoryShardList", "split_by_node", "split_by_worker", "single_node_only",
-    "non_empty", "resampled", "resampled_", "shardspec", "cleanup_files_without_processes", "shard_order", "index_counts", "slot_shards",
+    "non_empty", "resampled", "resampled_", "shardspec", "Share", "cleanup_files_without_processes", "shard_order", "index_counts", "slot_shards",
     "read_spec_file",
 ]
 
@@ -177,13 +178,6 @@ def _spec_urls(spec: Any, where: str) -> list[str]:
     return [u if isinstance(u, UntrustedURL) else resolve(u, where, base=base) for u in urls]
 
 
-def shard_order(n: int, seed: int, epoch: int) -> list[int]:
-    """The shuffled order of ``n`` shards for (seed, epoch): the same on every rank and worker."""
-    order = list(range(n))
-    random.Random(utils.make_seed(seed, epoch)).shuffle(order)
-    return order
-
-
 def slot_shards(n: int, seed: Optional[int], epoch: int, world_size: int, num_workers: int) -> list[list[int]]:
     """The shard indices each (rank, worker) slot reads in an epoch, slot ``rank * num_workers + worker``.
 
@@ -192,6 +186,22 @@ def slot_shards(n: int, seed: Optional[int], epoch: int, world_size: int, num_wo
     """
     order = shard_order(n, seed, epoch) if seed is not None else list(range(n))
     return [order[rank::world_size][worker::num_workers] for rank in range(world_size) for worker in range(num_workers)]
+
+
+class Share:
+    """The shard items of one rank and worker's share of an epoch after an elastic resume: ``split_by_node``
+    and ``split_by_worker`` pass them on whole (they were split already, see :mod:`wds_cloud.resume.elastic`)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Iterator[dict]) -> None:
+        self._items = items
+
+    def __iter__(self) -> "Share":
+        return self
+
+    def __next__(self) -> dict:
+        return next(self._items)
 
 
 class _EpochClock:
@@ -286,15 +296,42 @@ class _Epochs:
         return dict(cached[1])
 
     def state_dict(self) -> dict:
-        """The epoch of the most recent pass (the order of the shards follows from it)."""
-        return {"epoch": self.epoch, "config": self._config()}
+        """The epoch of the most recent pass (the order of the shards follows from it) and, after an elastic
+        resume, this rank and worker's share of that epoch (``"assigned"``)."""
+        state = {"epoch": self.epoch, "config": self._config()}
+        record = self._share_record()
+        if record is not None:
+            state["assigned"] = record
+        return state
+
+    def _share_record(self) -> Optional[dict]:
+        pending = self.__dict__.get("_assigned")
+        if pending is not None:
+            return pending[0]
+        current = self.__dict__.get("_current")
+        return current if current is not None and current.get("epoch") == self.epoch else None
 
     def transport_state(self) -> dict:
         """:meth:`state_dict`, made once per epoch (a loader asks for it with every batch; it is not changed)."""
         cached = self.__dict__.get("_fast_cache")
-        if cached is None or cached["epoch"] != self.epoch:
-            cached = self._fast_cache = self.state_dict()
-        return cached
+        key = (self.epoch, id(self._share_record()))
+        if cached is None or cached[0] != key:
+            cached = self._fast_cache = (key, self.state_dict())
+        return cached[1]
+
+    def assign(self, record: dict, items: list) -> None:
+        """Make the next pass yield ``items`` (this rank and worker's share of epoch ``record["epoch"]`` after an
+        elastic resume, see :mod:`wds_cloud.resume.elastic`) instead of its split of the epoch's order; the
+        splitters pass them on whole."""
+        self._assigned = (record, items)
+        self.set_epoch(record["epoch"])
+
+    def _take_share(self) -> Optional[tuple]:
+        """The share assigned for this pass (recorded for its states), or None: a pass of the whole order."""
+        assigned = self.__dict__.get("_assigned")
+        self._assigned = None
+        self._current = assigned[0] if assigned is not None else None
+        return assigned
 
     def next_pass_state(self) -> dict:
         return {"epoch": self.epoch if self._epoch_set else self.epoch + 1, "config": self._config()}
@@ -320,6 +357,16 @@ class SimpleShardList(_Epochs, PipelineStage):
         return len(self.urls)
 
     def run(self) -> Iterator[dict]:
+        assigned = self._take_share()
+        if assigned is not None:
+            return Share(self._shared_pass(assigned[1]))
+        return self._pass()
+
+    def _shared_pass(self, items: list) -> Iterator[dict]:
+        self._next_epoch()
+        yield from items
+
+    def _pass(self) -> Iterator[dict]:
         self._next_epoch()
         urls = self.urls
         if self.seed is not None:
@@ -338,6 +385,12 @@ class SimpleShardList(_Epochs, PipelineStage):
 
 def split_by_node(src: Iterable, group: Any = None) -> Iterator:
     """Every ``world_size``-th item starting at ``rank`` (torch.distributed, or RANK/WORLD_SIZE)."""
+    if isinstance(src, Share):
+        return src  # an elastic resume's share: split already
+    return _split_by_node(src, group)
+
+
+def _split_by_node(src: Iterable, group: Any) -> Iterator:
     rank, world_size, _, _ = utils.pytorch_worker_info(group=group)
     if world_size > 1:
         yield from islice(src, rank, None, world_size)
@@ -347,6 +400,11 @@ def split_by_node(src: Iterable, group: Any = None) -> Iterator:
 
 def single_node_only(src: Iterable, group: Any = None) -> Iterator:
     """Pass items through, refusing to run on more than one node."""
+    checked = _single_node_only(src, group)
+    return Share(checked) if isinstance(src, Share) else checked
+
+
+def _single_node_only(src: Iterable, group: Any) -> Iterator:
     rank, world_size, _, _ = utils.pytorch_worker_info(group=group)
     if world_size > 1:
         raise ValueError(
@@ -358,6 +416,12 @@ def single_node_only(src: Iterable, group: Any = None) -> Iterator:
 
 def split_by_worker(src: Iterable) -> Iterator:
     """Every ``num_workers``-th item starting at this DataLoader worker's id."""
+    if isinstance(src, Share):
+        return src
+    return _split_by_worker(src)
+
+
+def _split_by_worker(src: Iterable) -> Iterator:
     _, _, worker, num_workers = utils.pytorch_worker_info()
     if num_workers > 1:
         yield from islice(src, worker, None, num_workers)
@@ -408,12 +472,19 @@ class ResampledShards(_Epochs, PipelineStage):
         return utils.make_seed(*parts)
 
     def run(self) -> Iterator[dict]:
+        assigned = self._take_share()
+        if assigned is not None:  # the partly read shards of an elastic resume, then draws of this share's own
+            return Share(self._pass(assigned[1], salt="elastic"))
+        return self._pass([])
+
+    def _pass(self, first: list, salt: Optional[str] = None) -> Iterator[dict]:
         self._next_epoch()
-        seed = self._pass_seed()
+        seed = self._pass_seed() if salt is None else utils.make_seed(self._pass_seed(), salt)
         if config.current().show_seed:
             log.info("resampled shards seeded with %d (epoch %d)", seed, self.epoch)
         rng = random.Random(seed)
-        for _ in range(self.nshards):
+        yield from first
+        for _ in range(self.nshards - len(first)):
             yield {"url": rng.choice(self.urls)}
 
     def __iter__(self) -> Iterator[dict]:
@@ -424,6 +495,9 @@ class ResampledShards(_Epochs, PipelineStage):
 
 
 ResampledShardList = ResampledShards
+
+#: the shard lists that can be given an elastic resume's share (see :meth:`_Epochs.assign`)
+SHARE_LISTS = (SimpleShardList, ResampledShards)
 
 
 def resampled_(src: Iterable, n: int = sys.maxsize) -> Iterator:

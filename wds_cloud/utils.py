@@ -97,6 +97,15 @@ def torch_distributed(group: Any = None) -> tuple[int, int]:
     return 0, 1
 
 
+def torch_distributed_module() -> Any:
+    """``torch.distributed`` when a process group is initialized here, else None; never imports torch."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    dist = torch.distributed
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
 _inherited: Optional[tuple[int, int]] = None
 
 

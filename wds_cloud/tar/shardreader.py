@@ -18,6 +18,7 @@ from ..handlers import reraise_exception
 from ..io.open import gopen
 from ..io.parallel import Fetcher
 from ..resume import state as resuming
+from ..resume.elastic import REPLAY_REF
 from ..resume.refetch import refetch
 from ..resume.state import expect, shown_url, url_id
 from .reader import TarMembers
@@ -58,7 +59,8 @@ class _Cursor:
     :func:`shard_samples` itself, so the reader adds no work per sample.
     """
 
-    __slots__ = ("shard", "url", "compressed", "done", "where", "identity", "members", "base_pax", "recorded")
+    __slots__ = ("shard", "url", "compressed", "done", "where", "identity", "members", "base_pax", "recorded",
+                 "elastic", "limit")
 
     def __init__(self) -> None:
         self.shard = 0  # index of the current shard among the shards this worker was given
@@ -71,6 +73,9 @@ class _Cursor:
         self.members: Optional[TarMembers] = None  # of the current shard
         self.base_pax: dict = {}  # global PAX records in force where the current read began
         self.recorded: Optional[list] = None  # (name, data offset, size) of the members read (index_sink)
+        #: after an elastic resume: [samples of the share's replay list yielded, its length]
+        self.elastic: Optional[list] = None
+        self.limit: Optional[int] = None  # the samples this pass yields (equal_work), when limited
 
     @property
     def offset(self) -> int:
@@ -85,6 +90,19 @@ class _Cursor:
     def pax(self) -> dict:
         members = self.members
         return (members.pax_global if members is not None else None) or self.base_pax
+
+
+def _share_fields(state: dict, cursor: _Cursor) -> None:
+    """The fields of a reader's state that an elastic share and equal_work add: the replays yielded, the limit."""
+    progress = cursor.elastic
+    if progress is not None:
+        state["replayed"] = progress[0]
+        if progress[0] < progress[1] and not cursor.done:  # still replaying: no shard begun
+            state.update(shard=0, url=None, url_id=None, offset=0, next=None)
+            state.pop("compressed", None)
+            state.pop("pax", None)
+    if cursor.limit is not None:
+        state["limit"] = cursor.limit
 
 
 class TarSamples:
@@ -129,6 +147,7 @@ class TarSamples:
         self.fetcher = Fetcher(prefetch=0) if opener is None and not open_kw else None
         self._resume: Optional[dict] = None
         self._replay: list = []
+        self._elastic: Optional[tuple] = None  # (samples to replay, limit) of an elastic resume's share
         #: what the last resume fetched again: samples, requests, bytes (compressed shards: bytes
         #: decompressed), seconds
         self.last_refetch: dict = {}
@@ -139,9 +158,9 @@ class TarSamples:
     def run(self, src: Iterable[dict]) -> Iterator[dict]:
         cursor = _Cursor()
         self.cursor = cursor
-        resume, replay = self._resume, self._replay
-        self._resume, self._replay = None, []
-        return self._samples(src, cursor, resume, replay)
+        resume, replay, elastic = self._resume, self._replay, self._elastic
+        self._resume, self._replay, self._elastic = None, [], None
+        return self._samples(src, cursor, resume, replay, elastic)
 
     # state
     def state_dict(self) -> dict:
@@ -157,6 +176,8 @@ class TarSamples:
             state["compressed"] = True
         if c.pax:
             state["pax"] = dict(c.pax)
+        if c.elastic is not None or c.limit is not None:
+            _share_fields(state, c)
         return state
 
     def transport_state(self) -> dict:
@@ -172,6 +193,8 @@ class TarSamples:
         pax = c.pax
         if pax:
             state["pax"] = dict(pax)
+        if c.elastic is not None or c.limit is not None:
+            _share_fields(state, c)
         return state
 
     def next_pass_state(self) -> dict:
@@ -183,15 +206,24 @@ class TarSamples:
         if state.get("fresh"):
             self._resume = None
             return
-        expect(state, "shard reader", dict, shard=(int, lambda v: v >= 0), url=str,
+        replaying = "replayed" in state  # an elastic share: no shard is begun while its replays last
+        expect(state, "shard reader", dict, shard=(int, lambda v: v >= 0), url=(str, None, replaying),
                offset=(int, lambda v: v >= 0 and v % 512 == 0), samples=(int, lambda v: v >= 0), done=bool,
                identity=(dict, None, True), compressed=(bool, None, True), pax=(dict, None, True),
-               next=(str, None, True), url_id=(str, None, True))
+               next=(str, None, True), url_id=(str, None, True), replayed=(int, lambda v: v >= 0, True),
+               limit=(int, lambda v: v >= 0, True))
         self._resume = dict(state)
 
     def set_replay(self, replay: Sequence[tuple]) -> None:
         """First yield the samples at ``replay`` (``(url, start, end, compressed, ref)``) on the next pass."""
         self._replay = list(replay)
+
+    def set_elastic(self, replay: Sequence[tuple], limit: Optional[int]) -> None:
+        """Begin the next pass with this rank and worker's share of an elastic resume: the buffered samples at
+        ``replay`` (``(url, start, end, compressed)``, yielded after those of :meth:`set_replay`, from the count a
+        loaded state says were), then the shards the shard list gives; ``limit``: the samples the pass yields
+        (``equal_work``), or None."""
+        self._elastic = (list(replay), limit)
 
     def _max_member(self) -> int:
         return config.parse_positive_size("max_member_size", self.max_member_size, config.current().max_member_size)
@@ -238,13 +270,22 @@ class TarSamples:
 
     # reading
     def _samples(self, src: Iterable[dict], cursor: _Cursor, resume: Optional[dict],
-                 replay: list) -> Iterator[dict]:
+                 replay: list, elastic: Optional[tuple] = None) -> Iterator[dict]:
         """One pass: the replayed samples of a resumed shuffle, then the shards from where ``resume`` stood."""
         where = cursor.where
         self._identify(cursor, resume)
         if replay:
             yield from self._replayed(cursor, replay)
         saved: dict = resume if resume is not None else {}
+        if elastic is not None:
+            cursor.limit = elastic[1]
+            cursor.elastic = [saved.get("replayed", 0), len(elastic[0])]
+            if saved.get("done"):
+                cursor.done = True
+                return
+            yield from self._shared(cursor, elastic[0])
+            if saved.get("url") is None:  # the state was taken while replaying: no shard had begun
+                saved = {}
         if saved:
             cursor.shard, cursor.url, where[1] = saved["shard"], saved["url"], saved["offset"]
             cursor.compressed, cursor.base_pax = bool(saved.get("compressed")), dict(saved.get("pax") or {})
@@ -260,7 +301,11 @@ class TarSamples:
         if lookahead is not None:
             src = lookahead
         try:
-            limit = self.limit() if callable(self.limit) else self.limit
+            if elastic is not None:
+                limit = elastic[1]
+            else:
+                limit = self.limit() if callable(self.limit) else self.limit
+                cursor.limit = limit if self.limit is not None else None
             skip = saved["shard"] if saved else 0
             reached = -1
             barren = Barren()
@@ -274,8 +319,8 @@ class TarSamples:
                     return
                 stream = None
                 try:
-                    stream, samples, skipping = self._begin_shard(source, index, cursor,
-                                                                  saved if saved and index == skip else None)
+                    stream, samples, skipping = self._begin_shard(
+                        source, index, cursor, saved if saved and index == skip else source.get("resume_at"))
                     if lookahead is not None:
                         ahead.prefetch(_urls(lookahead.peek(ahead.prefetch_depth)))
                     before = where[2]
@@ -335,6 +380,24 @@ class TarSamples:
             cursor.shard, cursor.url, cursor.compressed = ref, url, compressed
             where[0], where[1] = start, end
             yield sample
+
+    def _shared(self, cursor: _Cursor, replay: list) -> Iterator[dict]:
+        """The buffered samples an elastic resume gave this share, fetched again in runs (bounded memory), from
+        the count already yielded; each counts as a sample of the pass."""
+        where, progress = cursor.where, cursor.elastic
+        assert progress is not None
+        batch = 256
+        while progress[0] < len(replay):
+            first = progress[0]
+            chunk = replay[first:first + batch]
+            samples = refetch([loc[:4] for loc in chunk], self._range, self._whole, self._parse)
+            for number, ((url, start, end, compressed), sample) in enumerate(zip(chunk, samples), first):
+                cursor.shard, cursor.url, cursor.compressed = REPLAY_REF + number, url, compressed
+                where[0], where[1] = start, end
+                where[2] += 1
+                progress[0] = number + 1
+                yield sample
+        cursor.shard, cursor.url, cursor.compressed, where[0], where[1] = 0, None, False, 0, 0
 
     def _begin_shard(self, source: dict, index: int, cursor: _Cursor,
                      saved: Optional[dict]) -> tuple[Any, Iterator[dict], Optional[int]]:
@@ -419,6 +482,8 @@ class TarSamples:
         if limit is None or cursor.samples >= limit:
             return
         if not seen:
+            if cursor.elastic is not None:
+                return  # an elastic share of buffered samples only: it has no shards to go over again
             rank, world_size, worker, num_workers = (cursor.identity or {}).values()
             raise ValueError(
                 f"equal_work: rank {rank} worker {worker} was given no shards, so it cannot produce its "

@@ -1,0 +1,731 @@
+"""Elastic resume: one state for a whole job, loadable on any number of ranks and DataLoader workers.
+
+A per-rank state (``WebLoader.state_dict()``) says where each worker of one rank stands, in terms of
+that rank's and worker's share of the shards; it fits only a loader of the same shape.
+:func:`merge_states` turns the states of every rank (or of every worker) into one state that names no
+rank or worker:
+
+- the epoch, and the shards of its order that no worker had started (``pending``, by index);
+- each shard a worker had partly read, with the byte where its next sample begins (``partial``);
+- every sample held in a shuffle buffer, as byte ranges of its shard (``buffered``);
+- for a mix, the same per source, and what the mix still owes (``samples_per_epoch`` left);
+- with ``equal_work``, the samples the job still owes; with ``with_epoch``, the items.
+
+Loading it (``load_state_dict(merged)`` on a dataset or a ``WebLoader`` of any shape) gives each rank
+and worker a share of that work (:func:`share`): the buffered samples are dealt in equal runs, the partly
+read and unstarted shards by expected size, the biggest first, each to the least loaded share.  Every
+sample not yet delivered then comes exactly once, over all ranks and workers, and none that was
+delivered comes again.  The order differs from the uninterrupted run's (the shuffle buffers are refilled
+on another shape); ``WebDataset(streams=K)`` keeps it (see :mod:`wds_cloud.resume.streams`).
+
+A share is recorded in the shard list's state for the rest of that epoch (``"assigned"``), so a state
+taken after an elastic resume resumes on its own shape as any other, or merges again.
+
+Every merged state is plain JSON, sealed with a checksum, and checked field by field on load: URLs are
+matched against the dataset's own shard list by hash (a state never supplies one), offsets are whole
+tar blocks, buffered ranges do not overlap, counts fit the dataset.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from typing import Any, Iterable, Optional, Sequence
+
+from ..errors import StateMismatchError
+from ..io.datafile import shown
+from ..utils import make_seed
+from .state import FORMAT, check_seal, expect, is_inexact, seal
+
+__all__ = ["ELASTIC_FORMAT", "LOADER_FORMAT", "REPLAY_REF", "merge_states", "is_merged", "check_merged", "share",
+           "shard_split", "shard_order", "items_share", "resolve", "check_share", "decode_ranges", "SHARD_LISTS"]
+
+#: the format tag of a merged, topology-free state
+ELASTIC_FORMAT = "wds_cloud.elastic/1"
+#: the format tag of a WebLoader's per-rank state
+LOADER_FORMAT = "wds_cloud.loader/1"
+#: shard refs of samples replayed from a merged state start here (a reader's own shards count from 0)
+REPLAY_REF = 1 << 40
+#: the stage kinds of a shard list whose order follows from (shards, seed, epoch)
+SHARD_LISTS = ("SimpleShardList", "ResampledShards")
+#: stage kinds whose states merge_states knows how to combine
+_KNOWN = SHARD_LISTS + ("TarSamples", "Shuffle", "CheckEmpty", "MixSource")
+#: bounds on what a merged state may hold (it is input when loaded)
+MAX_STATES = 1 << 16
+MAX_ENTRIES = 1 << 24
+
+
+def shard_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The shuffled order of ``n`` shards for (seed, epoch): the same on every rank and worker."""
+    order = list(range(n))
+    random.Random(make_seed(seed, epoch)).shuffle(order)
+    return order
+
+
+def is_merged(state: Any) -> bool:
+    """Whether ``state`` is a merged state (:func:`merge_states`)."""
+    return isinstance(state, dict) and state.get("format") == ELASTIC_FORMAT
+
+
+# --------------------------------------------------------------------------------------------- merging
+def merge_states(states: Sequence[dict]) -> dict:
+    """One state that any number of ranks and DataLoader workers can load, from the states of a whole job.
+
+    ``states``: the ``WebLoader.state_dict()`` of every rank, or the dataset ``state_dict()`` of every rank
+    and worker (as torchdata's ``StatefulDataLoader`` keeps them), all taken at the same step.  Raises
+    :class:`~wds_cloud.errors.StateMismatchError` naming what is missing or does not agree (a rank left
+    out, two epochs, another dataset, a changed state).
+    """
+    if isinstance(states, dict):
+        states = [states]
+    if not isinstance(states, (list, tuple)) or not states:
+        raise StateMismatchError("merge_states() takes a list of the states of every rank (WebLoader.state_dict()) "
+                                 "or of every rank and worker (dataset.state_dict())", field="states")
+    if len(states) > MAX_STATES:
+        raise StateMismatchError(f"merge_states() was given {len(states)} states, more than {MAX_STATES}",
+                                 field="states")
+    slots, world_size, num_workers, epoch, loader = _slots(states)
+    level = _merge_level([(slot, state) for slot, state in enumerate(slots)], world_size, num_workers, epoch)
+    merged = {"format": ELASTIC_FORMAT, "epoch": epoch, "from": {"world_size": world_size,
+                                                                 "num_workers": num_workers},
+              "pipeline": level}
+    if loader is not None:
+        merged["loader"] = loader
+    return seal(merged)
+
+
+def _slots(states: Sequence[Any]) -> tuple[list, int, int, int, Optional[dict]]:
+    """(pipeline state or None of every slot ``rank * workers + worker``, world size, workers, epoch, loader part)."""
+    per: dict[int, list] = {}  # rank -> [world size, workers, epoch, {worker: state}, loader progress or None]
+    shape: Optional[tuple] = None
+    for number, state in enumerate(states):
+        what = f"state {number}"
+        if not isinstance(state, dict):
+            raise StateMismatchError(f"{what} is a {type(state).__name__}, not a state_dict(): pass the dicts that "
+                                     "state_dict() returned", field="states")
+        if is_merged(state):
+            raise StateMismatchError(f"{what} is already merged: load it as it is (load_state_dict accepts it on "
+                                     "any shape)", field="format")
+        if is_inexact(state):
+            raise StateMismatchError(f"{what} cannot be resumed exactly ({str(state['inexact'])[:300]}), so no merged "
+                                     "state can be made from it; make the pipeline resumable (see resume_blocker())",
+                                     field="inexact")
+        fmt = state.get("format")
+        if fmt == LOADER_FORMAT:
+            check_seal(state, "WebLoader")
+            rank, world_size, workers, epoch, entries, progress = _loader_slots(state, what, len(states))
+        elif fmt == FORMAT:
+            check_seal(state, "pipeline")
+            rank, world_size, worker, workers = _identity(state, what, len(states))
+            epoch = _epoch_of(state)
+            entries, progress = {worker: state}, None
+        else:
+            raise StateMismatchError(f"{what} is not a WebLoader or dataset state (format {shown(fmt)}): pass the "
+                                     "dicts that state_dict() returned", field="format")
+        if shape is None:
+            shape = (world_size, workers)
+        elif shape != (world_size, workers):
+            raise StateMismatchError(f"{what} was taken on {world_size} ranks x {workers} workers, state 0 on "
+                                     f"{shape[0]} x {shape[1]}: merge the states of one job, taken at one step",
+                                     field="world_size")
+        entry = per.setdefault(rank, [epoch, {}, progress])
+        if entry[0] is None:
+            entry[0] = epoch
+        elif epoch is not None and entry[0] != epoch:
+            raise StateMismatchError(f"{what} (rank {rank}) is in epoch {epoch}, another state of that rank in "
+                                     f"epoch {entry[0]}", field="epoch")
+        for worker, pipeline_state in entries.items():
+            if worker in entry[1]:
+                raise StateMismatchError(f"{what}: rank {rank} worker {worker} is given twice", field="states")
+            entry[1][worker] = pipeline_state
+        if progress is not None:
+            entry[2] = progress
+    assert shape is not None
+    world_size, workers = shape
+    missing = [rank for rank in range(world_size) if rank not in per]
+    if missing:
+        raise StateMismatchError(f"the states name {world_size} ranks but none of rank(s) {_few(missing)} was "
+                                 "given: merge the states of every rank (state_dict(gather=True) gathers them)",
+                                 field="rank", missing=missing)
+    epochs = {rank: entry[0] for rank, entry in per.items() if entry[0] is not None}
+    if len(set(epochs.values())) > 1:
+        raise StateMismatchError("the ranks' states are in different epochs (" + ", ".join(
+            f"rank {r}: {e}" for r, e in sorted(epochs.items())[:8]) + "): take every rank's state at the same step",
+            field="epoch")
+    epoch = next(iter(epochs.values()), 0)
+    loader_states = [entry[2] for _, entry in sorted(per.items())]
+    loader = None
+    if all(p is not None for p in loader_states):
+        passes = {p[0] for p in loader_states}
+        if len(passes) > 1:
+            raise StateMismatchError(f"the ranks' loaders are in different passes ({sorted(passes)[:8]}): take every "
+                                     "rank's state at the same step", field="progress")
+        loader = {"pass": passes.pop(), "items": sum(p[1] for p in loader_states), "ranks": world_size}
+    by_rank_worker = [per[rank][1].get(worker) for rank in range(world_size) for worker in range(workers)]
+    if loader is None:
+        absent = [i for i, s in enumerate(by_rank_worker) if s is None]
+        if absent:
+            raise StateMismatchError(
+                f"no state was given for rank {absent[0] // workers} worker {absent[0] % workers}"
+                f"{' (and ' + str(len(absent) - 1) + ' more)' if len(absent) > 1 else ''}: merge the dataset states "
+                "of every rank and worker, or the WebLoader states of every rank", field="worker")
+    return by_rank_worker, world_size, workers, epoch, loader
+
+
+def _few(items: list) -> str:
+    return ", ".join(str(i) for i in items[:8]) + (f" and {len(items) - 8} more" if len(items) > 8 else "")
+
+
+def _loader_slots(state: dict, what: str, count: int) -> tuple:
+    expect(state, "WebLoader", dict, num_workers=(int, lambda n: 0 <= n <= 4096), epoch=(int, lambda n: n >= 0),
+           workers=(list, lambda v: all(isinstance(e, (list, tuple)) and len(e) == 2 and type(e[0]) is int
+                                        and isinstance(e[1], dict) for e in v)),
+           progress=(list, lambda v: len(v) == 2 and all(type(x) is int and x >= 0 for x in v), True),
+           rank=(int, lambda n: n >= 0, True), world_size=(int, lambda n: 1 <= n <= MAX_STATES, True))
+    rank, world_size = state.get("rank"), state.get("world_size")
+    if rank is None or world_size is None:
+        if count > 1:
+            raise StateMismatchError(f"{what} does not say which rank took it (a state of an older wds_cloud): take "
+                                     "the states again with this version", field="rank")
+        rank, world_size = 0, 1
+    if rank >= world_size:
+        raise StateMismatchError(f"{what} says rank {rank} of {world_size}: the state was changed", field="rank")
+    workers = max(1, state["num_workers"])
+    entries = {}
+    for worker, pipeline_state in state["workers"]:
+        if not 0 <= worker < workers:
+            raise StateMismatchError(f"{what} names worker {worker} of a loader with {workers}: the state was changed",
+                                     field="workers")
+        entries[worker] = pipeline_state
+    return rank, world_size, workers, state["epoch"], entries, list(state.get("progress") or (0, 0))
+
+
+def _identity(state: dict, what: str, count: int) -> tuple[int, int, int, int]:
+    found = _find_identity(state, 0)
+    if found is None:
+        if count > 1:
+            raise StateMismatchError(f"{what} does not say which rank and worker took it (its pass had not begun): "
+                                     "merge WebLoader states, or take the dataset states after an item", field="identity")
+        return 0, 1, 0, 1
+    try:
+        rank, world_size, worker, workers = (found[k] for k in ("rank", "world_size", "worker", "num_workers"))
+    except KeyError:
+        raise StateMismatchError(f"{what}: the reader's identity {shown(found)} is not one state_dict() gives",
+                                 field="identity") from None
+    if not all(type(v) is int for v in (rank, world_size, worker, workers)) or not (
+            0 <= rank < world_size <= MAX_STATES and 0 <= worker < workers <= 4096):
+        raise StateMismatchError(f"{what}: the reader's identity {shown(found)} is not one state_dict() gives",
+                                 field="identity")
+    return rank, world_size, worker, workers
+
+
+def _find_identity(state: Any, depth: int) -> Optional[dict]:
+    if depth > 8 or not isinstance(state, dict):
+        return None
+    if isinstance(state.get("identity"), dict):
+        return state["identity"]
+    for entry in state.get("stages") or ():
+        if isinstance(entry, list) and len(entry) == 3:
+            found = _find_identity(entry[2], depth + 1)
+            if found is not None:
+                return found
+    for source in state.get("sources") or ():
+        found = _find_identity(source, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _epoch_of(state: dict) -> Optional[int]:
+    for entry in state.get("stages") or ():
+        if isinstance(entry, list) and len(entry) == 3 and entry[1] in SHARD_LISTS and isinstance(entry[2], dict):
+            epoch = entry[2].get("epoch")
+            return epoch if type(epoch) is int and epoch >= 0 else None
+        if isinstance(entry, list) and len(entry) == 3 and entry[1] == "MixSource" and isinstance(entry[2], dict):
+            for source in entry[2].get("sources") or ():
+                if isinstance(source, dict):
+                    return _epoch_of(source)
+    return None
+
+
+def shard_split(split: Any, world_size: int, workers: int, rank: int, worker: int) -> tuple[int, int]:
+    """(slot, slots) of a rank and worker among the shares a pipeline's splitting (``split``) makes."""
+    nodes = split in ("nodes+workers", "nodes")
+    by_worker = split in ("nodes+workers", "workers")
+    ranks = world_size if nodes else 1
+    per = workers if by_worker else 1
+    return (rank if nodes else 0) * per + (worker if by_worker else 0), ranks * per
+
+
+class _Level:
+    """What the slots of one pipeline (a dataset, or a source of a mix) leave, gathered slot by slot."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, int] = {}  # shard index -> its position in the order (to keep the order)
+        self.partial: list = []
+        self.buffered: dict[str, list] = {}  # url id -> [shown, compressed, [(first, blocks), ...]]
+        self.read = 0
+        self.items = 0
+        self.started = 0  # shards begun (to estimate the samples of a shard)
+        self.limits: set = set()
+
+
+def _merge_level(entries: list, world_size: int, workers: int, epoch: int) -> dict:
+    """The merged state of one pipeline from ``(slot, pipeline state or None)`` of every slot."""
+    started = [(slot, state) for slot, state in entries if state is not None]
+    if not started:
+        return {"fresh": True, "epoch": epoch}
+    ref_slot, reference = started[0]
+    kinds = _kinds(reference, ref_slot)
+    for slot, state in started[1:]:
+        other = _kinds(state, slot)
+        if other != kinds:
+            raise StateMismatchError(f"the states of slot {ref_slot} and slot {slot} have other stages ({kinds} vs "
+                                     f"{other}): merge the states of one job", field="stages")
+    unknown = [f"stage {i} ({kind})" for i, kind in kinds if kind not in _KNOWN]
+    if unknown:
+        raise StateMismatchError(f"merge_states() cannot split the state of {', '.join(unknown)} over another number "
+                                 "of ranks and workers (only shard lists, shard readers, shuffles and mixes): load the "
+                                 "per-rank states on the same shape instead", field="stages")
+    passes = {tuple(state.get("progress") or (0, 0))[0] for _, state in started}
+    if len(passes) > 1:
+        raise StateMismatchError(f"the workers are in different passes of the pipeline ({sorted(passes)[:8]}; "
+                                 "repeat()/with_epoch): take every worker's state at the same step", field="progress")
+    configs = {str(i): _config_of(reference, i) for i, _ in kinds if _config_of(reference, i) is not None}
+    for slot, state in started[1:]:
+        for i, _ in kinds:
+            if str(i) in configs and _config_of(state, i) != configs[str(i)]:
+                raise StateMismatchError(f"the states of slot {ref_slot} and slot {slot} were taken from datasets "
+                                         f"configured differently at stage {i}: merge the states of one job",
+                                         field="config")
+    if any(kind == "MixSource" for _, kind in kinds):
+        return _merge_mix(entries, kinds, configs, world_size, workers, epoch, passes.pop())
+    split = reference.get("split")
+    shards_config = next((_config_of(reference, i) for i, kind in kinds if kind in SHARD_LISTS), None)
+    list_kind = next((kind for _, kind in kinds if kind in SHARD_LISTS), None)
+    if list_kind is None or not any(kind == "TarSamples" for _, kind in kinds):
+        raise StateMismatchError("merge_states() needs a pipeline that starts with a shard list read by a shard reader "
+                                 "(WebDataset, or DataPipeline(SimpleShardList(...), split_by_node, split_by_worker, "
+                                 "tarfile_to_samples(), ...))", field="stages")
+    if split not in ("nodes+workers", "nodes", "workers", "none"):
+        raise StateMismatchError("the shards of this pipeline are split by a stage of its own between the shard list "
+                                 "and the reader, so merge_states() cannot tell which worker had which shard: split "
+                                 "with wds.split_by_node and wds.split_by_worker", field="split")
+    if (split in ("workers", "none") and world_size > 1) or (split in ("nodes", "none") and workers > 1):
+        raise StateMismatchError(f"this pipeline does not split its shards over {'ranks' if world_size > 1 and split in ('workers', 'none') else 'DataLoader workers'} "
+                                 f"(split: {split}), so every one read the same shards: there is no share to carry "
+                                 "over; give nodesplitter=wds.split_by_node (and the default workersplitter)",
+                                 field="split")
+    level = _Level()
+    n_shards = shards_config.get("shards") if isinstance(shards_config, dict) else None
+    if type(n_shards) is not int or n_shards < 1:
+        raise StateMismatchError(f"the shard list's state says {shown(n_shards)} shards", field="config")
+    seed = shards_config.get("seed")
+    resampled = list_kind == "ResampledShards"
+    order: Optional[list] = None
+    if not resampled:
+        order = shard_order(n_shards, seed, epoch) if seed is not None else list(range(n_shards))
+    position = {index: pos for pos, index in enumerate(order)} if order is not None else {}
+    for slot, state in entries:
+        rank, worker = divmod(slot, workers)
+        _merge_slot(level, state, kinds, split, world_size, workers, rank, worker, order, n_shards, epoch,
+                    resampled, position)
+    out: dict = {"kinds": [list(k) for k in kinds], "configs": configs, "split": split, "epoch": epoch,
+                 "pass": passes.pop(), "items": level.items, "slots": len(entries), "shards": shards_config,
+                 "pending": sorted(level.pending, key=level.pending.__getitem__), "partial": level.partial,
+                 "buffered": _encode_buffered(level.buffered), "read": level.read, "started": level.started}
+    if len(level.limits) > 1:
+        raise StateMismatchError(f"the workers' readers had different equal_work limits ({sorted(level.limits)[:8]}): "
+                                 "merge the states of one job", field="limit")
+    if level.limits:
+        limit = level.limits.pop()
+        out["owed"] = max(0, limit * len(entries) - level.read + _count_buffered(level.buffered))
+    return out
+
+
+def _kinds(state: dict, slot: int) -> list:
+    stages = state.get("stages")
+    if not isinstance(stages, list) or len(stages) > 256:
+        raise StateMismatchError(f"the state of slot {slot} lists no stages a state_dict() gives", field="stages")
+    kinds = []
+    for entry in stages:
+        if not (isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int and isinstance(entry[1], str)
+                and isinstance(entry[2], dict)):
+            raise StateMismatchError(f"the state of slot {slot} lists the stage {shown(entry)}, which no state_dict() "
+                                     "gives", field="stages")
+        kinds.append((entry[0], entry[1]))
+    return kinds
+
+
+def _stage(state: dict, index: int) -> dict:
+    for i, _, stage in state["stages"]:
+        if i == index:
+            return stage
+    raise KeyError(index)
+
+
+def _config_of(state: dict, index: int) -> Any:
+    stage = _stage(state, index)
+    config = stage.get("config")
+    return config if isinstance(config, dict) else None
+
+
+def _merge_slot(level: _Level, state: Optional[dict], kinds: list, split: str, world_size: int, workers: int,
+                rank: int, worker: int, order: Optional[list], n_shards: int, epoch: int, resampled: bool,
+                position: dict) -> None:
+    """Add what one slot leaves (all of its share when it had not started) to ``level``."""
+    slot, slots = shard_split(split, world_size, workers, rank, worker)
+    listed = reader = None
+    shuffles = []
+    if state is not None:
+        level.items += (state.get("progress") or (0, 0))[1]
+        for i, kind in kinds:
+            stage = _stage(state, i)
+            if kind in SHARD_LISTS:
+                listed = stage
+            elif kind == "TarSamples":
+                reader = stage
+            elif kind == "Shuffle":
+                shuffles.append(stage)
+        if listed is not None and listed.get("epoch") not in (epoch, -1):
+            raise StateMismatchError(f"rank {rank} worker {worker} reads epoch {shown(listed.get('epoch'))}, the job "
+                                     f"epoch {epoch}: take every state at the same step", field="epoch")
+    assigned = listed.get("assigned") if isinstance(listed, dict) else None
+    replays: list = []
+    if isinstance(assigned, dict):  # a share of an earlier elastic resume: its items, not the split
+        items = [("p", entry) for entry in assigned.get("partial") or ()]
+        items += [("i", index) for index in assigned.get("pending") or ()]
+        replays = _decode_buffered(assigned.get("replay") or [], "assigned")
+    elif resampled:
+        items = []
+    else:
+        assert order is not None
+        ranks_split = slots // (workers if split in ("nodes+workers", "workers") else 1)
+        per = slots // ranks_split
+        mine = order[slot // per::ranks_split][slot % per::per]
+        items = [("i", index) for index in mine]
+    fresh = reader is None or reader.get("fresh")
+    if fresh:
+        left_items, left_replays = items, replays
+    elif reader.get("done"):
+        left_items, left_replays = [], []
+        level.read += _int(reader.get("samples"))
+        level.started += len(items) if items else _int(reader.get("shard")) + 1
+    else:
+        level.read += _int(reader.get("samples"))
+        done_replays = min(_int(reader.get("replayed")), len(replays))
+        left_replays = replays[done_replays:]
+        url = reader.get("url")
+        if url is None:
+            left_items = items
+        else:
+            k = _int(reader.get("shard"))
+            if items:
+                k %= len(items)  # equal_work="max" goes over a share again
+            entry = [reader.get("url_id"), url, reader.get("offset"), reader.get("next"), bool(reader.get("compressed")),
+                     reader.get("pax") or {}]
+            if not isinstance(entry[0], str):
+                raise StateMismatchError(f"rank {rank} worker {worker}: the reader's state has no URL hash (a state of "
+                                         "an older wds_cloud): take the states again with this version", field="url_id")
+            level.partial.append(entry)
+            left_items = items[k + 1:]
+            level.started += k + 1
+        if type(reader.get("limit")) is int:
+            level.limits.add(reader["limit"])
+    for kind, item in left_items:
+        if kind == "p":
+            level.partial.append(list(item))
+        else:
+            if item in level.pending:
+                raise StateMismatchError(f"shard {item} is in the unread share of two workers: the states were changed "
+                                         "or come from different jobs", field="pending")
+            level.pending[item] = position.get(item, item)
+    for url_id, text, compressed, first, blocks in left_replays:
+        level.buffered.setdefault(url_id, [text, compressed, []])[2].append((first, blocks))
+    for shuffle in shuffles:
+        if shuffle.get("fresh"):
+            continue
+        table = {}
+        for entry in shuffle.get("urls") or ():
+            if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[3], str)):
+                raise StateMismatchError(f"rank {rank} worker {worker}: a shuffle buffer names {shown(entry)} without a "
+                                         "URL hash: take the states again with this version", field="urls")
+            table[entry[0]] = entry
+        for loc in shuffle.get("buffer") or ():
+            ref, first, blocks = loc
+            _, text, compressed, url_id = table[ref]
+            level.buffered.setdefault(url_id, [text, bool(compressed), []])[2].append((first, blocks))
+
+
+def _int(value: Any) -> int:
+    return value if type(value) is int and value >= 0 else 0
+
+
+def _merge_mix(entries: list, kinds: list, configs: dict, world_size: int, workers: int, epoch: int,
+               pass_number: int) -> dict:
+    mix_index = next(i for i, kind in kinds if kind == "MixSource")
+    if any(kind not in ("MixSource", "Shuffle", "CheckEmpty") for _, kind in kinds):
+        raise StateMismatchError("merge_states() handles a mix followed by shuffles only", field="stages")
+    names = None
+    count = 0
+    taken: Optional[list] = None
+    mix_pass = None
+    sources: list = []
+    outer: dict[int, dict] = {}  # source -> url id -> [shown, compressed, ranges]: a shuffle after the mix
+    items = 0
+    for slot, state in entries:
+        if state is None:
+            continue
+        items += (state.get("progress") or (0, 0))[1]
+        mix = _stage(state, mix_index)
+        if names is None:
+            names, taken, mix_pass = mix.get("names"), [0] * len(mix.get("names") or ()), mix.get("pass")
+        if mix.get("names") != names or mix.get("pass") != mix_pass:
+            raise StateMismatchError(f"slot {slot}'s mix state names other sources or another pass: merge the states "
+                                     "of one job", field="names")
+        count += _int(mix.get("count"))
+        for j, n in enumerate(mix.get("taken") or ()):
+            if j < len(taken or ()):
+                taken[j] += _int(n)  # type: ignore[index]
+        for i, kind in kinds:
+            if kind != "Shuffle" or _stage(state, i).get("fresh"):
+                continue
+            shuffle = _stage(state, i)
+            table = {e[0]: e for e in shuffle.get("urls") or () if isinstance(e, list) and len(e) == 4}
+            n = len(names or ()) or 1
+            for ref, first, blocks in shuffle.get("buffer") or ():
+                _, text, compressed, url_id = table[ref]
+                outer.setdefault(ref % n, {}).setdefault(url_id, [text, bool(compressed), []])[2].append((first, blocks))
+    assert names is not None and taken is not None
+    for j in range(len(names)):
+        sub = []
+        for slot, state in entries:
+            held = _stage(state, mix_index).get("sources") if state is not None else None
+            if state is not None and not (isinstance(held, list) and len(held) == len(names)):
+                raise StateMismatchError(f"slot {slot}'s mix state does not hold one state per source", field="sources")
+            sub.append((slot, held[j] if held is not None else None))
+        level = _merge_level(sub, world_size, workers, epoch)
+        extra = outer.get(j)
+        if extra:
+            if level.get("fresh"):
+                raise StateMismatchError("a shuffle after the mix holds samples of a source that never started: the "
+                                         "states were changed", field="buffer")
+            merged = {e[0]: [e[1], e[2], decode_ranges(e[3])] for e in level["buffered"]}
+            for url_id, (text, compressed, ranges) in extra.items():
+                merged.setdefault(url_id, [text, compressed, []])[2].extend(ranges)
+            level["buffered"] = _encode_buffered(merged)
+            level["outer"] = sum(len(v[2]) for v in extra.values())
+        sources.append(level)
+    return {"kinds": [list(k) for k in kinds], "configs": configs, "epoch": epoch, "pass": pass_number,
+            "items": items, "slots": len(entries),
+            "mix": {"names": names, "pass": mix_pass, "count": count, "taken": taken, "sources": sources}}
+
+
+# ------------------------------------------------------------------------------ buffered sample lists
+def _encode_buffered(buffered: dict) -> list:
+    """``[[url id, shown URL, compressed, [first, blocks, gap, blocks, ...]], ...]``: per shard its samples in
+    block order, each start given as the gap after the end of the one before (small numbers: a few bytes each)."""
+    out = []
+    for url_id in sorted(buffered):
+        text, compressed, ranges = buffered[url_id]
+        flat: list[int] = []
+        end = 0
+        for first, blocks in sorted(ranges):
+            if first < end:
+                raise StateMismatchError(f"{text}: two buffered samples overlap at block {first}: the states were "
+                                         "changed or overlap (the same state given twice?)", field="buffer")
+            flat += (first - end, blocks)
+            end = first + blocks
+        out.append([url_id, text, bool(compressed), flat])
+    return out
+
+
+def decode_ranges(flat: list) -> list:
+    out = []
+    end = 0
+    for i in range(0, len(flat) - 1, 2):
+        first = end + flat[i]
+        out.append((first, flat[i + 1]))
+        end = first + flat[i + 1]
+    return out
+
+
+def _decode_buffered(entries: list, what: str) -> list:
+    """``(url id, shown, compressed, first block, blocks)`` of every sample of an encoded list, in order."""
+    out = []
+    for entry in entries:
+        url_id, text, compressed, flat = entry
+        for first, blocks in decode_ranges(flat):
+            out.append((url_id, text, compressed, first, blocks))
+    return out
+
+
+def _count_buffered(buffered: dict) -> int:
+    return sum(len(v[2]) for v in buffered.values())
+
+
+# ----------------------------------------------------------------------------------------- checking
+def check_merged(state: Any) -> None:
+    """Refuse a merged state that is not one :func:`merge_states` gives (its checksum, then every field)."""
+    expect(state, "merged", dict, epoch=(int, lambda n: n >= 0), pipeline=dict,
+           loader=(dict, None, True))
+    check_seal(state, "merged")
+    _check_level(state["pipeline"], 0)
+    loader = state.get("loader")
+    if loader is not None:
+        expect(loader, "merged loader", dict, **{"pass": (int, lambda n: n >= 0)}, items=(int, lambda n: n >= 0),
+               ranks=(int, lambda n: 1 <= n <= MAX_STATES))
+
+
+def _check_level(level: Any, depth: int) -> None:
+    if depth > 2:
+        raise StateMismatchError("the merged state nests mixes deeper than a mix of datasets", field="mix")
+    expect(level, "merged", dict, epoch=(int, lambda n: n >= 0))
+    if level.get("fresh"):
+        return
+    expect(level, "merged", dict, kinds=(list, lambda v: len(v) <= 256), configs=dict,
+           **{"pass": (int, lambda n: n >= 0)}, items=(int, lambda n: n >= 0),
+           slots=(int, lambda n: 1 <= n <= MAX_STATES * 4096), mix=(dict, None, True))
+    mix = level.get("mix")
+    if mix is not None:
+        expect(mix, "merged mix", dict, names=list, count=(int, lambda n: n >= 0), taken=list,
+               sources=(list, lambda v: len(v) == len(mix["names"])))
+        for sub in mix["sources"]:
+            _check_level(sub, depth + 1)
+        return
+    expect(level, "merged", dict, shards=dict, pending=(list, lambda v: len(v) <= MAX_ENTRIES),
+           partial=(list, lambda v: len(v) <= MAX_ENTRIES), buffered=(list, lambda v: len(v) <= MAX_ENTRIES),
+           read=(int, lambda n: n >= 0), owed=(int, lambda n: n >= 0, True), outer=(int, lambda n: n >= 0, True),
+           started=(int, lambda n: n >= 0, True))
+    n_shards = level["shards"].get("shards")
+    if type(n_shards) is not int or n_shards < 1:
+        raise StateMismatchError(f"the merged state's shard count is {shown(n_shards)}", field="shards")
+    seen: set = set()
+    for index in level["pending"]:
+        if type(index) is not int or not 0 <= index < n_shards or index in seen:
+            raise StateMismatchError(f"the merged state's 'pending' holds {shown(index)}, not a shard of the "
+                                     f"{n_shards} (or twice): the state was changed", field="pending")
+        seen.add(index)
+    for entry in level["partial"]:
+        _check_partial(entry)
+    for entry in level["buffered"]:
+        _check_buffered(entry)
+
+
+def _check_partial(entry: Any) -> None:
+    if not (isinstance(entry, list) and len(entry) == 6 and isinstance(entry[0], str) and isinstance(entry[1], str)
+            and type(entry[2]) is int and entry[2] >= 0 and entry[2] % 512 == 0
+            and (entry[3] is None or isinstance(entry[3], str)) and isinstance(entry[4], bool)
+            and isinstance(entry[5], dict) and len(entry[5]) <= 64
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in entry[5].items())):
+        raise StateMismatchError(f"the merged state's 'partial' holds {shown(entry)}, which merge_states() does not "
+                                 "give: the state was changed", field="partial")
+
+
+def _check_buffered(entry: Any) -> None:
+    from ..tar.reader import MAX_SHARD_BLOCKS
+
+    if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str) and isinstance(entry[1], str)
+            and isinstance(entry[2], bool) and isinstance(entry[3], list) and len(entry[3]) % 2 == 0
+            and len(entry[3]) <= 2 * MAX_ENTRIES):
+        raise StateMismatchError(f"the merged state's 'buffered' holds {shown(entry)}, which merge_states() does not "
+                                 "give: the state was changed", field="buffered")
+    flat = entry[3]
+    end = 0
+    for i in range(0, len(flat), 2):
+        gap, blocks = flat[i], flat[i + 1]
+        if not (type(gap) is int and type(blocks) is int and gap >= 0 and 0 < blocks <= MAX_SHARD_BLOCKS):
+            raise StateMismatchError(f"the merged state's buffered samples of {entry[1]!r} hold {shown([gap, blocks])}: "
+                                     "the state was changed", field="buffered")
+        end += gap + blocks
+        if end > MAX_SHARD_BLOCKS:
+            raise StateMismatchError(f"the merged state's buffered samples of {entry[1]!r} lie beyond any shard: the "
+                                     "state was changed", field="buffered")
+
+
+def check_share(record: Any, n_shards: int) -> None:
+    """Refuse a share (a shard list's ``"assigned"``, or one :func:`share` made) that does not fit ``n_shards``."""
+    expect(record, "elastic share", dict, epoch=(int, lambda n: n >= 0), replay=(list, lambda v: len(v) <= MAX_ENTRIES),
+           partial=(list, lambda v: len(v) <= MAX_ENTRIES), pending=(list, lambda v: len(v) <= n_shards),
+           limit=(int, lambda n: n >= 0, True), items=(list, None, True))
+    if len(set(map(repr, record["pending"]))) != len(record["pending"]) or not all(
+            type(i) is int and 0 <= i < n_shards for i in record["pending"]):
+        raise StateMismatchError(f"the saved share's 'pending' holds {shown(record['pending'])}, not distinct shards of "
+                                 f"the {n_shards}: the state was changed", field="pending")
+    for entry in record["partial"]:
+        _check_partial(entry)
+    for entry in record["replay"]:
+        _check_buffered(entry)
+
+
+# ------------------------------------------------------------------------------------------ sharing
+def share(level: dict, slot: int, slots: int, counts: Optional[dict] = None, limit_mode: Any = None) -> dict:
+    """The work of ``slot`` of ``slots`` from a merged level: ``{"epoch", "replay", "partial", "pending", "limit",
+    "items_left"}`` (what the shard list records as ``"assigned"``).
+
+    Deterministic: every rank and worker computes its own share from the same state and they add up to the
+    whole.  Buffered samples are cut into ``slots`` runs of equal length (in shard order, so a run reads
+    adjacent bytes); then partly read and unstarted shards go, the biggest expected first, to the share
+    with the least expected work (``counts``: samples per shard index when an index gives them, else every
+    shard counts as the average the workers read, a partly read one as half).
+    """
+    samples = _decode_buffered(level.get("buffered") or [], "merged")
+    total = len(samples)
+    lo, hi = total * slot // slots, total * (slot + 1) // slots
+    loads = [(total * (s + 1) // slots - total * s // slots) for s in range(slots)]
+    limit = None
+    owed = level.get("owed")
+    if owed is not None and limit_mode is not None:
+        limit = owed // slots if limit_mode != "max" else -(-owed // slots)
+    mine = samples[lo:hi]
+    if limit is not None and len(mine) > limit:  # equal_work: a share never holds more than its count
+        mine = mine[:limit]
+    if counts:
+        average = max(1.0, sum(counts.values()) / max(1, len(counts)))
+    else:  # the samples of a shard, as far as the workers read
+        average = max(1.0, level.get("read", 0) / max(1, level.get("started", 0)))
+    units = []
+    for number, entry in enumerate(level.get("partial") or ()):
+        units.append((-(average / 2), number, ("p", entry)))
+    for number, index in enumerate(level.get("pending") or ()):
+        weight = float(counts.get(index, average)) if counts else average
+        units.append((-weight, len(units) + number, ("i", index)))
+    units.sort(key=lambda u: (u[0], u[1]))
+    heap = [(float(loads[s]), s) for s in range(slots)]
+    heapq.heapify(heap)
+    partial, pending = [], []
+    for weight, number, (kind, item) in units:
+        load, owner = heapq.heappop(heap)
+        heapq.heappush(heap, (load - weight, owner))
+        if owner == slot:
+            (partial if kind == "p" else pending).append((number, item))
+    pos = {index: p for p, index in enumerate(level.get("pending") or ())}
+    replay: dict = {}
+    for url_id, text, compressed, first, blocks in mine:
+        replay.setdefault(url_id, [text, compressed, []])[2].append((first, blocks))
+    items = level.get("items", 0)
+    old_slots = level.get("slots", 1)
+    return {"epoch": level["epoch"], "replay": _encode_buffered(replay),
+            "partial": [item for _, item in sorted(partial, key=lambda p: p[0])],
+            "pending": sorted((item for _, item in pending), key=pos.__getitem__),
+            "limit": limit, "items": [items, old_slots]}
+
+
+def items_share(done: int, old_slots: int, per_slot: int, slot: int, slots: int) -> int:
+    """How many items ``slot`` of ``slots`` still yields when each of ``old_slots`` had to yield ``per_slot`` and
+    ``done`` were yielded (``with_epoch`` after an elastic resume)."""
+    left = max(0, old_slots * per_slot - done)
+    return left // slots + (1 if slot < left % slots else 0)
+
+
+def resolve(entries: Iterable[Any], by_id: dict, what: str) -> list:
+    """The URLs of a share's entries, from the shard list (by hash): a state never supplies a URL."""
+    out = []
+    for entry in entries:
+        url = by_id.get(entry[0])
+        if url is None:
+            raise StateMismatchError(f"the merged state names the shard {entry[1]!r}, which this dataset's shard list "
+                                     f"does not ({what}): load a state merged from a job over the same shards",
+                                     url=entry[1], field=what)
+        out.append(url)
+    return out
