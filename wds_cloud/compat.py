@@ -26,6 +26,7 @@ from .pytorch import HAVE_TORCH, DataLoader
 from .resume import loader as loaderstate
 from .resume.protocol import Resumable, is_buffering
 from .resume.elastic import LOADER_FORMAT, is_merged, items_share, merge_states
+from .resume.streams import Streams
 from .resume.state import check_same, check_seal, expect, inexact_state, is_inexact, restart_from, seal
 from .spec import is_mix_spec, load_spec
 from .stages import PipelineStage
@@ -221,7 +222,7 @@ class WebDataset(DataPipeline, FluidInterface):
                  part_size: Union[int, str, None] = None, concurrency: Optional[int] = None,
                  max_concurrency: Optional[int] = None, prefetch: Optional[int] = None, manifest: Any = None,
                  write_index: Union[bool, Callable[[Any], None]] = False,
-                 max_sample_size: Union[int, str, None] = None) -> None:
+                 max_sample_size: Union[int, str, None] = None, streams: Optional[int] = None) -> None:
         super().__init__()
         settings = config.current()
         max_member_size = config.parse_positive_size("max_member_size", max_member_size)
@@ -246,10 +247,14 @@ class WebDataset(DataPipeline, FluidInterface):
 
         self._shards = self._url_source(urls, mode, bool(shardshuffle))
         self.append(self._shards)
-        if nodesplitter is not None:
-            self.append(nodesplitter)
-        if workersplitter:
-            self.append(workersplitter)
+        if streams is not None and not isinstance(self._shards, shardlists.SimpleShardList):
+            raise ConfigError(f"streams={streams!r} needs a fixed list of shards (not resampled=True, a webdataset "
+                              "'datasets:' YAML or a directory): the streams cut each epoch's order of the list")
+        if streams is None:
+            if nodesplitter is not None:
+                self.append(nodesplitter)
+            if workersplitter:
+                self.append(workersplitter)
         if verbose:
             self.append(filters.map(_log_shard))
         self._stats = StatsSink()
@@ -279,7 +284,13 @@ class WebDataset(DataPipeline, FluidInterface):
                                   opener=opener, limit=self._equal_limit if self.equal_work is not None else None,
                                   max_member_size=max_member_size, max_sample_size=max_sample_size,
                                   index_sink=_index_sink(write_index, storage_options))
-        self.append(self._reader)
+        self._streams: Optional[Streams] = None
+        if streams is not None:
+            self._streams = Streams(streams, [self._reader], DataPipeline,
+                                    self._stream_limit if self.equal_work is not None else None)
+            self.append(self._streams)
+        else:
+            self.append(self._reader)
         if empty_check:
             self.append(CheckEmpty())
         if repeat:
@@ -297,6 +308,34 @@ class WebDataset(DataPipeline, FluidInterface):
             return shardlists.SimpleShardList(source, seed=self.seed if shuffle else None)
         raise ConfigError(f"cannot read shards from {type(urls).__name__}: give a spec string, a list of URLs, "
                          "a .json/.yaml dataset spec, or a directory ending in /")
+
+    def compose(self, *args: Callable) -> Any:
+        """A copy with ``args`` appended; with ``streams=``, appended inside every stream (each stream has its own
+        shuffle buffer and stages, see :mod:`wds_cloud.resume.streams`)."""
+        streams = self.__dict__.get("_streams")
+        if streams is None:
+            return super().compose(*args)
+        result = super().compose()
+        result._streams = streams.extended(args)
+        result.pipeline = [result._streams if stage is streams else stage for stage in result.pipeline]
+        return result
+
+    def _stream_limit(self, stream: int) -> Callable[[], int]:
+        """The ``equal_work`` limit of one stream's reader: with ``streams=``, every stream yields as many."""
+        def limit() -> int:
+            if isinstance(self.equal_work, int):
+                return self.equal_work
+            assert self._streams is not None
+            streams = self._streams.count
+            shards = self._shards
+            counts = self._counts or []
+            totals = [sum(counts[i] for i in slot) for slot in
+                      shardlists.slot_shards(len(shards.urls), shards.seed, shards.epoch, 1, streams)]
+            if min(totals) == 0:
+                raise ValueError(f"equal_work={self.equal_work!r}: stream {totals.index(0)} of {streams} gets no samples "
+                                 f"this epoch ({len(shards.urls)} shards); use fewer streams")
+            return min(totals) if self.equal_work == "min" else max(totals)
+        return limit
 
     def _equal_limit(self) -> int:
         """The samples every DataLoader worker of every rank yields this epoch (``equal_work``)."""
@@ -674,6 +713,9 @@ class MixedDataset(WebDataset):
         self.storage_options = storage_options
         kwargs.pop("shardshuffle", None)  # per source, in the spec
         kwargs.pop("resampled", None)
+        if kwargs.get("streams") is not None:
+            raise ConfigError("streams= is not available for a mix of sources (each source draws per rank and "
+                              "worker); a mix resumes on another shape through wds.merge_states() instead")
         datasets = []
         for number, source in enumerate(spec.sources):
             ds = WebDataset(list(source.urls), handler=handler, resampled=source.resampled,

@@ -363,6 +363,15 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._load(state)  # the stages check their fields first: a changed one is named
         self._seal_problem = problem  # raised before the first item, after the stages' own checks (see __iter__)
 
+    def nested_state(self, fast: bool) -> dict:
+        """This pipeline's state as part of a larger one (not sealed: the whole is): ``fast`` as for a loader that
+        asks with every batch (see :meth:`transport_state`)."""
+        return self._state(fast)
+
+    def load_nested_state(self, state: dict) -> None:
+        """Load a state taken with :meth:`nested_state`, as part of a larger state whose checksum was checked."""
+        self._load(state)
+
     def _load(self, state: dict) -> None:
         """:meth:`load_state_dict` of a state whose checksum was checked (or that came from a loader whose state
         was): a DataLoader worker's share of a WebLoader state."""
@@ -460,6 +469,14 @@ class DataPipeline(IterableDataset, PipelineStage):
             for stage in stages:
                 if callable(getattr(stage, "load_merged_mix", None)):
                     stage.load_merged_mix(mix, rank, world_size, worker, workers)
+            return
+        streams = level.get("streams")
+        if streams is not None:
+            for stage in stages:
+                if callable(getattr(stage, "load_merged_streams", None)):
+                    stage.load_merged_streams({v: s for v, s in streams["states"]})
+                elif callable(getattr(stage, "on_elastic_resume", None)):
+                    stage.on_elastic_resume()
             return
         split = self._stage_facts()[3]
         slot, slots = elastic.shard_split(split, world_size, workers, rank, worker)

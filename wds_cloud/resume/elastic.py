@@ -49,7 +49,7 @@ REPLAY_REF = 1 << 40
 #: the stage kinds of a shard list whose order follows from (shards, seed, epoch)
 SHARD_LISTS = ("SimpleShardList", "ResampledShards")
 #: stage kinds whose states merge_states knows how to combine
-_KNOWN = SHARD_LISTS + ("TarSamples", "Shuffle", "CheckEmpty", "MixSource")
+_KNOWN = SHARD_LISTS + ("TarSamples", "Shuffle", "CheckEmpty", "MixSource", "Streams")
 #: bounds on what a merged state may hold (it is input when loaded)
 MAX_STATES = 1 << 16
 MAX_ENTRIES = 1 << 24
@@ -300,6 +300,8 @@ def _merge_level(entries: list, world_size: int, workers: int, epoch: int) -> di
                                          field="config")
     if any(kind == "MixSource" for _, kind in kinds):
         return _merge_mix(entries, kinds, configs, world_size, workers, epoch, passes.pop())
+    if any(kind == "Streams" for _, kind in kinds):
+        return _merge_streams(entries, kinds, configs, epoch, passes.pop())
     split = reference.get("split")
     shards_config = next((_config_of(reference, i) for i, kind in kinds if kind in SHARD_LISTS), None)
     list_kind = next((kind for _, kind in kinds if kind in SHARD_LISTS), None)
@@ -461,6 +463,34 @@ def _int(value: Any) -> int:
     return value if type(value) is int and value >= 0 else 0
 
 
+def _merge_streams(entries: list, kinds: list, configs: dict, epoch: int, pass_number: int) -> dict:
+    """Virtual streams name no rank or worker: the merged state is every stream's state, each once."""
+    index = next(i for i, kind in kinds if kind == "Streams")
+    count = None
+    states: dict = {}
+    items = 0
+    for slot, state in entries:
+        if state is None:
+            continue  # its streams had delivered nothing: they start afresh
+        items += (state.get("progress") or (0, 0))[1]
+        held = _stage(state, index)
+        if count is None:
+            count = held.get("streams")
+        if held.get("streams") != count or type(count) is not int:
+            raise StateMismatchError(f"slot {slot} has streams={shown(held.get('streams'))}, another slot {count}: merge "
+                                     "the states of one job", field="streams")
+        for entry in held.get("stages") or ():
+            if not (isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int and isinstance(entry[2], dict)):
+                raise StateMismatchError(f"slot {slot}'s streams state lists {shown(entry)}", field="stages")
+            if entry[0] in states:
+                raise StateMismatchError(f"stream {entry[0]} is in the states of two workers: the states were changed "
+                                         "or come from different jobs", field="stages")
+            states[entry[0]] = entry[2]
+    return {"kinds": [list(k) for k in kinds], "configs": configs, "epoch": epoch, "pass": pass_number,
+            "items": items, "slots": len(entries),
+            "streams": {"count": count, "states": [[v, states[v]] for v in sorted(states)]}}
+
+
 def _merge_mix(entries: list, kinds: list, configs: dict, world_size: int, workers: int, epoch: int,
                pass_number: int) -> dict:
     mix_index = next(i for i, kind in kinds if kind == "MixSource")
@@ -585,7 +615,18 @@ def _check_level(level: Any, depth: int) -> None:
         return
     expect(level, "merged", dict, kinds=(list, lambda v: len(v) <= 256), configs=dict,
            **{"pass": (int, lambda n: n >= 0)}, items=(int, lambda n: n >= 0),
-           slots=(int, lambda n: 1 <= n <= MAX_STATES * 4096), mix=(dict, None, True))
+           slots=(int, lambda n: 1 <= n <= MAX_STATES * 4096), mix=(dict, None, True), streams=(dict, None, True))
+    streams = level.get("streams")
+    if streams is not None:
+        expect(streams, "merged streams", dict, count=(int, lambda n: 1 <= n <= 65536), states=list)
+        seen: set = set()
+        for entry in streams["states"]:
+            if not (isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int
+                    and 0 <= entry[0] < streams["count"] and entry[0] not in seen and isinstance(entry[1], dict)):
+                raise StateMismatchError(f"the merged state's streams hold {shown(entry)}, which merge_states() does "
+                                         "not give: the state was changed", field="streams")
+            seen.add(entry[0])
+        return
     mix = level.get("mix")
     if mix is not None:
         expect(mix, "merged mix", dict, names=list, count=(int, lambda n: n >= 0), taken=list,

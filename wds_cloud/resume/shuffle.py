@@ -8,6 +8,7 @@ every batch it sends changes only (a journal); :func:`apply_journal` replays the
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import random
@@ -73,6 +74,17 @@ class Shuffle(PipelineStage):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch - 1  # run() advances before use
+
+    def for_stream(self, stream: int, streams: int) -> "Shuffle":
+        """A shuffle of its own for virtual stream ``stream`` (see :mod:`wds_cloud.resume.streams`): a buffer of
+        its own, seeded from the seed and the stream's number (a given ``rng`` is copied as it is)."""
+        clone = copy.copy(self)
+        clone.source, clone._live, clone._resume = None, None, None
+        if self.seed is not None:
+            clone.seed = make_seed(self.seed, "stream", stream)
+        elif self.rng is not None:
+            clone.rng = copy.deepcopy(self.rng)
+        return clone
 
     # the BufferingStage role (wds_cloud.resume.protocol)
     def attach_source(self, source: Any) -> None:

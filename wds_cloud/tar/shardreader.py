@@ -8,6 +8,7 @@ the sample last yielded came from, which its state and a shuffle fed by it read.
 from __future__ import annotations
 
 import collections
+import copy
 import itertools
 import time
 from typing import Any, Callable, Generator, Iterable, Iterator, Optional, Sequence, Union
@@ -148,6 +149,9 @@ class TarSamples:
         self._resume: Optional[dict] = None
         self._replay: list = []
         self._elastic: Optional[tuple] = None  # (samples to replay, limit) of an elastic resume's share
+        #: the identity a state records (None: this rank and DataLoader worker; a stream's, see for_stream)
+        self.stream_identity: Optional[dict] = None
+        self.lookahead = True  # ask the opener to fetch the next shards ahead, when it can
         #: what the last resume fetched again: samples, requests, bytes (compressed shards: bytes
         #: decompressed), seconds
         self.last_refetch: dict = {}
@@ -217,6 +221,20 @@ class TarSamples:
     def set_replay(self, replay: Sequence[tuple]) -> None:
         """First yield the samples at ``replay`` (``(url, start, end, compressed, ref)``) on the next pass."""
         self._replay = list(replay)
+
+    def for_stream(self, stream: int, streams: int) -> "TarSamples":
+        """A reader of its own for virtual stream ``stream`` of ``streams`` (see :mod:`wds_cloud.resume.streams`):
+        the same settings and opener, a state that names the stream (not a rank and worker), and no look
+        ahead (the streams of a worker read their shards side by side)."""
+        clone = copy.copy(self)
+        clone.cursor, clone._resume, clone._replay, clone._elastic, clone.last_refetch = None, None, [], None, {}
+        clone.stream_identity = {"stream": stream, "streams": streams}
+        clone.lookahead = False
+        return clone
+
+    def set_limit(self, limit: Any) -> None:
+        """The samples each pass yields (an int, or a callable giving one when a pass begins), or None."""
+        self.limit = limit
 
     def set_elastic(self, replay: Sequence[tuple], limit: Optional[int]) -> None:
         """Begin the next pass with this rank and worker's share of an elastic resume: the buffered samples at
@@ -355,14 +373,18 @@ class TarSamples:
     def _prefetcher(self) -> Any:
         """The opener, when it fetches the next shards ahead (``prefetch(urls)``) and is asked to."""
         opener = self.opener
-        if opener is None or not hasattr(opener, "prefetch") or not getattr(opener, "prefetch_depth", 0):
+        if not self.lookahead or opener is None or not hasattr(opener, "prefetch") \
+                or not getattr(opener, "prefetch_depth", 0):
             return None
         return opener
 
     def _identify(self, cursor: _Cursor, resume: Optional[dict]) -> None:
         """Record which rank and worker reads; a resumed pass must be the same one, at the saved count."""
-        rank, world_size, worker, num_workers = utils.pytorch_worker_info()
-        cursor.identity = {"rank": rank, "world_size": world_size, "worker": worker, "num_workers": num_workers}
+        if self.stream_identity is not None:
+            cursor.identity = dict(self.stream_identity)
+        else:
+            rank, world_size, worker, num_workers = utils.pytorch_worker_info()
+            cursor.identity = {"rank": rank, "world_size": world_size, "worker": worker, "num_workers": num_workers}
         if resume is not None:
             resuming.check_same("dataset (rank and DataLoader worker)", resume.get("identity") or {},
                                 cursor.identity)
@@ -484,11 +506,16 @@ class TarSamples:
         if not seen:
             if cursor.elastic is not None:
                 return  # an elastic share of buffered samples only: it has no shards to go over again
-            rank, world_size, worker, num_workers = (cursor.identity or {}).values()
+            ident = cursor.identity or {}
+            if "stream" in ident:
+                raise ValueError(f"equal_work: stream {ident['stream']} of {ident['streams']} was given no shards, so "
+                                 f"it cannot produce its {limit} samples; use at least {ident['streams']} shards or "
+                                 "fewer streams")
             raise ValueError(
-                f"equal_work: rank {rank} worker {worker} was given no shards, so it cannot produce its "
-                f"{limit} samples; use at least {world_size * num_workers} shards "
-                "(ranks x workers) or fewer DataLoader workers")
+                f"equal_work: rank {ident.get('rank')} worker {ident.get('worker')} was given no shards, so it cannot "
+                f"produce its {limit} samples; use at least "
+                f"{ident.get('world_size', 1) * ident.get('num_workers', 1)} shards (ranks x workers) or fewer "
+                "DataLoader workers")
         while cursor.samples < limit:
             before, first = cursor.samples, given
             for source in seen:
