@@ -25,7 +25,7 @@ from .pipeline import DataPipeline
 from .pytorch import HAVE_TORCH, DataLoader
 from .resume import loader as loaderstate
 from .resume.protocol import Resumable, is_buffering
-from .resume.elastic import LOADER_FORMAT, is_merged, items_share, merge_states
+from .resume.elastic import LOADER_FORMAT, check_merged, is_merged, items_share, merge_states
 from .resume.streams import Streams
 from .resume.state import check_same, check_seal, expect, inexact_state, is_inexact, restart_from, seal
 from .spec import is_mix_spec, load_spec
@@ -316,8 +316,9 @@ class WebDataset(DataPipeline, FluidInterface):
         if streams is None:
             return super().compose(*args)
         result = super().compose()
-        result._streams = streams.extended(args)
-        result.pipeline = [result._streams if stage is streams else stage for stage in result.pipeline]
+        extended = streams.extended(args)
+        result.__dict__["_streams"] = extended
+        result.pipeline = [extended if stage is streams else stage for stage in result.pipeline]
         return result
 
     def _stream_limit(self, stream: int) -> Callable[[], int]:
@@ -630,8 +631,15 @@ class WebLoader(DataPipeline, FluidInterface):
             raise NotResumableError(f"this WebLoader cannot load a state: {self._blocker}")
         dataset = self._dataset
         assert dataset is not None  # a loader without a dataset has a resume blocker
-        dataset.load_state_dict(state)  # checked there; each worker takes its share when its pass begins
-        self._untag.resume(0, set(), {})
+        check_merged(state)
+        dataset.check_level(state["pipeline"])
+        # each worker's share, computed here: it stays that worker's state until the worker delivers, so a state
+        # taken before then (on this shape, or merged again) still holds it
+        rank, world_size = _rank()
+        workers = max(1, self._untag.num_workers)
+        starts = {w: dataset.elastic_start(state, rank, world_size, w, workers) for w in range(workers)}
+        self._untag.resume(0, set(), starts)
+        dataset.set_worker_states(dict(starts))
         self._pass_epoch = state["epoch"]
         self._auto_epoch = self._pass_epoch + 1
         loader = state.get("loader")

@@ -298,18 +298,30 @@ class MixSource(ReplayedSources, PipelineStage):
         for ds, level in zip(self.datasets, mix["sources"]):
             ds.check_level(level)
 
-    def load_merged_mix(self, mix: dict, rank: int, world_size: int, worker: int, workers: int) -> None:
-        """Take this rank and worker's share of a merged mix for the next pass: each source's share of its work,
-        and of what the epoch still owes (``samples_per_epoch`` less what was drawn, plus the samples a shuffle
-        after the mix held, which are drawn again from the front of their sources)."""
-        for ds, level in zip(self.datasets, mix["sources"]):
-            ds.assign_level(level, rank, world_size, worker, workers)
+    def mix_start(self, mix: dict, rank: int, world_size: int, worker: int, workers: int) -> dict:
+        """A rank and worker's start in a merged mix: each source's start, and its share of what the epoch still
+        owes (``samples_per_epoch``, or the shares of an earlier elastic resume, less what was drawn, plus the
+        samples a shuffle after the mix held, which are drawn again from the front of their sources)."""
+        sources = [ds.start_of_level(level, rank, world_size, worker, workers)
+                   for ds, level in zip(self.datasets, mix["sources"])]
         quota = None
         if self.samples_per_epoch is not None:
-            left = max(0, self.samples_per_epoch - mix["count"]) + sum(level.get("outer", 0) for level in mix["sources"])
+            owed = mix.get("quota", self.samples_per_epoch)
+            left = max(0, owed - mix["count"]) + sum(level.get("outer") or 0 for level in mix["sources"])
             slot, slots = rank * workers + worker, world_size * workers
             quota = left // slots + (1 if slot < left % slots else 0)
-        self._elastic = (mix["pass"], quota)
+        return {"names": list(self.names), "pass": mix["pass"], "quota": quota, "sources": sources}
+
+    def apply_mix_start(self, start: dict) -> None:
+        """Begin the next pass from a start made by :meth:`mix_start`."""
+        if not (isinstance(start, dict) and type(start.get("pass")) is int and start["pass"] >= 0
+                and (start.get("quota") is None or (type(start["quota"]) is int and start["quota"] >= 0))
+                and isinstance(start.get("sources"), list) and len(start["sources"]) == len(self.datasets)):
+            raise StateMismatchError(f"the saved mix start {shown(start)} is not one a merged state gives: the state "
+                                     "was changed", field="mix")
+        for ds, source in zip(self.datasets, start["sources"]):
+            ds.apply_level_start(source)
+        self._elastic = (start["pass"], start.get("quota"))
         self._resume = None
 
     def next_pass_state(self) -> dict:

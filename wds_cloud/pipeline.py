@@ -448,41 +448,66 @@ class DataPipeline(IterableDataset, PipelineStage):
         state, self._elastic = self._elastic, None
         assert state is not None
         rank, world_size, worker, workers = utils.pytorch_worker_info()
-        self.set_epoch(state["epoch"])
-        level = state["pipeline"]
-        self.assign_level(level, rank, world_size, worker, workers)
+        self.apply_start(self.elastic_start(state, rank, world_size, worker, workers))
+
+    def elastic_start(self, merged: dict, rank: int, world_size: int, worker: int, workers: int) -> dict:
+        """What the rank and worker given start from after loading ``merged``: a *start*, a worker state of its
+        own kind (``{"start": ...}``), kept as that worker's state until it delivers (so that a state taken
+        before then still holds its share).  Deterministic: every process computes the same."""
+        level = merged["pipeline"]
+        start = self.start_of_level(level, rank, world_size, worker, workers)
         slot, slots = rank * workers + worker, world_size * workers
         passes = level.get("pass", 0)
+        items = 0
         if self.repetitions != 1 and self.nsamples > 0 and not level.get("fresh"):
-            left = elastic.items_share(level["items"], level["slots"], self.nsamples, slot, slots)
-            self._resume_progress = [passes, max(0, self.nsamples - left)]
-        else:
-            self._resume_progress = [passes, 0]
+            items = max(0, self.nsamples - elastic.items_share(level["items"], level["slots"], self.nsamples, slot,
+                                                               slots))
+        return {"start": start, "epoch": merged["epoch"], "progress": [passes, items]}
 
-    def assign_level(self, level: dict, rank: int, world_size: int, worker: int, workers: int) -> None:
-        """Take this rank and worker's share of a merged level for the next pass (see :meth:`load_merged`)."""
+    def start_of_level(self, level: dict, rank: int, world_size: int, worker: int, workers: int) -> dict:
+        """The start of one rank and worker in a merged level (see :meth:`elastic_start`)."""
+        head = {"epoch": level["epoch"], "kinds": level.get("kinds"), "configs": level.get("configs"),
+                "split": level.get("split")}
         if level.get("fresh"):
-            return
+            return {"fresh": True, **head}
         stages = [stage for _, _, stage in self._stateful()]
         mix = level.get("mix")
         if mix is not None:
-            for stage in stages:
-                if callable(getattr(stage, "load_merged_mix", None)):
-                    stage.load_merged_mix(mix, rank, world_size, worker, workers)
-            return
+            stage = next(s for s in stages if callable(getattr(s, "mix_start", None)))
+            return {"mix": stage.mix_start(mix, rank, world_size, worker, workers), **head}
         streams = level.get("streams")
         if streams is not None:
-            for stage in stages:
-                if callable(getattr(stage, "load_merged_streams", None)):
-                    stage.load_merged_streams({v: s for v, s in streams["states"]})
-                elif callable(getattr(stage, "on_elastic_resume", None)):
-                    stage.on_elastic_resume()
-            return
+            stage = next(s for s in stages if callable(getattr(s, "streams_start", None)))
+            return {"streams": stage.streams_start(streams, rank, world_size, worker, workers),
+                    "count": streams["count"], **head}
         split = self._stage_facts()[3]
         slot, slots = elastic.shard_split(split, world_size, workers, rank, worker)
         counts = self.shard_counts() if level.get("owed") is not None else None
         mode = getattr(self, "equal_work", None) if level.get("owed") is not None else None
-        self.assign_share(elastic.share(level, slot, slots, counts, mode))
+        return {"share": elastic.share(level, slot, slots, counts, mode), **head}
+
+    def apply_start(self, state: dict) -> None:
+        """Make the next pass begin from a start (:meth:`elastic_start`)."""
+        elastic.check_start(state)
+        self.set_epoch(state["epoch"])
+        self.apply_level_start(state["start"])
+        self._resume_progress = list(state["progress"])
+
+    def apply_level_start(self, start: dict) -> None:
+        """Take a start of this pipeline's level (:meth:`start_of_level`) for the next pass."""
+        if start.get("fresh"):
+            return
+        stages = [stage for _, _, stage in self._stateful()]
+        if "mix" in start:
+            next(s for s in stages if callable(getattr(s, "apply_mix_start", None))).apply_mix_start(start["mix"])
+        elif "streams" in start:
+            next(s for s in stages if callable(getattr(s, "load_merged_streams", None))).load_merged_streams(
+                {v: s for v, s in start["streams"]})
+            for stage in stages:
+                if callable(getattr(stage, "on_elastic_resume", None)):
+                    stage.on_elastic_resume()
+        else:
+            self.assign_share(start["share"])
 
     def shard_counts(self) -> Optional[dict]:
         """Samples per shard index, when the dataset knows them (``equal_work``); None here."""
@@ -569,7 +594,9 @@ class DataPipeline(IterableDataset, PipelineStage):
         _, _, worker, _ = utils.pytorch_worker_info()
         state = (self._worker_states or {}).get(worker)
         self._worker_states = None  # applied once (a persistent worker starts the next epoch afresh)
-        if state is not None:
+        if state is not None and "start" in state:
+            self.apply_start(state)  # a share of an elastic resume this worker had not begun
+        elif state is not None:
             self._load(state)  # the loader's state it came from had its checksum checked
 
     def __len__(self) -> int:

@@ -329,7 +329,7 @@ class _Epochs:
     def _take_share(self) -> Optional[tuple]:
         """The share assigned for this pass (recorded for its states), or None: a pass of the whole order."""
         assigned = self.__dict__.get("_assigned")
-        self._assigned = None
+        self.__dict__["_assigned"] = None
         self._current = assigned[0] if assigned is not None else None
         return assigned
 

@@ -38,7 +38,7 @@ from ..utils import make_seed
 from .state import FORMAT, check_seal, expect, is_inexact, seal
 
 __all__ = ["ELASTIC_FORMAT", "LOADER_FORMAT", "REPLAY_REF", "merge_states", "is_merged", "check_merged", "share",
-           "shard_split", "shard_order", "items_share", "resolve", "check_share", "decode_ranges", "SHARD_LISTS"]
+           "shard_split", "shard_order", "items_share", "resolve", "check_share", "check_start", "decode_ranges", "SHARD_LISTS"]
 
 #: the format tag of a merged, topology-free state
 ELASTIC_FORMAT = "wds_cloud.elastic/1"
@@ -196,11 +196,20 @@ def _loader_slots(state: dict, what: str, count: int) -> tuple:
         if not 0 <= worker < workers:
             raise StateMismatchError(f"{what} names worker {worker} of a loader with {workers}: the state was changed",
                                      field="workers")
+        if "start" in pipeline_state:  # the share of an earlier elastic resume, not begun: all of it is left
+            check_start(pipeline_state)
+            pipeline_state = dict(pipeline_state["start"], progress=pipeline_state["progress"])
         entries[worker] = pipeline_state
     return rank, world_size, workers, state["epoch"], entries, list(state.get("progress") or (0, 0))
 
 
 def _identity(state: dict, what: str, count: int) -> tuple[int, int, int, int]:
+    for entry in state.get("stages") or ():  # virtual streams: the state names its worker among all of them
+        if isinstance(entry, list) and len(entry) == 3 and entry[1] == "Streams" and isinstance(entry[2], dict):
+            slot = entry[2].get("slot")
+            if isinstance(slot, list) and len(slot) == 2 and all(type(v) is int for v in slot) and \
+                    0 <= slot[0] < slot[1] <= MAX_STATES * 4096:
+                return slot[0], slot[1], 0, 1
     found = _find_identity(state, 0)
     if found is None:
         if count > 1:
@@ -267,17 +276,24 @@ class _Level:
         self.read = 0
         self.items = 0
         self.started = 0  # shards begun (to estimate the samples of a shard)
+        self.held = 0  # samples read but held in shuffle buffers (delivered later)
         self.limits: set = set()
 
 
+def _is_start(state: Any) -> bool:
+    """Whether a slot's entry is a start (the share of an earlier elastic resume it had not begun)."""
+    return isinstance(state, dict) and "stages" not in state
+
+
 def _merge_level(entries: list, world_size: int, workers: int, epoch: int) -> dict:
-    """The merged state of one pipeline from ``(slot, pipeline state or None)`` of every slot."""
-    started = [(slot, state) for slot, state in entries if state is not None]
+    """The merged state of one pipeline from ``(slot, pipeline state, start or None)`` of every slot."""
+    started = [(slot, state) for slot, state in entries if state is not None and not state.get("fresh")]
     if not started:
         return {"fresh": True, "epoch": epoch}
-    ref_slot, reference = started[0]
+    states = [(slot, state) for slot, state in started if not _is_start(state)]
+    ref_slot, reference = (states or started)[0]
     kinds = _kinds(reference, ref_slot)
-    for slot, state in started[1:]:
+    for slot, state in started:
         other = _kinds(state, slot)
         if other != kinds:
             raise StateMismatchError(f"the states of slot {ref_slot} and slot {slot} have other stages ({kinds} vs "
@@ -288,11 +304,12 @@ def _merge_level(entries: list, world_size: int, workers: int, epoch: int) -> di
                                  "of ranks and workers (only shard lists, shard readers, shuffles and mixes): load the "
                                  "per-rank states on the same shape instead", field="stages")
     passes = {tuple(state.get("progress") or (0, 0))[0] for _, state in started}
+    passes = {p for p in passes if type(p) is int} or {0}
     if len(passes) > 1:
         raise StateMismatchError(f"the workers are in different passes of the pipeline ({sorted(passes)[:8]}; "
                                  "repeat()/with_epoch): take every worker's state at the same step", field="progress")
-    configs = {str(i): _config_of(reference, i) for i, _ in kinds if _config_of(reference, i) is not None}
-    for slot, state in started[1:]:
+    configs = _configs(reference, kinds)
+    for slot, state in states:
         for i, _ in kinds:
             if str(i) in configs and _config_of(state, i) != configs[str(i)]:
                 raise StateMismatchError(f"the states of slot {ref_slot} and slot {slot} were taken from datasets "
@@ -303,7 +320,7 @@ def _merge_level(entries: list, world_size: int, workers: int, epoch: int) -> di
     if any(kind == "Streams" for _, kind in kinds):
         return _merge_streams(entries, kinds, configs, epoch, passes.pop())
     split = reference.get("split")
-    shards_config = next((_config_of(reference, i) for i, kind in kinds if kind in SHARD_LISTS), None)
+    shards_config = next((configs.get(str(i)) for i, kind in kinds if kind in SHARD_LISTS), None)
     list_kind = next((kind for _, kind in kinds if kind in SHARD_LISTS), None)
     if list_kind is None or not any(kind == "TarSamples" for _, kind in kinds):
         raise StateMismatchError("merge_states() needs a pipeline that starts with a shard list read by a shard reader "
@@ -320,7 +337,7 @@ def _merge_level(entries: list, world_size: int, workers: int, epoch: int) -> di
                                  field="split")
     level = _Level()
     n_shards = shards_config.get("shards") if isinstance(shards_config, dict) else None
-    if type(n_shards) is not int or n_shards < 1:
+    if not isinstance(shards_config, dict) or type(n_shards) is not int or n_shards < 1:
         raise StateMismatchError(f"the shard list's state says {shown(n_shards)} shards", field="config")
     seed = shards_config.get("seed")
     resampled = list_kind == "ResampledShards"
@@ -341,11 +358,26 @@ def _merge_level(entries: list, world_size: int, workers: int, epoch: int) -> di
                                  "merge the states of one job", field="limit")
     if level.limits:
         limit = level.limits.pop()
-        out["owed"] = max(0, limit * len(entries) - level.read + _count_buffered(level.buffered))
+        out["owed"] = max(0, limit * len(entries) - level.read + level.held)
     return out
 
 
+def _configs(state: dict, kinds: list) -> dict:
+    if _is_start(state):
+        configs = state.get("configs")
+        if not isinstance(configs, dict):
+            raise StateMismatchError(f"a saved start holds the configs {shown(configs)}", field="configs")
+        return configs
+    return {str(i): _config_of(state, i) for i, _ in kinds if _config_of(state, i) is not None}
+
+
 def _kinds(state: dict, slot: int) -> list:
+    if _is_start(state):
+        kinds = state.get("kinds")
+        if not (isinstance(kinds, list) and len(kinds) <= 256 and all(
+                isinstance(k, list) and len(k) == 2 and type(k[0]) is int and isinstance(k[1], str) for k in kinds)):
+            raise StateMismatchError(f"the start of slot {slot} lists the stages {shown(kinds)}", field="kinds")
+        return [tuple(k) for k in kinds]
     stages = state.get("stages")
     if not isinstance(stages, list) or len(stages) > 256:
         raise StateMismatchError(f"the state of slot {slot} lists no stages a state_dict() gives", field="stages")
@@ -379,6 +411,15 @@ def _merge_slot(level: _Level, state: Optional[dict], kinds: list, split: str, w
     slot, slots = shard_split(split, world_size, workers, rank, worker)
     listed = reader = None
     shuffles = []
+    if _is_start(state):  # a share not begun: all of it is left
+        assert state is not None
+        level.items += _int((state.get("progress") or (0, 0))[1])
+        share = state.get("share")
+        if not isinstance(share, dict):
+            raise StateMismatchError(f"the start of rank {rank} worker {worker} holds no share", field="share")
+        listed, state = {"epoch": share.get("epoch"), "assigned": share}, None
+        if type(share.get("limit")) is int:
+            level.limits.add(share["limit"])
     if state is not None:
         level.items += (state.get("progress") or (0, 0))[1]
         for i, kind in kinds:
@@ -406,8 +447,7 @@ def _merge_slot(level: _Level, state: Optional[dict], kinds: list, split: str, w
         per = slots // ranks_split
         mine = order[slot // per::ranks_split][slot % per::per]
         items = [("i", index) for index in mine]
-    fresh = reader is None or reader.get("fresh")
-    if fresh:
+    if reader is None or reader.get("fresh"):
         left_items, left_replays = items, replays
     elif reader.get("done"):
         left_items, left_replays = [], []
@@ -457,10 +497,14 @@ def _merge_slot(level: _Level, state: Optional[dict], kinds: list, split: str, w
             ref, first, blocks = loc
             _, text, compressed, url_id = table[ref]
             level.buffered.setdefault(url_id, [text, bool(compressed), []])[2].append((first, blocks))
+            level.held += 1
 
 
 def _int(value: Any) -> int:
     return value if type(value) is int and value >= 0 else 0
+
+
+STREAM_KIND = "stream"
 
 
 def _merge_streams(entries: list, kinds: list, configs: dict, epoch: int, pass_number: int) -> dict:
@@ -470,10 +514,14 @@ def _merge_streams(entries: list, kinds: list, configs: dict, epoch: int, pass_n
     states: dict = {}
     items = 0
     for slot, state in entries:
-        if state is None:
+        if state is None or state.get("fresh"):
             continue  # its streams had delivered nothing: they start afresh
-        items += (state.get("progress") or (0, 0))[1]
-        held = _stage(state, index)
+        items += _int((state.get("progress") or (0, 0))[1])
+        if _is_start(state):  # the streams an earlier elastic resume gave it, not begun
+            held = {"streams": state.get("count"),
+                    "stages": [[v, STREAM_KIND, st] for v, st in state.get("streams") or ()]}
+        else:
+            held = _stage(state, index)
         if count is None:
             count = held.get("streams")
         if held.get("streams") != count or type(count) is not int:
@@ -498,43 +546,55 @@ def _merge_mix(entries: list, kinds: list, configs: dict, world_size: int, worke
         raise StateMismatchError("merge_states() handles a mix followed by shuffles only", field="stages")
     names = None
     count = 0
+    quotas: list = []  # the shares of an earlier elastic resume, when the pass had them
     taken: Optional[list] = None
     mix_pass = None
-    sources: list = []
+    per_slot: list = []  # (slot, [each source's state or start, or None])
     outer: dict[int, dict] = {}  # source -> url id -> [shown, compressed, ranges]: a shuffle after the mix
     items = 0
     for slot, state in entries:
-        if state is None:
+        if state is None or state.get("fresh"):
+            per_slot.append((slot, None))
             continue
-        items += (state.get("progress") or (0, 0))[1]
-        mix = _stage(state, mix_index)
+        items += _int((state.get("progress") or (0, 0))[1])
+        mix = state.get("mix") if _is_start(state) else _stage(state, mix_index)
+        if not isinstance(mix, dict):
+            raise StateMismatchError(f"slot {slot} holds no mix state", field="mix")
         if names is None:
-            names, taken, mix_pass = mix.get("names"), [0] * len(mix.get("names") or ()), mix.get("pass")
+            names, mix_pass = mix.get("names"), mix.get("pass")
+            if not (isinstance(names, list) and 0 < len(names) <= 4096):
+                raise StateMismatchError(f"slot {slot}'s mix state names the sources {shown(names)}", field="names")
+            taken = [0] * len(names)
         if mix.get("names") != names or mix.get("pass") != mix_pass:
             raise StateMismatchError(f"slot {slot}'s mix state names other sources or another pass: merge the states "
                                      "of one job", field="names")
+        held = mix.get("sources")
+        if not (isinstance(held, list) and len(held) == len(names)):
+            raise StateMismatchError(f"slot {slot}'s mix state does not hold one state per source", field="sources")
+        per_slot.append((slot, held))
+        if type(mix.get("quota")) is int:
+            quotas.append(mix["quota"])
+        if _is_start(state):
+            continue
         count += _int(mix.get("count"))
         for j, n in enumerate(mix.get("taken") or ()):
-            if j < len(taken or ()):
+            if j < len(names):
                 taken[j] += _int(n)  # type: ignore[index]
         for i, kind in kinds:
             if kind != "Shuffle" or _stage(state, i).get("fresh"):
                 continue
             shuffle = _stage(state, i)
             table = {e[0]: e for e in shuffle.get("urls") or () if isinstance(e, list) and len(e) == 4}
-            n = len(names or ()) or 1
             for ref, first, blocks in shuffle.get("buffer") or ():
                 _, text, compressed, url_id = table[ref]
-                outer.setdefault(ref % n, {}).setdefault(url_id, [text, bool(compressed), []])[2].append((first, blocks))
-    assert names is not None and taken is not None
+                outer.setdefault(ref % len(names), {}).setdefault(url_id, [text, bool(compressed), []])[2].append(
+                    (first, blocks))
+    if names is None:
+        return {"fresh": True, "epoch": epoch}
+    sources = []
     for j in range(len(names)):
-        sub = []
-        for slot, state in entries:
-            held = _stage(state, mix_index).get("sources") if state is not None else None
-            if state is not None and not (isinstance(held, list) and len(held) == len(names)):
-                raise StateMismatchError(f"slot {slot}'s mix state does not hold one state per source", field="sources")
-            sub.append((slot, held[j] if held is not None else None))
-        level = _merge_level(sub, world_size, workers, epoch)
+        level = _merge_level([(slot, held[j] if held is not None else None) for slot, held in per_slot],
+                             world_size, workers, epoch)
         extra = outer.get(j)
         if extra:
             if level.get("fresh"):
@@ -546,9 +606,11 @@ def _merge_mix(entries: list, kinds: list, configs: dict, world_size: int, worke
             level["buffered"] = _encode_buffered(merged)
             level["outer"] = sum(len(v[2]) for v in extra.values())
         sources.append(level)
+    out = {"names": names, "pass": mix_pass, "count": count, "taken": taken, "sources": sources}
+    if quotas:
+        out["quota"] = sum(quotas)
     return {"kinds": [list(k) for k in kinds], "configs": configs, "epoch": epoch, "pass": pass_number,
-            "items": items, "slots": len(entries),
-            "mix": {"names": names, "pass": mix_pass, "count": count, "taken": taken, "sources": sources}}
+            "items": items, "slots": len(entries), "mix": out}
 
 
 # ------------------------------------------------------------------------------ buffered sample lists
@@ -590,10 +652,6 @@ def _decode_buffered(entries: list, what: str) -> list:
     return out
 
 
-def _count_buffered(buffered: dict) -> int:
-    return sum(len(v[2]) for v in buffered.values())
-
-
 # ----------------------------------------------------------------------------------------- checking
 def check_merged(state: Any) -> None:
     """Refuse a merged state that is not one :func:`merge_states` gives (its checksum, then every field)."""
@@ -616,20 +674,29 @@ def _check_level(level: Any, depth: int) -> None:
     expect(level, "merged", dict, kinds=(list, lambda v: len(v) <= 256), configs=dict,
            **{"pass": (int, lambda n: n >= 0)}, items=(int, lambda n: n >= 0),
            slots=(int, lambda n: 1 <= n <= MAX_STATES * 4096), mix=(dict, None, True), streams=(dict, None, True))
+    for kind in level["kinds"]:
+        if not (isinstance(kind, list) and len(kind) == 2 and type(kind[0]) is int and isinstance(kind[1], str)):
+            raise StateMismatchError(f"the merged state lists the stage {shown(kind)}, which merge_states() does not "
+                                     "give: the state was changed", field="kinds")
+    if not all(isinstance(k, str) and k.isdigit() and isinstance(v, dict) for k, v in level["configs"].items()):
+        raise StateMismatchError("the merged state's 'configs' are not the stages' settings merge_states() gives: "
+                                 "the state was changed", field="configs")
     streams = level.get("streams")
     if streams is not None:
         expect(streams, "merged streams", dict, count=(int, lambda n: 1 <= n <= 65536), states=list)
-        seen: set = set()
+        streams_seen: set = set()
         for entry in streams["states"]:
             if not (isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int
-                    and 0 <= entry[0] < streams["count"] and entry[0] not in seen and isinstance(entry[1], dict)):
+                    and 0 <= entry[0] < streams["count"] and entry[0] not in streams_seen
+                    and isinstance(entry[1], dict)):
                 raise StateMismatchError(f"the merged state's streams hold {shown(entry)}, which merge_states() does "
                                          "not give: the state was changed", field="streams")
-            seen.add(entry[0])
+            streams_seen.add(entry[0])
         return
     mix = level.get("mix")
     if mix is not None:
         expect(mix, "merged mix", dict, names=list, count=(int, lambda n: n >= 0), taken=list,
+               quota=(int, lambda n: n >= 0, True), **{"pass": (int, lambda n: n >= 0)},
                sources=(list, lambda v: len(v) == len(mix["names"])))
         for sub in mix["sources"]:
             _check_level(sub, depth + 1)
@@ -699,6 +766,37 @@ def check_share(record: Any, n_shards: int) -> None:
         _check_buffered(entry)
 
 
+def check_start(state: Any) -> None:
+    """Refuse a start (a worker's share of a merged state, see ``DataPipeline.elastic_start``) of the wrong shape;
+    the shares inside are checked where they are taken."""
+    expect(state, "elastic start", dict, start=dict, epoch=(int, lambda n: n >= 0),
+           progress=(list, lambda v: len(v) == 2 and all(type(x) is int and x >= 0 for x in v)))
+    _check_level_start(state["start"], 0)
+
+
+def _check_level_start(start: Any, depth: int) -> None:
+    if depth > 2:
+        raise StateMismatchError("a saved start nests mixes deeper than a mix of datasets", field="start")
+    expect(start, "elastic start", dict, epoch=(int, lambda n: n >= 0), share=(dict, None, True),
+           mix=(dict, None, True), streams=(list, lambda v: len(v) <= 65536, True), fresh=(bool, None, True))
+    if sum(key in start for key in ("share", "mix", "streams", "fresh")) != 1:
+        raise StateMismatchError(f"the saved start {shown(start)} is not one a merged state gives: the state was "
+                                 "changed", field="start")
+    if "mix" in start:
+        sources = start["mix"].get("sources")
+        if not isinstance(sources, list) or len(sources) > 4096:
+            raise StateMismatchError("a saved mix start holds no list of its sources' starts", field="mix")
+        for source in sources:
+            _check_level_start(source, depth + 1)
+    if "streams" in start:
+        seen: set = set()
+        for entry in start["streams"]:
+            if not (isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int and entry[0] >= 0
+                    and entry[0] not in seen and isinstance(entry[1], dict)):
+                raise StateMismatchError(f"a saved streams start lists {shown(entry)}", field="streams")
+            seen.add(entry[0])
+
+
 # ------------------------------------------------------------------------------------------ sharing
 def share(level: dict, slot: int, slots: int, counts: Optional[dict] = None, limit_mode: Any = None) -> dict:
     """The work of ``slot`` of ``slots`` from a merged level: ``{"epoch", "replay", "partial", "pending", "limit",
@@ -724,7 +822,7 @@ def share(level: dict, slot: int, slots: int, counts: Optional[dict] = None, lim
     if counts:
         average = max(1.0, sum(counts.values()) / max(1, len(counts)))
     else:  # the samples of a shard, as far as the workers read
-        average = max(1.0, level.get("read", 0) / max(1, level.get("started", 0)))
+        average = max(1.0, _int(level.get("read")) / max(1, _int(level.get("started"))))
     units = []
     for number, entry in enumerate(level.get("partial") or ()):
         units.append((-(average / 2), number, ("p", entry)))
@@ -734,7 +832,8 @@ def share(level: dict, slot: int, slots: int, counts: Optional[dict] = None, lim
     units.sort(key=lambda u: (u[0], u[1]))
     heap = [(float(loads[s]), s) for s in range(slots)]
     heapq.heapify(heap)
-    partial, pending = [], []
+    partial: list = []
+    pending: list = []
     for weight, number, (kind, item) in units:
         load, owner = heapq.heappop(heap)
         heapq.heappush(heap, (load - weight, owner))
@@ -744,8 +843,8 @@ def share(level: dict, slot: int, slots: int, counts: Optional[dict] = None, lim
     replay: dict = {}
     for url_id, text, compressed, first, blocks in mine:
         replay.setdefault(url_id, [text, compressed, []])[2].append((first, blocks))
-    items = level.get("items", 0)
-    old_slots = level.get("slots", 1)
+    items = _int(level.get("items"))
+    old_slots = max(1, _int(level.get("slots")))
     return {"epoch": level["epoch"], "replay": _encode_buffered(replay),
             "partial": [item for _, item in sorted(partial, key=lambda p: p[0])],
             "pending": sorted((item for _, item in pending), key=pos.__getitem__),

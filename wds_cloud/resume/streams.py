@@ -119,17 +119,23 @@ class Streams(PipelineStage):
         live = len(iterators)
         ended = [False] * live
         n = live
-        while live:
-            if not ended[position]:
-                try:
-                    item = next(iterators[position])
-                except StopIteration:
-                    ended[position] = True
-                    live -= 1
-                else:
-                    self._next = (position + 1) % n
-                    yield item
-            position = (position + 1) % n
+        try:
+            while live:
+                if not ended[position]:
+                    try:
+                        item = next(iterators[position])
+                    except StopIteration:
+                        ended[position] = True
+                        live -= 1
+                    else:
+                        self._next = (position + 1) % n
+                        yield item
+                position = (position + 1) % n
+        finally:  # stopped early or failed: the other streams close the shards they hold open
+            for iterator in iterators:
+                close = getattr(iterator, "close", None)
+                if close is not None:
+                    close()
 
     # the Resumable protocol
     def _state(self, take: Callable[[Any], dict]) -> dict:
@@ -169,6 +175,11 @@ class Streams(PipelineStage):
                                          "the state was changed", field="stages")
             seen.add(entry[0])
         self._resume = dict(state)
+
+    def streams_start(self, streams: dict, rank: int, world_size: int, worker: int, workers: int) -> list:
+        """The states (``[[stream, state], ...]``) of the streams a rank and worker takes from a merged state."""
+        slot, slots = rank * workers + worker, world_size * workers
+        return [[v, state] for v, state in streams["states"] if v % slots == slot]
 
     def load_merged_streams(self, states: dict) -> None:
         """Continue every stream of a merged state (``{stream: state}``) where it stood; streams this worker does
