@@ -642,6 +642,22 @@ def decode_ranges(flat: list) -> list:
     return out
 
 
+def _slice_buffered(entries: list, lo: int, hi: int) -> list:
+    """Samples ``lo`` to ``hi`` (in list order) of an encoded list, decoding only the shards they lie in."""
+    out: list = []
+    seen = 0
+    for url_id, text, compressed, flat in entries:
+        count = len(flat) // 2
+        if seen + count > lo and seen < hi:
+            for number, (first, blocks) in enumerate(decode_ranges(flat), seen):
+                if lo <= number < hi:
+                    out.append((url_id, text, compressed, first, blocks))
+        seen += count
+        if seen >= hi:
+            break
+    return out
+
+
 def _decode_buffered(entries: list, what: str) -> list:
     """``(url id, shown, compressed, first block, blocks)`` of every sample of an encoded list, in order."""
     out = []
@@ -808,15 +824,15 @@ def share(level: dict, slot: int, slots: int, counts: Optional[dict] = None, lim
     with the least expected work (``counts``: samples per shard index when an index gives them, else every
     shard counts as the average the workers read, a partly read one as half).
     """
-    samples = _decode_buffered(level.get("buffered") or [], "merged")
-    total = len(samples)
+    entries = level.get("buffered") or []
+    total = sum(len(entry[3]) // 2 for entry in entries)
     lo, hi = total * slot // slots, total * (slot + 1) // slots
     loads = [(total * (s + 1) // slots - total * s // slots) for s in range(slots)]
     limit = None
     owed = level.get("owed")
     if owed is not None and limit_mode is not None:
         limit = owed // slots if limit_mode != "max" else -(-owed // slots)
-    mine = samples[lo:hi]
+    mine = _slice_buffered(entries, lo, hi)
     if limit is not None and len(mine) > limit:  # equal_work: a share never holds more than its count
         mine = mine[:limit]
     if counts:
