@@ -165,6 +165,7 @@ def test_dataset_states_of_every_worker_merge_too(shards):
         with rank(r, 3):
             ds = wds.WebDataset(shards, shardshuffle=True, seed=3, nodesplitter=wds.split_by_node).shuffle(4)
             ds.load_state_dict(merged)
+            assert ds.state_dict() == merged  # loaded, not yet iterated: a checkpoint now keeps all of it
             after += [s["__key__"] for s in ds]
     assert_exactly_once(before, after)
 
@@ -302,6 +303,13 @@ def test_streams_continue_where_they_stood_on_another_shape(shards, steps, new):
     expected, got_before, got_after = per_stream(whole), per_stream(before), per_stream(after)
     for stream, order in expected.items():
         assert got_before.get(stream, []) + got_after.get(stream, []) == order, stream
+
+
+def test_a_merged_streams_state_needs_the_same_streams(shards):
+    _, states = stop(lambda w: stream_loader(shards, w), (2, 2), [3, 3])
+    merged = wds.merge_states(states)
+    with rank(0, 1), pytest.raises(StateMismatchError, match="streams=4"):
+        stream_loader(shards, 1, streams=8).load_state_dict(merged)
 
 
 def test_streams_refuse_a_shape_that_does_not_divide_them(shards):

@@ -90,7 +90,7 @@ from .gpu import gpu_decode, to_device
 from .interleaved import collate_interleaved, interleaved, interleaved_sample
 from .pipeline import DataPipeline
 from .resume import Resumable
-from .resume.elastic import merge_states
+from .resume.merge import merge_states
 from .shardlists import (
     MultiShardSample,
     ResampledShards,

@@ -25,7 +25,8 @@ from .pipeline import DataPipeline
 from .pytorch import HAVE_TORCH, DataLoader
 from .resume import loader as loaderstate
 from .resume.protocol import Resumable, is_buffering
-from .resume.elastic import LOADER_FORMAT, check_merged, is_merged, items_share, merge_states
+from .resume.elastic import LOADER_FORMAT, check_merged, is_merged, items_share
+from .resume.merge import merge_states
 from .resume.streams import Streams
 from .resume.state import check_same, check_seal, expect, inexact_state, is_inexact, restart_from, seal
 from .spec import is_mix_spec, load_spec

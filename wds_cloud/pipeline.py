@@ -75,6 +75,8 @@ def stage_name(stage: Any) -> str:
 class DataPipeline(IterableDataset, PipelineStage):
     """A pipeline of stages; ``DataPipeline(source, stage1, stage2, ...)``."""
 
+    _elastic: Optional[dict] = None  # (also for pipelines pickled by an earlier version)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
         self.pipeline: list = []
@@ -298,6 +300,8 @@ class DataPipeline(IterableDataset, PipelineStage):
         logs why once, and loading that state starts the pass again, as webdataset would.
         ``strict=True`` raises :class:`~wds_cloud.errors.NotResumableError` instead.
         """
+        if self._elastic is not None:  # a merged state loaded, its pass not begun: still that state
+            return self._elastic
         try:
             return seal(self._state(False))
         except NotResumableError as exc:
@@ -443,6 +447,11 @@ class DataPipeline(IterableDataset, PipelineStage):
             for stage in stages.values():
                 if callable(getattr(stage, "check_merged_mix", None)):
                     stage.check_merged_mix(mix)
+        streams = level.get("streams")
+        if streams is not None:
+            for stage in stages.values():
+                if callable(getattr(stage, "check_merged_streams", None)):
+                    stage.check_merged_streams(streams)
 
     def _apply_elastic(self) -> None:
         state, self._elastic = self._elastic, None

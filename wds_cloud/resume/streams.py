@@ -176,6 +176,13 @@ class Streams(PipelineStage):
             seen.add(entry[0])
         self._resume = dict(state)
 
+    def check_merged_streams(self, streams: dict) -> None:
+        """Refuse the streams of a merged state taken with another number of streams."""
+        if streams.get("count") != self.count:
+            raise StateMismatchError(f"the merged state was taken from streams={shown(streams.get('count'))}; this "
+                                     f"dataset has streams={self.count}: build it as the job that took the state",
+                                     field="streams")
+
     def streams_start(self, streams: dict, rank: int, world_size: int, worker: int, workers: int) -> list:
         """The states (``[[stream, state], ...]``) of the streams a rank and worker takes from a merged state."""
         slot, slots = rank * workers + worker, world_size * workers
