@@ -75,3 +75,15 @@ def test_gather_merges_every_ranks_state(tmp_path):
     for shape in [(3, 1), (1, 2)]:
         after, _ = finish(lambda w: make_loader(urls, w), shape, results[0]["merged"])
         assert_exactly_once(before, after, EVERYTHING)
+
+
+def test_the_elastic_example_runs():
+    """docs/examples/elastic_resume.py: 2 ranks stop and gather, 3 ranks finish, each sample once."""
+    import pathlib
+
+    script = pathlib.Path(__file__).resolve().parents[1] / "docs" / "examples" / "elastic_resume.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "WDS_SEED")}
+    out = subprocess.run([sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "each exactly once" in out.stdout
