@@ -466,3 +466,70 @@ def test_gather_without_a_process_group_says_so(shards):
     assert state["format"] == "wds_cloud.elastic/1"
     after, _ = finish(lambda w: make_loader(shards, w), (2, 1), state)
     assert_exactly_once(before, after)
+
+
+# storage and formats -----------------------------------------------------------------------------------
+def test_elastic_resume_over_http_reads_only_what_is_left(http_store, tmp_path):
+    """Over a real HTTP server: the new shape reads the buffered samples by range and each partly read shard
+    from its saved byte; nothing already delivered is fetched again beyond those."""
+    import pathlib
+
+    from .cloud import HTTP_TOKEN, unique
+
+    server, store = http_store
+    prefix = "/" + unique("elastic")
+    urls = []
+    for path in write_shards(tmp_path, SIZES, payload=2000):
+        key = f"{prefix}/{path.rsplit('/', 1)[1]}"
+        store.put(key, pathlib.Path(path).read_bytes())
+        urls.append(server.url + key)
+    options = {"headers": {"Authorization": f"Bearer {HTTP_TOKEN}"}}
+
+    def build(workers):
+        return make_loader(urls, workers, bufsize=6, storage_options=options)
+
+    before, states = stop(build, (2, 2), [4, 3])
+    merged = wds.merge_states(states)
+    requests_before = len(store.requests)
+    after, _ = finish(build, (3, 1), merged)
+    assert_exactly_once(before, after)
+    partial = {entry[1]: entry[2] for entry in merged["pipeline"]["partial"]}
+    ranged = [(key, r) for _, key, r in store.requests[requests_before:]]
+    for url, offset in partial.items():
+        key = url[len(server.url):]
+        reads = [r for k, r in ranged if k == key]
+        assert reads and all(r is not None for r in reads)  # never from the start
+        assert min(int(str(r).split("=")[-1].split("-")[0]) if r else 0 for r in reads) <= offset
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_compressed_shards_resume_on_another_shape(tmp_path, compress):
+    urls = write_shards(tmp_path, SIZES, compress=compress)
+    build = lambda w: make_loader(urls, w, bufsize=5)  # noqa: E731
+    before, states = stop(build, (2, 2), [5, 2])
+    after, _ = finish(build, (1, 2), wds.merge_states(states))
+    assert_exactly_once(before, after)
+
+
+@pytest.mark.parametrize("equal_work", [6, "min"])
+def test_streams_with_equal_work_count_per_stream(tmp_path, equal_work):
+    urls = write_shards(tmp_path, SIZES)
+    index = tmp_path / "index.json"
+    index.write_text(json.dumps({"shardlist": [{"url": u.rsplit("/", 1)[1], "nsamples": n}
+                                               for u, n in zip(urls, SIZES)]}))
+
+    def build(workers):
+        ds = wds.WebDataset(str(index), shardshuffle=True, seed=11, streams=4, equal_work=equal_work).shuffle(3)
+        return wds.WebLoader(ds, batch_size=None, num_workers=workers, collate_fn=lambda s: s["__key__"])
+
+    runs = {}
+    for shape in [(1, 1), (2, 2), (1, 4)]:
+        per_rank = []
+        for r in range(shape[0]):
+            with rank(r, shape[0]):
+                per_rank.append(list(build(shape[1])))
+        assert len({len(p) for p in per_rank}) == 1  # every rank yields as many
+        runs[shape] = sorted(k for p in per_rank for k in p)
+    assert runs[(1, 1)] == runs[(2, 2)] == runs[(1, 4)]
+    if equal_work == 6:
+        assert len(runs[(1, 1)]) == 4 * 6

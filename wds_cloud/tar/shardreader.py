@@ -548,9 +548,12 @@ class _Lookahead:
 
 
 def _urls(items: Sequence[Any]) -> list[str]:
-    """The URLs of shard items not opened already (an item holding a stream is read as it is)."""
+    """The URLs of shard items to fetch ahead: not those opened already (an item holding a stream is read as
+    it is), nor partly read shards of an elastic resume (``resume_at``: read from their saved byte, not
+    fetched whole)."""
     return [item if isinstance(item, str) else item["url"] for item in items
-            if isinstance(item, str) or (isinstance(item, dict) and "url" in item and "stream" not in item)]
+            if isinstance(item, str) or (isinstance(item, dict) and "url" in item and "stream" not in item
+                                         and "resume_at" not in item)]
 
 
 def tarfile_to_samples(handler: Callable = reraise_exception, **kw: Any) -> TarSamples:
