@@ -533,3 +533,24 @@ def test_streams_with_equal_work_count_per_stream(tmp_path, equal_work):
     assert runs[(1, 1)] == runs[(2, 2)] == runs[(1, 4)]
     if equal_work == 6:
         assert len(runs[(1, 1)]) == 4 * 6
+
+
+def test_resampled_with_epoch_keeps_ranks_in_step(tmp_path):
+    """The LAION recipe (resampled shards, with_epoch on the loader): after an elastic resume every rank makes
+    the same number of batches, the epoch's total less fewer than one per rank; a sample drawn twice (shards
+    drawn with replacement) may sit in two buffers."""
+    urls = write_shards(tmp_path, [10] * 6)
+
+    def build(workers):
+        ds = wds.WebDataset(urls, resampled=True, seed=4, nodesplitter=wds.split_by_node).shuffle(5)
+        return wds.WebLoader(ds, batch_size=2, num_workers=workers, collate_fn=keys).with_epoch(12)
+
+    before, states = stop(build, (2, 2), [5, 5])
+    merged = wds.merge_states(states)
+    per_rank = []
+    for r in range(3):
+        with rank(r, 3):
+            loader = build(1)
+            loader.load_state_dict(merged)
+            per_rank.append(sum(1 for _ in loader))
+    assert len(set(per_rank)) == 1 and 24 - 3 < 10 + sum(per_rank) <= 24, per_rank

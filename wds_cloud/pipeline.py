@@ -531,7 +531,7 @@ class DataPipeline(IterableDataset, PipelineStage):
             raise StateMismatchError("the merged state holds shards, but this pipeline has no shard list and reader to "
                                      "read them", field="stages")
         urls = shard_list.urls
-        elastic.check_share(record, len(urls))
+        elastic.check_share(record, len(urls), repeats=isinstance(shard_list, shardlists.ResampledShards))
         by_id = {url_id(u): u for u in urls}
         items = [{"url": url, "resume_at": {"url": shown_url(url), "url_id": entry[0], "offset": entry[2],
                                             "next": entry[3], "compressed": entry[4], "pax": entry[5]}}

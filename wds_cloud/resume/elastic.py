@@ -74,20 +74,25 @@ def as_count(value: Any) -> int:
 
 
 # ------------------------------------------------------------------------------ buffered sample lists
-def encode_buffered(buffered: dict) -> list:
+def encode_buffered(buffered: dict, repeats: bool = False) -> list:
     """``[[url id, shown URL, compressed, [first, blocks, gap, blocks, ...]], ...]``: per shard its samples in
-    block order, each start given as the gap after the end of the one before (small numbers: a few bytes each)."""
+    block order, each start given as the gap after the end of the one before (small numbers: a few bytes each).
+
+    ``repeats``: the same sample may be held twice (shards drawn with replacement, ``resampled=True``); a
+    repeat is written as a gap of minus its length.  Otherwise two samples that overlap are refused."""
     out = []
     for url_id in sorted(buffered):
         text, compressed, ranges = buffered[url_id]
         flat: list[int] = []
         end = 0
+        previous = None
         for first, blocks in sorted(ranges):
-            if first < end:
+            if first < end and not (repeats and (first, blocks) == previous):
                 raise StateMismatchError(f"{text}: two buffered samples overlap at block {first}: the states were "
                                          "changed or overlap (the same state given twice?)", field="buffer")
             flat += (first - end, blocks)
             end = first + blocks
+            previous = (first, blocks)
         out.append([url_id, text, bool(compressed), flat])
     return out
 
@@ -192,8 +197,9 @@ def _check_level(level: Any, depth: int) -> None:
         seen.add(index)
     for entry in level["partial"]:
         _check_partial(entry)
+    repeats = level["shards"].get("kind") == "ResampledShards"
     for entry in level["buffered"]:
-        _check_buffered(entry)
+        _check_buffered(entry, repeats)
 
 
 def _check_partial(entry: Any) -> None:
@@ -206,7 +212,7 @@ def _check_partial(entry: Any) -> None:
                                  "give: the state was changed", field="partial")
 
 
-def _check_buffered(entry: Any) -> None:
+def _check_buffered(entry: Any, repeats: bool = False) -> None:
     from ..tar.reader import MAX_SHARD_BLOCKS
 
     if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str) and isinstance(entry[1], str)
@@ -216,18 +222,21 @@ def _check_buffered(entry: Any) -> None:
                                  "give: the state was changed", field="buffered")
     flat = entry[3]
     end = 0
+    last = 0
     for i in range(0, len(flat), 2):
         gap, blocks = flat[i], flat[i + 1]
-        if not (type(gap) is int and type(blocks) is int and gap >= 0 and 0 < blocks <= MAX_SHARD_BLOCKS):
+        repeat = repeats and i and type(gap) is int and gap == -last and blocks == last
+        if not (type(gap) is int and type(blocks) is int and (gap >= 0 or repeat) and 0 < blocks <= MAX_SHARD_BLOCKS):
             raise StateMismatchError(f"the merged state's buffered samples of {entry[1]!r} hold {shown([gap, blocks])}: "
                                      "the state was changed", field="buffered")
         end += gap + blocks
+        last = blocks
         if end > MAX_SHARD_BLOCKS:
             raise StateMismatchError(f"the merged state's buffered samples of {entry[1]!r} lie beyond any shard: the "
                                      "state was changed", field="buffered")
 
 
-def check_share(record: Any, n_shards: int) -> None:
+def check_share(record: Any, n_shards: int, repeats: bool = False) -> None:
     """Refuse a share (a shard list's ``"assigned"``, or one :func:`share` made) that does not fit ``n_shards``."""
     expect(record, "elastic share", dict, epoch=(int, lambda n: n >= 0), replay=(list, lambda v: len(v) <= MAX_ENTRIES),
            partial=(list, lambda v: len(v) <= MAX_ENTRIES), pending=(list, lambda v: len(v) <= n_shards),
@@ -239,7 +248,7 @@ def check_share(record: Any, n_shards: int) -> None:
     for entry in record["partial"]:
         _check_partial(entry)
     for entry in record["replay"]:
-        _check_buffered(entry)
+        _check_buffered(entry, repeats)
 
 
 def check_start(state: Any) -> None:
@@ -330,7 +339,8 @@ def share(level: dict, slot: int, slots: int, counts: Optional[dict] = None, lim
         replay.setdefault(url_id, [text, compressed, []])[2].append((first, blocks))
     items = as_count(level.get("items"))
     old_slots = max(1, as_count(level.get("slots")))
-    return {"epoch": level["epoch"], "replay": encode_buffered(replay),
+    repeats = isinstance(level.get("shards"), dict) and level["shards"].get("kind") == "ResampledShards"
+    return {"epoch": level["epoch"], "replay": encode_buffered(replay, repeats),
             "partial": [item for _, item in sorted(partial, key=lambda p: p[0])],
             "pending": sorted((item for _, item in pending), key=pos.__getitem__),
             "limit": limit, "items": [items, old_slots]}
@@ -338,9 +348,9 @@ def share(level: dict, slot: int, slots: int, counts: Optional[dict] = None, lim
 
 def items_share(done: int, old_slots: int, per_slot: int, slot: int, slots: int) -> int:
     """How many items ``slot`` of ``slots`` still yields when each of ``old_slots`` had to yield ``per_slot`` and
-    ``done`` were yielded (``with_epoch`` after an elastic resume)."""
-    left = max(0, old_slots * per_slot - done)
-    return left // slots + (1 if slot < left % slots else 0)
+    ``done`` were yielded (``with_epoch`` after an elastic resume): the same for every slot (so that DDP ranks
+    make the same number of steps), rounded down (fewer than ``slots`` items of the epoch are left out)."""
+    return max(0, old_slots * per_slot - done) // slots
 
 
 def resolve(entries: Iterable[Any], by_id: dict, what: str) -> list:

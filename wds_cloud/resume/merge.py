@@ -294,7 +294,8 @@ def _merge_level(entries: list, world_size: int, workers: int, epoch: int) -> di
     out: dict = {"kinds": [list(k) for k in kinds], "configs": configs, "split": split, "epoch": epoch,
                  "pass": passes.pop(), "items": level.items, "slots": len(entries), "shards": shards_config,
                  "pending": sorted(level.pending, key=level.pending.__getitem__), "partial": level.partial,
-                 "buffered": encode_buffered(level.buffered), "read": level.read, "started": level.started}
+                 "buffered": encode_buffered(level.buffered, resampled), "read": level.read,
+                 "started": level.started}
     if len(level.limits) > 1:
         raise StateMismatchError(f"the workers' readers had different equal_work limits ({sorted(level.limits)[:8]}): "
                                  "merge the states of one job", field="limit")
@@ -541,7 +542,7 @@ def _merge_mix(entries: list, kinds: list, configs: dict, world_size: int, worke
             merged = {e[0]: [e[1], e[2], decode_ranges(e[3])] for e in level["buffered"]}
             for url_id, (text, compressed, ranges) in extra.items():
                 merged.setdefault(url_id, [text, compressed, []])[2].extend(ranges)
-            level["buffered"] = encode_buffered(merged)
+            level["buffered"] = encode_buffered(merged, level["shards"].get("kind") == "ResampledShards")
             level["outer"] = sum(len(v[2]) for v in extra.values())
         sources.append(level)
     out = {"names": names, "pass": mix_pass, "count": count, "taken": taken, "sources": sources}
