@@ -455,6 +455,18 @@ def test_fuzzed_merged_states_are_refused_or_exact(shards, dataset_states, data,
         pass
 
 
+def test_gather_says_which_rank_could_not_take_its_state(shards):
+    """A loader whose state cannot be exact (a shuffle after the workers holding items) refuses to gather with
+    the reason; the other ranks are not left waiting (the failure itself is gathered)."""
+    with rank(0, 1):
+        ds = wds.WebDataset(shards, shardshuffle=True, seed=1, nodesplitter=wds.split_by_node)
+        loader = wds.WebLoader(ds, batch_size=None, num_workers=0).shuffle(10)
+        it = iter(loader)
+        next(it)
+        with pytest.raises(wds.NotResumableError, match="rank 0 could not take its state"):
+            loader.state_dict(gather=True)
+
+
 def test_gather_without_a_process_group_says_so(shards):
     with rank(1, 2), pytest.raises(ConfigError, match="init_process_group"):
         make_loader(shards, 0).state_dict(gather=True)

@@ -536,7 +536,17 @@ class WebLoader(DataPipeline, FluidInterface):
         state, which a loader of any number of ranks and workers can load.
         """
         if gather:
-            return merge_states(gather_states(self._own_state(True)))
+            try:
+                own = self._own_state(True)
+            except StateMismatchError as exc:  # still gathered: the other ranks must not wait in the collective
+                own = {"format": "wds_cloud.unavailable", "reason": str(exc)[:2000]}
+            states = gather_states(own)
+            failed = [(rank, s.get("reason")) for rank, s in enumerate(states) if s.get("format") == "wds_cloud.unavailable"]
+            if failed:
+                raise NotResumableError(f"state_dict(gather=True): rank {failed[0][0]} could not take its state "
+                                        f"({failed[0][1]})" + (f"; and {len(failed) - 1} more rank(s)"
+                                                               if len(failed) > 1 else ""))
+            return merge_states(states)
         return self._own_state(strict)
 
     def _own_state(self, strict: bool) -> dict:
