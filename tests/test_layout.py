@@ -21,7 +21,7 @@ UPSTREAM_MODULES = ["autodecode", "cache", "compat", "extradatasets", "filters",
 #: our own public modules at the top level; everything else lives in io/, tar/ or resume/
 OWN_PUBLIC_MODULES = ["__init__", "__main__", "cli", "console", "config", "demo", "encoders", "errors", "extensions", "records",
                       "stages", "index", "indexed", "manifest", "shardtools", "spec", "mixing", "interleaved",
-                      "transport", "gpu"]
+                      "transport", "gpu", "dask"]
 
 
 def _modules() -> dict[str, pathlib.Path]:

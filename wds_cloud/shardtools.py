@@ -15,6 +15,7 @@ import json
 import multiprocessing
 import os
 import sys
+import time
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import IO, Any, Optional, Union, cast
 
@@ -331,6 +332,41 @@ def _reshard(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _map(args: argparse.Namespace) -> int:
+    from . import config, handlers
+    from .dask import distributed_module, load_function, map_shards
+
+    distributed = distributed_module()  # without the extra: at once, with the install line
+    fn = load_function(args.function)
+    client = distributed.Client(args.scheduler) if args.scheduler else None
+    chosen = {"reraise": handlers.reraise_exception, "warn": handlers.warn_and_continue,
+              "ignore": handlers.ignore_and_continue}[args.handler]
+    urls = _urls(args.source)
+    interval = config.current().progress_interval
+    state = {"done": 0, "last": time.monotonic()}
+
+    def report(result: dict) -> None:
+        state["done"] += 1
+        now = time.monotonic()
+        if not args.json and now - state["last"] >= interval:
+            print(f"map: {state['done']} shards done of those to do ({len(urls)} in all)", file=sys.stderr, flush=True)
+            state["last"] = now
+
+    try:
+        summary = map_shards(fn, urls, args.dest, per=args.per, client=client, maxcount=args.maxcount,
+                             maxsize=args.maxsize, handler=chosen, retries=args.retries, profile=args.profile,
+                             workers=args.workers, on_progress=report)
+    finally:
+        if client is not None:
+            client.close()
+    emit(args, summary, lambda r: (
+        f"{r['shards']} shards: {r['done']} done, {r['skipped']} already complete and kept; {r['samples_in']} "
+        f"samples in, {r['samples_out']} out, {r['bytes']:,} bytes written in {r['outputs']} outputs, "
+        f"{r['seconds']:.1f} s" + "".join(f"\n  failed: {f.get('input')} {f.get('key') or ''}: {f['error']}"
+                                          for f in r["failures"][:20])))
+    return EXIT_OK if not any("key" not in f for f in summary["failures"]) else EXIT_PROBLEM
+
+
 def _convert_mmc4(args: argparse.Namespace) -> int:
     from .interleaved import convert_mmc4
 
@@ -424,6 +460,29 @@ def add_parsers(commands: Any) -> None:
     reshard.add_argument("--compress", choices=["keep", "none", "gz"], default="keep",
                          help="keep: from the output name (.tar.gz compresses); none; gz")
     reshard.set_defaults(func=_reshard)
+
+    mapper = add("map", "run a function of yours over every shard on Dask (resumable; needs wds_cloud[dask])",
+                 "wds-cloud map mypkg.filters:keep_long 's3://bucket/train-{0000..0999}.tar' "
+                 "'s3://bucket/long/train-%04d.tar' --workers 8")
+    mapper.add_argument("function", help="MODULE:FUNCTION, importable here and on every Dask worker")
+    mapper.add_argument("source", nargs="+", help="input shards: URLs, paths or brace specs")
+    mapper.add_argument("dest", help="output pattern with a %%d field (input shard i gives output i)")
+    mapper.add_argument("--per", choices=["sample", "shard"], default="sample",
+                        help="sample: the function takes a sample and returns a sample, a list or None; shard: it "
+                             "takes the shard's sample iterator and yields samples (default: sample)")
+    where = mapper.add_mutually_exclusive_group()
+    where.add_argument("--scheduler", help="the address of a Dask scheduler (tcp://host:8786)")
+    where.add_argument("--workers", type=int, help="start a local Dask cluster of this many worker processes "
+                                                   "(default: one per core)")
+    mapper.add_argument("--maxcount", type=int, help="samples per output shard (an input then gives several)")
+    mapper.add_argument("--maxsize", type=float, help="bytes per output shard")
+    mapper.add_argument("--handler", choices=["reraise", "warn", "ignore"], default="reraise",
+                        help="a sample the function raises on: fail its shard (default), or skip it (warn: with a "
+                             "warning) and name it in the summary")
+    mapper.add_argument("--retries", type=int, default=2, help="times a failed shard is run again (default 2)")
+    mapper.add_argument("--profile", help="the storage profile (WDS_CLOUD_CONFIG) the workers use: credentials "
+                                          "never travel in the task graph")
+    mapper.set_defaults(func=_map)
 
     convert = commands.add_parser("convert", help="convert a published dataset layout to shards (mmc4)",
                                   description="Convert a published dataset layout to WebDataset shards.")

@@ -110,6 +110,8 @@ class JobRecord:
         self.inputs = [redact(u) for u in inputs]
         self.settings = dict(settings)
         self.outputs: dict[str, dict] = {}
+        #: what a tool keeps besides (``map``: ``"done"``, each finished input's outputs), saved with the record
+        self.extra: dict[str, Any] = {}
         for url in inputs:
             if _matches(destination, url) or same_location(self.url, url):
                 raise ConfigError(f"{redact(url)} is both an input and an output name of this {tool} ("
@@ -138,6 +140,12 @@ class JobRecord:
             raise ConfigError(f"{redact(self.destination)} holds the outputs of another job ({'; '.join(differs)}); "
                               f"its outputs cannot be mixed with this one's: {fix}")
         self.outputs = outputs
+        done = data.get("done")
+        if done is not None:
+            datafile.need(isinstance(done, dict) and all(
+                isinstance(k, str) and k.isdigit() and isinstance(v, list) and all(n in outputs for n in v)
+                for k, v in done.items()), where, "'done'", "must map each finished input to outputs it lists", fix)
+            self.extra["done"] = done
         self._check_strangers()
 
     def _check_strangers(self) -> None:
@@ -197,7 +205,7 @@ class JobRecord:
 
     def save(self) -> None:
         data = {"format": FORMAT, "version": 1, "tool": self.tool, "inputs": self.inputs, "settings": self.settings,
-                "outputs": self.outputs}
+                "outputs": self.outputs, **self.extra}
         with gopen(self.url, "wb") as out:
             out.write(json.dumps(data, indent=1, sort_keys=True).encode("utf-8"))
 

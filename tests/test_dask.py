@@ -1,0 +1,224 @@
+"""wds_cloud.dask.map_shards and ``wds-cloud map`` on a real Dask LocalCluster (2 worker processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import wds_cloud as wds
+
+from .test_resume import write_shards
+
+distributed = pytest.importorskip("distributed")
+
+from wds_cloud.dask import map_shards  # noqa: E402
+from wds_cloud.errors import ConfigError  # noqa: E402
+
+SIZES = [5, 9, 3, 7, 6]
+
+
+def shout(sample):
+    """Upper-case the text, drop every fourth sample (a filter and a map in one)."""
+    if int(sample["__key__"].rsplit("_", 1)[1]) % 4 == 3:
+        return None
+    return {"__key__": sample["__key__"], "txt": sample["txt"].upper() + b"!"}
+
+
+def fails_when_marked(sample):
+    """Raises on shard 2 while the marker file named by MAP_TEST_MARKER exists (an interrupted job)."""
+    marker = os.environ.get("MAP_TEST_MARKER")
+    if marker and os.path.exists(marker) and sample["__key__"].startswith("s02_"):
+        raise RuntimeError("interrupted")
+    return shout(sample)
+
+
+def bad_sample(sample):
+    if sample["__key__"] == "s01_0004":
+        raise ValueError("cannot process this one")
+    return shout(sample)
+
+
+def dies_once(sample):
+    """Kills its worker process the first time it sees shard 3 (a machine lost mid-shard)."""
+    marker = os.environ["MAP_TEST_MARKER"]
+    if sample["__key__"] == "s03_0002":
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            pass
+        else:
+            os.close(fd)
+            os._exit(1)
+    return shout(sample)
+
+
+def setenv(name, value):
+    os.environ[name] = value
+
+
+def keep_every_other(samples):
+    for n, sample in enumerate(samples):
+        if n % 2 == 0:
+            yield sample
+
+
+def expected(urls, fn):
+    out = []
+    for url in urls:
+        for sample in wds.WebDataset(url, shardshuffle=False):
+            result = fn({k: v for k, v in sample.items() if k == "__key__" or not k.startswith("__")})
+            if result is not None:
+                out.append((result["__key__"], result["txt"]))
+    return out
+
+
+def written(pattern, n):
+    out = []
+    for i in range(n):
+        for sample in wds.WebDataset(pattern % i, shardshuffle=False, empty_check=False):
+            out.append((sample["__key__"], sample["txt"]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+    client = distributed.Client(cluster)
+    yield client
+    client.close()
+    cluster.close()
+
+
+@pytest.fixture
+def shards(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    return write_shards(tmp_path / "in", SIZES)
+
+
+def test_output_equals_a_one_process_run(shards, tmp_path, cluster):
+    dest = str(tmp_path / "out" / "part-%03d.tar")
+    summary = map_shards(shout, shards, dest, client=cluster)
+    assert written(dest, len(SIZES)) == expected(shards, shout)  # sample for sample, input i gives output i
+    assert summary["done"] == len(SIZES) and summary["skipped"] == 0 and not summary["failures"]
+    assert summary["samples_in"] == sum(SIZES)
+    assert summary["samples_out"] == len(expected(shards, shout))
+    record = json.loads((tmp_path / "out" / "part-N.tar.wds-job.json").read_text())
+    assert record["tool"] == "map" and len(record["outputs"]) == len(SIZES)
+
+
+def test_per_shard_and_maxcount(shards, tmp_path, cluster):
+    dest = str(tmp_path / "out" / "part-%03d.tar")
+    summary = map_shards(keep_every_other, shards, dest, per="shard", maxcount=2, client=cluster)
+    names = sorted(p.name for p in (tmp_path / "out").glob("part-*.tar"))
+    assert "part-001.tar" in names and "part-001-001.tar" in names  # 5 of 9 samples kept: 3 outputs of 2
+    assert summary["samples_out"] == sum((n + 1) // 2 for n in SIZES)
+
+
+def test_a_rerun_after_an_interruption_skips_finished_shards(shards, tmp_path, cluster, monkeypatch):
+    marker = tmp_path / "interrupt"
+    marker.write_text("x")
+    monkeypatch.setenv("MAP_TEST_MARKER", str(marker))
+    cluster.run(setenv, "MAP_TEST_MARKER", str(marker))
+    dest = str(tmp_path / "out" / "part-%03d.tar")
+    first = map_shards(fails_when_marked, shards, dest, client=cluster, retries=0)
+    assert first["done"] == len(SIZES) - 1 and len(first["failures"]) == 1
+    assert "interrupted" in first["failures"][0]["error"] and first["failures"][0]["input"].endswith("p02.tar")
+    assert not (tmp_path / "out" / "part-002.tar").exists()  # nothing partial under an output name
+    marker.unlink()
+    again = map_shards(fails_when_marked, shards, dest, client=cluster)
+    assert again["skipped"] == len(SIZES) - 1 and again["done"] == 1
+    assert written(dest, len(SIZES)) == expected(shards, shout)
+    with pytest.raises(ConfigError, match="settings"):  # other settings: refused before anything is written
+        map_shards(fails_when_marked, shards, dest, client=cluster, maxcount=3)
+
+
+def test_a_sample_that_raises_goes_to_the_handler(shards, tmp_path, cluster):
+    dest = str(tmp_path / "out" / "part-%03d.tar")
+    summary = map_shards(bad_sample, shards, dest, client=cluster, handler=wds.ignore_and_continue)
+    assert summary["failures"] == [{"key": "s01_0004", "error": "ValueError: cannot process this one",
+                                    "input": shards[1]}]
+    assert "s01_0004" not in {k for k, _ in written(dest, len(SIZES))}
+    strict = map_shards(bad_sample, shards, str(tmp_path / "out" / "strict-%03d.tar"), client=cluster, retries=0)
+    assert len(strict["failures"]) == 1 and "cannot process this one" in strict["failures"][0]["error"]
+
+
+def test_a_worker_killed_mid_shard_costs_only_that_shard(shards, tmp_path, monkeypatch):
+    """The worker running shard 3 dies (its pid exits); the scheduler runs the shard again elsewhere: the
+    output is complete and holds no sample twice."""
+    marker = tmp_path / "died"
+    monkeypatch.setenv("MAP_TEST_MARKER", str(marker))  # before the cluster starts: its workers inherit it
+    dest = str(tmp_path / "out" / "part-%03d.tar")
+    summary = map_shards(dies_once, shards, dest, workers=2)
+    assert marker.exists()  # a worker did die
+    assert not summary["failures"]
+    assert written(dest, len(SIZES)) == expected(shards, shout)
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]  # no partial file left
+
+
+def test_s3_with_credentials_only_in_the_workers_environment(moto_endpoint, tmp_path, monkeypatch):
+    """Over moto: the credentials live in a profiles file the workers read; the scheduler's task state never
+    holds them."""
+    import boto3
+
+    from .cloud import unique
+
+    bucket = unique("dask")
+    secret = "dask-secret-" + unique("s")
+    client = boto3.client("s3", endpoint_url=moto_endpoint, aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1")
+    client.create_bucket(Bucket=bucket)
+    urls = []
+    for path in write_shards(tmp_path, SIZES[:3]):
+        name = path.rsplit("/", 1)[1]
+        client.put_object(Bucket=bucket, Key=f"in/{name}", Body=pathlib.Path(path).read_bytes())
+        urls.append(f"s3://{bucket}/in/{name}")
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text(f'["s3://{bucket}/"]\nendpoint_url = "{moto_endpoint}"\nkey = "testing"\n'
+                        f'secret = "testing"\nclient_kwargs = {{region_name = "us-east-1"}}\n'
+                        f'config_kwargs = {{user_agent_extra = "{secret}"}}\n')
+    monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profiles))
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+    dask_client = distributed.Client(cluster)
+    try:
+        dest = f"s3://{bucket}/out/part-%03d.tar"
+        summary = map_shards(shout, urls, dest, client=dask_client)
+        held = dask_client.run_on_scheduler(lambda dask_scheduler: repr(
+            [(key, task.run_spec, task.state) for key, task in dask_scheduler.tasks.items()]))
+    finally:
+        dask_client.close()
+        cluster.close()
+    assert summary["done"] == 3 and not summary["failures"]
+    assert secret not in held and "testing" not in held
+    assert written(dest, 3) == expected(urls, shout)
+    with pytest.raises(ConfigError, match="credential"):
+        map_shards(shout, [f"https://user:{secret}@example.invalid/a.tar"], str(tmp_path / "x-%d.tar"))
+
+
+def test_the_cli_runs_a_function_by_name(shards, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
+    dest = str(tmp_path / "out" / "cli-%03d.tar")
+    out = subprocess.run([sys.executable, "-m", "wds_cloud", "map", "tests.test_dask:shout", *shards, dest,
+                          "--workers", "2", "--json"], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    assert summary["done"] == len(SIZES)
+    assert written(dest, len(SIZES)) == expected(shards, shout)
+    bad = subprocess.run([sys.executable, "-m", "wds_cloud", "map", "tests.test_dask:nothing", *shards, dest],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert bad.returncode != 0 and "has no 'nothing'" in bad.stderr
+
+
+def test_without_the_extra_it_fails_at_once_with_the_install_line(shards, tmp_path):
+    code = ("import sys; sys.modules['distributed'] = None\n"
+            "from wds_cloud.cli import main\n"
+            f"sys.exit(main(['map', 'json:dumps', {shards[0]!r}, {str(tmp_path / 'o-%d.tar')!r}]))")
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode != 0
+    assert "pip install 'wds_cloud[dask]'" in out.stderr
