@@ -222,3 +222,27 @@ def test_without_the_extra_it_fails_at_once_with_the_install_line(shards, tmp_pa
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode != 0
     assert "pip install 'wds_cloud[dask]'" in out.stderr
+
+
+def test_the_shard_tools_run_on_dask(shards, tmp_path):
+    """reshard, index and verify take --workers (a local cluster) and --scheduler; they give what they give in
+    one process (reshard: outputs numbered by input)."""
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
+
+    def cli(*args):
+        out = subprocess.run([sys.executable, "-m", "wds_cloud", *args, "--json"], capture_output=True, text=True,
+                             timeout=300, env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout)
+
+    dest = str(tmp_path / "out" / "re-%03d.tar")
+    summary = cli("reshard", *shards, dest, "--maxcount", "4", "--workers", "2")
+    assert summary["samples_out"] == sum(SIZES)
+    names = sorted(p.name for p in (tmp_path / "out").glob("re-*.tar"))
+    assert "re-001.tar" in names and "re-001-001.tar" in names and "re-001-002.tar" in names  # 9 = 4 + 4 + 1
+    again = cli("reshard", *shards, dest, "--maxcount", "4", "--workers", "2")
+    assert again["skipped"] == len(SIZES) and again["done"] == 0
+    rows = cli("index", *shards, "--workers", "2")
+    assert [r["nsamples"] for r in rows] == SIZES and all(pathlib.Path(r["index"]).exists() for r in rows)
+    checked = cli("verify", *shards, "--workers", "2")
+    assert checked["ok"] and len(checked["shards"]) == len(SIZES)

@@ -27,6 +27,7 @@ Needs the ``dask`` extra: ``pip install 'wds_cloud[dask]'``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import time
@@ -35,7 +36,8 @@ from typing import IO, Any, Callable, Iterable, Iterator, Optional, Union, cast
 from .errors import ConfigError, MissingExtraError, redact
 from .handlers import reraise_exception
 
-__all__ = ["map_shards", "output_names", "load_function", "distributed_module", "INSTALL"]
+__all__ = ["map_shards", "output_names", "load_function", "distributed_module", "cluster_client", "passthrough",
+           "INSTALL"]
 
 INSTALL = "pip install 'wds_cloud[dask]'"
 
@@ -47,6 +49,35 @@ def distributed_module() -> Any:
     except ImportError as exc:
         raise MissingExtraError(f"running on Dask needs dask.distributed: {INSTALL}") from exc
     return distributed
+
+
+@contextlib.contextmanager
+def cluster_client(scheduler: Optional[str] = None, workers: Optional[int] = None) -> Iterator[Any]:
+    """A ``distributed.Client`` of the scheduler at ``scheduler``, or of a ``LocalCluster`` of ``workers``
+    processes (default: one per core) started here and closed on leaving."""
+    distributed = distributed_module()
+    if scheduler:
+        client = distributed.Client(scheduler)
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers {workers}: give at least 1")
+    cluster = distributed.LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
+                                       processes=True, dashboard_address=":0")
+    client = distributed.Client(cluster)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()
+
+
+def passthrough(samples: Iterator[dict]) -> Iterator[dict]:
+    """The shard's samples as they are (``wds-cloud reshard`` on Dask: ``map_shards(passthrough, per="shard")``)."""
+    return samples
 
 
 def load_function(spec: str) -> Callable:
@@ -146,7 +177,7 @@ def _shard_task(fn: Callable, per: str, url: str, index: int, destination: str, 
             if writer is None:
                 names = output_names(destination, index, len(outputs) + 1)
                 stream = HashingWriter(gopen(names[-1], "wb", storage_options=options), names[-1])
-                writer = TarWriter(cast(IO[bytes], stream))
+                writer = TarWriter(cast(IO[bytes], stream), compress="gz" if stream.name.endswith("gz") else False)
                 count = size = 0
             writer.write(record)
             count += 1
@@ -154,7 +185,7 @@ def _shard_task(fn: Callable, per: str, url: str, index: int, destination: str, 
         if writer is None:  # nothing out: an empty output keeps the numbering (input i gives output i)
             names = output_names(destination, index, 1)
             stream = HashingWriter(gopen(names[0], "wb", storage_options=options), names[0])
-            writer = TarWriter(cast(IO[bytes], stream))
+            writer = TarWriter(cast(IO[bytes], stream), compress="gz" if stream.name.endswith("gz") else False)
         writer.close()
         stream.close()  # type: ignore[union-attr]
         outputs.append({"name": stream.name, "size": stream.count,  # type: ignore[union-attr]
@@ -256,10 +287,8 @@ def map_shards(fn: Callable, source: Union[str, list], destination: str, *, per:
         assert distributed is not None
         own = None
         if client is None:
-            n = workers or os.cpu_count() or 1
-            own = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                           dashboard_address=":0")
-            client = distributed.Client(own)
+            own = cluster_client(None, workers)
+            client = own.__enter__()
         try:
             futures = {client.submit(_shard_task, fn, per, url, index, destination, maxcount, maxsize, handler,
                                      profile, key=f"wds-map-{index}-{os.urandom(4).hex()}", pure=False,
@@ -284,8 +313,7 @@ def map_shards(fn: Callable, source: Union[str, list], destination: str, *, per:
                     on_progress(result)
         finally:
             if own is not None:
-                client.close()
-                own.close()
+                own.__exit__(None, None, None)
             _sweep(destination, [index for index, _ in todo])
     summary["seconds"] = time.perf_counter() - started
     return summary

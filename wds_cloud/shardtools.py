@@ -9,6 +9,7 @@ a check: the message names the URL and the fix) or 2 (bad arguments).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
 import json
@@ -17,7 +18,7 @@ import os
 import sys
 import time
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import IO, Any, Optional, Union, cast
+from typing import IO, Any, Iterator, Optional, Union, cast
 
 from .errors import CorruptShardError, IntegrityError, ShardNotFoundError, WdsCloudError, redact
 from .console import EXIT_CODES, EXIT_OK, EXIT_PROBLEM, UsageError, emit, progress
@@ -32,6 +33,19 @@ from .tar.index import index_stream
 
 __all__ = ["add_parsers"]
 
+
+
+@contextlib.contextmanager
+def _cluster(args: argparse.Namespace) -> Iterator[Any]:
+    """A Dask client when ``--scheduler`` or ``--workers`` was given (without the extra: MissingExtraError with
+    the install line, at once), else None: the tool runs in this machine's processes."""
+    if not (getattr(args, "scheduler", None) or getattr(args, "workers", None)):
+        yield None
+        return
+    from .dask import cluster_client
+
+    with cluster_client(args.scheduler, args.workers) as client:
+        yield client
 
 
 def _jobs(args: argparse.Namespace, urls: list[str]) -> int:
@@ -199,11 +213,13 @@ def _index(args: argparse.Namespace) -> int:
     output = args.output if args.format != "wids" else None
     fmt = args.format if args.format != "wids" else None
     fork = multiprocessing.get_all_start_methods()[0] == "fork" if local and jobs > 1 else False
-    pool: Executor = (ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
-                      if fork else ThreadPoolExecutor(max_workers=jobs))
-    with pool:
-        rows = list(progress(pool.map(_index_one, urls, [output] * len(urls), [fmt] * len(urls)), len(urls),
-                              "index"))
+    with _cluster(args) as client:
+        pool: Executor = (client.get_executor() if client is not None else
+                          ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
+                          if fork else ThreadPoolExecutor(max_workers=jobs))
+        with pool:
+            rows = list(progress(pool.map(_index_one, urls, [output] * len(urls), [fmt] * len(urls)), len(urls),
+                                 "index"))
     if args.format == "wids":
         with gopen(args.output, "wb") as out:
             out.write(json.dumps(wids_description(rows, name=args.name), indent=1).encode("utf-8"))
@@ -251,8 +267,11 @@ def _verify_one(url: str, manifest: Optional[Manifest]) -> dict:
 def _verify(args: argparse.Namespace) -> int:
     urls = _urls(args.spec)
     manifest = load_manifest(args.manifest, allow_missing=args.allow_missing) if args.manifest else None
-    with ThreadPoolExecutor(max_workers=_jobs(args, urls)) as pool:
-        rows = list(progress(pool.map(lambda u: _verify_one(u, manifest), urls), len(urls), "verify"))
+    with _cluster(args) as client:
+        pool: Executor = client.get_executor() if client is not None else ThreadPoolExecutor(
+            max_workers=_jobs(args, urls))
+        with pool:
+            rows = list(progress(pool.map(_verify_one, urls, [manifest] * len(urls)), len(urls), "verify"))
     # the shards given are checked: a manifest's other entries (a subset verified) are not failures
     given = {manifest.name_of(u) for u in urls} if manifest is not None else set()
     not_given = len(manifest.shards.keys() - given) if manifest is not None else 0
@@ -291,6 +310,8 @@ def _reshard(args: argparse.Namespace) -> int:
     compress = choices[args.compress]
     if args.maxcount < 1 or not args.maxsize > 0:
         raise UsageError("--maxcount must be at least 1 and --maxsize more than 0")
+    if getattr(args, "scheduler", None) or getattr(args, "workers", None):
+        return _reshard_on_dask(args, urls)
     record = JobRecord(args.dest, "reshard", urls, {"maxcount": args.maxcount, "maxsize": args.maxsize,
                                                     "compress": args.compress})
     written = skipped = samples = 0
@@ -336,9 +357,8 @@ def _map(args: argparse.Namespace) -> int:
     from . import config, handlers
     from .dask import distributed_module, load_function, map_shards
 
-    distributed = distributed_module()  # without the extra: at once, with the install line
+    distributed_module()  # without the extra: at once, with the install line
     fn = load_function(args.function)
-    client = distributed.Client(args.scheduler) if args.scheduler else None
     chosen = {"reraise": handlers.reraise_exception, "warn": handlers.warn_and_continue,
               "ignore": handlers.ignore_and_continue}[args.handler]
     urls = _urls(args.source)
@@ -352,19 +372,32 @@ def _map(args: argparse.Namespace) -> int:
             print(f"map: {state['done']} shards done of those to do ({len(urls)} in all)", file=sys.stderr, flush=True)
             state["last"] = now
 
-    try:
+    with _cluster(args) if args.scheduler else contextlib.nullcontext() as client:
         summary = map_shards(fn, urls, args.dest, per=args.per, client=client, maxcount=args.maxcount,
                              maxsize=args.maxsize, handler=chosen, retries=args.retries, profile=args.profile,
                              workers=args.workers, on_progress=report)
-    finally:
-        if client is not None:
-            client.close()
     emit(args, summary, lambda r: (
         f"{r['shards']} shards: {r['done']} done, {r['skipped']} already complete and kept; {r['samples_in']} "
         f"samples in, {r['samples_out']} out, {r['bytes']:,} bytes written in {r['outputs']} outputs, "
         f"{r['seconds']:.1f} s" + "".join(f"\n  failed: {f.get('input')} {f.get('key') or ''}: {f['error']}"
                                           for f in r["failures"][:20])))
     return EXIT_OK if not any("key" not in f for f in summary["failures"]) else EXIT_PROBLEM
+
+
+def _reshard_on_dask(args: argparse.Namespace, urls: list[str]) -> int:
+    """reshard on Dask: each input shard is rewritten by one task, so the outputs are numbered by input (input
+    i gives ``dest % i``, then ``-001``, ``-002``, ... before the extension when maxcount/maxsize cut it)."""
+    from .dask import map_shards, passthrough
+
+    if args.compress not in ("keep",):
+        raise UsageError("on Dask the compression follows the output name (.tar.gz compresses): leave out --compress")
+    with _cluster(args) as client:
+        summary = map_shards(passthrough, urls, args.dest, per="shard", client=client, maxcount=args.maxcount,
+                             maxsize=args.maxsize)
+    emit(args, summary, lambda r: f"{r['samples_out']} samples into {r['outputs']} shards ({r['done']} inputs "
+                                  f"rewritten, {r['skipped']} already complete and kept)"
+                                  + "".join(f"\n  failed: {f['input']}: {f['error']}" for f in r["failures"]))
+    return EXIT_OK if not summary["failures"] else EXIT_PROBLEM
 
 
 def _convert_mmc4(args: argparse.Namespace) -> int:
@@ -412,6 +445,13 @@ def add_parsers(commands: Any) -> None:
         sub.add_argument("--jobs", type=int, default=None,
                          help=f"shards {what} at once (default: 8 for remote shards, {local})")
 
+    def on_dask(sub: argparse.ArgumentParser, extra: str = "") -> None:
+        where = sub.add_mutually_exclusive_group()
+        where.add_argument("--scheduler", help="run on the Dask cluster of this scheduler (tcp://host:8786; needs "
+                                               "wds_cloud[dask])" + extra)
+        where.add_argument("--workers", type=int, help="run on a local Dask cluster of this many worker processes "
+                                                       "(needs wds_cloud[dask])" + extra)
+
     ls = add("ls", "list a shard's members (or samples) with their sizes", "wds-cloud ls s3://bucket/train-0000.tar")
     ls.add_argument("url", help="the shard (any URL)")
     ls.add_argument("--samples", action="store_true", help="one line per sample, with its fields")
@@ -438,6 +478,7 @@ def add_parsers(commands: Any) -> None:
     index.add_argument("--output", help="where to write (one shard's index, or the wids description)")
     index.add_argument("--name", help="the dataset's name in a wids description")
     jobs(index, "indexed", "one process per core for local ones")
+    on_dask(index)
     index.set_defaults(func=_index)
 
     verify = add("verify", "read every shard completely: tar structure, samples, checksums against a manifest",
@@ -449,6 +490,7 @@ def add_parsers(commands: Any) -> None:
                              "are checked; its entries not given are never errors)")
     verify.add_argument("--write-manifest", help="write a manifest of the shards (only when every one passes)")
     jobs(verify, "read")
+    on_dask(verify)
     verify.set_defaults(func=_verify)
 
     reshard = add("reshard", "rewrite a dataset with another maxcount/maxsize/compression (resumable)",
@@ -459,6 +501,7 @@ def add_parsers(commands: Any) -> None:
     reshard.add_argument("--maxsize", type=float, default=3e9, help="bytes per output shard (default 3e9)")
     reshard.add_argument("--compress", choices=["keep", "none", "gz"], default="keep",
                          help="keep: from the output name (.tar.gz compresses); none; gz")
+    on_dask(reshard, " (outputs are then numbered by input: input i gives dest %% i, then -001, -002, ...)")
     reshard.set_defaults(func=_reshard)
 
     mapper = add("map", "run a function of yours over every shard on Dask (resumable; needs wds_cloud[dask])",
@@ -470,10 +513,7 @@ def add_parsers(commands: Any) -> None:
     mapper.add_argument("--per", choices=["sample", "shard"], default="sample",
                         help="sample: the function takes a sample and returns a sample, a list or None; shard: it "
                              "takes the shard's sample iterator and yields samples (default: sample)")
-    where = mapper.add_mutually_exclusive_group()
-    where.add_argument("--scheduler", help="the address of a Dask scheduler (tcp://host:8786)")
-    where.add_argument("--workers", type=int, help="start a local Dask cluster of this many worker processes "
-                                                   "(default: one per core)")
+    on_dask(mapper, " (default: a local cluster, one worker per core)")
     mapper.add_argument("--maxcount", type=int, help="samples per output shard (an input then gives several)")
     mapper.add_argument("--maxsize", type=float, help="bytes per output shard")
     mapper.add_argument("--handler", choices=["reraise", "warn", "ignore"], default="reraise",
