@@ -1,0 +1,145 @@
+"""Dask benchmark: a CPU-bound function over 64 shards, one process against a LocalCluster, and the engine's cost.
+
+64 generated shards of 24 JPEGs (512 x 512) each; the function decodes every image and encodes it again
+at quality 60 (Pillow).  Timed, alternating, best of ``--repeat``:
+
+- one process: a plain loop doing the same work (read each shard with ``WebDataset``, re-encode, write
+  with ``TarWriter``), what a script without a cluster would do;
+- ``wds_cloud.dask.map_shards`` on a ``LocalCluster`` of ``--workers`` processes (started before timing, as
+  a cluster already running), goal >= 1.7x on 2 cores;
+- the engine's cost per shard: ``map_shards`` with a function that does nothing over 64 tiny shards on a
+  1-worker cluster, less the same plain loop, per shard (goal < 50 ms).
+
+    python bench/bench_dask.py [--repeat 3] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+SHARDS, IMAGES, SIDE = 64, 24, 512
+
+
+def reencode(sample: dict) -> dict:
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(sample["jpg"]))
+    image.load()
+    out = io.BytesIO()
+    image.save(out, format="JPEG", quality=60)
+    return {"__key__": sample["__key__"], "jpg": out.getvalue(), "cls": sample["cls"]}
+
+
+def nothing(sample: dict) -> dict:
+    return sample
+
+
+def make_shards(folder: str, shards: int, images: int, side: int) -> list:
+    import random
+
+    from PIL import Image
+
+    import wds_cloud as wds
+
+    rng = random.Random(0)
+    urls = []
+    for s in range(shards):
+        path = os.path.join(folder, f"in-{s:04d}.tar")
+        with wds.TarWriter(path) as writer:
+            for i in range(images):
+                row = bytes(rng.getrandbits(8) for _ in range(side * 3))
+                pixels = b"".join(row[k:] + row[:k] for k in range(0, side * 3 * side, side * 3 + 3))[:side * side * 3]
+                pixels = pixels.ljust(side * side * 3, b"\x80")
+                image = Image.frombytes("RGB", (side, side), pixels)
+                out = io.BytesIO()
+                image.save(out, format="JPEG", quality=90)
+                writer.write({"__key__": f"{s:04d}_{i:04d}", "jpg": out.getvalue(), "cls": str(i % 10)})
+        urls.append(path)
+    return urls
+
+
+def plain_loop(fn, urls: list, folder: str) -> float:
+    import wds_cloud as wds
+
+    started = time.perf_counter()
+    for i, url in enumerate(urls):
+        with wds.TarWriter(os.path.join(folder, f"out-{i:04d}.tar")) as writer:
+            for sample in wds.WebDataset(url, shardshuffle=False):
+                writer.write(fn({k: v for k, v in sample.items() if k == "__key__" or not k.startswith("__")}))
+    return time.perf_counter() - started
+
+
+def on_cluster(fn, urls: list, folder: str, client) -> float:
+    from wds_cloud.dask import map_shards
+
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    started = time.perf_counter()
+    summary = map_shards(fn, urls, os.path.join(folder, "out-%04d.tar"), client=client)
+    assert summary["done"] == len(urls) and not summary["failures"], summary
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    import warnings
+
+    warnings.simplefilter("ignore")
+    import logging
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    import distributed
+
+    root = tempfile.mkdtemp(prefix="bench-dask-")
+    try:
+        data, tiny = os.path.join(root, "data"), os.path.join(root, "tiny")
+        os.makedirs(data)
+        os.makedirs(tiny)
+        urls = make_shards(data, SHARDS, IMAGES, SIDE)
+        tiny_urls = make_shards(tiny, SHARDS, 2, 16)
+        with distributed.LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
+                                      dashboard_address=":0") as cluster, distributed.Client(cluster) as client:
+            one, many = [], []
+            for _ in range(args.repeat):
+                out = os.path.join(root, "plain")
+                shutil.rmtree(out, ignore_errors=True)
+                os.makedirs(out)
+                one.append(plain_loop(reencode, urls, out))
+                many.append(on_cluster(reencode, urls, os.path.join(root, "dask"), client))
+        with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                      dashboard_address=":0") as cluster, distributed.Client(cluster) as client:
+            base, engine = [], []
+            for _ in range(args.repeat):
+                out = os.path.join(root, "plain-tiny")
+                shutil.rmtree(out, ignore_errors=True)
+                os.makedirs(out)
+                base.append(plain_loop(nothing, tiny_urls, out))
+                engine.append(on_cluster(nothing, tiny_urls, os.path.join(root, "dask-tiny"), client))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"{SHARDS} shards of {IMAGES} JPEGs ({SIDE} x {SIDE}), each decoded and encoded again; "
+          f"{os.cpu_count()} cores; best of {args.repeat}\n")
+    print("| run | seconds | shards/s | speed-up |")
+    print("|---|---|---|---|")
+    print(f"| one process (plain loop) | {min(one):.2f} | {SHARDS / min(one):.1f} | 1.00x |")
+    print(f"| map_shards, LocalCluster of {args.workers} workers | {min(many):.2f} | {SHARDS / min(many):.1f} | "
+          f"**{min(one) / min(many):.2f}x** (goal >= 1.7x) |")
+    per_shard = (min(engine) - min(base)) / SHARDS
+    print(f"\nengine cost: {SHARDS} tiny shards, a function that does nothing, 1 worker: map_shards "
+          f"{min(engine):.2f} s, plain loop {min(base):.2f} s: **{per_shard * 1000:.1f} ms per shard** (goal < 50 ms)")
+
+
+if __name__ == "__main__":
+    main()
