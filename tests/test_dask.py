@@ -246,3 +246,24 @@ def test_the_shard_tools_run_on_dask(shards, tmp_path):
     assert [r["nsamples"] for r in rows] == SIZES and all(pathlib.Path(r["index"]).exists() for r in rows)
     checked = cli("verify", *shards, "--workers", "2")
     assert checked["ok"] and len(checked["shards"]) == len(SIZES)
+
+
+from .test_interleaved import mmc4  # noqa: E402,F401 (the MMC4 layout fixture)
+
+
+def test_convert_on_dask_writes_what_one_process_writes(mmc4):  # noqa: F811
+    """convert mmc4 --workers 2: the same shards, byte for byte, as the conversion in one process (so either
+    run continues the other's job)."""
+    from wds_cloud.interleaved import convert_mmc4
+
+    root, jsonl, images = mmc4
+    one = convert_mmc4([jsonl], images, str(root / "one-%03d.tar"), maxcount=3)
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
+    out = subprocess.run([sys.executable, "-m", "wds_cloud", "convert", "mmc4", jsonl, "--images", images, "--dest",
+                          str(root / "many-%03d.tar"), "--maxcount", "3", "--workers", "2", "--json"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    many = json.loads(out.stdout)
+    assert {k: many[k] for k in one} == one
+    for i in range(one["shards"]):
+        assert (root / f"many-{i:03d}.tar").read_bytes() == (root / f"one-{i:03d}.tar").read_bytes()

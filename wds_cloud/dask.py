@@ -37,7 +37,7 @@ from .errors import ConfigError, MissingExtraError, redact
 from .handlers import reraise_exception
 
 __all__ = ["map_shards", "output_names", "load_function", "distributed_module", "cluster_client", "passthrough",
-           "INSTALL"]
+           "sweep_partials", "INSTALL"]
 
 INSTALL = "pip install 'wds_cloud[dask]'"
 
@@ -200,7 +200,7 @@ def _shard_task(fn: Callable, per: str, url: str, index: int, destination: str, 
             "failures": failures, "seconds": time.perf_counter() - started}
 
 
-def _sweep(destination: str, indexes: Iterable[int]) -> None:
+def sweep_partials(destination: str, indexes: Iterable[int]) -> None:
     """Remove the hidden temporary files that workers killed while writing left beside local outputs of these
     inputs (a write in progress is published by renaming such a file; one whose writer died is litter)."""
     import glob
@@ -314,6 +314,6 @@ def map_shards(fn: Callable, source: Union[str, list], destination: str, *, per:
         finally:
             if own is not None:
                 own.__exit__(None, None, None)
-            _sweep(destination, [index for index, _ in todo])
+            sweep_partials(destination, [index for index, _ in todo])
     summary["seconds"] = time.perf_counter() - started
     return summary

@@ -36,7 +36,8 @@ from .io.security import confined
 from .filters import pipelinefilter
 from .handlers import reraise_exception
 
-__all__ = ["interleaved", "interleaved_sample", "collate_interleaved", "convert_mmc4", "document_items"]
+__all__ = ["interleaved", "interleaved_sample", "collate_interleaved", "convert_mmc4", "document_items", "mmc4_plan",
+           "mmc4_shard"]
 
 _IMAGE_FIELD = re.compile(r"^(\d+)\.([A-Za-z0-9]+)$")
 _DATA_URI = re.compile(r"^data:image/([a-z0-9.+-]+);base64,", re.I)
@@ -320,6 +321,93 @@ def _mmc4_doc(url: str, number: int, line: str) -> dict:
     return doc
 
 
+def _mmc4_sample(number: int, doc: dict, url: str, line_number: int, base: str, images: str, missing: str,
+                 counts: dict) -> Optional[dict]:
+    """Document ``number`` as a sample (its JSON and its images, image i as field ``i.<ext>``), or None when
+    ``missing="skip"`` skips it; ``counts`` gains its documents, images, dropped images and skipped documents."""
+    from .io.open import gopen
+
+    infos, pictures, skip = [], [], False
+    for info in doc["image_info"]:
+        try:
+            # a name from the document never reads outside the folder given (no '..', path, URL, link)
+            path = confined(base, info["image_name"], f"{redact(url)} line {line_number}", "image_info[].image_name")
+            with gopen(path) as stream:
+                pictures.append(stream.read())
+            infos.append(info)
+        except FileNotFoundError:
+            if missing == "error":
+                raise SampleError(f"document {number}: image {info['image_name']!r} is not under {images}; "
+                                  "pass --missing drop (or skip) to go on without it") from None
+            if missing == "skip":
+                skip = True
+                break
+            counts["dropped_images"] += 1
+    if skip:
+        counts["skipped_documents"] += 1
+        return None
+    sample: dict = {"__key__": f"{number:09d}"}
+    for i, (info, data) in enumerate(zip(infos, pictures)):  # image i of the document is field i.<ext>
+        named = str(info["image_name"]).rsplit(".", 1)[-1].lower()
+        data, ext = _encode_image(data, named if named in IMAGE_EXTENSIONS else "jpg")
+        sample[f"{i}.{ext}"] = data
+    sample["json"] = json.dumps(dict(doc, image_info=infos), ensure_ascii=False).encode("utf-8")
+    counts["documents"] += 1
+    counts["images"] += len(infos)
+    return sample
+
+
+def mmc4_plan(docs: list[str], maxcount: int) -> tuple[list[tuple[int, int, int]], int]:
+    """Where each output shard of a conversion begins, ``(document number, docs file index, line number)`` per
+    shard (shard k holds documents ``k * maxcount`` to ``(k + 1) * maxcount - 1``, as in one process), and the
+    number of documents."""
+    plan = []
+    number = 0
+    for index, url in enumerate(docs):
+        for _, line_number, _ in _open_text(url):
+            if number % maxcount == 0:
+                plan.append((number, index, line_number))
+            number += 1
+    return plan, number
+
+
+def mmc4_shard(docs: list[str], images: str, dest: str, shard: int, start: tuple, maxcount: int,
+               missing: str) -> dict:
+    """Write output shard ``shard`` of a conversion (on a Dask worker): its documents from ``start`` (an entry
+    of :func:`mmc4_plan`), published whole.  Returns its name, size, SHA-256 and counts."""
+    from .io.jobrecord import HashingWriter
+    from .io.open import gopen
+    from .writer import TarWriter
+
+    counts = {"documents": 0, "images": 0, "dropped_images": 0, "skipped_documents": 0}
+    number, index, first_line = start
+    base = images.rstrip("/")
+    output = HashingWriter(gopen(dest % shard, "wb"), dest % shard)
+    writer = TarWriter(cast(IO[bytes], output))
+    taken = 0
+    try:
+        for url in docs[index:]:
+            for found_url, line_number, line in _open_text(url):
+                if url == docs[index] and line_number < first_line:
+                    continue
+                if taken == maxcount:
+                    break
+                doc = _mmc4_doc(found_url, line_number, line)
+                sample = _mmc4_sample(number, doc, found_url, line_number, base, images, missing, counts)
+                if sample is not None:
+                    writer.write(sample)
+                number += 1
+                taken += 1
+            if taken == maxcount:
+                break
+        writer.close()
+        output.close()
+    except BaseException:
+        output.abort()
+        raise
+    return {"name": output.name, "size": output.count, "sha256": output.sha256.hexdigest(), **counts}
+
+
 def convert_mmc4(docs: list[str], images: str, dest: str, maxcount: int = 1000, missing: str = "drop",
                  progress: Optional[Callable[[Iterable], Iterable]] = None) -> dict:
     """MMC4's published layout (JSON lines of documents; image files named by ``image_name`` under
@@ -332,7 +420,6 @@ def convert_mmc4(docs: list[str], images: str, dest: str, maxcount: int = 1000, 
     document (MMC4's image links often died), ``skip`` the document, or ``error``.
     Returns counts: documents, images, dropped images, skipped documents, shards written and kept.
     """
-    from .io.open import gopen
     from .writer import TarWriter
 
     if "%" not in dest:
@@ -370,35 +457,9 @@ def convert_mmc4(docs: list[str], images: str, dest: str, maxcount: int = 1000, 
             if keep:
                 counts["documents"] += 1
                 continue
-            infos, pictures, skip = [], [], False
-            for info in doc["image_info"]:
-                try:
-                    # a name from the document never reads outside the folder given (no '..', path, URL, link)
-                    path = confined(base, info["image_name"], f"{redact(url)} line {line_number}",
-                                    "image_info[].image_name")
-                    with gopen(path) as stream:
-                        pictures.append(stream.read())
-                    infos.append(info)
-                except FileNotFoundError:
-                    if missing == "error":
-                        raise SampleError(f"document {number}: image {info['image_name']!r} is not under {images}; "
-                                          "pass --missing drop (or skip) to go on without it") from None
-                    if missing == "skip":
-                        skip = True
-                        break
-                    counts["dropped_images"] += 1
-            if skip:
-                counts["skipped_documents"] += 1
-                continue
-            sample: dict = {"__key__": f"{number:09d}"}
-            for i, (info, data) in enumerate(zip(infos, pictures)):  # image i of the document is field i.<ext>
-                named = str(info["image_name"]).rsplit(".", 1)[-1].lower()
-                data, ext = _encode_image(data, named if named in IMAGE_EXTENSIONS else "jpg")
-                sample[f"{i}.{ext}"] = data
-            sample["json"] = json.dumps(dict(doc, image_info=infos), ensure_ascii=False).encode("utf-8")
-            writer.write(sample)  # type: ignore[union-attr]  # set whenever the shard is not kept
-            counts["documents"] += 1
-            counts["images"] += len(infos)
+            sample = _mmc4_sample(number, doc, url, line_number, base, images, missing, counts)
+            if sample is not None:
+                writer.write(sample)  # type: ignore[union-attr]  # set whenever the shard is not kept
     except BaseException:
         if writer is not None:
             writer.abort()  # a partial shard never appears under its name

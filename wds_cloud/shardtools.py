@@ -408,13 +408,47 @@ def _convert_mmc4(args: argparse.Namespace) -> int:
     if "%" not in args.dest:
         raise UsageError(f"--dest {args.dest!r} needs a %d-style field for the shard number, such as "
                          "'out/mmc4-%06d.tar'")
-    counts = convert_mmc4(_urls(args.docs), args.images, args.dest, maxcount=args.maxcount, missing=args.missing,
-                          progress=lambda lines: progress(lines, None, "convert", unit="documents"))
+    if getattr(args, "scheduler", None) or getattr(args, "workers", None):
+        counts = _convert_on_dask(args, _urls(args.docs))
+    else:
+        counts = convert_mmc4(_urls(args.docs), args.images, args.dest, maxcount=args.maxcount,
+                              missing=args.missing,
+                              progress=lambda lines: progress(lines, None, "convert", unit="documents"))
     emit(args, counts, lambda c: f"{c['documents']} documents, {c['images']} images into {c['shards']} shards "
                                   f"({c['written']} written, {c['kept']} already complete and kept); "
                                   f"{c['dropped_images']} missing images dropped, {c['skipped_documents']} "
                                   "documents skipped")
     return EXIT_OK
+
+
+def _convert_on_dask(args: argparse.Namespace, docs: list[str]) -> dict:
+    """convert mmc4 on Dask: the documents are counted here, then each output shard is one task writing the
+    same documents under the same name as one process would (so the two runs are one job: either continues
+    the other)."""
+    from .dask import distributed_module, sweep_partials
+    from .interleaved import mmc4_plan, mmc4_shard
+
+    distributed = distributed_module()
+    record = JobRecord(args.dest, "convert mmc4", list(docs), {"images": redact(args.images),
+                                                               "maxcount": args.maxcount, "missing": args.missing})
+    plan, total = mmc4_plan(docs, args.maxcount)
+    todo = [k for k in range(len(plan)) if not record.keep(args.dest % k)]
+    counts = {"documents": total, "images": 0, "dropped_images": 0, "skipped_documents": 0,
+              "written": len(todo), "kept": len(plan) - len(todo), "shards": len(plan)}
+    try:
+        with _cluster(args) as client:
+            futures = {client.submit(mmc4_shard, docs, args.images, args.dest, k, plan[k], args.maxcount,
+                                     args.missing, pure=False, retries=2): k for k in todo}
+            for future in progress(distributed.as_completed(futures), len(todo), "convert"):
+                result = future.result()
+                record.outputs[result["name"]] = {"size": result["size"], "sha256": result["sha256"]}
+                record.save()
+                for key in ("images", "dropped_images", "skipped_documents"):
+                    counts[key] += result[key]
+    finally:
+        sweep_partials(args.dest, todo)
+    counts["documents"] = total - counts["skipped_documents"]
+    return counts
 
 
 class _Plan:
@@ -545,4 +579,5 @@ def add_parsers(commands: Any) -> None:
                       help="an image file that does not exist: drop it from its document (default), skip the "
                            "document, or stop with an error")
     mmc4.add_argument("--json", action="store_true", help="print JSON for scripts")
+    on_dask(mmc4, " (the same shards as one process: the documents are counted first, then one task per shard)")
     mmc4.set_defaults(func=_convert_mmc4)
