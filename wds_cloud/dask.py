@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import time
 from typing import IO, Any, Callable, Iterable, Iterator, Optional, Union, cast
@@ -40,6 +41,8 @@ __all__ = ["map_shards", "output_names", "load_function", "distributed_module", 
            "sweep_partials", "INSTALL"]
 
 INSTALL = "pip install 'wds_cloud[dask]'"
+
+log = logging.getLogger("wds_cloud.dask")
 
 
 def distributed_module() -> Any:
@@ -68,6 +71,8 @@ def cluster_client(scheduler: Optional[str] = None, workers: Optional[int] = Non
     cluster = distributed.LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
                                        processes=True, dashboard_address=":0")
     client = distributed.Client(cluster)
+    log.info("a local Dask cluster of %d workers; its dashboard (progress): %s", len(cluster.workers),
+             client.dashboard_link)
     try:
         yield client
     finally:
@@ -177,7 +182,7 @@ def _shard_task(fn: Callable, per: str, url: str, index: int, destination: str, 
             if writer is None:
                 names = output_names(destination, index, len(outputs) + 1)
                 stream = HashingWriter(gopen(names[-1], "wb", storage_options=options), names[-1])
-                writer = TarWriter(cast(IO[bytes], stream), compress="gz" if stream.name.endswith("gz") else False)
+                writer = TarWriter(cast(IO[bytes], stream), compress="gz" if stream.name.endswith((".gz", ".tgz")) else False)
                 count = size = 0
             writer.write(record)
             count += 1
@@ -185,7 +190,7 @@ def _shard_task(fn: Callable, per: str, url: str, index: int, destination: str, 
         if writer is None:  # nothing out: an empty output keeps the numbering (input i gives output i)
             names = output_names(destination, index, 1)
             stream = HashingWriter(gopen(names[0], "wb", storage_options=options), names[0])
-            writer = TarWriter(cast(IO[bytes], stream), compress="gz" if stream.name.endswith("gz") else False)
+            writer = TarWriter(cast(IO[bytes], stream), compress="gz" if stream.name.endswith((".gz", ".tgz")) else False)
         writer.close()
         stream.close()  # type: ignore[union-attr]
         outputs.append({"name": stream.name, "size": stream.count,  # type: ignore[union-attr]
