@@ -68,8 +68,15 @@ def cluster_client(scheduler: Optional[str] = None, workers: Optional[int] = Non
         return
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers {workers}: give at least 1")
-    cluster = distributed.LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
-                                       processes=True, dashboard_address=":0")
+    import dask
+
+    # Dask's nannies start workers with MALLOC_TRIM_THRESHOLD_=65536, which fixes glibc's mmap threshold: every
+    # decoded image buffer is then mapped and unmapped afresh (bench_dask.py: 3.2 s with it, 2.8-2.9 s without)
+    environ = {k: v for k, v in (dask.config.get("distributed.nanny.pre-spawn-environ", None) or {}).items()
+               if k != "MALLOC_TRIM_THRESHOLD_"}
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+        cluster = distributed.LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
+                                           processes=True, dashboard_address=":0")
     client = distributed.Client(cluster)
     log.info("a local Dask cluster of %d workers; its dashboard (progress): %s", len(cluster.workers),
              client.dashboard_link)
