@@ -147,6 +147,11 @@ def _apply(fn: Callable, per: str, samples: Iterator[dict], handler: Callable, f
         yield from _samples_out(result)
 
 
+def _compression(name: str) -> Any:
+    """How an output is written: gzip for a ``.gz``/``.tgz`` name, else plain."""
+    return "gz" if name.endswith((".gz", ".tgz")) else False
+
+
 def _shard_task(fn: Callable, per: str, url: str, index: int, destination: str, maxcount: Optional[int],
                 maxsize: Optional[float], handler: Callable, profile: Optional[str]) -> dict:
     """One input shard, on a worker: read, apply, write whole; what was done, for the job record."""
@@ -189,7 +194,7 @@ def _shard_task(fn: Callable, per: str, url: str, index: int, destination: str, 
             if writer is None:
                 names = output_names(destination, index, len(outputs) + 1)
                 stream = HashingWriter(gopen(names[-1], "wb", storage_options=options), names[-1])
-                writer = TarWriter(cast(IO[bytes], stream), compress="gz" if stream.name.endswith((".gz", ".tgz")) else False)
+                writer = TarWriter(cast(IO[bytes], stream), compress=_compression(stream.name))
                 count = size = 0
             writer.write(record)
             count += 1
@@ -197,7 +202,7 @@ def _shard_task(fn: Callable, per: str, url: str, index: int, destination: str, 
         if writer is None:  # nothing out: an empty output keeps the numbering (input i gives output i)
             names = output_names(destination, index, 1)
             stream = HashingWriter(gopen(names[0], "wb", storage_options=options), names[0])
-            writer = TarWriter(cast(IO[bytes], stream), compress="gz" if stream.name.endswith((".gz", ".tgz")) else False)
+            writer = TarWriter(cast(IO[bytes], stream), compress=_compression(stream.name))
         writer.close()
         stream.close()  # type: ignore[union-attr]
         outputs.append({"name": stream.name, "size": stream.count,  # type: ignore[union-attr]
