@@ -90,6 +90,18 @@ def on_cluster(fn, urls: list, folder: str, client) -> float:
     return time.perf_counter() - started
 
 
+def alternate(fn, urls: list, folder: str, client, repeat: int) -> tuple[list, list]:
+    """``repeat`` alternating runs of the plain loop and of map_shards: (plain seconds, cluster seconds)."""
+    plain, cluster = [], []
+    for _ in range(repeat):
+        out = os.path.join(folder, "plain")
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+        plain.append(plain_loop(fn, urls, out))
+        cluster.append(on_cluster(fn, urls, os.path.join(folder, "dask"), client))
+    return plain, cluster
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
@@ -111,21 +123,9 @@ def main() -> None:
         from wds_cloud.dask import cluster_client
 
         with cluster_client(workers=args.workers) as client:  # the local cluster map_shards and the CLI start
-            one, many = [], []
-            for _ in range(args.repeat):
-                out = os.path.join(root, "plain")
-                shutil.rmtree(out, ignore_errors=True)
-                os.makedirs(out)
-                one.append(plain_loop(reencode, urls, out))
-                many.append(on_cluster(reencode, urls, os.path.join(root, "dask"), client))
+            one, many = alternate(reencode, urls, os.path.join(root, "big"), client, args.repeat)
         with cluster_client(workers=1) as client:
-            base, engine = [], []
-            for _ in range(args.repeat):
-                out = os.path.join(root, "plain-tiny")
-                shutil.rmtree(out, ignore_errors=True)
-                os.makedirs(out)
-                base.append(plain_loop(nothing, tiny_urls, out))
-                engine.append(on_cluster(nothing, tiny_urls, os.path.join(root, "dask-tiny"), client))
+            base, engine = alternate(nothing, tiny_urls, os.path.join(root, "tiny-out"), client, args.repeat)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"{SHARDS} shards of {IMAGES} JPEGs ({SIDE} x {SIDE}), each decoded and encoded again; "

@@ -57,6 +57,22 @@ RANK_SCRIPT = textwrap.dedent('''
 ''')
 
 
+def wait_for_ranks(procs, timeout=180):
+    """Wait for every rank process; fail naming the hang or the first rank's error output."""
+    errors = []
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+                p.communicate()
+            pytest.fail("a rank hung")
+        errors.append((proc.returncode, err.decode()[-3000:]))
+    for code, err in errors:
+        assert code == 0, err
+
+
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_two_ranks_two_workers(tmp_path, context):
     """fork: workers inherit the process group; spawn: they learn the rank from the pickled dataset."""
@@ -72,18 +88,7 @@ def test_two_ranks_two_workers(tmp_path, context):
     procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(port), str(tmp_path / f"r{rank}.json"),
                                json.dumps(urls), str(index), context], env=env, stderr=subprocess.PIPE)
              for rank in range(2)]
-    errors = []
-    for proc in procs:
-        try:
-            _, err = proc.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-                p.communicate()
-            pytest.fail("a rank hung")
-        errors.append((proc.returncode, err.decode()[-3000:]))
-    for code, err in errors:
-        assert code == 0, err
+    wait_for_ranks(procs)
     results = [json.loads((tmp_path / f"r{rank}.json").read_text()) for rank in range(2)]
     everything = sorted(f"s{s:02d}_{i:04d}" for s, n in enumerate(sizes) for i in range(n))
     for epoch in range(2):

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from .cloud import free_port
+from .test_distributed import wait_for_ranks
 from .test_elastic import EVERYTHING, SIZES, assert_exactly_once, finish, make_loader
 from .test_resume import write_shards
 
@@ -59,15 +60,7 @@ def test_gather_merges_every_ranks_state(tmp_path):
     procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(port), str(tmp_path / f"r{rank}.json"),
                                json.dumps(urls), str(4 + 3 * rank)], env=env, stderr=subprocess.PIPE)
              for rank in range(2)]
-    for proc in procs:
-        try:
-            _, err = proc.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-                p.communicate()
-            pytest.fail("a rank hung")
-        assert proc.returncode == 0, err.decode()[-3000:]
+    wait_for_ranks(procs)
     results = [json.loads((tmp_path / f"r{rank}.json").read_text()) for rank in range(2)]
     assert results[0]["merged"] == results[1]["merged"]  # every rank holds the same merged state
     before = results[0]["delivered"] + results[1]["delivered"]

@@ -123,7 +123,7 @@ def _slice_buffered(entries: list, lo: int, hi: int) -> list:
     return out
 
 
-def decode_buffered(entries: list, what: str) -> list:
+def decode_buffered(entries: list) -> list:
     """``(url id, shown, compressed, first block, blocks)`` of every sample of an encoded list, in order."""
     out = []
     for entry in entries:
@@ -337,13 +337,11 @@ def share(level: dict, slot: int, slots: int, counts: Optional[dict] = None, lim
     replay: dict = {}
     for url_id, text, compressed, first, blocks in mine:
         replay.setdefault(url_id, [text, compressed, []])[2].append((first, blocks))
-    items = as_count(level.get("items"))
-    old_slots = max(1, as_count(level.get("slots")))
     repeats = isinstance(level.get("shards"), dict) and level["shards"].get("kind") == "ResampledShards"
     return {"epoch": level["epoch"], "replay": encode_buffered(replay, repeats),
             "partial": [item for _, item in sorted(partial, key=lambda p: p[0])],
             "pending": sorted((item for _, item in pending), key=pos.__getitem__),
-            "limit": limit, "items": [items, old_slots]}
+            "limit": limit}
 
 
 def items_share(done: int, old_slots: int, per_slot: int, slot: int, slots: int) -> int:

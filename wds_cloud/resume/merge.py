@@ -15,6 +15,7 @@ from ..io.datafile import shown
 from .elastic import (ELASTIC_FORMAT, KNOWN_KINDS, LOADER_FORMAT, MAX_STATES, SHARD_LISTS, as_count, check_start,
                       decode_buffered, decode_ranges, encode_buffered, is_merged, shard_order, shard_split)
 from .state import FORMAT, check_seal, expect, is_inexact, seal
+from .streams import STREAMS_KIND
 
 __all__ = ["merge_states"]
 
@@ -381,7 +382,7 @@ def _merge_slot(level: _Level, state: Optional[dict], kinds: list, split: str, w
     if isinstance(assigned, dict):  # a share of an earlier elastic resume: its items, not the split
         items = [("p", entry) for entry in assigned.get("partial") or ()]
         items += [("i", index) for index in assigned.get("pending") or ()]
-        replays = decode_buffered(assigned.get("replay") or [], "assigned")
+        replays = decode_buffered(assigned.get("replay") or [])
     elif resampled:
         items = []
     else:
@@ -443,9 +444,6 @@ def _merge_slot(level: _Level, state: Optional[dict], kinds: list, split: str, w
             level.held += 1
 
 
-STREAM_KIND = "stream"
-
-
 def _merge_streams(entries: list, kinds: list, configs: dict, epoch: int, pass_number: int) -> dict:
     """Virtual streams name no rank or worker: the merged state is every stream's state, each once."""
     index = next(i for i, kind in kinds if kind == "Streams")
@@ -458,7 +456,7 @@ def _merge_streams(entries: list, kinds: list, configs: dict, epoch: int, pass_n
         items += as_count((state.get("progress") or (0, 0))[1])
         if _is_start(state):  # the streams an earlier elastic resume gave it, not begun
             held = {"streams": state.get("count"),
-                    "stages": [[v, STREAM_KIND, st] for v, st in state.get("streams") or ()]}
+                    "stages": [[v, STREAMS_KIND, st] for v, st in state.get("streams") or ()]}
         else:
             held = _stage(state, index)
         if count is None:
