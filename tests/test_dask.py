@@ -7,6 +7,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -55,6 +56,23 @@ def dies_once(sample):
             os.close(fd)
             os._exit(1)
     return shout(sample)
+
+
+def waits_on_shard_3(sample):
+    """Shard 3 says it started (MAP_TEST_MARKER) and waits until the file MAP_TEST_GO exists."""
+    if sample["__key__"].startswith("s03_"):
+        pathlib.Path(os.environ["MAP_TEST_MARKER"]).touch()
+        until(lambda: os.path.exists(os.environ["MAP_TEST_GO"]), "the go file")
+    return shout(sample)
+
+
+def until(ready, what, limit=240.0):
+    """Wait for an event (a file appearing); the limit only turns a hang into a failure."""
+    deadline = time.monotonic() + limit
+    while not ready():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} never came")
+        time.sleep(0.02)
 
 
 def setenv(name, value):
@@ -118,6 +136,16 @@ def test_per_shard_and_maxcount(shards, tmp_path, cluster):
     names = sorted(p.name for p in (tmp_path / "out").glob("part-*.tar"))
     assert "part-001.tar" in names and "part-001-001.tar" in names  # 5 of 9 samples kept: 3 outputs of 2
     assert summary["samples_out"] == sum((n + 1) // 2 for n in SIZES)
+    # an earlier attempt at input 1 left a fourth part (a function whose output varies between runs): when
+    # input 1 is written again, what is past its parts goes
+    (tmp_path / "out" / "part-001-003.tar").write_bytes((tmp_path / "out" / "part-001-002.tar").read_bytes())
+    (tmp_path / "out" / "part-001.tar").write_bytes(b"damaged")
+    again = map_shards(keep_every_other, shards, dest, per="shard", maxcount=2, client=cluster)
+    assert again["done"] == 1 and again["skipped"] == len(SIZES) - 1
+    assert not (tmp_path / "out" / "part-001-003.tar").exists()
+    parts = sorted(str(p) for p in (tmp_path / "out").glob("part-*.tar"))
+    samples = [s["__key__"] for s in wds.WebDataset(parts, shardshuffle=False, empty_check=False)]
+    assert len(samples) == len(set(samples)) == summary["samples_out"]
 
 
 def test_a_rerun_after_an_interruption_skips_finished_shards(shards, tmp_path, cluster, monkeypatch):
@@ -136,6 +164,36 @@ def test_a_rerun_after_an_interruption_skips_finished_shards(shards, tmp_path, c
     assert written(dest, len(SIZES)) == expected(shards, shout)
     with pytest.raises(ConfigError, match="settings"):  # other settings: refused before anything is written
         map_shards(fails_when_marked, shards, dest, client=cluster, maxcount=3)
+
+
+def test_a_client_killed_mid_job_leaves_a_job_its_rerun_completes(shards, tmp_path, cluster):
+    """The process running map_shards dies (SIGKILL) after workers published outputs that its record may not
+    list yet, while a task still runs: the rerun neither refuses those outputs as strangers nor duplicates a
+    sample, and leaves nothing partial."""
+    marker, go = tmp_path / "started", tmp_path / "go"
+    for name, value in (("MAP_TEST_MARKER", str(marker)), ("MAP_TEST_GO", str(go))):
+        cluster.run(setenv, name, value)
+    dest = str(tmp_path / "out" / "part-%03d.tar")
+    out = tmp_path / "out"
+    code = ("import distributed\nfrom wds_cloud.dask import map_shards\nfrom tests.test_dask import waits_on_shard_3\n"
+            f"map_shards(waits_on_shard_3, {shards!r}, {dest!r}, client=distributed.Client({cluster.scheduler.address!r}))")
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root))
+    job = subprocess.Popen([sys.executable, "-c", code], cwd=root, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        until(lambda: marker.exists() and all((out / f"part-{i:03d}.tar").exists() for i in (0, 1, 2, 4)),
+              "four outputs and shard 3 started")
+    finally:
+        job.kill()
+        job.wait()
+    go.touch()  # the orphaned task goes on: its output is published with no client to record it
+    until(lambda: (out / "part-003.tar").exists(), "the orphaned task's output")
+    again = map_shards(waits_on_shard_3, shards, dest, client=cluster)
+    assert not again["failures"] and again["done"] + again["skipped"] == len(SIZES)
+    assert written(dest, len(SIZES)) == expected(shards, shout)
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    assert map_shards(waits_on_shard_3, shards, dest, client=cluster)["skipped"] == len(SIZES)
 
 
 def test_a_sample_that_raises_goes_to_the_handler(shards, tmp_path, cluster):

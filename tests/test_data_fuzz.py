@@ -141,6 +141,27 @@ def test_a_mutated_job_record_is_refused_with_our_error(tmp_path_factory, data):
     ours_or_result(lambda: JobRecord(str(root / "o-%03d.tar"), "reshard", ["in.tar"], {"maxcount": 2}))
 
 
+@fuzz
+@given(data=st.data())
+def test_a_mutated_map_job_record_is_refused_or_well_formed(tmp_path_factory, data):
+    """wds_cloud.dask's record adds "done" (finished input -> its outputs): accepted only when every entry is
+    an input number mapping to outputs the record lists."""
+    root = tmp_path_factory.mktemp("map")
+    out = str(root / "o-000.tar")
+    settings = {"function": "m:f", "per": "sample", "maxcount": None, "maxsize": None}
+    record = {"format": "wds_cloud.job", "version": 1, "tool": "map", "inputs": ["in.tar"], "settings": settings,
+              "outputs": {out: {"size": 10, "sha256": "ab"}}, "done": {"0": [out]}}
+    (root / "o-N.tar.wds-job.json").write_text(json.dumps(mutate(record, data)))
+
+    def load():
+        job = JobRecord(str(root / "o-%03d.tar"), "map", ["in.tar"], settings)
+        for key, names in job.extra.get("done", {}).items():
+            assert key.isdigit() and all(name in job.outputs for name in names)
+        return job
+
+    ours_or_result(load)
+
+
 @given(start=st.integers(0, 10**6), size=st.integers(0, 10**18), part=st.integers(1, 1 << 30),
        concurrency=st.integers(1, 64))
 def test_the_part_plan_covers_any_claimed_size_in_bounded_parts(start, size, part, concurrency):

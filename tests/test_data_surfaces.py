@@ -4,6 +4,7 @@ documents, part answers.  Each is bounded, checked field by field, and its URLs 
 import io
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import tarfile
@@ -439,6 +440,35 @@ def test_a_changed_output_is_written_again(tmp_path):
     run = cli("reshard", src / "shard-000.tar", dest, "--maxcount", "2", "--json")
     assert run.returncode == 0 and json.loads(run.stdout)["written"] == 1
     assert len(list(wds.WebDataset(str(tmp_path / "out" / "o-{000..001}.tar"), shardshuffle=False))) == 4
+
+
+def test_what_an_interrupted_run_published_unrecorded_is_written_again_but_a_link_is_refused(tmp_path):
+    """The record is saved before the first output and then about once a second: a run stopped between an
+    output's publication and the next save leaves a file the record does not list.  With this job's record
+    there, such a regular file is the job's own (written again); a link is never the job's (refused)."""
+    from wds_cloud.io.jobrecord import record_url
+
+    src = tmp_path / "src"
+    src.mkdir()
+    make_shards(src, nshards=1, per_shard=6)
+    dest = tmp_path / "out" / "o-%03d.tar"
+    assert cli("reshard", src / "shard-000.tar", dest, "--maxcount", "2").returncode == 0
+    record = pathlib.Path(record_url(str(dest)))
+    data = json.loads(record.read_text())
+    del data["outputs"][str(tmp_path / "out" / "o-002.tar")]  # published, then the run died before its save
+    record.write_text(json.dumps(data))
+    (tmp_path / "out" / "o-002.tar").write_bytes(b"half of an earlier attempt")
+    run = cli("reshard", src / "shard-000.tar", dest, "--maxcount", "2", "--json")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == {"samples": 6, "shards": 3, "written": 1, "kept": 2}
+    assert len(list(wds.WebDataset(str(tmp_path / "out" / "o-{000..002}.tar"), shardshuffle=False))) == 6
+    data = json.loads(record.read_text())
+    del data["outputs"][str(tmp_path / "out" / "o-001.tar")]
+    record.write_text(json.dumps(data))
+    (tmp_path / "out" / "o-001.tar").unlink()
+    (tmp_path / "out" / "o-001.tar").symlink_to(src / "shard-000.tar")
+    run = cli("reshard", src / "shard-000.tar", dest, "--maxcount", "2")
+    assert run.returncode == 1 and "o-001.tar" in run.stderr and "no record" in run.stderr
 
 
 def test_index_output_refuses_a_strangers_file(tmp_path):

@@ -431,6 +431,7 @@ def convert_mmc4(docs: list[str], images: str, dest: str, maxcount: int = 1000, 
 
     record = JobRecord(dest, "convert mmc4", list(docs), {"images": redact(images), "maxcount": maxcount,
                                                          "missing": missing})
+    record.begin()
     counts = {"documents": 0, "images": 0, "dropped_images": 0, "skipped_documents": 0, "written": 0, "kept": 0}
     writer: Optional[TarWriter] = None
     output: Optional[HashingWriter] = None
@@ -464,7 +465,10 @@ def convert_mmc4(docs: list[str], images: str, dest: str, maxcount: int = 1000, 
         if writer is not None:
             writer.abort()  # a partial shard never appears under its name
         raise
+    finally:
+        record.flush()
     if writer is not None and output is not None:
         record.finish(writer, output)
+        record.flush()
     counts["shards"] = shard + 1
     return counts

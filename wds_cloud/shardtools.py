@@ -206,6 +206,7 @@ def _index(args: argparse.Namespace) -> int:
     if args.output:  # an index file or description the tool owns: never over an input or a stranger's file
         record = JobRecord(args.output, "index", urls, {"format": args.format, "name": args.name})
         record.keep(args.output)
+        record.begin()
     jobs = _jobs(args, urls)
     local = all(is_local(u) for u in urls)
     if args.jobs is None and local:  # headers only: CPU work, spread over processes where fork makes them cheap
@@ -314,6 +315,7 @@ def _reshard(args: argparse.Namespace) -> int:
         return _reshard_on_dask(args, urls)
     record = JobRecord(args.dest, "reshard", urls, {"maxcount": args.maxcount, "maxsize": args.maxsize,
                                                     "compress": args.compress})
+    record.begin()
     written = skipped = samples = 0
     plan = _Plan(args.maxcount, args.maxsize)
     current: Optional[Any] = None
@@ -347,6 +349,8 @@ def _reshard(args: argparse.Namespace) -> int:
         if current is not None:
             current.abort()  # a partial shard never appears under its name
         raise
+    finally:
+        record.flush()
     result = {"samples": samples, "shards": shard_no + 1, "written": written, "kept": skipped}
     emit(args, result, lambda r: f"{r['samples']} samples into {r['shards']} shards ({r['written']} written, "
                                   f"{r['kept']} already complete and kept)")
@@ -433,6 +437,7 @@ def _convert_on_dask(args: argparse.Namespace, docs: list[str]) -> dict:
                                                                "maxcount": args.maxcount, "missing": args.missing})
     plan, total = mmc4_plan(docs, args.maxcount)
     todo = [k for k in range(len(plan)) if not record.keep(args.dest % k)]
+    record.begin()
     counts = {"documents": total, "images": 0, "dropped_images": 0, "skipped_documents": 0,
               "written": len(todo), "kept": len(plan) - len(todo), "shards": len(plan)}
     try:
@@ -442,10 +447,11 @@ def _convert_on_dask(args: argparse.Namespace, docs: list[str]) -> dict:
             for future in progress(distributed.as_completed(futures), len(todo), "convert"):
                 result = future.result()
                 record.outputs[result["name"]] = {"size": result["size"], "sha256": result["sha256"]}
-                record.save()
+                record.save_soon()
                 for key in ("images", "dropped_images", "skipped_documents"):
                     counts[key] += result[key]
     finally:
+        record.flush()
         sweep_partials(args.dest, todo)
     counts["documents"] = total - counts["skipped_documents"]
     return counts

@@ -9,11 +9,15 @@ settings, and for every output finished its size and SHA-256.  With it a rerun i
 - a rerun with other inputs or settings is refused before anything is written (it would mix two jobs'
   outputs: 1,200 samples out of 1,000), naming what differs and the fix;
 - a file at an output name that no record lists (left by another run, a planted link) is refused, named,
-  never kept or followed;
+  never kept or followed; once this job's record exists (it is saved before the first output is
+  written), an unlisted regular file at one of its output names is the job's own, published by a run
+  interrupted before its record caught up, and is written again (a link is still refused);
 - an output name that is also an input is refused before anything is written.
 
-The record is a structured file read as data (:mod:`wds_cloud.io.datafile`), written atomically after
-each output.  The shard tools above use it (io/ depends on nothing above it).
+The record is a structured file read as data (:mod:`wds_cloud.io.datafile`), written atomically: before the
+first output (:meth:`JobRecord.begin`), then as outputs finish (:meth:`JobRecord.save_soon`: at most about
+once a second, so that a job of many thousand outputs does not rewrite its record thousands of times), and
+at the end.  The shard tools above use it (io/ depends on nothing above it).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from typing import Any
 
 from ..errors import ConfigError, ShardNotFoundError, redact
@@ -54,7 +59,9 @@ def _matches(pattern: str, url: str) -> bool:
         pattern, url = os.path.basename(local_path(pattern)), os.path.basename(local_path(url))
         m = _FIELD.search(pattern)
         assert m is not None
-    return re.fullmatch(re.escape(pattern[:m.start()]) + r"-?\d+" + re.escape(pattern[m.end():]), url) is not None
+    # -NNN after the number: the second, third... output of one input (wds_cloud.dask's naming)
+    return re.fullmatch(re.escape(pattern[:m.start()]) + r"-?\d+(-\d{3})?" + re.escape(pattern[m.end():]),
+                        url) is not None
 
 
 def _checksum(url: str) -> tuple[int, str]:
@@ -112,6 +119,11 @@ class JobRecord:
         self.outputs: dict[str, dict] = {}
         #: what a tool keeps besides (``map``: ``"done"``, each finished input's outputs), saved with the record
         self.extra: dict[str, Any] = {}
+        #: whether a record of this job was found (then unlisted files at its output names are its own)
+        self.found = False
+        self._saved_at = 0.0
+        self._save_cost = 0.0
+        self._unsaved = False
         for url in inputs:
             if _matches(destination, url) or same_location(self.url, url):
                 raise ConfigError(f"{redact(url)} is both an input and an output name of this {tool} ("
@@ -140,6 +152,7 @@ class JobRecord:
             raise ConfigError(f"{redact(self.destination)} holds the outputs of another job ({'; '.join(differs)}); "
                               f"its outputs cannot be mixed with this one's: {fix}")
         self.outputs = outputs
+        self.found = True
         done = data.get("done")
         if done is not None:
             datafile.need(isinstance(done, dict) and all(
@@ -149,13 +162,14 @@ class JobRecord:
         self._check_strangers()
 
     def _check_strangers(self) -> None:
-        """Refuse local files at output names that this job's record does not list, before anything is written."""
+        """Refuse local files at output names that this job's record does not list, before anything is written
+        (with a record of this job found, only links: regular files there are its own, see the module docstring)."""
         if not is_local(self.destination) or _FIELD.search(self.destination) is None:
             return
         pattern = local_path(self.destination)
         found = glob.glob(glob.escape(pattern[:_FIELD.search(pattern).start()]) + "*")  # type: ignore[union-attr]
         for path in sorted(found):
-            if _matches(pattern, path) and not self._listed(path):
+            if _matches(pattern, path) and not self._listed(path) and (not self.found or os.path.islink(path)):
                 raise self._stranger(path)
 
     def _listed(self, url: str) -> bool:
@@ -173,7 +187,7 @@ class JobRecord:
         present = os.path.lexists(local_path(output)) if local else exists(output)
         entry = self.outputs.get(output)
         if entry is None:
-            if present:
+            if present and (not self.found or local and os.path.islink(local_path(output))):
                 raise self._stranger(output)
             return False
         if not present:
@@ -195,7 +209,7 @@ class JobRecord:
         writer.close()
         stream.close()
         self.outputs[stream.name] = {"size": stream.count, "sha256": stream.sha256.hexdigest()}
-        self.save()
+        self.save_soon()
 
     def written(self, output: str) -> None:
         """Record ``output``, written by other means, as finished (its checksum read back) and save the record."""
@@ -203,9 +217,34 @@ class JobRecord:
         self.outputs[output] = {"size": size, "sha256": digest}
         self.save()
 
+    def begin(self) -> None:
+        """Save the record before the job writes its first output (a new job), so that what a run interrupted
+        before its next save leaves at the job's output names is known to be the job's own."""
+        if not self.found:
+            self.save()
+            self.found = True
+
+    def save_soon(self) -> None:
+        """Save now if the last save is a second old (or twenty times what a save costs, for huge records);
+        else at the next call or :meth:`save`.  An output published but not yet saved is written again by a
+        rerun (see the module docstring): nothing is lost, some work is repeated."""
+        self._unsaved = True
+        if time.monotonic() - self._saved_at >= max(1.0, 20 * self._save_cost):
+            self.save()
+
     def save(self) -> None:
+        """Write the record now (atomically: published whole)."""
+        started = time.monotonic()
         data = {"format": FORMAT, "version": 1, "tool": self.tool, "inputs": self.inputs, "settings": self.settings,
                 "outputs": self.outputs, **self.extra}
         with gopen(self.url, "wb") as out:
-            out.write(json.dumps(data, indent=1, sort_keys=True).encode("utf-8"))
+            out.write(json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8"))
+        self._saved_at = time.monotonic()
+        self._save_cost = self._saved_at - started
+        self._unsaved = False
+
+    def flush(self) -> None:
+        """Save what :meth:`save_soon` has not saved yet (call at the end of a job, and when it stops)."""
+        if self._unsaved:
+            self.save()
 
