@@ -9,10 +9,10 @@ import pytest
 try:
     from hypothesis import HealthCheck, settings
 
-    settings.register_profile("default", deadline=None, max_examples=60,
-                              suppress_health_check=[HealthCheck.too_slow])
-    settings.register_profile("ci", deadline=None, max_examples=60, derandomize=True,
-                              suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("default", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile(
+        "ci", deadline=None, max_examples=60, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+    )
     settings.load_profile("ci" if os.environ.get("CI") else "default")
 except ImportError:  # pragma: no cover
     pass
@@ -22,7 +22,8 @@ except ImportError:  # pragma: no cover
 def _clean_wds_environment(monkeypatch):
     """Every test starts without WDS_*/GOPEN_* variables and with a fresh plugin registry."""
     from wds_cloud import config, utils
-    from wds_cloud.io import open as gopen, registry
+    from wds_cloud.io import open as gopen
+    from wds_cloud.io import registry
 
     for name in list(os.environ):
         if (name.startswith(("WDS_", "GOPEN_")) or name in config.ENV_VARS) and name not in ("HOME", "XDG_CONFIG_HOME"):

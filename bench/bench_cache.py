@@ -44,8 +44,9 @@ def drain(ds, field: str) -> tuple[int, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--rates", default="0,200",
-                        help="store bandwidth per connection in MB/s, comma-separated; 0 = unpaced loopback")
+    parser.add_argument(
+        "--rates", default="0,200", help="store bandwidth per connection in MB/s, comma-separated; 0 = unpaced loopback"
+    )
     args = parser.parse_args()
     import warnings
 
@@ -56,9 +57,14 @@ def main() -> None:
 
     peer = common.peer()
     rows = []
-    cases = [(rate, name, spec_args, field) for rate in [float(r) for r in args.rates.split(",")]
-             for name, spec_args, field in (("large", ("large", 4, 16, common.large), "npy"),
-                                            ("tiny", ("tiny", 8, 25000, common.tiny), "txt"))]
+    cases = [
+        (rate, name, spec_args, field)
+        for rate in [float(r) for r in args.rates.split(",")]
+        for name, spec_args, field in (
+            ("large", ("large", 4, 16, common.large), "npy"),
+            ("tiny", ("tiny", 8, 25000, common.tiny), "txt"),
+        )
+    ]
     for store_rate, name, spec_args, field in cases:
         spec, _ = common.dataset(*spec_args)
         paths = list(braceexpand.braceexpand(spec))
@@ -66,9 +72,12 @@ def main() -> None:
         for path in paths:
             os.symlink(path, os.path.join(directory, os.path.basename(path)))
         port = cloud.free_port()
-        server = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(HERE), "tests", "servers.py"),
-                                   "http", str(port), directory] + ([str(store_rate)] if store_rate else []), stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [sys.executable, os.path.join(os.path.dirname(HERE), "tests", "servers.py"), "http", str(port), directory]
+            + ([str(store_rate)] if store_rate else []),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         cloud.wait_for_port(port, server, "HTTP server", timeout=120)
         urls = [f"http://127.0.0.1:{port}/{os.path.basename(p)}" for p in paths]
         cache_root = tempfile.mkdtemp(prefix="bench-cache-dir-")
@@ -82,10 +91,18 @@ def main() -> None:
                 ("nocache", lambda: wds.WebDataset(urls, shardshuffle=False)),
                 ("epoch1", lambda: wds.WebDataset(urls, shardshuffle=False, cache_dir=cache_dir)),
                 ("epoch2", lambda: wds.WebDataset(urls, shardshuffle=False, cache_dir=cache_dir)),
-                ("peer1", lambda: peer.WebDataset([f"pipe:curl -s {u}" for u in urls], shardshuffle=False,
-                                                  cache_dir=peer_dir)),
-                ("peer2", lambda: peer.WebDataset([f"pipe:curl -s {u}" for u in urls], shardshuffle=False,
-                                                  cache_dir=peer_dir)),
+                (
+                    "peer1",
+                    lambda: peer.WebDataset(
+                        [f"pipe:curl -s {u}" for u in urls], shardshuffle=False, cache_dir=peer_dir
+                    ),
+                ),
+                (
+                    "peer2",
+                    lambda: peer.WebDataset(
+                        [f"pipe:curl -s {u}" for u in urls], shardshuffle=False, cache_dir=peer_dir
+                    ),
+                ),
             )
             for key, make in runs:
                 start = time.perf_counter()
@@ -103,16 +120,44 @@ def main() -> None:
         def ttfs(key: str) -> float:
             return min(f for _, f in results[key])
 
-        rows.append([f"{store_rate:.0f} MB/s" if store_rate else "unpaced", name, f"{rate('local') / 1e6:,.0f}", f"{rate('nocache') / 1e6:,.0f}",
-                     f"{rate('epoch1') / 1e6:,.0f}", f"{rate('epoch1') / rate('nocache'):.0%}",
-                     f"{rate('epoch2') / 1e6:,.0f}", f"{rate('epoch2') / rate('local'):.0%}",
-                     f"{ttfs('nocache') * 1e3:.1f}", f"{ttfs('epoch1') * 1e3:.1f}",
-                     f"{ttfs('epoch1') / ttfs('nocache'):.2f}x",
-                     f"{rate('peer1') / 1e6:,.0f} / {rate('peer2') / 1e6:,.0f}", f"{ttfs('peer1') * 1e3:.1f}"])
+        rows.append(
+            [
+                f"{store_rate:.0f} MB/s" if store_rate else "unpaced",
+                name,
+                f"{rate('local') / 1e6:,.0f}",
+                f"{rate('nocache') / 1e6:,.0f}",
+                f"{rate('epoch1') / 1e6:,.0f}",
+                f"{rate('epoch1') / rate('nocache'):.0%}",
+                f"{rate('epoch2') / 1e6:,.0f}",
+                f"{rate('epoch2') / rate('local'):.0%}",
+                f"{ttfs('nocache') * 1e3:.1f}",
+                f"{ttfs('epoch1') * 1e3:.1f}",
+                f"{ttfs('epoch1') / ttfs('nocache'):.2f}x",
+                f"{rate('peer1') / 1e6:,.0f} / {rate('peer2') / 1e6:,.0f}",
+                f"{ttfs('peer1') * 1e3:.1f}",
+            ]
+        )
         print(f"{name} (store {store_rate or 'unpaced'}): done", flush=True)
-    print(common.table(rows, ["store", "data", "local MB/s", "no cache", "epoch 1 cached", "of no cache", "epoch 2",
-                              "of local", "TTFS no cache ms", "TTFS cold cache ms", "ratio",
-                              "webdataset 1.0.2 epoch 1 / 2 MB/s", "webdataset TTFS ms"]))
+    print(
+        common.table(
+            rows,
+            [
+                "store",
+                "data",
+                "local MB/s",
+                "no cache",
+                "epoch 1 cached",
+                "of no cache",
+                "epoch 2",
+                "of local",
+                "TTFS no cache ms",
+                "TTFS cold cache ms",
+                "ratio",
+                "webdataset 1.0.2 epoch 1 / 2 MB/s",
+                "webdataset TTFS ms",
+            ],
+        )
+    )
 
 
 if __name__ == "__main__":

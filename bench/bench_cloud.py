@@ -92,21 +92,30 @@ def main() -> None:
     def report(scheme, workload, ours, reference, ref_name, unit):
         ratio = ours / reference
         rows.append([scheme, workload, f"{ours:,.0f} {unit}", f"{reference:,.0f} {unit}", ref_name, f"{ratio:.2f}x"])
-        print(f"{scheme} {workload}: wds_cloud {ours:,.0f} {unit}, {ref_name} {reference:,.0f} {unit} "
-              f"({ratio:.2f}x)", flush=True)
+        print(
+            f"{scheme} {workload}: wds_cloud {ours:,.0f} {unit}, {ref_name} {reference:,.0f} {unit} ({ratio:.2f}x)",
+            flush=True,
+        )
 
     if "s3" in only:
         import boto3
 
         # The servers run in their own processes, so they do not share this process's GIL with the readers.
         port = cloud.free_port()
-        moto = subprocess.Popen([shutil.which("moto_server", path=os.path.dirname(sys.executable)),
-                                 "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        moto = subprocess.Popen(
+            [shutil.which("moto_server", path=os.path.dirname(sys.executable)), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         cloud.wait_for_port(port, moto, "moto_server")
         endpoint = f"http://127.0.0.1:{port}"
-        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                              aws_secret_access_key="testing", region_name="us-east-1")
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
         client.create_bucket(Bucket="bench")
         for path in tiny_files + large_files:
             client.upload_file(path, "bench", os.path.basename(path))
@@ -114,18 +123,19 @@ def main() -> None:
         large_urls = [f"s3://bench/{os.path.basename(p)}" for p in large_files]
 
         def raw_boto3():
-            return sum(read_all(client.get_object(Bucket="bench", Key=u.split("/", 3)[3])["Body"])
-                       for u in large_urls)
+            return sum(read_all(client.get_object(Bucket="bench", Key=u.split("/", 3)[3])["Body"]) for u in large_urls)
 
         def ours_large():
             ds = wds.WebDataset(large_urls, shardshuffle=False, storage_options=options)
             return sum(len(s["npy"]) for s in ds)
 
-        report("s3", "large MB/s", *(r / 1e6 for r in best_pair(ours_large, raw_boto3, args.repeat)),
-               "boto3 Body", "MB/s")
+        report(
+            "s3", "large MB/s", *(r / 1e6 for r in best_pair(ours_large, raw_boto3, args.repeat)), "boto3 Body", "MB/s"
+        )
         tiny_urls = [f"s3://bench/{os.path.basename(p)}" for p in tiny_files]
-        env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-                   AWS_DEFAULT_REGION="us-east-1")
+        env = dict(
+            os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1"
+        )
         os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")})
         aws = shutil.which("aws") or shutil.which("aws", path=os.path.dirname(sys.executable))
         ours = best(lambda: count(wds.WebDataset(tiny_urls, shardshuffle=False, storage_options=options)), 1)
@@ -142,8 +152,11 @@ def main() -> None:
         for path in tiny_files + large_files:
             os.symlink(path, os.path.join(directory, os.path.basename(path)))
         port = cloud.free_port()
-        http = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(HERE), "tests", "servers.py"), "http",
-                                 str(port), directory], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        http = subprocess.Popen(
+            [sys.executable, os.path.join(os.path.dirname(HERE), "tests", "servers.py"), "http", str(port), directory],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         cloud.wait_for_port(port, http, "HTTP server", timeout=120)
         base = f"http://127.0.0.1:{port}"
         large_urls = [f"{base}/{os.path.basename(p)}" for p in large_files]
@@ -152,19 +165,21 @@ def main() -> None:
         def curl_large():
             total = 0
             for u in large_urls:
-                out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{size_download}", u],
-                                     capture_output=True, text=True, check=True)
+                out = subprocess.run(
+                    ["curl", "-s", "-o", "/dev/null", "-w", "%{size_download}", u],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
                 total += int(float(out.stdout))
             return total
 
         def ours_large():
             return sum(len(s["npy"]) for s in wds.WebDataset(large_urls, shardshuffle=False))
 
-        report("http", "large MB/s", *(r / 1e6 for r in best_pair(ours_large, curl_large, args.repeat)),
-               "curl", "MB/s")
+        report("http", "large MB/s", *(r / 1e6 for r in best_pair(ours_large, curl_large, args.repeat)), "curl", "MB/s")
         ours = best(lambda: count(wds.WebDataset(tiny_urls, shardshuffle=False)), 1)
-        theirs = best(lambda: count(peer.WebDataset([f"pipe:curl -s {u}" for u in tiny_urls],
-                                                    shardshuffle=False)), 1)
+        theirs = best(lambda: count(peer.WebDataset([f"pipe:curl -s {u}" for u in tiny_urls], shardshuffle=False)), 1)
         report("http", "tiny samples/s", ours, theirs, "webdataset pipe:curl", "samples/s")
         cloud.stop(http)
         shutil.rmtree(directory, ignore_errors=True)
@@ -172,8 +187,11 @@ def main() -> None:
     if "gs" in only:
         exe = shutil.which("gcp-storage-emulator", path=os.path.dirname(sys.executable))
         port = cloud.free_port()
-        proc = subprocess.Popen([exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         cloud.wait_for_port(port, proc, "gcp-storage-emulator")
         import gcsfs
 
@@ -185,28 +203,47 @@ def main() -> None:
         large_urls = [f"gs://bench/{os.path.basename(p)}" for p in large_files]
 
         def raw_gcsfs():
-            return sum(read_all(fs.open(u[5:], "rb", block_size=8 << 20, cache_type="readahead"))
-                       for u in large_urls)
+            return sum(read_all(fs.open(u[5:], "rb", block_size=8 << 20, cache_type="readahead")) for u in large_urls)
 
         def ours_large():
             ds = wds.WebDataset(large_urls, shardshuffle=False, storage_options=options)
             return sum(len(s["npy"]) for s in ds)
 
-        report("gs", "large MB/s", *(r / 1e6 for r in best_pair(ours_large, raw_gcsfs, args.repeat)),
-               "gcsfs readahead 8 MiB", "MB/s")
+        report(
+            "gs",
+            "large MB/s",
+            *(r / 1e6 for r in best_pair(ours_large, raw_gcsfs, args.repeat)),
+            "gcsfs readahead 8 MiB",
+            "MB/s",
+        )
         cloud.stop(proc)
 
     if "az" in only and cloud.azurite_executable():
         port = cloud.free_port()
         location = tempfile.mkdtemp(prefix="azurite-bench-")
-        proc = subprocess.Popen([cloud.azurite_executable(), "--blobHost", "127.0.0.1", "--blobPort", str(port),
-                                 "--location", location, "--disableTelemetry", "--skipApiVersionCheck", "--silent"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                cloud.azurite_executable(),
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                str(port),
+                "--location",
+                location,
+                "--disableTelemetry",
+                "--skipApiVersionCheck",
+                "--silent",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         cloud.wait_for_port(port, proc, "Azurite")
         from azure.storage.blob import BlobServiceClient
 
-        connection = (f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
-                      f"AccountKey={cloud.AZURITE_ACCOUNT_KEY};BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;")
+        connection = (
+            f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+            f"AccountKey={cloud.AZURITE_ACCOUNT_KEY};BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;"
+        )
         service = BlobServiceClient.from_connection_string(connection)
         service.create_container("bench")
         for path in large_files:
@@ -225,14 +262,18 @@ def main() -> None:
             ds = wds.WebDataset(large_urls, shardshuffle=False, storage_options={"connection_string": connection})
             return sum(len(s["npy"]) for s in ds)
 
-        report("az", "large MB/s", *(r / 1e6 for r in best_pair(ours_large, raw_sdk, args.repeat)),
-               "azure SDK chunks", "MB/s")
+        report(
+            "az",
+            "large MB/s",
+            *(r / 1e6 for r in best_pair(ours_large, raw_sdk, args.repeat)),
+            "azure SDK chunks",
+            "MB/s",
+        )
         cloud.stop(proc)
         shutil.rmtree(location, ignore_errors=True)
 
     print()
     print(common.table(rows, ["scheme", "workload", "wds_cloud", "reference", "reference is", "ratio"]))
-
 
 
 if __name__ == "__main__":

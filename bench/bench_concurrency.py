@@ -60,26 +60,35 @@ def curve(name, make_urls, options, repeat):
         result = read(make_urls(), None, options)
         best = max(best, result, key=lambda r: r[0])
     rate, report = best
-    print(f"{name}: default (measured): {rate:.0f} MB/s, ended at {report.get('level')} connections: "
-          f"{report.get('why')}", flush=True)
+    print(
+        f"{name}: default (measured): {rate:.0f} MB/s, ended at {report.get('level')} connections: {report.get('why')}",
+        flush=True,
+    )
     return fixed, rate, report
 
 
 def svg(panels, path) -> None:
     """A small two-panel line chart (no plotting library needed)."""
     width, height, pad = 360, 260, 48
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width * len(panels)}" height="{height}" '
-           'font-family="sans-serif" font-size="11">',
-           f'<rect width="{width * len(panels)}" height="{height}" fill="white"/>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width * len(panels)}" height="{height}" '
+        'font-family="sans-serif" font-size="11">',
+        f'<rect width="{width * len(panels)}" height="{height}" fill="white"/>',
+    ]
     for i, (title, fixed, rate, report) in enumerate(panels):
         x0 = i * width
         top = max(max(fixed.values()), rate) * 1.15
+
         def px(level):
             return x0 + pad + LEVELS.index(level) * (width - 2 * pad) / (len(LEVELS) - 1)
+
         def py(value):
             return height - pad - value / top * (height - 2 * pad)
+
         out.append(f'<text x="{x0 + width / 2}" y="18" text-anchor="middle" font-weight="bold">{title}</text>')
-        out.append(f'<line x1="{x0 + pad}" y1="{height - pad}" x2="{x0 + width - pad}" y2="{height - pad}" stroke="black"/>')
+        out.append(
+            f'<line x1="{x0 + pad}" y1="{height - pad}" x2="{x0 + width - pad}" y2="{height - pad}" stroke="black"/>'
+        )
         out.append(f'<line x1="{x0 + pad}" y1="{pad - 10}" x2="{x0 + pad}" y2="{height - pad}" stroke="black"/>')
         for level in LEVELS:
             out.append(f'<text x="{px(level)}" y="{height - pad + 15}" text-anchor="middle">{level}</text>')
@@ -87,16 +96,22 @@ def svg(panels, path) -> None:
         for k in range(5):
             value = top * k / 4
             out.append(f'<text x="{x0 + pad - 4}" y="{py(value) + 4}" text-anchor="end">{value:.0f}</text>')
-        out.append(f'<text x="{x0 + 12}" y="{height / 2}" transform="rotate(-90 {x0 + 12} {height / 2})" '
-                   'text-anchor="middle">MB/s</text>')
+        out.append(
+            f'<text x="{x0 + 12}" y="{height / 2}" transform="rotate(-90 {x0 + 12} {height / 2})" '
+            'text-anchor="middle">MB/s</text>'
+        )
         points = " ".join(f"{px(level):.1f},{py(fixed[level]):.1f}" for level in LEVELS)
         out.append(f'<polyline points="{points}" fill="none" stroke="#1f77b4" stroke-width="2"/>')
         for level in LEVELS:
             out.append(f'<circle cx="{px(level):.1f}" cy="{py(fixed[level]):.1f}" r="3" fill="#1f77b4"/>')
-        out.append(f'<line x1="{x0 + pad}" y1="{py(rate):.1f}" x2="{x0 + width - pad}" y2="{py(rate):.1f}" '
-                   'stroke="#d62728" stroke-dasharray="5,3"/>')
-        out.append(f'<text x="{x0 + width - pad}" y="{py(rate) - 5:.1f}" text-anchor="end" fill="#d62728">'
-                   f'default: {rate:.0f} MB/s, ends at {report.get("level")}</text>')
+        out.append(
+            f'<line x1="{x0 + pad}" y1="{py(rate):.1f}" x2="{x0 + width - pad}" y2="{py(rate):.1f}" '
+            'stroke="#d62728" stroke-dasharray="5,3"/>'
+        )
+        out.append(
+            f'<text x="{x0 + width - pad}" y="{py(rate) - 5:.1f}" text-anchor="end" fill="#d62728">'
+            f"default: {rate:.0f} MB/s, ends at {report.get('level')}</text>"
+        )
     out.append("</svg>")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
@@ -117,8 +132,11 @@ def main() -> None:
     spec, _ = common.dataset("wan", 8, 64, bench_wan.sample)
     directory, name = os.path.dirname(spec), os.path.basename(spec)
     port = cloud.free_port()
-    server = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(HERE), "tests", "servers.py"), "http",
-                               str(port), directory], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, os.path.join(os.path.dirname(HERE), "tests", "servers.py"), "http", str(port), directory],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     links = []
     try:
         cloud.wait_for_port(port, server, "HTTP server", timeout=300)
@@ -140,13 +158,21 @@ def main() -> None:
 
     large_spec, _ = common.dataset("large", 4, 16, common.large)
     moto_port = cloud.free_port()
-    moto = subprocess.Popen([shutil.which("moto_server", path=os.path.dirname(sys.executable)), "-H", "127.0.0.1",
-                             "-p", str(moto_port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    moto = subprocess.Popen(
+        [shutil.which("moto_server", path=os.path.dirname(sys.executable)), "-H", "127.0.0.1", "-p", str(moto_port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         cloud.wait_for_port(moto_port, moto, "moto_server")
         endpoint = f"http://127.0.0.1:{moto_port}"
-        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                              aws_secret_access_key="testing", region_name="us-east-1")
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
         client.create_bucket(Bucket="bench")
         paths = sorted(p for p in os.listdir(os.path.dirname(large_spec)) if p.endswith(".tar"))[:2]
         for p in paths:
@@ -161,8 +187,11 @@ def main() -> None:
     rows = []
     for title, fixed, rate, report in panels:
         best_level = max(fixed, key=fixed.get)
-        rows.append([title] + [f"{fixed[level]:.0f}" for level in LEVELS] +
-                    [f"{rate:.0f} ({report.get('level')})", f"{rate / fixed[best_level]:.2f}x of {best_level}"])
+        rows.append(
+            [title]
+            + [f"{fixed[level]:.0f}" for level in LEVELS]
+            + [f"{rate:.0f} ({report.get('level')})", f"{rate / fixed[best_level]:.2f}x of {best_level}"]
+        )
     print(common.table(rows, ["store"] + [str(level) for level in LEVELS] + ["default (ends at)", "vs best fixed"]))
     svg(panels, args.svg)
     print(f"\nfigure: {args.svg}")

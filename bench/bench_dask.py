@@ -63,7 +63,7 @@ def make_shards(folder: str, shards: int, images: int, side: int) -> list:
         with wds.TarWriter(path) as writer:
             for i in range(images):
                 row = bytes(rng.getrandbits(8) for _ in range(side * 3))
-                pixels = b"".join(row[k:] + row[:k] for k in range(0, side * 3 * side, side * 3 + 3))[:side * side * 3]
+                pixels = b"".join(row[k:] + row[:k] for k in range(0, side * 3 * side, side * 3 + 3))[: side * side * 3]
                 pixels = pixels.ljust(side * side * 3, b"\x80")
                 image = Image.frombytes("RGB", (side, side), pixels)
                 out = io.BytesIO()
@@ -143,35 +143,48 @@ def main() -> None:
         os.makedirs(tiny)
         urls = make_shards(data, SHARDS, IMAGES, SIDE)
         tiny_urls = make_shards(tiny, SHARDS, 2, 16)
-        from wds_cloud.dask import cluster_client
-
         import multiprocessing
 
-        with cluster_client(workers=args.workers) as client, \
-                multiprocessing.get_context("spawn").Pool(args.workers) as pool:  # the cluster map_shards starts
-            one, many, procs = alternate(reencode, urls, os.path.join(root, "big"), client, args.repeat, pool,
-                                         args.workers)
+        from wds_cloud.dask import cluster_client
+
+        with (
+            cluster_client(workers=args.workers) as client,
+            multiprocessing.get_context("spawn").Pool(args.workers) as pool,
+        ):  # the cluster map_shards starts
+            one, many, procs = alternate(
+                reencode, urls, os.path.join(root, "big"), client, args.repeat, pool, args.workers
+            )
         with cluster_client(workers=1) as client:
             base, engine, _ = alternate(nothing, tiny_urls, os.path.join(root, "tiny-out"), client, args.repeat)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"{SHARDS} shards of {IMAGES} JPEGs ({SIDE} x {SIDE}), each decoded and encoded again; "
-          f"{os.cpu_count()} cores; {args.repeat} pairs\n")
+    print(
+        f"{SHARDS} shards of {IMAGES} JPEGs ({SIDE} x {SIDE}), each decoded and encoded again; "
+        f"{os.cpu_count()} cores; {args.repeat} pairs\n"
+    )
     paired = statistics.median(p / c for p, c in zip(one, many))
     print("| run | best seconds | shards/s | speed-up |")
     print("|---|---|---|---|")
     print(f"| one process (plain loop) | {min(one):.2f} | {SHARDS / min(one):.1f} | 1.00x |")
-    print(f"| map_shards, LocalCluster of {args.workers} workers | {min(many):.2f} | {SHARDS / min(many):.1f} | "
-          f"**{paired:.2f}x** median of the paired runs, {min(one) / min(many):.2f}x best against best "
-          "(goal >= 1.7x) |")
-    print(f"| for comparison: the plain loop in {args.workers} processes, no engine | {min(procs):.2f} | "
-          f"{SHARDS / min(procs):.1f} | {statistics.median(p / c for p, c in zip(one, procs)):.2f}x (the machine's "
-          "ceiling) |")
-    print("\nall runs (s), one process/cluster/processes: " +
-          ", ".join(f"{p:.2f}/{c:.2f}/{q:.2f}" for p, c, q in zip(one, many, procs)))
+    print(
+        f"| map_shards, LocalCluster of {args.workers} workers | {min(many):.2f} | {SHARDS / min(many):.1f} | "
+        f"**{paired:.2f}x** median of the paired runs, {min(one) / min(many):.2f}x best against best "
+        "(goal >= 1.7x) |"
+    )
+    print(
+        f"| for comparison: the plain loop in {args.workers} processes, no engine | {min(procs):.2f} | "
+        f"{SHARDS / min(procs):.1f} | {statistics.median(p / c for p, c in zip(one, procs)):.2f}x (the machine's "
+        "ceiling) |"
+    )
+    print(
+        "\nall runs (s), one process/cluster/processes: "
+        + ", ".join(f"{p:.2f}/{c:.2f}/{q:.2f}" for p, c, q in zip(one, many, procs))
+    )
     per_shard = (min(engine) - min(base)) / SHARDS
-    print(f"\nengine cost: {SHARDS} tiny shards, a function that does nothing, 1 worker: map_shards "
-          f"{min(engine):.2f} s, plain loop {min(base):.2f} s: **{per_shard * 1000:.1f} ms per shard** (goal < 50 ms)")
+    print(
+        f"\nengine cost: {SHARDS} tiny shards, a function that does nothing, 1 worker: map_shards "
+        f"{min(engine):.2f} s, plain loop {min(base):.2f} s: **{per_shard * 1000:.1f} ms per shard** (goal < 50 ms)"
+    )
 
 
 if __name__ == "__main__":

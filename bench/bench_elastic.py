@@ -47,20 +47,51 @@ def simulated_states(wds) -> tuple[list, list]:
             current = 5
             table = [[ref, shown_url(urls[mine[ref]]), False, url_id(urls[mine[ref]])] for ref in range(current + 1)]
             buffer = [[i % (current + 1), 2 + 160 * (i // (current + 1)), 160] for i in range(BUFFER)]
-            reader = {"shard": current, "url": shown_url(urls[mine[current]]), "url_id": url_id(urls[mine[current]]),
-                      "offset": 512 * 40_000, "samples": 5 * 300 + 250, "done": False,
-                      "identity": {"rank": rank, "world_size": RANKS, "worker": worker, "num_workers": WORKERS},
-                      "next": "sample-000250.jpg"}
-            shuffle = {"config": config["Shuffle"], "rng": [12345, 4000], "urls": table, "block": 512,
-                       "buffer": buffer, "epoch": 0}
-            stages = [[index["SimpleShardList"], "SimpleShardList", {"epoch": 0, "config": config["SimpleShardList"]}],
-                      [index["TarSamples"], "TarSamples", reader], [index["CheckEmpty"], "CheckEmpty", {"seen": True}],
-                      [index["Shuffle"], "Shuffle", shuffle]]
-            workers.append([worker, {"format": "wds_cloud.state/1", "progress": [0, 750], "stages": stages,
-                                     "split": "nodes+workers"}])
-        states.append(seal({"format": "wds_cloud.loader/1", "num_workers": WORKERS, "next": 0, "exhausted": [],
-                            "epoch": 0, "workers": workers, "progress": [0, 190], "rank": rank,
-                            "world_size": RANKS}))
+            reader = {
+                "shard": current,
+                "url": shown_url(urls[mine[current]]),
+                "url_id": url_id(urls[mine[current]]),
+                "offset": 512 * 40_000,
+                "samples": 5 * 300 + 250,
+                "done": False,
+                "identity": {"rank": rank, "world_size": RANKS, "worker": worker, "num_workers": WORKERS},
+                "next": "sample-000250.jpg",
+            }
+            shuffle = {
+                "config": config["Shuffle"],
+                "rng": [12345, 4000],
+                "urls": table,
+                "block": 512,
+                "buffer": buffer,
+                "epoch": 0,
+            }
+            stages = [
+                [index["SimpleShardList"], "SimpleShardList", {"epoch": 0, "config": config["SimpleShardList"]}],
+                [index["TarSamples"], "TarSamples", reader],
+                [index["CheckEmpty"], "CheckEmpty", {"seen": True}],
+                [index["Shuffle"], "Shuffle", shuffle],
+            ]
+            workers.append(
+                [
+                    worker,
+                    {"format": "wds_cloud.state/1", "progress": [0, 750], "stages": stages, "split": "nodes+workers"},
+                ]
+            )
+        states.append(
+            seal(
+                {
+                    "format": "wds_cloud.loader/1",
+                    "num_workers": WORKERS,
+                    "next": 0,
+                    "exhausted": [],
+                    "epoch": 0,
+                    "workers": workers,
+                    "progress": [0, 190],
+                    "rank": rank,
+                    "world_size": RANKS,
+                }
+            )
+        )
     return states, urls
 
 
@@ -79,7 +110,6 @@ def best(fn, repeat):
 
 def scale(repeat: int) -> None:
     import wds_cloud as wds
-    from wds_cloud.resume import elastic
 
     states, urls = simulated_states(wds)
     per_rank = [len(json.dumps(s)) for s in states]
@@ -89,17 +119,23 @@ def scale(repeat: int) -> None:
     buffered = sum(len(entry[3]) // 2 for entry in level["buffered"])
     without = dict(level, buffered=[])
     per_sample = (len(text) - len(json.dumps(dict(merged, pipeline=without)))) / buffered
-    print(f"job: {RANKS} ranks x {WORKERS} workers, {SHARDS} shards, {BUFFER}-sample buffers "
-          f"({RANKS * WORKERS * BUFFER:,} buffered samples)\n")
+    print(
+        f"job: {RANKS} ranks x {WORKERS} workers, {SHARDS} shards, {BUFFER}-sample buffers "
+        f"({RANKS * WORKERS * BUFFER:,} buffered samples)\n"
+    )
     print("| what | figure |")
     print("|---|---|")
     print(f"| one rank's WebLoader state (JSON) | {sum(per_rank) / len(per_rank) / 1e6:.2f} MB |")
     print(f"| the 64 rank states together | {sum(per_rank) / 1e6:.1f} MB |")
     print(f"| `merge_states` over them | **{seconds * 1000:.0f} ms** |")
-    print(f"| merged state (JSON) | **{len(text) / 1e6:.2f} MB**: {buffered:,} buffered samples, "
-          f"{len(level['partial'])} partly read shards, {len(level['pending'])} unstarted |")
-    print(f"| merged state per buffered sample | **{per_sample:.1f} bytes** (a rank state: "
-          f"{(sum(per_rank) / (RANKS * WORKERS * BUFFER)):.1f}) |")
+    print(
+        f"| merged state (JSON) | **{len(text) / 1e6:.2f} MB**: {buffered:,} buffered samples, "
+        f"{len(level['partial'])} partly read shards, {len(level['pending'])} unstarted |"
+    )
+    print(
+        f"| merged state per buffered sample | **{per_sample:.1f} bytes** (a rank state: "
+        f"{(sum(per_rank) / (RANKS * WORKERS * BUFFER)):.1f}) |"
+    )
     json_seconds, _ = best(lambda: json.loads(json.dumps(merged)), repeat)
     print(f"| JSON dump + load of the merged state (a checkpoint's save and load) | {json_seconds * 1000:.0f} ms |")
 
@@ -109,8 +145,10 @@ def scale(repeat: int) -> None:
     warnings.simplefilter("ignore")
     loader = wds.WebLoader(build(wds, urls), batch_size=None, num_workers=WORKERS)
     load_seconds, _ = best(lambda: loader.load_state_dict(merged), repeat)
-    print(f"| `load_state_dict(merged)` on one rank of 32 x 8 (checks, and its 8 workers' shares) | "
-          f"**{load_seconds * 1000:.0f} ms** |")
+    print(
+        f"| `load_state_dict(merged)` on one rank of 32 x 8 (checks, and its 8 workers' shares) | "
+        f"**{load_seconds * 1000:.0f} ms** |"
+    )
     ds = build(wds, urls)
     one_seconds, _ = best(lambda: ds.elastic_start(merged, 3, 32, 1, WORKERS), repeat)
     print(f"| one worker's share | {one_seconds * 1000:.1f} ms |")
@@ -124,8 +162,10 @@ def scale(repeat: int) -> None:
             replays += sum(len(e[3]) // 2 for e in share["replay"])
     assert sorted(pieces, key=str) == sorted(level["pending"] + [p[0] for p in level["partial"]], key=str)
     assert replays == buffered
-    print(f"\nchecked: the 256 shares hold every unstarted shard, partly read shard and buffered sample once "
-          f"({replays:,} samples, {replays // 256:,} per worker)")
+    print(
+        f"\nchecked: the 256 shares hold every unstarted shard, partly read shard and buffered sample once "
+        f"({replays:,} samples, {replays // 256:,} per worker)"
+    )
 
 
 def common(repeat: int) -> None:

@@ -62,8 +62,11 @@ def main() -> None:
     for path in paths:
         os.symlink(path, os.path.join(directory, os.path.basename(path)))
     port = cloud.free_port()
-    http = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(HERE), "tests", "servers.py"), "http",
-                             str(port), directory], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    http = subprocess.Popen(
+        [sys.executable, os.path.join(os.path.dirname(HERE), "tests", "servers.py"), "http", str(port), directory],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     cloud.wait_for_port(port, http, "HTTP server", timeout=120)
     proxy = FaultProxy(f"http://127.0.0.1:{port}")
     urls = [f"{proxy.url}/{os.path.basename(p)}" for p in paths]
@@ -72,8 +75,16 @@ def main() -> None:
     faulty_ds = wds.WebDataset(urls, shardshuffle=False)
     faulty = best(lambda: read(faulty_ds))
     theirs = peer_read(peer, [f"pipe:curl -s {u}" for u in urls])
-    rows.append(["http", f"{clean / 1e6:,.0f}", f"{faulty / 1e6:,.0f}", f"{faulty / clean:.0%}",
-                 *recovery(faulty_ds.stats), theirs])
+    rows.append(
+        [
+            "http",
+            f"{clean / 1e6:,.0f}",
+            f"{faulty / 1e6:,.0f}",
+            f"{faulty / clean:.0%}",
+            *recovery(faulty_ds.stats),
+            theirs,
+        ]
+    )
     proxy.stop()
     cloud.stop(http)
     shutil.rmtree(directory, ignore_errors=True)
@@ -81,11 +92,19 @@ def main() -> None:
     import boto3
 
     port = cloud.free_port()
-    moto = subprocess.Popen([shutil.which("moto_server", path=os.path.dirname(sys.executable)), "-H", "127.0.0.1",
-                             "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    moto = subprocess.Popen(
+        [shutil.which("moto_server", path=os.path.dirname(sys.executable)), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     cloud.wait_for_port(port, moto, "moto_server")
-    client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="testing",
-                          aws_secret_access_key="testing", region_name="us-east-1")
+    client = boto3.client(
+        "s3",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
     client.create_bucket(Bucket="bench")
     for path in paths:
         client.upload_file(path, "bench", os.path.basename(path))
@@ -102,14 +121,34 @@ def main() -> None:
         theirs = peer_read(peer, [f"pipe:{aws} --endpoint-url {proxy.url} s3 cp {u} -" for u in urls])
     else:
         theirs = "aws command not installed"
-    rows.append(["s3", f"{clean / 1e6:,.0f}", f"{faulty / 1e6:,.0f}", f"{faulty / clean:.0%}",
-                 *recovery(faulty_ds.stats), theirs])
+    rows.append(
+        [
+            "s3",
+            f"{clean / 1e6:,.0f}",
+            f"{faulty / 1e6:,.0f}",
+            f"{faulty / clean:.0%}",
+            *recovery(faulty_ds.stats),
+            theirs,
+        ]
+    )
     proxy.stop()
     cloud.stop(moto)
 
-    print(common.table(rows, ["scheme", "clean MB/s", "reset/4MB MB/s", "of clean", "retries", "refetched MB",
-                              "ms lost/retry",
-                              "webdataset 1.0.2 under the same faults (64 samples expected)"]))
+    print(
+        common.table(
+            rows,
+            [
+                "scheme",
+                "clean MB/s",
+                "reset/4MB MB/s",
+                "of clean",
+                "retries",
+                "refetched MB",
+                "ms lost/retry",
+                "webdataset 1.0.2 under the same faults (64 samples expected)",
+            ],
+        )
+    )
 
 
 def recovery(stats) -> list:

@@ -132,6 +132,7 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     try:
         import torchvision  # noqa: F401
+
         has_tv = True
     except Exception:
         has_tv = False
@@ -174,14 +175,19 @@ def main() -> None:
             decode = wds.gpu_decode(0, size=224, crop=224, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
             feeds = {
                 "wds_cloud gpu decode": ((decode(b)[0], torch.as_tensor(np_labels(b[1])).cuda()) for b in gpu_loader),
-                "wds_cloud cpu decode": (wds.to_device(to_tensors(b), "cuda")
-                                         for b in loaders("wds_cloud", "cpu", jpg_spec, args.train_workers)),
-                "webdataset cpu decode": (wds.to_device(to_tensors(b), "cuda")
-                                          for b in loaders("webdataset", "cpu", jpg_spec, args.train_workers)),
+                "wds_cloud cpu decode": (
+                    wds.to_device(to_tensors(b), "cuda")
+                    for b in loaders("wds_cloud", "cpu", jpg_spec, args.train_workers)
+                ),
+                "webdataset cpu decode": (
+                    wds.to_device(to_tensors(b), "cuda")
+                    for b in loaders("webdataset", "cpu", jpg_spec, args.train_workers)
+                ),
             }
             for name, feed in feeds.items():
-                fed = train_rate(model_name, ((x.float() if x.dtype == torch.uint8 else x, y) for x, y in feed),
-                                 args.seconds)
+                fed = train_rate(
+                    model_name, ((x.float() if x.dtype == torch.uint8 else x, y) for x, y in feed), args.seconds
+                )
                 row[name] = f"{fed / base:.0%}"
                 print(f"{model_name}: {name} {fed:,.0f} img/s = {fed / base:.0%} of synthetic {base:,.0f}", flush=True)
             results["training"].append(row)

@@ -45,8 +45,10 @@ def wids_module():
     try:
         import wids
     except ImportError:
-        raise SystemExit("this benchmark compares with wids 0.1.11, which is not a dependency of wds_cloud; "
-                         "install it in the benchmark environment: pip install wids==0.1.11")
+        raise SystemExit(
+            "this benchmark compares with wids 0.1.11, which is not a dependency of wds_cloud; "
+            "install it in the benchmark environment: pip install wids==0.1.11"
+        )
     return wids
 
 
@@ -118,7 +120,7 @@ def main() -> None:
     wids = wids_module()
     spec, size = common.dataset("index", args.shards, PER_SHARD, sample)
     directory = os.path.dirname(spec)
-    names = sorted(n for n in os.listdir(directory) if n.endswith(".tar"))[:args.shards]
+    names = sorted(n for n in os.listdir(directory) if n.endswith(".tar"))[: args.shards]
 
     # indexing rate, local
     for name in names:
@@ -142,13 +144,18 @@ def main() -> None:
         build_index(os.path.join(directory, name))
     built = size / (time.perf_counter() - started)
     print(f"\n{args.shards} shards, {size / 1e6:.0f} MB; {args.samples} random samples (seed 0)\n")
-    print(f"plain read of the shards: {raw / 1e6:.0f} MB/s; wds_cloud.index.build_index: {built / 1e6:.0f} MB/s "
-          f"({built / raw:.0%}); `wds-cloud index` (sidecars written): {indexed / 1e6:.0f} MB/s "
-          f"({indexed / raw:.0%})\n")
+    print(
+        f"plain read of the shards: {raw / 1e6:.0f} MB/s; wds_cloud.index.build_index: {built / 1e6:.0f} MB/s "
+        f"({built / raw:.0%}); `wds-cloud index` (sidecars written): {indexed / 1e6:.0f} MB/s "
+        f"({indexed / raw:.0%})\n"
+    )
 
     port = cloud.free_port()
-    server = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(HERE), "tests", "servers.py"), "http",
-                               str(port), directory], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, os.path.join(os.path.dirname(HERE), "tests", "servers.py"), "http", str(port), directory],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     proxy = None
     picks = random.Random(0).sample(range(args.shards * PER_SHARD), args.samples)
     try:
@@ -166,8 +173,9 @@ def main() -> None:
         print("|---|---|---|---|---|---|")
         cold = {
             "wds_cloud": readers["wds_cloud"],
-            "wids 0.1.11": lambda: wids.ShardListDataset(shardlist, cache_dir=tempfile.mkdtemp(dir=wids_cache),
-                                                         transformations=[]),
+            "wids 0.1.11": lambda: wids.ShardListDataset(
+                shardlist, cache_dir=tempfile.mkdtemp(dir=wids_cache), transformations=[]
+            ),
         }
         results = {}
         for reader, make in readers.items():
@@ -175,14 +183,19 @@ def main() -> None:
             results[reader] = (first_sample(cold[reader], picks[1:]), rate, moved)
         ours, theirs = results["wds_cloud"], results["wids 0.1.11"]
         for reader, (first, rate, moved) in results.items():
-            ratio = (f"first sample {theirs[0] / ours[0]:.0f}x sooner, {theirs[2] / max(ours[2], 1):.0f}x fewer bytes"
-                     if reader == "wds_cloud" else "")
-            print(f"| http | {reader} | {first * 1000:.0f} ms | {rate:.0f} | {moved / 1e6:.1f} MB | {ratio} |",
-                  flush=True)
+            ratio = (
+                f"first sample {theirs[0] / ours[0]:.0f}x sooner, {theirs[2] / max(ours[2], 1):.0f}x fewer bytes"
+                if reader == "wds_cloud"
+                else ""
+            )
+            print(
+                f"| http | {reader} | {first * 1000:.0f} ms | {rate:.0f} | {moved / 1e6:.1f} MB | {ratio} |", flush=True
+            )
         # warm local copies: ours in the shard cache, wids' downloads already there
         warm = {
-            "wds_cloud (cache_dir, warm)": lambda: wds.ShardListDataset(shardlist, transformations=[],
-                                                                       cache_dir=our_cache),
+            "wds_cloud (cache_dir, warm)": lambda: wds.ShardListDataset(
+                shardlist, transformations=[], cache_dir=our_cache
+            ),
             "wids 0.1.11 (cache, warm)": readers["wids 0.1.11"],
         }
         for make in warm.values():  # fill
@@ -215,23 +228,30 @@ def s3(args, names, directory, picks, wds, wids, FaultProxy) -> None:
         print("\n(s3 skipped: wids needs the `aws` command; pip install awscli)")
         return
     port = cloud.free_port()
-    moto = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    moto = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     proxy = None
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
-                                            "AWS_DEFAULT_REGION")}
+    saved = {
+        k: os.environ.get(k)
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")
+    }
     try:
         cloud.wait_for_port(port, moto, "moto", timeout=120)
         endpoint = f"http://127.0.0.1:{port}"
-        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="k", aws_secret_access_key="s",
-                              region_name="us-east-1")
+        client = boto3.client(
+            "s3", endpoint_url=endpoint, aws_access_key_id="k", aws_secret_access_key="s", region_name="us-east-1"
+        )
         client.create_bucket(Bucket="bench")
         for name in names:
             client.upload_file(os.path.join(directory, name), "bench", name)
             client.upload_file(os.path.join(directory, name + ".index.json"), "bench", name + ".index.json")
         proxy = FaultProxy(endpoint)
-        os.environ.update(AWS_ACCESS_KEY_ID="k", AWS_SECRET_ACCESS_KEY="s", AWS_ENDPOINT_URL=proxy.url,
-                          AWS_DEFAULT_REGION="us-east-1")
+        os.environ.update(
+            AWS_ACCESS_KEY_ID="k", AWS_SECRET_ACCESS_KEY="s", AWS_ENDPOINT_URL=proxy.url, AWS_DEFAULT_REGION="us-east-1"
+        )
         shardlist = [{"url": f"s3://bench/{n}", "nsamples": PER_SHARD} for n in names]
         wids_cache = tempfile.mkdtemp(prefix="wids-cache-")
         readers = {
@@ -240,8 +260,9 @@ def s3(args, names, directory, picks, wds, wids, FaultProxy) -> None:
         }
         cold = {
             "wds_cloud": readers["wds_cloud"],
-            "wids 0.1.11": lambda: wids.ShardListDataset(shardlist, cache_dir=tempfile.mkdtemp(dir=wids_cache),
-                                                         transformations=[]),
+            "wids 0.1.11": lambda: wids.ShardListDataset(
+                shardlist, cache_dir=tempfile.mkdtemp(dir=wids_cache), transformations=[]
+            ),
         }
         results = {}
         with quiet_stdout():
@@ -251,10 +272,15 @@ def s3(args, names, directory, picks, wds, wids, FaultProxy) -> None:
         ours, theirs = results["wds_cloud"], results["wids 0.1.11"]
         print()
         for reader, (first, rate, moved) in results.items():
-            ratio = (f"first sample {theirs[0] / ours[0]:.0f}x sooner, {theirs[2] / max(ours[2], 1):.0f}x fewer bytes"
-                     if reader == "wds_cloud" else "")
-            print(f"| s3 (moto) | {reader} | {first * 1000:.0f} ms | {rate:.0f} | {moved / 1e6:.1f} MB | {ratio} |",
-                  flush=True)
+            ratio = (
+                f"first sample {theirs[0] / ours[0]:.0f}x sooner, {theirs[2] / max(ours[2], 1):.0f}x fewer bytes"
+                if reader == "wds_cloud"
+                else ""
+            )
+            print(
+                f"| s3 (moto) | {reader} | {first * 1000:.0f} ms | {rate:.0f} | {moved / 1e6:.1f} MB | {ratio} |",
+                flush=True,
+            )
         shutil.rmtree(wids_cache, ignore_errors=True)
     finally:
         for key, value in saved.items():

@@ -41,11 +41,18 @@ def own_source(wds):
 
 def build(wds, spec: str, kind: str, batch: int = 64):
     if kind == "own-source":
-        return wds.DataPipeline(wds.SimpleShardList(spec), wds.split_by_worker, own_source(wds), wds.shuffle(1000),
-                                wds.to_tuple("txt", "cls"), wds.batched(batch))
+        return wds.DataPipeline(
+            wds.SimpleShardList(spec),
+            wds.split_by_worker,
+            own_source(wds),
+            wds.shuffle(1000),
+            wds.to_tuple("txt", "cls"),
+            wds.batched(batch),
+        )
     if kind == "decode":
-        return wds.WebDataset(spec, shardshuffle=False).shuffle(1000).decode("rgb8").to_tuple("jpg", "cls") \
-            .batched(batch)
+        return (
+            wds.WebDataset(spec, shardshuffle=False).shuffle(1000).decode("rgb8").to_tuple("jpg", "cls").batched(batch)
+        )
     ds = wds.WebDataset(spec, shardshuffle=False).shuffle(1000).to_tuple("txt", "cls")
     return ds if kind == "samples" else ds.batched(batch)
 
@@ -101,13 +108,20 @@ def main() -> None:
     print(common.table(rows, [f"configuration ({w} workers)", "samples/s"]))
     print()
     print("WebLoader vs torch DataLoader over the same pipeline (the cost of taking a state with every item):")
-    for case in ("tiny, batches of 64", "tiny, batches of 256", "medium decoded, batches of 64",
-                 "tiny, single samples", "tiny, own source"):
+    for case in (
+        "tiny, batches of 64",
+        "tiny, batches of 256",
+        "medium decoded, batches of 64",
+        "tiny, single samples",
+        "tiny, own source",
+    ):
         ratio = best[f"{case}, WebLoader"] / best[f"{case}, DataLoader"] - 1
         note = "  (not resumable: no state is taken)" if "own source" in case else ""
         print(f"  {case:32s} {ratio:+.1%}{note}")
-    print(f"wds_cloud vs webdataset 1.0.2, WebLoader, tiny batches of 64: "
-          f"{best['tiny, batches of 64, WebLoader'] / best['tiny, batches of 64, webdataset 1.0.2 WebLoader']:.2f}x")
+    print(
+        f"wds_cloud vs webdataset 1.0.2, WebLoader, tiny batches of 64: "
+        f"{best['tiny, batches of 64, WebLoader'] / best['tiny, batches of 64, webdataset 1.0.2 WebLoader']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

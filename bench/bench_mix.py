@@ -43,11 +43,17 @@ def main() -> None:
     rows = []
     for workload in args.workload.split(","):
         make = {"tiny": common.tiny, "medium": common.medium}[workload]
-        specs = {name: common.dataset(f"mix-{workload}-{name}", shards, PER_SHARD[workload], make)[0]
-                 for name, shards, _ in SOURCES}
+        specs = {
+            name: common.dataset(f"mix-{workload}-{name}", shards, PER_SHARD[workload], make)[0]
+            for name, shards, _ in SOURCES
+        }
         total = sum(shards * PER_SHARD[workload] for _, shards, _ in SOURCES)
-        spec = {"version": 1, "seed": 0, "samples_per_epoch": total,
-                "sources": [{"name": name, "urls": specs[name], "weight": weight} for name, _, weight in SOURCES]}
+        spec = {
+            "version": 1,
+            "seed": 0,
+            "samples_per_epoch": total,
+            "sources": [{"name": name, "urls": specs[name], "weight": weight} for name, _, weight in SOURCES],
+        }
 
         def unmixed() -> int:
             return sum(sum(1 for _ in wds.WebDataset(specs[name], shardshuffle=True)) for name, _, _ in SOURCES)
@@ -64,13 +70,29 @@ def main() -> None:
         n_mixed, mixed_rate = best(mixed)
         n_peer, peer_rate = best(peer_mix)
         assert n_unmixed == n_mixed == n_peer == total, (n_unmixed, n_mixed, n_peer, total)
-        rows.append([workload, f"{total:,}", f"{unmixed_rate:,.0f}", f"{mixed_rate:,.0f}",
-                     f"{mixed_rate / unmixed_rate:.0%}", f"{peer_rate:,.0f}", f"{mixed_rate / peer_rate:.2f}x"])
-        print(f"{workload}: unmixed {unmixed_rate:,.0f}/s, mixed {mixed_rate:,.0f}/s "
-              f"({mixed_rate / unmixed_rate:.0%}), webdataset RandomMix {peer_rate:,.0f}/s", flush=True)
+        rows.append(
+            [
+                workload,
+                f"{total:,}",
+                f"{unmixed_rate:,.0f}",
+                f"{mixed_rate:,.0f}",
+                f"{mixed_rate / unmixed_rate:.0%}",
+                f"{peer_rate:,.0f}",
+                f"{mixed_rate / peer_rate:.2f}x",
+            ]
+        )
+        print(
+            f"{workload}: unmixed {unmixed_rate:,.0f}/s, mixed {mixed_rate:,.0f}/s "
+            f"({mixed_rate / unmixed_rate:.0%}), webdataset RandomMix {peer_rate:,.0f}/s",
+            flush=True,
+        )
     print()
-    print(common.table(rows, ["workload", "samples", "unmixed/s", "mixed/s", "mixed/unmixed", "webdataset mix/s",
-                              "ours/webdataset"]))
+    print(
+        common.table(
+            rows,
+            ["workload", "samples", "unmixed/s", "mixed/s", "mixed/unmixed", "webdataset mix/s", "ours/webdataset"],
+        )
+    )
 
 
 if __name__ == "__main__":

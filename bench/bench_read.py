@@ -22,9 +22,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 WORKLOADS = {
-    "tiny": (8, 25000, common.tiny),     # 200,000 samples of (100-byte txt, cls)
+    "tiny": (8, 25000, common.tiny),  # 200,000 samples of (100-byte txt, cls)
     "medium": (8, 1000, common.medium),  # 8,000 samples of (~22 KB jpg, json, cls)
-    "large": (4, 16, common.large),      # 64 samples of 8 MB npy
+    "large": (4, 16, common.large),  # 64 samples of 8 MB npy
 }
 
 
@@ -100,23 +100,55 @@ def main() -> None:
                     best[impl] = (rate, nbytes / seconds / 1e6, n)
         peaks = {}
         for impl in ("wds_cloud", "webdataset"):
-            out = subprocess.run([sys.executable, __file__, "--peak", impl, workload, spec], capture_output=True,
-                                 text=True, check=True).stdout.split()
+            out = subprocess.run(
+                [sys.executable, __file__, "--peak", impl, workload, spec], capture_output=True, text=True, check=True
+            ).stdout.split()
             peaks[impl] = (out[0], "/".join(out[1:]))
         ours, theirs = best["wds_cloud"], best["webdataset"]
         note = ""
         if workload == "large":
             ceiling = readinto_rate(spec) / 1e6
-            note = (f"readinto {ceiling:,.0f} MB/s; wds_cloud {100 * ours[1] / ceiling:.0f}%, "
-                    f"webdataset {100 * theirs[1] / ceiling:.0f}%")
-        rows.append([workload, ours[2], f"{ours[0]:,.0f}", f"{theirs[0]:,.0f}", f"{ours[1]:,.0f}", f"{theirs[1]:,.0f}",
-                     f"{ours[0] / theirs[0]:.2f}x", f"{peaks['wds_cloud'][0]} / {peaks['webdataset'][0]}",
-                     f"{peaks['wds_cloud'][1]} | {peaks['webdataset'][1]}", note])
-        print(f"{workload}: wds_cloud {ours[0]:,.0f} samples/s, webdataset {theirs[0]:,.0f} samples/s, "
-              f"ratio {ours[0] / theirs[0]:.2f}x {note}", flush=True)
+            note = (
+                f"readinto {ceiling:,.0f} MB/s; wds_cloud {100 * ours[1] / ceiling:.0f}%, "
+                f"webdataset {100 * theirs[1] / ceiling:.0f}%"
+            )
+        rows.append(
+            [
+                workload,
+                ours[2],
+                f"{ours[0]:,.0f}",
+                f"{theirs[0]:,.0f}",
+                f"{ours[1]:,.0f}",
+                f"{theirs[1]:,.0f}",
+                f"{ours[0] / theirs[0]:.2f}x",
+                f"{peaks['wds_cloud'][0]} / {peaks['webdataset'][0]}",
+                f"{peaks['wds_cloud'][1]} | {peaks['webdataset'][1]}",
+                note,
+            ]
+        )
+        print(
+            f"{workload}: wds_cloud {ours[0]:,.0f} samples/s, webdataset {theirs[0]:,.0f} samples/s, "
+            f"ratio {ours[0] / theirs[0]:.2f}x {note}",
+            flush=True,
+        )
     print()
-    print(common.table(rows, ["workload", "samples", "ours/s", "peer/s", "ours MB/s", "peer MB/s", "ratio",
-                              "peak RSS MB ours/peer", "RSS per epoch ours | peer", "note"]))
+    print(
+        common.table(
+            rows,
+            [
+                "workload",
+                "samples",
+                "ours/s",
+                "peer/s",
+                "ours MB/s",
+                "peer MB/s",
+                "ratio",
+                "peak RSS MB ours/peer",
+                "RSS per epoch ours | peer",
+                "note",
+            ],
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -66,9 +66,17 @@ def checkpoint_and_resume(wds, url: str, size: int) -> dict:
     ttfs = time.perf_counter() - started
     report = dict(again._reader.last_refetch)
     rest = [first] + [s["__key__"] for s in it]
-    return {"consumed": len(head), "ttfs": ttfs, "buffered_samples": len(shuffle["buffer"]),
-            "buffered_bytes": buffered, "reread": report["bytes"], "requests": report["requests"],
-            "state_bytes": len(text), "state_seconds": taken, "keys": head + rest}
+    return {
+        "consumed": len(head),
+        "ttfs": ttfs,
+        "buffered_samples": len(shuffle["buffer"]),
+        "buffered_bytes": buffered,
+        "reread": report["bytes"],
+        "requests": report["requests"],
+        "state_bytes": len(text),
+        "state_seconds": taken,
+        "keys": head + rest,
+    }
 
 
 def peer_skip(peer, url: str, consumed: int) -> float:
@@ -107,15 +115,26 @@ def main() -> None:
     spec, size = common.dataset("resume", 1, SAMPLES, sample)
     path = list(braceexpand.braceexpand(spec))[0]
     port = cloud.free_port()
-    server = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(HERE), "tests", "servers.py"), "http",
-                               str(port), os.path.dirname(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(os.path.dirname(HERE), "tests", "servers.py"),
+            "http",
+            str(port),
+            os.path.dirname(path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         cloud.wait_for_port(port, server, "HTTP server", timeout=120)
         sources = {"local file": path, "http (our server)": f"http://127.0.0.1:{port}/{os.path.basename(path)}"}
         full = [s["__key__"] for s in build(wds, path)]
         print(f"shard: {size / 1e6:.0f} MB, {SAMPLES} samples; shuffle buffer {BUFFER}\n")
-        print("| source | checkpoint after | buffered samples | bytes read again | of buffered + 512 | "
-              "requests | first sample after resume | webdataset 1.0.2 |")
+        print(
+            "| source | checkpoint after | buffered samples | bytes read again | of buffered + 512 | "
+            "requests | first sample after resume | webdataset 1.0.2 |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         for name, url in sources.items():
             best = None
@@ -126,28 +145,41 @@ def main() -> None:
                 if best is None or r["ttfs"] < best["ttfs"]:
                     best = r
             skip = min(peer_skip(peer, url, best["consumed"]) for _ in range(args.repeat))
-            print(f"| {name} | {best['consumed']} samples | {best['buffered_samples']} | "
-                  f"{best['reread'] / 1e6:.1f} MB | {best['reread'] / (best['buffered_bytes'] + 512):.0%} | "
-                  f"{best['requests']} | **{best['ttfs'] * 1000:.0f} ms** | no state_dict; read from the start "
-                  f"and skip {best['consumed']}: {skip * 1000:.0f} ms |")
-        print(f"\nstate: {best['state_bytes']} bytes of JSON ({best['buffered_samples']} buffered samples), "
-              f"state_dict() {best['state_seconds'] * 1e6:.0f} us")
+            print(
+                f"| {name} | {best['consumed']} samples | {best['buffered_samples']} | "
+                f"{best['reread'] / 1e6:.1f} MB | {best['reread'] / (best['buffered_bytes'] + 512):.0%} | "
+                f"{best['requests']} | **{best['ttfs'] * 1000:.0f} ms** | no state_dict; read from the start "
+                f"and skip {best['consumed']}: {skip * 1000:.0f} ms |"
+            )
+        print(
+            f"\nstate: {best['state_bytes']} bytes of JSON ({best['buffered_samples']} buffered samples), "
+            f"state_dict() {best['state_seconds'] * 1e6:.0f} us"
+        )
 
         # per-step cost
         medium, _ = common.dataset("medium", 8, 1000, common.medium)
         pipelines = {
-            "raw: shuffle(1000).batched(32)": lambda: wds.WebDataset(medium, shardshuffle=True).shuffle(BUFFER).batched(
-                32, collation_fn=list),
-            "decoded: shuffle(1000).decode(\"rgb8\").to_tuple(\"jpg\", \"cls\").batched(32)":
-                lambda: wds.WebDataset(medium, shardshuffle=True).shuffle(BUFFER).decode("rgb8").to_tuple(
-                    "jpg", "cls").batched(32),
+            "raw: shuffle(1000).batched(32)": lambda: (
+                wds.WebDataset(medium, shardshuffle=True).shuffle(BUFFER).batched(32, collation_fn=list)
+            ),
+            'decoded: shuffle(1000).decode("rgb8").to_tuple("jpg", "cls").batched(32)': lambda: (
+                wds.WebDataset(medium, shardshuffle=True)
+                .shuffle(BUFFER)
+                .decode("rgb8")
+                .to_tuple("jpg", "cls")
+                .batched(32)
+            ),
         }
         pairs = {"raw: shuffle(1000).batched(32)": 5 * args.repeat}
-        print("\nper-step cost of state_dict(), in-process, 8,000 ~22 KB jpg samples, a step = a batch of 32; "
-              "CPU time of the process; plain and with-state epochs alternate, the difference is the median "
-              "of the pairs' differences")
-        print("| pipeline | epoch (best) | per step | with state_dict() every step: median pair difference | "
-              "state_dict() per call (median) | calls x cost / epoch |")
+        print(
+            "\nper-step cost of state_dict(), in-process, 8,000 ~22 KB jpg samples, a step = a batch of 32; "
+            "CPU time of the process; plain and with-state epochs alternate, the difference is the median "
+            "of the pairs' differences"
+        )
+        print(
+            "| pipeline | epoch (best) | per step | with state_dict() every step: median pair difference | "
+            "state_dict() per call (median) | calls x cost / epoch |"
+        )
         print("|---|---|---|---|---|---|")
         for name, pipeline in pipelines.items():
             plain, stepped, calls = [], [], []
@@ -165,9 +197,11 @@ def main() -> None:
             diffs = sorted(s / p - 1 for (p, _), (s, _) in zip(plain, stepped))
             steps = plain[0][1]
             per_call = sorted(calls)[len(calls) // 2]
-            print(f"| {name} | {base * 1000:.0f} ms | {base / steps * 1e3:.2f} ms | **{diffs[len(diffs) // 2]:+.1%}** "
-                  f"(of {len(diffs)} pairs; quartiles {diffs[len(diffs) // 4]:+.1%} / {diffs[3 * len(diffs) // 4]:+.1%}) | "
-                  f"{per_call * 1e6:.1f} us | {per_call * steps / base:.2%} |")
+            print(
+                f"| {name} | {base * 1000:.0f} ms | {base / steps * 1e3:.2f} ms | **{diffs[len(diffs) // 2]:+.1%}** "
+                f"(of {len(diffs)} pairs; quartiles {diffs[len(diffs) // 4]:+.1%} / {diffs[3 * len(diffs) // 4]:+.1%}) | "
+                f"{per_call * 1e6:.1f} us | {per_call * steps / base:.2%} |"
+            )
 
         raw = pipelines["raw: shuffle(1000).batched(32)"]
         rows = {"torch DataLoader": [], "WebLoader": []}
@@ -178,10 +212,12 @@ def main() -> None:
                 rows[name].append(epoch(loader, None)[0])
         t_torch, t_ours = min(rows["torch DataLoader"]), min(rows["WebLoader"])
         diffs = sorted(o / t - 1 for t, o in zip(rows["torch DataLoader"], rows["WebLoader"]))
-        print(f"\nraw batches, 2 workers, {len(diffs)} alternating pairs: torch DataLoader {8000 / t_torch:,.0f} "
-              f"samples/s, WebLoader (every batch carries its worker's state) {8000 / t_ours:,.0f} samples/s "
-              f"(best of each); median pair difference {diffs[len(diffs) // 2]:+.1%} time "
-              f"(quartiles {diffs[len(diffs) // 4]:+.1%} / {diffs[3 * len(diffs) // 4]:+.1%})")
+        print(
+            f"\nraw batches, 2 workers, {len(diffs)} alternating pairs: torch DataLoader {8000 / t_torch:,.0f} "
+            f"samples/s, WebLoader (every batch carries its worker's state) {8000 / t_ours:,.0f} samples/s "
+            f"(best of each); median pair difference {diffs[len(diffs) // 2]:+.1%} time "
+            f"(quartiles {diffs[len(diffs) // 4]:+.1%} / {diffs[3 * len(diffs) // 4]:+.1%})"
+        )
     finally:
         server.terminate()
         server.wait()

@@ -23,8 +23,9 @@ import common  # noqa: E402
 def workloads():
     tiny = [{"__key__": "%08d" % i, "txt": b"x" * 100, "cls": b"%d" % (i % 1000)} for i in range(100000)]
     jpg = common.medium(0)["jpg"]
-    medium = [{"__key__": "%08d" % i, "jpg": jpg, "json": b'{"i": %d}' % i, "cls": b"%d" % (i % 10)}
-              for i in range(8000)]
+    medium = [
+        {"__key__": "%08d" % i, "jpg": jpg, "json": b'{"i": %d}' % i, "cls": b"%d" % (i % 10)} for i in range(8000)
+    ]
     npy = common.large(0)["npy"]
     large = [{"__key__": "%08d" % i, "npy": npy} for i in range(64)]
     return {"tiny": tiny, "medium": medium, "large": large}
@@ -57,9 +58,17 @@ def main() -> None:
                 n, seconds = common.timed(lambda: write_all(impl, samples))
                 best[impl] = max(best.get(impl, 0), n / seconds)
         ratio = best["wds_cloud"] / best["webdataset"]
-        rows.append([name, len(samples), f"{best['wds_cloud']:,.0f}", f"{best['webdataset']:,.0f}",
-                     f"{best['wds_cloud'] * nbytes / len(samples) / 1e6:,.0f}",
-                     f"{best['webdataset'] * nbytes / len(samples) / 1e6:,.0f}", f"{ratio:.2f}x"])
+        rows.append(
+            [
+                name,
+                len(samples),
+                f"{best['wds_cloud']:,.0f}",
+                f"{best['webdataset']:,.0f}",
+                f"{best['wds_cloud'] * nbytes / len(samples) / 1e6:,.0f}",
+                f"{best['webdataset'] * nbytes / len(samples) / 1e6:,.0f}",
+                f"{ratio:.2f}x",
+            ]
+        )
         print(f"{name}: {ratio:.2f}x", flush=True)
     print()
     print(common.table(rows, ["workload", "samples", "ours/s", "peer/s", "ours MB/s", "peer MB/s", "ratio"]))

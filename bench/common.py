@@ -8,7 +8,7 @@ import os
 import resource
 import tarfile
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.environ.get("BENCH_DATA", os.path.join(HERE, "_data"))

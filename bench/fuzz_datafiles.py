@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import wds_cloud as wds  # noqa: E402
 from tests.conftest import make_shards  # noqa: E402
 from tests.hostile import mutate_json, mutate_text  # noqa: E402
-import wds_cloud as wds  # noqa: E402
 from wds_cloud import index as wds_index  # noqa: E402
 from wds_cloud.errors import StateMismatchError, WdsCloudError  # noqa: E402
 from wds_cloud.io.jobrecord import JobRecord  # noqa: E402
@@ -57,15 +57,26 @@ def corpus(root: Path) -> dict:
     fresh = build()
     fresh.load_state_dict(copy.deepcopy(state))
     return {
-        "urls": urls, "build": build, "expected": [s["__key__"] for s in fresh],
+        "urls": urls,
+        "build": build,
+        "expected": [s["__key__"] for s in fresh],
         "index": json.loads(Path(urls[0] + ".index.json").read_text()),
         "dali": wds_index.dali_text(wds_index.build_index(urls[0])).encode(),
         "description": {"wids_version": 1, "shardlist": [{"url": Path(u).name, "nsamples": 5} for u in urls]},
         "manifest": manifest.to_json(),
-        "spec": {"version": 1, "seed": 0, "sources": [{"name": "a", "urls": [Path(u).name for u in urls],
-                                                        "weight": 1.0, "shuffle": 2}]},
-        "job": {"format": "wds_cloud.job", "version": 1, "tool": "reshard", "inputs": ["in.tar"],
-                "settings": {"maxcount": 2}, "outputs": {str(root / "o-000.tar"): {"size": 10, "sha256": "ab"}}},
+        "spec": {
+            "version": 1,
+            "seed": 0,
+            "sources": [{"name": "a", "urls": [Path(u).name for u in urls], "weight": 1.0, "shuffle": 2}],
+        },
+        "job": {
+            "format": "wds_cloud.job",
+            "version": 1,
+            "tool": "reshard",
+            "inputs": ["in.tar"],
+            "settings": {"maxcount": 2},
+            "outputs": {str(root / "o-000.tar"): {"size": 10, "sha256": "ab"}},
+        },
         "state": state,
     }
 
@@ -96,8 +107,13 @@ def one_case(kind: str, data: dict, root: Path, rng: random.Random) -> str:
         text = json.dumps(mutate_json(data[kind], rng)).encode()
         if textual:
             text = mutate_text(json.dumps(data[kind]).encode(), rng)
-        name = {"index": "c.tar.index.json", "description": "d.json", "manifest": "m.json", "spec": "s.json",
-                "job": "o-N.tar.wds-job.json"}[kind]
+        name = {
+            "index": "c.tar.index.json",
+            "description": "d.json",
+            "manifest": "m.json",
+            "spec": "s.json",
+            "job": "o-N.tar.wds-job.json",
+        }[kind]
         (root / name).write_bytes(text)
         if kind == "index":
             (root / "c.tar").write_bytes(Path(data["urls"][0]).read_bytes())
@@ -106,6 +122,7 @@ def one_case(kind: str, data: dict, root: Path, rng: random.Random) -> str:
                 ds = wds.ShardListDataset([str(root / "c.tar")], transformations=[])
                 return [ds[i] for i in range(len(ds))]
         elif kind == "description":
+
             def run():
                 ds = wds.ShardListDataset(str(root / name), transformations=[])
                 return ds[0], ds[len(ds) - 1]

@@ -73,17 +73,24 @@ def main() -> None:
             problem = f"took {took:.1f} s"
         elif out["peak"] > 64 << 20:
             problem = f"allocated {out['peak'] >> 20} MiB"
-        elif cut and any({k: v for k, v in s.items() if not k.startswith("__")} != expected.get(s["__key__"])
-                         for s in out.get("value", ())):
+        elif cut and any(
+            {k: v for k, v in s.items() if not k.startswith("__")} != expected.get(s["__key__"])
+            for s in out.get("value", ())
+        ):
             problem = "a sample that is not whole"
         outcomes[(kind, "error" if error is not None else "read")] += 1
         if problem:
             failures.append((case, kind, problem))
         if (case + 1) % 2000 == 0:
-            print(f"{case + 1} cases, {len(failures)} failures, {time.perf_counter() - started:.0f} s", file=sys.stderr,
-                  flush=True)
-    print(f"{args.cases} cases (seed {args.seed}) in {time.perf_counter() - started:.0f} s; slowest case "
-          f"{slowest * 1000:.1f} ms")
+            print(
+                f"{case + 1} cases, {len(failures)} failures, {time.perf_counter() - started:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+    print(
+        f"{args.cases} cases (seed {args.seed}) in {time.perf_counter() - started:.0f} s; slowest case "
+        f"{slowest * 1000:.1f} ms"
+    )
     for (kind, outcome), n in sorted(outcomes.items()):
         print(f"  {kind:10s} {outcome:5s} {n}")
     print(f"failures: {len(failures)}")

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 from wds_cloud.errors import ConfigError, TransferError, redact
 from wds_cloud.io import (
@@ -39,8 +40,11 @@ class AISBackend(Backend):
     def _endpoint(self, url: str) -> str:
         endpoint = self.storage_options.get("endpoint") or self.settings.ais_endpoint
         if not endpoint:
-            raise ConfigError(f"{redact(url)}: no AIStore gateway is configured; set AIS_ENDPOINT, "
-                              "e.g. AIS_ENDPOINT=http://ais-gateway:51080", url=url)
+            raise ConfigError(
+                f"{redact(url)}: no AIStore gateway is configured; set AIS_ENDPOINT, "
+                "e.g. AIS_ENDPOINT=http://ais-gateway:51080",
+                url=url,
+            )
         return str(endpoint).rstrip("/")
 
     def _headers(self) -> dict:
@@ -55,21 +59,40 @@ class AISBackend(Backend):
         bucket, _, name = rest.partition("/")
         if not bucket or not name:
             raise ConfigError(f"{redact(url)}: expected {scheme}://BUCKET/OBJECT")
-        return (f"{self._endpoint(url)}/v1/objects/{urllib.parse.quote(bucket)}/{urllib.parse.quote(name)}"
-                f"?provider={provider}")
+        return (
+            f"{self._endpoint(url)}/v1/objects/{urllib.parse.quote(bucket)}/{urllib.parse.quote(name)}"
+            f"?provider={provider}"
+        )
 
-    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
-                  timeout: Optional[float] = None, length: Optional[int] = None) -> InStream:
+    def open_read(
+        self,
+        url: str,
+        offset: int = 0,
+        bufsize: Optional[int] = None,
+        *,
+        version: Optional[str] = None,
+        timeout: Optional[float] = None,
+        length: Optional[int] = None,
+    ) -> InStream:
         headers = self._headers()
         if version:
             headers["If-Match"] = version
         # the gateway sends the read on to a target, which needs the token too
-        return HTTPReadStream(self._object_url(url), offset, headers, timeout or 60.0, display_url=url,
-                              credentials_hint=HINT, length=length, trust_redirects=True)
+        return HTTPReadStream(
+            self._object_url(url),
+            offset,
+            headers,
+            timeout or 60.0,
+            display_url=url,
+            credentials_hint=HINT,
+            length=length,
+            trust_redirects=True,
+        )
 
     def stat(self, url: str) -> ObjectInfo:
-        with exchange("HEAD", self._object_url(url), self._headers(), display_url=url,
-                      trust_redirects=True) as response:
+        with exchange(
+            "HEAD", self._object_url(url), self._headers(), display_url=url, trust_redirects=True
+        ) as response:
             raise_for_status(response, url, HINT)
             length = response.getheader("Content-Length")
             version = response.getheader("ETag") or response.getheader("Ais-Version")
@@ -97,8 +120,9 @@ class AISBackend(Backend):
 
         def send(body, size: int) -> None:
             # The gateway redirects a PUT to a target: ask where first, then send the body there once.
-            with exchange("PUT", target, dict(self._headers(), **{"Content-Length": "0"}),
-                          follow_redirects=False, display_url=url) as response:
+            with exchange(
+                "PUT", target, dict(self._headers(), **{"Content-Length": "0"}), follow_redirects=False, display_url=url
+            ) as response:
                 location = response.getheader("Location")
                 if response.status not in (301, 302, 307, 308) or not location:
                     raise_for_status(response, url, HINT)
@@ -115,8 +139,10 @@ def proxied_schemes(settings) -> frozenset:
     named = settings.use_ais_for
     unknown = [s for s in named if s not in PROVIDERS]
     if unknown:
-        raise ConfigError(f"USE_AIS_FOR={':'.join(named)!r} names {unknown}: list schemes AIStore can proxy, "
-                          f"separated by ':' ({':'.join(sorted(set(PROVIDERS) - {'ais'}))})")
+        raise ConfigError(
+            f"USE_AIS_FOR={':'.join(named)!r} names {unknown}: list schemes AIStore can proxy, "
+            f"separated by ':' ({':'.join(sorted(set(PROVIDERS) - {'ais'}))})"
+        )
     out = set(named)
     out |= {"gcs"} if "gs" in out else set()
     out |= {"abfs"} if "az" in out else set()

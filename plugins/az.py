@@ -27,9 +27,11 @@ from wds_cloud.errors import (
 from wds_cloud.io import FsspecBackend, HTTPReadStream, InStream, ReadStream, hookimpl
 
 REQUIRES = ("adlfs",)
-CREDENTIALS_HINT = ("set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with "
-                    "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN, or pass them in storage_options "
-                    "(connection_string=..., account_name=..., account_key=...)")
+CREDENTIALS_HINT = (
+    "set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with "
+    "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN, or pass them in storage_options "
+    "(connection_string=..., account_name=..., account_key=...)"
+)
 
 
 def _azure_error(status: int, body: str, url: str) -> Optional[BaseException]:
@@ -45,6 +47,7 @@ def _azure_error(status: int, body: str, url: str) -> Optional[BaseException]:
     if code == "ConditionNotMet" or status == 412:
         return ObjectChangedError(f"{shown}: the blob changed while it was being read", url=url)
     return None
+
 
 class _NeverRaised(Exception):
     """Stands for azure-core's errors while azure-core is not imported (so none can have been raised)."""
@@ -84,18 +87,28 @@ def translate(exc: BaseException, url: str) -> BaseException:
         return ShardNotFoundError(f"{shown}: {what}", url=url)
     # adlfs wraps a refused upload in a bare RuntimeError; Azure's error code is still in its text
     wrapped = isinstance(exc, RuntimeError) and any(
-        c in str(exc) for c in ("AuthorizationFailure", "AuthenticationFailed", "Server failed to authenticate"))
+        c in str(exc) for c in ("AuthorizationFailure", "AuthenticationFailed", "Server failed to authenticate")
+    )
     if wrapped:
         code = "AuthorizationFailure" if "AuthorizationFailure" in str(exc) else "AuthenticationFailed"
-    if isinstance(exc, azure.ClientAuthenticationError) or code in ("AuthenticationFailed", "AuthorizationFailure") or \
-            status == 401 or wrapped:
-        return CredentialsError(f"{shown}: Azure rejected the credentials ({code or status}); {CREDENTIALS_HINT}",
-                                url=url)
+    if (
+        isinstance(exc, azure.ClientAuthenticationError)
+        or code in ("AuthenticationFailed", "AuthorizationFailure")
+        or status == 401
+        or wrapped
+    ):
+        return CredentialsError(
+            f"{shown}: Azure rejected the credentials ({code or status}); {CREDENTIALS_HINT}", url=url
+        )
     if status == 403 or isinstance(exc, PermissionError):
         return AccessDeniedError(f"{shown}: access denied by Azure ({code or exc})", url=url)
     if isinstance(exc, (azure.ServiceRequestError, azure.ServiceResponseError)) or isinstance(exc, ConnectionError):
-        return TransferError(f"{shown}: cannot reach the Azure endpoint ({exc}); check that it is running and "
-                             "that the account URL / connection string is right", url=url, cause=exc)
+        return TransferError(
+            f"{shown}: cannot reach the Azure endpoint ({exc}); check that it is running and "
+            "that the account URL / connection string is right",
+            url=url,
+            cause=exc,
+        )
     if isinstance(exc, azure.HttpResponseError) and "payload is not completed" in str(exc):
         return TransferError(f"{shown}: the download was cut short ({exc})", url=url, cause=exc)
     if isinstance(exc, ValueError) and "credential" in str(exc).lower():
@@ -137,6 +150,7 @@ class _ChunkStream(ReadStream):
 
     def _next(self) -> bool:
         """Load the next downloaded chunk; False at the end of the blob."""
+
         async def step():
             try:
                 return await self._chunks.__anext__()
@@ -155,14 +169,14 @@ class _ChunkStream(ReadStream):
 
     def read(self, size: int = -1) -> bytes:
         if size is None or size < 0:
-            parts = [self._chunk[self._pos:]]
+            parts = [self._chunk[self._pos :]]
             while self._next():
                 parts.append(self._chunk)
             self._chunk, self._pos = b"", 0
             return b"".join(parts)
         if self._pos >= len(self._chunk) and (self._eof or not self._next()):
             return b""
-        data = self._chunk[self._pos:self._pos + size]  # may be shorter than size: a chunk boundary
+        data = self._chunk[self._pos : self._pos + size]  # may be shorter than size: a chunk boundary
         self._pos += len(data)
         return data
 
@@ -170,7 +184,7 @@ class _ChunkStream(ReadStream):
         if self._pos >= len(self._chunk) and (self._eof or not self._next()):
             return 0
         n = min(len(buffer), len(self._chunk) - self._pos)
-        memoryview(buffer).cast("B")[:n] = memoryview(self._chunk)[self._pos:self._pos + n]
+        memoryview(buffer).cast("B")[:n] = memoryview(self._chunk)[self._pos : self._pos + n]
         self._pos += n
         return n
 
@@ -191,8 +205,16 @@ class AzureBackend(FsspecBackend):
 
         return adlfs.AzureBlobFileSystem(skip_instance_cache=True, **self.storage_options)
 
-    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
-                  timeout: Optional[float] = None, length: Optional[int] = None) -> InStream:
+    def open_read(
+        self,
+        url: str,
+        offset: int = 0,
+        bufsize: Optional[int] = None,
+        *,
+        version: Optional[str] = None,
+        timeout: Optional[float] = None,
+        length: Optional[int] = None,
+    ) -> InStream:
         """A shared-key or SAS credential gives one signed GET streamed with http.client, resumable at
         any byte; other credentials (Azure AD) stream through adlfs's client chunk by chunk."""
         container, _, blob = self.path(url).partition("/")
@@ -200,8 +222,16 @@ class AzureBackend(FsspecBackend):
         if signed is None:
             return _ChunkStream(self.fs, url, container, blob, offset, version)
         headers = {"If-Match": version} if version else {}
-        return HTTPReadStream(signed, offset, headers, timeout or 60.0, display_url=url,
-                              credentials_hint=CREDENTIALS_HINT, error_body=_azure_error, length=length)
+        return HTTPReadStream(
+            signed,
+            offset,
+            headers,
+            timeout or 60.0,
+            display_url=url,
+            credentials_hint=CREDENTIALS_HINT,
+            error_body=_azure_error,
+            length=length,
+        )
 
     def _signed_url(self, container: str, blob: str) -> Optional[str]:
         fs = self.fs
@@ -211,8 +241,11 @@ class AzureBackend(FsspecBackend):
         name = fields.get("AccountName") or getattr(fs, "account_name", None)
         key = fields.get("AccountKey") or getattr(fs, "account_key", None)
         sas = fields.get("SharedAccessSignature") or getattr(fs, "sas_token", None)
-        endpoint = fields.get("BlobEndpoint") or getattr(fs, "account_url", None) or (
-            f"https://{name}.blob.core.windows.net" if name else None)
+        endpoint = (
+            fields.get("BlobEndpoint")
+            or getattr(fs, "account_url", None)
+            or (f"https://{name}.blob.core.windows.net" if name else None)
+        )
         if not endpoint or not (key or sas):
             return None
         base = f"{endpoint.rstrip('/')}/{urllib.parse.quote(container)}/{urllib.parse.quote(blob)}"
@@ -223,14 +256,21 @@ class AzureBackend(FsspecBackend):
         from azure.storage.blob import BlobSasPermissions, generate_blob_sas
 
         expiry = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=2)
-        token = generate_blob_sas(name, container, blob, account_key=key,
-                                  permission=BlobSasPermissions(read=True), expiry=expiry)
+        token = generate_blob_sas(
+            name, container, blob, account_key=key, permission=BlobSasPermissions(read=True), expiry=expiry
+        )
         return f"{base}?{token}"
 
 
 @hookimpl
 def wds_cloud_register_backends(register) -> None:
-    register("az", AzureBackend, requires=AzureBackend.requires, extra=AzureBackend.extra,
-             description="Azure Blob Storage")
-    register("abfs", AzureBackend, requires=AzureBackend.requires, extra=AzureBackend.extra,
-             description="Azure Blob Storage (alias of az)")
+    register(
+        "az", AzureBackend, requires=AzureBackend.requires, extra=AzureBackend.extra, description="Azure Blob Storage"
+    )
+    register(
+        "abfs",
+        AzureBackend,
+        requires=AzureBackend.requires,
+        extra=AzureBackend.extra,
+        description="Azure Blob Storage (alias of az)",
+    )

@@ -11,7 +11,8 @@ import glob
 import io
 import os
 import sys
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 from wds_cloud.errors import ShardNotFoundError
 from wds_cloud.io import AtomicFile, Backend, InStream, ObjectInfo, OutStream, hookimpl, local_path, local_version
@@ -65,17 +66,20 @@ class FileBackend(Backend):
         except FileNotFoundError as exc:
             raise ShardNotFoundError(
                 f"{url}: no such file (looked for {os.path.abspath(path)!r}); "
-                "check the path and the shard spec's brace ranges", url=url,
+                "check the path and the shard spec's brace ranges",
+                url=url,
             ) from exc
         except IsADirectoryError as exc:
             raise ShardNotFoundError(f"{url}: is a directory, not a shard file", url=url) from exc
         except ValueError as exc:  # a NUL in the path: no file can have that name
-            raise ShardNotFoundError(f"{url!r:.200}: no such file (a path cannot hold a NUL character)",
-                                     url=url) from exc
+            raise ShardNotFoundError(
+                f"{url!r:.200}: no such file (a path cannot hold a NUL character)", url=url
+            ) from exc
         except OSError as exc:
             if exc.errno in (errno.ENAMETOOLONG, errno.ENOTDIR, errno.ELOOP):  # names no file can have
-                raise ShardNotFoundError(f"{url[:200]}: no such file ({os.strerror(exc.errno).lower()}); check the "
-                                         "path", url=url) from exc
+                raise ShardNotFoundError(
+                    f"{url[:200]}: no such file ({os.strerror(exc.errno).lower()}); check the path", url=url
+                ) from exc
             raise
         if offset:
             stream.seek(offset)

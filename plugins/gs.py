@@ -31,12 +31,15 @@ from wds_cloud.io import (
 )
 
 REQUIRES = ("gcsfs",)
-CREDENTIALS_HINT = ("set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, run "
-                    "'gcloud auth application-default login', or pass storage_options={'token': ...}; "
-                    "for a public bucket pass {'token': 'anon'}")
+CREDENTIALS_HINT = (
+    "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, run "
+    "'gcloud auth application-default login', or pass storage_options={'token': ...}; "
+    "for a public bucket pass {'token': 'anon'}"
+)
 
 try:  # google-auth comes with gcsfs; without it no such error can arise
     from google.auth.exceptions import DefaultCredentialsError, RefreshError
+
     _GOOGLE_CREDENTIAL_ERRORS: tuple = (DefaultCredentialsError, RefreshError)
 except ImportError:  # pragma: no cover - the gs extra is not installed
     _GOOGLE_CREDENTIAL_ERRORS = ()
@@ -52,13 +55,15 @@ def translate(exc: BaseException, url: str) -> BaseException:
     if code == 401:
         return CredentialsError(f"{shown}: GCS rejected the credentials; {CREDENTIALS_HINT}", url=url)
     if isinstance(exc, PermissionError) or code == 403:
-        return AccessDeniedError(f"{shown}: access denied by GCS; the credentials in use may not access "
-                                 "this object", url=url)
+        return AccessDeniedError(
+            f"{shown}: access denied by GCS; the credentials in use may not access this object", url=url
+        )
     if isinstance(exc, _GOOGLE_CREDENTIAL_ERRORS):
         return CredentialsError(f"{shown}: no usable Google credentials ({exc}); {CREDENTIALS_HINT}", url=url)
     if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
-        return TransferError(f"{shown}: cannot reach GCS ({exc}); check the endpoint and the network",
-                             url=url, cause=exc)
+        return TransferError(
+            f"{shown}: cannot reach GCS ({exc}); check the endpoint and the network", url=url, cause=exc
+        )
     return exc
 
 
@@ -77,18 +82,35 @@ class GCSBackend(FsspecBackend):
     def version_of(self, info: dict) -> Optional[str]:
         return str(info.get("generation") or info.get("etag") or "") or None
 
-    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
-                  timeout: Optional[float] = None, length: Optional[int] = None) -> InStream:
+    def open_read(
+        self,
+        url: str,
+        offset: int = 0,
+        bufsize: Optional[int] = None,
+        *,
+        version: Optional[str] = None,
+        timeout: Optional[float] = None,
+        length: Optional[int] = None,
+    ) -> InStream:
         fs = self.fs
         headers = self._auth_headers(url)
         media = fs.url(self.path(url), generation=version)  # a resumed read asks for the generation first read
         try:
-            stream = HTTPReadStream(media, offset, headers, timeout or 60.0, display_url=url,
-                                    credentials_hint=CREDENTIALS_HINT, length=length)
+            stream = HTTPReadStream(
+                media,
+                offset,
+                headers,
+                timeout or 60.0,
+                display_url=url,
+                credentials_hint=CREDENTIALS_HINT,
+                length=length,
+            )
         except ShardNotFoundError as exc:
             if version:
-                raise ObjectChangedError(f"{redact(url)}: generation {version} is gone: the object was replaced "
-                                         "while it was being read", url=url) from exc
+                raise ObjectChangedError(
+                    f"{redact(url)}: generation {version} is gone: the object was replaced while it was being read",
+                    url=url,
+                ) from exc
             raise
         stream.version = stream.headers.get("x-goog-generation") or stream.etag
         return stream
@@ -138,7 +160,11 @@ class GCSBackend(FsspecBackend):
 
 @hookimpl
 def wds_cloud_register_backends(register) -> None:
-    register("gs", GCSBackend, requires=GCSBackend.requires, extra=GCSBackend.extra,
-             description="Google Cloud Storage")
-    register("gcs", GCSBackend, requires=GCSBackend.requires, extra=GCSBackend.extra,
-             description="Google Cloud Storage (alias of gs)")
+    register("gs", GCSBackend, requires=GCSBackend.requires, extra=GCSBackend.extra, description="Google Cloud Storage")
+    register(
+        "gcs",
+        GCSBackend,
+        requires=GCSBackend.requires,
+        extra=GCSBackend.extra,
+        description="Google Cloud Storage (alias of gs)",
+    )

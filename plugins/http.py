@@ -10,7 +10,8 @@ from __future__ import annotations
 import html
 import re
 import urllib.parse
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 from wds_cloud.errors import redact
 from wds_cloud.io import (
@@ -41,8 +42,16 @@ class HTTPBackend(Backend):
     def _timeout(self) -> float:
         return float(self.storage_options.get("timeout", 60.0))
 
-    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
-                  timeout: Optional[float] = None, length: Optional[int] = None) -> InStream:
+    def open_read(
+        self,
+        url: str,
+        offset: int = 0,
+        bufsize: Optional[int] = None,
+        *,
+        version: Optional[str] = None,
+        timeout: Optional[float] = None,
+        length: Optional[int] = None,
+    ) -> InStream:
         headers = self._headers
         if version:
             headers["If-Match"] = version
@@ -62,7 +71,7 @@ class HTTPBackend(Backend):
         seen = set()
         for href in re.findall(r'href="([^"]+)"', page):
             url = urllib.parse.urljoin(base, html.unescape(href))
-            if url.startswith(prefix) and url != base and url not in seen and "?" not in url[len(base):]:
+            if url.startswith(prefix) and url != base and url not in seen and "?" not in url[len(base) :]:
                 seen.add(url)
                 yield url
 

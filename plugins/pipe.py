@@ -13,7 +13,7 @@ class PipeBackend(Backend):
 
     def _command(self, url: str) -> str:
         check_pipe(url, self.settings)
-        command = url[len("pipe:"):]
+        command = url[len("pipe:") :]
         if not command.strip():
             raise ConfigError(f"{url!r} has no command: write pipe:COMMAND, e.g. 'pipe:cat shard.tar'", url=url)
         return command

@@ -27,8 +27,10 @@ from wds_cloud.errors import (
 from wds_cloud.io import FsspecBackend, HTTPReadStream, InStream, hookimpl, require
 
 REQUIRES = ("s3fs", "botocore")
-CREDENTIALS_HINT = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
-                    "storage_options={'key': ..., 'secret': ...}; for a public bucket pass {'anon': True}")
+CREDENTIALS_HINT = (
+    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
+    "storage_options={'key': ..., 'secret': ...}; for a public bucket pass {'anon': True}"
+)
 
 
 _XML_CODE = re.compile(r"<Code>([^<]+)</Code>")
@@ -39,8 +41,16 @@ _DNS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
 #: the regions of the standard AWS partition (amazonaws.com); others (China, GovCloud, ISO) go through botocore
 _AWS_REGION = re.compile(r"^(us|eu|ap|sa|ca|me|af|il|mx)-[a-z]+-\d+$")
 #: Config settings that only shape botocore's connections, not the URL or the signature
-_TRANSPORT_ONLY = {"max_pool_connections", "connect_timeout", "read_timeout", "retries", "tcp_keepalive",
-                   "user_agent", "user_agent_extra", "user_agent_appid"}
+_TRANSPORT_ONLY = {
+    "max_pool_connections",
+    "connect_timeout",
+    "read_timeout",
+    "retries",
+    "tcp_keepalive",
+    "user_agent",
+    "user_agent_extra",
+    "user_agent_appid",
+}
 #: the AWS variables (config.AWS_S3_VARS) that only name an endpoint; with any other one set the client signs
 _ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
@@ -66,20 +76,35 @@ class LocalSigner:
         client_kwargs = dict(options.get("client_kwargs") or {})
         config_kwargs = dict(options.get("config_kwargs") or {})
         self.anon = bool(options.get("anon"))
-        self.usable = (set(config_kwargs) <= _TRANSPORT_ONLY
-                       and set(client_kwargs) <= {"endpoint_url", "region_name", "aws_access_key_id",
-                                                  "aws_secret_access_key", "aws_session_token"}
-                       and set(env) <= set(_ENDPOINT_VARS))
+        self.usable = (
+            set(config_kwargs) <= _TRANSPORT_ONLY
+            and set(client_kwargs)
+            <= {"endpoint_url", "region_name", "aws_access_key_id", "aws_secret_access_key", "aws_session_token"}
+            and set(env) <= set(_ENDPOINT_VARS)
+        )
         self.session = botocore.session.Session(profile=options.get("profile"))
-        endpoint = (options.get("endpoint_url") or client_kwargs.get("endpoint_url")
-                    or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"))
+        endpoint = (
+            options.get("endpoint_url")
+            or client_kwargs.get("endpoint_url")
+            or env.get("AWS_ENDPOINT_URL_S3")
+            or env.get("AWS_ENDPOINT_URL")
+        )
         try:
             scoped = self.session.get_scoped_config()
         except Exception:  # a named profile that does not exist: the client says so in its words
             self.usable = False
             scoped = {}
-        if any(name in scoped for name in ("s3", "services", "endpoint_url", "use_fips_endpoint",
-                                           "use_dualstack_endpoint", "ignore_configured_endpoint_urls")):
+        if any(
+            name in scoped
+            for name in (
+                "s3",
+                "services",
+                "endpoint_url",
+                "use_fips_endpoint",
+                "use_dualstack_endpoint",
+                "ignore_configured_endpoint_urls",
+            )
+        ):
             self.usable = False
         self.endpoint = endpoint.rstrip("/") if endpoint else None
         self.region = client_kwargs.get("region_name") or self.session.get_config_variable("region") or "us-east-1"
@@ -124,8 +149,9 @@ class LocalSigner:
         from botocore.awsrequest import AWSRequest
 
         request = AWSRequest(method="GET", url=url)
-        S3SigV4QueryAuth(self.credentials().get_frozen_credentials(), "s3", self.region,
-                         expires=expires).add_auth(request)
+        S3SigV4QueryAuth(self.credentials().get_frozen_credentials(), "s3", self.region, expires=expires).add_auth(
+            request
+        )
         return request.url
 
 
@@ -150,12 +176,17 @@ _CODES: dict[str, tuple[type[WdsCloudError], str]] = {
     "ExpiredToken": (CredentialsError, _REJECTED),
     "AccessDenied": (AccessDeniedError, "access denied by S3; the credentials in use may not access this object"),
     # a HEAD answer has no body: a wrong key and a key without the permission look the same
-    "403": (AccessDeniedError, "access denied by S3 (HTTP 403): the credentials in use are wrong, or may not "
-                               "access this object; " + CREDENTIALS_HINT),
+    "403": (
+        AccessDeniedError,
+        "access denied by S3 (HTTP 403): the credentials in use are wrong, or may not "
+        "access this object; " + CREDENTIALS_HINT,
+    ),
     # a HEAD answer has no body: a 400 there is, in practice, a session token S3 cannot read or has expired
-    "400": (CredentialsError, "S3 answered HTTP 400 (Bad Request) with no detail, as it does when the session "
-                              "token (AWS_SESSION_TOKEN, storage_options token) is malformed or expired; "
-                              + CREDENTIALS_HINT),
+    "400": (
+        CredentialsError,
+        "S3 answered HTTP 400 (Bad Request) with no detail, as it does when the session "
+        "token (AWS_SESSION_TOKEN, storage_options token) is malformed or expired; " + CREDENTIALS_HINT,
+    ),
     "PreconditionFailed": (ObjectChangedError, "the object changed while it was being read"),
     "SlowDown": (TransferError, "S3 answered {code} (HTTP {status}); it will be retried"),
     "ServiceUnavailable": (TransferError, "S3 answered {code} (HTTP {status}); it will be retried"),
@@ -171,6 +202,7 @@ def _fill(template: str, **values: object) -> str:
     """``template`` with its ``{code}``, ``{status}`` and ``{bucket}`` (``!r``: quoted) filled in one pass;
     every other brace is text (the credentials hint shows ``{'key': ...}``; ``str.format`` read that as a
     field and raised ``KeyError`` on a wrong key)."""
+
     def one(m: re.Match) -> str:
         value = values[m.group(1)]
         return repr(value) if m.group(2) else str(value)
@@ -207,10 +239,15 @@ def translate(exc: BaseException, url: str) -> BaseException:
     shown = redact(url)
     if isinstance(exc, (bex.NoCredentialsError, bex.PartialCredentialsError)):
         return CredentialsError(f"{shown}: no AWS credentials were found; {CREDENTIALS_HINT}", url=url)
-    if isinstance(exc, (bex.EndpointConnectionError, bex.ConnectTimeoutError, bex.ReadTimeoutError,
-                        bex.ConnectionClosedError)):
-        return TransferError(f"{shown}: cannot connect to the S3 endpoint ({exc}); check that it is running "
-                             "and that endpoint_url / AWS_ENDPOINT_URL is right", url=url, cause=exc)
+    if isinstance(
+        exc, (bex.EndpointConnectionError, bex.ConnectTimeoutError, bex.ReadTimeoutError, bex.ConnectionClosedError)
+    ):
+        return TransferError(
+            f"{shown}: cannot connect to the S3 endpoint ({exc}); check that it is running "
+            "and that endpoint_url / AWS_ENDPOINT_URL is right",
+            url=url,
+            cause=exc,
+        )
     if isinstance(exc, bex.ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
@@ -273,8 +310,9 @@ class S3Backend(FsspecBackend):
         """A GET URL for the object, valid an hour: signed here where that is simple, else by the client."""
         signed = self.signer.presign(bucket, key)
         if signed is None:
-            signed = self.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key},
-                                                        ExpiresIn=3600)
+            signed = self.client.generate_presigned_url(
+                "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=3600
+            )
         return signed
 
     def _make_client(self) -> Any:
@@ -292,14 +330,25 @@ class S3Backend(FsspecBackend):
         session = botocore.session.Session(profile=options.get("profile"))
         if options.get("endpoint_url"):
             client_kwargs.setdefault("endpoint_url", options["endpoint_url"])
-        for ours, theirs in (("key", "aws_access_key_id"), ("secret", "aws_secret_access_key"),
-                             ("token", "aws_session_token")):
+        for ours, theirs in (
+            ("key", "aws_access_key_id"),
+            ("secret", "aws_secret_access_key"),
+            ("token", "aws_session_token"),
+        ):
             if options.get(ours):
                 client_kwargs.setdefault(theirs, options[ours])
         return session.create_client("s3", config=Config(**config_kwargs), **client_kwargs)
 
-    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *, version: Optional[str] = None,
-                  timeout: Optional[float] = None, length: Optional[int] = None) -> InStream:
+    def open_read(
+        self,
+        url: str,
+        offset: int = 0,
+        bufsize: Optional[int] = None,
+        *,
+        version: Optional[str] = None,
+        timeout: Optional[float] = None,
+        length: Optional[int] = None,
+    ) -> InStream:
         """One GET for the whole shard (or the range asked for), presigned and streamed with http.client.
 
         The signed URL is made locally (no request) and read straight from the
@@ -310,20 +359,36 @@ class S3Backend(FsspecBackend):
         headers = {"If-Match": version} if version else {}
         try:
             signed = self.presign(bucket, key)
-            stream = HTTPReadStream(signed, offset, headers, timeout or 60.0, display_url=url,
-                                    credentials_hint=CREDENTIALS_HINT, error_body=_s3_error, length=length)
+            stream = HTTPReadStream(
+                signed,
+                offset,
+                headers,
+                timeout or 60.0,
+                display_url=url,
+                credentials_hint=CREDENTIALS_HINT,
+                error_body=_s3_error,
+                length=length,
+            )
         except Exception as exc:
             raise translate(exc, url) from exc
         # A single-part upload's ETag is the MD5 of the object (not with SSE-KMS or SSE-C).
         etag = (stream.etag or "").strip('"')
-        if (len(etag) == 32 and all(c in "0123456789abcdef" for c in etag.lower())
-                and stream.headers.get("x-amz-server-side-encryption") != "aws:kms"
-                and not stream.headers.get("x-amz-server-side-encryption-customer-algorithm")):
+        if (
+            len(etag) == 32
+            and all(c in "0123456789abcdef" for c in etag.lower())
+            and stream.headers.get("x-amz-server-side-encryption") != "aws:kms"
+            and not stream.headers.get("x-amz-server-side-encryption-customer-algorithm")
+        ):
             stream.md5 = etag.lower()
         return stream
 
 
 @hookimpl
 def wds_cloud_register_backends(register) -> None:
-    register("s3", S3Backend, requires=S3Backend.requires, extra=S3Backend.extra,
-             description="Amazon S3 and S3-compatible stores")
+    register(
+        "s3",
+        S3Backend,
+        requires=S3Backend.requires,
+        extra=S3Backend.extra,
+        description="Amazon S3 and S3-compatible stores",
+    )

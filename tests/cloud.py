@@ -23,8 +23,7 @@ from . import servers
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HTTP_TOKEN = "http-token-for-tests"
 AIS_TOKEN = "ais-token-for-tests"
-AZURITE_ACCOUNT_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/"
-                       "K1SZFPTOtr/KBHBeksoGMGw==")
+AZURITE_ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 # Clients must never probe cloud metadata servers or pick up the host's credentials.
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
@@ -32,9 +31,17 @@ os.environ.setdefault("NO_GCE_CHECK", "true")
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # before gcsfs is imported: no gRPC probing
 os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.path.join(ROOT, "tests", "no-aws-credentials")
 os.environ["AWS_CONFIG_FILE"] = os.path.join(ROOT, "tests", "no-aws-config")
-for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL",
-             "AWS_ENDPOINT_URL_S3", "AZURE_STORAGE_CONNECTION_STRING", "STORAGE_EMULATOR_HOST",
-             "GOOGLE_APPLICATION_CREDENTIALS"):
+for name in (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "STORAGE_EMULATOR_HOST",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+):
     os.environ.pop(name, None)
 
 
@@ -90,8 +97,13 @@ def s3_bucket(moto_endpoint):
 
     options = {"key": "testing", "secret": "testing", "endpoint_url": moto_endpoint}
     bucket = unique("bkt")
-    boto3.client("s3", endpoint_url=moto_endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
-                 region_name="us-east-1").create_bucket(Bucket=bucket)
+    boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    ).create_bucket(Bucket=bucket)
     return bucket, options
 
 
@@ -99,12 +111,16 @@ def s3_bucket(moto_endpoint):
 def gcs_endpoint():
     """gcp-storage-emulator in a child process; yields its endpoint URL."""
     exe = shutil.which("gcp-storage-emulator", path=os.path.dirname(sys.executable)) or shutil.which(
-        "gcp-storage-emulator")
+        "gcp-storage-emulator"
+    )
     if exe is None:
         pytest.skip("gcp-storage-emulator is not installed (pip install -e '.[test]')")
     port = free_port()
-    proc = subprocess.Popen([exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_for_port(port, proc, "gcp-storage-emulator")
     yield f"http://127.0.0.1:{port}"
     stop(proc)
@@ -122,8 +138,10 @@ def gcs_bucket(gcs_endpoint):
 
 
 def azurite_executable():
-    for candidate in (os.path.join(ROOT, "tests", ".node", "node_modules", ".bin", "azurite-blob"),
-                      shutil.which("azurite-blob")):
+    for candidate in (
+        os.path.join(ROOT, "tests", ".node", "node_modules", ".bin", "azurite-blob"),
+        shutil.which("azurite-blob"),
+    ):
         if candidate and os.path.exists(candidate):
             return candidate
     return None
@@ -137,13 +155,28 @@ def azurite_endpoint():
         pytest.skip("Azurite is not installed: npm install --prefix tests/.node azurite@3.35.0")
     port = free_port()
     location = tempfile.mkdtemp(prefix="azurite-")
-    proc = subprocess.Popen([exe, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", location,
-                             "--disableTelemetry", "--skipApiVersionCheck", "--silent"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            exe,
+            "--blobHost",
+            "127.0.0.1",
+            "--blobPort",
+            str(port),
+            "--location",
+            location,
+            "--disableTelemetry",
+            "--skipApiVersionCheck",
+            "--silent",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_for_port(port, proc, "Azurite")
     endpoint = f"http://127.0.0.1:{port}/devstoreaccount1"
-    connection = (f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={AZURITE_ACCOUNT_KEY};"
-                  f"BlobEndpoint={endpoint};")
+    connection = (
+        f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={AZURITE_ACCOUNT_KEY};"
+        f"BlobEndpoint={endpoint};"
+    )
     yield endpoint, connection
     stop(proc)
     shutil.rmtree(location, ignore_errors=True)

@@ -22,8 +22,11 @@ def make_shards(directory, nshards=3, per_shard=10, images=False):
         with tarfile.open(directory / f"shard-{s:03d}.tar", "w") as tar:
             for i in range(per_shard):
                 key = f"s{s}_{i:04d}"
-                fields = {"txt": f"text {s} {i}".encode(), "cls": str(s * per_shard + i).encode(),
-                          "json": json.dumps({"s": s, "i": i}).encode()}
+                fields = {
+                    "txt": f"text {s} {i}".encode(),
+                    "cls": str(s * per_shard + i).encode(),
+                    "json": json.dumps({"s": s, "i": i}).encode(),
+                }
                 if images:
                     rng = np.random.default_rng(s * 1000 + i)
                     pixels = rng.integers(0, 255, (8, 12, 3), dtype=np.uint8)

@@ -7,14 +7,21 @@ import random
 import tarfile
 import threading
 import tracemalloc
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 
-def header(name: bytes, size: Optional[int] = None, *, size_field: Optional[bytes] = None, typeflag: bytes = b"0",
-           ustar: bool = True) -> bytes:
+def header(
+    name: bytes,
+    size: Optional[int] = None,
+    *,
+    size_field: Optional[bytes] = None,
+    typeflag: bytes = b"0",
+    ustar: bool = True,
+) -> bytes:
     """A 512-byte header whose checksum is right, whatever its fields say."""
     h = bytearray(512)
-    h[0:min(len(name), 100)] = name[:100]
+    h[0 : min(len(name), 100)] = name[:100]
     h[100:108] = b"0000644\0"
     h[108:116] = b"0000000\0"
     h[116:124] = b"0000000\0"
@@ -119,15 +126,24 @@ def _is_header(block: bytes) -> bool:
 
 def mutate_header(data: bytes, rng: random.Random) -> bytes:
     """One header of ``data`` with a field changed and its checksum made right again."""
-    offsets = [o for o in range(0, len(data) - 511, 512) if _is_header(data[o:o + 512])]
+    offsets = [o for o in range(0, len(data) - 511, 512) if _is_header(data[o : o + 512])]
     if not offsets:
         return data
     o = rng.choice(offsets)
-    h = bytearray(data[o:o + 512])
+    h = bytearray(data[o : o + 512])
     choice = rng.randrange(6)
     if choice == 0:  # size: any text of 12 bytes, digits, signs, junk, or base-256
-        h[124:136] = rng.choice([b"-0000001000\0", b"77777777777\0", b"000000002000", b"\x80" + bytes(10) + b"\x07",
-                                 b"\xff" * 12, b"12abc\0\0\0\0\0\0\0", bytes(rng.randrange(256) for _ in range(12))])
+        h[124:136] = rng.choice(
+            [
+                b"-0000001000\0",
+                b"77777777777\0",
+                b"000000002000",
+                b"\x80" + bytes(10) + b"\x07",
+                b"\xff" * 12,
+                b"12abc\0\0\0\0\0\0\0",
+                bytes(rng.randrange(256) for _ in range(12)),
+            ]
+        )
     elif choice == 1:
         h[156] = rng.choice(b"0123456LKxgS\0A")
     elif choice == 2:
@@ -141,16 +157,24 @@ def mutate_header(data: bytes, rng: random.Random) -> bytes:
         h[124:136] = b"%011o\0" % rng.randrange(0, 1 << 33)
     h[148:156] = b" " * 8
     h[148:156] = b"%06o\0 " % sum(h)
-    return data[:o] + bytes(h) + data[o + 512:]
+    return data[:o] + bytes(h) + data[o + 512 :]
 
 
 def insert_pax(data: bytes, rng: random.Random) -> bytes:
     """A PAX header with random (often wrong) records inserted before a member."""
-    records = rng.choice([
-        b"0 path=x\n", b"-7 path=x\n", b"999999 path=x\n", b"5 a\n", b"12 size=-10\n", b"14 size=12abc\n",
-        pax_record("size", str(rng.randrange(1 << 34))), pax_record("path", "x" * rng.randrange(300)),
-        bytes(rng.randrange(256) for _ in range(rng.randrange(1, 60))),
-    ])
+    records = rng.choice(
+        [
+            b"0 path=x\n",
+            b"-7 path=x\n",
+            b"999999 path=x\n",
+            b"5 a\n",
+            b"12 size=-10\n",
+            b"14 size=12abc\n",
+            pax_record("size", str(rng.randrange(1 << 34))),
+            pax_record("path", "x" * rng.randrange(300)),
+            bytes(rng.randrange(256) for _ in range(rng.randrange(1, 60))),
+        ]
+    )
     offsets = list(range(0, max(512, len(data) - 1024), 512))
     o = rng.choice(offsets)
     return data[:o] + pax(records, rng.choice([b"x", b"g"])) + data[o:]
@@ -159,16 +183,40 @@ def insert_pax(data: bytes, rng: random.Random) -> bytes:
 def damage(data: bytes, rng: random.Random) -> tuple[bytes, bool]:
     """``data`` cut at a random point (half the time) or with one bit flipped; returns (data, cut)."""
     if rng.random() < 0.5:
-        return data[:rng.randrange(len(data))], True
+        return data[: rng.randrange(len(data))], True
     k = rng.randrange(len(data))
-    return data[:k] + bytes([data[k] ^ (1 << rng.randrange(8))]) + data[k + 1:], False
-
+    return data[:k] + bytes([data[k] ^ (1 << rng.randrange(8))]) + data[k + 1 :], False
 
 
 #: values a mutated structured file (index, description, manifest, spec, state) may hold where another was
-HOSTILE_VALUES = [None, True, False, -1, 0, 1, 513, 10**12, 10**30, -(10**30), 1.5, 1e308, -0.0, "", "x",
-                  "pipe:touch X", "../../etc/passwd", "/etc/passwd", "file:///etc/passwd", "a\nb", [], {}, [1, 2],
-                  {"a": 1}, [[[[[]]]]], "x" * 10_000]
+HOSTILE_VALUES = [
+    None,
+    True,
+    False,
+    -1,
+    0,
+    1,
+    513,
+    10**12,
+    10**30,
+    -(10**30),
+    1.5,
+    1e308,
+    -0.0,
+    "",
+    "x",
+    "pipe:touch X",
+    "../../etc/passwd",
+    "/etc/passwd",
+    "file:///etc/passwd",
+    "a\nb",
+    [],
+    {},
+    [1, 2],
+    {"a": 1},
+    [[[[[]]]]],
+    "x" * 10_000,
+]
 
 
 def json_paths(value, here=()):
@@ -209,7 +257,7 @@ def mutate_text(text: bytes, rng: random.Random) -> bytes:
     """``text`` cut, with bytes flipped, or wrapped in deep nesting."""
     kind = rng.choice(["cut", "flip", "nest"])
     if kind == "cut" and text:
-        return text[:rng.randrange(len(text))]
+        return text[: rng.randrange(len(text))]
     if kind == "flip" and text:
         data = bytearray(text)
         for _ in range(rng.randint(1, 8)):

@@ -35,8 +35,9 @@ class _AISBase(ObjectHandler):
         m = re.match(r"^/v1/objects/([^/]+)/(.+)$", split.path)
         if not m:
             return None
-        provider = {"s3": "aws", "gs": "gcp", "az": "azure", "": "ais"}.get(query.get("provider", ""),
-                                                                          query.get("provider", "ais"))
+        provider = {"s3": "aws", "gs": "gcp", "az": "azure", "": "ais"}.get(
+            query.get("provider", ""), query.get("provider", "ais")
+        )
         return provider, m.group(1), urllib.parse.unquote(m.group(2)), query
 
 
@@ -52,8 +53,15 @@ class AISTargetHandler(_AISBase):
         data = self.store.objects.get(key)
         if data is None:
             return self._error(404, f"t[T1]: {provider}://{bucket}/{name} does not exist")
-        self._send_object(key, {"Ais-Checksum-Type": "md5", "Ais-Checksum-Value": hashlib.md5(data).hexdigest(),
-                                "Ais-Version": "1", "Ais-Atime": str(time.time_ns())})
+        self._send_object(
+            key,
+            {
+                "Ais-Checksum-Type": "md5",
+                "Ais-Checksum-Value": hashlib.md5(data).hexdigest(),
+                "Ais-Version": "1",
+                "Ais-Atime": str(time.time_ns()),
+            },
+        )
 
     do_HEAD = do_GET
 
@@ -82,7 +90,7 @@ class AISGatewayHandler(_AISBase):
             return self._error(400, f"bad request path {self.path}")
         provider, bucket, _, _ = parts
         if (provider, bucket) not in self.buckets:
-            return self._error(404, f"bucket \"{provider}://{bucket}\" does not exist")
+            return self._error(404, f'bucket "{provider}://{bucket}" does not exist')
         sep = "&" if "?" in self.path else "?"
         self.send_response(status)
         self.send_header("Location", f"{self.target}{self.path}{sep}pid=p1&utm={time.time_ns()}")
@@ -101,13 +109,16 @@ class AISGatewayHandler(_AISBase):
             return
         provider = query.get("provider", "ais")
         if (provider, bucket) not in self.buckets:
-            return self._error(404, f"bucket \"{provider}://{bucket}\" does not exist")
+            return self._error(404, f'bucket "{provider}://{bucket}" does not exist')
         length = int(self.headers.get("Content-Length", "0") or 0)
         request = json.loads(self.rfile.read(length) or b"{}") if length else {}
         prefix = request.get("value", {}).get("prefix", "")
         start = f"{provider}/{bucket}/"
-        entries = [{"name": k[len(start):], "size": len(v)} for k, v in sorted(self.store.objects.items())
-                   if k.startswith(start + prefix)]
+        entries = [
+            {"name": k[len(start) :], "size": len(v)}
+            for k, v in sorted(self.store.objects.items())
+            if k.startswith(start + prefix)
+        ]
         body = json.dumps({"entries": entries, "continuation_token": ""}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -130,8 +141,11 @@ def ais_cluster(token: Optional[str] = None) -> tuple[Server, Server, Store, set
     store = Store()
     buckets: set = set()
     target = Server(type("Target", (AISTargetHandler,), {"store": store}))
-    gateway = Server(type("Gateway", (AISGatewayHandler,), {"store": store, "token": token, "target": target.url,
-                                                           "buckets": buckets}))
+    gateway = Server(
+        type(
+            "Gateway", (AISGatewayHandler,), {"store": store, "token": token, "target": target.url, "buckets": buckets}
+        )
+    )
     return gateway, target, store, buckets
 
 

@@ -13,18 +13,19 @@ from hypothesis import strategies as st
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 
 # Key parts: no dots (the first-dot rule), no slashes inside a part, no leading "__" (meta members).
-key_part = st.text(alphabet=st.characters(blacklist_characters="./\x00", blacklist_categories=("Cs",)),
-                   min_size=1, max_size=40).filter(lambda s: not s.startswith("__") and s.strip() == s and s)
+key_part = st.text(
+    alphabet=st.characters(blacklist_characters="./\x00", blacklist_categories=("Cs",)), min_size=1, max_size=40
+).filter(lambda s: not s.startswith("__") and s.strip() == s and s)
 keys = st.lists(key_part, min_size=1, max_size=3).map("/".join)
 field_names = st.sampled_from(["txt", "cls", "json", "jpg", "seg.png", "bin", "a.b.c"])
 payloads = st.binary(max_size=3000)
 samples = st.fixed_dictionaries({}, optional={}).flatmap(
-    lambda _: st.dictionaries(field_names, payloads, min_size=1, max_size=4))
+    lambda _: st.dictionaries(field_names, payloads, min_size=1, max_size=4)
+)
 
 
 def sample_lists(max_size=8):
-    return st.lists(st.tuples(keys, samples), min_size=0, max_size=max_size,
-                    unique_by=lambda kv: kv[0])
+    return st.lists(st.tuples(keys, samples), min_size=0, max_size=max_size, unique_by=lambda kv: kv[0])
 
 
 def write_tar(items, fmt="ustar", extras=True, compress=None) -> bytes:
@@ -69,5 +70,6 @@ def compress_bytes(data: bytes, compress) -> bytes:
 
 
 def expected_samples(items, url):
-    return [dict({"__key__": key, "__url__": url}, **{f.lower(): d for f, d in fields.items()})
-            for key, fields in items]
+    return [
+        dict({"__key__": key, "__url__": url}, **{f.lower(): d for f, d in fields.items()}) for key, fields in items
+    ]

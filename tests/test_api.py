@@ -53,18 +53,18 @@ def test_submodule_names_exist():
 
     wanted = {
         "tariterators": "base_plus_ext valid_sample url_opener tar_file_iterator tar_file_expander group_by_keys "
-                        "meta_prefix meta_suffix",
+        "meta_prefix meta_suffix",
         "filters": "_shuffle _select _map _to_tuple _batched _rsample _extract_keys _rename_keys _xdecode "
-                   "default_collation_fn unlisted log_keys FilterFunction RestCurried compose pipeline "
-                   "default_decoders find_decoder",
+        "default_collation_fn unlisted log_keys FilterFunction RestCurried compose pipeline "
+        "default_decoders find_decoder",
         "autodecode": "ImageHandler imagespecs IMAGE_EXTENSIONS decoders basichandlers default_decoder "
-                      "unpickle_loads tenbin_loads msgpack_loads npy_loads npz_loads cbor_loads "
-                      "default_pre_handlers default_post_handlers",
+        "unpickle_loads tenbin_loads msgpack_loads npy_loads npz_loads cbor_loads "
+        "default_pre_handlers default_post_handlers",
         "shardlists": "expand_urls expand_source envsubst ResampledShardList DirectoryShardList",
         "cache": "FileCache StreamingOpen url_to_cache_name download check_tar_format",
         "gopen": "Pipe rewrite_url reader gopen_file gopen_pipe gopen_curl gopen_error",
         "utils": "enforce_security pytorch_worker_info pytorch_worker_seed make_seed is_iterable identity obsolete "
-                 "ObsoleteException deprecated glob_with_braces fnmatch_with_braces",
+        "ObsoleteException deprecated glob_with_braces fnmatch_with_braces",
         "tenbin": "encode_buffer decode_buffer read write save load",
         "compat": "check_empty",
         "pipeline": "add_length_method",

@@ -48,8 +48,11 @@ class TestHTTP(BackendConformance):
 
 
 class TestS3(BackendConformance):
-    throttle = (503, b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
-                     b"<Message>Please reduce your request rate.</Message></Error>")
+    throttle = (
+        503,
+        b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
+        b"<Message>Please reduce your request rate.</Message></Error>",
+    )
 
     @pytest.fixture
     def base_url(self, s3_bucket):
@@ -203,8 +206,12 @@ def test_connection_refused_is_a_connection_error():
 
 def test_s3_dead_endpoint_is_a_connection_error():
     """An S3 endpoint that is not there gives TransferError, naming endpoint_url."""
-    options = {"key": "k", "secret": "s", "endpoint_url": f"http://127.0.0.1:{free_port()}",
-               "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}}
+    options = {
+        "key": "k",
+        "secret": "s",
+        "endpoint_url": f"http://127.0.0.1:{free_port()}",
+        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2},
+    }
     with pytest.raises(TransferError, match="endpoint_url"):
         gopen("s3://bucket/x.tar", storage_options=options)
 
@@ -234,8 +241,9 @@ def test_gcs_emulator_environment(gcs_bucket, monkeypatch):
     with gopen(f"gs://{bucket}/env.tar", "wb", storage_options=options) as f:
         f.write(tiny_shard())
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", options["endpoint_url"])
-    assert len(list(wds.WebDataset(f"gs://{bucket}/env.tar", shardshuffle=False,
-                                   storage_options={"token": "anon"}))) == 3
+    assert (
+        len(list(wds.WebDataset(f"gs://{bucket}/env.tar", shardshuffle=False, storage_options={"token": "anon"}))) == 3
+    )
 
 
 def test_azure_connection_string_environment(az_container, monkeypatch):
@@ -315,17 +323,36 @@ def test_use_ais_for_naming_a_scheme_aistore_cannot_proxy_is_a_config_error(monk
     assert "gs" in str(info.value)
 
 
-@pytest.mark.parametrize("options, env, bucket, key", [
-    ({"key": "AKIDEXAMPLE", "secret": "s3cr3t", "endpoint_url": "http://127.0.0.1:9000"}, {}, "bench",
-     "a/b c+d~é.tar"),
-    ({"key": "AKIDEXAMPLE", "secret": "s3cr3t", "token": "tok",
-      "client_kwargs": {"endpoint_url": "https://minio.local:9000/base/", "region_name": "eu-west-1"}},
-     {}, "Up_per", "x//y.tar"),
-    ({}, {"AWS_ACCESS_KEY_ID": "AKIDENV", "AWS_SECRET_ACCESS_KEY": "envsecret", "AWS_DEFAULT_REGION": "us-west-2"},
-     "my-bucket", "shards/train-000001.tar"),
-    ({"key": "AKIDEXAMPLE", "secret": "s3cr3t"}, {"AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9"}, "b.with.dots", "k"),
-    ({"anon": True, "client_kwargs": {"region_name": "us-east-1"}}, {}, "public-data", "x y.tar"),
-])
+@pytest.mark.parametrize(
+    "options, env, bucket, key",
+    [
+        (
+            {"key": "AKIDEXAMPLE", "secret": "s3cr3t", "endpoint_url": "http://127.0.0.1:9000"},
+            {},
+            "bench",
+            "a/b c+d~é.tar",
+        ),
+        (
+            {
+                "key": "AKIDEXAMPLE",
+                "secret": "s3cr3t",
+                "token": "tok",
+                "client_kwargs": {"endpoint_url": "https://minio.local:9000/base/", "region_name": "eu-west-1"},
+            },
+            {},
+            "Up_per",
+            "x//y.tar",
+        ),
+        (
+            {},
+            {"AWS_ACCESS_KEY_ID": "AKIDENV", "AWS_SECRET_ACCESS_KEY": "envsecret", "AWS_DEFAULT_REGION": "us-west-2"},
+            "my-bucket",
+            "shards/train-000001.tar",
+        ),
+        ({"key": "AKIDEXAMPLE", "secret": "s3cr3t"}, {"AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9"}, "b.with.dots", "k"),
+        ({"anon": True, "client_kwargs": {"region_name": "us-east-1"}}, {}, "public-data", "x y.tar"),
+    ],
+)
 def test_s3_urls_signed_without_a_client_equal_botocores(options, env, bucket, key, monkeypatch):
     """The GET URL presigned without a botocore client (no service model to parse) is the client's SigV4 URL."""
     import datetime
@@ -347,19 +374,21 @@ def test_s3_urls_signed_without_a_client_equal_botocores(options, env, bucket, k
     if not options.get("anon"):
         options = dict(options, config_kwargs={"signature_version": "s3v4"})
         backend = S3Backend(current(), **options)
-    theirs = backend.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key},
-                                                   ExpiresIn=3600)
+    theirs = backend.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=3600)
     assert ours == theirs
 
 
-@pytest.mark.parametrize("options, env, bucket", [
-    ({"config_kwargs": {"s3": {"use_accelerate_endpoint": True}}}, {}, "my-bucket"),
-    ({"config_kwargs": {"s3": {"addressing_style": "virtual"}}, "endpoint_url": "http://127.0.0.1:9"}, {}, "b"),
-    ({"client_kwargs": {"region_name": "cn-north-1"}}, {}, "my-bucket"),
-    ({"client_kwargs": {"region_name": "us-west-2"}}, {"AWS_USE_FIPS_ENDPOINT": "true"}, "my-bucket"),
-    ({"client_kwargs": {"region_name": "us-west-2"}}, {}, "Not_DNS"),
-    ({"client_kwargs": {"region_name": "us-west-2"}}, {}, "arn:aws:s3:us-west-2:123456789012:accesspoint/ap"),
-])
+@pytest.mark.parametrize(
+    "options, env, bucket",
+    [
+        ({"config_kwargs": {"s3": {"use_accelerate_endpoint": True}}}, {}, "my-bucket"),
+        ({"config_kwargs": {"s3": {"addressing_style": "virtual"}}, "endpoint_url": "http://127.0.0.1:9"}, {}, "b"),
+        ({"client_kwargs": {"region_name": "cn-north-1"}}, {}, "my-bucket"),
+        ({"client_kwargs": {"region_name": "us-west-2"}}, {"AWS_USE_FIPS_ENDPOINT": "true"}, "my-bucket"),
+        ({"client_kwargs": {"region_name": "us-west-2"}}, {}, "Not_DNS"),
+        ({"client_kwargs": {"region_name": "us-west-2"}}, {}, "arn:aws:s3:us-west-2:123456789012:accesspoint/ap"),
+    ],
+)
 def test_s3_unusual_addressing_is_left_to_botocore(options, env, bucket, monkeypatch):
     """Accelerate, FIPS, other partitions, addressing settings, non-DNS buckets, ARNs: the client signs."""
     from plugins.s3 import S3Backend

@@ -23,8 +23,7 @@ def _digest(sample: dict) -> tuple:
 
 def _read(spec, options, cache_dir, cache_size=-1, stop_after=None, ready=None, go=None):
     """Read the dataset through the cache (in a child process); returns (samples, stats)."""
-    ds = wds.WebDataset(spec, shardshuffle=False, storage_options=options, cache_dir=cache_dir,
-                        cache_size=cache_size)
+    ds = wds.WebDataset(spec, shardshuffle=False, storage_options=options, cache_dir=cache_dir, cache_size=cache_size)
     out = []
     for sample in ds:
         out.append(_digest(sample))
@@ -150,8 +149,9 @@ def test_eviction_spares_the_entry_in_use(store, tmp_path, spawn):
     shard = _shard_bytes(cache_dir)
     limit = int(shard * 1.5)
     ready, go, results = spawn.Event(), spawn.Event(), spawn.Queue()
-    child = spawn.Process(target=_read_into, args=(results, first, options, cache_dir, limit),
-                          kwargs={"ready": ready, "go": go})
+    child = spawn.Process(
+        target=_read_into, args=(results, first, options, cache_dir, limit), kwargs={"ready": ready, "go": go}
+    )
     child.start()
     try:
         assert ready.wait(60)
@@ -183,7 +183,7 @@ def test_corrupted_entry_is_detected_and_fetched_again(store, tmp_path, caplog):
         f.write(bytes(b ^ 0xFF for b in data))
     proxy.wait_idle()
     sent = proxy.bytes_forwarded
-    with caplog.at_level(logging.WARNING, logger="wds_cloud.cache"):
+    with caplog.at_level(logging.WARNING, logger="wds_cloud"):
         samples, stats = _read(spec, options, cache_dir)
     proxy.wait_idle()
     assert samples == clean
@@ -231,8 +231,9 @@ def test_local_files_are_read_in_place_unless_asked(tmp_path, shards):
     cache_dir = tmp_path / "cache"
     assert len(list(wds.WebDataset(shards, shardshuffle=False, cache_dir=str(cache_dir)))) == 30
     assert not os.listdir(cache_dir)
-    pipeline = wds.DataPipeline(wds.SimpleShardList(shards), FileCache(str(cache_dir), cache_local=True),
-                                wds.tarfile_to_samples())
+    pipeline = wds.DataPipeline(
+        wds.SimpleShardList(shards), FileCache(str(cache_dir), cache_local=True), wds.tarfile_to_samples()
+    )
     assert len(list(pipeline)) == 30 and len(_entries(cache_dir)) == 3
 
 
@@ -244,12 +245,15 @@ def test_environment_sets_the_cache(tmp_path, shards, monkeypatch):
     assert len(list(ds)) == 10 and len(_entries(tmp_path / "envcache")) == 1
 
 
-@pytest.mark.parametrize("a,b", [
-    ("s3://bucket-a/x/shard.tar", "s3://bucket-b/x/shard.tar"),
-    ("s3://b/x/shard.tar", "gs://b/x/shard.tar"),
-    ("s3://b/x/y_shard.tar", "s3://b/x_y/shard.tar"),
-    ("http://h/a/shard.tar", "http://h/a/shard.tar?v=2"),
-])
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        ("s3://bucket-a/x/shard.tar", "s3://bucket-b/x/shard.tar"),
+        ("s3://b/x/shard.tar", "gs://b/x/shard.tar"),
+        ("s3://b/x/y_shard.tar", "s3://b/x_y/shard.tar"),
+        ("http://h/a/shard.tar", "http://h/a/shard.tar?v=2"),
+    ],
+)
 def test_cache_names_never_collide(a, b):
     assert url_to_cache_name(a) != url_to_cache_name(b)
 

@@ -20,8 +20,8 @@ class Remote(io.RawIOBase):
         return True
 
     def readinto(self, buffer) -> int:
-        chunk = self.data[self.pos:self.pos + len(buffer)]
-        buffer[:len(chunk)] = chunk
+        chunk = self.data[self.pos : self.pos + len(buffer)]
+        buffer[: len(chunk)] = chunk
         self.pos += len(chunk)
         return len(chunk)
 

@@ -20,8 +20,9 @@ def test_help_and_version():
     script = os.path.join(os.path.dirname(sys.executable), "wds-cloud")
     help_text = subprocess.run([script, "--help"], capture_output=True, text=True, check=True).stdout
     assert "backends" in help_text
-    version = subprocess.run([sys.executable, "-m", "wds_cloud", "--version"], capture_output=True,
-                             text=True, check=True).stdout
+    version = subprocess.run(
+        [sys.executable, "-m", "wds_cloud", "--version"], capture_output=True, text=True, check=True
+    ).stdout
     assert wds_cloud.__version__ in version
 
 

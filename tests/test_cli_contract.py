@@ -39,8 +39,17 @@ USAGE_ERRORS = [
     ["reshard", "{spec}", "{folder}/out-%d.tar", "--maxcount", "0"],
     ["reshard", "{spec}", "{folder}/out-%d.tar", "--maxsize", "0"],
     ["convert", "mmc4", "{folder}/docs.jsonl", "--images", "{folder}", "--dest", "{folder}/x.tar"],
-    ["convert", "mmc4", "{folder}/docs.jsonl", "--images", "{folder}", "--dest", "{folder}/x-%d.tar",
-     "--maxcount", "0"],
+    [
+        "convert",
+        "mmc4",
+        "{folder}/docs.jsonl",
+        "--images",
+        "{folder}",
+        "--dest",
+        "{folder}/x-%d.tar",
+        "--maxcount",
+        "0",
+    ],
     ["demo", "--samples", "0"],
     ["verify", "{spec}", "--no-such-flag"],
     ["index", "{spec}", "--format", "xml"],
@@ -73,11 +82,21 @@ def test_help_says_the_exit_codes(capsys):
         assert "2 bad arguments" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv", [
-    ["backends"], ["backends", "--all"], ["ls", "{folder}/shard-000.tar"], ["ls", "--samples", "{folder}/shard-000.tar"],
-    ["stat", "{spec}"], ["index", "{spec}"], ["verify", "{spec}"], ["reshard", "{spec}", "{folder}/r-%02d.tar"],
-    ["demo", "--samples", "8", "--shards", "1", "--workers", "0", "--url", "{folder}/demo"],
-], ids=lambda a: a[0] + ("-all" if "--all" in a else ""))
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["backends"],
+        ["backends", "--all"],
+        ["ls", "{folder}/shard-000.tar"],
+        ["ls", "--samples", "{folder}/shard-000.tar"],
+        ["stat", "{spec}"],
+        ["index", "{spec}"],
+        ["verify", "{spec}"],
+        ["reshard", "{spec}", "{folder}/r-%02d.tar"],
+        ["demo", "--samples", "8", "--shards", "1", "--workers", "0", "--url", "{folder}/demo"],
+    ],
+    ids=lambda a: a[0] + ("-all" if "--all" in a else ""),
+)
 def test_every_command_that_prints_results_prints_json(data, capsys, argv):
     pytest.importorskip("PIL")
     folder, spec = data
@@ -143,8 +162,9 @@ def test_the_library_checks_shards_against_a_copied_manifest_too(data, tmp_path,
     assert run(capsys, "verify", spec, "--write-manifest", folder / "manifest.json")[0] == 0
     copy = tmp_path / "copy"
     shutil.copytree(folder, copy)
-    got = list(wds.WebDataset(str(copy / "shard-{000..002}.tar"), shardshuffle=False,
-                              manifest=str(copy / "manifest.json")))
+    got = list(
+        wds.WebDataset(str(copy / "shard-{000..002}.tar"), shardshuffle=False, manifest=str(copy / "manifest.json"))
+    )
     assert len(got) == 12
 
 

@@ -135,8 +135,9 @@ def test_a_pinned_level_is_never_measured_or_changed():
 def test_the_ceiling_is_a_share_of_the_machine(monkeypatch):
     assert worker_share(16) == 16 and worker_share(16, local_world_size=4) == 4
     fake_torch = types.ModuleType("torch")
-    fake_torch.utils = types.SimpleNamespace(data=types.SimpleNamespace(
-        get_worker_info=lambda: types.SimpleNamespace(num_workers=2, id=0)))
+    fake_torch.utils = types.SimpleNamespace(
+        data=types.SimpleNamespace(get_worker_info=lambda: types.SimpleNamespace(num_workers=2, id=0))
+    )
     monkeypatch.setitem(sys.modules, "torch", fake_torch)
     assert worker_share(16) == 8 and worker_share(16, local_world_size=2) == 4 and worker_share(3, 8) == 1
 
@@ -147,8 +148,14 @@ def test_what_is_learned_travels_to_a_spawned_worker_and_hostile_tables_are_igno
         concurrency.controller_for("http://a.example", 16).level = 6
         table = concurrency.learned()
         concurrency.forget()
-        concurrency.seed({**table, "http://b.example": {"level": 10 ** 9}, "http://c.example": "x",
-                          "http://d.example": {"level": True}})
+        concurrency.seed(
+            {
+                **table,
+                "http://b.example": {"level": 10**9},
+                "http://c.example": "x",
+                "http://d.example": {"level": True},
+            }
+        )
         assert concurrency.report()["http://a.example"]["level"] == 6
         assert set(concurrency.report()) == {"http://a.example"}
         # a worker's ceiling caps what it was handed
@@ -158,6 +165,7 @@ def test_what_is_learned_travels_to_a_spawned_worker_and_hostile_tables_are_igno
 
 
 # end to end: real servers; the assertions are on levels and request counts
+
 
 @pytest.fixture(autouse=False)
 def fresh_hosts():
@@ -171,7 +179,7 @@ def test_over_a_slow_link_the_level_grows(fresh_hosts):
         link.put("/b/big.tar", shard_bytes("x-", samples=40, size=100_000))
         ds = wds.WebDataset(f"{link.url}/b/big.tar", shardshuffle=False)
         assert len(list(ds)) == 40
-        (host, figures), = ds.stats.hosts.items()
+        ((host, figures),) = ds.stats.hosts.items()
         assert figures["level"] > 1 and len(figures["rates"]) >= 2, str(figures)
         assert figures["waiting"] > 0 and figures["latency"] >= 0.02
         assert any(r[2] is not None for r in link.store.requests)  # parts: ranged GETs
@@ -213,8 +221,7 @@ def test_parts_reuse_kept_connections(fresh_hosts):
     try:
         for i in range(3):
             store.put(f"/b/s-{i}.tar", shard_bytes(f"{i}-", samples=40, size=50_000))
-        ds = wds.WebDataset(f"{server.url}/b/s-{{0..2}}.tar", shardshuffle=False, part_size="256KiB",
-                            concurrency=4)
+        ds = wds.WebDataset(f"{server.url}/b/s-{{0..2}}.tar", shardshuffle=False, part_size="256KiB", concurrency=4)
         assert len(list(ds)) == 120
         gets = [r for r in store.requests if r[0] == "GET"]
         assert len(gets) > 12

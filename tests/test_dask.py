@@ -175,15 +175,20 @@ def test_a_client_killed_mid_job_leaves_a_job_its_rerun_completes(shards, tmp_pa
         cluster.run(setenv, name, value)
     dest = str(tmp_path / "out" / "part-%03d.tar")
     out = tmp_path / "out"
-    code = ("import distributed\nfrom wds_cloud.dask import map_shards\nfrom tests.test_dask import waits_on_shard_3\n"
-            f"map_shards(waits_on_shard_3, {shards!r}, {dest!r}, client=distributed.Client({cluster.scheduler.address!r}))")
+    code = (
+        "import distributed\nfrom wds_cloud.dask import map_shards\nfrom tests.test_dask import waits_on_shard_3\n"
+        f"map_shards(waits_on_shard_3, {shards!r}, {dest!r}, client=distributed.Client({cluster.scheduler.address!r}))"
+    )
     root = pathlib.Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=str(root))
-    job = subprocess.Popen([sys.executable, "-c", code], cwd=root, env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
+    job = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
-        until(lambda: marker.exists() and all((out / f"part-{i:03d}.tar").exists() for i in (0, 1, 2, 4)),
-              "four outputs and shard 3 started")
+        until(
+            lambda: marker.exists() and all((out / f"part-{i:03d}.tar").exists() for i in (0, 1, 2, 4)),
+            "four outputs and shard 3 started",
+        )
     finally:
         job.kill()
         job.wait()
@@ -199,8 +204,9 @@ def test_a_client_killed_mid_job_leaves_a_job_its_rerun_completes(shards, tmp_pa
 def test_a_sample_that_raises_goes_to_the_handler(shards, tmp_path, cluster):
     dest = str(tmp_path / "out" / "part-%03d.tar")
     summary = map_shards(bad_sample, shards, dest, client=cluster, handler=wds.ignore_and_continue)
-    assert summary["failures"] == [{"key": "s01_0004", "error": "ValueError: cannot process this one",
-                                    "input": shards[1]}]
+    assert summary["failures"] == [
+        {"key": "s01_0004", "error": "ValueError: cannot process this one", "input": shards[1]}
+    ]
     assert "s01_0004" not in {k for k, _ in written(dest, len(SIZES))}
     strict = map_shards(bad_sample, shards, str(tmp_path / "out" / "strict-%03d.tar"), client=cluster, retries=0)
     assert len(strict["failures"]) == 1 and "cannot process this one" in strict["failures"][0]["error"]
@@ -228,8 +234,13 @@ def test_s3_with_credentials_only_in_the_workers_environment(moto_endpoint, tmp_
 
     bucket = unique("dask")
     secret = "dask-secret-" + unique("s")
-    client = boto3.client("s3", endpoint_url=moto_endpoint, aws_access_key_id="testing",
-                          aws_secret_access_key="testing", region_name="us-east-1")
+    client = boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
     client.create_bucket(Bucket=bucket)
     urls = []
     for path in write_shards(tmp_path, SIZES[:3]):
@@ -237,17 +248,22 @@ def test_s3_with_credentials_only_in_the_workers_environment(moto_endpoint, tmp_
         client.put_object(Bucket=bucket, Key=f"in/{name}", Body=pathlib.Path(path).read_bytes())
         urls.append(f"s3://{bucket}/in/{name}")
     profiles = tmp_path / "profiles.toml"
-    profiles.write_text(f'["s3://{bucket}/"]\nendpoint_url = "{moto_endpoint}"\nkey = "testing"\n'
-                        f'secret = "testing"\nclient_kwargs = {{region_name = "us-east-1"}}\n'
-                        f'config_kwargs = {{user_agent_extra = "{secret}"}}\n')
+    profiles.write_text(
+        f'["s3://{bucket}/"]\nendpoint_url = "{moto_endpoint}"\nkey = "testing"\n'
+        f'secret = "testing"\nclient_kwargs = {{region_name = "us-east-1"}}\n'
+        f'config_kwargs = {{user_agent_extra = "{secret}"}}\n'
+    )
     monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profiles))
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
     dask_client = distributed.Client(cluster)
     try:
         dest = f"s3://{bucket}/out/part-%03d.tar"
         summary = map_shards(shout, urls, dest, client=dask_client)
-        held = dask_client.run_on_scheduler(lambda dask_scheduler: repr(
-            [(key, task.run_spec, task.state) for key, task in dask_scheduler.tasks.items()]))
+        held = dask_client.run_on_scheduler(
+            lambda dask_scheduler: repr(
+                [(key, task.run_spec, task.state) for key, task in dask_scheduler.tasks.items()]
+            )
+        )
     finally:
         dask_client.close()
         cluster.close()
@@ -261,21 +277,33 @@ def test_s3_with_credentials_only_in_the_workers_environment(moto_endpoint, tmp_
 def test_the_cli_runs_a_function_by_name(shards, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
     dest = str(tmp_path / "out" / "cli-%03d.tar")
-    out = subprocess.run([sys.executable, "-m", "wds_cloud", "map", "tests.test_dask:shout", *shards, dest,
-                          "--workers", "2", "--json"], capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "wds_cloud", "map", "tests.test_dask:shout", *shards, dest, "--workers", "2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
     assert summary["done"] == len(SIZES)
     assert written(dest, len(SIZES)) == expected(shards, shout)
-    bad = subprocess.run([sys.executable, "-m", "wds_cloud", "map", "tests.test_dask:nothing", *shards, dest],
-                         capture_output=True, text=True, timeout=300, env=env)
+    bad = subprocess.run(
+        [sys.executable, "-m", "wds_cloud", "map", "tests.test_dask:nothing", *shards, dest],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert bad.returncode != 0 and "has no 'nothing'" in bad.stderr
 
 
 def test_without_the_extra_it_fails_at_once_with_the_install_line(shards, tmp_path):
-    code = ("import sys; sys.modules['distributed'] = None\n"
-            "from wds_cloud.cli import main\n"
-            f"sys.exit(main(['map', 'json:dumps', {shards[0]!r}, {str(tmp_path / 'o-%d.tar')!r}]))")
+    code = (
+        "import sys; sys.modules['distributed'] = None\n"
+        "from wds_cloud.cli import main\n"
+        f"sys.exit(main(['map', 'json:dumps', {shards[0]!r}, {str(tmp_path / 'o-%d.tar')!r}]))"
+    )
     env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode != 0
@@ -288,8 +316,9 @@ def test_the_shard_tools_run_on_dask(shards, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
 
     def cli(*args):
-        out = subprocess.run([sys.executable, "-m", "wds_cloud", *args, "--json"], capture_output=True, text=True,
-                             timeout=300, env=env)
+        out = subprocess.run(
+            [sys.executable, "-m", "wds_cloud", *args, "--json"], capture_output=True, text=True, timeout=300, env=env
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         return json.loads(out.stdout)
 
@@ -317,9 +346,29 @@ def test_convert_on_dask_writes_what_one_process_writes(mmc4):  # noqa: F811
     root, jsonl, images = mmc4
     one = convert_mmc4([jsonl], images, str(root / "one-%03d.tar"), maxcount=3)
     env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
-    out = subprocess.run([sys.executable, "-m", "wds_cloud", "convert", "mmc4", jsonl, "--images", images, "--dest",
-                          str(root / "many-%03d.tar"), "--maxcount", "3", "--workers", "2", "--json"],
-                         capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wds_cloud",
+            "convert",
+            "mmc4",
+            jsonl,
+            "--images",
+            images,
+            "--dest",
+            str(root / "many-%03d.tar"),
+            "--maxcount",
+            "3",
+            "--workers",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     many = json.loads(out.stdout)
     assert {k: many[k] for k in one} == one

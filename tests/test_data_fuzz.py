@@ -14,11 +14,12 @@ from wds_cloud import index as wds_index
 from wds_cloud.errors import StateMismatchError, WdsCloudError
 from wds_cloud.io.jobrecord import JobRecord
 from wds_cloud.io.parallel import part_step
-from wds_cloud.manifest import Manifest, load_manifest
+from wds_cloud.manifest import Manifest
 from wds_cloud.resume.state import seal
 
 from .conftest import make_shards
 from .hostile import HOSTILE_VALUES, json_paths
+
 
 def mutate(doc, data):
     """``doc`` with one to three values replaced, keys dropped, or numbers nudged (drawn from ``data``)."""
@@ -62,10 +63,13 @@ def corpus(tmp_path_factory):
     docs = {
         "index": json.loads(Path(urls[0] + ".index.json").read_text()),
         "description": {"wids_version": 1, "shardlist": [{"url": u.rsplit("/", 1)[1], "nsamples": 4} for u in urls]},
-        "spec": {"version": 1, "seed": 0, "sources": [{"name": "a", "urls": [u.rsplit("/", 1)[1] for u in urls],
-                                                        "weight": 1.0, "shuffle": 2}]},
+        "spec": {
+            "version": 1,
+            "seed": 0,
+            "sources": [{"name": "a", "urls": [u.rsplit("/", 1)[1] for u in urls], "weight": 1.0, "shuffle": 2}],
+        },
     }
-    from wds_cloud.shardtools import _verify_one
+    from wds_cloud.cli.shardtools import _verify_one
 
     manifest = Manifest()
     for url in urls:
@@ -135,8 +139,14 @@ def test_a_mutated_spec_loads_or_fails_with_our_error(corpus, data):
 @given(data=st.data())
 def test_a_mutated_job_record_is_refused_with_our_error(tmp_path_factory, data):
     root = tmp_path_factory.mktemp("job")
-    record = {"format": "wds_cloud.job", "version": 1, "tool": "reshard", "inputs": ["in.tar"],
-              "settings": {"maxcount": 2}, "outputs": {str(root / "o-000.tar"): {"size": 10, "sha256": "ab"}}}
+    record = {
+        "format": "wds_cloud.job",
+        "version": 1,
+        "tool": "reshard",
+        "inputs": ["in.tar"],
+        "settings": {"maxcount": 2},
+        "outputs": {str(root / "o-000.tar"): {"size": 10, "sha256": "ab"}},
+    }
     (root / "o-N.tar.wds-job.json").write_text(json.dumps(mutate(record, data)))
     ours_or_result(lambda: JobRecord(str(root / "o-%03d.tar"), "reshard", ["in.tar"], {"maxcount": 2}))
 
@@ -149,8 +159,15 @@ def test_a_mutated_map_job_record_is_refused_or_well_formed(tmp_path_factory, da
     root = tmp_path_factory.mktemp("map")
     out = str(root / "o-000.tar")
     settings = {"function": "m:f", "per": "sample", "maxcount": None, "maxsize": None}
-    record = {"format": "wds_cloud.job", "version": 1, "tool": "map", "inputs": ["in.tar"], "settings": settings,
-              "outputs": {out: {"size": 10, "sha256": "ab"}}, "done": {"0": [out]}}
+    record = {
+        "format": "wds_cloud.job",
+        "version": 1,
+        "tool": "map",
+        "inputs": ["in.tar"],
+        "settings": settings,
+        "outputs": {out: {"size": 10, "sha256": "ab"}},
+        "done": {"0": [out]},
+    }
     (root / "o-N.tar.wds-job.json").write_text(json.dumps(mutate(record, data)))
 
     def load():
@@ -162,8 +179,12 @@ def test_a_mutated_map_job_record_is_refused_or_well_formed(tmp_path_factory, da
     ours_or_result(load)
 
 
-@given(start=st.integers(0, 10**6), size=st.integers(0, 10**18), part=st.integers(1, 1 << 30),
-       concurrency=st.integers(1, 64))
+@given(
+    start=st.integers(0, 10**6),
+    size=st.integers(0, 10**18),
+    part=st.integers(1, 1 << 30),
+    concurrency=st.integers(1, 64),
+)
 def test_the_part_plan_covers_any_claimed_size_in_bounded_parts(start, size, part, concurrency):
     """Whatever size a server claims: parts no longer than part_size that cover the rest, computed, not listed."""
     step, count = part_step(start, size, part, concurrency)

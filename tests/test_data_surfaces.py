@@ -13,7 +13,6 @@ import pytest
 
 import wds_cloud as wds
 from wds_cloud import index as wds_index
-from wds_cloud.manifest import load_manifest
 from wds_cloud.errors import (
     ConfigError,
     CorruptIndexError,
@@ -23,6 +22,7 @@ from wds_cloud.errors import (
     StateMismatchError,
 )
 from wds_cloud.io.security import UntrustedURL, check_pipe, resolve, untrusted
+from wds_cloud.manifest import load_manifest
 from wds_cloud.testing.objects import HTTPObjectHandler, Server, Store, http_server
 
 from .conftest import make_shards
@@ -39,8 +39,9 @@ def write_tar(path, samples):
 
 
 def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "wds_cloud", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "wds_cloud", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
 
 
 # code from data
@@ -49,8 +50,9 @@ def test_a_description_shard_url_that_is_a_command_never_runs(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     marker = tmp_path / "ran"
     desc = tmp_path / "d.json"
-    desc.write_text(json.dumps({"wids_version": 1, "shardlist": [
-        {"url": f"pipe:touch {marker}; echo", "nsamples": 1}]}))
+    desc.write_text(
+        json.dumps({"wids_version": 1, "shardlist": [{"url": f"pipe:touch {marker}; echo", "nsamples": 1}]})
+    )
     ds = wds.ShardListDataset(str(desc), transformations=[])
     with pytest.raises(SecurityError, match="WDS_ALLOW_UNTRUSTED_PIPES"):
         ds[0]
@@ -60,8 +62,9 @@ def test_a_description_shard_url_that_is_a_command_never_runs(tmp_path, monkeypa
 def test_a_description_base_that_is_a_command_is_refused(tmp_path):
     """A 'base' of pipe: would turn every relative shard name into a command: refused at once."""
     desc = tmp_path / "d.json"
-    desc.write_text(json.dumps({"wids_version": 1, "base": "pipe:touch X; cat ",
-                                "shardlist": [{"url": "a.tar", "nsamples": 1}]}))
+    desc.write_text(
+        json.dumps({"wids_version": 1, "base": "pipe:touch X; cat ", "shardlist": [{"url": "a.tar", "nsamples": 1}]})
+    )
     with pytest.raises(SecurityError, match="never a command"):
         wds.ShardListDataset(str(desc))
 
@@ -69,8 +72,17 @@ def test_a_description_base_that_is_a_command_is_refused(tmp_path):
 def test_the_untrusted_mark_survives_derivations():
     """Appending, slicing, replacing and formatting an untrusted URL give untrusted URLs."""
     url = untrusted("pipe:cat x.tar")
-    for derived in (url + ".index.json", "x" + url, url[:-4], url.replace("x", "y"), url.strip(),
-                    wds_index.index_url(url), wds_index.dali_url(url), url.split(" ")[0], "%s" % url):
+    for derived in (
+        url + ".index.json",
+        "x" + url,
+        url[:-4],
+        url.replace("x", "y"),
+        url.strip(),
+        wds_index.index_url(url),
+        wds_index.dali_url(url),
+        url.split(" ")[0],
+        "%s" % url,
+    ):
         assert isinstance(derived, UntrustedURL), derived
         with pytest.raises(SecurityError):
             check_pipe(derived if derived.startswith("pipe:") else "pipe:" + derived, wds.Settings())
@@ -98,8 +110,10 @@ def test_a_spec_file_over_http_may_not_name_local_files(tmp_path):
     """A dataset spec served over HTTP that names a local path is refused, naming the setting that allows it."""
     server, store = http_server()
     try:
-        store.put("/spec.json", json.dumps({"version": 1, "sources": [
-            {"name": "a", "urls": [str(tmp_path / "x.tar")]}]}).encode())
+        store.put(
+            "/spec.json",
+            json.dumps({"version": 1, "sources": [{"name": "a", "urls": [str(tmp_path / "x.tar")]}]}).encode(),
+        )
         with pytest.raises(SecurityError, match="WDS_ALLOW_UNTRUSTED_LOCAL"):
             wds.from_spec(f"{server.url}/spec.json")
     finally:
@@ -113,8 +127,12 @@ def test_mmc4_image_names_never_leave_the_images_folder(tmp_path):
     (tmp_path / "secret" / "id_rsa.jpg").write_bytes(b"PRIVATE KEY")
     (tmp_path / "images").mkdir()
     docs = tmp_path / "docs.jsonl"
-    docs.write_text(json.dumps({"text_list": ["hi"], "image_info": [
-        {"image_name": "../secret/id_rsa.jpg", "matched_text_index": 0}]}) + "\n")
+    docs.write_text(
+        json.dumps(
+            {"text_list": ["hi"], "image_info": [{"image_name": "../secret/id_rsa.jpg", "matched_text_index": 0}]}
+        )
+        + "\n"
+    )
     run = cli("convert", "mmc4", docs, "--images", tmp_path / "images", "--dest", tmp_path / "out" / "m-%03d.tar")
     assert run.returncode == 1 and "leaves" in run.stderr and "Traceback" not in run.stderr
     out = tmp_path / "out"
@@ -124,8 +142,7 @@ def test_mmc4_image_names_never_leave_the_images_folder(tmp_path):
 # stale indexes
 @pytest.fixture
 def indexed_shard(tmp_path):
-    path = write_tar(tmp_path / "s.tar", [(f"{i:03d}", {"txt": f"sample {i}".encode(), "cls": b"1"})
-                                          for i in range(5)])
+    path = write_tar(tmp_path / "s.tar", [(f"{i:03d}", {"txt": f"sample {i}".encode(), "cls": b"1"}) for i in range(5)])
     assert cli("index", path).returncode == 0
     return path
 
@@ -151,7 +168,7 @@ def test_a_touched_local_shard_of_the_same_size_is_noticed(indexed_shard):
 
 def test_cat_key_over_http_notices_a_new_version(tmp_path):
     """Over HTTP, an index whose ETag is not the object's is refused by cat --key too."""
-    path = write_tar(tmp_path / "s.tar", [(f"{i:03d}", {"txt": b"x" * 100}) for i in range(3)])
+    write_tar(tmp_path / "s.tar", [(f"{i:03d}", {"txt": b"x" * 100}) for i in range(3)])
     server, store = http_server()
     try:
         store.put("/s.tar", (tmp_path / "s.tar").read_bytes())
@@ -174,16 +191,19 @@ def index_json(shard, mutate):
     path.write_text(json.dumps(data))
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda d: d["samples"][0][1].reverse(), "where a tar member's data can begin"),
-    (lambda d: d["samples"][0][1][0].__setitem__(2, 10**12), "WDS_MAX_MEMBER_SIZE"),
-    (lambda d: d["samples"][-1][1][-1].__setitem__(1, 10**12 // 512 * 512), "past the end"),
-    (lambda d: d["samples"][1][1][0].__setitem__(1, 512), "where a tar member's data can begin"),
-    (lambda d: d.__setitem__("samples", [["k", [["txt", 513, 1]]]]), "where a tar member's data can begin"),
-    (lambda d: d.__setitem__("size", -1), "'size'"),
-    (lambda d: d.__setitem__("samples", {"a": 1}), "'samples'"),
-    (lambda d: d["samples"].__setitem__(0, 5), r"samples\[0\]"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d["samples"][0][1].reverse(), "where a tar member's data can begin"),
+        (lambda d: d["samples"][0][1][0].__setitem__(2, 10**12), "WDS_MAX_MEMBER_SIZE"),
+        (lambda d: d["samples"][-1][1][-1].__setitem__(1, 10**12 // 512 * 512), "past the end"),
+        (lambda d: d["samples"][1][1][0].__setitem__(1, 512), "where a tar member's data can begin"),
+        (lambda d: d.__setitem__("samples", [["k", [["txt", 513, 1]]]]), "where a tar member's data can begin"),
+        (lambda d: d.__setitem__("size", -1), "'size'"),
+        (lambda d: d.__setitem__("samples", {"a": 1}), "'samples'"),
+        (lambda d: d["samples"].__setitem__(0, 5), r"samples\[0\]"),
+    ],
+)
 def test_an_index_that_cannot_describe_its_shard_is_refused(indexed_shard, mutate, message):
     """Fields out of offset order, claims beyond the shard or the limits: CorruptIndexError naming the field."""
     index_json(indexed_shard, mutate)
@@ -204,7 +224,7 @@ class _Swapping(HTTPObjectHandler):
             data = self.swapped
             rng = self.headers.get("Range").split("=")[1].split("-")
             start, end = int(rng[0]), min(int(rng[1]), len(data) - 1)
-            body = data[start:end + 1]
+            body = data[start : end + 1]
             self.send_response(206)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
@@ -254,7 +274,7 @@ class _Claiming(HTTPObjectHandler):
         data = self.store.objects[key]
         rng = self.headers.get("Range")
         start, end = (int(x) for x in rng.split("=")[1].split("-")) if rng else (0, len(data) - 1)
-        body = data[start:end + 1]
+        body = data[start : end + 1]
         self.send_response(206)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Content-Range", f"bytes {start}-{start + len(body) - 1}/{10**15}")
@@ -302,7 +322,7 @@ def test_a_claimed_sample_count_is_checked_before_a_sampler_lists_it(tmp_path):
     desc = tmp_path / "d.json"
     desc.write_text(json.dumps({"wids_version": 1, "shardlist": [{"url": "s.tar", "nsamples": 10**12}]}))
     ds = wds.ShardListDataset(str(desc), transformations=[])
-    from wds_cloud.indexed import ChunkedSampler, ShardListSampler
+    from wds_cloud.index.dataset import ChunkedSampler, ShardListSampler
 
     with pytest.raises(CorruptIndexError, match="nsamples"):
         next(iter(ShardListSampler(ds)))
@@ -333,13 +353,16 @@ def test_a_yaml_alias_bomb_is_refused_quickly_with_a_short_message(tmp_path):
     assert len(str(info.value)) < 600
 
 
-@pytest.mark.parametrize("name, load", [
-    ("spec.json", lambda p: wds.from_spec(p)),
-    ("desc.json", lambda p: wds.ShardListDataset(p)),
-    ("manifest.json", lambda p: load_manifest(p)),
-    ("s.tar.index.json", lambda p: wds_index.read_index(p)),
-    ("list.json", lambda p: wds.WebDataset(p)),
-])
+@pytest.mark.parametrize(
+    "name, load",
+    [
+        ("spec.json", lambda p: wds.from_spec(p)),
+        ("desc.json", lambda p: wds.ShardListDataset(p)),
+        ("manifest.json", lambda p: load_manifest(p)),
+        ("s.tar.index.json", lambda p: wds_index.read_index(p)),
+        ("list.json", lambda p: wds.WebDataset(p)),
+    ],
+)
 def test_json_nested_deep_is_an_error_of_ours(tmp_path, name, load):
     """JSON nested 100,000 deep: MalformedDataError, never RecursionError."""
     path = tmp_path / name
@@ -351,8 +374,9 @@ def test_json_nested_deep_is_an_error_of_ours(tmp_path, name, load):
 def test_a_data_file_past_the_size_limit_is_refused_unread(tmp_path, monkeypatch):
     monkeypatch.setenv("WDS_MAX_DATA_FILE_SIZE", "1KiB")
     path = tmp_path / "desc.json"
-    path.write_text(json.dumps({"wids_version": 1, "shardlist": [{"url": f"s{i}.tar", "nsamples": 1}
-                                                                 for i in range(100)]}))
+    path.write_text(
+        json.dumps({"wids_version": 1, "shardlist": [{"url": f"s{i}.tar", "nsamples": 1} for i in range(100)]})
+    )
     with pytest.raises(MalformedDataError, match="WDS_MAX_DATA_FILE_SIZE"):
         wds.ShardListDataset(str(path))
 
@@ -360,8 +384,15 @@ def test_a_data_file_past_the_size_limit_is_refused_unread(tmp_path, monkeypatch
 @pytest.mark.parametrize("weight", [float("inf"), 1e308, float("nan"), 0, -1, True])
 def test_weights_must_be_finite_and_bounded(weight, shards):
     with pytest.raises(ConfigError, match="weight"):
-        wds.from_spec({"version": 1, "sources": [{"name": "a", "urls": shards, "weight": 1},
-                                                 {"name": "b", "urls": shards, "weight": weight}]})
+        wds.from_spec(
+            {
+                "version": 1,
+                "sources": [
+                    {"name": "a", "urls": shards, "weight": 1},
+                    {"name": "b", "urls": shards, "weight": weight},
+                ],
+            }
+        )
 
 
 def test_a_mix_state_whose_draws_the_pass_cannot_hold_is_refused(shards):
@@ -387,8 +418,17 @@ def test_a_malformed_manifest_entry_is_refused_before_a_shard_is_read(shards, tm
         list(wds.WebDataset(shards[0], manifest=str(manifest)))
 
 
-@pytest.mark.parametrize("content", [b"\xff\xfe{", b"{" * 50_000, b'{"format": 5}', b"v1.2 x\n", b"v1.2 1\ntxt a b c\n",
-                                     b'{"format":"wds_cloud.index","version":1,"samples":[["k",[["t",0,1]]]]}'])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"\xff\xfe{",
+        b"{" * 50_000,
+        b'{"format": 5}',
+        b"v1.2 x\n",
+        b"v1.2 1\ntxt a b c\n",
+        b'{"format":"wds_cloud.index","version":1,"samples":[["k",[["t",0,1]]]]}',
+    ],
+)
 def test_malformed_sidecars_give_our_errors_and_no_tracebacks(tmp_path, content):
     path = write_tar(tmp_path / "s.tar", [("000", {"txt": b"x"})])
     (tmp_path / "s.tar.index.json").write_bytes(content)

@@ -32,10 +32,17 @@ def test_the_readme_pipeline(image_shards):
     assert set(meta) == {"s", "i"}
 
 
-@pytest.mark.parametrize("spec, shape, dtype", [
-    ("l8", (8, 12), np.uint8), ("rgb8", (8, 12, 3), np.uint8), ("rgba8", (8, 12, 4), np.uint8),
-    ("l", (8, 12), np.float32), ("rgb", (8, 12, 3), np.float32), ("rgba", (8, 12, 4), np.float32),
-])
+@pytest.mark.parametrize(
+    "spec, shape, dtype",
+    [
+        ("l8", (8, 12), np.uint8),
+        ("rgb8", (8, 12, 3), np.uint8),
+        ("rgba8", (8, 12, 4), np.uint8),
+        ("l", (8, 12), np.float32),
+        ("rgb", (8, 12, 3), np.float32),
+        ("rgba", (8, 12, 4), np.float32),
+    ],
+)
 def test_numpy_image_specs(image_shards, spec, shape, dtype):
     """Every numpy image spec gives the documented shape and dtype."""
     image = next(iter(wds.WebDataset(image_shards, shardshuffle=False).decode(spec).to_tuple("png")))[0]
@@ -53,9 +60,18 @@ def test_rgb8_pixels_identical_to_pillow(image_shards):
     assert np.array_equal(image, np.asarray(Image.open(io.BytesIO(raw)).convert("RGB")))
 
 
-@pytest.mark.parametrize("spec, shape", [("torchl8", (8, 12)), ("torchrgb8", (3, 8, 12)), ("torchrgba8", (4, 8, 12)),
-                                         ("torchl", (8, 12)), ("torchrgb", (3, 8, 12)), ("torch", (3, 8, 12)),
-                                         ("torchrgba", (4, 8, 12))])
+@pytest.mark.parametrize(
+    "spec, shape",
+    [
+        ("torchl8", (8, 12)),
+        ("torchrgb8", (3, 8, 12)),
+        ("torchrgba8", (4, 8, 12)),
+        ("torchl", (8, 12)),
+        ("torchrgb", (3, 8, 12)),
+        ("torch", (3, 8, 12)),
+        ("torchrgba", (4, 8, 12)),
+    ],
+)
 def test_torch_image_specs(image_shards, spec, shape):
     """Torch image specs give CHW tensors."""
     torch = pytest.importorskip("torch")
@@ -85,10 +101,18 @@ def test_default_decoders(tmp_path):
     np.save(npy, arr)
     npz = io.BytesIO()
     np.savez(npz, a=arr)
-    fields = {"txt": b"hi", "cls": b"7", "json": b'{"a": 1}', "npy": npy.getvalue(), "npz": npz.getvalue(),
-              "ten": bytes(wds.tenbin.encode_buffer([arr])), "mp": msgpack.packb({"m": 1}),
-              "cbor": cbor2.dumps({"c": 2}), "json.gz": gzip.compress(json.dumps([1, 2]).encode()),
-              "bin": b"\x00raw"}
+    fields = {
+        "txt": b"hi",
+        "cls": b"7",
+        "json": b'{"a": 1}',
+        "npy": npy.getvalue(),
+        "npz": npz.getvalue(),
+        "ten": bytes(wds.tenbin.encode_buffer([arr])),
+        "mp": msgpack.packb({"m": 1}),
+        "cbor": cbor2.dumps({"c": 2}),
+        "json.gz": gzip.compress(json.dumps([1, 2]).encode()),
+        "bin": b"\x00raw",
+    }
     with tarfile.open(tmp_path / "d.tar", "w") as tar:
         for ext, data in fields.items():
             info = tarfile.TarInfo(f"k.{ext}")
@@ -198,8 +222,9 @@ def test_json_spec(tmp_path, shards):
     import json
 
     directory = os.path.dirname(shards)
-    (tmp_path / "index.json").write_text(json.dumps(
-        {"shardlist": [{"url": f"shard-{i:03d}.tar", "nsamples": 10} for i in range(3)]}))
+    (tmp_path / "index.json").write_text(
+        json.dumps({"shardlist": [{"url": f"shard-{i:03d}.tar", "nsamples": 10} for i in range(3)]})
+    )
     assert len(list(wds.WebDataset(str(tmp_path / "index.json"), shardshuffle=False))) == 30
     assert directory == str(tmp_path)
 
@@ -208,8 +233,9 @@ def test_pipe_from_json_spec_is_untrusted(tmp_path, shards):
     """A pipe: URL read from a spec file does not run unless allowed."""
     import json
 
-    (tmp_path / "evil.json").write_text(json.dumps({"shardlist": [{"url": "pipe:cat " + shards.replace(
-        "{000..002}", "000")}]}))
+    (tmp_path / "evil.json").write_text(
+        json.dumps({"shardlist": [{"url": "pipe:cat " + shards.replace("{000..002}", "000")}]})
+    )
     with pytest.raises(SecurityError, match="WDS_ALLOW_UNTRUSTED_PIPES"):
         list(wds.WebDataset(str(tmp_path / "evil.json"), shardshuffle=False))
 
@@ -242,8 +268,12 @@ def test_repeat_is_honoured(shards):
 
 def test_select_and_rename_files(shards):
     """select_files and rename_files apply to member names."""
-    ds = wds.WebDataset(shards, shardshuffle=False, select_files=lambda n: not n.endswith(".json"),
-                        rename_files=lambda n: n.replace(".txt", ".text"))
+    ds = wds.WebDataset(
+        shards,
+        shardshuffle=False,
+        select_files=lambda n: not n.endswith(".json"),
+        rename_files=lambda n: n.replace(".txt", ".text"),
+    )
     s = next(iter(ds))
     assert "json" not in s and "text" in s and "cls" in s
 
@@ -317,8 +347,11 @@ def test_shuffle_is_a_permutation(items, bufsize, initial, seed):
     assert sorted(out) == sorted(items)
 
 
-@given(st.lists(st.tuples(st.integers(-1000, 1000), st.floats(allow_nan=False, width=32)), max_size=60),
-       st.integers(1, 9), st.booleans())
+@given(
+    st.lists(st.tuples(st.integers(-1000, 1000), st.floats(allow_nan=False, width=32)), max_size=60),
+    st.integers(1, 9),
+    st.booleans(),
+)
 def test_batched_unbatched_identity(rows, batchsize, partial):
     """unbatched(batched(x)) == x (the short last batch kept when partial)."""
     out = list(filters._unbatched(filters._batched(iter(rows), batchsize, partial=partial)))
@@ -372,7 +405,10 @@ def test_mock_and_mixing():
     assert list(wds.RoundRobin([a, b])) == ["a", "b"] * 3
     assert list(wds.RoundRobin([a, b], longest=True)).count("b") == 5
     mix1 = list(wds.RandomMix([a, b], probs=[1, 1], longest=True, seed=3))
-    assert mix1 == list(wds.RandomMix([a, b], probs=[1, 1], longest=True, seed=3)) and sorted(mix1) == ["a"] * 3 + ["b"] * 5
+    assert (
+        mix1 == list(wds.RandomMix([a, b], probs=[1, 1], longest=True, seed=3))
+        and sorted(mix1) == ["a"] * 3 + ["b"] * 5
+    )
 
 
 def test_detshuffle_with_string_seed():
@@ -409,9 +445,47 @@ def test_lmdbcached_needs_lmdb(monkeypatch, tmp_path):
 
 def test_tenbin_every_dtype():
     """tenbin round-trips every numeric dtype, uint32 and bool included."""
-    for dtype in ["float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
-                  "uint64", "bool"]:
+    for dtype in [
+        "float16",
+        "float32",
+        "float64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "bool",
+    ]:
         a = (np.arange(12) % 2).astype(dtype).reshape(3, 4)
         b = np.zeros((2,), dtype=dtype)
         out = wds.tenbin.decode_buffer(wds.tenbin.encode_buffer([a, b], infos=["x", "y"]), infos=True)
         assert out[1] == ["x", "y"] and np.array_equal(out[0][0], a) and out[0][0].dtype == a.dtype
+
+
+def test_read_options_group_the_transfer_and_safety_keywords(tmp_path):
+    """WebDataset's transfer and safety keywords feed one ReadOptions: either way gives the same dataset; a
+    setting given twice with two values is refused; a mix passes the options to every source."""
+    from wds_cloud.errors import ConfigError
+
+    urls = []
+    for s in range(2):
+        urls.append(str(tmp_path / f"o-{s}.tar"))
+        with wds.TarWriter(urls[-1]) as sink:
+            for i in range(4):
+                sink.write({"__key__": f"{s}_{i}", "txt": b"x" * 100})
+    options = wds.ReadOptions(retries=3, max_member_size="1KB")
+    by_object = wds.WebDataset(urls, shardshuffle=False, options=options)
+    by_keywords = wds.WebDataset(urls, shardshuffle=False, retries=3, max_member_size="1KB")
+    assert by_object.options == by_keywords.options == options
+    assert [s["__key__"] for s in by_object] == [s["__key__"] for s in by_keywords]
+    assert wds.WebDataset(urls, options=options, retries=3).options.retries == 3  # the same value twice: fine
+    with pytest.raises(ConfigError, match="retries is given twice"):
+        wds.WebDataset(urls, options=options, retries=4)
+    with pytest.raises(wds.CorruptShardError):  # the limit in the object is the limit applied
+        list(wds.WebDataset(urls, shardshuffle=False, options=wds.ReadOptions(max_member_size=64)))
+    spec = {"version": 1, "sources": [{"name": "a", "urls": urls}]}
+    mixed = wds.WebDataset(spec, options=options)
+    assert all(source.options.retries == 3 for source in mixed.sources)

@@ -13,7 +13,7 @@ from .test_resume import write_shards
 
 pytest.importorskip("torch")
 
-RANK_SCRIPT = textwrap.dedent('''
+RANK_SCRIPT = textwrap.dedent("""
     import json
     import sys
 
@@ -54,7 +54,7 @@ RANK_SCRIPT = textwrap.dedent('''
 
     if __name__ == "__main__":  # spawned DataLoader workers import this file again
         main()
-''')
+""")
 
 
 def wait_for_ranks(procs, timeout=180):
@@ -79,15 +79,30 @@ def test_two_ranks_two_workers(tmp_path, context):
     sizes = [7, 12, 5, 9, 11, 6, 8, 10]  # 68 samples in 8 shards: 4 slots (2 ranks x 2 workers)
     urls = write_shards(tmp_path, sizes)
     index = tmp_path / "index.json"
-    index.write_text(json.dumps({"shardlist": [{"url": u.rsplit("/", 1)[1], "nsamples": n}
-                                               for u, n in zip(urls, sizes)]}))
+    index.write_text(
+        json.dumps({"shardlist": [{"url": u.rsplit("/", 1)[1], "nsamples": n} for u, n in zip(urls, sizes)]})
+    )
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "WDS_SEED")}
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(port), str(tmp_path / f"r{rank}.json"),
-                               json.dumps(urls), str(index), context], env=env, stderr=subprocess.PIPE)
-             for rank in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(script),
+                str(rank),
+                str(port),
+                str(tmp_path / f"r{rank}.json"),
+                json.dumps(urls),
+                str(index),
+                context,
+            ],
+            env=env,
+            stderr=subprocess.PIPE,
+        )
+        for rank in range(2)
+    ]
     wait_for_ranks(procs)
     results = [json.loads((tmp_path / f"r{rank}.json").read_text()) for rank in range(2)]
     everything = sorted(f"s{s:02d}_{i:04d}" for s, n in enumerate(sizes) for i in range(n))

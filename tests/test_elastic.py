@@ -95,11 +95,17 @@ def assert_exactly_once(before, after, everything=EVERYTHING):
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(steps=st.tuples(st.integers(0, 12), st.integers(0, 12)), new=st.sampled_from([(3, 1), (1, 4), (4, 2)]),
-       bufsize=st.sampled_from([0, 5, 40]), shuffle=st.booleans(), again=st.booleans())
+@given(
+    steps=st.tuples(st.integers(0, 12), st.integers(0, 12)),
+    new=st.sampled_from([(3, 1), (1, 4), (4, 2)]),
+    bufsize=st.sampled_from([0, 5, 40]),
+    shuffle=st.booleans(),
+    again=st.booleans(),
+)
 def test_stopped_on_2x2_resumed_on_any_shape(shards, steps, new, bufsize, shuffle, again):
     """Property: 2 ranks x 2 workers stopped anywhere, merged, resumed on 3x1, 1x4 or 4x2 (and, with ``again``,
     stopped once more on that shape, merged again and finished on 1x1): every sample exactly once."""
+
     def build(workers):
         return make_loader(shards, workers, bufsize=bufsize, shuffle=shuffle)
 
@@ -176,12 +182,14 @@ def test_equal_work_after_an_elastic_resume(tmp_path, equal_work):
     repeat what it would have repeated anyway)."""
     urls = write_shards(tmp_path, SIZES)
     index = tmp_path / "index.json"
-    index.write_text(json.dumps({"shardlist": [{"url": u.rsplit("/", 1)[1], "nsamples": n}
-                                               for u, n in zip(urls, SIZES)]}))
+    index.write_text(
+        json.dumps({"shardlist": [{"url": u.rsplit("/", 1)[1], "nsamples": n} for u, n in zip(urls, SIZES)]})
+    )
 
     def build(workers):
-        ds = wds.WebDataset(str(index), shardshuffle=True, seed=5, nodesplitter=wds.split_by_node,
-                            equal_work=equal_work).shuffle(4)
+        ds = wds.WebDataset(
+            str(index), shardshuffle=True, seed=5, nodesplitter=wds.split_by_node, equal_work=equal_work
+        ).shuffle(4)
         return wds.WebLoader(ds, batch_size=None, num_workers=workers, collate_fn=lambda s: s["__key__"])
 
     full = []
@@ -223,16 +231,23 @@ def test_a_mix_resumes_on_another_shape(tmp_path):
     (tmp_path / "b").mkdir()
     a = write_shards(tmp_path / "a", [20] * 6)
     b = write_shards(tmp_path / "b", [20] * 6)
+
     def build(workers, after=0):
         # shuffle in one place: inside source A, or after the mix
-        spec = {"version": 1, "samples_per_epoch": 150,
-                "sources": [{"name": "A", "urls": a, "weight": 2, **({} if after else {"shuffle": 7})},
-                            {"name": "B", "urls": b, "weight": 1}]}
+        spec = {
+            "version": 1,
+            "samples_per_epoch": 150,
+            "sources": [
+                {"name": "A", "urls": a, "weight": 2, **({} if after else {"shuffle": 7})},
+                {"name": "B", "urls": b, "weight": 1},
+            ],
+        }
         ds = wds.WebDataset(spec, seed=5)
         if after:
             ds = ds.shuffle(after)
-        return wds.WebLoader(ds, batch_size=None, num_workers=workers,
-                             collate_fn=lambda s: f"{s['__source__']}:{s['__key__']}")
+        return wds.WebLoader(
+            ds, batch_size=None, num_workers=workers, collate_fn=lambda s: f"{s['__source__']}:{s['__key__']}"
+        )
 
     for after_mix in (0, 9):
         before, states = [], []
@@ -362,15 +377,18 @@ def _resealed(state, change):
     return seal(out)
 
 
-@pytest.mark.parametrize("change, field", [
-    (lambda s: s["pipeline"]["pending"].append(99), "pending"),
-    (lambda s: s["pipeline"]["pending"].append(s["pipeline"]["pending"][0]), "pending"),
-    (lambda s: s["pipeline"]["partial"][0].__setitem__(2, 513), "partial"),
-    (lambda s: s["pipeline"]["partial"][0].__setitem__(0, "0" * 24), "partial"),
-    (lambda s: s["pipeline"]["buffered"][0][3].extend([0, 0]), "buffered"),
-    (lambda s: s["pipeline"]["buffered"][0].__setitem__(0, "f" * 24), "buffered"),
-    (lambda s: s["pipeline"].__setitem__("owed", -1), "owed"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda s: s["pipeline"]["pending"].append(99), "pending"),
+        (lambda s: s["pipeline"]["pending"].append(s["pipeline"]["pending"][0]), "pending"),
+        (lambda s: s["pipeline"]["partial"][0].__setitem__(2, 513), "partial"),
+        (lambda s: s["pipeline"]["partial"][0].__setitem__(0, "0" * 24), "partial"),
+        (lambda s: s["pipeline"]["buffered"][0][3].extend([0, 0]), "buffered"),
+        (lambda s: s["pipeline"]["buffered"][0].__setitem__(0, "f" * 24), "buffered"),
+        (lambda s: s["pipeline"].__setitem__("owed", -1), "owed"),
+    ],
+)
 def test_a_forged_merged_state_is_refused_field_by_field(shards, merged, change, field):
     """An attacker who recomputes the checksum still cannot name another shard, offset or count."""
     state, _ = merged
@@ -382,13 +400,25 @@ def test_a_forged_merged_state_is_refused_field_by_field(shards, merged, change,
     assert getattr(caught.value, "field", None) == field or field in str(caught.value)
 
 
-_leaves = st.recursive(st.none() | st.booleans() | st.integers(-2, 1 << 40) | st.text(max_size=6),
-                       lambda inner: st.lists(inner, max_size=3), max_leaves=4)
+_leaves = st.recursive(
+    st.none() | st.booleans() | st.integers(-2, 1 << 40) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3),
+    max_leaves=4,
+)
 
 
 def mix_dataset(shards):
-    return wds.WebDataset({"version": 1, "samples_per_epoch": 60, "sources": [
-        {"name": "a", "urls": shards[:6], "shuffle": 4}, {"name": "b", "urls": shards[6:], "weight": 2}]}, seed=2)
+    return wds.WebDataset(
+        {
+            "version": 1,
+            "samples_per_epoch": 60,
+            "sources": [
+                {"name": "a", "urls": shards[:6], "shuffle": 4},
+                {"name": "b", "urls": shards[6:], "weight": 2},
+            ],
+        },
+        seed=2,
+    )
 
 
 def streams_dataset(shards):
@@ -508,7 +538,7 @@ def test_elastic_resume_over_http_reads_only_what_is_left(http_store, tmp_path):
     partial = {entry[1]: entry[2] for entry in merged["pipeline"]["partial"]}
     ranged = [(key, r) for _, key, r in store.requests[requests_before:]]
     for url, offset in partial.items():
-        key = url[len(server.url):]
+        key = url[len(server.url) :]
         reads = [r for k, r in ranged if k == key]
         assert reads and all(r is not None for r in reads)  # never from the start
         assert min(int(str(r).split("=")[-1].split("-")[0]) if r else 0 for r in reads) <= offset
@@ -527,8 +557,9 @@ def test_compressed_shards_resume_on_another_shape(tmp_path, compress):
 def test_streams_with_equal_work_count_per_stream(tmp_path, equal_work):
     urls = write_shards(tmp_path, SIZES)
     index = tmp_path / "index.json"
-    index.write_text(json.dumps({"shardlist": [{"url": u.rsplit("/", 1)[1], "nsamples": n}
-                                               for u, n in zip(urls, SIZES)]}))
+    index.write_text(
+        json.dumps({"shardlist": [{"url": u.rsplit("/", 1)[1], "nsamples": n} for u, n in zip(urls, SIZES)]})
+    )
 
     def build(workers):
         ds = wds.WebDataset(str(index), shardshuffle=True, seed=11, streams=4, equal_work=equal_work).shuffle(3)

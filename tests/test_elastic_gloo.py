@@ -16,7 +16,7 @@ from .test_resume import write_shards
 
 pytest.importorskip("torch")
 
-RANK_SCRIPT = textwrap.dedent('''
+RANK_SCRIPT = textwrap.dedent("""
     import json
     import sys
 
@@ -48,7 +48,7 @@ RANK_SCRIPT = textwrap.dedent('''
 
     if __name__ == "__main__":
         main()
-''')
+""")
 
 
 def test_gather_merges_every_ranks_state(tmp_path):
@@ -57,9 +57,22 @@ def test_gather_merges_every_ranks_state(tmp_path):
     script.write_text(RANK_SCRIPT)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "WDS_SEED")}
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(port), str(tmp_path / f"r{rank}.json"),
-                               json.dumps(urls), str(4 + 3 * rank)], env=env, stderr=subprocess.PIPE)
-             for rank in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(script),
+                str(rank),
+                str(port),
+                str(tmp_path / f"r{rank}.json"),
+                json.dumps(urls),
+                str(4 + 3 * rank),
+            ],
+            env=env,
+            stderr=subprocess.PIPE,
+        )
+        for rank in range(2)
+    ]
     wait_for_ranks(procs)
     results = [json.loads((tmp_path / f"r{rank}.json").read_text()) for rank in range(2)]
     assert results[0]["merged"] == results[1]["merged"]  # every rank holds the same merged state
@@ -76,7 +89,8 @@ def test_the_elastic_example_runs():
 
     script = pathlib.Path(__file__).resolve().parents[1] / "docs" / "examples" / "elastic_resume.py"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "WDS_SEED")}
-    out = subprocess.run([sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True, timeout=300,
-                         env=env)
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True, timeout=300, env=env
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "each exactly once" in out.stdout

@@ -5,14 +5,23 @@ import pytest
 from wds_cloud import errors
 
 
-@pytest.mark.parametrize("cls, builtin", [
-    (errors.UnknownSchemeError, ValueError), (errors.ShardNotFoundError, FileNotFoundError),
-    (errors.MissingExtraError, ImportError), (errors.CorruptShardError, ValueError),
-    (errors.TransferError, OSError), (errors.PipeError, ConnectionError),
-    (errors.ObjectChangedError, OSError), (errors.SecurityError, PermissionError),
-    (errors.CredentialsError, PermissionError), (errors.DecodingError, ValueError),
-    (errors.PluginConflictError, RuntimeError), (errors.ConfigError, ValueError),
-])
+@pytest.mark.parametrize(
+    "cls, builtin",
+    [
+        (errors.UnknownSchemeError, ValueError),
+        (errors.ShardNotFoundError, FileNotFoundError),
+        (errors.MissingExtraError, ImportError),
+        (errors.CorruptShardError, ValueError),
+        (errors.TransferError, OSError),
+        (errors.PipeError, ConnectionError),
+        (errors.ObjectChangedError, OSError),
+        (errors.SecurityError, PermissionError),
+        (errors.CredentialsError, PermissionError),
+        (errors.DecodingError, ValueError),
+        (errors.PluginConflictError, RuntimeError),
+        (errors.ConfigError, ValueError),
+    ],
+)
 def test_builtin_bases(cls, builtin):
     """Every error is both a WdsCloudError and the builtin users catch."""
     assert issubclass(cls, builtin) and issubclass(cls, errors.WdsCloudError)

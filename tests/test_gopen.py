@@ -49,8 +49,7 @@ def test_missing_file_names_the_path(tmp_path):
 
 def test_dash_reads_stdin_and_writes_stdout(tmp_path):
     """'-' is stdin for reading and stdout for writing."""
-    code = ("import wds_cloud,sys;d=wds_cloud.gopen('-').read();"
-            "o=wds_cloud.gopen('-','wb');o.write(d[::-1]);o.close()")
+    code = "import wds_cloud,sys;d=wds_cloud.gopen('-').read();o=wds_cloud.gopen('-','wb');o.write(d[::-1]);o.close()"
     out = subprocess.run([sys.executable, "-c", code], input=b"abc", capture_output=True, check=True)
     assert out.stdout == b"cba"
 

@@ -92,7 +92,12 @@ def test_a_loader_with_device_cpu_and_gpu_decode_in_the_main_process(tmp_path):
         with wds.TarWriter(str(tmp_path / f"img-{s}.tar")) as w:
             for i in range(3 * s, 3 * s + 3):
                 w.write({"__key__": f"{i}", "jpg": BATCH[i % 3], "cls": b"%d" % i})
-    ds = wds.WebDataset(str(tmp_path / "img-{0..1}.tar"), shardshuffle=False).decode(only="cls").to_tuple("jpg", "cls").batched(3)
+    ds = (
+        wds.WebDataset(str(tmp_path / "img-{0..1}.tar"), shardshuffle=False)
+        .decode(only="cls")
+        .to_tuple("jpg", "cls")
+        .batched(3)
+    )
     loader = wds.WebLoader(ds, batch_size=None, num_workers=2, pack_bytes=True, device="cpu")
     loader = loader.map(wds.gpu_decode(0, device="cpu", size=20, crop=20))
     batches = list(loader)

@@ -1,7 +1,7 @@
 """Indexes (ours, DALI's, wids'), random access over real servers, manifests, and the wds-cloud shard tools.
 
 The DALI and wids readers below are written from the formats' documentation, independently of
-wds_cloud.tar.index, so a round trip through our own code cannot hide a format error.
+wds_cloud.index.formats, so a round trip through our own code cannot hide a format error.
 """
 
 from __future__ import annotations
@@ -61,8 +61,10 @@ def dali_reader(text: str) -> list[list[tuple[str, int, int, str]]]:
 
 
 def streamed(urls, **kw):
-    return [(s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")})
-            for s in wds.WebDataset(urls, shardshuffle=False, **kw)]
+    return [
+        (s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")})
+        for s in wds.WebDataset(urls, shardshuffle=False, **kw)
+    ]
 
 
 @pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, "ours"])
@@ -82,7 +84,7 @@ def test_index_round_trip_and_offsets(tmp_path, fmt):
     assert sum(len(s.fields) for s in index.samples) == len(members)
     for sample in index.samples:
         for ext, offset, size, name in sample.fields:
-            assert data[offset:offset + size] == members[name]
+            assert data[offset : offset + size] == members[name]
             assert name == f"{sample.key}.{ext}"
     assert index.size == len(data) and index.compression is None
     again = wds.index.ShardIndex.from_json(json.loads(json.dumps(index.to_json())))
@@ -116,18 +118,24 @@ def test_a_wids_description_in_upstreams_format_is_read_and_written(tmp_path):
     and the one `wds-cloud index --format wids` writes, parsed by an independent reader."""
     for i in range(2):
         (tmp_path / f"part-{i}.tar").write_bytes(tar_bytes(tarfile.USTAR_FORMAT, n=5, tag=f"{i}-"))
-    spec = {"wids_version": 1, "shardlist": [{"url": "part-0.tar", "nsamples": 5}, {"url": "part-1.tar", "nsamples": 5}]}
+    spec = {
+        "wids_version": 1,
+        "shardlist": [{"url": "part-0.tar", "nsamples": 5}, {"url": "part-1.tar", "nsamples": 5}],
+    }
     (tmp_path / "upstream.json").write_text(json.dumps(spec))
     ds = wids.ShardListDataset(str(tmp_path / "upstream.json"), transformations=[])
     assert len(ds) == 10 and ds[7]["__key__"] == "1-0002" and ds[7]["__shardindex__"] == 2
     assert set(ds[7]) >= {".jpg", ".cls", ".seg.png", "__index__", "__shard__", "__dataset__"}
     out = tmp_path / "ours.json"
-    assert cli(["index", str(tmp_path / "part-{0..1}.tar"), "--format", "wids", "--output", str(out),
-                "--name", "parts"]) == 0
+    assert (
+        cli(["index", str(tmp_path / "part-{0..1}.tar"), "--format", "wids", "--output", str(out), "--name", "parts"])
+        == 0
+    )
     written = json.loads(out.read_text())
     assert written["wids_version"] == 1 and written["__kind__"] == "wids-shard-index-v1" and written["name"] == "parts"
     assert [(s["nsamples"], s["filesize"]) for s in written["shardlist"]] == [
-        (5, os.path.getsize(tmp_path / f"part-{i}.tar")) for i in range(2)]
+        (5, os.path.getsize(tmp_path / f"part-{i}.tar")) for i in range(2)
+    ]
 
 
 def test_random_access_equals_streaming_and_reads_one_range_per_sample(tmp_path):
@@ -215,8 +223,9 @@ def test_dataloader_workers_read_samples_by_index(tmp_path):
     for i in range(2):
         (tmp_path / f"s-{i}.tar").write_bytes(tar_bytes(tarfile.USTAR_FORMAT, n=10, tag=f"{i}-"))
     ds = wds.ShardListDataset(str(tmp_path / "s-{0..1}.tar"), transformations=[lambda s: s["__key__"]])
-    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2,
-                                         sampler=wids.ChunkedSampler(ds, chunksize=5, seed=0))
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=4, num_workers=2, sampler=wids.ChunkedSampler(ds, chunksize=5, seed=0)
+    )
     keys = sorted(k for batch in loader for k in batch)
     assert keys == sorted(k for k, _ in streamed(str(tmp_path / "s-{0..1}.tar")))
 
@@ -272,11 +281,13 @@ def test_tools_on_local_files(tmp_path, capsys):
     assert cli(["stat", str(path), "--json"]) == 0
     stat = json.loads(capsys.readouterr().out)
     assert stat["total"]["samples"] == 4 and stat["shards"][0]["fields"]["cls"]["count"] == 4
-    out = subprocess.run([sys.executable, "-m", "wds_cloud", "cat", str(path), "--key", "s0002", "--field", "cls"],
-                         capture_output=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "wds_cloud", "cat", str(path), "--key", "s0002", "--field", "cls"], capture_output=True
+    )
     assert out.returncode == 0 and out.stdout == b"2"
-    out = subprocess.run([sys.executable, "-m", "wds_cloud", "cat", str(path), "--key", "nope"], capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "wds_cloud", "cat", str(path), "--key", "nope"], capture_output=True, text=True
+    )
     assert out.returncode == 1 and "no sample with key 'nope'" in out.stderr and "Traceback" not in out.stderr
     assert cli(["reshard", str(path), str(tmp_path / "o-%02d.tar"), "--maxcount", "3"]) == 0
     assert [k for k, _ in streamed(str(tmp_path / "o-{00..01}.tar"))] == [k for k, _ in streamed(str(path))]
@@ -307,8 +318,9 @@ def test_tools_on_s3(s3_bucket, monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out)["ok"] is True
     assert cli(["ls", f"s3://{bucket}/tools/missing.tar"]) == 1
     assert "missing.tar" in capsys.readouterr().err
-    out = subprocess.run([sys.executable, "-m", "wds_cloud", "cat", url, "--key", "s0001", "--field", "cls"],
-                         capture_output=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "wds_cloud", "cat", url, "--key", "s0001", "--field", "cls"], capture_output=True
+    )
     assert out.returncode == 0 and out.stdout == b"1"  # one ranged read, guided by the index written above
     dest = f"s3://{bucket}/tools/re-%02d.tar"
     assert cli(["reshard", url, dest, "--maxcount", "2"]) == 0
@@ -333,8 +345,9 @@ def test_the_shard_cache_checks_a_fill_against_the_manifest(tmp_path):
         entries = [p for p in cache.rglob("*") if p.is_file() and not p.name.endswith((".lock", ".meta", ".part"))]
         assert not entries  # nothing published
         store.put("/m/s-0.tar", good)
-        assert len(list(wds.WebDataset(url, shardshuffle=False, cache_dir=str(cache),
-                                       manifest=str(manifest_path)))) == 4
+        assert (
+            len(list(wds.WebDataset(url, shardshuffle=False, cache_dir=str(cache), manifest=str(manifest_path)))) == 4
+        )
     finally:
         server.stop()
 

@@ -49,10 +49,15 @@ def test_a_document_written_by_the_helper_reads_back_in_order(tmp_path, layout, 
 
 
 def test_mmc4_published_layout_places_images_before_their_matched_passage():
-    doc = {"text_list": ["one", "two", "three"], "url": "u",
-           "image_info": [{"image_name": "x.jpg", "matched_text_index": 2, "matched_sim": 0.3},
-                          {"image_name": "y.jpg", "matched_text_index": 0},
-                          {"image_name": "z.jpg", "matched_text_index": 2}]}
+    doc = {
+        "text_list": ["one", "two", "three"],
+        "url": "u",
+        "image_info": [
+            {"image_name": "x.jpg", "matched_text_index": 2, "matched_sim": 0.3},
+            {"image_name": "y.jpg", "matched_text_index": 0},
+            {"image_name": "z.jpg", "matched_text_index": 2},
+        ],
+    }
     sample = {"__key__": "k", "json": json.dumps(doc).encode(), "0.png": RED, "1.png": GREEN, "2.png": BLUE}
     items = document_items(sample, decode=wds.imagehandler("pil"))
     assert shape(items) == [(0, 255, 0), "one", "two", (255, 0, 0), (0, 0, 255), "three"]
@@ -65,13 +70,18 @@ def test_obelics_layout_with_nulls_and_an_embedded_image():
     assert shape(document_items(sample, decode=wds.imagehandler("pil"))) == ["hello", (255, 0, 0), (0, 0, 255), "bye"]
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"0.png": RED}, "image 1 of the document is missing"),
-    ({"0.png": RED, "1.png": GREEN, "5.jpg": BLUE}, "image field(s) 5.jpg are not named by the document"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"0.png": RED}, "image 1 of the document is missing"),
+        ({"0.png": RED, "1.png": GREEN, "5.jpg": BLUE}, "image field(s) 5.jpg are not named by the document"),
+    ],
+)
 def test_missing_or_extra_images_name_the_key(fields, message):
-    doc = {"text_list": ["a"], "image_info": [{"image_name": "p", "matched_text_index": 0},
-                                               {"image_name": "q", "matched_text_index": 1}]}
+    doc = {
+        "text_list": ["a"],
+        "image_info": [{"image_name": "p", "matched_text_index": 0}, {"image_name": "q", "matched_text_index": 1}],
+    }
     with pytest.raises(SampleError, match=r"sample 'doc7'.*" + re.escape(message)):
         document_items(dict({"__key__": "doc7", "json": json.dumps(doc).encode()}, **fields))
 
@@ -105,9 +115,12 @@ def test_documents_batch_as_lists_or_padded_tensors_with_a_mask(tmp_path):
     assert padded["image_mask"].tolist() == [[True, True, True], [True, False, False], [False, False, False]]
     assert padded["images"][1, 0, 0, 0, 0] == 255 and int(padded["images"][1, 1].sum()) == 0
     # through a loader, with the collation
-    pipeline = wds.DataPipeline(wds.SimpleShardList([path]), wds.tarfile_to_samples(),
-                                wds.interleaved(imagespec="torchrgb8"),
-                                wds.batched(3, collation_fn=lambda b: wds.collate_interleaved(b, pad=True)))
+    pipeline = wds.DataPipeline(
+        wds.SimpleShardList([path]),
+        wds.tarfile_to_samples(),
+        wds.interleaved(imagespec="torchrgb8"),
+        wds.batched(3, collation_fn=lambda b: wds.collate_interleaved(b, pad=True)),
+    )
     loader = wds.WebLoader(pipeline, batch_size=None, num_workers=0)
     batch = next(iter(loader))
     assert batch["image_mask"].sum() == 4
@@ -145,10 +158,22 @@ def mmc4(tmp_path):
 def test_convert_mmc4_writes_shards_that_read_back(mmc4):
     root, jsonl, images = mmc4
     counts = convert_mmc4([jsonl], images, str(root / "out-%03d.tar"), maxcount=3)
-    assert counts == {"documents": 7, "images": 10, "dropped_images": 1, "skipped_documents": 0, "written": 3,
-                      "kept": 0, "shards": 3}
-    got = list(wds.DataPipeline(wds.SimpleShardList([str(root / f"out-{i:03d}.tar") for i in range(3)]),
-                                wds.tarfile_to_samples(), wds.interleaved()))
+    assert counts == {
+        "documents": 7,
+        "images": 10,
+        "dropped_images": 1,
+        "skipped_documents": 0,
+        "written": 3,
+        "kept": 0,
+        "shards": 3,
+    }
+    got = list(
+        wds.DataPipeline(
+            wds.SimpleShardList([str(root / f"out-{i:03d}.tar") for i in range(3)]),
+            wds.tarfile_to_samples(),
+            wds.interleaved(),
+        )
+    )
     assert len(got) == 7
     assert shape(got[1]["interleaved"]) == [(255, 0, 0), "doc 1 first", (0, 0, 255), "doc 1 second"]
     assert shape(got[3]["interleaved"]) == [(255, 0, 0), "doc 3 first", (0, 0, 255), "doc 3 second"]
@@ -177,10 +202,41 @@ def test_convert_mmc4_stops_on_a_missing_image_when_told_and_publishes_no_partia
 
 def test_convert_mmc4_command(mmc4):
     root, jsonl, images = mmc4
-    run = subprocess.run([sys.executable, "-m", "wds_cloud", "convert", "mmc4", jsonl, "--images", images, "--dest",
-                          str(root / "cli-%03d.tar"), "--maxcount", "4", "--json"], capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wds_cloud",
+            "convert",
+            "mmc4",
+            jsonl,
+            "--images",
+            images,
+            "--dest",
+            str(root / "cli-%03d.tar"),
+            "--maxcount",
+            "4",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["shards"] == 2
-    bad = subprocess.run([sys.executable, "-m", "wds_cloud", "convert", "mmc4", jsonl, "--images", images, "--dest",
-                          str(root / "nopattern.tar")], capture_output=True, text=True)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wds_cloud",
+            "convert",
+            "mmc4",
+            jsonl,
+            "--images",
+            images,
+            "--dest",
+            str(root / "nopattern.tar"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "%d-style field" in bad.stderr

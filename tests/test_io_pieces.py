@@ -11,11 +11,20 @@ from wds_cloud.io.backend import WrappedStream
 from wds_cloud.io.urls import url_to_cache_name
 
 
-@pytest.mark.parametrize("url, local", [
-    ("/data/a.tar", True), ("data/a.tar", True), ("file:/data/a.tar", True), ("file:///data/a.tar", True),
-    ("C:\\data\\a.tar", True), ("-", False), ("s3://b/a.tar", False), ("pipe:cat a.tar", False),
-    ("https://h/a.tar", False),
-])
+@pytest.mark.parametrize(
+    "url, local",
+    [
+        ("/data/a.tar", True),
+        ("data/a.tar", True),
+        ("file:/data/a.tar", True),
+        ("file:///data/a.tar", True),
+        ("C:\\data\\a.tar", True),
+        ("-", False),
+        ("s3://b/a.tar", False),
+        ("pipe:cat a.tar", False),
+        ("https://h/a.tar", False),
+    ],
+)
 def test_is_local_is_one_answer_for_every_caller(url, local):
     """Bare paths and file: URLs are local; stdio ('-'), pipes and remote schemes are not."""
     assert is_local(url) is local
@@ -107,8 +116,7 @@ def test_stats_read_right_for_local_files_single_streams_and_parts(tmp_path):
         gets = [r for r in store.requests if r[0] == "GET"]
         assert (measured.stats.streams, measured.stats.requests, measured.stats.bytes) == (2, len(gets), size)
         store.requests.clear()
-        parts = wds.WebDataset(server.url + "/s-{0..1}.tar", shardshuffle=False, part_size="256KiB",
-                               concurrency=4)
+        parts = wds.WebDataset(server.url + "/s-{0..1}.tar", shardshuffle=False, part_size="256KiB", concurrency=4)
         assert len(list(parts)) == 80
         gets = [r for r in store.requests if r[0] == "GET"]
         assert parts.stats.streams == 2 and parts.stats.requests == len(gets) > 2

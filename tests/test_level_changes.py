@@ -67,12 +67,17 @@ def _read_all(stream, rng: random.Random) -> bytes:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(sizes=st.lists(st.integers(0, 3_000_000), min_size=1, max_size=3),
-       part=st.sampled_from([64 * KiB, 256 * KiB, 1 << 20]),
-       every=st.integers(1, 40), seed=st.integers(0, 2 ** 32 - 1), start_level=st.sampled_from([1, 1, 2, 6]),
-       offset_share=st.floats(0, 1))
-def test_any_level_changes_keep_every_byte_in_place(store, monkeypatch, sizes, part, every, seed, start_level,
-                                                     offset_share):
+@given(
+    sizes=st.lists(st.integers(0, 3_000_000), min_size=1, max_size=3),
+    part=st.sampled_from([64 * KiB, 256 * KiB, 1 << 20]),
+    every=st.integers(1, 40),
+    seed=st.integers(0, 2**32 - 1),
+    start_level=st.sampled_from([1, 1, 2, 6]),
+    offset_share=st.floats(0, 1),
+)
+def test_any_level_changes_keep_every_byte_in_place(
+    store, monkeypatch, sizes, part, every, seed, start_level, offset_share
+):
     server, objects = store
     rng = random.Random(seed)
     urls = []
@@ -88,9 +93,9 @@ def test_any_level_changes_keep_every_byte_in_place(store, monkeypatch, sizes, p
     try:
         fetcher = Fetcher(part_size=part, prefetch=1)
         for i, url in enumerate(urls):
-            data = objects.objects[url[len(server.url):]]
+            data = objects.objects[url[len(server.url) :]]
             offset = int(len(data) * offset_share) if i == 0 else 0
-            fetcher.prefetch(urls[i + 1:])
+            fetcher.prefetch(urls[i + 1 :])
             with fetcher.open(url, offset) as stream:
                 assert _read_all(stream, rng) == data[offset:]
         fetcher.close()

@@ -61,6 +61,7 @@ def test_an_emulated_link_serves_a_folder_with_ranges(tmp_path):
         with wds.gopen(f"{link.url}/obj.bin", offset=10, length=100) as stream:
             assert stream.read() == data[10:110]
         from wds_cloud.io.parallel import Fetcher
+
         with Fetcher(part_size=128 << 10, concurrency=3).open(f"{link.url}/obj.bin") as stream:
             assert stream.read() == data
         link.proxy.wait_idle()

@@ -37,8 +37,9 @@ CASES = [
 @pytest.mark.parametrize("url,blocked,hint", CASES, ids=[c[0].split(":")[0] for c in CASES])
 def test_a_missing_extra_is_named(url, blocked, hint):
     """Without its packages a scheme raises MissingExtraError with the pip install line, not an import error."""
-    out = subprocess.run([sys.executable, "-c", SCRIPT.format(blocked=blocked, url=url)], capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT.format(blocked=blocked, url=url)], capture_output=True, text=True, timeout=300
+    )
     lines = out.stdout.splitlines()
     assert len(lines) == 2, out.stdout + out.stderr
     for line in lines:

@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import wds_cloud as wds
+from wds_cloud.compat import MixedDataset
 from wds_cloud.errors import ConfigError, SecurityError, StateMismatchError
 from wds_cloud.gopen import gopen
-from wds_cloud.compat import MixedDataset
 
 SIZES = {"a": (4, 300), "b": (3, 200), "c": (2, 100)}  # source: (shards, samples per shard)
 
@@ -40,19 +40,22 @@ def keys(ds):
 
 
 # the schema
-@pytest.mark.parametrize("change, message", [
-    (lambda s: s.update(version=2), "'version' is 2"),
-    (lambda s: s.update(sources=[]), "'sources' must be a non-empty list"),
-    (lambda s: s.update(extra=1), "unknown top-level field"),
-    (lambda s: s.update(samples_per_epoch=0), "'samples_per_epoch' must be a positive integer"),
-    (lambda s: s["sources"][0].update(weight=-1), "source 'a': 'weight' must be a positive number"),
-    (lambda s: s["sources"][1].update(wieght=1), "source 'b': unknown field(s) 'wieght'"),
-    (lambda s: s["sources"][2].update(urls=[]), "source 'c': 'urls' must be"),
-    (lambda s: s["sources"][2].update(resampled="yes"), "source 'c': 'resampled' must be true or false"),
-    (lambda s: s["sources"][2].update(name="a"), "source name(s) 'a' appear more than once"),
-    (lambda s: s["sources"][0].pop("name"), "sources[0]: 'name' is missing"),
-    (lambda s: s["sources"][0].update(storage_options=[1]), "source 'a': 'storage_options' must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda s: s.update(version=2), "'version' is 2"),
+        (lambda s: s.update(sources=[]), "'sources' must be a non-empty list"),
+        (lambda s: s.update(extra=1), "unknown top-level field"),
+        (lambda s: s.update(samples_per_epoch=0), "'samples_per_epoch' must be a positive integer"),
+        (lambda s: s["sources"][0].update(weight=-1), "source 'a': 'weight' must be a positive number"),
+        (lambda s: s["sources"][1].update(wieght=1), "source 'b': unknown field(s) 'wieght'"),
+        (lambda s: s["sources"][2].update(urls=[]), "source 'c': 'urls' must be"),
+        (lambda s: s["sources"][2].update(resampled="yes"), "source 'c': 'resampled' must be true or false"),
+        (lambda s: s["sources"][2].update(name="a"), "source name(s) 'a' appear more than once"),
+        (lambda s: s["sources"][0].pop("name"), "sources[0]: 'name' is missing"),
+        (lambda s: s["sources"][0].update(storage_options=[1]), "source 'a': 'storage_options' must be a mapping"),
+    ],
+)
 def test_schema_errors_name_the_source_and_the_field(shards, change, message):
     spec = spec_for(shards)
     change(spec)
@@ -90,8 +93,9 @@ def test_pipe_urls_in_a_spec_file_are_untrusted(tmp_path, monkeypatch):
 
 def test_webdatasets_yaml_form_still_works(shards, tmp_path):
     pytest.importorskip("yaml")
-    (tmp_path / "old.yaml").write_text(f"prefix: {shards}\ndatasets:\n  - name: c\n    shards: c-{{0..1}}.tar\n"
-                                       "    perepoch: 2\n")
+    (tmp_path / "old.yaml").write_text(
+        f"prefix: {shards}\ndatasets:\n  - name: c\n    shards: c-{{0..1}}.tar\n    perepoch: 2\n"
+    )
     assert len(keys(wds.WebDataset(str(tmp_path / "old.yaml"), shardshuffle=False))) == 200
 
 
@@ -207,17 +211,25 @@ def test_a_mix_of_s3_and_local_sources_with_their_own_profiles(shards, s3_bucket
     bucket, options = s3_bucket
     for name, count in (("c", 2), ("b", 3)):
         for s in range(count):
-            with open(shards / f"{name}-{s}.tar", "rb") as f, gopen(f"s3://{bucket}/{name}/{name}-{s}.tar", "wb",
-                                                                    storage_options=options) as out:
+            with (
+                open(shards / f"{name}-{s}.tar", "rb") as f,
+                gopen(f"s3://{bucket}/{name}/{name}-{s}.tar", "wb", storage_options=options) as out,
+            ):
                 out.write(f.read())
     profiles = tmp_path / "profiles.toml"
-    profiles.write_text(f'[profiles.moto]\nendpoint_url = "{options["endpoint_url"]}"\nkey = "testing"\n'
-                        'secret = "testing"\n')
+    profiles.write_text(
+        f'[profiles.moto]\nendpoint_url = "{options["endpoint_url"]}"\nkey = "testing"\nsecret = "testing"\n'
+    )
     monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profiles))
-    spec = {"version": 1, "seed": 3, "sources": [
-        {"name": "local", "urls": f"{shards}/a-{{0..3}}.tar", "weight": 1, "resampled": True},
-        {"name": "by-profile", "urls": f"s3://{bucket}/c/c-{{0..1}}.tar", "weight": 1, "profile": "moto"},
-        {"name": "by-options", "urls": f"s3://{bucket}/b/b-{{0..2}}.tar", "weight": 1, "storage_options": options}]}
+    spec = {
+        "version": 1,
+        "seed": 3,
+        "sources": [
+            {"name": "local", "urls": f"{shards}/a-{{0..3}}.tar", "weight": 1, "resampled": True},
+            {"name": "by-profile", "urls": f"s3://{bucket}/c/c-{{0..1}}.tar", "weight": 1, "profile": "moto"},
+            {"name": "by-options", "urls": f"s3://{bucket}/b/b-{{0..2}}.tar", "weight": 1, "storage_options": options},
+        ],
+    }
     ds = wds.from_spec(spec)
     got = collections.Counter(s["__source__"] for s in ds)
     assert got["by-profile"] == 200 or got["by-options"] == 600  # a finite source ended the epoch
@@ -235,13 +247,15 @@ def test_a_remote_spec_over_http_is_data(shards, http_store, monkeypatch):
     server, store = http_store
     for s in range(2):
         store.put(f"/spec/c-{s}.tar", (shards / f"c-{s}.tar").read_bytes())
-    store.put("/spec/train.json", json.dumps({"version": 1, "sources": [
-        {"name": "c", "urls": "c-{0..1}.tar"}]}).encode())
+    store.put(
+        "/spec/train.json", json.dumps({"version": 1, "sources": [{"name": "c", "urls": "c-{0..1}.tar"}]}).encode()
+    )
     options = {"headers": {"Authorization": f"Bearer {HTTP_TOKEN}"}}
     ds = wds.WebDataset(f"{server.url}/spec/train.json", storage_options=options)
     assert isinstance(ds, MixedDataset) and len(keys(ds)) == 200
-    store.put("/spec/evil.json", json.dumps({"version": 1, "sources": [
-        {"name": "p", "urls": ["pipe:echo pwned"]}]}).encode())
+    store.put(
+        "/spec/evil.json", json.dumps({"version": 1, "sources": [{"name": "p", "urls": ["pipe:echo pwned"]}]}).encode()
+    )
     monkeypatch.delenv("WDS_ALLOW_UNTRUSTED_PIPES", raising=False)
     with pytest.raises(SecurityError):
         list(wds.WebDataset(f"{server.url}/spec/evil.json", storage_options=options))
@@ -331,8 +345,10 @@ def test_a_shuffle_after_a_spec_mix_resumes_exactly_with_dataloader_workers(shar
 @pytest.mark.parametrize("cut", [0, 1, 120, 899])
 def test_a_shuffle_after_random_mix_resumes_exactly(shards, cut):
     def pipeline():
-        sources = [wds.WebDataset(f"{shards}/a-{{0..3}}.tar", shardshuffle=False),
-                   wds.WebDataset(f"{shards}/c-{{0..1}}.tar", shardshuffle=False)]
+        sources = [
+            wds.WebDataset(f"{shards}/a-{{0..3}}.tar", shardshuffle=False),
+            wds.WebDataset(f"{shards}/c-{{0..1}}.tar", shardshuffle=False),
+        ]
         return wds.DataPipeline(wds.RandomMix(sources, [3, 1], seed=4, longest=True), wds.shuffle(64, seed=9))
 
     expected = keys(pipeline())
@@ -348,8 +364,10 @@ def test_a_shuffle_after_random_mix_resumes_exactly(shards, cut):
 
 def test_random_mix_alone_resumes_and_a_changed_state_is_refused(shards):
     def pipeline():
-        sources = [wds.WebDataset(f"{shards}/b-{{0..2}}.tar", shardshuffle=False),
-                   wds.WebDataset(f"{shards}/c-{{0..1}}.tar", shardshuffle=False)]
+        sources = [
+            wds.WebDataset(f"{shards}/b-{{0..2}}.tar", shardshuffle=False),
+            wds.WebDataset(f"{shards}/c-{{0..1}}.tar", shardshuffle=False),
+        ]
         return wds.DataPipeline(wds.RandomMix(sources, seed=1))
 
     expected = keys(pipeline())
@@ -377,8 +395,12 @@ def test_a_shuffle_after_interleaved_documents_resumes_exactly(tmp_path):
             w.write({"__key__": f"d{i:03d}", "json": json.dumps(doc).encode()})
 
     def pipeline():
-        return wds.DataPipeline(wds.SimpleShardList(str(tmp_path / "docs.tar")), wds.tarfile_to_samples(),
-                                wds.interleaved(imagespec=None), wds.shuffle(16, seed=2))
+        return wds.DataPipeline(
+            wds.SimpleShardList(str(tmp_path / "docs.tar")),
+            wds.tarfile_to_samples(),
+            wds.interleaved(imagespec=None),
+            wds.shuffle(16, seed=2),
+        )
 
     expected = keys(pipeline())
     ds = pipeline()
@@ -420,3 +442,24 @@ def test_a_dataset_seed_seeds_its_sample_shuffles(shards):
     assert run()[0] != run()[0]  # without a seed, as before: a fresh seed each pass
     explicit = wds.WebDataset(url, shardshuffle=False, seed=5).shuffle(200, seed=1)
     assert keys(explicit) == keys(wds.WebDataset(url, shardshuffle=False, seed=99).shuffle(200, seed=1))
+
+
+def test_a_spec_file_is_read_once_whatever_it_holds(tmp_path, monkeypatch):
+    """WebDataset reads a spec file once: what decides its class (a mix, webdataset's ``datasets:``) is what it
+    then uses; as a file:// URL too."""
+    from wds_cloud.io import datafile
+
+    for s in range(2):
+        with wds.TarWriter(str(tmp_path / f"x-{s:03d}.tar")) as sink:
+            for i in range(3):
+                sink.write({"__key__": f"{s}_{i}", "txt": b"a"})
+    (tmp_path / "d.yaml").write_text("datasets:\n  - name: a\n    shards: x-{000..001}.tar\n")
+    (tmp_path / "m.yaml").write_text("version: 1\nsources:\n  - name: a\n    urls: x-{000..001}.tar\n")
+    reads = []
+    load = datafile.load
+    monkeypatch.setattr(datafile, "load", lambda url, *a, **kw: reads.append(url) or load(url, *a, **kw))
+    for name in ("d.yaml", "m.yaml"):
+        for url in (str(tmp_path / name), f"file://{tmp_path / name}"):
+            reads.clear()
+            assert len(list(wds.WebDataset(url, shardshuffle=False))) == 6
+            assert reads == [url]

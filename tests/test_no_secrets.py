@@ -26,8 +26,10 @@ def test_redact_covers_tokens_passwords_and_signatures():
     """redact(): a lone token as userinfo, passwords holding '@' and ':', and signed-query keys."""
     assert redact(f"https://{TOKEN}@host/x.tar") == "https://***@host/x.tar"
     assert redact(f"https://user:{PASSWORD}@host/x.tar") == "https://user:***@host/x.tar"
-    assert redact(f"http://h/x.tar?AWSAccessKeyId=AKIA1&Signature={SIG}&Expires=1") == \
-        "http://h/x.tar?AWSAccessKeyId=***&Signature=***&Expires=1"
+    assert (
+        redact(f"http://h/x.tar?AWSAccessKeyId=AKIA1&Signature={SIG}&Expires=1")
+        == "http://h/x.tar?AWSAccessKeyId=***&Signature=***&Expires=1"
+    )
     assert redact(f"GET /x?sv=2020-01-01&sig={SIG} HTTP") == "GET /x?sv=***&sig=*** HTTP"
 
 
@@ -56,15 +58,21 @@ def test_a_full_run_leaks_no_secret(tmp_path, caplog):
                 texts.append(json.dumps(ds.state_dict()))
                 rest = list(it)
                 assert len(rest) == 33
-                for bad in (f"{base}/missing.tar?sig={SIG}", f"nope://user:{PASSWORD}@h/x?token={TOKEN}",
-                            f"http://{TOKEN}@127.0.0.1:9/x.tar?sig={SIG}"):
+                for bad in (
+                    f"{base}/missing.tar?sig={SIG}",
+                    f"nope://user:{PASSWORD}@h/x?token={TOKEN}",
+                    f"http://{TOKEN}@127.0.0.1:9/x.tar?sig={SIG}",
+                ):
                     with pytest.raises(Exception) as info:
                         wds.gopen(bad, retries=1).read()
                     texts.append(str(info.value))
                     texts.append(repr(info.value))
                 with pytest.raises(ValueError) as info:
-                    wds.gopen(f"{server.url}/x.tar", storage_options={"headers": {"Authorization": f"Bearer {TOKEN}\n"}},
-                              retries=1).read()
+                    wds.gopen(
+                        f"{server.url}/x.tar",
+                        storage_options={"headers": {"Authorization": f"Bearer {TOKEN}\n"}},
+                        retries=1,
+                    ).read()
                 texts.append(str(info.value))
             finally:
                 del os.environ["GOPEN_VERBOSE"]

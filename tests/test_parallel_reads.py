@@ -55,8 +55,12 @@ def span(rng: str) -> tuple[int, int]:
     return int(first), int(last)
 
 
-@given(start=st.integers(0, 10**6), length=st.integers(1, 10**7), part=st.integers(1 << 12, 1 << 25),
-       concurrency=st.integers(1, 64))
+@given(
+    start=st.integers(0, 10**6),
+    length=st.integers(1, 10**7),
+    part=st.integers(1 << 12, 1 << 25),
+    concurrency=st.integers(1, 64),
+)
 def test_plan_covers_the_rest_in_order(start, length, part, concurrency):
     """Parts tile [start, size) in order, none longer than part_size, and as many as the connections
     allow while each keeps at least MIN_PART (or part_size)."""
@@ -152,8 +156,9 @@ def test_prefetch_follows_the_epoch_order_and_stops_with_the_reader(web):
         sizes[f"/p/s-{i}.tar"] = len(data)
     proxy = FaultProxy(server.url)
     try:
-        dataset = wds.WebDataset(f"{proxy.url}/p/s-{{0..3}}.tar", shardshuffle=4, seed=7, part_size=128 * KiB,
-                                 concurrency=4, prefetch=1)
+        dataset = wds.WebDataset(
+            f"{proxy.url}/p/s-{{0..3}}.tar", shardshuffle=4, seed=7, part_size=128 * KiB, concurrency=4, prefetch=1
+        )
         order = [s["__url__"].rsplit("/p/", 1)[1] for s in dataset if s["__key__"].endswith("0000")]
         assert sorted(order) == [f"s-{i}.tar" for i in range(4)] and order != sorted(order)
         firsts = [key for method, key, rng in list(store.requests) if method == "GET" and rng.startswith("bytes=0-")]
@@ -195,7 +200,7 @@ def test_a_prefetched_shard_is_asked_for_ahead_and_its_parts_are_used(web):
     with fetcher.open(f"{server.url}/f/b.bin") as stream:
         assert stream.read() == b
     ranges = [span(r) for r in gets(store, "/f/b.bin")]
-    assert len(ranges) == len(set(ranges)) and ranges[:len(ahead)] == ahead  # nothing asked for twice
+    assert len(ranges) == len(set(ranges)) and ranges[: len(ahead)] == ahead  # nothing asked for twice
     assert max(e for _, e in ranges) == len(b) - 1
 
 
@@ -262,11 +267,13 @@ def test_settings_come_from_the_dataset_then_the_profile_then_the_environment(tm
     assert Fetcher().options("http://other.example/x.tar") == TransferOptions(2_000_000, 3, None, 2)
     assert Fetcher().options("http://fast.example/x.tar") == TransferOptions(16 << 20, 12, None, 2)
     assert Fetcher(concurrency=1, prefetch=0).options("http://fast.example/x.tar") == TransferOptions(
-        16 << 20, 1, None, 0)
+        16 << 20, 1, None, 0
+    )
     assert Fetcher(prefetch=0).depth == 0 and Fetcher().depth == 2
     # the profile's transfer keys never reach the backend as storage options
     from wds_cloud.config import current
     from wds_cloud.io import profiles
+
     assert "concurrency" not in profiles.options_for("http://fast.example/x.tar", current())
 
 
@@ -303,8 +310,9 @@ def test_the_shard_cache_tees_parts_into_a_complete_entry(web, tmp_path):
         store.put(f"/c/s-{i}.tar", shard_bytes(f"{i}-", samples=20, size=20_000))
     url = f"{server.url}/c/s-{{0..2}}.tar"
     clean = [(s["__key__"], s["bin"]) for s in wds.WebDataset(url, shardshuffle=False, concurrency=1)]
-    dataset = wds.WebDataset(url, shardshuffle=False, cache_dir=str(tmp_path / "cache"), part_size=64 * KiB,
-                             concurrency=4)
+    dataset = wds.WebDataset(
+        url, shardshuffle=False, cache_dir=str(tmp_path / "cache"), part_size=64 * KiB, concurrency=4
+    )
     assert [(s["__key__"], s["bin"]) for s in dataset] == clean
     assert dataset.stats.requests > 3 and dataset.stats.cache_misses == 3
     store.requests.clear()
@@ -349,6 +357,7 @@ def test_resume_mid_shard_reads_the_rest_in_parts(web, cut):
 
 def test_a_server_answering_the_wrong_range_is_an_error_not_a_splice():
     """A 206 whose Content-Range starts elsewhere than asked fails with the URL and both offsets."""
+
     class Shifted(servers.HTTPObjectHandler):
         def do_GET(self):
             rng = self.headers.get("Range")

@@ -96,10 +96,11 @@ def urls(tmp_path):
 def test_clip_style_pipeline_iterates_through_webloader(urls, num_workers):
     """The CLIP trainer's pipeline (own generator source, then shuffle and batched) yields its batches."""
     dataset = clip_style_pipeline(urls).with_epoch(5)
-    loader = wds.WebLoader(dataset, batch_size=None, shuffle=False, num_workers=num_workers,
-                           persistent_workers=num_workers > 0)
+    loader = wds.WebLoader(
+        dataset, batch_size=None, shuffle=False, num_workers=num_workers, persistent_workers=num_workers > 0
+    )
     loader.num_batches = 5  # trainers set attributes on the loader
-    for epoch in range(2):
+    for _epoch in range(2):
         batches = list(loader)
         assert len(batches) == 5 * max(1, num_workers)
         assert all(len(batch[0]) == 8 for batch in batches)
@@ -119,8 +120,11 @@ def test_state_dict_of_a_non_resumable_pipeline_names_the_stage_and_the_fix(urls
     dataset = clip_style_pipeline(urls)
     it = iter(dataset)
     next(it)
-    with pytest.raises(NotResumableError, match=r"stage 5 \(shuffle\(bufsize=5000\)\).*stage 4 "
-                       r"\(function tarfile_to_samples_nothrow\).*tarfile_to_samples\(\)"):
+    with pytest.raises(
+        NotResumableError,
+        match=r"stage 5 \(shuffle\(bufsize=5000\)\).*stage 4 "
+        r"\(function tarfile_to_samples_nothrow\).*tarfile_to_samples\(\)",
+    ):
         dataset.state_dict(strict=True)
     loader = wds.WebLoader(clip_style_pipeline(urls), batch_size=None, num_workers=0)
     assert len(list(loader)) == 10
@@ -157,8 +161,7 @@ def test_state_dict_of_a_non_resumable_pipeline_is_inexact_and_restarts_the_pass
 
 def passthrough(src):
     """A user's generator stage that passes everything through."""
-    for item in src:
-        yield item
+    yield from src
 
 
 def count_calls(item):
@@ -199,9 +202,15 @@ def test_user_stages_at_every_position_iterate_as_without_them(urls, loader, num
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_shard_shuffle_before_the_reader_iterates_and_explains_itself(urls, num_workers):
     """webdataset's README pipeline (a shuffle of the shard list, then the reader) iterates; its state says why not."""
-    dataset = wds.DataPipeline(wds.SimpleShardList(urls), wds.shuffle(100), wds.split_by_worker,
-                               wds.tarfile_to_samples(), wds.shuffle(50), wds.to_tuple("txt", "bin"),
-                               wds.batched(4))
+    dataset = wds.DataPipeline(
+        wds.SimpleShardList(urls),
+        wds.shuffle(100),
+        wds.split_by_worker,
+        wds.tarfile_to_samples(),
+        wds.shuffle(50),
+        wds.to_tuple("txt", "bin"),
+        wds.batched(4),
+    )
     loader = wds.WebLoader(dataset, batch_size=None, num_workers=num_workers)
     assert len(texts(list(loader))) == 80
     with pytest.raises(NotResumableError, match=r"stage 1 .*stage 0 \(SimpleShardList\)"):
@@ -239,8 +248,9 @@ def test_webloader_resumes_a_nested_pipeline_exactly(tmp_path):
 
     def loader():
         inner = wds.WebDataset(urls, shardshuffle=False).shuffle(40, seed=5)
-        return wds.WebLoader(wds.DataPipeline(inner, wds.to_tuple("__key__"), wds.batched(4)),
-                             batch_size=None, num_workers=2)
+        return wds.WebLoader(
+            wds.DataPipeline(inner, wds.to_tuple("__key__"), wds.batched(4)), batch_size=None, num_workers=2
+        )
 
     whole = [k for batch in loader() for k in batch[0]]
     first = loader()

@@ -59,7 +59,10 @@ def test_two_plain_claims_conflict_naming_both():
 @pytest.mark.parametrize("order", [("plain", "over"), ("over", "plain")])
 def test_override_wins_whatever_the_load_order(order):
     """An override=True claim wins over a plain one, independent of entry-point order."""
-    plugins = {"plain": make_plugin("x", description="plain"), "over": make_plugin("x", override=True, description="over")}
+    plugins = {
+        "plain": make_plugin("x", description="plain"),
+        "over": make_plugin("x", override=True, description="over"),
+    }
     reg = fresh([FakeEntryPoint(name, plugins[name]) for name in order])
     assert reg.claims["x"].description == "over" and reg.claims["x"].plugin == "over"
 
@@ -67,7 +70,9 @@ def test_override_wins_whatever_the_load_order(order):
 def test_two_overrides_conflict():
     """Two override=True claims on one scheme are a conflict too."""
     with pytest.raises(PluginConflictError, match="overridden by several"):
-        fresh([FakeEntryPoint("a", make_plugin("x", override=True)), FakeEntryPoint("b", make_plugin("x", override=True))])
+        fresh(
+            [FakeEntryPoint("a", make_plugin("x", override=True)), FakeEntryPoint("b", make_plugin("x", override=True))]
+        )
 
 
 def test_block_and_allow_lists():
@@ -148,7 +153,9 @@ def test_route_hook_sends_a_scheme_to_another_backend(tmp_path):
             return io.BytesIO(b"via gateway"[offset:])
 
     router = types.SimpleNamespace()
-    router.wds_cloud_register_backends = hookimpl(lambda register: register("gw", lambda settings, **o: Gateway(settings)))
+    router.wds_cloud_register_backends = hookimpl(
+        lambda register: register("gw", lambda settings, **o: Gateway(settings))
+    )
     router.wds_cloud_route_url = hookimpl(lambda url, scheme, settings: "gw" if scheme == "zz" else None)
     reg = fresh([FakeEntryPoint("router", router)])
     assert reg.route("zz://bucket/x", "zz") == "gw" and reg.route("file:/x", "file") is None

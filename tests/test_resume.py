@@ -64,15 +64,21 @@ def uneven(tmp_path_factory):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data(), compressed=st.booleans(), bufsize=st.sampled_from([1, 5, 30, 200]),
-       shardshuffle=st.booleans(), seed=st.integers(0, 2**31 - 1))
+@given(
+    data=st.data(),
+    compressed=st.booleans(),
+    bufsize=st.sampled_from([1, 5, 30, 200]),
+    shardshuffle=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_interrupt_anywhere_local(uneven, data, compressed, bufsize, shardshuffle, seed):
     """Any number of interruptions at any points: the pieces concatenate to the uninterrupted run."""
     urls = uneven[1] if compressed else uneven[0]
 
     def build():
-        return wds.WebDataset(urls, shardshuffle=shardshuffle, seed=seed).shuffle(bufsize, initial=bufsize // 2 + 1,
-                                                                                   seed=seed + 1)
+        return wds.WebDataset(urls, shardshuffle=shardshuffle, seed=seed).shuffle(
+            bufsize, initial=bufsize // 2 + 1, seed=seed + 1
+        )
 
     full = keys_of(build())
     assert sorted(full) == sorted(set(full)) and len(full) == 57
@@ -144,8 +150,13 @@ def test_later_stages_and_epochs(tmp_path):
     urls = write_shards(tmp_path, [9, 9, 9])
 
     def build():
-        return (wds.WebDataset(urls, shardshuffle=True, seed=11).shuffle(6, seed=1).decode()
-                .to_tuple("__key__", "txt").batched(4, collation_fn=list))
+        return (
+            wds.WebDataset(urls, shardshuffle=True, seed=11)
+            .shuffle(6, seed=1)
+            .decode()
+            .to_tuple("__key__", "txt")
+            .batched(4, collation_fn=list)
+        )
 
     reference = build()
     epoch0 = list(reference)
@@ -247,8 +258,13 @@ def s3_shards(moto_endpoint, tmp_path_factory):
     from .cloud import unique
 
     options = {"key": "testing", "secret": "testing", "endpoint_url": moto_endpoint}
-    client = boto3.client("s3", endpoint_url=moto_endpoint, aws_access_key_id="testing",
-                          aws_secret_access_key="testing", region_name="us-east-1")
+    client = boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
     bucket = unique("resume")
     client.create_bucket(Bucket=bucket)
     urls = []
@@ -266,8 +282,7 @@ def test_interrupt_anywhere_s3(s3_shards, data, bufsize, seed):
     urls, options = s3_shards
 
     def build():
-        return wds.WebDataset(urls, shardshuffle=True, seed=seed, storage_options=options).shuffle(bufsize,
-                                                                                                   seed=seed)
+        return wds.WebDataset(urls, shardshuffle=True, seed=seed, storage_options=options).shuffle(bufsize, seed=seed)
 
     full = keys_of(build())
     assert len(full) == 40
@@ -322,8 +337,12 @@ def test_stateful_dataloader_two_workers(tmp_path):
     urls = write_shards(tmp_path, [11, 9, 14, 6, 10])
 
     def build():
-        return (wds.WebDataset(urls, shardshuffle=True, seed=3).shuffle(8, seed=7).to_tuple("__key__")
-                .batched(3, collation_fn=lambda s: [k for (k,) in s]))
+        return (
+            wds.WebDataset(urls, shardshuffle=True, seed=3)
+            .shuffle(8, seed=7)
+            .to_tuple("__key__")
+            .batched(3, collation_fn=lambda s: [k for (k,) in s])
+        )
 
     def loader(ds):
         return sdl.StatefulDataLoader(ds, batch_size=None, num_workers=2)
@@ -347,8 +366,12 @@ def test_webloader_resume(tmp_path, num_workers):
     urls = write_shards(tmp_path, [11, 9, 14, 6, 10])
 
     def loader():
-        ds = (wds.WebDataset(urls, shardshuffle=True, seed=3).shuffle(8, seed=7).to_tuple("__key__")
-              .batched(3, collation_fn=lambda s: [k for (k,) in s]))
+        ds = (
+            wds.WebDataset(urls, shardshuffle=True, seed=3)
+            .shuffle(8, seed=7)
+            .to_tuple("__key__")
+            .batched(3, collation_fn=lambda s: [k for (k,) in s])
+        )
         return wds.WebLoader(ds, batch_size=None, num_workers=num_workers)
 
     full = list(loader())
@@ -435,8 +458,9 @@ def test_resume_through_the_shard_cache(s3_shards, tmp_path):
     urls, options = s3_shards
 
     def build():
-        return wds.WebDataset(urls, shardshuffle=True, seed=6, storage_options=options,
-                              cache_dir=str(tmp_path / "cache")).shuffle(7, seed=1)
+        return wds.WebDataset(
+            urls, shardshuffle=True, seed=6, storage_options=options, cache_dir=str(tmp_path / "cache")
+        ).shuffle(7, seed=1)
 
     full = keys_of(build())  # fills the cache
     for cuts in ([5], [18, 33]):
@@ -445,8 +469,9 @@ def test_resume_through_the_shard_cache(s3_shards, tmp_path):
     cold = tmp_path / "cold"
 
     def build_cold():
-        return wds.WebDataset(urls, shardshuffle=True, seed=6, storage_options=options,
-                              cache_dir=str(cold)).shuffle(7, seed=1)
+        return wds.WebDataset(urls, shardshuffle=True, seed=6, storage_options=options, cache_dir=str(cold)).shuffle(
+            7, seed=1
+        )
 
     got, _ = resume_in_pieces(build_cold, [21])
     assert keys_of(got) == full
@@ -461,8 +486,12 @@ def test_webloader_resume_with_equal_work(tmp_path, sizes, equal_work):
     urls = write_shards(tmp_path, sizes)
 
     def loader():
-        ds = (wds.WebDataset(urls, shardshuffle=True, seed=9, equal_work=equal_work).shuffle(3, seed=9)
-              .to_tuple("__key__").batched(5, collation_fn=lambda s: [k for (k,) in s]))
+        ds = (
+            wds.WebDataset(urls, shardshuffle=True, seed=9, equal_work=equal_work)
+            .shuffle(3, seed=9)
+            .to_tuple("__key__")
+            .batched(5, collation_fn=lambda s: [k for (k,) in s])
+        )
         return wds.WebLoader(ds, batch_size=None, num_workers=3)
 
     full = list(loader())

@@ -23,23 +23,42 @@ def checking_moto():
     import boto3
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for_port(port, proc, "moto")
         endpoint = f"http://127.0.0.1:{port}"
-        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                              aws_secret_access_key="testing", region_name="us-east-1")
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
         client.create_bucket(Bucket="locked")
         client.put_object(Bucket="locked", Key="a.tar", Body=b"x" * 1024)
-        iam = boto3.client("iam", endpoint_url=endpoint, aws_access_key_id="testing",
-                           aws_secret_access_key="testing", region_name="us-east-1")
+        iam = boto3.client(
+            "iam",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
         iam.create_user(UserName="trainer")
-        iam.put_user_policy(UserName="trainer", PolicyName="everything", PolicyDocument=(
-            '{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}'))
+        iam.put_user_policy(
+            UserName="trainer",
+            PolicyName="everything",
+            PolicyDocument=(
+                '{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}'
+            ),
+        )
         key = iam.create_access_key(UserName="trainer")["AccessKey"]
-        request = urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=b"0", method="POST",
-                                         headers={"Content-Type": "text/plain"})
+        request = urllib.request.Request(
+            f"{endpoint}/moto-api/reset-auth", data=b"0", method="POST", headers={"Content-Type": "text/plain"}
+        )
         urllib.request.urlopen(request, timeout=30).read()  # from now on every request is authenticated
         yield endpoint, {"key": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
     finally:

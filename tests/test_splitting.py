@@ -18,8 +18,9 @@ SIZES = [7, 12, 5, 9, 11, 6, 8, 10]
 def index(tmp_path):
     urls = write_shards(tmp_path, SIZES)
     path = tmp_path / "index.json"
-    path.write_text(json.dumps({"shardlist": [{"url": u.rsplit("/", 1)[1], "nsamples": n}
-                                              for u, n in zip(urls, SIZES)]}))
+    path.write_text(
+        json.dumps({"shardlist": [{"url": u.rsplit("/", 1)[1], "nsamples": n} for u, n in zip(urls, SIZES)]})
+    )
     return str(path)
 
 
@@ -130,8 +131,9 @@ def test_the_readme_recipe_runs():
 
     script = pathlib.Path(__file__).resolve().parents[1] / "docs" / "examples" / "ddp_equal_work.py"
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    out = subprocess.run([sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True,
-                         timeout=300, env=env)
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True, timeout=300, env=env
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ok: both ranks made the same number of batches" in out.stdout
 

@@ -49,21 +49,24 @@ def test_an_offset_moved_inside_a_sample_is_refused(saved):
     assert info.value.field == "offset"
 
 
-@pytest.mark.parametrize("change,field", [
-    (lambda s: stage(s, "TarSamples").update(offset=100), "offset"),
-    (lambda s: stage(s, "TarSamples").update(offset="abc"), "offset"),
-    (lambda s: stage(s, "TarSamples").update(samples=None), "samples"),
-    (lambda s: stage(s, "TarSamples").pop("url"), "url"),
-    (lambda s: stage(s, "Shuffle").update(buffer=[[0, 1, 1]] * 200_000), "buffer"),
-    (lambda s: stage(s, "Shuffle").update(buffer=[[77, 1, 1]]), "buffer"),
-    (lambda s: stage(s, "Shuffle").update(buffer=[["x", 1, 1]]), "buffer"),
-    (lambda s: stage(s, "Shuffle").update(urls={"a": 1}), "urls"),
-    (lambda s: stage(s, "Shuffle").update(rng="seed"), "rng"),
-    (lambda s: stage(s, "SimpleShardList").update(epoch="one"), "epoch"),
-    (lambda s: s.update(stages={"a": 1}), "stages"),
-    (lambda s: s.update(progress=[-1, 0]), "progress"),
-    (lambda s: s["stages"].append("junk"), "stages"),
-])
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        (lambda s: stage(s, "TarSamples").update(offset=100), "offset"),
+        (lambda s: stage(s, "TarSamples").update(offset="abc"), "offset"),
+        (lambda s: stage(s, "TarSamples").update(samples=None), "samples"),
+        (lambda s: stage(s, "TarSamples").pop("url"), "url"),
+        (lambda s: stage(s, "Shuffle").update(buffer=[[0, 1, 1]] * 200_000), "buffer"),
+        (lambda s: stage(s, "Shuffle").update(buffer=[[77, 1, 1]]), "buffer"),
+        (lambda s: stage(s, "Shuffle").update(buffer=[["x", 1, 1]]), "buffer"),
+        (lambda s: stage(s, "Shuffle").update(urls={"a": 1}), "urls"),
+        (lambda s: stage(s, "Shuffle").update(rng="seed"), "rng"),
+        (lambda s: stage(s, "SimpleShardList").update(epoch="one"), "epoch"),
+        (lambda s: s.update(stages={"a": 1}), "stages"),
+        (lambda s: s.update(progress=[-1, 0]), "progress"),
+        (lambda s: s["stages"].append("junk"), "stages"),
+    ],
+)
 def test_changed_fields_are_named(saved, change, field):
     """Every wrong type or value is a StateMismatchError naming the field, never a TypeError or KeyError."""
     urls, state = saved

@@ -17,9 +17,12 @@ torch = pytest.importorskip("torch")
 pl = pytest.importorskip("pytorch_lightning")
 
 # Lightning warns about this small set-up (few workers, no GPU, its own deprecations); not ours to change.
-pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning"),
-              pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore::FutureWarning")]
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
 
 
 @pytest.fixture
@@ -45,8 +48,14 @@ class Recorder(pl.LightningModule):
 
 
 def trainer(root, **kw):
-    return pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
-                      accelerator="cpu", **kw)
+    return pl.Trainer(
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        accelerator="cpu",
+        **kw,
+    )
 
 
 def resumable_loader(urls):
@@ -56,8 +65,15 @@ def resumable_loader(urls):
 
 def readme_loader(urls):
     """webdataset's README pattern: a shuffle of shard URLs before the reader, and a shuffle after the workers."""
-    dataset = wds.DataPipeline(wds.SimpleShardList(urls), wds.shuffle(10), wds.split_by_worker,
-                               wds.tarfile_to_samples(), wds.shuffle(20), wds.to_tuple("__key__"), wds.batched(4))
+    dataset = wds.DataPipeline(
+        wds.SimpleShardList(urls),
+        wds.shuffle(10),
+        wds.split_by_worker,
+        wds.tarfile_to_samples(),
+        wds.shuffle(20),
+        wds.to_tuple("__key__"),
+        wds.batched(4),
+    )
     loader = wds.WebLoader(dataset, batch_size=None, num_workers=2)
     return loader.unbatched().shuffle(30).batched(4)
 
@@ -84,13 +100,15 @@ def test_lightning_resumes_mid_epoch_where_the_checkpoint_stood(urls, tmp_path):
     """
     whole = Recorder()
     trainer(tmp_path / "whole", max_epochs=2, enable_checkpointing=False).fit(
-        whole, train_dataloaders=resumable_loader(urls))
+        whole, train_dataloaders=resumable_loader(urls)
+    )
     first = Recorder()
     saver = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=10, save_last=True)
     trainer(tmp_path / "first", max_steps=10, callbacks=[saver]).fit(first, train_dataloaders=resumable_loader(urls))
     rest = Recorder()
-    trainer(tmp_path / "rest", max_epochs=2).fit(rest, train_dataloaders=resumable_loader(urls),
-                                                 ckpt_path=tmp_path / "ckpt" / "last.ckpt")
+    trainer(tmp_path / "rest", max_epochs=2).fit(
+        rest, train_dataloaders=resumable_loader(urls), ckpt_path=tmp_path / "ckpt" / "last.ckpt"
+    )
     assert len(whole.seen) == 48 and first.seen == whole.seen[:10]
     assert first.seen + rest.seen == whole.seen[:10] + whole.seen[11:]
 
@@ -100,7 +118,8 @@ def test_an_end_of_epoch_checkpoint_resumes_with_a_whole_epoch(urls, tmp_path):
     iter() Lightning calls only to check that the loader is iterable uses up no epoch."""
     whole = Recorder()
     trainer(tmp_path / "whole", max_epochs=2, enable_checkpointing=False).fit(
-        whole, train_dataloaders=resumable_loader(urls))
+        whole, train_dataloaders=resumable_loader(urls)
+    )
     first = Recorder()
     trainer(tmp_path / "first", max_epochs=1).fit(first, train_dataloaders=resumable_loader(urls))
     [checkpoint] = (tmp_path / "first").glob("**/*.ckpt")
@@ -118,8 +137,14 @@ def test_stateful_dataloader_iterates_a_pipeline_that_cannot_be_resumed(urls, nu
     sdl = pytest.importorskip("torchdata.stateful_dataloader")
 
     def make():
-        dataset = wds.DataPipeline(wds.SimpleShardList(urls), wds.shuffle(10), wds.split_by_worker,
-                                   wds.tarfile_to_samples(), wds.shuffle(20), wds.to_tuple("__key__"))
+        dataset = wds.DataPipeline(
+            wds.SimpleShardList(urls),
+            wds.shuffle(10),
+            wds.split_by_worker,
+            wds.tarfile_to_samples(),
+            wds.shuffle(20),
+            wds.to_tuple("__key__"),
+        )
         return sdl.StatefulDataLoader(dataset, batch_size=4, num_workers=num_workers)
 
     loader = make()

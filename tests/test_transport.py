@@ -10,8 +10,8 @@ import wds_cloud as wds
 
 torch = pytest.importorskip("torch")
 
-from wds_cloud import transport  # noqa: E402
-from wds_cloud.transport import PackedBytes, pack_batch  # noqa: E402
+from wds_cloud.loader import transport  # noqa: E402
+from wds_cloud.loader.transport import PackedBytes, pack_batch  # noqa: E402
 
 
 def test_packed_bytes_is_a_sequence_of_the_items():

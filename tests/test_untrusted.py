@@ -104,9 +104,12 @@ def test_a_redirect_to_pipe_or_file_is_refused_once(servers):
 def test_credentials_do_not_follow_a_redirect_to_another_host(servers):
     """Authorization goes to the host it was given for, not to where a redirect points."""
     other = servers({})
-    first = servers({"/x.tar": (302, {"Location": f"http://127.0.0.1:{other.server_port}/y.tar",
-                                      "Content-Length": "0"}),
-                     "/same.tar": (302, {"Location": "/z.tar", "Content-Length": "0"})})
+    first = servers(
+        {
+            "/x.tar": (302, {"Location": f"http://127.0.0.1:{other.server_port}/y.tar", "Content-Length": "0"}),
+            "/same.tar": (302, {"Location": "/z.tar", "Content-Length": "0"}),
+        }
+    )
     options = {"headers": {"Authorization": "Bearer SECRET", "X-Api-Key": "SECRET"}}
     with wds.gopen(f"http://127.0.0.1:{first.server_port}/x.tar", storage_options=options) as stream:
         assert stream.read() == b"ok"
@@ -125,9 +128,11 @@ def test_a_gcs_write_with_rejected_credentials_fails_at_once(servers):
     refusing = servers({})
     refusing.routes = RefuseAll()
     with pytest.raises(CredentialsError):
-        with wds.gopen("gs://bucket/out.tar", "wb",
-                       storage_options={"endpoint_url": f"http://127.0.0.1:{refusing.server_port}", "token": "anon"}) \
-                as out:
+        with wds.gopen(
+            "gs://bucket/out.tar",
+            "wb",
+            storage_options={"endpoint_url": f"http://127.0.0.1:{refusing.server_port}", "token": "anon"},
+        ) as out:
             out.write(b"x" * 100)
     assert len(refusing.seen) == 1
 

@@ -47,18 +47,21 @@ def _zstd(data):
     return zstandard.ZstdCompressor().compress(data)
 
 
-@pytest.mark.parametrize("suffix,compress", [
-    (".tgz", lambda b: gzip.compress(b, mtime=0)),
-    (".tar.bz2", lambda b: bz2.compress(b, 1)),  # 100 kB blocks: bz2 recovers whole blocks only
-    (".tar.xz", lzma.compress),
-    (".tar.zst", _zstd),
-])
+@pytest.mark.parametrize(
+    "suffix,compress",
+    [
+        (".tgz", lambda b: gzip.compress(b, mtime=0)),
+        (".tar.bz2", lambda b: bz2.compress(b, 1)),  # 100 kB blocks: bz2 recovers whole blocks only
+        (".tar.xz", lzma.compress),
+        (".tar.zst", _zstd),
+    ],
+)
 def test_a_cut_compressed_shard_keeps_its_complete_samples(tmp_path, suffix, compress):
     """A compressed shard cut at 70% yields the complete samples before the cut, then the error."""
     raw = tar_bytes(100, payload=12000)  # random payload: the cut falls at about 70% of the tar too
     data = compress(raw)
     path = tmp_path / f"cut{suffix}"
-    path.write_bytes(data[:int(len(data) * 0.7)])
+    path.write_bytes(data[: int(len(data) * 0.7)])
     # what a decompressor can recover from the cut stream: the samples wholly inside it
     got = []
     with pytest.raises(tarfile.ReadError):
@@ -79,14 +82,16 @@ def test_a_cut_compressed_shard_keeps_its_complete_samples(tmp_path, suffix, com
 def test_xdecode_passes_streams_and_keeps_upstream_precedence():
     """Decoders get a stream; keyword decoders first, then later positional pairs, then earlier, then defaults."""
     sample = {"__key__": "a", "jpg": b"JPG", "txt": b"hello", "cls": b"7", "n": 5}
-    out = next(filters._xdecode(
-        [sample],
-        ("*.jpg", lambda stream: ("earlier", stream.read())),
-        ("*.jpg", lambda stream: ("later", stream.read())),
-        ("*.txt", lambda stream: ("positional", stream.read())),
-        txt=lambda stream: ("keyword", stream.read()),
-        n=lambda value: value * 2,
-    ))
+    out = next(
+        filters._xdecode(
+            [sample],
+            ("*.jpg", lambda stream: ("earlier", stream.read())),
+            ("*.jpg", lambda stream: ("later", stream.read())),
+            ("*.txt", lambda stream: ("positional", stream.read())),
+            txt=lambda stream: ("keyword", stream.read()),
+            n=lambda value: value * 2,
+        )
+    )
     assert out["jpg"] == ("later", b"JPG")
     assert out["txt"] == ("keyword", b"hello")
     assert out["cls"] == 7  # the default table
@@ -356,12 +361,23 @@ def test_group_by_keys_runs_the_shard_readers_grouping_with_webdatasets_rules():
     def m(url, name, data=b"x"):
         return {"fname": name, "data": data, "__url__": url}
 
-    stream = [m("a", "k1.txt"), m("a", "k1.cls"), m("a", "k2.txt"), {},  # shard a ends cleanly
-              m("c", "k4.txt"), m("c", "k5.json"), m("d", "k5.txt")]     # no markers: the URL changes
+    stream = [
+        m("a", "k1.txt"),
+        m("a", "k1.cls"),
+        m("a", "k2.txt"),
+        {},  # shard a ends cleanly
+        m("c", "k4.txt"),
+        m("c", "k5.json"),
+        m("d", "k5.txt"),
+    ]  # no markers: the URL changes
     samples = list(group_by_keys(iter(stream), suffixes={"txt", "cls"}))
     assert [(s["__key__"], s["__url__"], sorted(k for k in s if not k.startswith("__"))) for s in samples] == [
-        ("k1", "a", ["cls", "txt"]), ("k2", "a", ["txt"]), ("k4", "c", ["txt"]), ("k5", "c", []),
-        ("k5", "d", ["txt"])]
+        ("k1", "a", ["cls", "txt"]),
+        ("k2", "a", ["txt"]),
+        ("k4", "c", ["txt"]),
+        ("k5", "c", []),
+        ("k5", "d", ["txt"]),
+    ]
     # a shard that ended in an error: the expander yields its members only (no marker, as webdataset), and
     # group_by_keys, told through a channel user code never sees, drops the sample it cut short
     whole = io.BytesIO()
@@ -370,18 +386,27 @@ def test_group_by_keys_runs_the_shard_readers_grouping_with_webdatasets_rules():
             info = tarfile.TarInfo(name)
             info.size = 600
             tar.addfile(info, io.BytesIO(b"y" * 600))
-    cut = whole.getvalue()[:512 + 1024 + 512 + 100]  # k3.txt whole, k3.cls cut short
+    cut = whole.getvalue()[: 512 + 1024 + 512 + 100]  # k3.txt whole, k3.cls cut short
     sources = [{"url": "b", "stream": io.BytesIO(cut)}, {"url": "e", "stream": io.BytesIO(whole.getvalue())}]
-    members = list(tar_file_expander(iter([dict(s, stream=io.BytesIO(s["stream"].getvalue())) for s in sources]),
-                                     handler=lambda e: True, eof_value=None))
+    members = list(
+        tar_file_expander(
+            iter([dict(s, stream=io.BytesIO(s["stream"].getvalue())) for s in sources]),
+            handler=lambda e: True,
+            eof_value=None,
+        )
+    )
     assert all(set(x) == {"fname", "data", "__url__"} for x in members)
     grouped = list(group_by_keys(tar_file_expander(iter(sources), handler=lambda e: True)))
     assert [(s["__key__"], s["__url__"]) for s in grouped] == [("k3", "e"), ("k4", "e")]
     with pytest.raises(CorruptShardError, match="repeats the field 'txt'"):
         list(group_by_keys([m("a", "k1.txt"), m("a", "k1.txt")]))
     seen = []
-    assert [s["txt"] for s in group_by_keys([m("a", "k1.txt", b"1"), m("a", "k1.txt", b"2")],
-                                            handler=lambda e: seen.append(e) or True)] == [b"1"]
+    assert [
+        s["txt"]
+        for s in group_by_keys(
+            [m("a", "k1.txt", b"1"), m("a", "k1.txt", b"2")], handler=lambda e: seen.append(e) or True
+        )
+    ] == [b"1"]
     assert len(seen) == 1
 
 

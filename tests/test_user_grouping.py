@@ -50,12 +50,12 @@ def shards(tmp_path):
     """Five shards, the middle three damaged: truncated, a corrupt header, a bad gzip stream."""
     good = [tar_bytes(p, 6) for p in "abcde"]
     (tmp_path / "0.tar").write_bytes(good[0])
-    (tmp_path / "1.tar").write_bytes(good[1][:512 * 9 + 100])  # cut inside a member
+    (tmp_path / "1.tar").write_bytes(good[1][: 512 * 9 + 100])  # cut inside a member
     corrupt = bytearray(good[2])
-    corrupt[4 * 1024 + 148:4 * 1024 + 156] = b"99999999"  # a header checksum that does not match
+    corrupt[4 * 1024 + 148 : 4 * 1024 + 156] = b"99999999"  # a header checksum that does not match
     (tmp_path / "2.tar").write_bytes(bytes(corrupt))
     packed = gzip.compress(good[3])
-    (tmp_path / "3.tar.gz").write_bytes(packed[:len(packed) // 2])  # a gzip stream cut short
+    (tmp_path / "3.tar.gz").write_bytes(packed[: len(packed) // 2])  # a gzip stream cut short
     (tmp_path / "4.tar").write_bytes(good[4])
     return [str(tmp_path / n) for n in ("0.tar", "1.tar", "2.tar", "3.tar.gz", "4.tar")]
 
@@ -88,8 +88,13 @@ def test_a_trainers_own_grouping_survives_damaged_shards(shards, workers, eof_va
 def test_the_expander_yields_member_dicts_and_markers_only_where_asked(shards):
     calls: list = []
     for eof_value, allowed in ((None, set()), ({}, {0})):
-        items = list(tar_file_expander(url_opener(iter([{"url": u} for u in shards]), handler=lambda e: True),
-                                       handler=lambda e: calls.append(e) or True, eof_value=eof_value))
+        items = list(
+            tar_file_expander(
+                url_opener(iter([{"url": u} for u in shards]), handler=lambda e: True),
+                handler=lambda e: calls.append(e) or True,
+                eof_value=eof_value,
+            )
+        )
         markers = [x for x in items if "fname" not in x]
         assert {len(x) for x in markers} <= allowed
         assert len(markers) == (0 if eof_value is None else 2)  # the two clean shards end with the marker
@@ -101,8 +106,26 @@ def test_the_expander_yields_member_dicts_and_markers_only_where_asked(shards):
 # damaged shard here; webdataset's count depends on where the damage is (twice for a truncation, never for
 # a corrupt header after the first member: it ends that shard silently), a documented difference.
 WEBDATASET_KEYS = {
-    None: ["a000", "a001", "a002", "a003", "a004", "a005", "b000", "b001", "c000", "c001", "d000", "d001",
-           "e000", "e001", "e002", "e003", "e004", "e005"],
+    None: [
+        "a000",
+        "a001",
+        "a002",
+        "a003",
+        "a004",
+        "a005",
+        "b000",
+        "b001",
+        "c000",
+        "c001",
+        "d000",
+        "d001",
+        "e000",
+        "e001",
+        "e002",
+        "e003",
+        "e004",
+        "e005",
+    ],
     # the default eof_value is an end-of-shard dict without "fname": a grouping that reads every item's
     # fname fails with KeyError at the end of the first shard, in webdataset as here
     "default": ["a000", "a001", "a002", "a003", "a004", KeyError],
@@ -119,8 +142,7 @@ def test_the_same_samples_as_webdataset_and_one_handler_call_per_damaged_shard(s
         return True
 
     kw = {} if eof == "default" else {"eof_value": None}
-    members = tar_file_expander(url_opener(iter([{"url": u} for u in shards]), handler=handler), handler=handler,
-                                **kw)
+    members = tar_file_expander(url_opener(iter([{"url": u} for u in shards]), handler=handler), handler=handler, **kw)
     keys: list = []
     try:
         for sample in grouping_as_documented(members):

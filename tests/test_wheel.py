@@ -16,7 +16,7 @@ import io, pkgutil, sys, tarfile
 import wds_cloud
 assert wds_cloud.__file__.startswith(sys.argv[1]), wds_cloud.__file__
 for module in pkgutil.walk_packages(wds_cloud.__path__, "wds_cloud."):
-    if module.name.startswith(("wds_cloud.gpu", "wds_cloud.testing.conformance", "wds_cloud.__main__")):
+    if module.name.startswith(("wds_cloud.loader.gpu", "wds_cloud.testing.conformance", "wds_cloud.__main__")):
         continue  # need torch / pytest, which a plain install does not have
     __import__(module.name)
 import wds_cloud_plugins.file, wds_cloud_plugins.s3
@@ -36,24 +36,49 @@ def test_the_built_wheel_installs_and_works_without_the_source_tree(tmp_path):
     if int(setuptools.__version__.split(".")[0]) < 77:  # built offline with this environment's setuptools
         pytest.skip("building the wheel offline needs setuptools >= 77 here (torch's install brings it)")
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(wheels), ROOT], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), ROOT],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = wheels.glob("wds_cloud-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for needed in ("wds_cloud/io/open.py", "wds_cloud/tar/reader.py", "wds_cloud/resume/state.py",
-                   "wds_cloud/py.typed", "wds_cloud_plugins/file.py"):
+    for needed in (
+        "wds_cloud/io/open.py",
+        "wds_cloud/tar/reader.py",
+        "wds_cloud/resume/state.py",
+        "wds_cloud/py.typed",
+        "wds_cloud_plugins/file.py",
+    ):
         assert needed in names, needed
     assert any(n.endswith("/LICENSE") for n in names)
     target = tmp_path / "installed"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
-                    str(wheel)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     # -S: no site processing, so the editable install's path hook (the source tree) is not there; the
     # dependencies come from this environment's site-packages, listed after the installed wheel
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), sysconfig.get_paths()["purelib"]]))
-    run = subprocess.run([sys.executable, "-S", "-c", SMOKE, str(target), str(tmp_path / "s.tar")],
-                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-S", "-c", SMOKE, str(target), str(tmp_path / "s.tar")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "3"
-    backends = subprocess.run([sys.executable, "-S", "-m", "wds_cloud", "backends"], capture_output=True,
-                              text=True, cwd=tmp_path, env=env, timeout=300)
+    backends = subprocess.run(
+        [sys.executable, "-S", "-m", "wds_cloud", "backends"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
     assert backends.returncode == 0 and "s3:" in backends.stdout, backends.stderr

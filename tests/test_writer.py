@@ -32,10 +32,23 @@ def test_every_encoder_round_trips(tmp_path):
     torch = pytest.importorskip("torch")
     image = (np.arange(8 * 12 * 3) % 256).astype(np.uint8).reshape(8, 12, 3)
     sample = {
-        "__key__": "k", "cls": 3, "txt": "héllo", "json": {"a": [1, 2]}, "npy": np.arange(5, dtype=np.uint32),
-        "npz": {"x": np.ones(3)}, "pyd": {"p": 1}, "pth": torch.arange(4), "ten": np.eye(2, dtype=np.float32),
-        "mp": {"m": 1}, "cbor": {"c": 2}, "png": image, "ppm": image, "tiff": image, "jpg": image,
-        "json.gz": {"z": 1}, "bin": b"\x00\x01",
+        "__key__": "k",
+        "cls": 3,
+        "txt": "héllo",
+        "json": {"a": [1, 2]},
+        "npy": np.arange(5, dtype=np.uint32),
+        "npz": {"x": np.ones(3)},
+        "pyd": {"p": 1},
+        "pth": torch.arange(4),
+        "ten": np.eye(2, dtype=np.float32),
+        "mp": {"m": 1},
+        "cbor": {"c": 2},
+        "png": image,
+        "ppm": image,
+        "tiff": image,
+        "jpg": image,
+        "json.gz": {"z": 1},
+        "bin": b"\x00\x01",
     }
     url = str(tmp_path / "all.tar")
     with TarWriter(url) as writer:
@@ -51,9 +64,21 @@ def test_every_encoder_round_trips(tmp_path):
     assert got["json.gz"] == {"z": 1} and got["bin"] == b"\x00\x01"
 
 
-@pytest.mark.parametrize("name, compress", [("a.tar", None), ("a.tgz", None), ("a.tar.gz", None),
-                                            ("a.tar.bz2", None), ("a.tar.xz", None), ("a.tar.zst", None),
-                                            ("b.tar", "gz"), ("b.tar", True), ("b.tar", "xz"), ("b.tar", "zstd")])
+@pytest.mark.parametrize(
+    "name, compress",
+    [
+        ("a.tar", None),
+        ("a.tgz", None),
+        ("a.tar.gz", None),
+        ("a.tar.bz2", None),
+        ("a.tar.xz", None),
+        ("a.tar.zst", None),
+        ("b.tar", "gz"),
+        ("b.tar", True),
+        ("b.tar", "xz"),
+        ("b.tar", "zstd"),
+    ],
+)
 def test_compression_round_trip(tmp_path, name, compress):
     """Compression by name or by argument; the reader detects it from the bytes."""
     url = str(tmp_path / name)
@@ -82,11 +107,13 @@ def test_write_then_read_gives_the_same_samples(items):
     written = [(k, f) for k, f in items if not any("." in k.rsplit("/", 1)[-1] for _ in [0])]
     got = list(shard_samples("m", buf))
     assert [(s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")}) for s in got] == [
-        (k, {f.lower(): v for f, v in sorted(fields.items())}) for k, fields in written]
+        (k, {f.lower(): v for f, v in sorted(fields.items())}) for k, fields in written
+    ]
 
 
 def test_reproducible(tmp_path):
     """The same samples give byte-identical shards, compressed or not."""
+
     def write(path, **kw):
         with TarWriter(str(path), **kw) as writer:
             for i in range(10):
@@ -122,7 +149,7 @@ def test_format_is_honoured(tmp_path):
     long_key = "z" * 300
     with pytest.raises(SampleError, match="does not fit a ustar header"):
         TarWriter(io.BytesIO(), format="ustar").write({"__key__": long_key, "txt": "x"})
-    for fmt, expected in (("gnu", tarfile.GNU_FORMAT), ("pax", tarfile.PAX_FORMAT)):
+    for fmt, _expected in (("gnu", tarfile.GNU_FORMAT), ("pax", tarfile.PAX_FORMAT)):
         buf = io.BytesIO()
         with TarWriter(buf, format=fmt) as writer:
             writer.write({"__key__": long_key, "txt": "x"})
@@ -132,8 +159,10 @@ def test_format_is_honoured(tmp_path):
             assert tar.getnames() == [f"{long_key}.txt"]
 
 
-@pytest.mark.parametrize("key, why", [("", "empty"), ("/abs/k", "absolute"), ("a/../b", "'..'"),
-                                      ("a/b.c", "contains a dot"), (7, "must be a string")])
+@pytest.mark.parametrize(
+    "key, why",
+    [("", "empty"), ("/abs/k", "absolute"), ("a/../b", "'..'"), ("a/b.c", "contains a dot"), (7, "must be a string")],
+)
 def test_invalid_keys_refused(key, why):
     """Keys the reader could not give back are refused, saying why and how to fix it."""
     with pytest.raises(SampleError, match=why):
@@ -281,8 +310,10 @@ def test_full_disk(tmp_path):
     """A full disk raises OSError saying so, and leaves neither the shard nor a partial file."""
     mount = tmp_path / "small"
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("mounting a small tmpfs needs root")
     try:
         with pytest.raises(OSError, match="disk is full") as info:

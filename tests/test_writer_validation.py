@@ -23,8 +23,9 @@ def test_field_names_that_would_not_read_back_are_refused(field):
             sink.write({"__key__": "k", field: b"x"})
 
 
-@pytest.mark.parametrize("option", [{"mtime": -1}, {"mtime": 8**11}, {"mode": -5}, {"uid": 8**7},
-                                    {"gid": -1}, {"mode": 0o10000000}])
+@pytest.mark.parametrize(
+    "option", [{"mtime": -1}, {"mtime": 8**11}, {"mode": -5}, {"uid": 8**7}, {"gid": -1}, {"mode": 0o10000000}]
+)
 def test_header_numbers_out_of_range_are_refused(option):
     with pytest.raises(SampleError, match="does not fit a tar header"):
         wds.TarWriter(io.BytesIO(), **option)

@@ -60,8 +60,11 @@ def az_blob(az_container):
 @pytest.mark.parametrize("action", ACTIONS)
 def test_azure_a_wrong_account_key(az_blob, action):
     container, options = az_blob
-    wrong = {"connection_string": options["connection_string"].replace(
-        options["connection_string"].split("AccountKey=")[1].split(";")[0], SECRET)}
+    wrong = {
+        "connection_string": options["connection_string"].replace(
+            options["connection_string"].split("AccountKey=")[1].split(";")[0], SECRET
+        )
+    }
     with pytest.raises(CredentialsError) as info:
         attempt(action, f"az://{container}/a.tar", wrong, f"az://{container}/")
     check(info, "AZURE_STORAGE_CONNECTION_STRING", "account_key", "credential")
@@ -76,9 +79,13 @@ def test_azure_an_expired_sas_token(az_blob, azurite_endpoint, action):
     container, options = az_blob
     endpoint, connection = azurite_endpoint
     key = connection.split("AccountKey=")[1].split(";")[0]
-    sas = generate_container_sas("devstoreaccount1", container, account_key=key,
-                                 permission=ContainerSasPermissions(read=True, write=True, list=True),
-                                 expiry=datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc))
+    sas = generate_container_sas(
+        "devstoreaccount1",
+        container,
+        account_key=key,
+        permission=ContainerSasPermissions(read=True, write=True, list=True),
+        expiry=datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc),
+    )
     expired = {"account_url": endpoint, "sas_token": sas}
     with pytest.raises(CredentialsError) as info:
         attempt(action, f"az://{container}/a.tar", expired, f"az://{container}/")
@@ -129,7 +136,7 @@ def refusing():
         server.server_close()
 
 
-GCS_401 = (b'{"error": {"code": 401, "message": "Invalid Credentials", "errors": [{"reason": "authError"}]}}')
+GCS_401 = b'{"error": {"code": 401, "message": "Invalid Credentials", "errors": [{"reason": "authError"}]}}'
 
 
 @pytest.mark.parametrize("action", ACTIONS)
@@ -168,11 +175,20 @@ S3_ERRORS = {
 def test_s3_reads_refused_as_s3_refuses_them(refusing, monkeypatch, action, code):
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
-    body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>' + code.encode() + b"</Code><Message>"
-            + S3_ERRORS[code] + b"</Message></Error>")
+    body = (
+        b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>'
+        + code.encode()
+        + b"</Code><Message>"
+        + S3_ERRORS[code]
+        + b"</Message></Error>"
+    )
     server = refusing(403, body, "application/xml")
-    options = {"key": "AKIAEXAMPLEKEY000000", "secret": SECRET, "token": SECRET,
-               "endpoint_url": f"http://127.0.0.1:{server.server_port}"}
+    options = {
+        "key": "AKIAEXAMPLEKEY000000",
+        "secret": SECRET,
+        "token": SECRET,
+        "endpoint_url": f"http://127.0.0.1:{server.server_port}",
+    }
     with pytest.raises(CredentialsError) as info:
         attempt(action, "s3://bucket/a.tar", options, "s3://bucket/")
     check(info, "AWS_ACCESS_KEY_ID")

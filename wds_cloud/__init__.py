@@ -6,8 +6,6 @@ the package does no I/O and loads no plugin; plugins load on first use.
 
 __version__ = "0.1.0"
 
-import importlib as _importlib
-import sys as _sys
 
 from . import errors, tenbin, utils
 from .autodecode import (
@@ -24,6 +22,7 @@ from .autodecode import (
 from .cache import LRUCleanup, pipe_cleaner
 from .compat import FluidInterface, FluidWrapper, MixedDataset, WebDataset, WebLoader, from_spec
 from .config import Settings
+from .dataset.options import ReadOptions
 from .errors import (
     AccessDeniedError,
     ConfigError,
@@ -76,18 +75,12 @@ from .filters import (
     xdecode,
 )
 from .gopen import gopen, gopen_schemes, reader
-from .handlers import (
-    ignore_and_continue,
-    ignore_and_stop,
-    reraise_exception,
-    warn_and_continue,
-    warn_and_stop,
-)
-from .indexed import ShardListDataset
+from .handlers import ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue, warn_and_stop
+from .index.dataset import ShardListDataset
+from .interleaved import collate_interleaved, interleaved, interleaved_sample  # the module, then the function
 from .io import hookimpl
+from .loader.gpu import gpu_decode, to_device
 from .mix import RandomMix, RoundRobin
-from .gpu import gpu_decode, to_device
-from .interleaved import collate_interleaved, interleaved, interleaved_sample
 from .pipeline import DataPipeline
 from .resume import Resumable
 from .resume.merge import merge_states
@@ -110,59 +103,124 @@ __all__ = [
     "merge_states",
     "__version__",
     # pipeline
-    "DataPipeline", "WebDataset", "WebLoader", "FluidInterface", "FluidWrapper", "PipelineStage",
-    "MockDataset", "with_epoch", "with_length", "repeatedly",
+    "DataPipeline",
+    "WebDataset",
+    "ReadOptions",
+    "WebLoader",
+    "FluidInterface",
+    "FluidWrapper",
+    "PipelineStage",
+    "MockDataset",
+    "with_epoch",
+    "with_length",
+    "repeatedly",
     # shard lists
-    "SimpleShardList", "ResampledShards", "MultiShardSample", "shardspec", "resampled", "non_empty",
-    "single_node_only", "split_by_node", "split_by_worker",
+    "SimpleShardList",
+    "ResampledShards",
+    "MultiShardSample",
+    "shardspec",
+    "resampled",
+    "non_empty",
+    "single_node_only",
+    "split_by_node",
+    "split_by_worker",
     # tar
-    "tarfile_samples", "tarfile_to_samples",
+    "tarfile_samples",
+    "tarfile_to_samples",
     # filters
-    "associate", "batched", "unbatched", "decode", "xdecode", "detshuffle", "shuffle", "extract_keys",
-    "getfirst", "info", "map", "map_dict", "map_tuple", "pipelinefilter", "rename", "rename_keys", "rsample",
-    "select", "slice", "to_tuple", "transform_with", "Cached", "LMDBCached",
+    "associate",
+    "batched",
+    "unbatched",
+    "decode",
+    "xdecode",
+    "detshuffle",
+    "shuffle",
+    "extract_keys",
+    "getfirst",
+    "info",
+    "map",
+    "map_dict",
+    "map_tuple",
+    "pipelinefilter",
+    "rename",
+    "rename_keys",
+    "rsample",
+    "select",
+    "slice",
+    "to_tuple",
+    "transform_with",
+    "Cached",
+    "LMDBCached",
     # decoding
-    "Continue", "Decoder", "DecodingError", "gzfilter", "handle_extension", "imagehandler", "torch_audio",
-    "torch_video", "torch_loads", "pytorch_weights_only",
+    "Continue",
+    "Decoder",
+    "DecodingError",
+    "gzfilter",
+    "handle_extension",
+    "imagehandler",
+    "torch_audio",
+    "torch_video",
+    "torch_loads",
+    "pytorch_weights_only",
     # handlers
-    "reraise_exception", "warn_and_continue", "ignore_and_continue", "warn_and_stop", "ignore_and_stop",
+    "reraise_exception",
+    "warn_and_continue",
+    "ignore_and_continue",
+    "warn_and_stop",
+    "ignore_and_stop",
     # mixing
-    "RandomMix", "RoundRobin", "from_spec", "MixedDataset",
+    "RandomMix",
+    "RoundRobin",
+    "from_spec",
+    "MixedDataset",
     # interleaved image-text documents
-    "interleaved", "interleaved_sample", "collate_interleaved",
+    "interleaved",
+    "interleaved_sample",
+    "collate_interleaved",
     # feeding a GPU
-    "gpu_decode", "to_device",
+    "gpu_decode",
+    "to_device",
     # I/O
-    "gopen", "gopen_schemes", "reader", "LRUCleanup", "pipe_cleaner",
+    "gopen",
+    "gopen_schemes",
+    "reader",
+    "LRUCleanup",
+    "pipe_cleaner",
     # writing
-    "TarWriter", "ShardWriter", "numpy_dumps", "torch_dumps",
+    "TarWriter",
+    "ShardWriter",
+    "numpy_dumps",
+    "torch_dumps",
     # configuration and plugins
-    "Settings", "hookimpl", "Resumable",
+    "Settings",
+    "hookimpl",
+    "Resumable",
     # modules
-    "errors", "tenbin", "utils",
+    "errors",
+    "tenbin",
+    "utils",
     # errors
-    "WdsCloudError", "ConfigError", "UnknownSchemeError", "CorruptShardError", "SampleError",
-    "StateMismatchError", "NotResumableError", "InexactResumeWarning", "MissingExtraError", "PluginError", "PluginConflictError", "ShardNotFoundError",
-    "SecurityError", "CredentialsError", "AccessDeniedError", "TransferError", "PipeError", "ObjectChangedError",
-    "IntegrityError", "RandomAccessError", "MalformedDataError", "CorruptIndexError", "ShardListDataset",
+    "WdsCloudError",
+    "ConfigError",
+    "UnknownSchemeError",
+    "CorruptShardError",
+    "SampleError",
+    "StateMismatchError",
+    "NotResumableError",
+    "InexactResumeWarning",
+    "MissingExtraError",
+    "PluginError",
+    "PluginConflictError",
+    "ShardNotFoundError",
+    "SecurityError",
+    "CredentialsError",
+    "AccessDeniedError",
+    "TransferError",
+    "PipeError",
+    "ObjectChangedError",
+    "IntegrityError",
+    "RandomAccessError",
+    "MalformedDataError",
+    "CorruptIndexError",
+    "ShardListDataset",
 ]
-
-# The internal modules of 0.1 moved into io/, tar/ and resume/; their old paths still import, as
-# aliases of the new modules (``import wds_cloud.backend`` gives ``wds_cloud.io.backend``).  New code,
-# and plugins, import from ``wds_cloud.io`` (see docs/plugins.md).
-_MOVED = {
-    "atomic": "io.atomic", "backend": "io.backend", "fsbackend": "io.fsbackend", "hookspecs": "io.hookspecs",
-    "httpstream": "io.httpstream", "pipes": "io.pipes", "profiles": "io.profiles", "registry": "io.registry",
-    "resilient": "io.resilient", "security": "io.security", "shardcache": "io.shardcache", "uploads": "io.uploads",
-    "tario": "tar.reader", "tarwrite": "tar.header", "loaderstate": "resume.loader",
-}
-
-
-def _alias_moved_modules() -> None:
-    for old, new in _MOVED.items():
-        module = _importlib.import_module(f"{__name__}.{new}")
-        _sys.modules.setdefault(f"{__name__}.{old}", module)
-        globals().setdefault(old, module)
-
-
-_alias_moved_modules()

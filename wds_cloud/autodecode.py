@@ -20,20 +20,41 @@ import pickle
 import re
 import tempfile
 import zlib
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 import numpy as np
 
-from . import config, tenbin, utils  # noqa: F401 - utils: importable here, as before
+from . import config, tenbin
+from .codec.extensions import IMAGE_EXTENSIONS, IMAGE_FORMATS, KINDS
 from .errors import ConfigError, DecodingError, MissingExtraError, SecurityError, redact
-from .extensions import IMAGE_EXTENSIONS, IMAGE_FORMATS, KINDS
 from .io.security import is_secure
 
 __all__ = [
-    "Continue", "Decoder", "DecodingError", "ImageHandler", "imagehandler", "imagespecs", "IMAGE_EXTENSIONS",
-    "handle_extension", "basichandlers", "decoders", "default_decoder", "default_pre_handlers",
-    "default_post_handlers", "gzfilter", "unpickle_loads", "tenbin_loads", "msgpack_loads", "npy_loads",
-    "npz_loads", "cbor_loads", "torch_loads", "pytorch_weights_only", "torch_video", "torch_audio",
+    "Continue",
+    "Decoder",
+    "DecodingError",
+    "ImageHandler",
+    "imagehandler",
+    "imagespecs",
+    "IMAGE_EXTENSIONS",
+    "handle_extension",
+    "basichandlers",
+    "decoders",
+    "default_decoder",
+    "default_pre_handlers",
+    "default_post_handlers",
+    "gzfilter",
+    "unpickle_loads",
+    "tenbin_loads",
+    "msgpack_loads",
+    "npy_loads",
+    "npz_loads",
+    "cbor_loads",
+    "torch_loads",
+    "pytorch_weights_only",
+    "torch_video",
+    "torch_audio",
     "json_loads",
 ]
 
@@ -46,15 +67,19 @@ def _pickle_permitted() -> bool:
     return _pickle_allowed.get() or config.current().allow_pickle
 
 
-_PICKLE_HOW = ("pass decode(..., allow_pickle=True) or set WDS_ALLOW_PICKLE=1, and only for data you trust: "
-               "unpickling runs code from the file")
+_PICKLE_HOW = (
+    "pass decode(..., allow_pickle=True) or set WDS_ALLOW_PICKLE=1, and only for data you trust: "
+    "unpickling runs code from the file"
+)
 
 
 def _refuse(what: str) -> SecurityError:
     if is_secure():
         # webdataset's own sentence leads, so code that matches it keeps working
-        return SecurityError("Unpickling is not allowed for security reasons when enforce_security is set: "
-                             f"refusing to decode {what}, as WDS_SECURE=1 (or utils.enforce_security) forbids it")
+        return SecurityError(
+            "Unpickling is not allowed for security reasons when enforce_security is set: "
+            f"refusing to decode {what}, as WDS_SECURE=1 (or utils.enforce_security) forbids it"
+        )
     return SecurityError(f"refusing to decode {what} by default; {_PICKLE_HOW}")
 
 
@@ -76,7 +101,7 @@ def handle_extension(extensions: str, f: Callable[[Any], Any]) -> Callable:
     def handler(key: str, data: Any) -> Any:
         parts = key.lower().split(".")
         for target in targets:
-            if len(target) <= len(parts) and parts[-len(target):] == target:
+            if len(target) <= len(parts) and parts[-len(target) :] == target:
                 return f(data)
         return None
 
@@ -199,30 +224,49 @@ def torch_audio(key: str, data: Any) -> Any:
 
 
 _DECODERS_BY_KIND: dict[str, Callable[[Any], Any]] = {
-    "text": _text, "int": _int, "json": json_loads, "pickle": unpickle_loads, "torch": torch_loads,
-    "tenbin": tenbin_loads, "msgpack": msgpack_loads, "npy": npy_loads, "npz": npz_loads, "cbor": cbor_loads,
+    "text": _text,
+    "int": _int,
+    "json": json_loads,
+    "pickle": unpickle_loads,
+    "torch": torch_loads,
+    "tenbin": tenbin_loads,
+    "msgpack": msgpack_loads,
+    "npy": npy_loads,
+    "npz": npz_loads,
+    "cbor": cbor_loads,
 }
 
-#: field extension -> decoder of its bytes (the extensions come from :mod:`wds_cloud.extensions`)
+#: field extension -> decoder of its bytes (the extensions come from :mod:`wds_cloud.codec.extensions`)
 decoders: dict[str, Callable[[Any], Any]] = {
-    ext: _DECODERS_BY_KIND[kind] for kind, exts in KINDS.items() for ext in exts}
+    ext: _DECODERS_BY_KIND[kind] for kind, exts in KINDS.items() for ext in exts
+}
 
 
 def basichandlers(key: str, data: Any) -> Any:
     """Decode by the last extension of ``key`` with the :data:`decoders` table; None if unknown."""
-    extension = key[key.rfind(".") + 1:].lower()
+    extension = key[key.rfind(".") + 1 :].lower()
     f = decoders.get(extension)
     return f(data) if f is not None else None
 
 
 # name -> (result type, pixel type, PIL mode)
 imagespecs = {
-    "l8": ("numpy", "uint8", "L"), "rgb8": ("numpy", "uint8", "RGB"), "rgba8": ("numpy", "uint8", "RGBA"),
-    "l": ("numpy", "float", "L"), "rgb": ("numpy", "float", "RGB"), "rgba": ("numpy", "float", "RGBA"),
-    "torchl8": ("torch", "uint8", "L"), "torchrgb8": ("torch", "uint8", "RGB"), "torchrgba8": ("torch", "uint8", "RGBA"),
-    "torchl": ("torch", "float", "L"), "torchrgb": ("torch", "float", "RGB"), "torch": ("torch", "float", "RGB"),
+    "l8": ("numpy", "uint8", "L"),
+    "rgb8": ("numpy", "uint8", "RGB"),
+    "rgba8": ("numpy", "uint8", "RGBA"),
+    "l": ("numpy", "float", "L"),
+    "rgb": ("numpy", "float", "RGB"),
+    "rgba": ("numpy", "float", "RGBA"),
+    "torchl8": ("torch", "uint8", "L"),
+    "torchrgb8": ("torch", "uint8", "RGB"),
+    "torchrgba8": ("torch", "uint8", "RGBA"),
+    "torchl": ("torch", "float", "L"),
+    "torchrgb": ("torch", "float", "RGB"),
+    "torch": ("torch", "float", "RGB"),
     "torchrgba": ("torch", "float", "RGBA"),
-    "pill": ("pil", None, "L"), "pil": ("pil", None, None), "pilrgb": ("pil", None, "RGB"),
+    "pill": ("pil", None, "L"),
+    "pil": ("pil", None, None),
+    "pilrgb": ("pil", None, "RGB"),
     "pilrgba": ("pil", None, "RGBA"),
 }
 
@@ -245,7 +289,7 @@ class ImageHandler:
         self.extensions = set(extensions if extensions is not None else IMAGE_EXTENSIONS)
 
     def __call__(self, key: str, data: Any) -> Any:
-        extension = key[key.rfind(".") + 1:].lower()
+        extension = key[key.rfind(".") + 1 :].lower()
         if extension not in self.extensions:
             return None
         return self.decode_any(data, extension)
@@ -304,8 +348,10 @@ def gunzip_bounded(data: Any, key: str = "", limit: Optional[int] = None) -> byt
             out.write(chunk)
             have += len(chunk)
             if have > limit:
-                raise ValueError(f"field {key!r} inflates to more than {limit} bytes, the limit on one decoded "
-                                 "field; raise WDS_MAX_MEMBER_SIZE (such as 8GiB) if the data is trusted")
+                raise ValueError(
+                    f"field {key!r} inflates to more than {limit} bytes, the limit on one decoded "
+                    "field; raise WDS_MAX_MEMBER_SIZE (such as 8GiB) if the data is trusted"
+                )
             pending = d.unconsumed_tail
             if d.eof:
                 break
@@ -335,15 +381,25 @@ class Decoder:
     never decoded.  ``allow_pickle=True`` opts in to pickle and full ``torch.load``.
     """
 
-    def __init__(self, handlers: Any = None, pre: Optional[list] = None, post: Optional[list] = None,
-                 only: Any = None, partial: bool = False, allow_pickle: Optional[bool] = None) -> None:
+    def __init__(
+        self,
+        handlers: Any = None,
+        pre: Optional[list] = None,
+        post: Optional[list] = None,
+        only: Any = None,
+        partial: bool = False,
+        allow_pickle: Optional[bool] = None,
+    ) -> None:
         handlers = list(handlers or [])
         handlers = [imagehandler(h) if isinstance(h, str) else h for h in handlers]
         for h in handlers:
             if not callable(h):
                 raise TypeError(f"decoder handlers are callables or image specs, not {h!r}")
-        self.handlers = (default_pre_handlers if pre is None else pre) + handlers + (
-            default_post_handlers if post is None else post)
+        self.handlers = (
+            (default_pre_handlers if pre is None else pre)
+            + handlers
+            + (default_post_handlers if post is None else post)
+        )
         if isinstance(only, str):
             only = only.split()
         self.only = set(only) if only is not None else None
@@ -356,7 +412,7 @@ class Decoder:
         """The single handler that will decode ``field`` (only when every handler is one of ours)."""
         if field.endswith(".gz"):
             return None
-        extension = field[field.rfind(".") + 1:].lower()
+        extension = field[field.rfind(".") + 1 :].lower()
         for h in self.handlers:
             if h is gzfilter:
                 continue
@@ -388,8 +444,11 @@ class Decoder:
         plannable = self._plannable
         plans = self._plans
         for field, value in sample.items():
-            if field[:1] == "_" or not isinstance(value, (bytes, bytearray, memoryview)) or (
-                    self.only is not None and field not in self.only):
+            if (
+                field[:1] == "_"
+                or not isinstance(value, (bytes, bytearray, memoryview))
+                or (self.only is not None and field not in self.only)
+            ):
                 result[field] = value
                 continue
             try:
@@ -417,6 +476,8 @@ class Decoder:
 def _unplanned(key: str, data: Any) -> Any:
     """A sentinel: no plan made yet for this field (never called)."""
     raise AssertionError("the unplanned sentinel was called")
+
+
 def _NOTHING(key: str, data: Any) -> Any:
     """A sentinel: no handler decodes this field (never called)."""
     raise AssertionError("the no-handler sentinel was called")
@@ -427,7 +488,9 @@ def _decoding_error(sample: dict, field: str, exc: Exception, why: str) -> Decod
     return DecodingError(
         f"{redact(url) if url else '<no url>'}: cannot decode field {field!r} of sample "
         f"{sample.get('__key__')!r}: {why}",
-        url=url, key=sample.get("__key__"), field=field,
+        url=url,
+        key=sample.get("__key__"),
+        field=field,
     )
 
 

@@ -77,9 +77,20 @@ ENV_VARS = (
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
 _FALSE = {"0", "false", "no", "off", "n", "f", ""}
 _UNITS = {
-    "": 1, "b": 1,
-    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
 }
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
@@ -198,9 +209,7 @@ def parse_rewrites(name: str, value: Optional[str]) -> tuple[tuple[str, str], ..
         if not part.strip():
             continue
         if "=" not in part:
-            raise ConfigError(
-                f"{name} rule {part!r} has no '=': write rules as prefix=replacement, separated by ';'"
-            )
+            raise ConfigError(f"{name} rule {part!r} has no '=': write rules as prefix=replacement, separated by ';'")
         prefix, replacement = part.split("=", 1)
         rules.append((prefix.strip(), replacement))  # the replacement is exact: 'pipe:echo ' keeps its space
     return tuple(rules)
@@ -263,7 +272,7 @@ class Settings:
     aws_s3: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> "Settings":
+    def from_environ(cls, environ: Mapping[str, str]) -> Settings:
         """Read every setting from ``environ`` (normally ``os.environ``)."""
         get = environ.get
         block = _parse_list(get("WDS_DISABLE_PLUGINS")) or ()
@@ -297,21 +306,21 @@ class Settings:
             retries=_parse_int("WDS_RETRIES", get("WDS_RETRIES"), 6),
             retry_timeout=_parse_float("WDS_RETRY_TIMEOUT", get("WDS_RETRY_TIMEOUT"), 60.0),
             retry_backoff=_parse_float("WDS_RETRY_BACKOFF", get("WDS_RETRY_BACKOFF"), 0.2),
-            max_member_size=parse_positive_size("WDS_MAX_MEMBER_SIZE", get("WDS_MAX_MEMBER_SIZE"),
-                                                DEFAULT_MAX_MEMBER_SIZE),
+            max_member_size=parse_positive_size(
+                "WDS_MAX_MEMBER_SIZE", get("WDS_MAX_MEMBER_SIZE"), DEFAULT_MAX_MEMBER_SIZE
+            ),
             max_sample_size=parse_positive_size("WDS_MAX_SAMPLE_SIZE", get("WDS_MAX_SAMPLE_SIZE")),
             part_size=parse_positive_size("WDS_PART_SIZE", get("WDS_PART_SIZE"), 8 << 20),
             concurrency=parse_count("WDS_CONCURRENCY", get("WDS_CONCURRENCY"), None, 1),
             max_concurrency=parse_count("WDS_MAX_CONCURRENCY", get("WDS_MAX_CONCURRENCY"), None, 1),
             prefetch=parse_count("WDS_PREFETCH", get("WDS_PREFETCH"), 1, 0),
-            max_data_file_size=parse_positive_size("WDS_MAX_DATA_FILE_SIZE", get("WDS_MAX_DATA_FILE_SIZE"),
-                                                   64 << 20),
+            max_data_file_size=parse_positive_size("WDS_MAX_DATA_FILE_SIZE", get("WDS_MAX_DATA_FILE_SIZE"), 64 << 20),
             allow_untrusted_local=parse_bool("WDS_ALLOW_UNTRUSTED_LOCAL", get("WDS_ALLOW_UNTRUSTED_LOCAL")),
             progress_interval=_parse_float("WDS_PROGRESS_INTERVAL", get("WDS_PROGRESS_INTERVAL"), 5.0),
             aws_s3=tuple((name, value) for name in AWS_S3_VARS if (value := get(name) or "")),
         )
 
-    def replace(self, **changes: Any) -> "Settings":
+    def replace(self, **changes: Any) -> Settings:
         """Return a copy with ``changes`` applied."""
         return dataclasses.replace(self, **changes)
 
@@ -335,3 +344,14 @@ def current() -> Settings:
     if snapshot is not None:
         _last = (snapshot, settings)
     return settings
+
+
+class Switches:
+    """Process-wide switches that code (not the environment) sets: ``wds_cloud.utils.enforce_security``
+    writes :attr:`enforce_security` here, where the io layer reads it without importing ``utils``."""
+
+    enforce_security: bool = False
+
+
+#: the switches of this process
+switches = Switches()

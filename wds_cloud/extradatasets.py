@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 from . import utils
 from .pytorch import IterableDataset
@@ -29,8 +30,9 @@ class MockDataset(IterableDataset):
 class repeatedly(IterableDataset, PipelineStage):
     """Iterate over ``source`` repeatedly, bounded by epochs, batches or a length."""
 
-    def __init__(self, source: Any, nepochs: Optional[int] = None, nbatches: Optional[int] = None,
-                 length: Optional[int] = None) -> None:
+    def __init__(
+        self, source: Any, nepochs: Optional[int] = None, nbatches: Optional[int] = None, length: Optional[int] = None
+    ) -> None:
         self.source = source
         self.nepochs = nepochs
         self.nbatches = nbatches
@@ -103,5 +105,3 @@ class with_length(IterableDataset):
 
     def __len__(self) -> int:
         return self.length
-
-

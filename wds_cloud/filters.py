@@ -15,7 +15,8 @@ import pickle
 import random
 import re
 import sys
-from typing import Any, Callable, Iterable, Iterator, Optional
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Optional
 
 import numpy as np
 
@@ -24,19 +25,49 @@ from .autodecode import Decoder, refuse_if_unsafe
 from .errors import MissingExtraError, SecurityError
 from .handlers import reraise_exception
 from .io.security import is_secure
-from .resume.shuffle import Shuffle, apply_journal, buffer_locations  # noqa: F401 - importable here, as before
+from .resume.shuffle import Shuffle
 from .stages import FilterFunction, PipelineStage, RestCurried, compose, pipeline, pipelinefilter
-from .utils import make_seed  # noqa: F401 - importable here, as before
 
 __all__ = [
-    "FilterFunction", "RestCurried", "PipelineStage", "pipelinefilter", "compose", "pipeline", "getfirst",
-    "transform_with", "identity", "info", "shuffle", "Shuffle", "detshuffle", "select", "log_keys", "decode", "map",
-    "rename", "associate", "map_dict", "to_tuple", "map_tuple", "unlisted", "unbatched", "rsample", "slice",
-    "extract_keys", "rename_keys", "xdecode", "batched", "default_collation_fn", "default_decoders",
-    "find_decoder", "Cached", "LMDBCached", "reraise_exception",
+    "FilterFunction",
+    "RestCurried",
+    "PipelineStage",
+    "pipelinefilter",
+    "compose",
+    "pipeline",
+    "getfirst",
+    "transform_with",
+    "identity",
+    "info",
+    "shuffle",
+    "Shuffle",
+    "detshuffle",
+    "select",
+    "log_keys",
+    "decode",
+    "map",
+    "rename",
+    "associate",
+    "map_dict",
+    "to_tuple",
+    "map_tuple",
+    "unlisted",
+    "unbatched",
+    "rsample",
+    "slice",
+    "extract_keys",
+    "rename_keys",
+    "xdecode",
+    "batched",
+    "default_collation_fn",
+    "default_decoders",
+    "find_decoder",
+    "Cached",
+    "LMDBCached",
+    "reraise_exception",
 ]
 
-log = logging.getLogger("wds_cloud.filters")
+log = logging.getLogger(__name__)
 
 
 def identity(x: Any) -> Any:
@@ -51,8 +82,10 @@ def getfirst(a: dict, keys: Any, default: Any = None, missing_is_error: bool = T
         if k in a:
             return a[k]
     if missing_is_error:
-        raise ValueError(f"none of the fields {list(keys)} is in sample {a.get('__key__')!r} "
-                         f"(fields present: {sorted(k for k in a if not k.startswith('__'))})")
+        raise ValueError(
+            f"none of the fields {list(keys)} is in sample {a.get('__key__')!r} "
+            f"(fields present: {sorted(k for k in a if not k.startswith('__'))})"
+        )
     return default
 
 
@@ -69,15 +102,22 @@ def transform_with(sample: Any, transformers: Optional[list]) -> Any:
     return tuple(result) if isinstance(sample, tuple) else result
 
 
-def _info(data: Iterable, fmt: Optional[str] = None, n: int = 3, every: int = -1, width: int = 50,
-          stream: Any = None, name: str = "") -> Iterator:
+def _info(
+    data: Iterable,
+    fmt: Optional[str] = None,
+    n: int = 3,
+    every: int = -1,
+    width: int = 50,
+    stream: Any = None,
+    name: str = "",
+) -> Iterator:
     """Pass samples through, printing a short description of the first ``n`` and then every ``every``-th."""
     stream = stream or sys.stderr
     for i, sample in enumerate(data):
         if i < n or (every > 0 and (i + 1) % every == 0):
             if fmt is None:
                 print("---", name, file=stream)
-                for k, v in (sample.items() if isinstance(sample, dict) else enumerate(sample)):
+                for k, v in sample.items() if isinstance(sample, dict) else enumerate(sample):
                     print(k, repr(v)[:width], file=stream)
             else:
                 print(fmt.format(**sample), file=stream)
@@ -87,14 +127,25 @@ def _info(data: Iterable, fmt: Optional[str] = None, n: int = 3, every: int = -1
 info = pipelinefilter(_info)
 
 
-def _shuffle(data: Iterable, bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random] = None,
-             handler: Any = None, seed: Optional[int] = None) -> Iterator:
+def _shuffle(
+    data: Iterable,
+    bufsize: int = 1000,
+    initial: int = 100,
+    rng: Optional[random.Random] = None,
+    handler: Any = None,
+    seed: Optional[int] = None,
+) -> Iterator:
     """Shuffle through a buffer of ``bufsize`` samples, starting once ``initial`` are buffered."""
     return Shuffle(bufsize, initial, rng=rng, seed=seed).run(data)
 
 
-def shuffle(bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random] = None, handler: Any = None,
-            seed: Optional[int] = None) -> Shuffle:
+def shuffle(
+    bufsize: int = 1000,
+    initial: int = 100,
+    rng: Optional[random.Random] = None,
+    handler: Any = None,
+    seed: Optional[int] = None,
+) -> Shuffle:
     """The shuffle stage: a buffer of ``bufsize`` samples, output starting once ``initial`` are in."""
     return Shuffle(bufsize, initial, rng=rng, handler=handler, seed=seed)
 
@@ -186,8 +237,10 @@ def _rename(data: Iterable, handler: Callable = reraise_exception, keep: bool = 
                         used.add(alternative)
                         break
                 else:
-                    raise ValueError(f"rename: sample {sample.get('__key__')!r} has none of {old!r} "
-                                     f"(fields: {sorted(k for k in sample if not k.startswith('__'))})")
+                    raise ValueError(
+                        f"rename: sample {sample.get('__key__')!r} has none of {old!r} "
+                        f"(fields: {sorted(k for k in sample if not k.startswith('__'))})"
+                    )
             for k, v in sample.items():
                 if k.startswith("__") or (keep and k not in used and k not in result):
                     result.setdefault(k, v)
@@ -229,8 +282,13 @@ def _map_dict(data: Iterable, handler: Callable = reraise_exception, **kw: Calla
 map_dict = pipelinefilter(_map_dict)
 
 
-def _to_tuple(data: Iterable, *args: str, handler: Callable = reraise_exception, missing_is_error: bool = True,
-              none_is_error: Optional[bool] = None) -> Iterator:
+def _to_tuple(
+    data: Iterable,
+    *args: str,
+    handler: Callable = reraise_exception,
+    missing_is_error: bool = True,
+    none_is_error: Optional[bool] = None,
+) -> Iterator:
     """Turn dict samples into tuples of the named fields (``"jpg;png cls"`` or ``"jpg;png", "cls"``)."""
     if none_is_error is None:
         none_is_error = missing_is_error
@@ -315,8 +373,9 @@ def _slice(data: Iterable, *args: Any) -> Iterator:
 slice = pipelinefilter(_slice)
 
 
-def _extract_keys(source: Iterable, *patterns: Any, duplicate_is_error: bool = True,
-                  ignore_missing: bool = False) -> Iterator:
+def _extract_keys(
+    source: Iterable, *patterns: Any, duplicate_is_error: bool = True, ignore_missing: bool = False
+) -> Iterator:
     """A tuple per sample: for each pattern, the value of the field it matches.
 
     A pattern is a ``;``-separated string of glob alternatives, or a list/tuple of them; an
@@ -329,16 +388,23 @@ def _extract_keys(source: Iterable, *patterns: Any, duplicate_is_error: bool = T
     for sample in source:
         result = []
         for pattern, alts in zip(patterns, alternatives):
-            matches = [v for k, v in sample.items()
-                       if any(fnmatch.fnmatchcase(k, alt) or fnmatch.fnmatchcase("." + k, alt) for alt in alts)]
+            matches = [
+                v
+                for k, v in sample.items()
+                if any(fnmatch.fnmatchcase(k, alt) or fnmatch.fnmatchcase("." + k, alt) for alt in alts)
+            ]
             if not matches:
                 if ignore_missing:
                     continue
-                raise ValueError(f"extract_keys: no key of sample {sample.get('__key__')!r} matches {pattern!r} "
-                                 f"(keys: {list(sample)}); pass ignore_missing=True to leave it out")
+                raise ValueError(
+                    f"extract_keys: no key of sample {sample.get('__key__')!r} matches {pattern!r} "
+                    f"(keys: {list(sample)}); pass ignore_missing=True to leave it out"
+                )
             if len(matches) > 1 and duplicate_is_error:
-                raise ValueError(f"extract_keys: {len(matches)} keys of sample {sample.get('__key__')!r} match "
-                                 f"{pattern!r}; pass duplicate_is_error=False to take the first")
+                raise ValueError(
+                    f"extract_keys: {len(matches)} keys of sample {sample.get('__key__')!r} match "
+                    f"{pattern!r}; pass duplicate_is_error=False to take the first"
+                )
             result.append(matches[0])
         yield tuple(result)
 
@@ -346,8 +412,14 @@ def _extract_keys(source: Iterable, *patterns: Any, duplicate_is_error: bool = T
 extract_keys = pipelinefilter(_extract_keys)
 
 
-def _rename_keys(source: Iterable, *args: tuple, keep_unselected: bool = False, must_match: bool = True,
-                 duplicate_is_error: bool = True, **kw: str) -> Iterator:
+def _rename_keys(
+    source: Iterable,
+    *args: tuple,
+    keep_unselected: bool = False,
+    must_match: bool = True,
+    duplicate_is_error: bool = True,
+    **kw: str,
+) -> Iterator:
     """Rename fields by glob pattern: ``rename_keys(image="*.jpg", ("label", "*.cls"))``."""
     renamings = list(args) + [(new, pattern) for new, pattern in kw.items()]
     for sample in source:
@@ -360,8 +432,10 @@ def _rename_keys(source: Iterable, *args: tuple, keep_unselected: bool = False, 
             for new, pattern in renamings:
                 if fnmatch.fnmatch(path.lower(), pattern):
                     if new in new_sample and duplicate_is_error:
-                        raise ValueError(f"rename_keys: {path!r} and another field both become {new!r} "
-                                         f"in sample {sample.get('__key__')!r}")
+                        raise ValueError(
+                            f"rename_keys: {path!r} and another field both become {new!r} "
+                            f"in sample {sample.get('__key__')!r}"
+                        )
                     new_sample[new] = value
                     matched[new] = True
                     break
@@ -370,8 +444,10 @@ def _rename_keys(source: Iterable, *args: tuple, keep_unselected: bool = False, 
                     new_sample[path] = value
         if must_match and not all(matched.values()):
             missing = [k for k, v in matched.items() if not v]
-            raise ValueError(f"rename_keys: no field of sample {sample.get('__key__')!r} for {missing} "
-                             f"(fields: {sorted(k for k in sample if not k.startswith('__'))})")
+            raise ValueError(
+                f"rename_keys: no field of sample {sample.get('__key__')!r} for {missing} "
+                f"(fields: {sorted(k for k in sample if not k.startswith('__'))})"
+            )
         yield new_sample
 
 
@@ -451,8 +527,9 @@ def find_decoder(decoders: Iterable, path: str) -> Optional[Callable]:
     return None
 
 
-def _xdecode(source: Iterable, *args: tuple, must_decode: bool = True, defaults: Any = default_decoders,
-             **kw: Callable) -> Iterator:
+def _xdecode(
+    source: Iterable, *args: tuple, must_decode: bool = True, defaults: Any = default_decoders, **kw: Callable
+) -> Iterator:
     """Decode fields by glob pattern: ``xdecode(("*.jpg", fn), png=fn2)``; honours WDS_SECURE and pickle rules.
 
     A decoder receives a stream (bytes values wrapped in ``io.BytesIO``); a value that is not
@@ -473,8 +550,10 @@ def _xdecode(source: Iterable, *args: tuple, must_decode: bool = True, defaults:
                 continue
             if decoder is None:
                 if must_decode:
-                    raise ValueError(f"xdecode: no decoder for field {path!r} of sample {sample.get('__key__')!r}; "
-                                     "pass one, or must_decode=False")
+                    raise ValueError(
+                        f"xdecode: no decoder for field {path!r} of sample {sample.get('__key__')!r}; "
+                        "pass one, or must_decode=False"
+                    )
                 result[path] = data
                 continue
             refuse_if_unsafe(path, getattr(decoder, "inner", decoder), sample)
@@ -515,8 +594,9 @@ def _collate_column(column: list, combine_tensors: bool, combine_scalars: bool) 
     return column
 
 
-def _batched(data: Iterable, batchsize: int = 20, collation_fn: Optional[Callable] = default_collation_fn,
-             partial: bool = True) -> Iterator:
+def _batched(
+    data: Iterable, batchsize: int = 20, collation_fn: Optional[Callable] = default_collation_fn, partial: bool = True
+) -> Iterator:
     """Group samples into batches of ``batchsize``; ``partial=False`` drops a short last batch."""
     batch: list = []
     for sample in data:
@@ -591,4 +671,3 @@ class LMDBCached(PipelineStage):
                         yield self.pickler.loads(value)
         else:
             yield from self.add_samples(samples)
-

@@ -12,7 +12,7 @@ import warnings
 
 __all__ = ["reraise_exception", "ignore_and_continue", "warn_and_continue", "ignore_and_stop", "warn_and_stop"]
 
-log = logging.getLogger("wds_cloud.handlers")
+log = logging.getLogger(__name__)
 
 
 def reraise_exception(exn: BaseException) -> bool:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import bisect
 import itertools
 import random
-from typing import Any, Iterator, Optional, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, Optional
 
 from .errors import StateMismatchError
 from .io.datafile import shown
-from .mixing import ReplayedSources
+from .mixing.sources import ReplayedSources
 from .pytorch import IterableDataset
 from .resume.protocol import Resumable, next_pass_state
 from .resume.rng import CountedRandom
@@ -52,8 +53,12 @@ class RoundRobin(IterableDataset):
         return round_robin_longest(*sources) if self.longest else round_robin_shortest(*sources)
 
 
-def random_samples(sources: Sequence[Any], probs: Optional[Sequence[float]] = None, longest: bool = False,
-                   rng: Optional[random.Random] = None) -> Iterator:
+def random_samples(
+    sources: Sequence[Any],
+    probs: Optional[Sequence[float]] = None,
+    longest: bool = False,
+    rng: Optional[random.Random] = None,
+) -> Iterator:
     """Items drawn from ``sources`` with probabilities ``probs``."""
     rng = rng or random.Random()
     sources = list(sources)
@@ -77,8 +82,13 @@ class RandomMix(ReplayedSources, IterableDataset):
     too.  Without ``seed`` each pass draws a fresh one (saved in the state).
     """
 
-    def __init__(self, datasets: Sequence[Any], probs: Optional[Sequence[float]] = None, longest: bool = False,
-                 seed: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        datasets: Sequence[Any],
+        probs: Optional[Sequence[float]] = None,
+        longest: bool = False,
+        seed: Optional[int] = None,
+    ) -> None:
         self.datasets = list(datasets)
         self.probs = probs
         self.longest = longest
@@ -136,8 +146,12 @@ class RandomMix(ReplayedSources, IterableDataset):
         if self._live is None:
             return self.next_pass_state()
         rng, active = self._live
-        return {"format": STATE_FORMAT, "rng": rng.getstate(), "active": list(active),
-                "sources": [_state_of(ds) for ds in self.datasets]}
+        return {
+            "format": STATE_FORMAT,
+            "rng": rng.getstate(),
+            "active": list(active),
+            "sources": [_state_of(ds) for ds in self.datasets],
+        }
 
     def next_pass_state(self) -> dict:
         if self._resume is not None:
@@ -147,19 +161,26 @@ class RandomMix(ReplayedSources, IterableDataset):
     def load_state_dict(self, state: dict) -> None:
         expect(state, "RandomMix", dict, format=(str, lambda v: v == STATE_FORMAT), sources=list)
         if len(state["sources"]) != len(self.datasets):
-            raise StateMismatchError(f"the RandomMix state holds {len(state['sources'])} sources' states; this mix "
-                                     f"has {len(self.datasets)} datasets: load a state of the same mix",
-                                     field="sources")
+            raise StateMismatchError(
+                f"the RandomMix state holds {len(state['sources'])} sources' states; this mix "
+                f"has {len(self.datasets)} datasets: load a state of the same mix",
+                field="sources",
+            )
         if not state.get("fresh"):
             expect(state, "RandomMix", dict, rng=list, active=list)
             rng, active = state["rng"], state["active"]
             if not (len(rng) == 2 and all(type(v) is int for v in rng) and 0 <= rng[1] < (1 << 63)):
-                raise StateMismatchError(f"the RandomMix state's 'rng' is {shown(rng)}, which no state_dict() "
-                                         "gives: the state was changed", field="rng")
-            if not (all(type(i) is int and 0 <= i < len(self.datasets) for i in active)
-                    and len(set(active)) == len(active)):
-                raise StateMismatchError(f"the RandomMix state's 'active' is {shown(active)}, not a list of "
-                                         "this mix's datasets", field="active")
+                raise StateMismatchError(
+                    f"the RandomMix state's 'rng' is {shown(rng)}, which no state_dict() gives: the state was changed",
+                    field="rng",
+                )
+            if not (
+                all(type(i) is int and 0 <= i < len(self.datasets) for i in active) and len(set(active)) == len(active)
+            ):
+                raise StateMismatchError(
+                    f"the RandomMix state's 'active' is {shown(active)}, not a list of this mix's datasets",
+                    field="active",
+                )
         for ds, source_state in zip(self.datasets, state["sources"]):
             ds.load_state_dict(source_state)
         self._resume = None if state.get("fresh") else dict(state)

@@ -10,7 +10,8 @@ dataset is iterated in this process.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .compat import WebLoader
 from .pytorch import HAVE_TORCH
@@ -21,8 +22,9 @@ __all__ = ["MultiLoader"]
 class MultiLoader:
     """Iterate ``dataset`` in ``workers`` processes, items as the dataset yields them."""
 
-    def __init__(self, dataset: Any, workers: int = 4, verbose: bool = False, nokill: bool = False,
-                 prefix: str = "/tmp/_multi-") -> None:
+    def __init__(
+        self, dataset: Any, workers: int = 4, verbose: bool = False, nokill: bool = False, prefix: str = "/tmp/_multi-"
+    ) -> None:
         self.dataset = dataset
         self.workers = workers
         self.verbose = verbose

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import copy
 import sys
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any, Optional
 
 from . import shardlists, utils
 from .errors import ConfigError, NotResumableError, StateMismatchError, redact
+from .io.datafile import shown
 from .io.security import untrusted
 from .pytorch import DataLoader, IterableDataset
 from .resume import elastic
@@ -29,9 +31,18 @@ from .resume.protocol import (
     next_pass_state,
     transport_state,
 )
-from .io.datafile import shown
-from .resume.state import (FORMAT, check_same, expect, inexact_state, is_inexact, restart_from, seal,
-                           seal_problem, shown_url, url_id)
+from .resume.state import (
+    FORMAT,
+    check_same,
+    expect,
+    inexact_state,
+    is_inexact,
+    restart_from,
+    seal,
+    seal_problem,
+    shown_url,
+    url_id,
+)
 from .stages import PipelineStage
 
 __all__ = ["DataPipeline", "add_length_method"]
@@ -115,7 +126,9 @@ class DataPipeline(IterableDataset, PipelineStage):
             return iter(f)
         if callable(f):
             return f(*args, **kwargs)
-        raise ConfigError(f"{f!r} is not a pipeline stage: give a callable, a PipelineStage, an iterable dataset or a list")
+        raise ConfigError(
+            f"{f!r} is not a pipeline stage: give a callable, a PipelineStage, an iterable dataset or a list"
+        )
 
     def iterator1(self) -> Iterator:
         """One pass through the pipeline."""
@@ -227,8 +240,10 @@ class DataPipeline(IterableDataset, PipelineStage):
         feeders = self._feeding()[0]
         for i, stage in enumerate(self.pipeline):
             if declines_resume(stage):
-                return (f"stage {i} ({stage_name(stage)}) declares that it cannot be resumed (resumable = False); "
-                        "implement state_dict()/load_state_dict() on it (see wds_cloud.Resumable) or leave it out")
+                return (
+                    f"stage {i} ({stage_name(stage)}) declares that it cannot be resumed (resumable = False); "
+                    "implement state_dict()/load_state_dict() on it (see wds_cloud.Resumable) or leave it out"
+                )
             if i in feeders and feeders[i] is None:
                 if i == 0:
                     feeder = "it is the source"
@@ -238,8 +253,10 @@ class DataPipeline(IterableDataset, PipelineStage):
                     feeder = f"it takes its items from stage {i - 1} ({stage_name(self.pipeline[i - 1])})"
                 fix = getattr(self.pipeline[i - 1], "shuffle_after_fix", None) if i > 0 else None
                 if fix:  # the stage before knows the fix that fits it (a mix: a shuffle per source)
-                    return (f"stage {i} ({stage_name(stage)}): {feeder}, so the items in its buffer could not be "
-                            f"fetched again on resume. To make the pipeline resumable, {fix}")
+                    return (
+                        f"stage {i} ({stage_name(stage)}): {feeder}, so the items in its buffer could not be "
+                        f"fetched again on resume. To make the pipeline resumable, {fix}"
+                    )
                 return f"stage {i} {stage.resume_blocker(feeder)}"
             if isinstance(stage, DataPipeline):
                 inner = stage.resume_blocker()
@@ -271,12 +288,13 @@ class DataPipeline(IterableDataset, PipelineStage):
         start = next((i for i, s in enumerate(stages) if isinstance(s, shardlists.SHARE_LISTS)), None)
         if start is None:
             return None
-        end = next((i for i in range(start + 1, len(stages)) if callable(getattr(stages[i], "set_elastic", None))),
-                   None)
+        end = next(
+            (i for i in range(start + 1, len(stages)) if callable(getattr(stages[i], "set_elastic", None))), None
+        )
         if end is None:
             return None
         nodes = workers = False
-        for stage in stages[start + 1:end]:
+        for stage in stages[start + 1 : end]:
             if stage is shardlists.split_by_node:
                 nodes = True
             elif stage is shardlists.split_by_worker:
@@ -284,7 +302,8 @@ class DataPipeline(IterableDataset, PipelineStage):
             elif stage is not shardlists.single_node_only and not getattr(stage, "keeps_shards", False):
                 return "custom"
         return {(True, True): "nodes+workers", (True, False): "nodes", (False, True): "workers"}.get(
-            (nodes, workers), "none")
+            (nodes, workers), "none"
+        )
 
     def state_dict(self, strict: bool = False) -> dict:
         """Where the most recent iterator stands, at the last sample it yielded: plain JSON.
@@ -329,8 +348,11 @@ class DataPipeline(IterableDataset, PipelineStage):
         progress = self._current_progress()
         if next_pass or (self._resume_progress is None and not self._progress[2]):
             # iter() was called but the pass has not begun: its stages still describe the pass before
-            return {"format": FORMAT, "progress": [0, 0],
-                    "stages": [[i, kind, next_pass_state(stage)] for i, kind, stage in self._stateful()]}
+            return {
+                "format": FORMAT,
+                "progress": [0, 0],
+                "stages": [[i, kind, next_pass_state(stage)] for i, kind, stage in self._stateful()],
+            }
         take = transport_state if fast else _plain_state
         stages = []
         for i, kind, stage in self._stateful():
@@ -339,9 +361,11 @@ class DataPipeline(IterableDataset, PipelineStage):
             except NotResumableError:
                 raise
             except Exception as exc:  # a stage of the user's: reported, never raised into a trainer's loop
-                raise NotResumableError(f"this pipeline cannot save a resumable state: stage {i} "
-                                        f"({stage_name(stage)}) could not take its state: "
-                                        f"{type(exc).__name__}: {exc}") from exc
+                raise NotResumableError(
+                    f"this pipeline cannot save a resumable state: stage {i} "
+                    f"({stage_name(stage)}) could not take its state: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
         split = self._stage_facts()[3]
         if split is not None:
             return {"format": FORMAT, "progress": progress, "stages": stages, "split": split}
@@ -360,7 +384,9 @@ class DataPipeline(IterableDataset, PipelineStage):
             raise StateMismatchError(
                 f"not a wds_cloud pipeline state (expected format {FORMAT!r}, got "
                 f"{shown(state.get('format')) if isinstance(state, dict) else type(state).__name__}): pass the dict "
-                "that state_dict() returned", field="format")
+                "that state_dict() returned",
+                field="format",
+            )
         problem = seal_problem(state, "pipeline")
         if problem is not None and is_inexact(state):
             raise problem
@@ -383,13 +409,22 @@ class DataPipeline(IterableDataset, PipelineStage):
             restart_from(state, "pipeline")
             self._resume_progress = None
             return
-        expect(state, "pipeline", dict, progress=(list, lambda v: len(v) == 2 and all(
-            type(x) is int and x >= 0 for x in v), True), stages=list)
+        expect(
+            state,
+            "pipeline",
+            dict,
+            progress=(list, lambda v: len(v) == 2 and all(type(x) is int and x >= 0 for x in v), True),
+            stages=list,
+        )
         for entry in state["stages"]:
-            if not (isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int
-                    and isinstance(entry[1], str)):
-                raise StateMismatchError(f"the saved pipeline state lists the stage {shown(entry)}, which no "
-                                         "state_dict() gives: the state was changed", field="stages")
+            if not (
+                isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int and isinstance(entry[1], str)
+            ):
+                raise StateMismatchError(
+                    f"the saved pipeline state lists the stage {shown(entry)}, which no "
+                    "state_dict() gives: the state was changed",
+                    field="stages",
+                )
         saved = {f"stage {i}": kind for i, kind, _ in state["stages"]}
         here = {f"stage {i}": kind for i, kind, _ in self._stateful()}
         check_same("pipeline (its stages differ)", saved, here)
@@ -408,10 +443,12 @@ class DataPipeline(IterableDataset, PipelineStage):
                 if replay:
                     source = feeders.get(i)
                     if source is None:
-                        raise StateMismatchError("the saved state has samples in a shuffle buffer, but no shard "
-                                                 "reader feeds that shuffle here")
+                        raise StateMismatchError(
+                            "the saved state has samples in a shuffle buffer, but no shard "
+                            "reader feeds that shuffle here"
+                        )
                     source.set_replay(self._trusted_replay(replay))
-        for i, kind, stage_state in state["stages"]:
+        for _i, kind, stage_state in state["stages"]:
             if kind in elastic.SHARD_LISTS and isinstance(stage_state.get("assigned"), dict):
                 self.assign_share(stage_state["assigned"])  # a pass begun by an elastic resume goes on
         self._resume_progress = list(state.get("progress") or (0, 0))
@@ -434,8 +471,11 @@ class DataPipeline(IterableDataset, PipelineStage):
             return
         here = [[i, kind] for i, kind, _ in self._stateful()]
         if level["kinds"] != here:
-            check_same("pipeline (its stages differ)", {f"stage {i}": k for i, k in level["kinds"]},
-                       {f"stage {i}": k for i, k in here})
+            check_same(
+                "pipeline (its stages differ)",
+                {f"stage {i}": k for i, k in level["kinds"]},
+                {f"stage {i}": k for i, k in here},
+            )
         stages = dict((i, stage) for i, _, stage in self._stateful())
         for key, saved in level["configs"].items():
             stage = stages.get(int(key)) if key.isdigit() else None
@@ -469,14 +509,19 @@ class DataPipeline(IterableDataset, PipelineStage):
         passes = level.get("pass", 0)
         items = 0
         if self.repetitions != 1 and self.nsamples > 0 and not level.get("fresh"):
-            items = max(0, self.nsamples - elastic.items_share(level["items"], level["slots"], self.nsamples, slot,
-                                                               slots))
+            items = max(
+                0, self.nsamples - elastic.items_share(level["items"], level["slots"], self.nsamples, slot, slots)
+            )
         return {"start": start, "epoch": merged["epoch"], "progress": [passes, items]}
 
     def start_of_level(self, level: dict, rank: int, world_size: int, worker: int, workers: int) -> dict:
         """The start of one rank and worker in a merged level (see :meth:`elastic_start`)."""
-        head = {"epoch": level["epoch"], "kinds": level.get("kinds"), "configs": level.get("configs"),
-                "split": level.get("split")}
+        head = {
+            "epoch": level["epoch"],
+            "kinds": level.get("kinds"),
+            "configs": level.get("configs"),
+            "split": level.get("split"),
+        }
         if level.get("fresh"):
             return {"fresh": True, **head}
         stages = [stage for _, _, stage in self._stateful()]
@@ -487,8 +532,11 @@ class DataPipeline(IterableDataset, PipelineStage):
         streams = level.get("streams")
         if streams is not None:
             stage = next(s for s in stages if callable(getattr(s, "streams_start", None)))
-            return {"streams": stage.streams_start(streams, rank, world_size, worker, workers),
-                    "count": streams["count"], **head}
+            return {
+                "streams": stage.streams_start(streams, rank, world_size, worker, workers),
+                "count": streams["count"],
+                **head,
+            }
         split = self._stage_facts()[3]
         slot, slots = elastic.shard_split(split, world_size, workers, rank, worker)
         counts = self.shard_counts() if level.get("owed") is not None else None
@@ -511,7 +559,8 @@ class DataPipeline(IterableDataset, PipelineStage):
             next(s for s in stages if callable(getattr(s, "apply_mix_start", None))).apply_mix_start(start["mix"])
         elif "streams" in start:
             next(s for s in stages if callable(getattr(s, "load_merged_streams", None))).load_merged_streams(
-                {v: s for v, s in start["streams"]})
+                {v: s for v, s in start["streams"]}
+            )
             for stage in stages:
                 if callable(getattr(stage, "on_elastic_resume", None)):
                     stage.on_elastic_resume()
@@ -528,20 +577,35 @@ class DataPipeline(IterableDataset, PipelineStage):
         shard_list = next((s for s in self.pipeline if isinstance(s, shardlists.SHARE_LISTS)), None)
         reader = next((s for s in self.pipeline if callable(getattr(s, "set_elastic", None))), None)
         if shard_list is None or reader is None:
-            raise StateMismatchError("the merged state holds shards, but this pipeline has no shard list and reader to "
-                                     "read them", field="stages")
+            raise StateMismatchError(
+                "the merged state holds shards, but this pipeline has no shard list and reader to read them",
+                field="stages",
+            )
         urls = shard_list.urls
         elastic.check_share(record, len(urls), repeats=isinstance(shard_list, shardlists.ResampledShards))
         by_id = {url_id(u): u for u in urls}
-        items = [{"url": url, "resume_at": {"url": shown_url(url), "url_id": entry[0], "offset": entry[2],
-                                            "next": entry[3], "compressed": entry[4], "pax": entry[5]}}
-                 for url, entry in zip(elastic.resolve(record["partial"], by_id, "partial"), record["partial"])]
+        items = [
+            {
+                "url": url,
+                "resume_at": {
+                    "url": shown_url(url),
+                    "url_id": entry[0],
+                    "offset": entry[2],
+                    "next": entry[3],
+                    "compressed": entry[4],
+                    "pax": entry[5],
+                },
+            }
+            for url, entry in zip(elastic.resolve(record["partial"], by_id, "partial"), record["partial"])
+        ]
         items += [{"url": urls[index]} for index in record["pending"]]
         replays = []
         for entry in record["replay"]:
             url = elastic.resolve([entry], by_id, "buffered")[0]
-            replays += [(url, first * 512, (first + blocks) * 512, entry[2])
-                        for first, blocks in elastic.decode_ranges(entry[3])]
+            replays += [
+                (url, first * 512, (first + blocks) * 512, entry[2])
+                for first, blocks in elastic.decode_ranges(entry[3])
+            ]
         shard_list.assign(record, items)
         reader.set_elastic(replays, record.get("limit"))
         for stage in self.pipeline:
@@ -579,7 +643,9 @@ class DataPipeline(IterableDataset, PipelineStage):
                 if found is None:
                     raise StateMismatchError(
                         f"the saved state names the shard {redact(url)!r}, which this dataset's shard list does "
-                        "not: load a state saved by a dataset over the same shards", url=url)
+                        "not: load a state saved by a dataset over the same shards",
+                        url=url,
+                    )
                 url = found
             else:
                 url = untrusted(url)
@@ -619,7 +685,7 @@ class DataPipeline(IterableDataset, PipelineStage):
     def append(self, f: Callable) -> None:
         self.pipeline.append(f)
 
-    def compose(self, *args: Callable) -> "DataPipeline":
+    def compose(self, *args: Callable) -> DataPipeline:
         """A copy of this pipeline with ``args`` appended (fluent methods return new objects)."""
         result = copy.copy(self)
         result.pipeline = list(self.pipeline)
@@ -627,18 +693,18 @@ class DataPipeline(IterableDataset, PipelineStage):
             result.append(arg)
         return result
 
-    def with_length(self, n: int, silent: bool = False) -> "DataPipeline":
+    def with_length(self, n: int, silent: bool = False) -> DataPipeline:
         """Declare ``len(self) == n`` (picklable, unlike webdataset's)."""
         self.size = n
         return add_length_method(self)
 
-    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> "DataPipeline":
+    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> DataPipeline:
         """Make each epoch exactly ``nsamples`` items, repeating the pipeline as needed."""
         self.repetitions = sys.maxsize
         self.nsamples = max(nsamples, nbatches)
         return self
 
-    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> "DataPipeline":
+    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> DataPipeline:
         """Repeat the pipeline ``nepochs`` times (forever when <= 0), stopping after ``nbatches`` items."""
         self.repetitions = nepochs if nepochs > 0 else sys.maxsize
         self.nsamples = nbatches

@@ -8,7 +8,8 @@ the main process, and ``DataLoader`` is a minimal batching iterator.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any, Optional
 
 __all__ = ["IterableDataset", "DataLoader", "TorchIterableDataset", "HAVE_TORCH"]
 
@@ -36,8 +37,16 @@ else:
         ``num_workers`` is accepted and ignored.
         """
 
-        def __init__(self, dataset: Any, batch_size: Optional[int] = 1, shuffle: bool = False, num_workers: int = 0,
-                     collate_fn: Optional[Callable] = None, drop_last: bool = False, **kw: Any) -> None:
+        def __init__(
+            self,
+            dataset: Any,
+            batch_size: Optional[int] = 1,
+            shuffle: bool = False,
+            num_workers: int = 0,
+            collate_fn: Optional[Callable] = None,
+            drop_last: bool = False,
+            **kw: Any,
+        ) -> None:
             self.dataset = dataset
             self.batch_size = batch_size
             self.num_workers = num_workers

@@ -7,15 +7,15 @@ shards, and resampling (shards drawn with replacement, forever).
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import random
 import re
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, Optional, Union
 
 import braceexpand
 
@@ -28,13 +28,30 @@ from .resume.state import check_same, expect
 from .stages import PipelineStage, pipelinefilter
 
 __all__ = [
-    "envsubst", "expand_urls", "expand_source", "SimpleShardList", "ResampledShards", "ResampledShardList",
-    "MultiShardSample", "DirectoryShardList", "split_by_node", "split_by_worker", "single_node_only",
-    "non_empty", "resampled", "resampled_", "shardspec", "Share", "cleanup_files_without_processes", "shard_order", "index_counts", "slot_shards",
+    "envsubst",
+    "expand_urls",
+    "expand_source",
+    "SimpleShardList",
+    "ResampledShards",
+    "ResampledShardList",
+    "MultiShardSample",
+    "DirectoryShardList",
+    "split_by_node",
+    "split_by_worker",
+    "single_node_only",
+    "non_empty",
+    "resampled",
+    "resampled_",
+    "shardspec",
+    "Share",
+    "cleanup_files_without_processes",
+    "shard_order",
+    "index_counts",
+    "slot_shards",
     "read_spec_file",
 ]
 
-log = logging.getLogger("wds_cloud.shardlists")
+log = logging.getLogger(__name__)
 
 _VAR = re.compile(r"\$\{(\w+)\}|\$(\w+)")
 
@@ -71,17 +88,26 @@ def expand_urls(urls: Union[str, Iterable[str]], limit: Optional[int] = None, wh
                 continue
             result.extend(islice(braceexpand.braceexpand(spec), limit + 1 - len(result)))
             if len(result) > limit:
-                raise MalformedDataError(f"{redact(where) or '<spec>'}: the shard spec {spec[:80]!r} names more than "
-                                         f"{limit} URLs; split the dataset into smaller specs", field="urls")
+                raise MalformedDataError(
+                    f"{redact(where) or '<spec>'}: the shard spec {spec[:80]!r} names more than "
+                    f"{limit} URLs; split the dataset into smaller specs",
+                    field="urls",
+                )
         return result
     out: list[str] = []
     for url in urls:
-        more = expand_urls(url, limit, where) if isinstance(url, str) and ("{" in url or "::" in url or "$" in url) \
+        more = (
+            expand_urls(url, limit, where)
+            if isinstance(url, str) and ("{" in url or "::" in url or "$" in url)
             else [url]
+        )
         out.extend(more)
         if limit is not None and len(out) > limit:
-            raise MalformedDataError(f"{redact(where) or '<spec>'}: the spec names more than {limit} URLs; split the "
-                                     "dataset into smaller specs", field="urls")
+            raise MalformedDataError(
+                f"{redact(where) or '<spec>'}: the spec names more than {limit} URLs; split the "
+                "dataset into smaller specs",
+                field="urls",
+            )
     return out
 
 
@@ -106,10 +132,11 @@ def _spec_file_urls(url: str) -> list[str]:
     return _spec_urls(read_spec_file(url), url)
 
 
-def read_spec_file(url: str, storage_options: Optional[dict] = None) -> Any:
+def read_spec_file(url: str, storage_options: Optional[dict] = None, fmt: Optional[str] = None) -> Any:
     """The parsed content of a ``.yaml``/``.yml``/``.json`` file at ``url`` (any URL), read as data: bounded in
-    size and depth, a :class:`~wds_cloud.errors.MalformedDataError` naming the file when it is not one."""
-    return datafile.load(url, "dataset spec", storage_options)
+    size and depth, a :class:`~wds_cloud.errors.MalformedDataError` naming the file when it is not one.  The
+    one reader of dataset spec files: ``WebDataset`` reads a spec once and hands the content on."""
+    return datafile.load(url, "dataset spec", storage_options, fmt=fmt)
 
 
 def index_counts(source: Any) -> Optional[dict]:
@@ -126,8 +153,11 @@ def index_counts(source: Any) -> Optional[dict]:
     else:
         return None
     entries = spec.get("shardlist") if isinstance(spec, dict) else None
-    if not isinstance(entries, list) or not entries or not all(
-            isinstance(e, dict) and datafile.is_count(e.get("nsamples")) for e in entries):
+    if (
+        not isinstance(entries, list)
+        or not entries
+        or not all(isinstance(e, dict) and datafile.is_count(e.get("nsamples")) for e in entries)
+    ):
         return None
     urls = _spec_urls({k: v for k, v in spec.items() if k in ("shardlist", "base")}, where)
     return {str(url): entry["nsamples"] for url, entry in zip(urls, entries)}
@@ -157,22 +187,31 @@ def _spec_urls(spec: Any, where: str) -> list[str]:
             prefix = buckets[0] if isinstance(buckets, list) and buckets else buckets
             shards = ds.get("shards", [])
             shards = [shards] if isinstance(shards, str) else shards
-            datafile.need(isinstance(prefix, str) and isinstance(shards, list) and
-                          all(isinstance(x, str) for x in shards), shown, f"datasets[{i}]",
-                          "needs 'shards' (strings) and 'buckets' (a string or a list of them)")
+            datafile.need(
+                isinstance(prefix, str) and isinstance(shards, list) and all(isinstance(x, str) for x in shards),
+                shown,
+                f"datasets[{i}]",
+                "needs 'shards' (strings) and 'buckets' (a string or a list of them)",
+            )
             if where and prefix:  # a bucket is a base: resolved in one place, never a command
                 folder = resolve_base(prefix, where, "buckets")
                 for spec_text in shards:
                     urls.extend(resolve(u, where, base=folder) for u in expand_urls(spec_text, MAX_DATA_URLS, where))
                 continue
             for spec_text in shards:
-                urls.extend(expand_urls(prefix.rstrip("/") + "/" + spec_text if prefix else spec_text,
-                                        MAX_DATA_URLS if where else None, where))
+                urls.extend(
+                    expand_urls(
+                        prefix.rstrip("/") + "/" + spec_text if prefix else spec_text,
+                        MAX_DATA_URLS if where else None,
+                        where,
+                    )
+                )
     elif isinstance(spec, list):
         urls = list(spec)
     else:
-        raise MalformedDataError(f"{shown}: not a dataset spec: expected a 'shardlist' (wids JSON) or 'datasets' "
-                                 "(YAML)", url=where or None)
+        raise MalformedDataError(
+            f"{shown}: not a dataset spec: expected a 'shardlist' (wids JSON) or 'datasets' (YAML)", url=where or None
+        )
     if not where:
         return [str(u) if not isinstance(u, str) else u for u in urls]
     return [u if isinstance(u, UntrustedURL) else resolve(u, where, base=base) for u in urls]
@@ -197,7 +236,7 @@ class Share:
     def __init__(self, items: Iterator[dict]) -> None:
         self._items = items
 
-    def __iter__(self) -> "Share":
+    def __iter__(self) -> Share:
         return self
 
     def __next__(self) -> dict:
@@ -291,8 +330,10 @@ class _Epochs:
         cached = self.__dict__.get("_config_cache")
         if cached is None or cached[0] != key:  # hashing every URL on every state_dict() would cost
             digest = hashlib.sha256("\n".join(self.urls).encode("utf-8", "surrogateescape")).hexdigest()[:16]
-            cached = self._config_cache = (key, {"shards": len(self.urls), "urls_sha256": digest, "seed": self.seed,
-                                                 "kind": type(self).__name__})
+            cached = self._config_cache = (
+                key,
+                {"shards": len(self.urls), "urls_sha256": digest, "seed": self.seed, "kind": type(self).__name__},
+            )
         return dict(cached[1])
 
     def state_dict(self) -> dict:
@@ -450,9 +491,16 @@ class ResampledShards(_Epochs, PipelineStage):
     otherwise fresh entropy is mixed in, as in webdataset.
     """
 
-    def __init__(self, urls: Any, nshards: int = sys.maxsize, seed: Optional[int] = 0,
-                 worker_seed: Optional[Callable[[], int]] = None, deterministic: bool = False,
-                 max_urls: int = int(1e6), empty_check: bool = True) -> None:
+    def __init__(
+        self,
+        urls: Any,
+        nshards: int = sys.maxsize,
+        seed: Optional[int] = 0,
+        worker_seed: Optional[Callable[[], int]] = None,
+        deterministic: bool = False,
+        max_urls: int = int(1e6),
+        empty_check: bool = True,
+    ) -> None:
         self.urls = expand_source(urls, max_urls) if not isinstance(urls, list) else expand_urls(urls)
         if empty_check and not self.urls:
             raise ValueError(f"the shard spec {urls!r} names no shards")
@@ -517,13 +565,19 @@ resampled = pipelinefilter(resampled_)
 class MultiShardSample(PipelineStage):
     """Shards from a YAML/dict description mixing several datasets, each with an optional ``choose`` count."""
 
-    def __init__(self, fname: Any) -> None:
+    def __init__(self, fname: Any, *, parsed: Any = None) -> None:
+        """``fname``: the YAML file's path or URL, or the description's dict; ``parsed``: the file's content
+        when the caller has read it already (with :func:`read_spec_file`), so the file is read once."""
         from_file = not isinstance(fname, dict)
         where = os.fspath(fname) if from_file else ""
-        spec = datafile.load(where, "dataset spec", fmt="yaml") if from_file else fname
+        spec = fname if not from_file else parsed if parsed is not None else read_spec_file(where, fmt="yaml")
         shown = redact(where) if from_file else "<dict>"
-        datafile.need(isinstance(spec, dict) and isinstance(spec.get("datasets"), list), shown, "'datasets'",
-                      "must be a list of datasets (each with 'shards')")
+        datafile.need(
+            isinstance(spec, dict) and isinstance(spec.get("datasets"), list),
+            shown,
+            "'datasets'",
+            "must be a list of datasets (each with 'shards')",
+        )
         self.sources = []
         prefix = spec.get("prefix", "")
         for i, ds in enumerate(spec["datasets"]):
@@ -531,17 +585,21 @@ class MultiShardSample(PipelineStage):
             buckets = ds.get("buckets", prefix)
             buckets = buckets[0] if isinstance(buckets, list) and buckets else buckets
             counts = [ds.get("perepoch", -1), ds.get("choose", -1)]
-            datafile.need(isinstance(buckets, str) and isinstance(ds["shards"], (str, list)) and all(
-                type(c) is int for c in counts), shown, f"datasets[{i}]",
-                "needs 'shards' (a spec or list), 'buckets' (a string) and whole 'perepoch'/'choose'")
+            datafile.need(
+                isinstance(buckets, str)
+                and isinstance(ds["shards"], (str, list))
+                and all(type(c) is int for c in counts),
+                shown,
+                f"datasets[{i}]",
+                "needs 'shards' (a spec or list), 'buckets' (a string) and whole 'perepoch'/'choose'",
+            )
             urls = expand_urls(ds["shards"], MAX_DATA_URLS if from_file else None, where)
             if from_file:  # a spec file is data: its URLs are resolved in one place, untrusted
                 folder = resolve_base(buckets, where) if buckets else None
                 urls = [resolve(u, where, base=folder) for u in urls]
             else:
                 urls = [os.path.join(buckets, u) if buckets else u for u in urls]
-            self.sources.append({"name": ds.get("name", ""), "urls": urls,
-                                 "perepoch": counts[0], "choose": counts[1]})
+            self.sources.append({"name": ds.get("name", ""), "urls": urls, "perepoch": counts[0], "choose": counts[1]})
         self.rng = random.Random()
 
     def set_epoch(self, epoch: int) -> None:
@@ -633,9 +691,16 @@ class DirectoryShardList(PipelineStage):
     that would delete a shard not yet read to its end); the clean-up does, once this process is gone.
     """
 
-    def __init__(self, path: str, pattern: str = "*.{tar,tgz,tar.tgz}", poll: Optional[float] = 1,
-                 timeout: float = 1e12, mode: str = "resample", select: str = "random",
-                 fate: Optional[Callable[[str], str]] = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        pattern: str = "*.{tar,tgz,tar.tgz}",
+        poll: Optional[float] = 1,
+        timeout: float = 1e12,
+        mode: str = "resample",
+        select: str = "random",
+        fate: Optional[Callable[[str], str]] = None,
+    ) -> None:
         if mode not in _RECYCLE_MODES:
             raise ConfigError(f"DirectoryShardList: mode={mode!r}; use one of {', '.join(_RECYCLE_MODES)}")
         if select not in ("random", "oldest"):
@@ -653,11 +718,13 @@ class DirectoryShardList(PipelineStage):
 
     def _pick(self, files: list[str]) -> str:
         if self.select == "oldest":
+
             def mtime(f: str) -> float:
                 try:
                     return os.stat(f).st_mtime
                 except FileNotFoundError:
                     return float("inf")
+
             return min(files, key=mtime)
         return random.choice(files)
 

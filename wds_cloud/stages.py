@@ -10,7 +10,8 @@ spawn-started DataLoader workers.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 __all__ = ["PipelineStage", "FilterFunction", "RestCurried", "pipelinefilter", "compose", "pipeline"]
 

@@ -13,20 +13,30 @@ from __future__ import annotations
 
 import struct
 import sys
-from typing import IO, Any, Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import IO, Any, Optional
 
 import numpy as np
 
-__all__ = ["encode_buffer", "decode_buffer", "read", "write", "save", "load", "encode_list", "decode_list",
-           "MAGIC"]
+__all__ = ["encode_buffer", "decode_buffer", "read", "write", "save", "load", "encode_list", "decode_list", "MAGIC"]
 
 MAGIC = b"~TenBin~"
 _LEN = struct.Struct("<q")
 _CODES = {
-    "float16": "f2", "float32": "f4", "float64": "f8",
-    "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",
-    "uint8": "u1", "uint16": "u2", "uint32": "u4", "uint64": "u8",
-    "bool": "b1", "complex64": "c8", "complex128": "c16",
+    "float16": "f2",
+    "float32": "f4",
+    "float64": "f8",
+    "int8": "i1",
+    "int16": "i2",
+    "int32": "i4",
+    "int64": "i8",
+    "uint8": "u1",
+    "uint16": "u2",
+    "uint32": "u4",
+    "uint64": "u8",
+    "bool": "b1",
+    "complex64": "c8",
+    "complex128": "c16",
 }
 _DTYPES = {code: np.dtype(name) for name, code in _CODES.items()}
 
@@ -89,9 +99,9 @@ def _frame(chunks: Iterable[bytes]) -> bytearray:
     out = bytearray(sum(16 + _roundup(len(c)) for c in chunks))
     pos = 0
     for c in chunks:
-        out[pos:pos + 8] = MAGIC
+        out[pos : pos + 8] = MAGIC
         _LEN.pack_into(out, pos + 8, len(c))
-        out[pos + 16:pos + 16 + len(c)] = c
+        out[pos + 16 : pos + 16 + len(c)] = c
         pos += 16 + _roundup(len(c))
     return out
 
@@ -100,12 +110,12 @@ def _unframe(buf: Any) -> list:
     view = memoryview(buf).cast("B")
     chunks, pos = [], 0
     while pos < len(view):
-        if bytes(view[pos:pos + 8]) != MAGIC:
+        if bytes(view[pos : pos + 8]) != MAGIC:
             raise ValueError(f"tenbin: no chunk magic at byte {pos} (not a tenbin buffer, or damaged)")
         n = _LEN.unpack_from(view, pos + 8)[0]
         if n < 0 or pos + 16 + n > len(view):
             raise ValueError(f"tenbin: chunk at byte {pos} claims {n} bytes, the buffer has {len(view) - pos - 16}")
-        chunks.append(view[pos + 16:pos + 16 + n])
+        chunks.append(view[pos + 16 : pos + 16 + n])
         pos += 16 + _roundup(n)
     return chunks
 

@@ -10,5 +10,19 @@ from __future__ import annotations
 
 __all__ = ["modules"]
 
-modules = ["tenbin", "autodecode", "cache", "compat", "extradatasets", "filters", "gopen", "handlers", "mix",
-           "pipeline", "shardlists", "tariterators", "utils", "writer"]
+modules = [
+    "tenbin",
+    "autodecode",
+    "cache",
+    "compat",
+    "extradatasets",
+    "filters",
+    "gopen",
+    "handlers",
+    "mix",
+    "pipeline",
+    "shardlists",
+    "tariterators",
+    "utils",
+    "writer",
+]

@@ -12,20 +12,47 @@ import functools
 import glob
 import itertools
 import sys
+import types
 import warnings
-from typing import Any, Callable, Iterable, Iterator, Optional
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Optional
 
 import braceexpand
 
 from . import config
 
 __all__ = [
-    "enforce_security", "pytorch_worker_info", "pytorch_worker_seed", "make_seed", "is_iterable",
-    "identity", "obsolete", "ObsoleteException", "deprecated", "glob_with_braces", "fnmatch_with_braces",
-    "repeatedly", "repeatedly0", "guard_no_torch",
+    "enforce_security",  # noqa: F822 (a property of this module, see _Module)
+    "pytorch_worker_info",
+    "pytorch_worker_seed",
+    "make_seed",
+    "is_iterable",
+    "identity",
+    "obsolete",
+    "ObsoleteException",
+    "deprecated",
+    "glob_with_braces",
+    "fnmatch_with_braces",
+    "repeatedly",
+    "repeatedly0",
+    "guard_no_torch",
 ]
 
-enforce_security = False
+
+class _Module(types.ModuleType):
+    """This module, with ``enforce_security`` as a switch kept in :data:`wds_cloud.config.switches` (the io
+    layer reads it there): ``wds_cloud.utils.enforce_security = True`` works as in webdataset."""
+
+    @property
+    def enforce_security(self) -> bool:
+        return bool(config.switches.enforce_security)
+
+    @enforce_security.setter
+    def enforce_security(self, value: bool) -> None:
+        config.switches.enforce_security = value
+
+
+sys.modules[__name__].__class__ = _Module
 
 
 class ObsoleteException(Exception):
@@ -170,8 +197,9 @@ def repeatedly0(loader: Iterable, nepochs: int = sys.maxsize, nbatches: int = sy
         yield from itertools.islice(loader, nbatches)
 
 
-def repeatedly(source: Iterable, nepochs: Any = None, nbatches: Any = None, nsamples: Any = None,
-               batchsize: Callable = len) -> Iterator:
+def repeatedly(
+    source: Iterable, nepochs: Any = None, nbatches: Any = None, nsamples: Any = None, batchsize: Callable = len
+) -> Iterator:
     """Iterate over ``source`` again and again until a bound (epochs, batches or samples) is met."""
     epoch = 0
     batches = 0
@@ -207,4 +235,3 @@ def guard_no_torch() -> None:
     """Used in tests: fail when torch was imported although nothing asked for it."""
     if "torch" in sys.modules:
         raise AssertionError("torch was imported")
-

@@ -1,4 +1,4 @@
-"""``wids``' import path: random access to indexed shards (the code lives in :mod:`wds_cloud.indexed`).
+"""``wids``' import path: random access to indexed shards (the code lives in :mod:`wds_cloud.index.dataset`).
 
 Code written for ``import wids`` runs with ``import wds_cloud.wids as wids``: ``ShardListDataset``
 takes the same arguments and gives samples of the same shape, and the samplers order indexes the
@@ -7,7 +7,7 @@ same way per (seed, epoch); samples are fetched with ranged reads instead of who
 
 from __future__ import annotations
 
-from .indexed import (
+from .index.dataset import (
     ChunkedSampler,
     DistributedChunkedSampler,
     IndexedTarSamples,
@@ -17,5 +17,12 @@ from .indexed import (
     default_decoder,
 )
 
-__all__ = ["ShardListDataset", "ChunkedSampler", "DistributedChunkedSampler", "ShardedSampler", "ShardListSampler",
-           "IndexedTarSamples", "default_decoder"]
+__all__ = [
+    "ShardListDataset",
+    "ChunkedSampler",
+    "DistributedChunkedSampler",
+    "ShardedSampler",
+    "ShardListSampler",
+    "IndexedTarSamples",
+    "default_decoder",
+]

@@ -12,9 +12,10 @@ under that name.
 from __future__ import annotations
 
 import logging
-from typing import IO, Any, Callable, Optional, Union
+from collections.abc import Callable
+from typing import IO, Any, Optional, Union
 
-from .encoders import (
+from .codec.encoders import (
     bytestr,
     default_handlers,
     encode_based_on_extension,
@@ -30,11 +31,22 @@ from .io.open import gopen
 from .io.publishing import Publishing
 from .tar.header import Compressor, MemberWriter, check_header_numbers, compression_for
 
-__all__ = ["TarWriter", "ShardWriter", "default_handlers", "make_handlers", "make_encoder",
-           "encode_based_on_extension", "encode_based_on_extension1", "imageencoder", "bytestr", "numpy_dumps",
-           "torch_dumps", "check_key"]
+__all__ = [
+    "TarWriter",
+    "ShardWriter",
+    "default_handlers",
+    "make_handlers",
+    "make_encoder",
+    "encode_based_on_extension",
+    "encode_based_on_extension1",
+    "imageencoder",
+    "bytestr",
+    "numpy_dumps",
+    "torch_dumps",
+    "check_key",
+]
 
-log = logging.getLogger("wds_cloud.writer")
+log = logging.getLogger(__name__)
 
 
 _GOOD_FIELDS: set = set()  # field names already found valid (the same few recur in every sample)
@@ -67,8 +79,10 @@ def check_key(key: Any) -> str:
     elif ".." in key.split("/"):
         why = "it contains a '..' path component"
     elif "." in key.rsplit("/", 1)[-1]:
-        why = ("its last path component contains a dot, where readers split the key from the field; "
-               "replace the dot (e.g. with '_') or read with keys='last_dot'")
+        why = (
+            "its last path component contains a dot, where readers split the key from the field; "
+            "replace the dot (e.g. with '_') or read with keys='last_dot'"
+        )
     elif "\0" in key:
         why = "it contains a NUL character"
     elif key.endswith("/"):
@@ -90,10 +104,21 @@ class TarWriter(Publishing):
     PAX only when needed), "gnu" or "ustar" (strict).
     """
 
-    def __init__(self, fileobj: Union[str, IO[bytes]], user: str = "bigdata", group: str = "bigdata",
-                 mode: int = 0o0444, compress: Optional[Union[bool, str]] = None, encoder: Any = True,
-                 keep_meta: bool = False, mtime: Optional[float] = None, format: Any = None,
-                 storage_options: Optional[dict] = None, uid: int = 0, gid: int = 0) -> None:
+    def __init__(
+        self,
+        fileobj: Union[str, IO[bytes]],
+        user: str = "bigdata",
+        group: str = "bigdata",
+        mode: int = 0o0444,
+        compress: Optional[Union[bool, str]] = None,
+        encoder: Any = True,
+        keep_meta: bool = False,
+        mtime: Optional[float] = None,
+        format: Any = None,
+        storage_options: Optional[dict] = None,
+        uid: int = 0,
+        gid: int = 0,
+    ) -> None:
         check_header_numbers(mode=mode, uid=uid, gid=gid, mtime=mtime if mtime is not None else 0)
         name = fileobj if isinstance(fileobj, str) else getattr(fileobj, "name", None)
         self.name = name if isinstance(name, str) else None
@@ -114,8 +139,16 @@ class TarWriter(Publishing):
         self.stream = self._compressor if self._compressor is not None else stream
         self.encoder = make_encoder(encoder)
         self.keep_meta = keep_meta
-        self.members = MemberWriter(self.stream, mtime=int(mtime) if mtime is not None else 0, mode=mode,
-                                    uid=uid, gid=gid, user=user, group=group, format=format)
+        self.members = MemberWriter(
+            self.stream,
+            mtime=int(mtime) if mtime is not None else 0,
+            mode=mode,
+            uid=uid,
+            gid=gid,
+            user=user,
+            group=group,
+            format=format,
+        )
         self.written = 0  # tar bytes (before compression)
         self.count = 0
         self.closed = False
@@ -145,17 +178,26 @@ class TarWriter(Publishing):
                 continue
             value = encoded[field]
             if not isinstance(value, (bytes, bytearray, memoryview)):
-                raise SampleError(f"{self._where()}: field {field!r} of sample {key!r} is {type(value).__name__} "
-                                  "after encoding; the encoder must return bytes", key=key)
+                raise SampleError(
+                    f"{self._where()}: field {field!r} of sample {key!r} is {type(value).__name__} "
+                    "after encoding; the encoder must return bytes",
+                    key=key,
+                )
             lowered = field.lower()
             if lowered in seen:
-                raise SampleError(f"{self._where()}: sample {key!r} has fields {seen[lowered]!r} and {field!r}, "
-                                  "which readers see as the same field", key=key)
+                raise SampleError(
+                    f"{self._where()}: sample {key!r} has fields {seen[lowered]!r} and {field!r}, "
+                    "which readers see as the same field",
+                    key=key,
+                )
             seen[lowered] = field
             if field not in _GOOD_FIELDS and not _good_field(field):
-                raise SampleError(f"{self._where()}: invalid field name {field!r} in sample {key!r}: a field name "
-                                  "is non-empty UTF-8 text without '/' or NUL, or it would not read back as "
-                                  "written", key=key)
+                raise SampleError(
+                    f"{self._where()}: invalid field name {field!r} in sample {key!r}: a field name "
+                    "is non-empty UTF-8 text without '/' or NUL, or it would not read back as "
+                    "written",
+                    key=key,
+                )
             members.append((f"{key}.{field}", value))
         if not members:
             raise SampleError(f"{self._where()}: sample {key!r} has no fields to write", key=key)
@@ -202,8 +244,17 @@ class ShardWriter(Publishing):
     shards stay and the shard in progress is discarded.
     """
 
-    def __init__(self, pattern: str, maxcount: int = 100000, maxsize: float = 3e9, post: Optional[Callable] = None,
-                 start_shard: int = 0, verbose: int = 0, opener: Optional[Callable] = None, **kw: Any) -> None:
+    def __init__(
+        self,
+        pattern: str,
+        maxcount: int = 100000,
+        maxsize: float = 3e9,
+        post: Optional[Callable] = None,
+        start_shard: int = 0,
+        verbose: int = 0,
+        opener: Optional[Callable] = None,
+        **kw: Any,
+    ) -> None:
         if maxcount < 1 or maxsize <= 0:
             raise ConfigError("ShardWriter needs maxcount >= 1 and maxsize > 0")
         self.pattern = pattern
@@ -231,8 +282,12 @@ class ShardWriter(Publishing):
         self.finish()
         self.fname = self._name(self.shard)
         if self.verbose:
-            log.info("writing shard %s (%d samples and %d bytes so far)", redact(self.fname), self.total,
-                     sum(s["bytes"] for s in self.shards))
+            log.info(
+                "writing shard %s (%d samples and %d bytes so far)",
+                redact(self.fname),
+                self.total,
+                sum(s["bytes"] for s in self.shards),
+            )
         self.shard += 1
         stream = self.opener(self.fname) if self.opener else self.fname
         self.tarstream = TarWriter(stream, **self.kw)
@@ -273,4 +328,3 @@ class ShardWriter(Publishing):
         if self.tarstream is not None:
             self.tarstream.abort()
             self.tarstream = None
-

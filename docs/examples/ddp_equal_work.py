@@ -45,8 +45,9 @@ def write_dataset(directory: str) -> str:
 
 def make_loader(index: str) -> wds.WebLoader:
     dataset = (
-        wds.WebDataset(index, shardshuffle=True, seed=1234, nodesplitter=wds.split_by_node,
-                       equal_work="min")     # every worker of every rank: the same number of samples
+        wds.WebDataset(
+            index, shardshuffle=True, seed=1234, nodesplitter=wds.split_by_node, equal_work="min"
+        )  # every worker of every rank: the same number of samples
         .shuffle(20)
         .decode()
         .to_tuple("txt", "cls")
@@ -59,7 +60,7 @@ def rank_main(rank: int, world_size: int, port: int, index: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     loader = make_loader(index)
     for epoch in range(2):
-        loader.set_epoch(epoch)              # a new shard order every epoch, the same on every rank
+        loader.set_epoch(epoch)  # a new shard order every epoch, the same on every rank
         batches = sum(1 for _ in loader)
         counts = [None] * world_size
         dist.all_gather_object(counts, batches)
@@ -77,8 +78,10 @@ def rank_main(rank: int, world_size: int, port: int, index: str) -> None:
     resumed.load_state_dict(json.loads(checkpoint))
     rest = list(resumed)
     if rank == 0:
-        print(f"resumed: {len(seen)} batches before the checkpoint, {len(rest)} after it "
-              f"({len(checkpoint)} bytes of state)")
+        print(
+            f"resumed: {len(seen)} batches before the checkpoint, {len(rest)} after it "
+            f"({len(checkpoint)} bytes of state)"
+        )
     dist.barrier()
     dist.destroy_process_group()
 

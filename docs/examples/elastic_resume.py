@@ -43,8 +43,11 @@ def keys(batch: list) -> list:
 
 
 def make_loader(urls: list, workers: int) -> wds.WebLoader:
-    dataset = (wds.WebDataset(urls, shardshuffle=True, seed=1234, nodesplitter=wds.split_by_node)
-               .shuffle(10).to_tuple("__key__"))
+    dataset = (
+        wds.WebDataset(urls, shardshuffle=True, seed=1234, nodesplitter=wds.split_by_node)
+        .shuffle(10)
+        .to_tuple("__key__")
+    )
     return wds.WebLoader(dataset, batch_size=4, num_workers=workers, collate_fn=keys)
 
 
@@ -54,18 +57,18 @@ def run(rank: int, world_size: int, port: int, urls: list, workdir: str, phase: 
     if phase == "before":
         loader = make_loader(urls, workers=2)
         it = iter(loader)
-        for _ in range(3 + rank):            # the ranks need not be at the same batch: only at the same step
+        for _ in range(3 + rank):  # the ranks need not be at the same batch: only at the same step
             seen += next(it)
-        state = loader.state_dict(gather=True)   # a collective: every rank calls it, every rank gets it
+        state = loader.state_dict(gather=True)  # a collective: every rank calls it, every rank gets it
         del it
         if rank == 0:
             with open(os.path.join(workdir, "checkpoint.json"), "w") as f:
-                json.dump(state, f)              # with the model's weights, in a real job
+                json.dump(state, f)  # with the model's weights, in a real job
     else:
-        loader = make_loader(urls, workers=1)    # another shape: 3 ranks x 1 worker
+        loader = make_loader(urls, workers=1)  # another shape: 3 ranks x 1 worker
         with open(os.path.join(workdir, "checkpoint.json")) as f:
             loader.load_state_dict(json.load(f))
-        for batch in loader:                     # this rank's share of the rest of the epoch
+        for batch in loader:  # this rank's share of the rest of the epoch
             seen += batch
     with open(os.path.join(workdir, f"{phase}-{rank}.json"), "w") as f:
         json.dump(seen, f)
@@ -84,13 +87,17 @@ def main() -> None:
         urls = write_dataset(workdir)
         for phase, world_size in (("before", 2), ("after", 3)):
             mp.spawn(run, args=(world_size, free_port(), urls, workdir, phase), nprocs=world_size)
-        parts = {phase: [json.load(open(os.path.join(workdir, f"{phase}-{r}.json"))) for r in range(n)]
-                 for phase, n in (("before", 2), ("after", 3))}
+        parts = {
+            phase: [json.load(open(os.path.join(workdir, f"{phase}-{r}.json"))) for r in range(n)]
+            for phase, n in (("before", 2), ("after", 3))
+        }
         before = [k for part in parts["before"] for k in part]
         after = [k for part in parts["after"] for k in part]
         everything = sum(5 + (s * 7) % 8 for s in range(12))
-        print(f"before the restart (2 ranks x 2 workers): {len(before)} samples; after it (3 ranks x 1 worker): "
-              f"{[len(p) for p in parts['after']]} per rank")
+        print(
+            f"before the restart (2 ranks x 2 workers): {len(before)} samples; after it (3 ranks x 1 worker): "
+            f"{[len(p) for p in parts['after']]} per rank"
+        )
         assert len(set(before + after)) == len(before + after) == everything, "a sample was lost or repeated"
         print(f"the epoch's {everything} samples, each exactly once")
     sys.exit(0)

@@ -6,7 +6,7 @@ route the URL to another backend (``wds_cloud_route_url``: AIStore's ``USE_AIS_F
 asks the :mod:`~wds_cloud.io.registry` which backend claims the scheme, and wraps what
 the backend opens in a :class:`~wds_cloud.io.resilient.ResumableStream` that survives
 dropped connections.  The shard cache (:mod:`~wds_cloud.io.shardcache`) and the
-opener stages (:mod:`~wds_cloud.io.opener`) sit above it.
+opener stages (:mod:`wds_cloud.cache`) sit above it.
 
 A plugin (built-in or third-party) imports what it needs from here and from
 :mod:`wds_cloud.errors`, nothing else: the names below are that contract.
@@ -27,12 +27,42 @@ from .urls import is_local, local_path, local_version
 
 __all__ = [
     # the plugin contract
-    "hookimpl", "hookspec", "Registrar", "Backend", "ReadStream", "InStream", "OutStream", "ObjectInfo",
-    "FsspecBackend", "require", "missing_modules", "skip",
+    "hookimpl",
+    "hookspec",
+    "Registrar",
+    "Backend",
+    "ReadStream",
+    "InStream",
+    "OutStream",
+    "ObjectInfo",
+    "FsspecBackend",
+    "require",
+    "missing_modules",
+    "skip",
     # helpers backends build on
-    "HTTPReadStream", "request", "exchange", "raise_for_status", "connection_error", "SpooledPut", "FsspecUpload",
-    "AtomicFile", "Publishing", "Pipe", "check_pipe", "is_secure", "untrusted", "UntrustedURL",
+    "HTTPReadStream",
+    "request",
+    "exchange",
+    "raise_for_status",
+    "connection_error",
+    "SpooledPut",
+    "FsspecUpload",
+    "AtomicFile",
+    "Publishing",
+    "Pipe",
+    "check_pipe",
+    "is_secure",
+    "untrusted",
+    "UntrustedURL",
     # opening and URL facts
-    "gopen", "open_backend", "rewrite_url", "Registry", "Claim", "get_registry", "split_scheme", "is_local",
-    "local_path", "local_version",
+    "gopen",
+    "open_backend",
+    "rewrite_url",
+    "Registry",
+    "Claim",
+    "get_registry",
+    "split_scheme",
+    "is_local",
+    "local_path",
+    "local_version",
 ]

@@ -50,7 +50,7 @@ class AtomicFile(Publishing):
             os.makedirs(parent, exist_ok=True)
         self.temp_path = temp_name_for(self.final_path)
         # buffered (buffering > 0): a BufferedWriter, whose raw file tells what reached the disk
-        self._file = cast(io.BufferedWriter, io.open(self.temp_path, "xb", buffering=max(bufsize, io.DEFAULT_BUFFER_SIZE)))
+        self._file = cast(io.BufferedWriter, open(self.temp_path, "xb", buffering=max(bufsize, io.DEFAULT_BUFFER_SIZE)))
         self._fsync = fsync
         self.closed = False
         self._finalizer = weakref.finalize(self, _discard, self.temp_path, [self._file])

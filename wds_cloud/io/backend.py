@@ -6,16 +6,28 @@ A backend object is made by the factory a plugin registers, one per
 
 from __future__ import annotations
 
-import io
-
 import dataclasses
 import importlib.util
-from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
+import io
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Optional, Protocol
 
 from ..config import Settings
 from ..errors import MissingExtraError
 
-__all__ = ["Backend", "ReadStream", "WrappedStream", "InStream", "OutStream", "ObjectInfo", "missing_modules", "require", "fsspec_list", "read_to_end", "skip"]
+__all__ = [
+    "Backend",
+    "ReadStream",
+    "WrappedStream",
+    "InStream",
+    "OutStream",
+    "ObjectInfo",
+    "missing_modules",
+    "require",
+    "fsspec_list",
+    "read_to_end",
+    "skip",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +112,7 @@ class ReadStream:
         buffer[: len(data)] = data
         return len(data)
 
-    def __enter__(self) -> "ReadStream":
+    def __enter__(self) -> ReadStream:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -161,8 +173,15 @@ class Backend:
         self.settings = settings
         self.storage_options = storage_options
 
-    def open_read(self, url: str, offset: int = 0, bufsize: Optional[int] = None, *,
-                  version: Optional[str] = None, timeout: Optional[float] = None) -> InStream:
+    def open_read(
+        self,
+        url: str,
+        offset: int = 0,
+        bufsize: Optional[int] = None,
+        *,
+        version: Optional[str] = None,
+        timeout: Optional[float] = None,
+    ) -> InStream:
         raise NotImplementedError(f"{self.scheme}: backend cannot read")
 
     def open_write(self, url: str, bufsize: Optional[int] = None) -> OutStream:

@@ -36,8 +36,19 @@ import sys
 import threading
 from typing import Any, Optional
 
-__all__ = ["Controller", "controller_for", "learned", "seed", "report", "forget", "worker_share",
-           "DEFAULT_MAX_CONCURRENCY", "WAIT_SHARE", "GAIN", "REPROBE"]
+__all__ = [
+    "Controller",
+    "controller_for",
+    "learned",
+    "seed",
+    "report",
+    "forget",
+    "worker_share",
+    "DEFAULT_MAX_CONCURRENCY",
+    "WAIT_SHARE",
+    "GAIN",
+    "REPROBE",
+]
 
 #: the ceiling when the user sets none, shared by a machine's DataLoader workers
 DEFAULT_MAX_CONCURRENCY = 16
@@ -73,9 +84,13 @@ class Controller:
         #: the share of the last window the reader spent waiting for bytes
         self.waiting = 0.0
         #: why the level is what it is (shown in ``ds.stats``)
-        self.reason = (f"pinned by concurrency={fixed}" if fixed is not None
-                       else "starting from one connection" if self.level == 1
-                       else f"starting from {self.level} connections, as learned earlier in this process")
+        self.reason = (
+            f"pinned by concurrency={fixed}"
+            if fixed is not None
+            else "starting from one connection"
+            if self.level == 1
+            else f"starting from {self.level} connections, as learned earlier in this process"
+        )
         self.decisions = 0
         self._lock = threading.Lock()
         self._from: Optional[int] = None  # the level the current one is a trial from
@@ -138,12 +153,21 @@ class Controller:
     def due(self, now: float) -> bool:
         """Whether the current window is long enough to decide on."""
         started = self._started
-        return (not self.fixed and started is not None and now - started >= self._window_length()
-                and self._arrivals >= ARRIVALS * self.level)
+        return (
+            not self.fixed
+            and started is not None
+            and now - started >= self._window_length()
+            and self._arrivals >= ARRIVALS * self.level
+        )
 
     # deciding
-    def decide(self, now: float, remaining: Optional[int] = None, connection_rate: Optional[float] = None,
-               part_size: Optional[int] = None) -> Optional[int]:
+    def decide(
+        self,
+        now: float,
+        remaining: Optional[int] = None,
+        connection_rate: Optional[float] = None,
+        part_size: Optional[int] = None,
+    ) -> Optional[int]:
         """Close the window: the new level when it changes, else None.  ``remaining``: the bytes the
         reader has still to get from this host as far as is known (None: unknown, taken as plenty);
         ``connection_rate``: bytes/s one connection carries while a body flows (None: unknown);
@@ -173,8 +197,17 @@ class Controller:
                 self._open_window(now, settle=self.latency or 0.0)
             return new if new != level else None
 
-    def _next(self, level: int, rate: float, share: float, used: float, remaining: Optional[int],
-              now: float, connection_rate: Optional[float], part_size: Optional[int]) -> int:
+    def _next(
+        self,
+        level: int,
+        rate: float,
+        share: float,
+        used: float,
+        remaining: Optional[int],
+        now: float,
+        connection_rate: Optional[float],
+        part_size: Optional[int],
+    ) -> int:
         mb = rate / 1e6
         if self._trial == "down":  # measuring below ``_from``
             above = self._from
@@ -184,14 +217,19 @@ class Controller:
                 self.reason = f"the reader did not wait at {level} connections ({mb:.0f} MB/s): fewer suffice"
                 return level
             if self.rates.get(above, 0.0) >= rate * (1 + GAIN):
-                self.reason = (f"{above} connections were faster than {level} ({self.rates[above] / 1e6:.0f} "
-                               f"vs {mb:.0f} MB/s) while the reader waited {share:.0%} of the time")
+                self.reason = (
+                    f"{above} connections were faster than {level} ({self.rates[above] / 1e6:.0f} "
+                    f"vs {mb:.0f} MB/s) while the reader waited {share:.0%} of the time"
+                )
                 return above
             self._ceiling = above
             self.reason = f"{above} connections were no faster than {level} ({mb:.0f} MB/s)"
             down = max(1, level // 2)
-            if (rate > self.rates.get(above, 0.0) * (1 + GAIN) and level > 1
-                    and self.rates.get(down, rate) * (1 + GAIN) >= rate):
+            if (
+                rate > self.rates.get(above, 0.0) * (1 + GAIN)
+                and level > 1
+                and self.rates.get(down, rate) * (1 + GAIN) >= rate
+            ):
                 # fewer were faster: the store suffers from many connections; on down (unless the level
                 # below was measured slower)
                 self._trial, self._from = "down", level
@@ -201,8 +239,10 @@ class Controller:
         below = self._from if self._trial == "up" else None
         if below is not None and used < USED * level and share >= WAIT_SHARE:
             # the trial level was not used (too few parts to fetch at once): measure it again
-            self.reason = (f"trying {level} connections: only {used:.1f} had parts to fetch so far "
-                           f"(the reader waited {share:.0%} of the time)")
+            self.reason = (
+                f"trying {level} connections: only {used:.1f} had parts to fetch so far "
+                f"(the reader waited {share:.0%} of the time)"
+            )
             return level
         self._trial = self._from = None
         # a trial is judged on the rate its connections brought, whether the reader waited or not: more
@@ -216,11 +256,16 @@ class Controller:
         if below is not None and rate < self.rates.get(below, 0.0) * (1 + GAIN):
             self._confirmed = False
             self._ceiling = level
-            self.reason = (f"{level} connections were no faster than {below} ({mb:.0f} vs "
-                           f"{self.rates[below] / 1e6:.0f} MB/s)")
+            self.reason = (
+                f"{level} connections were no faster than {below} ({mb:.0f} vs {self.rates[below] / 1e6:.0f} MB/s)"
+            )
             return below
-        if (below is not None and level > below + 1 and rate < 0.75 * self.rates.get(below, 0.0) * level / below
-                and not self._confirmed):
+        if (
+            below is not None
+            and level > below + 1
+            and rate < 0.75 * self.rates.get(below, 0.0) * level / below
+            and not self._confirmed
+        ):
             # faster, but far from in proportion on one window (new connections may still be starting):
             # measure a second one with it
             self._trial, self._from, self._confirmed = "up", below, True
@@ -232,8 +277,10 @@ class Controller:
             # faster, but far from in proportion: a level between the two may be as fast
             middle = (below + level) // 2
             self._trial, self._from = "down", level
-            self.reason = (f"{level} connections were faster than {below} ({mb:.0f} vs "
-                           f"{self.rates[below] / 1e6:.0f} MB/s), not in proportion: trying {middle}")
+            self.reason = (
+                f"{level} connections were faster than {below} ({mb:.0f} vs "
+                f"{self.rates[below] / 1e6:.0f} MB/s), not in proportion: trying {middle}"
+            )
             return middle
         if share < WAIT_SHARE:
             self.reason = f"the reader is not waiting for bytes ({share:.0%} of the time) at {mb:.0f} MB/s"
@@ -241,20 +288,25 @@ class Controller:
         if below is None and level > 1 and not any(k < level for k in self.rates):
             return self._reprobe(level, now)  # a level learned elsewhere: compared with fewer first
         if below is None and level > 1 and used < USED * level:
-            self.reason = (f"the reader waits ({share:.0%} of the time), but only {used:.1f} of {level} connections "
-                           "had parts to fetch")
+            self.reason = (
+                f"the reader waits ({share:.0%} of the time), but only {used:.1f} of {level} connections "
+                "had parts to fetch"
+            )
             return self._reprobe(level, now)
         # far from a limit (the reader mostly waits, and the last step scaled nearly in proportion) it
         # quadruples, else it doubles
         scaled = below is None or rate >= 0.75 * self.rates.get(below, 0.0) * level / below
         up = self._up(level, 4 if share >= 0.5 and scaled else 2)
         if up is None:
-            self.reason = (f"the reader waits {share:.0%} of the time at {mb:.0f} MB/s; {level} connections is the "
-                           + ("ceiling (max_concurrency)" if level >= self.cap else "best measured"))
+            self.reason = f"the reader waits {share:.0%} of the time at {mb:.0f} MB/s; {level} connections is the " + (
+                "ceiling (max_concurrency)" if level >= self.cap else "best measured"
+            )
             return self._reprobe(level, now)
         if not self._pays(level, up, rate, remaining, connection_rate, part_size):
-            self.reason = (f"the reader waits {share:.0%} of the time at {mb:.0f} MB/s, but more connections would "
-                           f"not pay: a request's first byte ({self.latency or 0:.3f} s) costs more than they would win")
+            self.reason = (
+                f"the reader waits {share:.0%} of the time at {mb:.0f} MB/s, but more connections would "
+                f"not pay: a request's first byte ({self.latency or 0:.3f} s) costs more than they would win"
+            )
             return self._reprobe(level, now)
         self._trial, self._from = "up", level
         self.reason = f"the reader waited {share:.0%} of the time at {level} connections ({mb:.0f} MB/s): trying {up}"
@@ -269,8 +321,15 @@ class Controller:
         middle = (level + min(self._ceiling, self.cap)) // 2
         return middle if middle - level >= max(1, level // 4) else None
 
-    def _pays(self, level: int, up: int, rate: float, remaining: Optional[int], connection_rate: Optional[float],
-              part_size: Optional[int]) -> bool:
+    def _pays(
+        self,
+        level: int,
+        up: int,
+        rate: float,
+        remaining: Optional[int],
+        connection_rate: Optional[float],
+        part_size: Optional[int],
+    ) -> bool:
         """Whether ``up`` connections can win back a new request's first byte on what is left to read: the
         time ``level`` connections take to carry it (at the rate of a flowing body, not counting waits)
         must shrink by more than two first bytes."""
@@ -296,18 +355,26 @@ class Controller:
             return level
         self._trial, self._from = "down", level
         down = 1 if unmeasured else max(1, level // 2)
-        self.reason = (f"{level} connections were never compared with fewer here: trying {down}"
-                       if unmeasured else f"measuring again after {REPROBE:.0f} s at {level} connections: trying {down}")
+        self.reason = (
+            f"{level} connections were never compared with fewer here: trying {down}"
+            if unmeasured
+            else f"measuring again after {REPROBE:.0f} s at {level} connections: trying {down}"
+        )
         return down
 
     def report(self) -> dict:
         """The level and why, for ``ds.stats``: ``level``, ``why``, ``waiting`` (share of the last window),
         ``latency`` (s), ``rates`` (bytes/s per level measured), ``cap``."""
         with self._lock:
-            return {"level": self.level, "why": self.reason, "waiting": round(self.waiting, 3),
-                    "latency": round(self.latency, 4) if self.latency is not None else None,
-                    "rates": {k: round(v) for k, v in sorted(self.rates.items())}, "cap": self.cap,
-                    "pinned": self.fixed}
+            return {
+                "level": self.level,
+                "why": self.reason,
+                "waiting": round(self.waiting, 3),
+                "latency": round(self.latency, 4) if self.latency is not None else None,
+                "rates": {k: round(v) for k, v in sorted(self.rates.items())},
+                "cap": self.cap,
+                "pinned": self.fixed,
+            }
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -372,8 +439,7 @@ def controller_for(host: str, cap: int, fixed: Optional[int] = None) -> Controll
 def learned() -> dict[str, Any]:
     """A copy of what this process learned (to hand to a worker started with spawn)."""
     with _learned_lock:
-        return {host: {"level": c.level, "rates": dict(c.rates), "latency": c.latency}
-                for host, c in _learned.items()}
+        return {host: {"level": c.level, "rates": dict(c.rates), "latency": c.latency} for host, c in _learned.items()}
 
 
 def seed(table: dict[str, Any]) -> None:

@@ -28,9 +28,23 @@ from typing import Any, Optional
 from .. import config
 from ..errors import MalformedDataError, MissingExtraError, redact
 
-__all__ = ["read_bytes", "load", "parse_json", "parse_yaml", "shown", "need", "is_count",
-           "check_shape", "MAX_DEPTH", "MAX_NODES"]
+__all__ = [
+    "MAX_SHARD_BLOCKS",
+    "read_bytes",
+    "load",
+    "parse_json",
+    "parse_yaml",
+    "shown",
+    "need",
+    "is_count",
+    "check_shape",
+    "MAX_DEPTH",
+    "MAX_NODES",
+]
 
+#: the most 512-byte tar blocks a shard is believed to hold (a petabyte): what a description, index or state
+#: read from data may claim about one shard (a count of samples, where a sample begins)
+MAX_SHARD_BLOCKS = 1 << 41
 #: nesting deeper than this is refused in every structured file (ours nest 4 or 5 deep)
 MAX_DEPTH = 64
 #: values a document may hold once YAML aliases are expanded (a spec holds a few hundred)
@@ -67,11 +81,16 @@ def read_bytes(url: str, what: str, storage_options: Optional[dict] = None, max_
             with gzip.GzipFile(fileobj=io.BytesIO(data)) as plain:
                 data = plain.read(limit + 1)
         except (OSError, EOFError) as exc:
-            raise MalformedDataError(f"{redact(url)}: the {what} is not valid gzip ({type(exc).__name__}); write "
-                                     "it again", url=url) from None
+            raise MalformedDataError(
+                f"{redact(url)}: the {what} is not valid gzip ({type(exc).__name__}); write it again", url=url
+            ) from None
     if len(data) > limit:
-        raise MalformedDataError(f"{redact(url)}: the {what} is larger than {limit} bytes, the most read for one; "
-                                 "if it is genuine, raise WDS_MAX_DATA_FILE_SIZE", url=url, limit=limit)
+        raise MalformedDataError(
+            f"{redact(url)}: the {what} is larger than {limit} bytes, the most read for one; "
+            "if it is genuine, raise WDS_MAX_DATA_FILE_SIZE",
+            url=url,
+            limit=limit,
+        )
     return data
 
 
@@ -81,8 +100,9 @@ def _text(data: Any, where: str, what: str) -> str:
     try:
         return bytes(data).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise MalformedDataError(f"{where}: the {what} is not UTF-8 text (byte {exc.start}); write it again",
-                                 field="encoding") from None
+        raise MalformedDataError(
+            f"{where}: the {what} is not UTF-8 text (byte {exc.start}); write it again", field="encoding"
+        ) from None
 
 
 def parse_json(data: Any, where: str = "<data>", what: str = "file", max_depth: Optional[int] = MAX_DEPTH) -> Any:
@@ -92,11 +112,13 @@ def parse_json(data: Any, where: str = "<data>", what: str = "file", max_depth: 
     try:
         value = json.loads(text)
     except RecursionError:
-        raise MalformedDataError(f"{where}: the {what} is nested too deeply to be a {what}; write it again",
-                                 field="nesting") from None
+        raise MalformedDataError(
+            f"{where}: the {what} is nested too deeply to be a {what}; write it again", field="nesting"
+        ) from None
     except ValueError as exc:
-        raise MalformedDataError(f"{where}: the {what} is not valid JSON ({_why(exc)}); write it again",
-                                 field="syntax") from None
+        raise MalformedDataError(
+            f"{where}: the {what} is not valid JSON ({_why(exc)}); write it again", field="syntax"
+        ) from None
     if max_depth is not None:
         check_shape(value, where, what, max_depth)
     return value
@@ -113,15 +135,18 @@ def parse_yaml(data: Any, where: str = "<data>", what: str = "file", max_depth: 
     try:
         import yaml
     except ImportError:
-        raise MissingExtraError(f"{where}: reading a YAML {what} needs PyYAML, a dependency of wds_cloud that is "
-                                "missing here: pip install pyyaml (or write it as JSON)") from None
+        raise MissingExtraError(
+            f"{where}: reading a YAML {what} needs PyYAML, a dependency of wds_cloud that is "
+            "missing here: pip install pyyaml (or write it as JSON)"
+        ) from None
     try:
         value = yaml.safe_load(text)
     except RecursionError:
         raise MalformedDataError(f"{where}: the {what} is nested too deeply; write it again", field="nesting") from None
     except yaml.YAMLError as exc:
-        raise MalformedDataError(f"{where}: the {what} is not valid YAML ({_why(exc)}); write it again",
-                                 field="syntax") from None
+        raise MalformedDataError(
+            f"{where}: the {what} is not valid YAML ({_why(exc)}); write it again", field="syntax"
+        ) from None
     check_shape(value, where, what, max_depth)
     return value
 
@@ -135,8 +160,11 @@ def check_shape(value: Any, where: str, what: str, max_depth: int = MAX_DEPTH, m
         item, depth = stack.pop()
         nodes += 1
         if nodes > max_nodes:
-            raise MalformedDataError(f"{where}: the {what} holds more than {max_nodes} values once its aliases are "
-                                     "expanded; write it without them", field="size")
+            raise MalformedDataError(
+                f"{where}: the {what} holds more than {max_nodes} values once its aliases are "
+                "expanded; write it without them",
+                field="size",
+            )
         if isinstance(item, dict):
             children: Any = item.values()
         elif isinstance(item, list):
@@ -144,13 +172,20 @@ def check_shape(value: Any, where: str, what: str, max_depth: int = MAX_DEPTH, m
         else:
             continue
         if depth >= max_depth:
-            raise MalformedDataError(f"{where}: the {what} is nested more than {max_depth} deep; write it again",
-                                     field="nesting")
+            raise MalformedDataError(
+                f"{where}: the {what} is nested more than {max_depth} deep; write it again", field="nesting"
+            )
         stack.extend((child, depth + 1) for child in children)
 
 
-def load(url: str, what: str, storage_options: Optional[dict] = None, fmt: Optional[str] = None,
-         max_size: Optional[int] = None, max_depth: Optional[int] = MAX_DEPTH) -> Any:
+def load(
+    url: str,
+    what: str,
+    storage_options: Optional[dict] = None,
+    fmt: Optional[str] = None,
+    max_size: Optional[int] = None,
+    max_depth: Optional[int] = MAX_DEPTH,
+) -> Any:
     """Read and parse the structured file at ``url``: JSON, or YAML for ``.yaml``/``.yml`` (``fmt`` overrides)."""
     data = read_bytes(url, what, storage_options, max_size)
     where = redact(url)
@@ -160,8 +195,14 @@ def load(url: str, what: str, storage_options: Optional[dict] = None, fmt: Optio
     return parse_json(data, where, what, max_depth)
 
 
-def need(ok: bool, where: str, field: str, problem: str, fix: str = "write it again",
-         error: type[MalformedDataError] = MalformedDataError) -> None:
+def need(
+    ok: bool,
+    where: str,
+    field: str,
+    problem: str,
+    fix: str = "write it again",
+    error: type[MalformedDataError] = MalformedDataError,
+) -> None:
     """Raise ``error`` ``"{where}: {field} {problem}; {fix}"`` unless ``ok``."""
     if not ok:
         raise error(f"{where}: {field} {problem}; {fix}", field=field)
@@ -170,4 +211,3 @@ def need(ok: bool, where: str, field: str, problem: str, fix: str = "write it ag
 def is_count(value: Any, most: Optional[int] = None) -> bool:
     """A whole number (not a bool) from 0 to ``most``."""
     return type(value) is int and value >= 0 and (most is None or value <= most)
-

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 from ..errors import MissingExtraError, ShardNotFoundError, WdsCloudError, redact
 from .backend import Backend, InStream, ObjectInfo, OutStream, fsspec_list, require
@@ -79,8 +80,6 @@ class FsspecBackend(Backend):
         return FsspecUpload(f, url, self.translate)
 
 
-
-
 def fsspec_protocols() -> dict:
     """The protocols fsspec knows (built in, or registered with it): name -> (class path, fsspec's install hint)."""
     from fsspec.registry import known_implementations, registry
@@ -113,8 +112,9 @@ class FsspecFallbackBackend(FsspecBackend):
         try:
             return fsspec.filesystem(self.scheme, skip_instance_cache=True, **self.storage_options)
         except ImportError as exc:
-            raise MissingExtraError(f"{self.scheme}:// is served through fsspec, whose driver is not installed: "
-                                    f"{self.hint or exc}") from exc
+            raise MissingExtraError(
+                f"{self.scheme}:// is served through fsspec, whose driver is not installed: {self.hint or exc}"
+            ) from exc
 
     @staticmethod
     def translate(exc: BaseException, url: str) -> BaseException:

@@ -15,7 +15,8 @@ Every hook is documented in ``docs/plugins.md``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Optional
 
 import pluggy
 
@@ -28,12 +29,20 @@ PROJECT = "wds_cloud"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
-__all__ = ["hookspec", "hookimpl", "PROJECT", "wds_cloud_register_backends", "wds_cloud_rewrite_url",
-           "wds_cloud_route_url", "Registrar", "Claim"]
+__all__ = [
+    "hookspec",
+    "hookimpl",
+    "PROJECT",
+    "wds_cloud_register_backends",
+    "wds_cloud_rewrite_url",
+    "wds_cloud_route_url",
+    "Registrar",
+    "Claim",
+]
 
 
 @hookspec
-def wds_cloud_register_backends(register: "Registrar") -> None:
+def wds_cloud_register_backends(register: Registrar) -> None:
     """Register the storage backends this plugin provides.
 
     Called once for every loaded plugin when the registry is built (lazily, on
@@ -54,7 +63,7 @@ def wds_cloud_register_backends(register: "Registrar") -> None:
 
 
 @hookspec(firstresult=True)
-def wds_cloud_rewrite_url(url: str, settings: "Settings") -> Optional[str]:
+def wds_cloud_rewrite_url(url: str, settings: Settings) -> Optional[str]:
     """Rewrite a URL before it is opened, or return ``None`` to leave it alone.
 
     Called by ``gopen`` for every URL that no ``WDS_REWRITE``/``GOPEN_REWRITE``
@@ -68,7 +77,7 @@ def wds_cloud_rewrite_url(url: str, settings: "Settings") -> Optional[str]:
 
 
 @hookspec(firstresult=True)
-def wds_cloud_route_url(url: str, scheme: str, settings: "Settings") -> Optional[str]:
+def wds_cloud_route_url(url: str, scheme: str, settings: Settings) -> Optional[str]:
     """Name the backend that should serve ``url`` instead of the one its scheme names, or ``None``.
 
     Called by ``gopen`` (through ``open_backend``) for every URL it opens, after rewriting.
@@ -138,6 +147,14 @@ class Registrar:
         if not callable(factory):
             raise PluginError(f"plugin {self._plugin!r} registered a factory for {scheme!r} that is not callable")
         self._claims.append(
-            Claim(scheme.lower(), factory, self._plugin, self._distribution, bool(override),
-                  tuple(requires), extra, description)
+            Claim(
+                scheme.lower(),
+                factory,
+                self._plugin,
+                self._distribution,
+                bool(override),
+                tuple(requires),
+                extra,
+                description,
+            )
         )

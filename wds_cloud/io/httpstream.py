@@ -18,7 +18,8 @@ import socket
 import ssl
 import struct
 import urllib.parse
-from typing import Any, Callable, Iterator, Mapping, Optional
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Optional
 
 from ..errors import (
     AccessDeniedError,
@@ -38,33 +39,42 @@ __all__ = ["HTTPReadStream", "request", "exchange", "raise_for_status", "connect
 REDIRECTS = {301, 302, 303, 307, 308}
 
 
-def connection_error(url: str, exc: BaseException, what: str = "connect", display_url: Optional[str] = None
-                     ) -> TransferError:
+def connection_error(
+    url: str, exc: BaseException, what: str = "connect", display_url: Optional[str] = None
+) -> TransferError:
     """A TransferError naming the endpoint really tried (scheme, host, port of ``url``, the request's own
     URL), for a refused, reset or timed-out connection; the message shows ``display_url`` (the URL the
     user gave, such as ``s3://bucket/key``), never a signed request URL."""
     parts = urllib.parse.urlsplit(url)
     endpoint = f"{parts.scheme}://{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
-    reason = "connection refused" if isinstance(exc, ConnectionRefusedError) else (
-        "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else redact(str(exc)) or type(exc).__name__)
+    reason = (
+        "connection refused"
+        if isinstance(exc, ConnectionRefusedError)
+        else (
+            "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else redact(str(exc)) or type(exc).__name__
+        )
+    )
     shown = redact(display_url or f"{endpoint}{parts.path}")
     return TransferError(
         f"cannot {what} {endpoint} for {shown}: {reason}; check that the server is running and that "
-        "the endpoint (endpoint_url, AWS_ENDPOINT_URL, AIS_ENDPOINT, ...) is right", url=display_url or url,
-        endpoint=endpoint, cause=exc)
+        "the endpoint (endpoint_url, AWS_ENDPOINT_URL, AIS_ENDPOINT, ...) is right",
+        url=display_url or url,
+        endpoint=endpoint,
+        cause=exc,
+    )
 
 
 def _connection(parts: urllib.parse.SplitResult, timeout: float) -> http.client.HTTPConnection:
     host = parts.hostname or ""  # an empty host fails to connect, with the URL in the message
     if parts.scheme == "https":
-        return http.client.HTTPSConnection(host, parts.port, timeout=timeout,
-                                           context=ssl.create_default_context())
+        return http.client.HTTPSConnection(host, parts.port, timeout=timeout, context=ssl.create_default_context())
     return http.client.HTTPConnection(host, parts.port, timeout=timeout)
 
 
 #: headers a redirect to another host (or from https to http) keeps; every other one may carry a credential
-_REDIRECT_SAFE = frozenset({"range", "if-match", "if-none-match", "accept", "accept-encoding", "user-agent",
-                            "content-type", "content-length"})
+_REDIRECT_SAFE = frozenset(
+    {"range", "if-match", "if-none-match", "accept", "accept-encoding", "user-agent", "content-type", "content-length"}
+)
 
 
 def _same_trust(old: urllib.parse.SplitResult, new: urllib.parse.SplitResult) -> bool:
@@ -82,20 +92,32 @@ def _check_request(url: str, headers: Mapping[str, str]) -> None:
     a newline or NUL: HTTP cannot carry them, and ``http.client``'s own error would print the value."""
     bad = next((i for i, c in enumerate(url) if c <= " " or c == "\x7f"), None)
     if bad is not None:
-        raise ConfigError(f"{_where(url)}: the URL holds a space or control character at position {bad}, which HTTP "
-                          "does not allow; quote it (a space is %20) or remove it")
+        raise ConfigError(
+            f"{_where(url)}: the URL holds a space or control character at position {bad}, which HTTP "
+            "does not allow; quote it (a space is %20) or remove it"
+        )
     for number, (key, value) in enumerate(headers.items()):
         text = f"{key}{value}"
         if any(c in text for c in "\r\n\0"):
             name = key if not any(c in key for c in "\r\n\0") else f"header {number}"
-            raise ConfigError(f"{_where(url)}: the request header {name!r} holds a newline or NUL (a token or "
-                              "credential that ends in a newline, often from a file read whole), which HTTP does not "
-                              "allow; strip it from storage_options['headers'] or the variable it came from")
+            raise ConfigError(
+                f"{_where(url)}: the request header {name!r} holds a newline or NUL (a token or "
+                "credential that ends in a newline, often from a file read whole), which HTTP does not "
+                "allow; strip it from storage_options['headers'] or the variable it came from"
+            )
 
 
-def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, body: Optional[bytes] = None,
-            timeout: float = 60.0, max_redirects: int = 5, display_url: Optional[str] = None,
-            follow_redirects: bool = True, trust_redirects: bool = False):
+def request(
+    method: str,
+    url: str,
+    headers: Optional[Mapping[str, str]] = None,
+    body: Optional[bytes] = None,
+    timeout: float = 60.0,
+    max_redirects: int = 5,
+    display_url: Optional[str] = None,
+    follow_redirects: bool = True,
+    trust_redirects: bool = False,
+):
     """Send a request, following redirects unless told not to; returns (connection, response).
 
     A redirect to another host, or from https to http, drops every header that may carry a
@@ -130,8 +152,12 @@ def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, 
                     conn = _connection(parts, timeout)
         except http.client.InvalidURL as exc:  # a space or control character: no retry makes it valid
             conn.close()
-            raise TransferError(f"{redact(display_url)}: not a valid HTTP URL ({redact(str(exc))}); quote the "
-                                "characters it names (a space is %20)", url=display_url, status=400) from None
+            raise TransferError(
+                f"{redact(display_url)}: not a valid HTTP URL ({redact(str(exc))}); quote the "
+                "characters it names (a space is %20)",
+                url=display_url,
+                status=400,
+            ) from None
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             raise connection_error(url, exc, display_url=display_url) from None
@@ -139,9 +165,12 @@ def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, 
             conn.close()
             bad = [k for k, v in (headers or {}).items() if any(c in f"{k}{v}" for c in "\r\n\0")]
 
-            raise ConfigError(f"{redact(display_url)}: the request header(s) {bad or '(unknown)'} hold a newline "
-                              "or NUL, which HTTP does not allow; remove it from storage_options['headers'] (or the "
-                              "credential it came from)", url=display_url) from None
+            raise ConfigError(
+                f"{redact(display_url)}: the request header(s) {bad or '(unknown)'} hold a newline "
+                "or NUL, which HTTP does not allow; remove it from storage_options['headers'] (or the "
+                "credential it came from)",
+                url=display_url,
+            ) from None
         if not follow_redirects:
             return conn, response
         if response.status in REDIRECTS and response.getheader("Location") and max_redirects > 0:
@@ -150,9 +179,11 @@ def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, 
             conn.close()
             target = urllib.parse.urlsplit(location)
             if target.scheme not in ("http", "https"):
-                raise SecurityError(f"{redact(display_url)}: the server redirected to {redact(location)!r}, which is "
-                                    "not an http(s) URL; redirects never open local files or run commands",
-                                    url=display_url)
+                raise SecurityError(
+                    f"{redact(display_url)}: the server redirected to {redact(location)!r}, which is "
+                    "not an http(s) URL; redirects never open local files or run commands",
+                    url=display_url,
+                )
             if not _same_trust(parts, target):
                 if trusted_hops > 0:
                     trusted_hops -= 1
@@ -170,8 +201,9 @@ def request(method: str, url: str, headers: Optional[Mapping[str, str]] = None, 
 
 
 @contextlib.contextmanager
-def exchange(method: str, url: str, headers: Optional[Mapping[str, str]] = None, body: Optional[bytes] = None,
-             **options: Any) -> Iterator[http.client.HTTPResponse]:
+def exchange(
+    method: str, url: str, headers: Optional[Mapping[str, str]] = None, body: Optional[bytes] = None, **options: Any
+) -> Iterator[http.client.HTTPResponse]:
     """One request (see :func:`request` for ``options``); its response and connection close when the block ends."""
     conn, response = request(method, url, headers, body, **options)
     try:
@@ -181,8 +213,12 @@ def exchange(method: str, url: str, headers: Optional[Mapping[str, str]] = None,
         conn.close()
 
 
-def raise_for_status(response: http.client.HTTPResponse, url: str, credentials_hint: str = "",
-                     error_body: Optional[Callable[[int, str, str], Optional[BaseException]]] = None) -> None:
+def raise_for_status(
+    response: http.client.HTTPResponse,
+    url: str,
+    credentials_hint: str = "",
+    error_body: Optional[Callable[[int, str, str], Optional[BaseException]]] = None,
+) -> None:
     """Raise the matching wds_cloud error for a non-2xx response (reads its body for the message).
 
     ``error_body(status, body, url)`` may return a more specific error from the body (S3's XML codes).
@@ -201,18 +237,26 @@ def raise_for_status(response: http.client.HTTPResponse, url: str, credentials_h
     detail = redact(detail.replace("\n", " ")[:300])
     shown = redact(url)
     if status == 412:
-        raise ObjectChangedError(f"{shown}: the object changed while it was being read (HTTP 412)", url=url,
-                                 status=412)
+        raise ObjectChangedError(f"{shown}: the object changed while it was being read (HTTP 412)", url=url, status=412)
     if status == 404:
         raise ShardNotFoundError(f"{shown}: no such object (HTTP 404{': ' + detail if detail else ''})", url=url)
     if status == 401:
-        raise CredentialsError(f"{shown}: the server rejected the credentials (HTTP 401); "
-                               f"{credentials_hint or 'provide valid credentials'}", url=url)
+        raise CredentialsError(
+            f"{shown}: the server rejected the credentials (HTTP 401); "
+            f"{credentials_hint or 'provide valid credentials'}",
+            url=url,
+        )
     if status == 403:
-        raise AccessDeniedError(f"{shown}: access denied (HTTP 403); the credentials in use may not read this "
-                                f"object{'; ' + credentials_hint if credentials_hint else ''}", url=url)
-    raise TransferError(f"{shown}: the server answered HTTP {status} {response.reason}"
-                        f"{': ' + detail if detail else ''}", url=url, status=status)
+        raise AccessDeniedError(
+            f"{shown}: access denied (HTTP 403); the credentials in use may not read this "
+            f"object{'; ' + credentials_hint if credentials_hint else ''}",
+            url=url,
+        )
+    raise TransferError(
+        f"{shown}: the server answered HTTP {status} {response.reason}{': ' + detail if detail else ''}",
+        url=url,
+        status=status,
+    )
 
 
 def whole_object_md5(headers: Mapping[str, str], whole: bool) -> Optional[str]:
@@ -253,15 +297,26 @@ class HTTPReadStream:
         if not text.isascii() or not text.isdigit():
             status = self._response.status if self._response is not None else None
             self.close()
-            raise TransferError(f"{redact(self.url)}: the server sent a malformed {name} header "
-                                f"({text[:40]!r}, not a byte count); check the server or proxy", url=self.url,
-                                status=status)  # the status makes it permanent: a retry gets the same
+            raise TransferError(
+                f"{redact(self.url)}: the server sent a malformed {name} header "
+                f"({text[:40]!r}, not a byte count); check the server or proxy",
+                url=self.url,
+                status=status,
+            )  # the status makes it permanent: a retry gets the same
         return int(text)
 
-    def __init__(self, url: str, offset: int = 0, headers: Optional[Mapping[str, str]] = None,
-                 timeout: float = 60.0, display_url: Optional[str] = None, credentials_hint: str = "",
-                 error_body: Optional[Callable[[int, str, str], Optional[BaseException]]] = None,
-                 length: Optional[int] = None, trust_redirects: bool = False) -> None:
+    def __init__(
+        self,
+        url: str,
+        offset: int = 0,
+        headers: Optional[Mapping[str, str]] = None,
+        timeout: float = 60.0,
+        display_url: Optional[str] = None,
+        credentials_hint: str = "",
+        error_body: Optional[Callable[[int, str, str], Optional[BaseException]]] = None,
+        length: Optional[int] = None,
+        trust_redirects: bool = False,
+    ) -> None:
         self.url = display_url or url
         self._request_url = url  # the endpoint really contacted, named in connection errors (never shown whole)
         self.offset = offset
@@ -276,8 +331,9 @@ class HTTPReadStream:
             request_headers["Range"] = f"bytes={offset}-{offset + max(wanted, 1) - 1}"
         elif offset:
             request_headers["Range"] = f"bytes={offset}-"
-        self._conn, self._response = request("GET", url, request_headers, timeout=timeout, display_url=self.url,
-                                             trust_redirects=trust_redirects)
+        self._conn, self._response = request(
+            "GET", url, request_headers, timeout=timeout, display_url=self.url, trust_redirects=trust_redirects
+        )
         try:
             # a range from the very end (or any range of an empty object) is not satisfiable: nothing left
             if self._response.status == 416 and (offset or wanted is not None):
@@ -318,9 +374,13 @@ class HTTPReadStream:
         first = content_range.split(None, 1)[-1].split("-", 1)[0].strip()
         if self._response.status == 206 and (not first.isdigit() or int(first) != offset):
             self.close()
-            raise TransferError(f"{redact(self.url)}: asked for the bytes from {offset}, the server answered with "
-                                f"{content_range[:60]!r}; its range support is broken (check the server or proxy)",
-                                url=self.url, offset=offset, status=206)  # 206: no retry gets other bytes
+            raise TransferError(
+                f"{redact(self.url)}: asked for the bytes from {offset}, the server answered with "
+                f"{content_range[:60]!r}; its range support is broken (check the server or proxy)",
+                url=self.url,
+                offset=offset,
+                status=206,
+            )  # 206: no retry gets other bytes
 
     def _discard(self, n: int) -> None:
         self.skipped += skip(self._response.read, n)
@@ -341,15 +401,20 @@ class HTTPReadStream:
             return None
         sock = getattr(self._conn, "sock", None)
         if self._direct is None:
-            if not isinstance(sock, socket.socket) or isinstance(sock, ssl.SSLSocket) or not hasattr(
-                    socket, "MSG_WAITALL") or not hasattr(socket, "SO_RCVTIMEO"):
+            if (
+                not isinstance(sock, socket.socket)
+                or isinstance(sock, ssl.SSLSocket)
+                or not hasattr(socket, "MSG_WAITALL")
+                or not hasattr(socket, "SO_RCVTIMEO")
+            ):
                 self._direct = False
                 return None
             timeout = sock.gettimeout() or 0.0
             sock.settimeout(None)
             seconds = int(timeout)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
-                            struct.pack("ll", seconds, int((timeout - seconds) * 1e6)))
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", seconds, int((timeout - seconds) * 1e6))
+            )
             self._direct = True
         return sock
 
@@ -387,7 +452,7 @@ class HTTPReadStream:
         try:
             if self.remaining is None or fp is None:
                 return self._response.readinto(buffer)
-            view = memoryview(buffer).cast("B")[:self.remaining]
+            view = memoryview(buffer).cast("B")[: self.remaining]
             if not len(view):
                 return 0
             if self._pending is None:
@@ -410,9 +475,12 @@ class HTTPReadStream:
         """The body ended before Content-Length said it would: a fault, never an end of file."""
         body = getattr(self, "_body", None) or 0
         reached = self.offset + body - (self.remaining or 0)
-        return TransferError(f"{redact(self.url)}: the connection closed at byte {reached} of {self.size}, "
-                             f"{reached - self.offset} bytes into a response of {body} (a truncated response)",
-                             url=self.url, offset=reached)
+        return TransferError(
+            f"{redact(self.url)}: the connection closed at byte {reached} of {self.size}, "
+            f"{reached - self.offset} bytes into a response of {body} (a truncated response)",
+            url=self.url,
+            offset=reached,
+        )
 
     def abort(self) -> None:
         """Wake a read blocked in another thread (it then fails); the caller closes the stream after."""
@@ -429,19 +497,26 @@ class HTTPReadStream:
             return
         self.closed = True
         response, conn = self._response, self._conn
-        reusable = (getattr(self, "remaining", None) == 0 and not self._pending and self.ranged is not False
-                    and response.status in (200, 206, 416) and not response.will_close and conn.sock is not None)
+        reusable = (
+            getattr(self, "remaining", None) == 0
+            and not self._pending
+            and self.ranged is not False
+            and response.status in (200, 206, 416)
+            and not response.will_close
+            and conn.sock is not None
+        )
         try:
             response.close()
         finally:
             if reusable:
-                parts_key = POOL.key("https" if isinstance(conn, http.client.HTTPSConnection) else "http",
-                                     conn.host, conn.port)
+                parts_key = POOL.key(
+                    "https" if isinstance(conn, http.client.HTTPSConnection) else "http", conn.host, conn.port
+                )
                 POOL.give(parts_key, conn)
             else:
                 conn.close()
 
-    def __enter__(self) -> "HTTPReadStream":
+    def __enter__(self) -> HTTPReadStream:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -12,9 +12,14 @@ __all__ = ["Hashing", "Verifying", "mismatch"]
 
 
 def mismatch(url: str, what: str, expected: Any, actual: Any) -> IntegrityError:
-    return IntegrityError(f"{redact(url)}: the shard does not match the manifest: {what} {actual!r}, the manifest "
-                          f"says {expected!r}; the shard is damaged or was replaced: fetch or write it again, or "
-                          "update the manifest", url=url, expected=expected, actual=actual)
+    return IntegrityError(
+        f"{redact(url)}: the shard does not match the manifest: {what} {actual!r}, the manifest "
+        f"says {expected!r}; the shard is damaged or was replaced: fetch or write it again, or "
+        "update the manifest",
+        url=url,
+        expected=expected,
+        actual=actual,
+    )
 
 
 class Hashing(WrappedStream):
@@ -34,7 +39,7 @@ class Hashing(WrappedStream):
 
     def readinto(self, buffer: Any) -> int:
         data = self.read(len(buffer))
-        memoryview(buffer).cast("B")[:len(data)] = data
+        memoryview(buffer).cast("B")[: len(data)] = data
         return len(data)
 
     def drain(self) -> None:

@@ -32,8 +32,8 @@ from typing import Any
 
 from ..errors import ConfigError, ShardNotFoundError, redact
 from . import datafile
-from .open import exists, gopen
 from .integrity import Hashing
+from .open import exists, gopen
 from .urls import is_local, local_path, same_location
 
 __all__ = ["JobRecord", "record_url", "HashingWriter", "FORMAT"]
@@ -60,8 +60,10 @@ def _matches(pattern: str, url: str) -> bool:
         m = _FIELD.search(pattern)
         assert m is not None
     # -NNN after the number: the second, third... output of one input (wds_cloud.dask's naming)
-    return re.fullmatch(re.escape(pattern[:m.start()]) + r"-?\d+(-\d{3})?" + re.escape(pattern[m.end():]),
-                        url) is not None
+    return (
+        re.fullmatch(re.escape(pattern[: m.start()]) + r"-?\d+(-\d{3})?" + re.escape(pattern[m.end() :]), url)
+        is not None
+    )
 
 
 def _checksum(url: str) -> tuple[int, str]:
@@ -126,9 +128,11 @@ class JobRecord:
         self._unsaved = False
         for url in inputs:
             if _matches(destination, url) or same_location(self.url, url):
-                raise ConfigError(f"{redact(url)} is both an input and an output name of this {tool} ("
-                                  f"{redact(destination)}): it would be overwritten while it is read; write the "
-                                  "output somewhere else")
+                raise ConfigError(
+                    f"{redact(url)} is both an input and an output name of this {tool} ("
+                    f"{redact(destination)}): it would be overwritten while it is read; write the "
+                    "output somewhere else"
+                )
         self._load()
 
     def _load(self) -> None:
@@ -139,25 +143,53 @@ class JobRecord:
             return
         where = redact(self.url)
         fix = f"remove {where} and the outputs it lists, or choose another destination"
-        datafile.need(isinstance(data, dict) and data.get("format") == FORMAT and data.get("version") == 1, where,
-                      "the job record", f"is not one ({FORMAT} version 1)", fix)
+        datafile.need(
+            isinstance(data, dict) and data.get("format") == FORMAT and data.get("version") == 1,
+            where,
+            "the job record",
+            f"is not one ({FORMAT} version 1)",
+            fix,
+        )
         outputs = data.get("outputs")
-        datafile.need(isinstance(outputs, dict) and all(
-            isinstance(v, dict) and datafile.is_count(v.get("size")) and isinstance(v.get("sha256"), str)
-            for v in outputs.values()), where, "'outputs'", "must map each output to its size and sha256", fix)
-        differs = [f"{key}: recorded {datafile.shown(data.get(key))}, now {datafile.shown(value)}"
-                   for key, value in (("tool", self.tool), ("inputs", self.inputs), ("settings", self.settings))
-                   if data.get(key) != value]
+        datafile.need(
+            isinstance(outputs, dict)
+            and all(
+                isinstance(v, dict) and datafile.is_count(v.get("size")) and isinstance(v.get("sha256"), str)
+                for v in outputs.values()
+            ),
+            where,
+            "'outputs'",
+            "must map each output to its size and sha256",
+            fix,
+        )
+        differs = [
+            f"{key}: recorded {datafile.shown(data.get(key))}, now {datafile.shown(value)}"
+            for key, value in (("tool", self.tool), ("inputs", self.inputs), ("settings", self.settings))
+            if data.get(key) != value
+        ]
         if differs:
-            raise ConfigError(f"{redact(self.destination)} holds the outputs of another job ({'; '.join(differs)}); "
-                              f"its outputs cannot be mixed with this one's: {fix}")
+            raise ConfigError(
+                f"{redact(self.destination)} holds the outputs of another job ({'; '.join(differs)}); "
+                f"its outputs cannot be mixed with this one's: {fix}"
+            )
         self.outputs = outputs
         self.found = True
         done = data.get("done")
         if done is not None:
-            datafile.need(isinstance(done, dict) and all(
-                isinstance(k, str) and k.isdigit() and isinstance(v, list) and all(n in outputs for n in v)
-                for k, v in done.items()), where, "'done'", "must map each finished input to outputs it lists", fix)
+            datafile.need(
+                isinstance(done, dict)
+                and all(
+                    isinstance(k, str)
+                    and k.isdigit()
+                    and isinstance(v, list)
+                    and all(isinstance(n, str) and n in outputs for n in v)
+                    for k, v in done.items()
+                ),
+                where,
+                "'done'",
+                "must map each finished input to outputs it lists",
+                fix,
+            )
             self.extra["done"] = done
         self._check_strangers()
 
@@ -167,7 +199,7 @@ class JobRecord:
         if not is_local(self.destination) or _FIELD.search(self.destination) is None:
             return
         pattern = local_path(self.destination)
-        found = glob.glob(glob.escape(pattern[:_FIELD.search(pattern).start()]) + "*")  # type: ignore[union-attr]
+        found = glob.glob(glob.escape(pattern[: _FIELD.search(pattern).start()]) + "*")  # type: ignore[union-attr]
         for path in sorted(found):
             if _matches(pattern, path) and not self._listed(path) and (not self.found or os.path.islink(path)):
                 raise self._stranger(path)
@@ -176,9 +208,11 @@ class JobRecord:
         return any(same_location(url, name) for name in self.outputs)
 
     def _stranger(self, url: str) -> ConfigError:
-        return ConfigError(f"{redact(url)} is at an output name of this {self.tool}, but no record of this job says it "
-                           f"wrote it (the record is {redact(self.url)}); move it away or choose another destination",
-                           url=url)
+        return ConfigError(
+            f"{redact(url)} is at an output name of this {self.tool}, but no record of this job says it "
+            f"wrote it (the record is {redact(self.url)}); move it away or choose another destination",
+            url=url,
+        )
 
     def keep(self, output: str) -> bool:
         """Whether ``output`` is already done by this job and unchanged (then it is kept); False: write it.
@@ -235,8 +269,15 @@ class JobRecord:
     def save(self) -> None:
         """Write the record now (atomically: published whole)."""
         started = time.monotonic()
-        data = {"format": FORMAT, "version": 1, "tool": self.tool, "inputs": self.inputs, "settings": self.settings,
-                "outputs": self.outputs, **self.extra}
+        data = {
+            "format": FORMAT,
+            "version": 1,
+            "tool": self.tool,
+            "inputs": self.inputs,
+            "settings": self.settings,
+            "outputs": self.outputs,
+            **self.extra,
+        }
         with gopen(self.url, "wb") as out:
             out.write(json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8"))
         self._saved_at = time.monotonic()
@@ -247,4 +288,3 @@ class JobRecord:
         """Save what :meth:`save_soon` has not saved yet (call at the end of a job, and when it stops)."""
         if self._unsaved:
             self.save()
-

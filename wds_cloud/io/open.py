@@ -12,8 +12,8 @@ import dataclasses
 import logging
 import os
 import shlex
-from collections.abc import MutableMapping
-from typing import IO, Any, Callable, Iterator, Optional, cast
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import IO, Any, Optional, cast
 
 from .. import config
 from ..config import Settings
@@ -27,11 +27,22 @@ from .security import UntrustedURL, check_pipe, is_secure, untrusted
 from .urls import is_local, split_scheme
 
 __all__ = [
-    "gopen", "gopen_schemes", "rewrite_url", "reader", "gopen_file", "gopen_pipe", "gopen_curl",
-    "gopen_error", "Pipe", "open_backend", "RemoteObject", "remote_object", "exists",
+    "gopen",
+    "gopen_schemes",
+    "rewrite_url",
+    "reader",
+    "gopen_file",
+    "gopen_pipe",
+    "gopen_curl",
+    "gopen_error",
+    "Pipe",
+    "open_backend",
+    "RemoteObject",
+    "remote_object",
+    "exists",
 ]
 
-log = logging.getLogger("wds_cloud.gopen")
+log = logging.getLogger(__name__)
 
 _READ_MODES = {"rb", "r"}
 _WRITE_MODES = {"wb", "w"}
@@ -51,11 +62,12 @@ def rewrite_url(url: str, settings: Optional[Settings] = None) -> str:
             f"refusing to rewrite {redact(url)!r}: rewriting URLs from GOPEN_REWRITE/WDS_REWRITE is not allowed "
             "while WDS_SECURE=1 (or utils.enforce_security) is set (webdataset: rewrite_url: unsafe_gopen is "
             "False, cannot rewrite URLs using environment variables); unset the rewrite rules or security",
-            url=url)
+            url=url,
+        )
     original = url
     for prefix, replacement in settings.rewrites:
         if url.startswith(prefix):
-            url = replacement + url[len(prefix):]
+            url = replacement + url[len(prefix) :]
             break
     else:
         hooked = get_registry(settings).rewrite(url)
@@ -64,7 +76,8 @@ def rewrite_url(url: str, settings: Optional[Settings] = None) -> str:
     if url != original:
         log.debug("rewrote %s -> %s", redact(original), redact(url))
         if isinstance(original, UntrustedURL) or (
-                split_scheme(url)[0] == "pipe" and split_scheme(original)[0] != "pipe"):
+            split_scheme(url)[0] == "pipe" and split_scheme(original)[0] != "pipe"
+        ):
             url = untrusted(url)  # data stays data, and a rule that makes a command is not the program's own
     return url
 
@@ -92,8 +105,11 @@ def open_backend(url: str, settings: Optional[Settings] = None, storage_options:
     routed = registry.route(url, scheme)
     if routed is not None and routed != scheme:
         return registry.backend(routed, url, settings)
-    options = profiles.options_for(url, settings, storage_options) if scheme not in ("file", "pipe") else (
-        storage_options or {})
+    options = (
+        profiles.options_for(url, settings, storage_options)
+        if scheme not in ("file", "pipe")
+        else (storage_options or {})
+    )
     return registry.backend(scheme, url, settings, **options)
 
 
@@ -107,10 +123,20 @@ def exists(url: str, storage_options: Optional[dict] = None) -> bool:
         return False
 
 
-def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0, length: Optional[int] = None,
-          storage_options: Optional[dict] = None, settings: Optional[Settings] = None,
-          retries: Optional[int] = None, timeout: Optional[float] = None, stats: Any = None,
-          **kw: Any) -> IO[bytes]:
+def gopen(
+    url: Any,
+    mode: str = "rb",
+    bufsize: int = 8192,
+    *,
+    offset: int = 0,
+    length: Optional[int] = None,
+    storage_options: Optional[dict] = None,
+    settings: Optional[Settings] = None,
+    retries: Optional[int] = None,
+    timeout: Optional[float] = None,
+    stats: Any = None,
+    **kw: Any,
+) -> IO[bytes]:
     """Open ``url`` as a binary stream; ``mode`` is ``"rb"`` or ``"wb"``.
 
     ``offset`` starts a read at that byte and ``length`` ends it after that many
@@ -136,7 +162,8 @@ def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0, l
                 f"refusing to open the local file {redact(url)!r}: local paths and file: URLs are not allowed "
                 "while WDS_SECURE=1 (or utils.enforce_security) is set (webdataset: gopen: unsafe_gopen is "
                 "False, cannot open local files); read shards from a storage URL such as s3:// or https://",
-                url=url)
+                url=url,
+            )
         legacy = _user_openers.get(scheme or "__default__")
         if legacy is not None:
             return legacy(url, mode, bufsize, **kw)
@@ -156,9 +183,11 @@ def gopen(url: Any, mode: str = "rb", bufsize: int = 8192, *, offset: int = 0, l
 
 
 def _policy(settings: Settings, retries: Optional[int], timeout: Optional[float]) -> RetryPolicy:
-    return RetryPolicy(attempts=max(1, retries if retries is not None else settings.retries),
-                       backoff=settings.retry_backoff,
-                       timeout=timeout if timeout is not None else settings.retry_timeout)
+    return RetryPolicy(
+        attempts=max(1, retries if retries is not None else settings.retries),
+        backoff=settings.retry_backoff,
+        timeout=timeout if timeout is not None else settings.retry_timeout,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,22 +207,37 @@ class RemoteObject:
     def open_at(self, at: int, version: Optional[str], end: Optional[int] = None) -> InStream:
         """One request for the bytes from ``at`` (to ``end`` where the backend can stop there)."""
         if end is not None and self.ranged:
-            return self.backend.open_read(self.url, offset=at, bufsize=self.bufsize, version=version,
-                                          timeout=self.policy.timeout, length=end - at)
-        return self.backend.open_read(self.url, offset=at, bufsize=self.bufsize, version=version,
-                                      timeout=self.policy.timeout)
+            return self.backend.open_read(
+                self.url, offset=at, bufsize=self.bufsize, version=version, timeout=self.policy.timeout, length=end - at
+            )
+        return self.backend.open_read(
+            self.url, offset=at, bufsize=self.bufsize, version=version, timeout=self.policy.timeout
+        )
 
-    def stream(self, offset: int = 0, end: Optional[int] = None, sink: Any = None, *,
-               version: Optional[str] = None, size: Optional[int] = None) -> ResumableStream:
+    def stream(
+        self,
+        offset: int = 0,
+        end: Optional[int] = None,
+        sink: Any = None,
+        *,
+        version: Optional[str] = None,
+        size: Optional[int] = None,
+    ) -> ResumableStream:
         """A :class:`ResumableStream` over ``[offset, end)``; ``version``/``size`` pin it to a version read before."""
+
         def opener(at: int, pinned: Optional[str]) -> InStream:
             return self.open_at(at, pinned, end)
 
         return ResumableStream(opener, self.url, offset, self.policy, sink, end=end, version=version, size=size)
 
 
-def remote_object(url: Any, settings: Optional[Settings] = None, storage_options: Optional[dict] = None,
-                  retries: Optional[int] = None, timeout: Optional[float] = None) -> Optional[RemoteObject]:
+def remote_object(
+    url: Any,
+    settings: Optional[Settings] = None,
+    storage_options: Optional[dict] = None,
+    retries: Optional[int] = None,
+    timeout: Optional[float] = None,
+) -> Optional[RemoteObject]:
     """``url`` as a :class:`RemoteObject` when a resumable backend serves it, else None (a local file, a
     pipe, an opener assigned in :data:`gopen_schemes`): what parallel ranged reads can split."""
     url = os.fspath(url) if not isinstance(url, str) else url
@@ -230,7 +274,7 @@ class Bounded(WrappedStream):
         return data
 
     def readinto(self, buffer) -> int:
-        view = memoryview(buffer).cast("B")[:self._left]
+        view = memoryview(buffer).cast("B")[: self._left]
         if not len(view):
             return 0
         readinto = getattr(self._stream, "readinto", None)
@@ -287,8 +331,7 @@ def gopen_curl(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> IO
 
 def gopen_error(url: str, *args: Any, **kw: Any) -> IO[bytes]:
     """An opener that always fails: assign it to a scheme to forbid that scheme."""
-    raise UnknownSchemeError(f"{redact(url)}: this scheme is disabled (gopen_schemes maps it to gopen_error)",
-                             url=url)
+    raise UnknownSchemeError(f"{redact(url)}: this scheme is disabled (gopen_schemes maps it to gopen_error)", url=url)
 
 
 _user_openers: dict[str, Callable[..., IO[bytes]]] = {}
@@ -321,8 +364,10 @@ class _SchemeTable(MutableMapping):
 
     def __delitem__(self, scheme: str) -> None:
         if scheme not in _user_openers:
-            raise KeyError(f"{scheme!r} was not assigned in gopen_schemes; registered backends stay "
-                           "(disable a plugin with WDS_DISABLE_PLUGINS)")
+            raise KeyError(
+                f"{scheme!r} was not assigned in gopen_schemes; registered backends stay "
+                "(disable a plugin with WDS_DISABLE_PLUGINS)"
+            )
         del _user_openers[scheme]
 
     def __iter__(self) -> Iterator[str]:

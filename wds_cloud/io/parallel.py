@@ -46,7 +46,8 @@ import os
 import threading
 import time
 import urllib.parse
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
 from .. import config
 from ..config import Settings
@@ -60,7 +61,7 @@ from .resilient import ResumableStream, StatsSink, TransferStats
 
 __all__ = ["TransferOptions", "Fetcher", "PartedStream", "plan_parts", "part_step"]
 
-log = logging.getLogger("wds_cloud.parallel")
+log = logging.getLogger(__name__)
 
 #: a part's bytes become readable in pieces of this size (the first sample does not wait for a whole part);
 #: the first pieces of a part are smaller (from FIRST_PIECE, doubling), so the first bytes come sooner
@@ -85,10 +86,14 @@ class TransferOptions:
     prefetch: int = 1
 
     @classmethod
-    def resolve(cls, settings: Settings, *layers: Mapping[str, Any]) -> "TransferOptions":
+    def resolve(cls, settings: Settings, *layers: Mapping[str, Any]) -> TransferOptions:
         """The environment's settings, overridden by each of ``layers`` in turn (a profile, the dataset)."""
-        values: dict[str, Any] = {"part_size": settings.part_size, "concurrency": settings.concurrency,
-                                  "max_concurrency": settings.max_concurrency, "prefetch": settings.prefetch}
+        values: dict[str, Any] = {
+            "part_size": settings.part_size,
+            "concurrency": settings.concurrency,
+            "max_concurrency": settings.max_concurrency,
+            "prefetch": settings.prefetch,
+        }
         for layer in layers:
             for key, value in layer.items():
                 if value is not None:
@@ -145,11 +150,32 @@ class _Part:
     for everything from its start, and its end becomes the object's size (or where the rest is split
     into parts when more connections are chosen)."""
 
-    __slots__ = ("obj", "index", "start", "end", "limit", "cap", "chunks", "filled", "taken", "asked_to",
-                 "blocked", "began", "error", "done", "stream", "reserved", "released", "streamed", "extra", "asked",
-                 "handoff", "direct")
+    __slots__ = (
+        "obj",
+        "index",
+        "start",
+        "end",
+        "limit",
+        "cap",
+        "chunks",
+        "filled",
+        "taken",
+        "asked_to",
+        "blocked",
+        "began",
+        "error",
+        "done",
+        "stream",
+        "reserved",
+        "released",
+        "streamed",
+        "extra",
+        "asked",
+        "handoff",
+        "direct",
+    )
 
-    def __init__(self, obj: "_Object", index: int, start: int, end: Optional[int]) -> None:
+    def __init__(self, obj: _Object, index: int, start: int, end: Optional[int]) -> None:
         self.obj = obj
         self.index = index
         self.start = start
@@ -236,8 +262,16 @@ class _Object:
             return (self.size - begin, 1) if self.size > begin else (0, 0)
         return part_step(begin, self.size, self.options.part_size, level)
 
-    def __init__(self, url: str, remote: RemoteObject, options: TransferOptions, start: int, state: str,
-                 host: str, controller: Controller) -> None:
+    def __init__(
+        self,
+        url: str,
+        remote: RemoteObject,
+        options: TransferOptions,
+        start: int,
+        state: str,
+        host: str,
+        controller: Controller,
+    ) -> None:
         self.url = url
         self.remote = remote
         self.start = start
@@ -286,8 +320,14 @@ class Fetcher:
     carries its settings and what was learned.
     """
 
-    def __init__(self, storage_options: Optional[dict] = None, retries: Optional[int] = None,
-                 timeout: Optional[float] = None, stats: Optional[StatsSink] = None, **given: Any) -> None:
+    def __init__(
+        self,
+        storage_options: Optional[dict] = None,
+        retries: Optional[int] = None,
+        timeout: Optional[float] = None,
+        stats: Optional[StatsSink] = None,
+        **given: Any,
+    ) -> None:
         self.storage_options = storage_options
         self.retries = retries
         self.timeout = timeout
@@ -357,8 +397,7 @@ class Fetcher:
 
     def _remote(self, url: str) -> Optional[tuple[RemoteObject, TransferOptions]]:
         """The object and its settings when ``url`` is read in parts (None: one stream, through gopen)."""
-        remote = remote_object(url, storage_options=self.storage_options, retries=self.retries,
-                               timeout=self.timeout)
+        remote = remote_object(url, storage_options=self.storage_options, retries=self.retries, timeout=self.timeout)
         if remote is None or not remote.ranged or _host(remote.url) in self._single_hosts:
             return None
         options = self.options(url)
@@ -375,15 +414,22 @@ class Fetcher:
         with self._cond:
             expected = [o for o in self._objects if o.state == _PREFETCHED]
             obj = next((o for o in expected if o.url == url and o.start == offset), None)
-            for other in expected[:expected.index(obj)] if obj is not None else expected:
+            for other in expected[: expected.index(obj)] if obj is not None else expected:
                 self._cancel(other)  # the order went another way: what was fetched ahead of it is dropped
             if obj is not None:
                 self._activate(obj)
         if obj is None:
             found = self._remote(url)
             if found is None:
-                return gopen(url, "rb", offset=offset, storage_options=self.storage_options, retries=self.retries,
-                             timeout=self.timeout, stats=self.stats)
+                return gopen(
+                    url,
+                    "rb",
+                    offset=offset,
+                    storage_options=self.storage_options,
+                    retries=self.retries,
+                    timeout=self.timeout,
+                    stats=self.stats,
+                )
             obj = self._object(url, *found, offset, _ACTIVE)
             with self._cond:
                 actives = sum(1 for o in self._objects if o.state == _ACTIVE)
@@ -443,7 +489,8 @@ class Fetcher:
             current = {o.url: o for o in self._objects if o.state == _PREFETCHED}
             current.update(fresh)
             self._objects = [o for o in self._objects if o.state == _ACTIVE] + [
-                current[u] for u in wanted if u in current]
+                current[u] for u in wanted if u in current
+            ]
             self._pump()
 
     def close(self) -> None:
@@ -472,8 +519,9 @@ class Fetcher:
                 # the shard is read): its first byte's latency is hidden behind the shard being read
                 ahead = obj.state == _PREFETCHED and part.index == 0 and not obj.controller.fixed
                 window = self._window.get(obj.host, 0)
-                if not (waited_on or ahead) and (self._in_flight.get(obj.host, 0) >= level
-                                                 or (window and window + part.holds > budget)):
+                if not (waited_on or ahead) and (
+                    self._in_flight.get(obj.host, 0) >= level or (window and window + part.holds > budget)
+                ):
                     full.add(obj.host)
                     break
                 self._start(part, extra=ahead and not waited_on and self._in_flight.get(obj.host, 0) >= level)
@@ -496,8 +544,9 @@ class Fetcher:
 
     def _thread(self, part: _Part) -> None:
         obj = part.obj
-        threading.Thread(target=self._run, args=(part,), daemon=True,
-                         name=f"wds_cloud part {part.index} of {redact(obj.url)}").start()
+        threading.Thread(
+            target=self._run, args=(part,), daemon=True, name=f"wds_cloud part {part.index} of {redact(obj.url)}"
+        ).start()
 
     def _reserve(self, part: _Part) -> None:
         """Reserve what ``part`` can hold now (its end or cap changed)."""
@@ -538,8 +587,15 @@ class Fetcher:
         where it is (what it brings while the new parts wait for their first byte) and the rest is planned
         as parts (lock held)."""
         first = obj.parts[0]
-        if (not first.streamed or obj.total > 1 or first.done or not obj.planned or obj.size is None
-                or obj.host in self._single_hosts or first.error is not None):
+        if (
+            not first.streamed
+            or obj.total > 1
+            or first.done
+            or not obj.planned
+            or obj.size is None
+            or obj.host in self._single_hosts
+            or first.error is not None
+        ):
             return
         controller = obj.controller
         if obj.state == _PREFETCHED:  # waiting at its limit: the rest is parts, fetched ahead but the last
@@ -566,12 +622,17 @@ class Fetcher:
         # connections must pay on what is known)
         mine = [o for o in self._objects if o.host == obj.host and o.state != _CLOSED]
         remaining = sum(o.left or 0 for o in mine)
-        flowing = [(p.filled, now - p.began) for o in mine for p in o.parts[:o.dispatched]
-                   if p.began is not None and not p.done and not p.blocked and now > p.began]
+        flowing = [
+            (p.filled, now - p.began)
+            for o in mine
+            for p in o.parts[: o.dispatched]
+            if p.began is not None and not p.done and not p.blocked and now > p.began
+        ]
         carried, seconds = sum(f for f, _ in flowing), sum(t for _, t in flowing)
         before = controller.level
-        changed = controller.decide(now, remaining, carried / seconds if seconds and carried else None,
-                                    obj.options.part_size)
+        changed = controller.decide(
+            now, remaining, carried / seconds if seconds and carried else None, obj.options.part_size
+        )
         self.stats.add(TransferStats(hosts={redact(obj.host): controller.report()}))
         if changed is not None:
             log.debug("%s: %d -> %d connections (%s)", redact(obj.host), before, changed, controller.reason)
@@ -620,8 +681,9 @@ class Fetcher:
                         # full: wait until the reader has taken half of what it holds (one wake-up per
                         # half a part, not per piece: a reader busy decoding is not interrupted by a
                         # filler taking the interpreter back for every piece)
-                        if (part.limit is not None and at >= part.limit) or (part.cap is not None and (
-                                at - part.taken >= (part.cap // 2 if part.blocked else part.cap))):
+                        if (part.limit is not None and at >= part.limit) or (
+                            part.cap is not None and (at - part.taken >= (part.cap // 2 if part.blocked else part.cap))
+                        ):
                             part.blocked = True
                             cond.wait()
                             continue
@@ -643,8 +705,11 @@ class Fetcher:
                 if not n:
                     if part.length is None:  # streamed to an end no header told: the object ends here
                         break
-                    raise TransferError(f"{redact(obj.url)}: the part [{part.start}, {part.end}) ended at byte "
-                                        f"{part.start + at}", url=obj.url, offset=part.start + at)
+                    raise TransferError(
+                        f"{redact(obj.url)}: the part [{part.start}, {part.end}) ended at byte {part.start + at}",
+                        url=obj.url,
+                        offset=part.start + at,
+                    )
                 now = time.perf_counter()
                 with cond:
                     part.chunks.append(memoryview(buf) if n == want else memoryview(buf)[:n])
@@ -676,8 +741,9 @@ class Fetcher:
         obj = part.obj
         finished = time.perf_counter()
         began = part.began if part.began is not None else finished
-        figures = TransferStats(requests=1, first_byte_seconds=began - part.asked, part_bytes=part.filled,
-                                part_seconds=finished - began)
+        figures = TransferStats(
+            requests=1, first_byte_seconds=began - part.asked, part_bytes=part.filled, part_seconds=finished - began
+        )
         if stream is not None:
             stream.close()
             figures.bytes, figures.retries = stream.stats.bytes, stream.stats.retries
@@ -700,8 +766,16 @@ class Fetcher:
         """Ask ``part``'s filler to hand its stream to the reader when the shard is read on one connection
         (lock held)."""
         obj = part.obj
-        if (part.streamed and part.index == 0 and obj.state == _ACTIVE and obj.total == 1 and not part.done
-                and part.limit is None and obj.controller.level == 1 and not obj.controller.fixed):
+        if (
+            part.streamed
+            and part.index == 0
+            and obj.state == _ACTIVE
+            and obj.total == 1
+            and not part.done
+            and part.limit is None
+            and obj.controller.level == 1
+            and not obj.controller.fixed
+        ):
             part.handoff = True
             self._cond.notify_all()
 
@@ -718,7 +792,7 @@ class Fetcher:
         obj.state = _CLOSED
         if obj in self._objects:
             self._objects.remove(obj)
-        for part in obj.parts[:obj.dispatched]:
+        for part in obj.parts[: obj.dispatched]:
             self._release(part)
             if part.stream is not None and not part.done:
                 part.stream.abort()
@@ -834,8 +908,11 @@ class PartedStream:
         controller.waited(now - asked)  # time in the read is time the reader waited for the link
         if not n:
             if part.length is not None:
-                raise TransferError(f"{redact(obj.url)}: the body ended at byte {part.start + part.taken} of "
-                                    f"{obj.size}", url=obj.url, offset=part.start + part.taken)
+                raise TransferError(
+                    f"{redact(obj.url)}: the body ended at byte {part.start + part.taken} of {obj.size}",
+                    url=obj.url,
+                    offset=part.start + part.taken,
+                )
             self._fetcher._finished(part, stream)
             return None
         cond = self._fetcher._cond
@@ -864,8 +941,9 @@ class PartedStream:
             if part is None:
                 if not obj.single or (obj.size is not None and self.position >= obj.size):
                     return memoryview(b"")
-                self._tail = obj.remote.stream(self.position, None, self._fetcher.stats, version=obj.version,
-                                               size=obj.size)
+                self._tail = obj.remote.stream(
+                    self.position, None, self._fetcher.stats, version=obj.version, size=obj.size
+                )
                 self._tail.stats.streams = 0  # the rest of this shard: one more request, not one more stream
                 break
             if left <= 0:  # its end (where the rest was split into parts) is reached
@@ -886,7 +964,7 @@ class PartedStream:
             if self._tail is None:
                 piece, part, left = self._source(len(view) - have)
                 if piece is not None:
-                    view[have:have + len(piece)] = piece
+                    view[have : have + len(piece)] = piece
                     have += len(piece)
                     self.position += len(piece)
                     continue
@@ -900,7 +978,7 @@ class PartedStream:
             piece = self._piece(len(view) - have)  # the end, or the rest of a shard read as one stream
             if not len(piece):
                 break
-            view[have:have + len(piece)] = piece
+            view[have : have + len(piece)] = piece
             have += len(piece)
         return have
 
@@ -931,9 +1009,14 @@ class PartedStream:
             direct = [p for p in obj.parts if p.direct and not p.done]
         for part in direct:  # read by this reader: its request ends here
             self._fetcher._finished(part, part.stream)
-        self._fetcher.stats.add(TransferStats(streams=1, seconds=time.perf_counter() - obj.created,
-                                              concurrency=obj.peak,
-                                              hosts={redact(obj.host): obj.controller.report()}))
+        self._fetcher.stats.add(
+            TransferStats(
+                streams=1,
+                seconds=time.perf_counter() - obj.created,
+                concurrency=obj.peak,
+                hosts={redact(obj.host): obj.controller.report()},
+            )
+        )
 
     def __del__(self) -> None:  # a stream dropped unclosed gives its connections and memory back
         try:
@@ -941,7 +1024,7 @@ class PartedStream:
         except Exception:
             pass
 
-    def __enter__(self) -> "PartedStream":
+    def __enter__(self) -> PartedStream:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -22,7 +22,7 @@ from ..errors import ConfigError, PipeError, redact
 
 __all__ = ["Pipe"]
 
-log = logging.getLogger("wds_cloud.pipes")
+log = logging.getLogger(__name__)
 
 STDERR_TAIL_BYTES = 4096
 STDERR_TAIL_LINES = 10
@@ -88,9 +88,14 @@ def _fileno(stream: Optional[IO[bytes]]) -> int:
 
 def _start_guard(proc: subprocess.Popen) -> Optional[subprocess.Popen]:
     try:
-        return subprocess.Popen([sys.executable, "-S", "-c", _GUARD, str(proc.pid), str(os.getpid())],
-                                pass_fds=(_fileno(proc.stdin),), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_guard_preexec)
+        return subprocess.Popen(
+            [sys.executable, "-S", "-c", _GUARD, str(proc.pid), str(os.getpid())],
+            pass_fds=(_fileno(proc.stdin),),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_guard_preexec,
+        )
     except OSError:
         return None
 
@@ -183,8 +188,17 @@ class Pipe:
     idempotent and never leaves a process behind.
     """
 
-    def __init__(self, cmd: str, mode: str = "rb", bufsize: int = 8192, *, ignore_status=(),
-                 timeout: float = 7.0, url: Optional[str] = None, env: Optional[dict] = None) -> None:
+    def __init__(
+        self,
+        cmd: str,
+        mode: str = "rb",
+        bufsize: int = 8192,
+        *,
+        ignore_status=(),
+        timeout: float = 7.0,
+        url: Optional[str] = None,
+        env: Optional[dict] = None,
+    ) -> None:
         if mode not in ("rb", "wb", "r", "w"):
             raise ConfigError(f"Pipe mode must be 'rb' or 'wb', not {mode!r}")
         self.cmd = cmd
@@ -198,10 +212,14 @@ class Pipe:
         self._stderr = tempfile.TemporaryFile()
         reading = mode.startswith("r")
         self.proc = subprocess.Popen(
-            cmd, shell=True, bufsize=max(bufsize, 8192),
+            cmd,
+            shell=True,
+            bufsize=max(bufsize, 8192),
             stdin=subprocess.DEVNULL if reading else subprocess.PIPE,
             stdout=subprocess.PIPE if reading else subprocess.DEVNULL,
-            stderr=self._stderr, start_new_session=True, env=env,
+            stderr=self._stderr,
+            start_new_session=True,
+            env=env,
             preexec_fn=None if reading or not sys.platform.startswith("linux") else _die_with_parent,
         )
         # a BufferedReader (reading) or a BufferedWriter (writing): the methods below use each as its mode allows
@@ -267,8 +285,7 @@ class Pipe:
             return
         tail = _stderr_tail(self._stderr)
         status = self.status if self.status is not None else 0
-        what = (f"was killed by signal {-status}" if status < 0
-                else f"exited with status {self.status}")
+        what = f"was killed by signal {-status}" if status < 0 else f"exited with status {self.status}"
         message = f"{redact(self.url)}: the command {what}"
         message += f"; its stderr ended with:\n{tail}" if tail else " and printed nothing on stderr"
         raise PipeError(message, url=self.url, status=self.status, stderr=tail)
@@ -317,7 +334,7 @@ class Pipe:
             self._stderr.close()
             log.debug("closed pipe pid=%d status=%s", self.proc.pid, self.status)
 
-    def __enter__(self) -> "Pipe":
+    def __enter__(self) -> Pipe:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

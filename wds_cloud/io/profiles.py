@@ -62,8 +62,10 @@ def named_profile(name: str, settings: Settings) -> dict:
     named = _load(settings.cloud_config)[1]
     if name not in named:
         where = settings.cloud_config or "the profiles file (WDS_CLOUD_CONFIG)"
-        raise ConfigError(f"no profile {name!r} in {where}: add a [profiles.{name}] table with its storage options"
-                          f"{' (it has ' + ', '.join(sorted(named)) + ')' if named else ''}")
+        raise ConfigError(
+            f"no profile {name!r} in {where}: add a [profiles.{name}] table with its storage options"
+            f"{' (it has ' + ', '.join(sorted(named)) + ')' if named else ''}"
+        )
     return dict(named[name])
 
 
@@ -87,17 +89,21 @@ def _load(path: Optional[str]) -> tuple[tuple[tuple[str, dict], ...], dict]:
         data = _toml().loads(raw.decode("utf-8"))
     except Exception as exc:
         why = str(exc)[:200]
-        raise ConfigError(f"{path}: cannot read the wds_cloud profiles file: {why}; it should hold one TOML "
-                          'table per URL prefix, e.g. ["s3://bucket/"] with endpoint_url = "..."') from exc
+        raise ConfigError(
+            f"{path}: cannot read the wds_cloud profiles file: {why}; it should hold one TOML "
+            'table per URL prefix, e.g. ["s3://bucket/"] with endpoint_url = "..."'
+        ) from exc
     profiles = []
     named = data.pop("profiles", {})
     if not isinstance(named, dict) or not all(isinstance(v, dict) for v in named.values()):
-        raise ConfigError(f"{path}: [profiles] should hold one table per profile name, e.g. [profiles.laion] "
-                          "with its storage options")
+        raise ConfigError(
+            f"{path}: [profiles] should hold one table per profile name, e.g. [profiles.laion] with its storage options"
+        )
     for prefix, options in data.items():
         if not isinstance(options, dict) or "://" not in prefix and not prefix.endswith(":"):
-            raise ConfigError(f"{path}: [{prefix!r}] should be a URL prefix such as \"s3://bucket/\" "
-                              "holding storage options")
+            raise ConfigError(
+                f'{path}: [{prefix!r}] should be a URL prefix such as "s3://bucket/" holding storage options'
+            )
         profiles.append((prefix, dict(options)))
     result = tuple(sorted(profiles, key=lambda p: len(p[0])))
     with _lock:

@@ -15,7 +15,8 @@ import importlib.metadata
 import logging
 import os
 import threading
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any, Optional
 
 import pluggy
 
@@ -29,7 +30,7 @@ from .urls import split_scheme
 
 __all__ = ["Claim", "Registrar", "Registry", "get_registry", "reset", "split_scheme"]
 
-log = logging.getLogger("wds_cloud.registry")
+log = logging.getLogger(__name__)
 
 
 def _plugin_allowed(name: str, settings: Settings) -> bool:
@@ -41,8 +42,12 @@ def _plugin_allowed(name: str, settings: Settings) -> bool:
 class Registry:
     """Resolved scheme table built from a plugin manager."""
 
-    def __init__(self, settings: Settings, pm: Optional[pluggy.PluginManager] = None,
-                 entry_points: Optional[Iterable[Any]] = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        pm: Optional[pluggy.PluginManager] = None,
+        entry_points: Optional[Iterable[Any]] = None,
+    ) -> None:
         self.settings = settings
         self.pm = pm or pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
@@ -131,9 +136,15 @@ class Registry:
             if scheme in self.claims or scheme in self.skipped:
                 continue
             module = cls.split(".", 1)[0]
-            out[scheme] = Claim(scheme, functools.partial(FsspecFallbackBackend, protocol=scheme, hint=hint),
-                                "fsspec (fallback)", "fsspec", requires=(module,) if module else (),
-                                description=hint or f"through fsspec ({cls})", hint=hint)
+            out[scheme] = Claim(
+                scheme,
+                functools.partial(FsspecFallbackBackend, protocol=scheme, hint=hint),
+                "fsspec (fallback)",
+                "fsspec",
+                requires=(module,) if module else (),
+                description=hint or f"through fsspec ({cls})",
+                hint=hint,
+            )
         return out
 
     def claim(self, scheme: str, url: str = "") -> Claim:
@@ -153,15 +164,17 @@ class Registry:
         raise UnknownSchemeError(
             f"no backend for the scheme {scheme!r} in {redact(url)!r}: known schemes are {known}{hint}. "
             "For a local path containing ':', write it as ./path or file:path",
-            url=url, scheme=scheme,
+            url=url,
+            scheme=scheme,
         )
 
     def _describe(self, scheme: str) -> str:
         claim = self.claims[scheme]
         return f"{scheme}: (needs {claim.install_hint()})" if claim.missing() else f"{scheme}:"
 
-    def backend(self, scheme: str, url: str = "", settings: Optional[Settings] = None,
-                **storage_options: Any) -> Backend:
+    def backend(
+        self, scheme: str, url: str = "", settings: Optional[Settings] = None, **storage_options: Any
+    ) -> Backend:
         """The (shared) backend object for ``scheme``, these settings and storage options."""
         claim = self.claim(scheme, url)
         settings = settings or self.settings

@@ -19,7 +19,8 @@ import random
 import socket
 import threading
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from ..errors import (
     CredentialsError,
@@ -32,7 +33,7 @@ from ..errors import (
 
 __all__ = ["RetryPolicy", "TransferStats", "ResumableStream", "is_transient"]
 
-log = logging.getLogger("wds_cloud.resilient")
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +84,7 @@ class TransferStats:
     #: ``{host: {"level", "why", "waiting", "latency", "rates", "cap", "pinned"}}``, the latest of each
     hosts: dict = dataclasses.field(default_factory=dict)
 
-    def add(self, other: "TransferStats") -> None:
+    def add(self, other: TransferStats) -> None:
         for field in dataclasses.fields(self):
             if field.name == "concurrency":
                 self.concurrency = max(self.concurrency, other.concurrency)
@@ -156,10 +157,19 @@ def is_transient(exc: BaseException) -> bool:
 class ResumableStream:
     """A read stream over ``opener(offset, version)`` that recovers from faults (see the module docstring)."""
 
-    def __init__(self, opener: Callable[..., Any], url: str, offset: int = 0,
-                 policy: Optional[RetryPolicy] = None, sink: Optional[StatsSink] = None,
-                 rng: Optional[random.Random] = None, end: Optional[int] = None, *,
-                 version: Optional[str] = None, size: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        opener: Callable[..., Any],
+        url: str,
+        offset: int = 0,
+        policy: Optional[RetryPolicy] = None,
+        sink: Optional[StatsSink] = None,
+        rng: Optional[random.Random] = None,
+        end: Optional[int] = None,
+        *,
+        version: Optional[str] = None,
+        size: Optional[int] = None,
+    ) -> None:
         self.url = url
         self.policy = policy or RetryPolicy()
         self.stats = TransferStats(streams=1, requests=1)  # one GET (a part's figures are taken apart)
@@ -217,7 +227,8 @@ class ResumableStream:
         # A store that ignores the condition and gives no version cannot show it served the pinned one: an
         # answer without a version where one was pinned is a change, never a match.
         if (self.version and served != self.version) or (
-                size is not None and self.size is not None and size != self.size):
+            size is not None and self.size is not None and size != self.size
+        ):
             try:
                 stream.close()
             finally:
@@ -230,14 +241,21 @@ class ResumableStream:
         return ObjectChangedError(
             f"{redact(self.url)}: the object changed while it was being read (version {self.version!r}, "
             f"at byte {self.position} of {self.size}); two versions are never spliced: read it again",
-            url=self.url, offset=self.position)
+            url=self.url,
+            offset=self.position,
+        )
 
     def _exhausted(self, exc: BaseException, attempts: int) -> TransferError:
         return TransferError(
             f"{redact(self.url)}: giving up at byte {self.position}"
             f"{f' of {self.size}' if self.size is not None else ''} after {attempts} attempts; "
             f"last cause: {type(exc).__name__}: {exc}. Raise WDS_RETRIES or WDS_RETRY_TIMEOUT if the store "
-            "is only slow", url=self.url, offset=self.position, attempts=attempts, cause=exc)
+            "is only slow",
+            url=self.url,
+            offset=self.position,
+            attempts=attempts,
+            cause=exc,
+        )
 
     def _backoff(self, attempt: int, exc: BaseException) -> None:
         # A connection lost after data flowed is retried at once; repeated failures, and a store that
@@ -245,8 +263,15 @@ class ResumableStream:
         throttled = getattr(exc, "status", None) in (429, 503)
         delay = 0.0 if attempt == 1 and not throttled else self.policy.delay(attempt, self._rng)
         self.stats.retries += 1
-        log.warning("%s: %s at byte %d; attempt %d of %d, retrying in %.2f s", redact(self.url),
-                    f"{type(exc).__name__}: {exc}", self.position, attempt, self.policy.attempts, delay)
+        log.warning(
+            "%s: %s at byte %d; attempt %d of %d, retrying in %.2f s",
+            redact(self.url),
+            f"{type(exc).__name__}: {exc}",
+            self.position,
+            attempt,
+            self.policy.attempts,
+            delay,
+        )
         time.sleep(delay)
 
     def _recover(self, exc: BaseException) -> None:
@@ -286,8 +311,11 @@ class ResumableStream:
     def _short(self) -> Optional[TransferError]:
         limit = self.size if self.end is None or self.size is None else min(self.size, self.end)
         if limit is not None and self.position < limit:
-            return TransferError(f"{redact(self.url)}: the body ended at byte {self.position} of {self.size}",
-                                 url=self.url, offset=self.position)
+            return TransferError(
+                f"{redact(self.url)}: the body ended at byte {self.position} of {self.size}",
+                url=self.url,
+                offset=self.position,
+            )
         return None
 
     def read(self, size: int = -1) -> bytes:
@@ -300,7 +328,7 @@ class ResumableStream:
         piece = size if getattr(self._stream, "partial_reads", False) else PIECE
         while want > 0:
             ask = min(want, piece)  # bounded pieces: a failed buffered read loses at most one piece
-            chunk = self._attempt(lambda: self._stream.read(ask), ask, len)
+            chunk = self._attempt(lambda: self._stream.read(ask), ask, len)  # noqa: B023 (called in this iteration)
             if not chunk:
                 break
             parts.append(chunk)
@@ -315,12 +343,12 @@ class ResumableStream:
             return len(data)
         view = memoryview(buffer).cast("B")
         if self.end is not None:
-            view = view[:max(0, self.end - self.position)]
+            view = view[: max(0, self.end - self.position)]
         have = 0
         step = len(view) if getattr(self._stream, "partial_reads", False) else PIECE
         while have < len(view):
-            piece = view[have:have + step]
-            n = self._attempt(lambda: self._stream.readinto(piece), len(piece), int)
+            piece = view[have : have + step]
+            n = self._attempt(lambda: self._stream.readinto(piece), len(piece), int)  # noqa: B023 (called here)
             if not n:
                 break
             have += n
@@ -337,8 +365,9 @@ class ResumableStream:
                         raise short
             except BaseException as exc:
                 if self.aborted:
-                    raise TransferError(f"{redact(self.url)}: the read was cancelled", url=self.url,
-                                        offset=self.position, status=499) from None  # 499: client closed
+                    raise TransferError(
+                        f"{redact(self.url)}: the read was cancelled", url=self.url, offset=self.position, status=499
+                    ) from None  # 499: client closed
                 if self._is_version_change(exc):
                     raise self._changed(exc) from exc
                 if not is_transient(exc):
@@ -377,7 +406,7 @@ class ResumableStream:
             if self._sink is not None:
                 self._sink.add(self.stats)
 
-    def __enter__(self) -> "ResumableStream":
+    def __enter__(self) -> ResumableStream:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -15,13 +15,21 @@ import posixpath
 import urllib.parse
 from typing import Any, Optional
 
-from .. import config, utils
+from .. import config
 from ..config import Settings
 from ..errors import MalformedDataError, SecurityError, redact
 from .urls import is_local, local_path, split_scheme
 
-__all__ = ["UntrustedURL", "is_secure", "check_pipe", "untrusted", "resolve", "resolve_base", "confined",
-           "check_url_text"]
+__all__ = [
+    "UntrustedURL",
+    "is_secure",
+    "check_pipe",
+    "untrusted",
+    "resolve",
+    "resolve_base",
+    "confined",
+    "check_url_text",
+]
 
 
 class UntrustedURL(str):
@@ -33,19 +41,19 @@ class UntrustedURL(str):
 
     __slots__ = ()
 
-    def __add__(self, other: str) -> "UntrustedURL":
+    def __add__(self, other: str) -> UntrustedURL:
         return UntrustedURL(str.__add__(self, other))
 
-    def __radd__(self, other: str) -> "UntrustedURL":
+    def __radd__(self, other: str) -> UntrustedURL:
         return UntrustedURL(str.__add__(other, self))
 
-    def __mod__(self, values: Any) -> "UntrustedURL":
+    def __mod__(self, values: Any) -> UntrustedURL:
         return UntrustedURL(str.__mod__(self, values))
 
-    def __rmod__(self, template: str) -> "UntrustedURL":
+    def __rmod__(self, template: str) -> UntrustedURL:
         return UntrustedURL(str.__mod__(template, self))
 
-    def __getitem__(self, index: Any) -> "UntrustedURL":
+    def __getitem__(self, index: Any) -> UntrustedURL:
         return UntrustedURL(str.__getitem__(self, index))
 
     def __reduce__(self) -> Any:  # pickled to a spawned worker, still untrusted
@@ -68,9 +76,33 @@ def _marking(name: str) -> Any:
     return method
 
 
-for _name in ("replace", "strip", "lstrip", "rstrip", "removeprefix", "removesuffix", "format", "lower", "upper",
-              "casefold", "expandtabs", "split", "rsplit", "partition", "rpartition", "splitlines", "join",
-              "ljust", "rjust", "center", "zfill", "title", "capitalize", "swapcase", "translate"):
+for _name in (
+    "replace",
+    "strip",
+    "lstrip",
+    "rstrip",
+    "removeprefix",
+    "removesuffix",
+    "format",
+    "lower",
+    "upper",
+    "casefold",
+    "expandtabs",
+    "split",
+    "rsplit",
+    "partition",
+    "rpartition",
+    "splitlines",
+    "join",
+    "ljust",
+    "rjust",
+    "center",
+    "zfill",
+    "title",
+    "capitalize",
+    "swapcase",
+    "translate",
+):
     setattr(UntrustedURL, _name, _marking(_name))
 
 
@@ -82,25 +114,36 @@ def check_url_text(url: Any, where: str, field: str = "url") -> str:
     """``url`` if it is a non-empty string of printable characters; else an error naming ``where`` and ``field``,
     never the value (it may hold a token)."""
     if not isinstance(url, str) or not url:
-        raise MalformedDataError(f"{where}: {field} must be a non-empty string (a URL or path), not "
-                                 f"{'an empty string' if url == '' else type(url).__name__}; write it again",
-                                 field=field)
+        raise MalformedDataError(
+            f"{where}: {field} must be a non-empty string (a URL or path), not "
+            f"{'an empty string' if url == '' else type(url).__name__}; write it again",
+            field=field,
+        )
     bad = next((i for i, c in enumerate(url) if c < " " or c == "\x7f"), None)
     if bad is not None:
-        raise MalformedDataError(f"{where}: {field} holds a control character at position {bad}, which no URL "
-                                 "or path may hold; write it again", field=field)
+        raise MalformedDataError(
+            f"{where}: {field} holds a control character at position {bad}, which no URL "
+            "or path may hold; write it again",
+            field=field,
+        )
     return url
 
 
 def _refuse_local(url: str, origin: str, field: str) -> SecurityError:
-    return SecurityError(f"{redact(origin)}: {field} {redact(url)!r} names a file of this machine, but the file naming "
-                         "it is remote (it came from data, not from your program); if you trust its source, set "
-                         "WDS_ALLOW_UNTRUSTED_LOCAL=1", url=url)
+    return SecurityError(
+        f"{redact(origin)}: {field} {redact(url)!r} names a file of this machine, but the file naming "
+        "it is remote (it came from data, not from your program); if you trust its source, set "
+        "WDS_ALLOW_UNTRUSTED_LOCAL=1",
+        url=url,
+    )
 
 
 def _climbs(url: str, origin: str, base: str, field: str, fix: str) -> SecurityError:
-    return SecurityError(f"{redact(origin)}: {field} {redact(url)!r} leaves {redact(base)!r}, the folder it is "
-                         f"resolved in (through '..', an absolute path or a link); {fix}", url=url)
+    return SecurityError(
+        f"{redact(origin)}: {field} {redact(url)!r} leaves {redact(base)!r}, the folder it is "
+        f"resolved in (through '..', an absolute path or a link); {fix}",
+        url=url,
+    )
 
 
 def _absolute(url: str) -> bool:
@@ -112,8 +155,9 @@ def _dir_of(url: str) -> str:
     return url.rsplit("/", 1)[0] + "/" if "/" in url else ""
 
 
-def resolve(url: Any, origin: str, *, base: Optional[str] = None, field: str = "url",
-            settings: Optional[Settings] = None) -> UntrustedURL:
+def resolve(
+    url: Any, origin: str, *, base: Optional[str] = None, field: str = "url", settings: Optional[Settings] = None
+) -> UntrustedURL:
     """The one place a URL read from a file (``origin``: that file's URL or path) becomes a URL to open.
 
     - the result is always :class:`UntrustedURL` (a ``pipe:`` one runs only as ``check_pipe`` allows);
@@ -137,12 +181,21 @@ def resolve(url: Any, origin: str, *, base: Optional[str] = None, field: str = "
     return untrusted(_join(folder, url, origin, field, settings))
 
 
-def _join(folder: str, name: str, origin: str, field: str, settings: Settings,
-          fix: str = "write the full URL or path instead of a relative one") -> str:
+def _join(
+    folder: str,
+    name: str,
+    origin: str,
+    field: str,
+    settings: Settings,
+    fix: str = "write the full URL or path instead of a relative one",
+) -> str:
     fscheme, _ = split_scheme(folder)
     if fscheme == "pipe":
-        raise SecurityError(f"{redact(origin)}: {field} {redact(name)!r} would be joined to a pipe: command; a base "
-                            "or folder is a storage location, never a command", url=origin)
+        raise SecurityError(
+            f"{redact(origin)}: {field} {redact(name)!r} would be joined to a pipe: command; a base "
+            "or folder is a storage location, never a command",
+            url=origin,
+        )
     if fscheme in (None, "file"):
         root = os.path.normpath(local_path(folder) or ".")
         joined = os.path.normpath(os.path.join(root, name))
@@ -153,8 +206,13 @@ def _join(folder: str, name: str, origin: str, field: str, settings: Settings,
             real_root = os.path.realpath(root)
             real = os.path.realpath(joined)
             if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
-                raise _climbs(name, origin, folder, field, fix + " (or set WDS_ALLOW_UNTRUSTED_LOCAL=1 to follow "
-                              "links out of the folder)")
+                raise _climbs(
+                    name,
+                    origin,
+                    folder,
+                    field,
+                    fix + " (or set WDS_ALLOW_UNTRUSTED_LOCAL=1 to follow links out of the folder)",
+                )
         return joined if fscheme is None else "file://" + joined
     folder = folder if folder.endswith("/") else folder + "/"
     joined = urllib.parse.urljoin(folder, name)
@@ -163,7 +221,8 @@ def _join(folder: str, name: str, origin: str, field: str, settings: Settings,
     folder_path = posixpath.normpath(prefix.path or "/")
     joined_path = posixpath.normpath(result.path or "/")
     if (result.scheme, result.netloc) != (prefix.scheme, prefix.netloc) or not (
-            joined_path == folder_path or joined_path.startswith(folder_path.rstrip("/") + "/")):
+        joined_path == folder_path or joined_path.startswith(folder_path.rstrip("/") + "/")
+    ):
         raise _climbs(name, origin, folder, field, fix)
     return joined
 
@@ -173,8 +232,11 @@ def resolve_base(base: Any, origin: str, field: str = "base", settings: Optional
     base is refused: joining names to a command would turn every one into a command."""
     url = check_url_text(base, redact(origin), field)
     if split_scheme(url)[0] == "pipe":
-        raise SecurityError(f"{redact(origin)}: {field} {redact(url)!r} is a pipe: command; a base is a storage "
-                            "location that relative shard names are joined to, never a command", url=origin)
+        raise SecurityError(
+            f"{redact(origin)}: {field} {redact(url)!r} is a pipe: command; a base is a storage "
+            "location that relative shard names are joined to, never a command",
+            url=origin,
+        )
     resolved = resolve(url, origin, field=field, settings=settings)
     return resolved if resolved.endswith("/") else resolved + "/"
 
@@ -185,11 +247,15 @@ def confined(folder: str, name: Any, where: str, field: str) -> str:
     file to read, such as the MMC4 converter's ``image_name``."""
     name = check_url_text(name, where, field)
     if _absolute(name):
-        raise SecurityError(f"{where}: {field} {redact(name)!r} is not a name inside {redact(folder)!r} (it is an "
-                            "absolute path or URL); files are read only from the folder you gave", url=name)
+        raise SecurityError(
+            f"{where}: {field} {redact(name)!r} is not a name inside {redact(folder)!r} (it is an "
+            "absolute path or URL); files are read only from the folder you gave",
+            url=name,
+        )
     settings = config.current().replace(allow_untrusted_local=False)
-    return _join(folder.rstrip("/") + "/", name, where, field, settings, "files are read only from inside the "
-                 "folder you gave")
+    return _join(
+        folder.rstrip("/") + "/", name, where, field, settings, "files are read only from inside the folder you gave"
+    )
 
 
 def is_secure(settings: Optional[Settings] = None) -> bool:
@@ -198,7 +264,7 @@ def is_secure(settings: Optional[Settings] = None) -> bool:
 
     The one secure-mode check: opening, pipes, rewrites and decoding all ask it.
     """
-    if utils.enforce_security:
+    if config.switches.enforce_security:
         return True
     return bool((settings if settings is not None else config.current()).secure)
 

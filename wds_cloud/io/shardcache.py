@@ -38,7 +38,8 @@ import stat
 import threading
 import time
 import zlib
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from ..errors import ConfigError, ObjectChangedError, TransferError, redact
 from .backend import read_to_end
@@ -47,7 +48,7 @@ from .urls import url_to_cache_name
 
 __all__ = ["ShardCache", "CachedShard"]
 
-log = logging.getLogger("wds_cloud.cache")
+log = logging.getLogger(__name__)
 
 POLL_MIN, POLL_MAX = 0.002, 0.05  # how often a reader waiting for a filler looks again (seconds)
 BUFFER, BUFFERS = 1 << 20, 32  # a fill hands its bytes to the writer thread through 32 MB of reused buffers
@@ -155,9 +156,9 @@ class _Sink:
         self.error: Optional[BaseException] = None
         self.crc: Optional[int] = 0 if want_crc else None
         self.md5 = hashlib.md5() if want_md5 else None
-        self._queue: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self._queue: queue.Queue[Optional[tuple]] = queue.Queue()
         # Reused 1 MB buffers: the bytes handed over are copied once into memory that is already mapped.
-        self._free: "queue.Queue[bytearray]" = queue.Queue()
+        self._free: queue.Queue[bytearray] = queue.Queue()
         self._buffers = 0  # made so far, on demand (a small shard needs few)
         # never world-readable when the URL carried a credential (the umask applies on top)
         mode = 0o600 if private else 0o644
@@ -204,7 +205,7 @@ class _Sink:
                     view = memoryview(buffer)[:length]
                     self._hash(view)
                     while len(view):
-                        view = view[self._file.write(view):]
+                        view = view[self._file.write(view) :]
             except BaseException as exc:  # a full disk, a quota: the fill is abandoned, reading goes on
                 self.error = exc
             finally:
@@ -237,9 +238,15 @@ class _Sink:
 class ShardCache:
     """The cache directory and its rules (see the module docstring); picklable, so workers share it."""
 
-    def __init__(self, directory: str, size_limit: Optional[int] = None, *,
-                 url_to_name: Optional[Callable[[str], str]] = None, stats: Optional[StatsSink] = None,
-                 verify: bool = False) -> None:
+    def __init__(
+        self,
+        directory: str,
+        size_limit: Optional[int] = None,
+        *,
+        url_to_name: Optional[Callable[[str], str]] = None,
+        stats: Optional[StatsSink] = None,
+        verify: bool = False,
+    ) -> None:
 
         self.directory = os.path.abspath(os.path.expanduser(directory))
         self.size_limit = size_limit if size_limit and size_limit > 0 else None
@@ -252,8 +259,10 @@ class ShardCache:
         name = self.url_to_name(url)
         path = os.path.normpath(os.path.join(self.directory, name))
         if not path.startswith(self.directory + os.sep) or os.path.basename(path).startswith("."):
-            raise ConfigError(f"url_to_name({redact(url)!r}) gave {name!r}, which is not a plain name inside the "
-                             f"cache directory {self.directory}")
+            raise ConfigError(
+                f"url_to_name({redact(url)!r}) gave {name!r}, which is not a plain name inside the "
+                f"cache directory {self.directory}"
+            )
         return path
 
     def _count(self, **fields: Any) -> None:
@@ -328,8 +337,9 @@ class ShardCache:
                 crc = meta.get("crc32")
                 if crc is None or _crc_of(f) != crc:  # written to since it was stored, and nothing vouches for it
                     f.close()
-                    self._discard(path, "it was modified after it was stored" if crc is None
-                                  else "its checksum does not match")
+                    self._discard(
+                        path, "it was modified after it was stored" if crc is None else "its checksum does not match"
+                    )
                     return None
                 meta["mtime_ns"] = st.st_mtime_ns
                 _write_meta(path, meta)
@@ -424,8 +434,9 @@ class CachedShard:
     filler is gone before the end, the follower takes over the fill where it stopped.
     """
 
-    def __init__(self, cache: ShardCache, url: str, path: str, opener: Callable[[int], Any], *,
-                 lock: Any = None) -> None:
+    def __init__(
+        self, cache: ShardCache, url: str, path: str, opener: Callable[[int], Any], *, lock: Any = None
+    ) -> None:
         self.cache = cache
         self.url = url
         self.path = path
@@ -445,7 +456,7 @@ class CachedShard:
             self._fill_holding(lock)
 
     @classmethod
-    def follow(cls, cache: ShardCache, url: str, path: str, opener: Callable[[int], Any]) -> Optional["CachedShard"]:
+    def follow(cls, cache: ShardCache, url: str, path: str, opener: Callable[[int], Any]) -> Optional[CachedShard]:
         """Follow the fill another process is doing, or None when it has not begun writing."""
         meta = _read_meta(path)
         if meta is None or meta.get("complete"):
@@ -492,21 +503,33 @@ class CachedShard:
                 self.close()
                 raise ObjectChangedError(
                     f"{redact(self.url)}: the object changed while another process was caching it (at byte "
-                    f"{self.position}); two versions are never spliced: read it again", url=self.url,
-                    offset=self.position)
+                    f"{self.position}); two versions are never spliced: read it again",
+                    url=self.url,
+                    offset=self.position,
+                )
             _unlink(part)
             start, remote = 0, self._opener(0)
             version, size = getattr(remote, "version", None), getattr(remote, "size", None)
         if not start:
-            meta = {"url": redact(self.url), "size": size, "version": version,
-                    "md5": getattr(remote, "md5", None), "complete": False}
+            meta = {
+                "url": redact(self.url),
+                "size": size,
+                "version": version,
+                "md5": getattr(remote, "md5", None),
+                "complete": False,
+            }
             _write_meta(self.path, meta)
         self._meta = meta
         self.size = size
         self._remote = remote
         self._local_end = start
-        self._sink = _Sink(part, start, want_md5=bool(meta and meta.get("md5")), want_crc=self.cache.verify,
-                           private=redact(self.url) != str(self.url))
+        self._sink = _Sink(
+            part,
+            start,
+            want_md5=bool(meta and meta.get("md5")),
+            want_crc=self.cache.verify,
+            private=redact(self.url) != str(self.url),
+        )
         if start > self.position:  # the bytes up to ``start`` are read from the part file first
             if self._file is None:
                 self._file = open(part, "rb")
@@ -530,7 +553,9 @@ class CachedShard:
                 _unlink(self.path + ".part", self.path + ".meta")
                 raise TransferError(
                     f"{redact(self.url)}: the {self.size} bytes received do not match the store's MD5 "
-                    f"{expected}; the cache entry was not kept: read the shard again", url=self.url)
+                    f"{expected}; the cache entry was not kept: read the shard again",
+                    url=self.url,
+                )
             part = self.path + ".part"
             st = os.stat(part)
             meta["size"] = self.size
@@ -544,8 +569,12 @@ class CachedShard:
             raise
         except OSError as exc:
             # A full disk or a failed write costs the cache entry, never the read.
-            log.warning("cache: could not store %s in %s (%s); reading it from the store again next time",
-                        redact(self.url), self.cache.directory, exc)
+            log.warning(
+                "cache: could not store %s in %s (%s); reading it from the store again next time",
+                redact(self.url),
+                self.cache.directory,
+                exc,
+            )
             _unlink(self.path + ".part", self.path + ".meta")
         finally:
             self._release()
@@ -577,8 +606,11 @@ class CachedShard:
             return
         if not ours(self.path + ".part"):
             lock.close()
-            raise ObjectChangedError(f"{redact(self.url)}: the cache entry being read was replaced (the object "
-                                     "changed); read it again", url=self.url, offset=self.position)
+            raise ObjectChangedError(
+                f"{redact(self.url)}: the cache entry being read was replaced (the object changed); read it again",
+                url=self.url,
+                offset=self.position,
+            )
         log.info("cache: the process filling %s stopped at byte %d; taking over", self.path, self.position)
         self._fill_holding(lock)
 
@@ -589,7 +621,7 @@ class CachedShard:
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
         while True:
-            want = view if self.size is None else view[:max(0, self.size - self.position)]
+            want = view if self.size is None else view[: max(0, self.size - self.position)]
             if not len(want):
                 if self._sink is not None:
                     self._publish()
@@ -602,10 +634,13 @@ class CachedShard:
                 self._wait_or_take_over()
                 continue
             if self.position < self._local_end:  # resuming: the bytes already in the part file
-                n = self._file.readinto(want[:self._local_end - self.position])
+                n = self._file.readinto(want[: self._local_end - self.position])
                 if not n:
-                    raise TransferError(f"{redact(self.url)}: {self.path}.part shrank while it was read",
-                                        url=self.url, offset=self.position)
+                    raise TransferError(
+                        f"{redact(self.url)}: {self.path}.part shrank while it was read",
+                        url=self.url,
+                        offset=self.position,
+                    )
                 self.position += n
                 return n
             n = self._remote.readinto(want)
@@ -647,7 +682,7 @@ class CachedShard:
         with contextlib.suppress(Exception):
             self.close()
 
-    def __enter__(self) -> "CachedShard":
+    def __enter__(self) -> CachedShard:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import tempfile
 import weakref
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from ..errors import redact
 from .publishing import Publishing
@@ -100,5 +101,3 @@ class SpooledPut(Publishing):
 
     def _discard(self) -> None:
         self._buf.close()
-
-

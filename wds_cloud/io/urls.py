@@ -11,8 +11,15 @@ import os
 import re
 from typing import Optional
 
-__all__ = ["split_scheme", "is_local", "local_path", "same_location", "local_version", "pipe_cleaner",
-           "url_to_cache_name"]
+__all__ = [
+    "split_scheme",
+    "is_local",
+    "local_path",
+    "same_location",
+    "local_version",
+    "pipe_cleaner",
+    "url_to_cache_name",
+]
 
 _URLISH = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://\S+$")
 
@@ -40,7 +47,7 @@ def local_path(url: str) -> str:
     url = os.fspath(url)
     if url.startswith("file://"):
         rest = url[7:]
-        return rest[len("localhost"):] if rest.startswith("localhost/") else rest
+        return rest[len("localhost") :] if rest.startswith("localhost/") else rest
     if url.startswith("file:"):
         return url[5:]
     return url
@@ -97,10 +104,10 @@ def url_to_cache_name(url: str, ndir: int = 0) -> str:
     readable = re.sub(r"[^A-Za-z0-9._-]+", "_", readable.replace("/", "__")).strip("._") or "shard"
     digest = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:12]
     base, ext = _split_ext(readable)
-    base = base[-(150 - len(ext)):]  # bounded length, keeping the end of the path (the shard name)
+    base = base[-(150 - len(ext)) :]  # bounded length, keeping the end of the path (the shard name)
     return f"{base}.{digest}{ext}"
 
 
 def _split_ext(name: str) -> tuple[str, str]:
     m = re.search(r"(\.tar(\.gz|\.bz2|\.xz|\.zst)?|\.tgz)$", name)
-    return (name[:m.start()], m.group(0)) if m else (name, "")
+    return (name[: m.start()], m.group(0)) if m else (name, "")

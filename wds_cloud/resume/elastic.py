@@ -30,16 +30,36 @@ from __future__ import annotations
 
 import heapq
 import random
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any, Optional
 
 from ..errors import StateMismatchError
 from ..io.datafile import shown
 from ..utils import make_seed
 from .state import check_seal, expect
 
-__all__ = ["ELASTIC_FORMAT", "LOADER_FORMAT", "REPLAY_REF", "SHARD_LISTS", "KNOWN_KINDS", "MAX_STATES", "MAX_ENTRIES",
-           "is_merged", "check_merged", "check_share", "check_start", "share", "shard_split", "shard_order",
-           "items_share", "resolve", "encode_buffered", "decode_buffered", "decode_ranges", "as_count"]
+__all__ = [
+    "ELASTIC_FORMAT",
+    "LOADER_FORMAT",
+    "REPLAY_REF",
+    "SHARD_LISTS",
+    "KNOWN_KINDS",
+    "MAX_STATES",
+    "MAX_ENTRIES",
+    "is_merged",
+    "check_merged",
+    "check_share",
+    "check_start",
+    "share",
+    "shard_split",
+    "shard_order",
+    "items_share",
+    "resolve",
+    "encode_buffered",
+    "decode_buffered",
+    "decode_ranges",
+    "as_count",
+]
 
 #: the format tag of a merged, topology-free state
 ELASTIC_FORMAT = "wds_cloud.elastic/1"
@@ -88,8 +108,11 @@ def encode_buffered(buffered: dict, repeats: bool = False) -> list:
         previous = None
         for first, blocks in sorted(ranges):
             if first < end and not (repeats and (first, blocks) == previous):
-                raise StateMismatchError(f"{text}: two buffered samples overlap at block {first}: the states were "
-                                         "changed or overlap (the same state given twice?)", field="buffer")
+                raise StateMismatchError(
+                    f"{text}: two buffered samples overlap at block {first}: the states were "
+                    "changed or overlap (the same state given twice?)",
+                    field="buffer",
+                )
             flat += (first - end, blocks)
             end = first + blocks
             previous = (first, blocks)
@@ -136,14 +159,19 @@ def decode_buffered(entries: list) -> list:
 # ----------------------------------------------------------------------------------------- checking
 def check_merged(state: Any) -> None:
     """Refuse a merged state that is not one :func:`merge_states` gives (its checksum, then every field)."""
-    expect(state, "merged", dict, epoch=(int, lambda n: n >= 0), pipeline=dict,
-           loader=(dict, None, True))
+    expect(state, "merged", dict, epoch=(int, lambda n: n >= 0), pipeline=dict, loader=(dict, None, True))
     check_seal(state, "merged")
     _check_level(state["pipeline"], 0)
     loader = state.get("loader")
     if loader is not None:
-        expect(loader, "merged loader", dict, **{"pass": (int, lambda n: n >= 0)}, items=(int, lambda n: n >= 0),
-               ranks=(int, lambda n: 1 <= n <= MAX_STATES))
+        expect(
+            loader,
+            "merged loader",
+            dict,
+            **{"pass": (int, lambda n: n >= 0)},
+            items=(int, lambda n: n >= 0),
+            ranks=(int, lambda n: 1 <= n <= MAX_STATES),
+        )
 
 
 def _check_level(level: Any, depth: int) -> None:
@@ -152,48 +180,90 @@ def _check_level(level: Any, depth: int) -> None:
     expect(level, "merged", dict, epoch=(int, lambda n: n >= 0))
     if level.get("fresh"):
         return
-    expect(level, "merged", dict, kinds=(list, lambda v: len(v) <= 256), configs=dict,
-           **{"pass": (int, lambda n: n >= 0)}, items=(int, lambda n: n >= 0),
-           slots=(int, lambda n: 1 <= n <= MAX_STATES * 4096), mix=(dict, None, True), streams=(dict, None, True))
+    expect(
+        level,
+        "merged",
+        dict,
+        kinds=(list, lambda v: len(v) <= 256),
+        configs=dict,
+        **{"pass": (int, lambda n: n >= 0)},
+        items=(int, lambda n: n >= 0),
+        slots=(int, lambda n: 1 <= n <= MAX_STATES * 4096),
+        mix=(dict, None, True),
+        streams=(dict, None, True),
+    )
     for kind in level["kinds"]:
         if not (isinstance(kind, list) and len(kind) == 2 and type(kind[0]) is int and isinstance(kind[1], str)):
-            raise StateMismatchError(f"the merged state lists the stage {shown(kind)}, which merge_states() does not "
-                                     "give: the state was changed", field="kinds")
+            raise StateMismatchError(
+                f"the merged state lists the stage {shown(kind)}, which merge_states() does not "
+                "give: the state was changed",
+                field="kinds",
+            )
     if not all(isinstance(k, str) and k.isdigit() and isinstance(v, dict) for k, v in level["configs"].items()):
-        raise StateMismatchError("the merged state's 'configs' are not the stages' settings merge_states() gives: "
-                                 "the state was changed", field="configs")
+        raise StateMismatchError(
+            "the merged state's 'configs' are not the stages' settings merge_states() gives: the state was changed",
+            field="configs",
+        )
     streams = level.get("streams")
     if streams is not None:
         expect(streams, "merged streams", dict, count=(int, lambda n: 1 <= n <= 65536), states=list)
         streams_seen: set = set()
         for entry in streams["states"]:
-            if not (isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int
-                    and 0 <= entry[0] < streams["count"] and entry[0] not in streams_seen
-                    and isinstance(entry[1], dict)):
-                raise StateMismatchError(f"the merged state's streams hold {shown(entry)}, which merge_states() does "
-                                         "not give: the state was changed", field="streams")
+            if not (
+                isinstance(entry, list)
+                and len(entry) == 2
+                and type(entry[0]) is int
+                and 0 <= entry[0] < streams["count"]
+                and entry[0] not in streams_seen
+                and isinstance(entry[1], dict)
+            ):
+                raise StateMismatchError(
+                    f"the merged state's streams hold {shown(entry)}, which merge_states() does "
+                    "not give: the state was changed",
+                    field="streams",
+                )
             streams_seen.add(entry[0])
         return
     mix = level.get("mix")
     if mix is not None:
-        expect(mix, "merged mix", dict, names=list, count=(int, lambda n: n >= 0), taken=list,
-               quota=(int, lambda n: n >= 0, True), **{"pass": (int, lambda n: n >= 0)},
-               sources=(list, lambda v: len(v) == len(mix["names"])))
+        expect(
+            mix,
+            "merged mix",
+            dict,
+            names=list,
+            count=(int, lambda n: n >= 0),
+            taken=list,
+            quota=(int, lambda n: n >= 0, True),
+            **{"pass": (int, lambda n: n >= 0)},
+            sources=(list, lambda v: len(v) == len(mix["names"])),
+        )
         for sub in mix["sources"]:
             _check_level(sub, depth + 1)
         return
-    expect(level, "merged", dict, shards=dict, pending=(list, lambda v: len(v) <= MAX_ENTRIES),
-           partial=(list, lambda v: len(v) <= MAX_ENTRIES), buffered=(list, lambda v: len(v) <= MAX_ENTRIES),
-           read=(int, lambda n: n >= 0), owed=(int, lambda n: n >= 0, True), outer=(int, lambda n: n >= 0, True),
-           started=(int, lambda n: n >= 0, True))
+    expect(
+        level,
+        "merged",
+        dict,
+        shards=dict,
+        pending=(list, lambda v: len(v) <= MAX_ENTRIES),
+        partial=(list, lambda v: len(v) <= MAX_ENTRIES),
+        buffered=(list, lambda v: len(v) <= MAX_ENTRIES),
+        read=(int, lambda n: n >= 0),
+        owed=(int, lambda n: n >= 0, True),
+        outer=(int, lambda n: n >= 0, True),
+        started=(int, lambda n: n >= 0, True),
+    )
     n_shards = level["shards"].get("shards")
     if type(n_shards) is not int or n_shards < 1:
         raise StateMismatchError(f"the merged state's shard count is {shown(n_shards)}", field="shards")
     seen: set = set()
     for index in level["pending"]:
         if type(index) is not int or not 0 <= index < n_shards or index in seen:
-            raise StateMismatchError(f"the merged state's 'pending' holds {shown(index)}, not a shard of the "
-                                     f"{n_shards} (or twice): the state was changed", field="pending")
+            raise StateMismatchError(
+                f"the merged state's 'pending' holds {shown(index)}, not a shard of the "
+                f"{n_shards} (or twice): the state was changed",
+                field="pending",
+            )
         seen.add(index)
     for entry in level["partial"]:
         _check_partial(entry)
@@ -203,23 +273,45 @@ def _check_level(level: Any, depth: int) -> None:
 
 
 def _check_partial(entry: Any) -> None:
-    if not (isinstance(entry, list) and len(entry) == 6 and isinstance(entry[0], str) and isinstance(entry[1], str)
-            and type(entry[2]) is int and entry[2] >= 0 and entry[2] % 512 == 0
-            and (entry[3] is None or isinstance(entry[3], str)) and isinstance(entry[4], bool)
-            and isinstance(entry[5], dict) and len(entry[5]) <= 64
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in entry[5].items())):
-        raise StateMismatchError(f"the merged state's 'partial' holds {shown(entry)}, which merge_states() does not "
-                                 "give: the state was changed", field="partial")
+    if not (
+        isinstance(entry, list)
+        and len(entry) == 6
+        and isinstance(entry[0], str)
+        and isinstance(entry[1], str)
+        and type(entry[2]) is int
+        and entry[2] >= 0
+        and entry[2] % 512 == 0
+        and (entry[3] is None or isinstance(entry[3], str))
+        and isinstance(entry[4], bool)
+        and isinstance(entry[5], dict)
+        and len(entry[5]) <= 64
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in entry[5].items())
+    ):
+        raise StateMismatchError(
+            f"the merged state's 'partial' holds {shown(entry)}, which merge_states() does not "
+            "give: the state was changed",
+            field="partial",
+        )
 
 
 def _check_buffered(entry: Any, repeats: bool = False) -> None:
-    from ..tar.reader import MAX_SHARD_BLOCKS
+    from ..io.datafile import MAX_SHARD_BLOCKS
 
-    if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str) and isinstance(entry[1], str)
-            and isinstance(entry[2], bool) and isinstance(entry[3], list) and len(entry[3]) % 2 == 0
-            and len(entry[3]) <= 2 * MAX_ENTRIES):
-        raise StateMismatchError(f"the merged state's 'buffered' holds {shown(entry)}, which merge_states() does not "
-                                 "give: the state was changed", field="buffered")
+    if not (
+        isinstance(entry, list)
+        and len(entry) == 4
+        and isinstance(entry[0], str)
+        and isinstance(entry[1], str)
+        and isinstance(entry[2], bool)
+        and isinstance(entry[3], list)
+        and len(entry[3]) % 2 == 0
+        and len(entry[3]) <= 2 * MAX_ENTRIES
+    ):
+        raise StateMismatchError(
+            f"the merged state's 'buffered' holds {shown(entry)}, which merge_states() does not "
+            "give: the state was changed",
+            field="buffered",
+        )
     flat = entry[3]
     end = 0
     last = 0
@@ -227,24 +319,41 @@ def _check_buffered(entry: Any, repeats: bool = False) -> None:
         gap, blocks = flat[i], flat[i + 1]
         repeat = repeats and i and type(gap) is int and gap == -last and blocks == last
         if not (type(gap) is int and type(blocks) is int and (gap >= 0 or repeat) and 0 < blocks <= MAX_SHARD_BLOCKS):
-            raise StateMismatchError(f"the merged state's buffered samples of {entry[1]!r} hold {shown([gap, blocks])}: "
-                                     "the state was changed", field="buffered")
+            raise StateMismatchError(
+                f"the merged state's buffered samples of {entry[1]!r} hold {shown([gap, blocks])}: "
+                "the state was changed",
+                field="buffered",
+            )
         end += gap + blocks
         last = blocks
         if end > MAX_SHARD_BLOCKS:
-            raise StateMismatchError(f"the merged state's buffered samples of {entry[1]!r} lie beyond any shard: the "
-                                     "state was changed", field="buffered")
+            raise StateMismatchError(
+                f"the merged state's buffered samples of {entry[1]!r} lie beyond any shard: the state was changed",
+                field="buffered",
+            )
 
 
 def check_share(record: Any, n_shards: int, repeats: bool = False) -> None:
     """Refuse a share (a shard list's ``"assigned"``, or one :func:`share` made) that does not fit ``n_shards``."""
-    expect(record, "elastic share", dict, epoch=(int, lambda n: n >= 0), replay=(list, lambda v: len(v) <= MAX_ENTRIES),
-           partial=(list, lambda v: len(v) <= MAX_ENTRIES), pending=(list, lambda v: len(v) <= n_shards),
-           limit=(int, lambda n: n >= 0, True), items=(list, None, True))
+    expect(
+        record,
+        "elastic share",
+        dict,
+        epoch=(int, lambda n: n >= 0),
+        replay=(list, lambda v: len(v) <= MAX_ENTRIES),
+        partial=(list, lambda v: len(v) <= MAX_ENTRIES),
+        pending=(list, lambda v: len(v) <= n_shards),
+        limit=(int, lambda n: n >= 0, True),
+        items=(list, None, True),
+    )
     if len(set(map(repr, record["pending"]))) != len(record["pending"]) or not all(
-            type(i) is int and 0 <= i < n_shards for i in record["pending"]):
-        raise StateMismatchError(f"the saved share's 'pending' holds {shown(record['pending'])}, not distinct shards of "
-                                 f"the {n_shards}: the state was changed", field="pending")
+        type(i) is int and 0 <= i < n_shards for i in record["pending"]
+    ):
+        raise StateMismatchError(
+            f"the saved share's 'pending' holds {shown(record['pending'])}, not distinct shards of "
+            f"the {n_shards}: the state was changed",
+            field="pending",
+        )
     for entry in record["partial"]:
         _check_partial(entry)
     for entry in record["replay"]:
@@ -254,19 +363,34 @@ def check_share(record: Any, n_shards: int, repeats: bool = False) -> None:
 def check_start(state: Any) -> None:
     """Refuse a start (a worker's share of a merged state, see ``DataPipeline.elastic_start``) of the wrong shape;
     the shares inside are checked where they are taken."""
-    expect(state, "elastic start", dict, start=dict, epoch=(int, lambda n: n >= 0),
-           progress=(list, lambda v: len(v) == 2 and all(type(x) is int and x >= 0 for x in v)))
+    expect(
+        state,
+        "elastic start",
+        dict,
+        start=dict,
+        epoch=(int, lambda n: n >= 0),
+        progress=(list, lambda v: len(v) == 2 and all(type(x) is int and x >= 0 for x in v)),
+    )
     _check_level_start(state["start"], 0)
 
 
 def _check_level_start(start: Any, depth: int) -> None:
     if depth > 2:
         raise StateMismatchError("a saved start nests mixes deeper than a mix of datasets", field="start")
-    expect(start, "elastic start", dict, epoch=(int, lambda n: n >= 0), share=(dict, None, True),
-           mix=(dict, None, True), streams=(list, lambda v: len(v) <= 65536, True), fresh=(bool, None, True))
+    expect(
+        start,
+        "elastic start",
+        dict,
+        epoch=(int, lambda n: n >= 0),
+        share=(dict, None, True),
+        mix=(dict, None, True),
+        streams=(list, lambda v: len(v) <= 65536, True),
+        fresh=(bool, None, True),
+    )
     if sum(key in start for key in ("share", "mix", "streams", "fresh")) != 1:
-        raise StateMismatchError(f"the saved start {shown(start)} is not one a merged state gives: the state was "
-                                 "changed", field="start")
+        raise StateMismatchError(
+            f"the saved start {shown(start)} is not one a merged state gives: the state was changed", field="start"
+        )
     if "mix" in start:
         sources = start["mix"].get("sources")
         if not isinstance(sources, list) or len(sources) > 4096:
@@ -276,8 +400,14 @@ def _check_level_start(start: Any, depth: int) -> None:
     if "streams" in start:
         seen: set = set()
         for entry in start["streams"]:
-            if not (isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int and entry[0] >= 0
-                    and entry[0] not in seen and isinstance(entry[1], dict)):
+            if not (
+                isinstance(entry, list)
+                and len(entry) == 2
+                and type(entry[0]) is int
+                and entry[0] >= 0
+                and entry[0] not in seen
+                and isinstance(entry[1], dict)
+            ):
                 raise StateMismatchError(f"a saved streams start lists {shown(entry)}", field="streams")
             seen.add(entry[0])
 
@@ -338,10 +468,13 @@ def share(level: dict, slot: int, slots: int, counts: Optional[dict] = None, lim
     for url_id, text, compressed, first, blocks in mine:
         replay.setdefault(url_id, [text, compressed, []])[2].append((first, blocks))
     repeats = isinstance(level.get("shards"), dict) and level["shards"].get("kind") == "ResampledShards"
-    return {"epoch": level["epoch"], "replay": encode_buffered(replay, repeats),
-            "partial": [item for _, item in sorted(partial, key=lambda p: p[0])],
-            "pending": sorted((item for _, item in pending), key=pos.__getitem__),
-            "limit": limit}
+    return {
+        "epoch": level["epoch"],
+        "replay": encode_buffered(replay, repeats),
+        "partial": [item for _, item in sorted(partial, key=lambda p: p[0])],
+        "pending": sorted((item for _, item in pending), key=pos.__getitem__),
+        "limit": limit,
+    }
 
 
 def items_share(done: int, old_slots: int, per_slot: int, slot: int, slots: int) -> int:
@@ -357,8 +490,11 @@ def resolve(entries: Iterable[Any], by_id: dict, what: str) -> list:
     for entry in entries:
         url = by_id.get(entry[0])
         if url is None:
-            raise StateMismatchError(f"the merged state names the shard {entry[1]!r}, which this dataset's shard list "
-                                     f"does not ({what}): load a state merged from a job over the same shards",
-                                     url=entry[1], field=what)
+            raise StateMismatchError(
+                f"the merged state names the shard {entry[1]!r}, which this dataset's shard list "
+                f"does not ({what}): load a state merged from a job over the same shards",
+                url=entry[1],
+                field=what,
+            )
         out.append(url)
     return out

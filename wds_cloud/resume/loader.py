@@ -17,15 +17,28 @@ from __future__ import annotations
 
 import pickle
 from collections import deque
-from typing import Any, Callable, Iterable, Iterator, Optional
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Optional
 
 from ..pytorch import IterableDataset
 from ..stages import PipelineStage
 from .protocol import transport_state
 from .shuffle import apply_journal, buffer_locations
 
-__all__ = ["EndMark", "Unavailable", "TAG", "seal", "tagged", "Ended", "StateCollate", "default_collate", "Untag",
-           "note", "resolve", "jsonable"]
+__all__ = [
+    "EndMark",
+    "Unavailable",
+    "TAG",
+    "seal",
+    "tagged",
+    "Ended",
+    "StateCollate",
+    "default_collate",
+    "Untag",
+    "note",
+    "resolve",
+    "jsonable",
+]
 
 
 def jsonable(value: Any) -> Any:
@@ -126,8 +139,10 @@ def _has_journal(state: Any) -> bool:
     """Whether a shuffle stage of ``state`` (nested pipelines included) sent changes rather than its buffer."""
     if not isinstance(state, dict):
         return False
-    return any(isinstance(stage, dict) and ("journal" in stage or _has_journal(stage))
-               for _, _, stage in state.get("stages", ()))
+    return any(
+        isinstance(stage, dict) and ("journal" in stage or _has_journal(stage))
+        for _, _, stage in state.get("stages", ())
+    )
 
 
 def tagged(x: Any) -> bool:
@@ -163,8 +178,9 @@ class StateCollate:
     resume after it.
     """
 
-    def __init__(self, collate: Optional[Callable], per_item: bool, ended: Ended,
-                 pack: Optional[Callable[[Any], Any]] = None) -> None:
+    def __init__(
+        self, collate: Optional[Callable], per_item: bool, ended: Ended, pack: Optional[Callable[[Any], Any]] = None
+    ) -> None:
         self.collate = collate
         self.per_item = per_item
         self.ended = ended
@@ -208,7 +224,8 @@ def default_collate(per_item: bool) -> Callable[[Any], Any]:
     global _torch_collate
     if _torch_collate is None:
         try:
-            from torch.utils.data import default_collate as collate, default_convert
+            from torch.utils.data import default_collate as collate
+            from torch.utils.data import default_convert
         except ImportError:
             _torch_collate = ()
         else:

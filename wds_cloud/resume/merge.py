@@ -8,12 +8,26 @@ unstarted shards, the partly read ones, the buffered samples, and a mix's or equ
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 from ..errors import StateMismatchError
 from ..io.datafile import shown
-from .elastic import (ELASTIC_FORMAT, KNOWN_KINDS, LOADER_FORMAT, MAX_STATES, SHARD_LISTS, as_count, check_start,
-                      decode_buffered, decode_ranges, encode_buffered, is_merged, shard_order, shard_split)
+from .elastic import (
+    ELASTIC_FORMAT,
+    KNOWN_KINDS,
+    LOADER_FORMAT,
+    MAX_STATES,
+    SHARD_LISTS,
+    as_count,
+    check_start,
+    decode_buffered,
+    decode_ranges,
+    encode_buffered,
+    is_merged,
+    shard_order,
+    shard_split,
+)
 from .state import FORMAT, check_seal, expect, is_inexact, seal
 from .streams import STREAMS_KIND
 
@@ -31,16 +45,23 @@ def merge_states(states: Sequence[dict]) -> dict:
     if isinstance(states, dict):
         states = [states]
     if not isinstance(states, (list, tuple)) or not states:
-        raise StateMismatchError("merge_states() takes a list of the states of every rank (WebLoader.state_dict()) "
-                                 "or of every rank and worker (dataset.state_dict())", field="states")
+        raise StateMismatchError(
+            "merge_states() takes a list of the states of every rank (WebLoader.state_dict()) "
+            "or of every rank and worker (dataset.state_dict())",
+            field="states",
+        )
     if len(states) > MAX_STATES:
-        raise StateMismatchError(f"merge_states() was given {len(states)} states, more than {MAX_STATES}",
-                                 field="states")
+        raise StateMismatchError(
+            f"merge_states() was given {len(states)} states, more than {MAX_STATES}", field="states"
+        )
     slots, world_size, num_workers, epoch, loader = _slots(states)
     level = _merge_level([(slot, state) for slot, state in enumerate(slots)], world_size, num_workers, epoch)
-    merged = {"format": ELASTIC_FORMAT, "epoch": epoch, "from": {"world_size": world_size,
-                                                                 "num_workers": num_workers},
-              "pipeline": level}
+    merged = {
+        "format": ELASTIC_FORMAT,
+        "epoch": epoch,
+        "from": {"world_size": world_size, "num_workers": num_workers},
+        "pipeline": level,
+    }
     if loader is not None:
         merged["loader"] = loader
     return seal(merged)
@@ -53,15 +74,20 @@ def _slots(states: Sequence[Any]) -> tuple[list, int, int, int, Optional[dict]]:
     for number, state in enumerate(states):
         what = f"state {number}"
         if not isinstance(state, dict):
-            raise StateMismatchError(f"{what} is a {type(state).__name__}, not a state_dict(): pass the dicts that "
-                                     "state_dict() returned", field="states")
+            raise StateMismatchError(
+                f"{what} is a {type(state).__name__}, not a state_dict(): pass the dicts that state_dict() returned",
+                field="states",
+            )
         if is_merged(state):
-            raise StateMismatchError(f"{what} is already merged: load it as it is (load_state_dict accepts it on "
-                                     "any shape)", field="format")
+            raise StateMismatchError(
+                f"{what} is already merged: load it as it is (load_state_dict accepts it on any shape)", field="format"
+            )
         if is_inexact(state):
-            raise StateMismatchError(f"{what} cannot be resumed exactly ({str(state['inexact'])[:300]}), so no merged "
-                                     "state can be made from it; make the pipeline resumable (see resume_blocker())",
-                                     field="inexact")
+            raise StateMismatchError(
+                f"{what} cannot be resumed exactly ({str(state['inexact'])[:300]}), so no merged "
+                "state can be made from it; make the pipeline resumable (see resume_blocker())",
+                field="inexact",
+            )
         fmt = state.get("format")
         if fmt == LOADER_FORMAT:
             check_seal(state, "WebLoader")
@@ -72,20 +98,27 @@ def _slots(states: Sequence[Any]) -> tuple[list, int, int, int, Optional[dict]]:
             epoch = _epoch_of(state)
             entries, progress = {worker: state}, None
         else:
-            raise StateMismatchError(f"{what} is not a WebLoader or dataset state (format {shown(fmt)}): pass the "
-                                     "dicts that state_dict() returned", field="format")
+            raise StateMismatchError(
+                f"{what} is not a WebLoader or dataset state (format {shown(fmt)}): pass the "
+                "dicts that state_dict() returned",
+                field="format",
+            )
         if shape is None:
             shape = (world_size, workers)
         elif shape != (world_size, workers):
-            raise StateMismatchError(f"{what} was taken on {world_size} ranks x {workers} workers, state 0 on "
-                                     f"{shape[0]} x {shape[1]}: merge the states of one job, taken at one step",
-                                     field="world_size")
+            raise StateMismatchError(
+                f"{what} was taken on {world_size} ranks x {workers} workers, state 0 on "
+                f"{shape[0]} x {shape[1]}: merge the states of one job, taken at one step",
+                field="world_size",
+            )
         entry = per.setdefault(rank, [epoch, {}, progress])
         if entry[0] is None:
             entry[0] = epoch
         elif epoch is not None and entry[0] != epoch:
-            raise StateMismatchError(f"{what} (rank {rank}) is in epoch {epoch}, another state of that rank in "
-                                     f"epoch {entry[0]}", field="epoch")
+            raise StateMismatchError(
+                f"{what} (rank {rank}) is in epoch {epoch}, another state of that rank in epoch {entry[0]}",
+                field="epoch",
+            )
         for worker, pipeline_state in entries.items():
             if worker in entry[1]:
                 raise StateMismatchError(f"{what}: rank {rank} worker {worker} is given twice", field="states")
@@ -96,22 +129,31 @@ def _slots(states: Sequence[Any]) -> tuple[list, int, int, int, Optional[dict]]:
     world_size, workers = shape
     missing = [rank for rank in range(world_size) if rank not in per]
     if missing:
-        raise StateMismatchError(f"the states name {world_size} ranks but none of rank(s) {_few(missing)} was "
-                                 "given: merge the states of every rank (state_dict(gather=True) gathers them)",
-                                 field="rank", missing=missing)
+        raise StateMismatchError(
+            f"the states name {world_size} ranks but none of rank(s) {_few(missing)} was "
+            "given: merge the states of every rank (state_dict(gather=True) gathers them)",
+            field="rank",
+            missing=missing,
+        )
     epochs = {rank: entry[0] for rank, entry in per.items() if entry[0] is not None}
     if len(set(epochs.values())) > 1:
-        raise StateMismatchError("the ranks' states are in different epochs (" + ", ".join(
-            f"rank {r}: {e}" for r, e in sorted(epochs.items())[:8]) + "): take every rank's state at the same step",
-            field="epoch")
+        raise StateMismatchError(
+            "the ranks' states are in different epochs ("
+            + ", ".join(f"rank {r}: {e}" for r, e in sorted(epochs.items())[:8])
+            + "): take every rank's state at the same step",
+            field="epoch",
+        )
     epoch = next(iter(epochs.values()), 0)
     loader_states = [entry[2] for _, entry in sorted(per.items())]
     loader = None
     if all(p is not None for p in loader_states):
         passes = {p[0] for p in loader_states}
         if len(passes) > 1:
-            raise StateMismatchError(f"the ranks' loaders are in different passes ({sorted(passes)[:8]}): take every "
-                                     "rank's state at the same step", field="progress")
+            raise StateMismatchError(
+                f"the ranks' loaders are in different passes ({sorted(passes)[:8]}): take every "
+                "rank's state at the same step",
+                field="progress",
+            )
         loader = {"pass": passes.pop(), "items": sum(p[1] for p in loader_states), "ranks": world_size}
     by_rank_worker = [per[rank][1].get(worker) for rank in range(world_size) for worker in range(workers)]
     if loader is None:
@@ -120,7 +162,9 @@ def _slots(states: Sequence[Any]) -> tuple[list, int, int, int, Optional[dict]]:
             raise StateMismatchError(
                 f"no state was given for rank {absent[0] // workers} worker {absent[0] % workers}"
                 f"{' (and ' + str(len(absent) - 1) + ' more)' if len(absent) > 1 else ''}: merge the dataset states "
-                "of every rank and worker, or the WebLoader states of every rank", field="worker")
+                "of every rank and worker, or the WebLoader states of every rank",
+                field="worker",
+            )
     return by_rank_worker, world_size, workers, epoch, loader
 
 
@@ -129,16 +173,30 @@ def _few(items: list) -> str:
 
 
 def _loader_slots(state: dict, what: str, count: int) -> tuple:
-    expect(state, "WebLoader", dict, num_workers=(int, lambda n: 0 <= n <= 4096), epoch=(int, lambda n: n >= 0),
-           workers=(list, lambda v: all(isinstance(e, (list, tuple)) and len(e) == 2 and type(e[0]) is int
-                                        and isinstance(e[1], dict) for e in v)),
-           progress=(list, lambda v: len(v) == 2 and all(type(x) is int and x >= 0 for x in v), True),
-           rank=(int, lambda n: n >= 0, True), world_size=(int, lambda n: 1 <= n <= MAX_STATES, True))
+    expect(
+        state,
+        "WebLoader",
+        dict,
+        num_workers=(int, lambda n: 0 <= n <= 4096),
+        epoch=(int, lambda n: n >= 0),
+        workers=(
+            list,
+            lambda v: all(
+                isinstance(e, (list, tuple)) and len(e) == 2 and type(e[0]) is int and isinstance(e[1], dict) for e in v
+            ),
+        ),
+        progress=(list, lambda v: len(v) == 2 and all(type(x) is int and x >= 0 for x in v), True),
+        rank=(int, lambda n: n >= 0, True),
+        world_size=(int, lambda n: 1 <= n <= MAX_STATES, True),
+    )
     rank, world_size = state.get("rank"), state.get("world_size")
     if rank is None or world_size is None:
         if count > 1:
-            raise StateMismatchError(f"{what} does not say which rank took it (a state of an older wds_cloud): take "
-                                     "the states again with this version", field="rank")
+            raise StateMismatchError(
+                f"{what} does not say which rank took it (a state of an older wds_cloud): take "
+                "the states again with this version",
+                field="rank",
+            )
         rank, world_size = 0, 1
     if rank >= world_size:
         raise StateMismatchError(f"{what} says rank {rank} of {world_size}: the state was changed", field="rank")
@@ -146,8 +204,9 @@ def _loader_slots(state: dict, what: str, count: int) -> tuple:
     entries = {}
     for worker, pipeline_state in state["workers"]:
         if not 0 <= worker < workers:
-            raise StateMismatchError(f"{what} names worker {worker} of a loader with {workers}: the state was changed",
-                                     field="workers")
+            raise StateMismatchError(
+                f"{what} names worker {worker} of a loader with {workers}: the state was changed", field="workers"
+            )
         if "start" in pipeline_state:  # the share of an earlier elastic resume, not begun: all of it is left
             check_start(pipeline_state)
             pipeline_state = dict(pipeline_state["start"], progress=pipeline_state["progress"])
@@ -159,24 +218,34 @@ def _identity(state: dict, what: str, count: int) -> tuple[int, int, int, int]:
     for entry in state.get("stages") or ():  # virtual streams: the state names its worker among all of them
         if isinstance(entry, list) and len(entry) == 3 and entry[1] == "Streams" and isinstance(entry[2], dict):
             slot = entry[2].get("slot")
-            if isinstance(slot, list) and len(slot) == 2 and all(type(v) is int for v in slot) and \
-                    0 <= slot[0] < slot[1] <= MAX_STATES * 4096:
+            if (
+                isinstance(slot, list)
+                and len(slot) == 2
+                and all(type(v) is int for v in slot)
+                and 0 <= slot[0] < slot[1] <= MAX_STATES * 4096
+            ):
                 return slot[0], slot[1], 0, 1
     found = _find_identity(state, 0)
     if found is None:
         if count > 1:
-            raise StateMismatchError(f"{what} does not say which rank and worker took it (its pass had not begun): "
-                                     "merge WebLoader states, or take the dataset states after an item", field="identity")
+            raise StateMismatchError(
+                f"{what} does not say which rank and worker took it (its pass had not begun): "
+                "merge WebLoader states, or take the dataset states after an item",
+                field="identity",
+            )
         return 0, 1, 0, 1
     try:
         rank, world_size, worker, workers = (found[k] for k in ("rank", "world_size", "worker", "num_workers"))
     except KeyError:
-        raise StateMismatchError(f"{what}: the reader's identity {shown(found)} is not one state_dict() gives",
-                                 field="identity") from None
+        raise StateMismatchError(
+            f"{what}: the reader's identity {shown(found)} is not one state_dict() gives", field="identity"
+        ) from None
     if not all(type(v) is int for v in (rank, world_size, worker, workers)) or not (
-            0 <= rank < world_size <= MAX_STATES and 0 <= worker < workers <= 4096):
-        raise StateMismatchError(f"{what}: the reader's identity {shown(found)} is not one state_dict() gives",
-                                 field="identity")
+        0 <= rank < world_size <= MAX_STATES and 0 <= worker < workers <= 4096
+    ):
+        raise StateMismatchError(
+            f"{what}: the reader's identity {shown(found)} is not one state_dict() gives", field="identity"
+        )
     return rank, world_size, worker, workers
 
 
@@ -239,25 +308,36 @@ def _merge_level(entries: list, world_size: int, workers: int, epoch: int) -> di
     for slot, state in started:
         other = _kinds(state, slot)
         if other != kinds:
-            raise StateMismatchError(f"the states of slot {ref_slot} and slot {slot} have other stages ({kinds} vs "
-                                     f"{other}): merge the states of one job", field="stages")
+            raise StateMismatchError(
+                f"the states of slot {ref_slot} and slot {slot} have other stages ({kinds} vs "
+                f"{other}): merge the states of one job",
+                field="stages",
+            )
     unknown = [f"stage {i} ({kind})" for i, kind in kinds if kind not in KNOWN_KINDS]
     if unknown:
-        raise StateMismatchError(f"merge_states() cannot split the state of {', '.join(unknown)} over another number "
-                                 "of ranks and workers (only shard lists, shard readers, shuffles and mixes): load the "
-                                 "per-rank states on the same shape instead", field="stages")
+        raise StateMismatchError(
+            f"merge_states() cannot split the state of {', '.join(unknown)} over another number "
+            "of ranks and workers (only shard lists, shard readers, shuffles and mixes): load the "
+            "per-rank states on the same shape instead",
+            field="stages",
+        )
     passes = {tuple(state.get("progress") or (0, 0))[0] for _, state in started}
     passes = {p for p in passes if type(p) is int} or {0}
     if len(passes) > 1:
-        raise StateMismatchError(f"the workers are in different passes of the pipeline ({sorted(passes)[:8]}; "
-                                 "repeat()/with_epoch): take every worker's state at the same step", field="progress")
+        raise StateMismatchError(
+            f"the workers are in different passes of the pipeline ({sorted(passes)[:8]}; "
+            "repeat()/with_epoch): take every worker's state at the same step",
+            field="progress",
+        )
     configs = _configs(reference, kinds)
     for slot, state in states:
         for i, _ in kinds:
             if str(i) in configs and _config_of(state, i) != configs[str(i)]:
-                raise StateMismatchError(f"the states of slot {ref_slot} and slot {slot} were taken from datasets "
-                                         f"configured differently at stage {i}: merge the states of one job",
-                                         field="config")
+                raise StateMismatchError(
+                    f"the states of slot {ref_slot} and slot {slot} were taken from datasets "
+                    f"configured differently at stage {i}: merge the states of one job",
+                    field="config",
+                )
     if any(kind == "MixSource" for _, kind in kinds):
         return _merge_mix(entries, kinds, configs, world_size, workers, epoch, passes.pop())
     if any(kind == "Streams" for _, kind in kinds):
@@ -266,18 +346,26 @@ def _merge_level(entries: list, world_size: int, workers: int, epoch: int) -> di
     shards_config = next((configs.get(str(i)) for i, kind in kinds if kind in SHARD_LISTS), None)
     list_kind = next((kind for _, kind in kinds if kind in SHARD_LISTS), None)
     if list_kind is None or not any(kind == "TarSamples" for _, kind in kinds):
-        raise StateMismatchError("merge_states() needs a pipeline that starts with a shard list read by a shard reader "
-                                 "(WebDataset, or DataPipeline(SimpleShardList(...), split_by_node, split_by_worker, "
-                                 "tarfile_to_samples(), ...))", field="stages")
+        raise StateMismatchError(
+            "merge_states() needs a pipeline that starts with a shard list read by a shard reader "
+            "(WebDataset, or DataPipeline(SimpleShardList(...), split_by_node, split_by_worker, "
+            "tarfile_to_samples(), ...))",
+            field="stages",
+        )
     if split not in ("nodes+workers", "nodes", "workers", "none"):
-        raise StateMismatchError("the shards of this pipeline are split by a stage of its own between the shard list "
-                                 "and the reader, so merge_states() cannot tell which worker had which shard: split "
-                                 "with wds.split_by_node and wds.split_by_worker", field="split")
+        raise StateMismatchError(
+            "the shards of this pipeline are split by a stage of its own between the shard list "
+            "and the reader, so merge_states() cannot tell which worker had which shard: split "
+            "with wds.split_by_node and wds.split_by_worker",
+            field="split",
+        )
     if (split in ("workers", "none") and world_size > 1) or (split in ("nodes", "none") and workers > 1):
-        raise StateMismatchError(f"this pipeline does not split its shards over {'ranks' if world_size > 1 and split in ('workers', 'none') else 'DataLoader workers'} "
-                                 f"(split: {split}), so every one read the same shards: there is no share to carry "
-                                 "over; give nodesplitter=wds.split_by_node (and the default workersplitter)",
-                                 field="split")
+        raise StateMismatchError(
+            f"this pipeline does not split its shards over {'ranks' if world_size > 1 and split in ('workers', 'none') else 'DataLoader workers'} "
+            f"(split: {split}), so every one read the same shards: there is no share to carry "
+            "over; give nodesplitter=wds.split_by_node (and the default workersplitter)",
+            field="split",
+        )
     level = _Level()
     n_shards = shards_config.get("shards") if isinstance(shards_config, dict) else None
     if not isinstance(shards_config, dict) or type(n_shards) is not int or n_shards < 1:
@@ -290,16 +378,30 @@ def _merge_level(entries: list, world_size: int, workers: int, epoch: int) -> di
     position = {index: pos for pos, index in enumerate(order)} if order is not None else {}
     for slot, state in entries:
         rank, worker = divmod(slot, workers)
-        _merge_slot(level, state, kinds, split, world_size, workers, rank, worker, order, n_shards, epoch,
-                    resampled, position)
-    out: dict = {"kinds": [list(k) for k in kinds], "configs": configs, "split": split, "epoch": epoch,
-                 "pass": passes.pop(), "items": level.items, "slots": len(entries), "shards": shards_config,
-                 "pending": sorted(level.pending, key=level.pending.__getitem__), "partial": level.partial,
-                 "buffered": encode_buffered(level.buffered, resampled), "read": level.read,
-                 "started": level.started}
+        _merge_slot(
+            level, state, kinds, split, world_size, workers, rank, worker, order, n_shards, epoch, resampled, position
+        )
+    out: dict = {
+        "kinds": [list(k) for k in kinds],
+        "configs": configs,
+        "split": split,
+        "epoch": epoch,
+        "pass": passes.pop(),
+        "items": level.items,
+        "slots": len(entries),
+        "shards": shards_config,
+        "pending": sorted(level.pending, key=level.pending.__getitem__),
+        "partial": level.partial,
+        "buffered": encode_buffered(level.buffered, resampled),
+        "read": level.read,
+        "started": level.started,
+    }
     if len(level.limits) > 1:
-        raise StateMismatchError(f"the workers' readers had different equal_work limits ({sorted(level.limits)[:8]}): "
-                                 "merge the states of one job", field="limit")
+        raise StateMismatchError(
+            f"the workers' readers had different equal_work limits ({sorted(level.limits)[:8]}): "
+            "merge the states of one job",
+            field="limit",
+        )
     if level.limits:
         limit = level.limits.pop()
         out["owed"] = max(0, limit * len(entries) - level.read + level.held)
@@ -318,8 +420,11 @@ def _configs(state: dict, kinds: list) -> dict:
 def _kinds(state: dict, slot: int) -> list:
     if _is_start(state):
         kinds = state.get("kinds")
-        if not (isinstance(kinds, list) and len(kinds) <= 256 and all(
-                isinstance(k, list) and len(k) == 2 and type(k[0]) is int and isinstance(k[1], str) for k in kinds)):
+        if not (
+            isinstance(kinds, list)
+            and len(kinds) <= 256
+            and all(isinstance(k, list) and len(k) == 2 and type(k[0]) is int and isinstance(k[1], str) for k in kinds)
+        ):
             raise StateMismatchError(f"the start of slot {slot} lists the stages {shown(kinds)}", field="kinds")
         return [tuple(k) for k in kinds]
     stages = state.get("stages")
@@ -327,10 +432,16 @@ def _kinds(state: dict, slot: int) -> list:
         raise StateMismatchError(f"the state of slot {slot} lists no stages a state_dict() gives", field="stages")
     kinds = []
     for entry in stages:
-        if not (isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int and isinstance(entry[1], str)
-                and isinstance(entry[2], dict)):
-            raise StateMismatchError(f"the state of slot {slot} lists the stage {shown(entry)}, which no state_dict() "
-                                     "gives", field="stages")
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 3
+            and type(entry[0]) is int
+            and isinstance(entry[1], str)
+            and isinstance(entry[2], dict)
+        ):
+            raise StateMismatchError(
+                f"the state of slot {slot} lists the stage {shown(entry)}, which no state_dict() gives", field="stages"
+            )
         kinds.append((entry[0], entry[1]))
     return kinds
 
@@ -348,9 +459,21 @@ def _config_of(state: dict, index: int) -> Any:
     return config if isinstance(config, dict) else None
 
 
-def _merge_slot(level: _Level, state: Optional[dict], kinds: list, split: str, world_size: int, workers: int,
-                rank: int, worker: int, order: Optional[list], n_shards: int, epoch: int, resampled: bool,
-                position: dict) -> None:
+def _merge_slot(
+    level: _Level,
+    state: Optional[dict],
+    kinds: list,
+    split: str,
+    world_size: int,
+    workers: int,
+    rank: int,
+    worker: int,
+    order: Optional[list],
+    n_shards: int,
+    epoch: int,
+    resampled: bool,
+    position: dict,
+) -> None:
     """Add what one slot leaves (all of its share when it had not started) to ``level``."""
     slot, slots = shard_split(split, world_size, workers, rank, worker)
     listed = reader = None
@@ -375,8 +498,11 @@ def _merge_slot(level: _Level, state: Optional[dict], kinds: list, split: str, w
             elif kind == "Shuffle":
                 shuffles.append(stage)
         if listed is not None and listed.get("epoch") not in (epoch, -1):
-            raise StateMismatchError(f"rank {rank} worker {worker} reads epoch {shown(listed.get('epoch'))}, the job "
-                                     f"epoch {epoch}: take every state at the same step", field="epoch")
+            raise StateMismatchError(
+                f"rank {rank} worker {worker} reads epoch {shown(listed.get('epoch'))}, the job "
+                f"epoch {epoch}: take every state at the same step",
+                field="epoch",
+            )
     assigned = listed.get("assigned") if isinstance(listed, dict) else None
     replays: list = []
     if isinstance(assigned, dict):  # a share of an earlier elastic resume: its items, not the split
@@ -389,7 +515,7 @@ def _merge_slot(level: _Level, state: Optional[dict], kinds: list, split: str, w
         assert order is not None
         ranks_split = slots // (workers if split in ("nodes+workers", "workers") else 1)
         per = slots // ranks_split
-        mine = order[slot // per::ranks_split][slot % per::per]
+        mine = order[slot // per :: ranks_split][slot % per :: per]
         items = [("i", index) for index in mine]
     if reader is None or reader.get("fresh"):
         left_items, left_replays = items, replays
@@ -408,13 +534,22 @@ def _merge_slot(level: _Level, state: Optional[dict], kinds: list, split: str, w
             k = as_count(reader.get("shard"))
             if items:
                 k %= len(items)  # equal_work="max" goes over a share again
-            entry = [reader.get("url_id"), url, reader.get("offset"), reader.get("next"), bool(reader.get("compressed")),
-                     reader.get("pax") or {}]
+            entry = [
+                reader.get("url_id"),
+                url,
+                reader.get("offset"),
+                reader.get("next"),
+                bool(reader.get("compressed")),
+                reader.get("pax") or {},
+            ]
             if not isinstance(entry[0], str):
-                raise StateMismatchError(f"rank {rank} worker {worker}: the reader's state has no URL hash (a state of "
-                                         "an older wds_cloud): take the states again with this version", field="url_id")
+                raise StateMismatchError(
+                    f"rank {rank} worker {worker}: the reader's state has no URL hash (a state of "
+                    "an older wds_cloud): take the states again with this version",
+                    field="url_id",
+                )
             level.partial.append(entry)
-            left_items = items[k + 1:]
+            left_items = items[k + 1 :]
             level.started += k + 1
         if type(reader.get("limit")) is int:
             level.limits.add(reader["limit"])
@@ -423,8 +558,11 @@ def _merge_slot(level: _Level, state: Optional[dict], kinds: list, split: str, w
             level.partial.append(list(item))
         else:
             if item in level.pending:
-                raise StateMismatchError(f"shard {item} is in the unread share of two workers: the states were changed "
-                                         "or come from different jobs", field="pending")
+                raise StateMismatchError(
+                    f"shard {item} is in the unread share of two workers: the states were changed "
+                    "or come from different jobs",
+                    field="pending",
+                )
             level.pending[item] = position.get(item, item)
     for url_id, text, compressed, first, blocks in left_replays:
         level.buffered.setdefault(url_id, [text, compressed, []])[2].append((first, blocks))
@@ -434,8 +572,11 @@ def _merge_slot(level: _Level, state: Optional[dict], kinds: list, split: str, w
         table = {}
         for entry in shuffle.get("urls") or ():
             if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[3], str)):
-                raise StateMismatchError(f"rank {rank} worker {worker}: a shuffle buffer names {shown(entry)} without a "
-                                         "URL hash: take the states again with this version", field="urls")
+                raise StateMismatchError(
+                    f"rank {rank} worker {worker}: a shuffle buffer names {shown(entry)} without a "
+                    "URL hash: take the states again with this version",
+                    field="urls",
+                )
             table[entry[0]] = entry
         for loc in shuffle.get("buffer") or ():
             ref, first, blocks = loc
@@ -455,29 +596,46 @@ def _merge_streams(entries: list, kinds: list, configs: dict, epoch: int, pass_n
             continue  # its streams had delivered nothing: they start afresh
         items += as_count((state.get("progress") or (0, 0))[1])
         if _is_start(state):  # the streams an earlier elastic resume gave it, not begun
-            held = {"streams": state.get("count"),
-                    "stages": [[v, STREAMS_KIND, st] for v, st in state.get("streams") or ()]}
+            held = {
+                "streams": state.get("count"),
+                "stages": [[v, STREAMS_KIND, st] for v, st in state.get("streams") or ()],
+            }
         else:
             held = _stage(state, index)
         if count is None:
             count = held.get("streams")
         if held.get("streams") != count or type(count) is not int:
-            raise StateMismatchError(f"slot {slot} has streams={shown(held.get('streams'))}, another slot {count}: merge "
-                                     "the states of one job", field="streams")
+            raise StateMismatchError(
+                f"slot {slot} has streams={shown(held.get('streams'))}, another slot {count}: merge "
+                "the states of one job",
+                field="streams",
+            )
         for entry in held.get("stages") or ():
-            if not (isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int and isinstance(entry[2], dict)):
+            if not (
+                isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int and isinstance(entry[2], dict)
+            ):
                 raise StateMismatchError(f"slot {slot}'s streams state lists {shown(entry)}", field="stages")
             if entry[0] in states:
-                raise StateMismatchError(f"stream {entry[0]} is in the states of two workers: the states were changed "
-                                         "or come from different jobs", field="stages")
+                raise StateMismatchError(
+                    f"stream {entry[0]} is in the states of two workers: the states were changed "
+                    "or come from different jobs",
+                    field="stages",
+                )
             states[entry[0]] = entry[2]
-    return {"kinds": [list(k) for k in kinds], "configs": configs, "epoch": epoch, "pass": pass_number,
-            "items": items, "slots": len(entries),
-            "streams": {"count": count, "states": [[v, states[v]] for v in sorted(states)]}}
+    return {
+        "kinds": [list(k) for k in kinds],
+        "configs": configs,
+        "epoch": epoch,
+        "pass": pass_number,
+        "items": items,
+        "slots": len(entries),
+        "streams": {"count": count, "states": [[v, states[v]] for v in sorted(states)]},
+    }
 
 
-def _merge_mix(entries: list, kinds: list, configs: dict, world_size: int, workers: int, epoch: int,
-               pass_number: int) -> dict:
+def _merge_mix(
+    entries: list, kinds: list, configs: dict, world_size: int, workers: int, epoch: int, pass_number: int
+) -> dict:
     mix_index = next(i for i, kind in kinds if kind == "MixSource")
     if any(kind not in ("MixSource", "Shuffle", "CheckEmpty") for _, kind in kinds):
         raise StateMismatchError("merge_states() handles a mix followed by shuffles only", field="stages")
@@ -503,8 +661,10 @@ def _merge_mix(entries: list, kinds: list, configs: dict, world_size: int, worke
                 raise StateMismatchError(f"slot {slot}'s mix state names the sources {shown(names)}", field="names")
             taken = [0] * len(names)
         if mix.get("names") != names or mix.get("pass") != mix_pass:
-            raise StateMismatchError(f"slot {slot}'s mix state names other sources or another pass: merge the states "
-                                     "of one job", field="names")
+            raise StateMismatchError(
+                f"slot {slot}'s mix state names other sources or another pass: merge the states of one job",
+                field="names",
+            )
         held = mix.get("sources")
         if not (isinstance(held, list) and len(held) == len(names)):
             raise StateMismatchError(f"slot {slot}'s mix state does not hold one state per source", field="sources")
@@ -525,18 +685,22 @@ def _merge_mix(entries: list, kinds: list, configs: dict, world_size: int, worke
             for ref, first, blocks in shuffle.get("buffer") or ():
                 _, text, compressed, url_id = table[ref]
                 outer.setdefault(ref % len(names), {}).setdefault(url_id, [text, bool(compressed), []])[2].append(
-                    (first, blocks))
+                    (first, blocks)
+                )
     if names is None:
         return {"fresh": True, "epoch": epoch}
     sources = []
     for j in range(len(names)):
-        level = _merge_level([(slot, held[j] if held is not None else None) for slot, held in per_slot],
-                             world_size, workers, epoch)
+        level = _merge_level(
+            [(slot, held[j] if held is not None else None) for slot, held in per_slot], world_size, workers, epoch
+        )
         extra = outer.get(j)
         if extra:
             if level.get("fresh"):
-                raise StateMismatchError("a shuffle after the mix holds samples of a source that never started: the "
-                                         "states were changed", field="buffer")
+                raise StateMismatchError(
+                    "a shuffle after the mix holds samples of a source that never started: the states were changed",
+                    field="buffer",
+                )
             merged = {e[0]: [e[1], e[2], decode_ranges(e[3])] for e in level["buffered"]}
             for url_id, (text, compressed, ranges) in extra.items():
                 merged.setdefault(url_id, [text, compressed, []])[2].extend(ranges)
@@ -546,5 +710,12 @@ def _merge_mix(entries: list, kinds: list, configs: dict, world_size: int, worke
     out = {"names": names, "pass": mix_pass, "count": count, "taken": taken, "sources": sources}
     if quotas:
         out["quota"] = sum(quotas)
-    return {"kinds": [list(k) for k in kinds], "configs": configs, "epoch": epoch, "pass": pass_number,
-            "items": items, "slots": len(entries), "mix": out}
+    return {
+        "kinds": [list(k) for k in kinds],
+        "configs": configs,
+        "epoch": epoch,
+        "pass": pass_number,
+        "items": items,
+        "slots": len(entries),
+        "mix": out,
+    }

@@ -28,10 +28,20 @@ samples across steps and saves them as such ranges, so it must be fed by a
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, Optional, Protocol, runtime_checkable
 
-__all__ = ["Resumable", "SampleSource", "BufferingStage", "is_resumable", "declines_resume", "next_pass_state",
-           "transport_state", "is_source", "is_buffering"]
+__all__ = [
+    "Resumable",
+    "SampleSource",
+    "BufferingStage",
+    "is_resumable",
+    "declines_resume",
+    "next_pass_state",
+    "transport_state",
+    "is_source",
+    "is_buffering",
+]
 
 
 @runtime_checkable

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Optional
 
 from ..errors import CorruptShardError, StateMismatchError, redact
 from ..io.urls import is_local
@@ -16,7 +17,7 @@ __all__ = ["refetch"]
 def _plan(locs: Sequence[tuple]) -> tuple[dict[tuple, list[int]], list[tuple[str, int, int]], dict[str, int]]:
     """(where each wanted sample goes, merged byte runs of plain shards, compressed shards -> bytes to read)."""
     wanted: dict[tuple, list[int]] = {}
-    for i, (url, start, end, compressed) in enumerate(locs):
+    for i, (url, start, _end, _compressed) in enumerate(locs):
         wanted.setdefault((url, start), []).append(i)  # a sample repeated by equal_work can be buffered twice
     runs: list[tuple[str, int, int]] = []
     whole: dict[str, int] = {}
@@ -30,9 +31,14 @@ def _plan(locs: Sequence[tuple]) -> tuple[dict[tuple, list[int]], list[tuple[str
     return wanted, runs, whole
 
 
-def refetch(locs: Sequence[tuple], read_range: Callable[[str, int, int], Any],
-            read_from_start: Callable[[str], Any], parse: Callable[..., Iterable[tuple[int, dict]]],
-            threads: int = 16, report: Optional[dict] = None) -> list[dict]:
+def refetch(
+    locs: Sequence[tuple],
+    read_range: Callable[[str, int, int], Any],
+    read_from_start: Callable[[str], Any],
+    parse: Callable[..., Iterable[tuple[int, dict]]],
+    threads: int = 16,
+    report: Optional[dict] = None,
+) -> list[dict]:
     """The samples at ``locs`` (``(url, start, end, compressed)``), in that order.
 
     Plain shards: adjacent ranges of one shard are merged and each run is read
@@ -53,15 +59,22 @@ def refetch(locs: Sequence[tuple], read_range: Callable[[str, int, int], Any],
                 raise
             raise StateMismatchError(  # a local file cannot even be positioned there
                 f"{redact(url)}: the saved state's buffered samples at bytes {start}-{end} lie where the shard "
-                "cannot be read from; the state was changed: load the state state_dict() returned", url=url,
-                offset=start, field="buffer") from None
+                "cannot be read from; the state was changed: load the state state_dict() returned",
+                url=url,
+                offset=start,
+                field="buffer",
+            ) from None
         try:
             return [(offset, sample) for offset, sample in parse(stream, url, start, True)]
         except CorruptShardError as exc:  # the range the state names does not hold whole tar members
             raise StateMismatchError(
                 f"{redact(url)}: the saved state's buffered samples at bytes {start}-{end} are not whole tar "
                 f"members ({exc}); the state was changed, or the shard was: load the state state_dict() returned "
-                "for these shards", url=url, offset=start, field="buffer") from exc
+                "for these shards",
+                url=url,
+                offset=start,
+                field="buffer",
+            ) from exc
         finally:
             stream.close()
 
@@ -79,8 +92,11 @@ def refetch(locs: Sequence[tuple], read_range: Callable[[str, int, int], Any],
         return out
 
     if report is not None:
-        report.update(samples=len(locs), requests=len(runs) + len(whole),
-                      bytes=sum(end - start for _, start, end in runs) + sum(whole.values()))
+        report.update(
+            samples=len(locs),
+            requests=len(runs) + len(whole),
+            bytes=sum(end - start for _, start, end in runs) + sum(whole.values()),
+        )
     jobs = [(fetch_run, run[0], run) for run in runs] + [(fetch_whole, url, url) for url in whole]
     if not jobs:
         return []
@@ -110,5 +126,8 @@ def refetch(locs: Sequence[tuple], read_range: Callable[[str, int, int], Any],
         raise StateMismatchError(
             f"{redact(url)}: no sample starts at byte {start} (expected one ending at {end}); "
             f"{len(missing)} buffered sample(s) of the saved state are not where it says: the shard "
-            "changed since the state was saved", url=url, offset=start)
+            "changed since the state was saved",
+            url=url,
+            offset=start,
+        )
     return [found[i] for i in range(len(locs))]

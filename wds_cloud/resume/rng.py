@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 __all__ = ["CountedRandom"]
 

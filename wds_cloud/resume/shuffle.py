@@ -13,12 +13,12 @@ import itertools
 import logging
 import random
 from array import array
-from typing import Any, Iterable, Iterator, Optional
+from collections.abc import Iterable, Iterator
+from typing import Any, Optional
 
 from .. import config
 from ..errors import StateMismatchError
-from ..io.datafile import shown
-from ..tar.reader import MAX_SHARD_BLOCKS
+from ..io.datafile import MAX_SHARD_BLOCKS, shown
 from ..stages import PipelineStage
 from ..utils import make_seed
 from .rng import CountedRandom
@@ -26,7 +26,7 @@ from .state import StateURL, check_same, expect, shown_url, url_id
 
 __all__ = ["Shuffle", "apply_journal", "buffer_locations"]
 
-log = logging.getLogger("wds_cloud.filters")
+log = logging.getLogger(__name__)
 
 
 class _ShuffleRun:
@@ -60,8 +60,16 @@ class Shuffle(PipelineStage):
     (``seed``, epoch).
     """
 
-    def __init__(self, bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random] = None,
-                 handler: Any = None, seed: Any = None, epoch_seeded: bool = False, epoch: int = -1) -> None:
+    def __init__(
+        self,
+        bufsize: int = 1000,
+        initial: int = 100,
+        rng: Optional[random.Random] = None,
+        handler: Any = None,
+        seed: Any = None,
+        epoch_seeded: bool = False,
+        epoch: int = -1,
+    ) -> None:
         self.bufsize = bufsize
         self.initial = min(initial, bufsize)
         self.rng = rng
@@ -75,7 +83,7 @@ class Shuffle(PipelineStage):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch - 1  # run() advances before use
 
-    def for_stream(self, stream: int, streams: int) -> "Shuffle":
+    def for_stream(self, stream: int, streams: int) -> Shuffle:
         """A shuffle of its own for virtual stream ``stream`` (see :mod:`wds_cloud.resume.streams`): a buffer of
         its own, seeded from the seed and the stream's number (a given ``rng`` is copied as it is)."""
         clone = copy.copy(self)
@@ -91,18 +99,24 @@ class Shuffle(PipelineStage):
         self.source = source
 
     def resume_blocker(self, feeder: str) -> str:
-        return (f"(shuffle(bufsize={self.bufsize})) is not fed by a shard reader of this pipeline ({feeder}), so "
-                "the items in its buffer could not be fetched again on resume. To make the pipeline resumable, "
-                "read the shards with wds.tarfile_to_samples() (or use WebDataset) before this shuffle, and "
-                "shuffle shards with WebDataset(shardshuffle=...) or detshuffle rather than a sample shuffle")
+        return (
+            f"(shuffle(bufsize={self.bufsize})) is not fed by a shard reader of this pipeline ({feeder}), so "
+            "the items in its buffer could not be fetched again on resume. To make the pipeline resumable, "
+            "read the shards with wds.tarfile_to_samples() (or use WebDataset) before this shuffle, and "
+            "shuffle shards with WebDataset(shardshuffle=...) or detshuffle rather than a sample shuffle"
+        )
 
     def _make_rng(self) -> Any:
         if self.rng is not None:
             return self.rng
         rng = CountedRandom(make_seed(self.seed, self.epoch) if self.epoch_seeded else self.seed)
         if config.current().show_seed:
-            log.info("shuffle(bufsize=%d) seeded with %d%s", self.bufsize, rng.seed,
-                     f" (epoch {self.epoch})" if self.epoch_seeded else "")
+            log.info(
+                "shuffle(bufsize=%d) seeded with %d%s",
+                self.bufsize,
+                rng.seed,
+                f" (epoch {self.epoch})" if self.epoch_seeded else "",
+            )
         return rng
 
     def run(self, src: Iterable) -> Iterator:
@@ -156,13 +170,14 @@ class Shuffle(PipelineStage):
 
         it = iter(src)
         if resume is not None:
-
             for _ in range(len(resume.get("buffer") or ())):
                 try:
                     add(next(it))
                 except StopIteration:
-                    raise StateMismatchError("the shuffle buffer could not be refilled on resume: the stages "
-                                             "between the shard reader and the shuffle dropped samples") from None
+                    raise StateMismatchError(
+                        "the shuffle buffer could not be refilled on resume: the stages "
+                        "between the shard reader and the shuffle dropped samples"
+                    ) from None
             if "rng" in resume:
                 if isinstance(rng, random.Random):
                     version, internal, gauss = resume["rng"]
@@ -201,21 +216,25 @@ class Shuffle(PipelineStage):
 
     def _head(self, live: _ShuffleRun) -> dict:
         if live.buf and not live.tracked:
-
             raise StateMismatchError(
                 "this shuffle is not fed by a shard reader of the same pipeline, so the samples in its buffer "
                 "cannot be fetched again on resume; shuffle inside the dataset (WebDataset(...).shuffle(n)), "
-                "or take the state where the buffer is empty")
+                "or take the state where the buffer is empty"
+            )
         rng = live.rng.getstate()
         urls = live.urls
         cached = live.urls_list
         if cached is None or len(cached) != len(urls) or any(entry[0] not in urls for entry in cached):
-
             # redacted, with a hash to match them by: no credential ever reaches a checkpoint
-            cached = live.urls_list = [[ref, shown_url(url), compressed, url_id(url)]
-                                       for ref, (url, compressed) in urls.items()]
-        state = {"config": self._config(), "rng": list(rng) if not isinstance(rng, list) else rng,
-                 "urls": cached, "block": 512}
+            cached = live.urls_list = [
+                [ref, shown_url(url), compressed, url_id(url)] for ref, (url, compressed) in urls.items()
+            ]
+        state = {
+            "config": self._config(),
+            "rng": list(rng) if not isinstance(rng, list) else rng,
+            "urls": cached,
+            "block": 512,
+        }
         if self.epoch_seeded:
             state["epoch"] = self.epoch
         return state
@@ -260,23 +279,47 @@ class Shuffle(PipelineStage):
         expect(state, "shuffle", dict, config=dict)
         check_same("shuffle", state.get("config") or {}, self._config())
         if not state.get("fresh"):
-            expect(state, "shuffle", dict, rng=list, urls=list, block=(int, lambda v: v == 512, True),
-                   buffer=(list, lambda v: len(v) <= self.bufsize), epoch=(int, None, True))
+            expect(
+                state,
+                "shuffle",
+                dict,
+                rng=list,
+                urls=list,
+                block=(int, lambda v: v == 512, True),
+                buffer=(list, lambda v: len(v) <= self.bufsize),
+                epoch=(int, None, True),
+            )
             refs = set()
             for entry in state["urls"]:
-                if not (isinstance(entry, list) and len(entry) in (3, 4) and type(entry[0]) is int
-                        and isinstance(entry[1], str) and (len(entry) == 3 or isinstance(entry[3], str))):
-                    raise StateMismatchError(f"the saved shuffle state's 'urls' holds {shown(entry)}, which no "
-                                             "state_dict() gives: the state was changed", field="urls")
+                if not (
+                    isinstance(entry, list)
+                    and len(entry) in (3, 4)
+                    and type(entry[0]) is int
+                    and isinstance(entry[1], str)
+                    and (len(entry) == 3 or isinstance(entry[3], str))
+                ):
+                    raise StateMismatchError(
+                        f"the saved shuffle state's 'urls' holds {shown(entry)}, which no "
+                        "state_dict() gives: the state was changed",
+                        field="urls",
+                    )
                 refs.add(entry[0])
             self._check_rng(state["rng"])
             most_blocks = _most_blocks()
             for entry in state["buffer"]:
-                if not (isinstance(entry, (list, tuple)) and len(entry) == 3
-                        and all(type(v) is int and v >= 0 for v in entry) and entry[0] in refs
-                        and 0 < entry[2] <= most_blocks and entry[1] < MAX_SHARD_BLOCKS):
-                    raise StateMismatchError(f"the saved shuffle state's 'buffer' holds {shown(entry)}, which no "
-                                             "state_dict() gives: the state was changed", field="buffer")
+                if not (
+                    isinstance(entry, (list, tuple))
+                    and len(entry) == 3
+                    and all(type(v) is int and v >= 0 for v in entry)
+                    and entry[0] in refs
+                    and 0 < entry[2] <= most_blocks
+                    and entry[1] < MAX_SHARD_BLOCKS
+                ):
+                    raise StateMismatchError(
+                        f"the saved shuffle state's 'buffer' holds {shown(entry)}, which no "
+                        "state_dict() gives: the state was changed",
+                        field="buffer",
+                    )
         self._resume = None if state.get("fresh") else state
         if state.get("fresh") and "epoch" in state:
             self.epoch = state["epoch"] - 1  # run() advances before use
@@ -285,28 +328,42 @@ class Shuffle(PipelineStage):
         """The saved RNG state has the shape this shuffle's generator gives: two whole numbers (a counted
         generator: seed and draws), or ``random.Random``'s (version, 625 words, gauss) for a given ``rng``."""
         if isinstance(self.rng, random.Random):
-            ok = (isinstance(saved, list) and len(saved) == 3 and type(saved[0]) is int and
-                  isinstance(saved[1], list) and len(saved[1]) == 625 and
-                  all(type(w) is int and 0 <= w < (1 << 32) for w in saved[1][:-1]) and
-                  type(saved[1][-1]) is int and 0 <= saved[1][-1] <= 624 and
-                  (saved[2] is None or type(saved[2]) is float))
+            ok = (
+                isinstance(saved, list)
+                and len(saved) == 3
+                and type(saved[0]) is int
+                and isinstance(saved[1], list)
+                and len(saved[1]) == 625
+                and all(type(w) is int and 0 <= w < (1 << 32) for w in saved[1][:-1])
+                and type(saved[1][-1]) is int
+                and 0 <= saved[1][-1] <= 624
+                and (saved[2] is None or type(saved[2]) is float)
+            )
         elif self.rng is not None:
             ok = isinstance(saved, list)
         else:
-            ok = (isinstance(saved, list) and len(saved) == 2 and all(type(v) is int for v in saved)
-                  and 0 <= saved[1] < (1 << 63))
+            ok = (
+                isinstance(saved, list)
+                and len(saved) == 2
+                and all(type(v) is int for v in saved)
+                and 0 <= saved[1] < (1 << 63)
+            )
         if not ok:
-            raise StateMismatchError(f"the saved shuffle state's 'rng' is {shown(saved)}, which no state_dict() "
-                                     "gives: the state was changed; load the state that state_dict() returned",
-                                     field="rng")
+            raise StateMismatchError(
+                f"the saved shuffle state's 'rng' is {shown(saved)}, which no state_dict() "
+                "gives: the state was changed; load the state that state_dict() returned",
+                field="rng",
+            )
 
     def replay_locations(self, state: dict) -> list:
         """``(url, start, end, compressed, ref)`` of the buffered samples of ``state``, in buffer order."""
         if state.get("fresh"):
             return []
 
-        urls = {entry[0]: (StateURL(entry[1], entry[3] if len(entry) > 3 else None), entry[2])
-                for entry in state.get("urls") or ()}
+        urls = {
+            entry[0]: (StateURL(entry[1], entry[3] if len(entry) > 3 else None), entry[2])
+            for entry in state.get("urls") or ()
+        }
         block = state.get("block") or 512
         out = []
         for ref, first, blocks in state.get("buffer") or ():

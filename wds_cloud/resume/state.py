@@ -36,10 +36,24 @@ from typing import Any, Optional
 from ..errors import InexactResumeWarning, StateMismatchError, redact
 from ..io.datafile import shown
 
-__all__ = ["FORMAT", "StateURL", "check_same", "expect", "same_url", "shown_url", "url_id", "inexact_state",
-           "is_inexact", "restart_from", "seal", "check_seal", "seal_problem", "SEAL"]
+__all__ = [
+    "FORMAT",
+    "StateURL",
+    "check_same",
+    "expect",
+    "same_url",
+    "shown_url",
+    "url_id",
+    "inexact_state",
+    "is_inexact",
+    "restart_from",
+    "seal",
+    "check_seal",
+    "seal_problem",
+    "SEAL",
+]
 
-log = logging.getLogger("wds_cloud.resume")
+log = logging.getLogger(__name__)
 
 #: the format tag of a pipeline state; bumped when the layout changes incompatibly
 FORMAT = "wds_cloud.state/1"
@@ -63,7 +77,7 @@ class StateURL(str):
     __slots__ = ("id",)
     id: Optional[str]
 
-    def __new__(cls, text: str, ident: Optional[str] = None) -> "StateURL":
+    def __new__(cls, text: str, ident: Optional[str] = None) -> StateURL:
         obj = super().__new__(cls, text)
         obj.id = ident
         return obj
@@ -78,8 +92,11 @@ def _digest(state: dict) -> str:
     try:
         text = json.dumps(body, sort_keys=True, separators=(",", ":"), check_circular=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise StateMismatchError(f"the saved state holds a value that no state_dict() gives ({exc}): the state was "
-                                 "changed; load the state that state_dict() returned", field=SEAL) from None
+        raise StateMismatchError(
+            f"the saved state holds a value that no state_dict() gives ({exc}): the state was "
+            "changed; load the state that state_dict() returned",
+            field=SEAL,
+        ) from None
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
@@ -104,18 +121,23 @@ def seal_problem(state: dict, what: str) -> Optional[StateMismatchError]:
     checks of the state had their say (they name the field that was changed), before any item is yielded."""
     saved = state.get(SEAL)
     if not isinstance(saved, str):
-        return StateMismatchError(f"the saved {what} state has no checksum: it was not returned by state_dict() of "
-                                  "this version of wds_cloud (or it was edited); load the state that state_dict() "
-                                  "returned, or start the pass again", field=SEAL)
+        return StateMismatchError(
+            f"the saved {what} state has no checksum: it was not returned by state_dict() of "
+            "this version of wds_cloud (or it was edited); load the state that state_dict() "
+            "returned, or start the pass again",
+            field=SEAL,
+        )
     try:
         digest = _digest(state)
     except StateMismatchError as exc:
         return exc
     if saved != digest:
-        return StateMismatchError(f"the saved {what} state does not match its checksum: it was changed after "
-                                  "state_dict() returned it (an edit, a damaged file); resuming from it could not be "
-                                  "exact, so it is refused: load an unchanged state, or start the pass again",
-                                  field=SEAL)
+        return StateMismatchError(
+            f"the saved {what} state does not match its checksum: it was changed after "
+            "state_dict() returned it (an edit, a damaged file); resuming from it could not be "
+            "exact, so it is refused: load an unchanged state, or start the pass again",
+            field=SEAL,
+        )
     return None
 
 
@@ -128,16 +150,20 @@ def expect(state: Any, what: str, kind: type, **fields: Any) -> None:
     """Check a saved state's shape: ``state`` is a ``kind``; each named field has its type (``type``,
     or ``(type, check, optional)``).  A state is input: anything else is StateMismatchError naming the field."""
     if not isinstance(state, kind):
-        raise StateMismatchError(f"the saved {what} state is a {type(state).__name__}, not a {kind.__name__}: "
-                                 "load the state that state_dict() returned", field=what)
+        raise StateMismatchError(
+            f"the saved {what} state is a {type(state).__name__}, not a {kind.__name__}: "
+            "load the state that state_dict() returned",
+            field=what,
+        )
     fields_of: Any = state  # a dict (or the kind asked for), checked above
     for name, spec in fields.items():
         typ, check, optional = (spec, None, False) if isinstance(spec, type) else (tuple(spec) + (None, False))[:3]
         if name not in fields_of:
             if optional:
                 continue
-            raise StateMismatchError(f"the saved {what} state has no {name!r}: load the state that state_dict() "
-                                     "returned", field=name)
+            raise StateMismatchError(
+                f"the saved {what} state has no {name!r}: load the state that state_dict() returned", field=name
+            )
         value = fields_of[name]
         if value is None and optional:
             continue
@@ -145,20 +171,28 @@ def expect(state: Any, what: str, kind: type, **fields: Any) -> None:
         if ok and check is not None:
             ok = bool(check(value))
         if not ok:
-            raise StateMismatchError(f"the saved {what} state's {name!r} is {shown(value)}, which no state_dict() "
-                                     "gives: the state was changed; load the state that state_dict() returned",
-                                     field=name)
+            raise StateMismatchError(
+                f"the saved {what} state's {name!r} is {shown(value)}, which no state_dict() "
+                "gives: the state was changed; load the state that state_dict() returned",
+                field=name,
+            )
 
 
 def check_same(what: str, saved: dict, current: dict) -> None:
     """Raise :class:`StateMismatchError` naming every key whose value differs between ``saved`` and ``current``."""
-    diffs = [f"{key}: saved {shown(saved.get(key))}, here {shown(current.get(key))}"
-             for key in sorted(set(saved) | set(current)) if saved.get(key) != current.get(key)]
+    diffs = [
+        f"{key}: saved {shown(saved.get(key))}, here {shown(current.get(key))}"
+        for key in sorted(set(saved) | set(current))
+        if saved.get(key) != current.get(key)
+    ]
     if diffs:
         raise StateMismatchError(
-            f"the saved state does not fit this {what}: " + "; ".join(diffs) +
-            ". Load a state into a dataset built with the same shards, seed, splitting, shuffle and "
-            "worker count (one state per rank and worker)", differences=diffs)
+            f"the saved state does not fit this {what}: "
+            + "; ".join(diffs)
+            + ". Load a state into a dataset built with the same shards, seed, splitting, shuffle and "
+            "worker count (one state per rank and worker)",
+            differences=diffs,
+        )
 
 
 # Inexact states.  Trainers take states on their own: Lightning asks every stateful loader with each
@@ -174,8 +208,11 @@ def inexact_state(fmt: str, reason: str, **fields: Any) -> dict:
     as the epoch) that let a restart begin the same pass again.  Logged once per reason."""
     if reason not in _warned and len(_warned) < 256:
         _warned.add(reason)
-        log.warning("%s; a run restored from this state starts its data pass again (as webdataset would). "
-                    "Pass strict=True to state_dict() to make this an error", reason)
+        log.warning(
+            "%s; a run restored from this state starts its data pass again (as webdataset would). "
+            "Pass strict=True to state_dict() to make this an error",
+            reason,
+        )
     return {"format": fmt, "inexact": reason, **fields}
 
 
@@ -187,5 +224,9 @@ def is_inexact(state: Any) -> bool:
 def restart_from(state: dict, what: str) -> None:
     """Warn (:class:`~wds_cloud.errors.InexactResumeWarning`, once per load) that an inexact state is loaded:
     the pass it was taken in starts again."""
-    warnings.warn(f"the saved {what} state cannot be resumed exactly ({str(state['inexact'])[:2000]}): the epoch "
-                  "starts again from its beginning", InexactResumeWarning, stacklevel=3)
+    warnings.warn(
+        f"the saved {what} state cannot be resumed exactly ({str(state['inexact'])[:2000]}): the epoch "
+        "starts again from its beginning",
+        InexactResumeWarning,
+        stacklevel=3,
+    )

@@ -16,7 +16,8 @@ stream's state, and a loader of another shape continues each stream where it sto
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Optional
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Optional
 
 from .. import utils
 from ..errors import ConfigError, StateMismatchError
@@ -48,11 +49,14 @@ class Streams(PipelineStage):
     reader's ``limit`` (``equal_work`` counts per stream), or None.
     """
 
-    def __init__(self, count: int, template: list, pipeline: Callable[..., Any],
-                 limit_for: Optional[Callable[[int], Any]] = None) -> None:
+    def __init__(
+        self, count: int, template: list, pipeline: Callable[..., Any], limit_for: Optional[Callable[[int], Any]] = None
+    ) -> None:
         if not (isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= 65536):
-            raise ConfigError(f"streams={count!r}: give a number of virtual streams from 1 to 65536 (a multiple of "
-                              "every ranks x workers count you will run on)")
+            raise ConfigError(
+                f"streams={count!r}: give a number of virtual streams from 1 to 65536 (a multiple of "
+                "every ranks x workers count you will run on)"
+            )
         self.count = count
         self.template = list(template)
         self.make_pipeline = pipeline
@@ -64,7 +68,7 @@ class Streams(PipelineStage):
         self._slot: Optional[list] = None  # [worker, workers] of the current pass
         self._next = 0  # position (in _owned) of the stream the next item comes from
 
-    def extended(self, stages: Iterable[Any]) -> "Streams":
+    def extended(self, stages: Iterable[Any]) -> Streams:
         """A copy with ``stages`` added to every stream (what fluent methods on the dataset do)."""
         return Streams(self.count, self.template + list(stages), self.make_pipeline, self.limit_for)
 
@@ -85,9 +89,11 @@ class Streams(PipelineStage):
         rank, world_size, worker, workers = utils.pytorch_worker_info()
         slot, slots = rank * workers + worker, world_size * workers
         if self.count % slots:
-            raise ConfigError(f"streams={self.count} cannot be shared by {world_size} ranks x {workers} DataLoader "
-                              f"workers ({slots}): the number of streams must be a multiple of ranks x workers; run "
-                              f"on a shape that divides {self.count}, or build the dataset with another streams=")
+            raise ConfigError(
+                f"streams={self.count} cannot be shared by {world_size} ranks x {workers} DataLoader "
+                f"workers ({slots}): the number of streams must be a multiple of ranks x workers; run "
+                f"on a shape that divides {self.count}, or build the dataset with another streams="
+            )
         resume, merged = self._resume, self._merged
         self._resume = self._merged = None
         states: dict = dict(merged or {})
@@ -98,7 +104,9 @@ class Streams(PipelineStage):
                 raise StateMismatchError(
                     f"this state of a streams={self.count} dataset was taken by worker {shown(resume.get('slot'))} "
                     f"(worker, workers), and is loaded into worker {[slot, slots]}: on another shape, merge every "
-                    "rank's states with wds.merge_states() (or state_dict(gather=True)) and load that", field="slot")
+                    "rank's states with wds.merge_states() (or state_dict(gather=True)) and load that",
+                    field="slot",
+                )
             states = {v: s for v, _, s in resume["stages"]}
             start = owned.index(resume["next"]) if resume["next"] in owned else 0
         items = list(src)
@@ -107,7 +115,7 @@ class Streams(PipelineStage):
         for v in owned:
             pipe = self._pipeline(v)
             source = pipe.pipeline[0]
-            source.items, source.urls = items[v::self.count], urls
+            source.items, source.urls = items[v :: self.count], urls
             if v in states:
                 pipe.load_nested_state(states[v])
             pipes.append(pipe)
@@ -140,9 +148,12 @@ class Streams(PipelineStage):
     # the Resumable protocol
     def _state(self, take: Callable[[Any], dict]) -> dict:
         owned = self._owned
-        return {"streams": self.count, "slot": self._slot,
-                "next": owned[self._next] if owned else 0,
-                "stages": [[v, STREAMS_KIND, take(self._pipeline(v))] for v in owned]}
+        return {
+            "streams": self.count,
+            "slot": self._slot,
+            "next": owned[self._next] if owned else 0,
+            "stages": [[v, STREAMS_KIND, take(self._pipeline(v))] for v in owned],
+        }
 
     def state_dict(self) -> dict:
         if self._resume is not None:
@@ -164,24 +175,40 @@ class Streams(PipelineStage):
         if state.get("fresh"):
             self._resume = None
             return
-        expect(state, "streams", dict, slot=(list, lambda v: len(v) == 2 and all(type(x) is int for x in v)),
-               next=(int, lambda n: 0 <= n < self.count), stages=(list, lambda v: len(v) <= self.count))
+        expect(
+            state,
+            "streams",
+            dict,
+            slot=(list, lambda v: len(v) == 2 and all(type(x) is int for x in v)),
+            next=(int, lambda n: 0 <= n < self.count),
+            stages=(list, lambda v: len(v) <= self.count),
+        )
         seen = set()
         for entry in state["stages"]:
-            if not (isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int
-                    and 0 <= entry[0] < self.count and entry[1] == STREAMS_KIND and isinstance(entry[2], dict)
-                    and entry[0] not in seen):
-                raise StateMismatchError(f"the saved streams state lists {shown(entry)}, which no state_dict() gives: "
-                                         "the state was changed", field="stages")
+            if not (
+                isinstance(entry, list)
+                and len(entry) == 3
+                and type(entry[0]) is int
+                and 0 <= entry[0] < self.count
+                and entry[1] == STREAMS_KIND
+                and isinstance(entry[2], dict)
+                and entry[0] not in seen
+            ):
+                raise StateMismatchError(
+                    f"the saved streams state lists {shown(entry)}, which no state_dict() gives: the state was changed",
+                    field="stages",
+                )
             seen.add(entry[0])
         self._resume = dict(state)
 
     def check_merged_streams(self, streams: dict) -> None:
         """Refuse the streams of a merged state taken with another number of streams."""
         if streams.get("count") != self.count:
-            raise StateMismatchError(f"the merged state was taken from streams={shown(streams.get('count'))}; this "
-                                     f"dataset has streams={self.count}: build it as the job that took the state",
-                                     field="streams")
+            raise StateMismatchError(
+                f"the merged state was taken from streams={shown(streams.get('count'))}; this "
+                f"dataset has streams={self.count}: build it as the job that took the state",
+                field="streams",
+            )
 
     def streams_start(self, streams: dict, rank: int, world_size: int, worker: int, workers: int) -> list:
         """The states (``[[stream, state], ...]``) of the streams a rank and worker takes from a merged state."""

@@ -39,8 +39,10 @@ def check_header_numbers(**values: Any) -> None:
     for what, value in values.items():
         top = tops[what]
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= int(value) <= top:
-            raise SampleError(f"{what}={value!r} does not fit a tar header: give a whole number from 0 to {top}"
-                              + (" (mtime: seconds since 1970, before the year 2242)" if what == "mtime" else ""))
+            raise SampleError(
+                f"{what}={value!r} does not fit a tar header: give a whole number from 0 to {top}"
+                + (" (mtime: seconds since 1970, before the year 2242)" if what == "mtime" else "")
+            )
 
 
 class ByteSink(Protocol):
@@ -52,8 +54,18 @@ class ByteSink(Protocol):
 class MemberWriter:
     """Writes regular-file members to a binary stream, with one header template."""
 
-    def __init__(self, stream: ByteSink, *, mtime: int = 0, mode: int = 0o444, uid: int = 0, gid: int = 0,
-                 user: str = "bigdata", group: str = "bigdata", format: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        stream: ByteSink,
+        *,
+        mtime: int = 0,
+        mode: int = 0o444,
+        uid: int = 0,
+        gid: int = 0,
+        user: str = "bigdata",
+        group: str = "bigdata",
+        format: Optional[str] = None,
+    ) -> None:
         if format is None:
             format = "pax"
         elif not isinstance(format, str):
@@ -66,10 +78,17 @@ class MemberWriter:
         self._write = stream.write
         # Header template: name(100) mode(8) uid(8) gid(8) size(12) mtime(12) chksum(8) type(1) link(100)
         # magic(6) version(2) uname(32) gname(32) devmajor(8) devminor(8) prefix(155) pad(12)
-        self._mid = (_octal(mode, 8) + _octal(uid, 8) + _octal(gid, 8))
+        self._mid = _octal(mode, 8) + _octal(uid, 8) + _octal(gid, 8)
         self._after_size = _octal(int(mtime), 12)
-        self._tail = (b"0" + bytes(100) + b"ustar\x0000" + _field(user.encode(), 32) + _field(group.encode(), 32)
-                      + _octal(0, 8) + _octal(0, 8))
+        self._tail = (
+            b"0"
+            + bytes(100)
+            + b"ustar\x0000"
+            + _field(user.encode(), 32)
+            + _field(group.encode(), 32)
+            + _octal(0, 8)
+            + _octal(0, 8)
+        )
         # Every header byte but name, size, checksum and prefix is fixed: sum it once.
         self._fixed_sum = sum(self._mid) + sum(self._after_size) + sum(self._tail) + 8 * 32
 
@@ -77,10 +96,18 @@ class MemberWriter:
         size_field = _octal(size, 12)
         tail = self._tail if typeflag == b"0" else typeflag + self._tail[1:]
         checksum = self._fixed_sum + sum(name) + sum(size_field) + sum(prefix) + (typeflag[0] - 48)
-        return b"".join((
-            name.ljust(100, b"\0"), self._mid, size_field, self._after_size, b"%06o\0 " % checksum, tail,
-            prefix.ljust(155, b"\0"), bytes(12),
-        ))
+        return b"".join(
+            (
+                name.ljust(100, b"\0"),
+                self._mid,
+                size_field,
+                self._after_size,
+                b"%06o\0 " % checksum,
+                tail,
+                prefix.ljust(155, b"\0"),
+                bytes(12),
+            )
+        )
 
     def _split(self, name: bytes) -> Optional[tuple[bytes, bytes]]:
         """ustar name/prefix split of a long name, or None when it cannot fit."""
@@ -91,7 +118,7 @@ class MemberWriter:
         cut = name.find(b"/", len(name) - 101)
         while cut != -1 and cut <= 155:
             if len(name) - cut - 1 <= 100 and cut > 0:
-                return name[cut + 1:], name[:cut]
+                return name[cut + 1 :], name[:cut]
             cut = name.find(b"/", cut + 1)
         return None
 
@@ -118,12 +145,13 @@ class MemberWriter:
 
     def _extended(self, name: str, raw: bytes, size: int) -> int:
         if self.format == "ustar":
-            raise SampleError(f"the member name {name!r} ({len(raw)} bytes) does not fit a ustar header "
-                              "(100 bytes, or 255 split at a '/'); use format='pax' or 'gnu', or a shorter key")
+            raise SampleError(
+                f"the member name {name!r} ({len(raw)} bytes) does not fit a ustar header "
+                "(100 bytes, or 255 split at a '/'); use format='pax' or 'gnu', or a shorter key"
+            )
         if self.format == "gnu":
             if size > _MAX_USTAR_SIZE:
-                raise SampleError(f"member {name!r} is {size} bytes, too large for format='gnu' here; "
-                                  "use format='pax'")
+                raise SampleError(f"member {name!r} is {size} bytes, too large for format='gnu' here; use format='pax'")
             payload = raw + b"\0"
             header = self._header(b"././@LongLink", len(payload), b"L")
         else:
@@ -160,8 +188,12 @@ def _pax_record(key: bytes, value: bytes) -> bytes:
 def compression_for(name: str) -> Optional[str]:
     """The compression a file name asks for: .tgz/.tar.gz, .tar.bz2, .tar.xz, .tar.zst."""
     lowered = name.lower()
-    for suffixes, kind in (((".tgz", ".tar.gz", ".gz"), "gz"), ((".tar.bz2", ".tbz2", ".bz2"), "bz2"),
-                           ((".tar.xz", ".txz", ".xz"), "xz"), ((".tar.zst", ".tzst", ".zst"), "zstd")):
+    for suffixes, kind in (
+        ((".tgz", ".tar.gz", ".gz"), "gz"),
+        ((".tar.bz2", ".tbz2", ".bz2"), "bz2"),
+        ((".tar.xz", ".txz", ".xz"), "xz"),
+        ((".tar.zst", ".tzst", ".zst"), "zstd"),
+    ):
         if lowered.endswith(suffixes):
             return kind
     return None

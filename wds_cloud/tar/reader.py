@@ -19,12 +19,13 @@ import bz2
 import io
 import lzma
 import zlib
-from typing import IO, Any, Callable, Iterator, Optional, Protocol, cast
+from collections.abc import Callable, Iterator
+from typing import IO, Any, Optional, Protocol, cast
 
 from ..errors import CorruptShardError, MissingExtraError, redact
 from ..io.backend import WrappedStream
 
-__all__ = ["MAX_SHARD_BLOCKS", "TarMembers", "open_decompressed", "detect_compression", "sample_too_large", "CHUNK", "MAX_META_SIZE"]
+__all__ = ["TarMembers", "open_decompressed", "detect_compression", "sample_too_large", "CHUNK", "MAX_META_SIZE"]
 
 CHUNK = 1 << 20
 FIRST_READ = 64 << 10
@@ -49,10 +50,6 @@ _MAGICS = (
     (b"\xfd7zXZ\x00", "xz"),
     (b"\x28\xb5\x2f\xfd", "zstd"),
 )
-
-#: the most 512-byte tar blocks a shard is believed to hold (a petabyte): what a description, index or state
-#: read from data may claim about one shard (a count of samples, where a sample begins)
-MAX_SHARD_BLOCKS = 1 << 41
 
 #: the compressions a shard may have (what :func:`detect_compression` names)
 COMPRESSIONS = tuple(name for _, name in _MAGICS)
@@ -134,7 +131,7 @@ class _Zlib:
 
     def readinto(self, buffer) -> int:
         data = self.read(min(len(buffer), CHUNK))  # bounded: the bytes are held twice until copied
-        buffer[:len(data)] = data
+        buffer[: len(data)] = data
         return len(data)
 
     def close(self) -> None:
@@ -152,7 +149,7 @@ class _Read1:
 
     def readinto(self, buffer) -> int:
         data = self._f.read1(min(len(buffer), CHUNK))
-        buffer[:len(data)] = data
+        buffer[: len(data)] = data
         return len(data)
 
     def close(self) -> None:
@@ -207,7 +204,12 @@ def sample_too_large(url: Any, start: int, end: int, limit: int, member: Optiona
         f"one sample{about} (it runs on to byte {end}): a shard whose members share one key would fill memory. "
         "Raise the limit with WDS_MAX_SAMPLE_SIZE (such as 8GiB) or WebDataset(..., max_sample_size=) if the shard "
         "is trusted; to skip such shards pass handler=warn_and_continue",
-        url=url, offset=start, member=member, size=end - start, limit=limit)
+        url=url,
+        offset=start,
+        member=member,
+        size=end - start,
+        limit=limit,
+    )
 
 
 def plain_member(header: bytes) -> Optional[tuple[str, int]]:
@@ -231,7 +233,7 @@ def plain_member(header: bytes) -> Optional[tuple[str, int]]:
     raw = header[:end] if end >= 0 else header[:100]
     if header[257:262] == b"ustar" and header[345] != 0:
         pend = header.find(0, 345, 500)
-        raw = header[345:pend if pend >= 0 else 500] + b"/" + raw
+        raw = header[345 : pend if pend >= 0 else 500] + b"/" + raw
     return raw.decode("utf-8", "surrogateescape"), size
 
 
@@ -270,9 +272,18 @@ class TarMembers:
     follows (a bounded amount: a ``pipe:`` command's output to its end, unless it goes on without end).
     """
 
-    def __init__(self, stream: IO[bytes], url: str = "", select: Optional[Callable[[str], bool]] = None,
-                 chunk: int = CHUNK, *, start: int = 0, pax_global: Optional[dict] = None,
-                 ranged: bool = False, max_member: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        stream: IO[bytes],
+        url: str = "",
+        select: Optional[Callable[[str], bool]] = None,
+        chunk: int = CHUNK,
+        *,
+        start: int = 0,
+        pax_global: Optional[dict] = None,
+        ranged: bool = False,
+        max_member: Optional[int] = None,
+    ) -> None:
         self.url = url
         self.max_member = max_member
         self.chunk = chunk
@@ -318,7 +329,9 @@ class TarMembers:
         return CorruptShardError(
             f"{redact(self.url) or '<stream>'}: corrupt tar {where}{about}: {what}. "
             "Re-create or re-download the shard; to skip damaged shards pass handler=warn_and_continue",
-            url=self.url, offset=offset, member=member,
+            url=self.url,
+            offset=offset,
+            member=member,
         )
 
     def _read(self, size: int) -> bytes:
@@ -341,7 +354,7 @@ class TarMembers:
             # checked as the stream is read on (every MiB or large member), not per member
             raise sample_too_large(self.url, self.sample_start, self.member_offset, self.max_sample)
         have = len(self._buf) - self._pos
-        parts = [self._buf[self._pos:]] if have else []
+        parts = [self._buf[self._pos :]] if have else []
         failure = None
         while have < need:
             if self._failure is not None:
@@ -370,7 +383,7 @@ class TarMembers:
         padded = size + (-size) % 512
         if len(buf) - pos >= padded:
             self._pos = pos + padded
-            return buf[pos:pos + size]
+            return buf[pos : pos + size]
         if size > self.chunk:  # large member: the rest goes straight from the stream into the payload
             head = buf[pos:]
             data = self._read_payload(head, size, name, header_offset)
@@ -379,15 +392,19 @@ class TarMembers:
             pad = (-size) % 512
             if pad:
                 if not self._fill(pad):
-                    raise self._fail(f"the stream ended inside the padding after the {size} bytes of data",
-                                     name, header_offset)
+                    raise self._fail(
+                        f"the stream ended inside the padding after the {size} bytes of data", name, header_offset
+                    )
                 self._pos = pad
             return data
         if not self._fill(padded):
             got = len(self._buf) - self._pos
-            raise self._fail(f"the stream ended inside the member: expected {size} bytes of data, "
-                             f"got {min(got, size)}", name, header_offset)
-        data = self._buf[self._pos:self._pos + size]
+            raise self._fail(
+                f"the stream ended inside the member: expected {size} bytes of data, got {min(got, size)}",
+                name,
+                header_offset,
+            )
+        data = self._buf[self._pos : self._pos + size]
         self._pos += padded
         return data
 
@@ -412,17 +429,21 @@ class TarMembers:
             view = out.getbuffer()
             try:
                 if head:
-                    view[:len(head)] = head
+                    view[: len(head)] = head
                     head = b""
                 while have < capacity:
                     try:
                         n = readinto(view[have:capacity])
                     except self._errors as exc:
-                        raise self._fail(f"the {self.compression} stream is damaged or ended early ({exc})",
-                                         name, header_offset) from exc
+                        raise self._fail(
+                            f"the {self.compression} stream is damaged or ended early ({exc})", name, header_offset
+                        ) from exc
                     if not n:
-                        raise self._fail(f"the stream ended inside the member: expected {size} bytes of "
-                                         f"data, got {have}", name, header_offset)
+                        raise self._fail(
+                            f"the stream ended inside the member: expected {size} bytes of data, got {have}",
+                            name,
+                            header_offset,
+                        )
                     have += n
             finally:
                 view.release()
@@ -435,8 +456,11 @@ class TarMembers:
         while have < size:
             data = self._read(size - have)
             if not data:
-                raise self._fail(f"the stream ended inside the member: expected {size} more bytes "
-                                 f"of data, got {have}", name, header_offset)
+                raise self._fail(
+                    f"the stream ended inside the member: expected {size} more bytes of data, got {have}",
+                    name,
+                    header_offset,
+                )
             parts.append(data)
             have += len(data)
         return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -467,7 +491,8 @@ class TarMembers:
             return True
         # Some old writers summed signed chars.
         signed = sum(b - 256 if b > 127 else b for b in header[:148]) + sum(
-            b - 256 if b > 127 else b for b in header[156:])
+            b - 256 if b > 127 else b for b in header[156:]
+        )
         return stored == signed + 256
 
     @property
@@ -481,8 +506,11 @@ class TarMembers:
             self._stream, self.compression = open_decompressed(self._source)
             if not self._fill(512):
                 got = len(self._buf)
-                raise self._fail("the stream is empty (not a tar archive)" if not got else
-                                 f"the stream has only {got} bytes (not a tar archive)")
+                raise self._fail(
+                    "the stream is empty (not a tar archive)"
+                    if not got
+                    else f"the stream has only {got} bytes (not a tar archive)"
+                )
 
     def __iter__(self) -> Iterator[tuple[str, bytes]]:
         if self._stream is None:
@@ -498,28 +526,31 @@ class TarMembers:
             while pos + 512 <= end and not self._special:
                 try:
                     # all twelve digits when the field has no terminator, as tarfile reads it
-                    size = int(buf[pos + 124:pos + 136] if buf[pos + 135] > 32 else buf[pos + 124:pos + 135], 8)
-                    stored = int(buf[pos + 148:pos + 154], 8)
+                    size = int(buf[pos + 124 : pos + 136] if buf[pos + 135] > 32 else buf[pos + 124 : pos + 135], 8)
+                    stored = int(buf[pos + 148 : pos + 154], 8)
                 except ValueError:
                     break
                 if not 0 <= size <= max_member:
                     break  # the slow path says what is wrong
-                r = ((adler32(mv[pos + 156:pos + 512], adler32(mv[pos:pos + 148])) & 0xFFFF) - 1) % 65521 + 256
-                if (stored != r and stored != r + 65521) or buf[pos + 156] not in (48, 0) or (
-                        buf[pos + 345] and buf[pos + 257:pos + 262] == b"ustar"):
+                r = ((adler32(mv[pos + 156 : pos + 512], adler32(mv[pos : pos + 148])) & 0xFFFF) - 1) % 65521 + 256
+                if (
+                    (stored != r and stored != r + 65521)
+                    or buf[pos + 156] not in (48, 0)
+                    or (buf[pos + 345] and buf[pos + 257 : pos + 262] == b"ustar")
+                ):
                     break
                 start = pos + 512
                 nxt = start + ((size + 511) & ~511)
                 if nxt > end:
                     break
                 name_end = buf.find(0, pos, pos + 100)
-                name = buf[pos:name_end if name_end >= 0 else pos + 100].decode("utf-8", "surrogateescape")
+                name = buf[pos : name_end if name_end >= 0 else pos + 100].decode("utf-8", "surrogateescape")
                 header_pos = pos
                 pos = self._pos = nxt
                 if select is not None and not select(name):
                     continue
                 self.member_offset = self.record_start = self._base + header_pos
-                yield name, buf[start:start + size]
+                yield name, buf[start : start + size]
             mv.release()
             self._pos = pos
             item = self._next_slow()
@@ -534,10 +565,12 @@ class TarMembers:
             got = len(self._buf) - self._pos
             if self._ranged and not got and not self._extended:
                 return _END
-            raise self._fail("the stream ended without the tar end-of-archive marker "
-                             "(the shard is truncated)" + (f"; {got} stray bytes at the end" if got else ""))
+            raise self._fail(
+                "the stream ended without the tar end-of-archive marker "
+                "(the shard is truncated)" + (f"; {got} stray bytes at the end" if got else "")
+            )
         pos = self._pos
-        header = self._buf[pos:pos + 512]
+        header = self._buf[pos : pos + 512]
         header_offset = self._base + pos
         if header[0] == 0 and header == ZERO_BLOCK:
             self.archive_end = header_offset
@@ -546,8 +579,11 @@ class TarMembers:
         if not self._extended:
             self._record_begin = header_offset
         if not self._checksum_ok(header):
-            hint = ("this is not a tar archive" if header_offset == 0 and self.compression is None
-                    else "the header checksum does not match")
+            hint = (
+                "this is not a tar archive"
+                if header_offset == 0 and self.compression is None
+                else "the header checksum does not match"
+            )
             raise self._fail(hint, None, header_offset)
         self._pos = pos + 512
         typeflag = header[156]
@@ -570,7 +606,13 @@ class TarMembers:
                     f"{redact(self.url) or '<stream>'}: member {name!r} at byte {header_offset} is {size} bytes, "
                     f"more than the limit of {self.max_member} bytes on one member; raise it with "
                     "WDS_MAX_MEMBER_SIZE (such as 8GiB) or WebDataset(..., max_member_size=) if the shard is "
-                    "trusted", url=self.url, offset=header_offset, member=name, size=size, limit=self.max_member)
+                    "trusted",
+                    url=self.url,
+                    offset=header_offset,
+                    member=name,
+                    size=size,
+                    limit=self.max_member,
+                )
             data = self._take(size, name, header_offset)
             self.member_offset = header_offset
             self.record_start = self._record_begin
@@ -588,8 +630,9 @@ class TarMembers:
         if "size" in self._pax:
             text = self._pax["size"]
             if not text.isascii() or not text.isdigit():
-                raise self._fail(f"the PAX size record {text[:40]!r} is not a non-negative decimal number",
-                                 None, header_offset)
+                raise self._fail(
+                    f"the PAX size record {text[:40]!r} is not a non-negative decimal number", None, header_offset
+                )
             size = int(text)
         if size < 0:
             raise self._fail(f"the header gives a negative size ({size})", None, header_offset)
@@ -605,17 +648,22 @@ class TarMembers:
         raw = header[:end] if end >= 0 else header[:100]
         if header[257:262] == b"ustar" and header[345] != 0:
             pend = header.find(0, 345, 500)
-            raw = header[345:pend if pend >= 0 else 500] + b"/" + raw
+            raw = header[345 : pend if pend >= 0 else 500] + b"/" + raw
         return raw.decode("utf-8", "surrogateescape")
 
     def _metadata(self, typeflag: int, size: int, name: str, header_offset: int) -> None:
         """Read a GNU long name or PAX record set, which applies to the next header (global PAX: to all)."""
         if size > MAX_META_SIZE:
-            raise self._fail(f"a metadata record (type {chr(typeflag)!r}) claims {size} bytes, more than the "
-                             f"{MAX_META_SIZE} allowed for long names and PAX headers", None, header_offset)
+            raise self._fail(
+                f"a metadata record (type {chr(typeflag)!r}) claims {size} bytes, more than the "
+                f"{MAX_META_SIZE} allowed for long names and PAX headers",
+                None,
+                header_offset,
+            )
         if typeflag == _GNU_LONGNAME:
-            self._long_name = self._take(size, name, header_offset).split(b"\0", 1)[0].decode(
-                "utf-8", "surrogateescape")
+            self._long_name = (
+                self._take(size, name, header_offset).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            )
             self._special = self._extended = True
             return
         records = self._parse_pax(self._take(size, name, header_offset), header_offset)
@@ -629,8 +677,12 @@ class TarMembers:
         # what is in force is capped like one record set, or a stream of small headers would fill memory.
         held = sum(len(k) + len(v) for k, v in self._pax.items())
         if held > MAX_META_SIZE:
-            raise self._fail(f"the PAX records in force hold {held} bytes, more than the {MAX_META_SIZE} allowed "
-                             "(consecutive or global PAX headers piling up records)", None, header_offset)
+            raise self._fail(
+                f"the PAX records in force hold {held} bytes, more than the {MAX_META_SIZE} allowed "
+                "(consecutive or global PAX headers piling up records)",
+                None,
+                header_offset,
+            )
         self._special = bool(self._pax)
 
     def _parse_pax(self, payload: bytes, header_offset: int) -> dict[str, str]:
@@ -644,13 +696,18 @@ class TarMembers:
             space = payload.find(b" ", pos, min(end, pos + 21))
             digits = payload[pos:space] if space > pos else b""
             if not digits.isdigit():
-                raise self._fail(f"a PAX header record at byte {pos} of the header has no valid length",
-                                 None, header_offset)
+                raise self._fail(
+                    f"a PAX header record at byte {pos} of the header has no valid length", None, header_offset
+                )
             length = int(digits)
             if length <= space - pos + 1 or pos + length > end or payload[pos + length - 1] != 10:
-                raise self._fail(f"a PAX header record at byte {pos} of the header claims a length of {length}, "
-                                 "which does not end at its newline inside the header", None, header_offset)
-            record = payload[space + 1:pos + length - 1]
+                raise self._fail(
+                    f"a PAX header record at byte {pos} of the header claims a length of {length}, "
+                    "which does not end at its newline inside the header",
+                    None,
+                    header_offset,
+                )
+            record = payload[space + 1 : pos + length - 1]
             key, equals, value = record.partition(b"=")
             if not equals:
                 raise self._fail(f"a PAX header record at byte {pos} of the header has no '='", None, header_offset)

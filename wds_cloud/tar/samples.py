@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import collections
 import itertools
-
 import re
-from typing import Any, Callable, Iterable, Iterator, Optional, TypeGuard, Union
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Optional, TypeGuard, Union
 
 from .. import config
 from ..errors import ConfigError, CorruptShardError, StateMismatchError, redact
@@ -27,9 +27,23 @@ from ..io.open import gopen
 from .reader import TarMembers, sample_too_large
 
 __all__ = [
-    "base_plus_ext", "last_dot_split", "key_rule", "valid_sample", "url_opener", "tar_file_iterator",
-    "tar_file_expander", "group_by_keys", "meta_prefix", "meta_suffix", "shard_samples", "member_filter",
-    "close_quietly", "SKIP_META", "sample_limit", "FIELD_COST", "Barren",
+    "base_plus_ext",
+    "last_dot_split",
+    "key_rule",
+    "valid_sample",
+    "url_opener",
+    "tar_file_iterator",
+    "tar_file_expander",
+    "group_by_keys",
+    "meta_prefix",
+    "meta_suffix",
+    "shard_samples",
+    "member_filter",
+    "close_quietly",
+    "SKIP_META",
+    "sample_limit",
+    "FIELD_COST",
+    "Barren",
 ]
 
 meta_prefix = "__"
@@ -46,7 +60,7 @@ def base_plus_ext(path: str) -> tuple[Optional[str], Optional[str]]:
     dot = path.find(".", slash + 1)
     if dot <= slash + 1:
         return None, None
-    return path[:dot], path[dot + 1:]
+    return path[:dot], path[dot + 1 :]
 
 
 def last_dot_split(path: str) -> tuple[Optional[str], Optional[str]]:
@@ -55,7 +69,7 @@ def last_dot_split(path: str) -> tuple[Optional[str], Optional[str]]:
     dot = path.rfind(".")
     if dot <= slash + 1:
         return None, None
-    return path[:dot], path[dot + 1:]
+    return path[:dot], path[dot + 1 :]
 
 
 _RULES = {"first_dot": base_plus_ext, "last_dot": last_dot_split}
@@ -70,8 +84,9 @@ def key_rule(rule: Union[str, Callable[[str], tuple], None]) -> Callable[[str], 
     try:
         return _RULES[rule]
     except KeyError:
-        raise ConfigError(f"unknown key rule {rule!r}: use 'first_dot', 'last_dot', or a callable "
-                         "returning (key, field)") from None
+        raise ConfigError(
+            f"unknown key rule {rule!r}: use 'first_dot', 'last_dot', or a callable returning (key, field)"
+        ) from None
 
 
 def valid_sample(sample: Any) -> TypeGuard[dict]:
@@ -131,12 +146,16 @@ class Barren:
         if self.run >= self.MINIMUM and self.run >= self.ROUNDS * len(self.urls):
             shown = ", ".join(redact(u) for u in sorted(map(str, self.urls))[:3])
             more = f" and {len(self.urls) - 3} more" if len(self.urls) > 3 else ""
-            why = (f"; the last error: {type(self.last_error).__name__}: {self.last_error}"
-                   if self.last_error is not None else "; they were empty (or every member was filtered out)")
+            why = (
+                f"; the last error: {type(self.last_error).__name__}: {self.last_error}"
+                if self.last_error is not None
+                else "; they were empty (or every member was filtered out)"
+            )
             raise ValueError(
                 f"{self.run} shards in a row gave no sample, going round {len(self.urls)} distinct shards "
                 f"({shown}{more}){why}. A resampled dataset of such shards would never yield anything: fix or "
-                "remove those shards, or check the shard spec and select_files")
+                "remove those shards, or check the shard spec and select_files"
+            )
 
     def failed(self, exn: BaseException) -> None:
         self.last_error = exn
@@ -161,16 +180,25 @@ def url_opener(data: Iterable[dict], handler: Callable = reraise_exception, **kw
         yield sample
 
 
-def tar_file_iterator(fileobj, skip_meta: Optional[str] = SKIP_META, handler: Callable = reraise_exception,
-                      select_files: Optional[Callable] = None, rename_files: Optional[Callable] = None,
-                      url: str = "", _failed: Optional[list] = None) -> Iterator[dict]:
+def tar_file_iterator(
+    fileobj,
+    skip_meta: Optional[str] = SKIP_META,
+    handler: Callable = reraise_exception,
+    select_files: Optional[Callable] = None,
+    rename_files: Optional[Callable] = None,
+    url: str = "",
+    _failed: Optional[list] = None,
+) -> Iterator[dict]:
     """Yield ``{"fname": name, "data": bytes}`` for the regular members of a tar stream.
 
     An error the handler lets pass ends the shard (``_failed``, when given, records it).
     """
-    members = TarMembers(fileobj, url or getattr(fileobj, "name", "") or "",
-                         select=member_filter(skip_meta, select_files, rename_files),
-                         max_member=config.current().max_member_size)
+    members = TarMembers(
+        fileobj,
+        url or getattr(fileobj, "name", "") or "",
+        select=member_filter(skip_meta, select_files, rename_files),
+        max_member=config.current().max_member_size,
+    )
     try:
         for name, data in members:
             yield {"fname": rename_files(name) if rename_files else name, "data": data}
@@ -208,9 +236,13 @@ class _Expansion:
         return next(self._items)
 
 
-def tar_file_expander(data: Iterable[dict], handler: Callable = reraise_exception,
-                      select_files: Optional[Callable] = None, rename_files: Optional[Callable] = None,
-                      eof_value: Optional[dict] = {}) -> Iterator[dict]:  # noqa: B006 - upstream's marker
+def tar_file_expander(
+    data: Iterable[dict],
+    handler: Callable = reraise_exception,
+    select_files: Optional[Callable] = None,
+    rename_files: Optional[Callable] = None,
+    eof_value: Optional[dict] = {},  # noqa: B006 (webdataset's default: an empty dict marks a shard's end)
+) -> Iterator[dict]:
     """Expand each opened shard into its members, tagged with ``__url__``; ``eof_value`` ends each shard read
     to its end (a shard that ended in an error the handler let pass ends without it, as in webdataset)."""
     expansion = _Expansion()
@@ -218,8 +250,14 @@ def tar_file_expander(data: Iterable[dict], handler: Callable = reraise_exceptio
     return expansion
 
 
-def _expand(expansion: _Expansion, data: Iterable[dict], handler: Callable, select_files: Optional[Callable],
-            rename_files: Optional[Callable], eof_value: Optional[dict]) -> Iterator[dict]:
+def _expand(
+    expansion: _Expansion,
+    data: Iterable[dict],
+    handler: Callable,
+    select_files: Optional[Callable],
+    rename_files: Optional[Callable],
+    eof_value: Optional[dict],
+) -> Iterator[dict]:
     barren = Barren()
     members = 0
     yielded = 0  # items yielded, eof_value included: where the boundaries lie
@@ -234,8 +272,9 @@ def _expand(expansion: _Expansion, data: Iterable[dict], handler: Callable, sele
             raise
         failed: list = []
         try:
-            for sample in tar_file_iterator(stream, handler=handler, select_files=select_files,
-                                            rename_files=rename_files, url=url, _failed=failed):
+            for sample in tar_file_iterator(
+                stream, handler=handler, select_files=select_files, rename_files=rename_files, url=url, _failed=failed
+            ):
                 sample["__url__"] = url
                 if "local_path" in source:
                     sample["__local_path__"] = source["local_path"]
@@ -266,8 +305,13 @@ def close_quietly(stream: Any) -> None:
             pass
 
 
-def group_by_keys(data: Iterable[dict], keys: Callable = base_plus_ext, lcase: bool = True,
-                  suffixes: Optional[Iterable[str]] = None, handler: Optional[Callable] = None) -> Iterator[dict]:
+def group_by_keys(
+    data: Iterable[dict],
+    keys: Callable = base_plus_ext,
+    lcase: bool = True,
+    suffixes: Optional[Iterable[str]] = None,
+    handler: Optional[Callable] = None,
+) -> Iterator[dict]:
     """Group adjacent ``{"fname", "data"}`` members into samples; an empty dict ends a shard.
 
     The grouping is :func:`shard_samples`' own loop, run over each shard's members in turn; a
@@ -282,9 +326,19 @@ def group_by_keys(data: Iterable[dict], keys: Callable = base_plus_ext, lcase: b
             item = counted.next()
             continue
         run = _MemberRun(item, counted, sample_limit())
-        yield from _grouped(run, run.url, run, keys=keys, lcase=lcase, suffixes=suffixes,
-                            local_path=run.local_path, where=None, rename_files=None, on_repeat=handler,
-                            last_ok=run.keeps_last)
+        yield from _grouped(
+            run,
+            run.url,
+            run,
+            keys=keys,
+            lcase=lcase,
+            suffixes=suffixes,
+            local_path=run.local_path,
+            where=None,
+            rename_files=None,
+            on_repeat=handler,
+            last_ok=run.keeps_last,
+        )
         item = run.next_item
 
 
@@ -326,7 +380,7 @@ class _MemberRun:
 
     member_offset = None
 
-    def __init__(self, first: dict, items: "_Counted", max_sample: int) -> None:
+    def __init__(self, first: dict, items: _Counted, max_sample: int) -> None:
         self._first = first
         self._items = items
         self.url = first.get("__url__")
@@ -370,13 +424,23 @@ class _MemberRun:
         pass
 
 
-def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcase: bool = True,
-                  suffixes: Optional[Iterable[str]] = None, select_files: Optional[Callable] = None,
-                  rename_files: Optional[Callable] = None, skip_meta: Optional[str] = SKIP_META,
-                  local_path: Optional[str] = None, where: Optional[list] = None,
-                  members: Optional[TarMembers] = None, expect_first: Any = (),
-                  record: Optional[Callable[[str, int, int], None]] = None,
-                  max_sample: Optional[int] = None) -> Iterator[dict]:
+def shard_samples(
+    url: str,
+    stream: Any,
+    *,
+    keys: Callable = base_plus_ext,
+    lcase: bool = True,
+    suffixes: Optional[Iterable[str]] = None,
+    select_files: Optional[Callable] = None,
+    rename_files: Optional[Callable] = None,
+    skip_meta: Optional[str] = SKIP_META,
+    local_path: Optional[str] = None,
+    where: Optional[list] = None,
+    members: Optional[TarMembers] = None,
+    expect_first: Any = (),
+    record: Optional[Callable[[str, int, int], None]] = None,
+    max_sample: Optional[int] = None,
+) -> Iterator[dict]:
     """The samples of one shard, read and grouped in a single loop.
 
     Raises on damage; a sample cut short by the damage is never yielded.  When
@@ -391,15 +455,30 @@ def shard_samples(url: str, stream: Any, *, keys: Callable = base_plus_ext, lcas
     ``max_sample``: the most bytes a sample may hold (see :func:`sample_limit`).
     """
     if members is None:
-        members = TarMembers(stream, url, select=member_filter(skip_meta, select_files, rename_files),
-                             max_member=config.current().max_member_size)
+        members = TarMembers(
+            stream,
+            url,
+            select=member_filter(skip_meta, select_files, rename_files),
+            max_member=config.current().max_member_size,
+        )
     source = members if expect_first == () else _checked_start(members, expect_first, url, rename_files)
     if record is not None:
         source = _recorded(source, members, record)
     # the grouping generator itself is returned: no generator layer of our own per sample
     members.max_sample = sample_limit(max_sample, members.max_member)
-    return _grouped(source, url, members, keys=keys, lcase=lcase, suffixes=suffixes, local_path=local_path,
-                    where=where, rename_files=rename_files, on_repeat=None, last_ok=None)
+    return _grouped(
+        source,
+        url,
+        members,
+        keys=keys,
+        lcase=lcase,
+        suffixes=suffixes,
+        local_path=local_path,
+        where=where,
+        rename_files=rename_files,
+        on_repeat=None,
+        last_ok=None,
+    )
 
 
 #: what a member dict costs beyond its bytes and its name, in the limit's count where grouping is fed
@@ -422,17 +501,28 @@ def sample_limit(given: Optional[int] = None, member_limit: Optional[int] = None
     return member_limit if member_limit is not None else settings.max_member_size
 
 
-def _recorded(source: Iterable[tuple[str, Any]], members: Any,
-              record: Callable[[str, int, int], None]) -> Iterator[tuple[str, Any]]:
+def _recorded(
+    source: Iterable[tuple[str, Any]], members: Any, record: Callable[[str, int, int], None]
+) -> Iterator[tuple[str, Any]]:
     for name, data in source:
         record(name, members.member_offset + 512, len(data))
         yield name, data
 
 
-def _grouped(source: Iterable[tuple[str, Any]], url: Any, members: Any, *, keys: Callable, lcase: bool,
-             suffixes: Optional[Iterable[str]], local_path: Optional[str], where: Optional[list],
-             rename_files: Optional[Callable], on_repeat: Optional[Callable],
-             last_ok: Optional[Callable[[dict], bool]]) -> Iterator[dict]:
+def _grouped(
+    source: Iterable[tuple[str, Any]],
+    url: Any,
+    members: Any,
+    *,
+    keys: Callable,
+    lcase: bool,
+    suffixes: Optional[Iterable[str]],
+    local_path: Optional[str],
+    where: Optional[list],
+    rename_files: Optional[Callable],
+    on_repeat: Optional[Callable],
+    last_ok: Optional[Callable[[dict], bool]],
+) -> Iterator[dict]:
     """The one grouping loop: adjacent ``(name, data)`` members sharing a key become a sample.
 
     ``members`` tells byte offsets (a :class:`TarMembers`, or the member-dict run standing for one); a
@@ -455,7 +545,7 @@ def _grouped(source: Iterable[tuple[str, Any]], url: Any, members: Any, *, keys:
             dot = name.find(".", slash + 1)
             if dot <= slash + 1:
                 continue
-            prefix, suffix = name[:dot], name[dot + 1:]
+            prefix, suffix = name[:dot], name[dot + 1 :]
         else:
             prefix, suffix = keys(name)
             if prefix is None:
@@ -480,7 +570,10 @@ def _grouped(source: Iterable[tuple[str, Any]], url: Any, members: Any, *, keys:
             exn = CorruptShardError(
                 f"{redact(url or '<stream>')}: member {name!r}{f' at byte {offset}' if offset is not None else ''} "
                 f"repeats the field {suffix!r} of sample {prefix!r}; a sample holds one member per field",
-                url=url, member=name, offset=offset)
+                url=url,
+                member=name,
+                offset=offset,
+            )
             if on_repeat is None or not on_repeat(exn):
                 raise exn
             continue
@@ -494,8 +587,9 @@ def _grouped(source: Iterable[tuple[str, Any]], url: Any, members: Any, *, keys:
     members.finish()  # after the last sample: what trails the archive never delays it
 
 
-def _checked_start(members: TarMembers, expected: Optional[str], url: str,
-                   rename_files: Optional[Callable]) -> Iterator[tuple[str, bytes]]:
+def _checked_start(
+    members: TarMembers, expected: Optional[str], url: str, rename_files: Optional[Callable]
+) -> Iterator[tuple[str, bytes]]:
     """``members``, having checked that a resumed read begins at the member the saved state names."""
     first = True
     iterator = iter(members)
@@ -505,7 +599,11 @@ def _checked_start(members: TarMembers, expected: Optional[str], url: str,
         raise StateMismatchError(
             f"{redact(url)}: the saved state resumes at byte {members.record_start}, where no tar member begins "
             f"({exc}); the state was changed, or the shard was: load a state that state_dict() returned for "
-            "these shards", url=url, offset=members.record_start, field="offset") from exc
+            "these shards",
+            url=url,
+            offset=members.record_start,
+            field="offset",
+        ) from exc
     for name, data in itertools.chain([head] if head is not None else [], iterator):
         if first:
             first = False
@@ -515,9 +613,15 @@ def _checked_start(members: TarMembers, expected: Optional[str], url: str,
                     f"{redact(url)}: the saved state resumes at byte {members.record_start}, where it expects the "
                     f"member {expected!r} to begin a sample, but {shown!r} is there: the state was changed, or "
                     "the shard was; load a state that state_dict() returned for these shards",
-                    url=url, offset=members.record_start, field="offset")
+                    url=url,
+                    offset=members.record_start,
+                    field="offset",
+                )
         yield name, data
     if first and expected is not None:
         raise StateMismatchError(
             f"{redact(url)}: the saved state expects the member {expected!r} at byte {members.offset}, but the "
-            "archive ends there: the state was changed, or the shard was", url=url, field="offset")
+            "archive ends there: the state was changed, or the shard was",
+            url=url,
+            field="offset",
+        )

@@ -11,7 +11,8 @@ import collections
 import copy
 import itertools
 import time
-from typing import Any, Callable, Generator, Iterable, Iterator, Optional, Sequence, Union
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from typing import Any, Optional, Union
 
 from .. import config, utils
 from ..errors import StateMismatchError
@@ -28,11 +29,17 @@ from .samples import SKIP_META, Barren, close_quietly, key_rule, member_filter, 
 __all__ = ["TarSamples", "tarfile_samples", "tarfile_to_samples"]
 
 
-def tarfile_samples(src: Iterable[dict], handler: Callable = reraise_exception,
-                    select_files: Optional[Callable] = None, rename_files: Optional[Callable] = None,
-                    keys: Union[str, Callable, None] = None, lcase: bool = True,
-                    suffixes: Optional[Iterable[str]] = None, opener: Optional[Callable] = None,
-                    **open_kw: Any) -> Iterator[dict]:
+def tarfile_samples(
+    src: Iterable[dict],
+    handler: Callable = reraise_exception,
+    select_files: Optional[Callable] = None,
+    rename_files: Optional[Callable] = None,
+    keys: Union[str, Callable, None] = None,
+    lcase: bool = True,
+    suffixes: Optional[Iterable[str]] = None,
+    opener: Optional[Callable] = None,
+    **open_kw: Any,
+) -> Iterator[dict]:
     """Samples from a stream of ``{"url": ...}`` shard descriptions.
 
     ``opener(url)`` (default ``gopen``) opens each shard; ``keys`` is a key
@@ -40,8 +47,16 @@ def tarfile_samples(src: Iterable[dict], handler: Callable = reraise_exception,
     whether to go on with the next shard (True) or stop (False); the sample
     the error cut short is never yielded.
     """
-    return TarSamples(handler=handler, select_files=select_files, rename_files=rename_files, keys=keys,
-                      lcase=lcase, suffixes=suffixes, opener=opener, **open_kw).run(src)
+    return TarSamples(
+        handler=handler,
+        select_files=select_files,
+        rename_files=rename_files,
+        keys=keys,
+        lcase=lcase,
+        suffixes=suffixes,
+        opener=opener,
+        **open_kw,
+    ).run(src)
 
 
 def _shown(url: Optional[str]) -> Optional[str]:
@@ -60,8 +75,19 @@ class _Cursor:
     :func:`shard_samples` itself, so the reader adds no work per sample.
     """
 
-    __slots__ = ("shard", "url", "compressed", "done", "where", "identity", "members", "base_pax", "recorded",
-                 "elastic", "limit")
+    __slots__ = (
+        "shard",
+        "url",
+        "compressed",
+        "done",
+        "where",
+        "identity",
+        "members",
+        "base_pax",
+        "recorded",
+        "elastic",
+        "limit",
+    )
 
     def __init__(self) -> None:
         self.shard = 0  # index of the current shard among the shards this worker was given
@@ -121,14 +147,23 @@ class TarSamples:
     makes the next pass continue from there (see :mod:`wds_cloud.resume`).
     """
 
-    def __init__(self, handler: Callable = reraise_exception, select_files: Optional[Callable] = None,
-                 rename_files: Optional[Callable] = None, keys: Union[str, Callable, None] = None,
-                 lcase: bool = True, suffixes: Optional[Iterable[str]] = None, opener: Any = None,
-                 limit: Any = None, max_member_size: Optional[int] = None,
-                 index_sink: Optional[Callable[[Any], None]] = None, max_sample_size: Optional[int] = None,
-                 **open_kw: Any) -> None:
+    def __init__(
+        self,
+        handler: Callable = reraise_exception,
+        select_files: Optional[Callable] = None,
+        rename_files: Optional[Callable] = None,
+        keys: Union[str, Callable, None] = None,
+        lcase: bool = True,
+        suffixes: Optional[Iterable[str]] = None,
+        opener: Any = None,
+        limit: Any = None,
+        max_member_size: Optional[int] = None,
+        index_sink: Optional[Callable[[Any], None]] = None,
+        max_sample_size: Optional[int] = None,
+        **open_kw: Any,
+    ) -> None:
         self.handler = handler
-        #: given a ShardIndex of every shard read whole in a pass (see WebDataset(write_index=))
+        #: given, for every shard read whole in a pass, what its index needs (see WebDataset(write_index=))
         self.index_sink = index_sink
         #: the largest member read (bytes); None: WDS_MAX_MEMBER_SIZE or its default, when a pass begins
         self.max_member_size = max_member_size
@@ -173,9 +208,16 @@ class TarSamples:
         c = self.cursor
         if c is None:
             return {"fresh": True}
-        state = {"shard": c.shard, "url": _shown(c.url), "url_id": _ident(c.url), "offset": c.offset,
-                 "samples": c.samples, "done": c.done,
-                 "identity": dict(c.identity) if c.identity is not None else None, "next": c.where[3]}
+        state = {
+            "shard": c.shard,
+            "url": _shown(c.url),
+            "url_id": _ident(c.url),
+            "offset": c.offset,
+            "samples": c.samples,
+            "done": c.done,
+            "identity": dict(c.identity) if c.identity is not None else None,
+            "next": c.where[3],
+        }
         if c.compressed:
             state["compressed"] = True
         if c.pax:
@@ -190,8 +232,16 @@ class TarSamples:
         if self._resume is not None or c is None:
             return self.state_dict()
         where = c.where
-        state = {"shard": c.shard, "url": _shown(c.url), "url_id": _ident(c.url), "offset": where[1],
-                 "samples": where[2], "done": c.done, "identity": c.identity, "next": where[3]}
+        state = {
+            "shard": c.shard,
+            "url": _shown(c.url),
+            "url_id": _ident(c.url),
+            "offset": where[1],
+            "samples": where[2],
+            "done": c.done,
+            "identity": c.identity,
+            "next": where[3],
+        }
         if c.compressed:
             state["compressed"] = True
         pax = c.pax
@@ -211,18 +261,30 @@ class TarSamples:
             self._resume = None
             return
         replaying = "replayed" in state  # an elastic share: no shard is begun while its replays last
-        expect(state, "shard reader", dict, shard=(int, lambda v: v >= 0), url=(str, None, replaying),
-               offset=(int, lambda v: v >= 0 and v % 512 == 0), samples=(int, lambda v: v >= 0), done=bool,
-               identity=(dict, None, True), compressed=(bool, None, True), pax=(dict, None, True),
-               next=(str, None, True), url_id=(str, None, True), replayed=(int, lambda v: v >= 0, True),
-               limit=(int, lambda v: v >= 0, True))
+        expect(
+            state,
+            "shard reader",
+            dict,
+            shard=(int, lambda v: v >= 0),
+            url=(str, None, replaying),
+            offset=(int, lambda v: v >= 0 and v % 512 == 0),
+            samples=(int, lambda v: v >= 0),
+            done=bool,
+            identity=(dict, None, True),
+            compressed=(bool, None, True),
+            pax=(dict, None, True),
+            next=(str, None, True),
+            url_id=(str, None, True),
+            replayed=(int, lambda v: v >= 0, True),
+            limit=(int, lambda v: v >= 0, True),
+        )
         self._resume = dict(state)
 
     def set_replay(self, replay: Sequence[tuple]) -> None:
         """First yield the samples at ``replay`` (``(url, start, end, compressed, ref)``) on the next pass."""
         self._replay = list(replay)
 
-    def for_stream(self, stream: int, streams: int) -> "TarSamples":
+    def for_stream(self, stream: int, streams: int) -> TarSamples:
         """A reader of its own for virtual stream ``stream`` of ``streams`` (see :mod:`wds_cloud.resume.streams`):
         the same settings and opener, a state that names the stream (not a rank and worker), and no look
         ahead (the streams of a worker read their shards side by side)."""
@@ -279,16 +341,31 @@ class TarSamples:
 
     def _parse(self, stream: Any, url: str, start: int, ranged: bool) -> Iterator[tuple[int, dict]]:
         where: list[Any] = [0, 0, 0, None]
-        members = TarMembers(stream, url, select=self._member_filter(), start=start, ranged=ranged,
-                             max_member=self._max_member())
-        for sample in shard_samples(url, stream, keys=key_rule(self.keys), lcase=self.lcase, suffixes=self.suffixes,
-                                    rename_files=self.rename_files, where=where, members=members,
-                                    max_sample=self._max_sample()):
+        members = TarMembers(
+            stream, url, select=self._member_filter(), start=start, ranged=ranged, max_member=self._max_member()
+        )
+        for sample in shard_samples(
+            url,
+            stream,
+            keys=key_rule(self.keys),
+            lcase=self.lcase,
+            suffixes=self.suffixes,
+            rename_files=self.rename_files,
+            where=where,
+            members=members,
+            max_sample=self._max_sample(),
+        ):
             yield where[0], sample
 
     # reading
-    def _samples(self, src: Iterable[dict], cursor: _Cursor, resume: Optional[dict],
-                 replay: list, elastic: Optional[tuple] = None) -> Iterator[dict]:
+    def _samples(
+        self,
+        src: Iterable[dict],
+        cursor: _Cursor,
+        resume: Optional[dict],
+        replay: list,
+        elastic: Optional[tuple] = None,
+    ) -> Iterator[dict]:
         """One pass: the replayed samples of a resumed shuffle, then the shards from where ``resume`` stood."""
         where = cursor.where
         self._identify(cursor, resume)
@@ -338,7 +415,8 @@ class TarSamples:
                 stream = None
                 try:
                     stream, samples, skipping = self._begin_shard(
-                        source, index, cursor, saved if saved and index == skip else source.get("resume_at"))
+                        source, index, cursor, saved if saved and index == skip else source.get("resume_at")
+                    )
                     if lookahead is not None:
                         ahead.prefetch(_urls(lookahead.peek(ahead.prefetch_depth)))
                     before = where[2]
@@ -364,7 +442,9 @@ class TarSamples:
                 raise StateMismatchError(
                     f"the saved state resumes at shard {skip} of this worker's shards, but it was given only "
                     f"{reached + 1}: load a state saved by a dataset over the same shards and workers",
-                    field="shard", shard=skip)
+                    field="shard",
+                    shard=skip,
+                )
             cursor.done = True
         finally:
             if ahead is not None:
@@ -373,8 +453,12 @@ class TarSamples:
     def _prefetcher(self) -> Any:
         """The opener, when it fetches the next shards ahead (``prefetch(urls)``) and is asked to."""
         opener = self.opener
-        if not self.lookahead or opener is None or not hasattr(opener, "prefetch") \
-                or not getattr(opener, "prefetch_depth", 0):
+        if (
+            not self.lookahead
+            or opener is None
+            or not hasattr(opener, "prefetch")
+            or not getattr(opener, "prefetch_depth", 0)
+        ):
             return None
         return opener
 
@@ -386,8 +470,7 @@ class TarSamples:
             rank, world_size, worker, num_workers = utils.pytorch_worker_info()
             cursor.identity = {"rank": rank, "world_size": world_size, "worker": worker, "num_workers": num_workers}
         if resume is not None:
-            resuming.check_same("dataset (rank and DataLoader worker)", resume.get("identity") or {},
-                                cursor.identity)
+            resuming.check_same("dataset (rank and DataLoader worker)", resume.get("identity") or {}, cursor.identity)
             cursor.where[2] = resume.get("samples", 0)
 
     def _replayed(self, cursor: _Cursor, replay: list) -> Iterator[dict]:
@@ -411,7 +494,7 @@ class TarSamples:
         batch = 256
         while progress[0] < len(replay):
             first = progress[0]
-            chunk = replay[first:first + batch]
+            chunk = replay[first : first + batch]
             samples = refetch([loc[:4] for loc in chunk], self._range, self._whole, self._parse)
             for number, ((url, start, end, compressed), sample) in enumerate(zip(chunk, samples), first):
                 cursor.shard, cursor.url, cursor.compressed = REPLAY_REF + number, url, compressed
@@ -421,8 +504,9 @@ class TarSamples:
                 yield sample
         cursor.shard, cursor.url, cursor.compressed, where[0], where[1] = 0, None, False, 0, 0
 
-    def _begin_shard(self, source: dict, index: int, cursor: _Cursor,
-                     saved: Optional[dict]) -> tuple[Any, Iterator[dict], Optional[int]]:
+    def _begin_shard(
+        self, source: dict, index: int, cursor: _Cursor, saved: Optional[dict]
+    ) -> tuple[Any, Iterator[dict], Optional[int]]:
         """Open one shard (at the saved offset when ``saved``): (stream, its samples, skip-before).
 
         ``skip-before`` is None when the samples start where they should; else the shard is read from
@@ -433,8 +517,9 @@ class TarSamples:
         offset, pax = 0, {}
         if saved is not None:
             if not resuming.same_url(url, saved["url"], saved.get("url_id")):
-                resuming.check_same("dataset (the shard order differs)", {"shard": saved["url"]},
-                                    {"shard": resuming.shown_url(url)})
+                resuming.check_same(
+                    "dataset (the shard order differs)", {"shard": saved["url"]}, {"shard": resuming.shown_url(url)}
+                )
             offset, pax = saved["offset"], dict(saved.get("pax") or {})
         compressed = bool(saved is not None and saved.get("compressed"))
         cursor.shard, cursor.url, cursor.members, cursor.base_pax = index, url, None, pax
@@ -442,8 +527,14 @@ class TarSamples:
         stream, local_path = self._open(source, 0 if compressed else offset)
         try:
             seekable = "stream" not in source and not compressed
-            members = TarMembers(stream, url, select=self._member_filter(), start=offset if seekable else 0,
-                                 pax_global=pax if seekable else None, max_member=self._max_member())
+            members = TarMembers(
+                stream,
+                url,
+                select=self._member_filter(),
+                start=offset if seekable else 0,
+                pax_global=pax if seekable else None,
+                max_member=self._max_member(),
+            )
             members.begin()
         except BaseException:
             close_quietly(stream)
@@ -454,28 +545,41 @@ class TarSamples:
         expected = saved.get("next", ()) if saved is not None and seekable and offset else ()
         recorded: Optional[list] = [] if self.index_sink is not None and not offset else None
         cursor.recorded = recorded
-        samples = shard_samples(url, stream, keys=key_rule(self.keys), lcase=self.lcase, suffixes=self.suffixes,
-                                rename_files=self.rename_files, local_path=local_path,
-                                where=where, members=members, expect_first=expected,
-                                record=(lambda *member: recorded.append(member)) if recorded is not None else None,
-                                max_sample=self._max_sample())
+        samples = shard_samples(
+            url,
+            stream,
+            keys=key_rule(self.keys),
+            lcase=self.lcase,
+            suffixes=self.suffixes,
+            rename_files=self.rename_files,
+            local_path=local_path,
+            where=where,
+            members=members,
+            expect_first=expected,
+            record=(lambda *member: recorded.append(member)) if recorded is not None else None,
+            max_sample=self._max_sample(),
+        )
         return stream, samples, None if seekable else offset
 
     def _indexed(self, url: str, cursor: _Cursor, stream: Any) -> None:
-        """Hand the index of the shard just read whole to ``index_sink`` (by-product of the pass)."""
-        from .index import ShardIndex, group_members
-
+        """Hand what the index of the shard just read whole needs to ``index_sink`` (by-product of the pass):
+        the URL, its members as ``(name, data offset, size)``, its size, version and compression."""
         members = cursor.members
-        index = ShardIndex(url, group_members(cursor.recorded or []), size=getattr(stream, "size", None),
-                           version=getattr(stream, "version", None),
-                           compression=members.compression if members is not None else None)
+        read = {
+            "url": url,
+            "members": cursor.recorded or [],
+            "size": getattr(stream, "size", None),
+            "version": getattr(stream, "version", None),
+            "compression": members.compression if members is not None else None,
+        }
         cursor.recorded = None
         assert self.index_sink is not None
-        self.index_sink(index)
+        self.index_sink(read)
 
     @staticmethod
-    def _limited(samples: Iterator[dict], cursor: _Cursor, limit: Optional[int],
-                 skipping: Optional[int]) -> Generator[dict, None, bool]:
+    def _limited(
+        samples: Iterator[dict], cursor: _Cursor, limit: Optional[int], skipping: Optional[int]
+    ) -> Generator[dict, None, bool]:
         """``samples`` past byte ``skipping`` (when given), up to ``limit`` in the pass; True: the limit was hit."""
         where = cursor.where
         delivered = -1 if skipping is None else skipping
@@ -508,14 +612,17 @@ class TarSamples:
                 return  # an elastic share of buffered samples only: it has no shards to go over again
             ident = cursor.identity or {}
             if "stream" in ident:
-                raise ValueError(f"equal_work: stream {ident['stream']} of {ident['streams']} was given no shards, so "
-                                 f"it cannot produce its {limit} samples; use at least {ident['streams']} shards or "
-                                 "fewer streams")
+                raise ValueError(
+                    f"equal_work: stream {ident['stream']} of {ident['streams']} was given no shards, so "
+                    f"it cannot produce its {limit} samples; use at least {ident['streams']} shards or "
+                    "fewer streams"
+                )
             raise ValueError(
                 f"equal_work: rank {ident.get('rank')} worker {ident.get('worker')} was given no shards, so it cannot "
                 f"produce its {limit} samples; use at least "
                 f"{ident.get('world_size', 1) * ident.get('num_workers', 1)} shards (ranks x workers) or fewer "
-                "DataLoader workers")
+                "DataLoader workers"
+            )
         while cursor.samples < limit:
             before, first = cursor.samples, given
             for source in seen:
@@ -532,7 +639,7 @@ class _Lookahead:
         self._it = it
         self._ahead: collections.deque = collections.deque()
 
-    def __iter__(self) -> "_Lookahead":
+    def __iter__(self) -> _Lookahead:
         return self
 
     def __next__(self) -> Any:
@@ -551,9 +658,12 @@ def _urls(items: Sequence[Any]) -> list[str]:
     """The URLs of shard items to fetch ahead: not those opened already (an item holding a stream is read as
     it is), nor partly read shards of an elastic resume (``resume_at``: read from their saved byte, not
     fetched whole)."""
-    return [item if isinstance(item, str) else item["url"] for item in items
-            if isinstance(item, str) or (isinstance(item, dict) and "url" in item and "stream" not in item
-                                         and "resume_at" not in item)]
+    return [
+        item if isinstance(item, str) else item["url"]
+        for item in items
+        if isinstance(item, str)
+        or (isinstance(item, dict) and "url" in item and "stream" not in item and "resume_at" not in item)
+    ]
 
 
 def tarfile_to_samples(handler: Callable = reraise_exception, **kw: Any) -> TarSamples:

@@ -202,14 +202,14 @@ class BackendConformance:
         assert [s["cls"] for s in samples] == list(range(20))
         assert samples[0]["__url__"] == base_url + "ds/shard-000000.tar"
 
-    def test_rewrite_onto_the_scheme(self, base_url: str, storage_options: dict,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_rewrite_onto_the_scheme(
+        self, base_url: str, storage_options: dict, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """A WDS_REWRITE rule sends another URL to this scheme; __url__ stays the URL given."""
         self.put(base_url + "rw/shard.tar", _tiny_tar(), storage_options)
         monkeypatch.setenv("WDS_REWRITE", f"virtual://data/={base_url}rw/")
         samples = list(WebDataset("virtual://data/shard.tar", shardshuffle=False, storage_options=storage_options))
         assert [s["__key__"] for s in samples] == ["a"] and samples[0]["__url__"] == "virtual://data/shard.tar"
-
 
     # parallel ranged reads
     def _ranged(self, url: str, storage_options: dict) -> None:
@@ -226,14 +226,18 @@ class BackendConformance:
             out = io.BytesIO()
             with TarWriter(out, compress=name.endswith(".gz")) as writer:
                 for i in range(40):
-                    writer.write({"__key__": f"{name[7]}{i:03d}", "bin": bytes((i * 7 + j) % 251 for j in range(3000)),
-                                  "cls": i})
+                    writer.write(
+                        {"__key__": f"{name[7]}{i:03d}", "bin": bytes((i * 7 + j) % 251 for j in range(3000)), "cls": i}
+                    )
             self.put(base_url + name, out.getvalue(), storage_options)
             urls.append(base_url + name)
-        one = [(s["__key__"], s["bin"]) for s in WebDataset(urls, shardshuffle=False, storage_options=storage_options,
-                                                             concurrency=1)]
-        dataset = WebDataset(urls, shardshuffle=False, storage_options=storage_options, part_size=16384,
-                             concurrency=4, prefetch=1)
+        one = [
+            (s["__key__"], s["bin"])
+            for s in WebDataset(urls, shardshuffle=False, storage_options=storage_options, concurrency=1)
+        ]
+        dataset = WebDataset(
+            urls, shardshuffle=False, storage_options=storage_options, part_size=16384, concurrency=4, prefetch=1
+        )
         parted = [(s["__key__"], s["bin"]) for s in dataset]
         assert parted == one and len(one) == 80
         assert dataset.stats.requests > 2 * len(urls)  # parts, not one request per shard
@@ -266,13 +270,13 @@ class BackendConformance:
             for i in range(per_shard * 5 // 2):
                 sink.write({"__key__": f"{i:04d}", "bin": payload[i:] + payload[:i], "cls": i})
         spec = base_url + "faults/shard-{000000..000002}.tar"
-        clean = [(s["__key__"], s["bin"]) for s in WebDataset(spec, shardshuffle=False,
-                                                              storage_options=storage_options)]
+        clean = [
+            (s["__key__"], s["bin"]) for s in WebDataset(spec, shardshuffle=False, storage_options=storage_options)
+        ]
         return spec, clean
 
     @pytest.mark.parametrize("fault", ["reset", "truncate", "error503", "throttled", "stall"])
-    def test_faults_lose_and_repeat_nothing(self, faults, base_url: str, storage_options: dict,
-                                            fault: str) -> None:
+    def test_faults_lose_and_repeat_nothing(self, faults, base_url: str, storage_options: dict, fault: str) -> None:
         """Through resets every ~1 MB (over 20 MB of shards), truncated bodies, 503s, the store's
         "slow down" answer or a stall, the samples equal a clean read."""
         proxy, proxied_base, proxied_options = faults
@@ -340,9 +344,11 @@ class BackendConformance:
 
 
 def _secrets(options: dict) -> list[str]:
-    return [str(v) for k, v in options.items()
-            if any(word in k for word in ("key", "secret", "token", "password", "connection")) and v
-            and len(str(v)) > 6]
+    return [
+        str(v)
+        for k, v in options.items()
+        if any(word in k for word in ("key", "secret", "token", "password", "connection")) and v and len(str(v)) > 6
+    ]
 
 
 def _tiny_tar() -> bytes:
@@ -350,5 +356,3 @@ def _tiny_tar() -> bytes:
     with TarWriter(out) as writer:
         writer.write({"__key__": "a", "txt": "x"})
     return out.getvalue()
-
-

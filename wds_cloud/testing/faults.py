@@ -26,9 +26,19 @@ from typing import Optional
 
 
 class FaultProxy:
-    def __init__(self, upstream: str, *, reset_after: Optional[int] = None, stall_after: Optional[int] = None,
-                 truncate_after: Optional[int] = None, error_first: int = 0, error_status: int = 503,
-                 error_body: bytes = b"", latency: float = 0.0, rate: Optional[float] = None) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        reset_after: Optional[int] = None,
+        stall_after: Optional[int] = None,
+        truncate_after: Optional[int] = None,
+        error_first: int = 0,
+        error_status: int = 503,
+        error_body: bytes = b"",
+        latency: float = 0.0,
+        rate: Optional[float] = None,
+    ) -> None:
         host, port = upstream.split("//", 1)[-1].split("/", 1)[0].split(":")
         self.upstream = (host, int(port))
         self.reset_after = reset_after
@@ -63,7 +73,7 @@ class FaultProxy:
         while not self._stopped.is_set():
             try:
                 client, _ = self._listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -107,9 +117,12 @@ class FaultProxy:
             try:
                 client.recv(65536)
                 reason = {503: "Service Unavailable", 429: "Too Many Requests", 500: "Internal Server Error"}.get(
-                    self.error_status, "Error")
-                head = (f"HTTP/1.1 {self.error_status} {reason}\r\nContent-Length: {len(self.error_body)}\r\n"
-                        "Content-Type: application/xml\r\nConnection: close\r\n\r\n").encode()
+                    self.error_status, "Error"
+                )
+                head = (
+                    f"HTTP/1.1 {self.error_status} {reason}\r\nContent-Length: {len(self.error_body)}\r\n"
+                    "Content-Type: application/xml\r\nConnection: close\r\n\r\n"
+                ).encode()
                 client.sendall(head + self.error_body)
             except OSError:
                 pass
@@ -216,5 +229,7 @@ class FaultProxy:
         self._thread.join(timeout=5)
 
 
-SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-            b"<Message>Please reduce your request rate.</Message></Error>")
+SLOWDOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)

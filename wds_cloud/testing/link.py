@@ -30,8 +30,15 @@ __all__ = ["EmulatedLink"]
 class EmulatedLink:
     """An object server (with the files of ``directory`` as ``/NAME``, if given) seen through a slow link."""
 
-    def __init__(self, directory: Optional[str] = None, *, latency: float = 0.03, rate: Optional[float] = 50e6,
-                 reset_after: Optional[int] = None, token: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        directory: Optional[str] = None,
+        *,
+        latency: float = 0.03,
+        rate: Optional[float] = 50e6,
+        reset_after: Optional[int] = None,
+        token: Optional[str] = None,
+    ) -> None:
         self.server, store = http_server(token)
         #: the objects, and the log of every request: ``(method, key, Range)``
         self.store: Store = store
@@ -54,7 +61,7 @@ class EmulatedLink:
         self.proxy.stop()
         self.server.stop()
 
-    def __enter__(self) -> "EmulatedLink":
+    def __enter__(self) -> EmulatedLink:
         return self
 
     def __exit__(self, *exc: Any) -> None:

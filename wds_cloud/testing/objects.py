@@ -30,8 +30,7 @@ from http.server import BaseHTTPRequestHandler
 from http.server import ThreadingHTTPServer as _ThreadingHTTPServer
 from typing import Optional
 
-__all__ = ["Store", "HTTPObjectHandler", "ObjectHandler", "Server", "ThreadingHTTPServer", "http_server",
-           "parse_range"]
+__all__ = ["Store", "HTTPObjectHandler", "ObjectHandler", "Server", "ThreadingHTTPServer", "http_server", "parse_range"]
 
 
 class ThreadingHTTPServer(_ThreadingHTTPServer):
@@ -117,8 +116,9 @@ class ObjectHandler(BaseHTTPRequestHandler):
         return False
 
     def _error(self, status: int, message: str) -> None:
-        body = json.dumps({"message": message, "method": self.command, "url_path": self.path,
-                           "status": status}).encode()
+        body = json.dumps(
+            {"message": message, "method": self.command, "url_path": self.path, "status": status}
+        ).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -141,10 +141,10 @@ class ObjectHandler(BaseHTTPRequestHandler):
         if rng and rng[0] >= len(data):
             return self._error(416, "range not satisfiable")
         if self.store.range_cost and self.command == "GET":  # the whole object is read for every request,
-            with self.store.busy:                              # one at a time, before the answer starts
+            with self.store.busy:  # one at a time, before the answer starts
                 time.sleep(self.store.range_cost * len(data) / 1e6)
         view = memoryview(data)  # a Range answer must not copy the object (resumes would pay for it)
-        status, body = (206, view[rng[0]:rng[1] + 1]) if rng else (200, view)
+        status, body = (206, view[rng[0] : rng[1] + 1]) if rng else (200, view)
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("ETag", etag)
@@ -158,7 +158,7 @@ class ObjectHandler(BaseHTTPRequestHandler):
             return
         started = time.perf_counter()
         for pos in range(0, len(body), 1 << 16):
-            self.wfile.write(body[pos:pos + (1 << 16)])
+            self.wfile.write(body[pos : pos + (1 << 16)])
             self.store.bytes_sent += min(1 << 16, len(body) - pos)
             if self.rate:  # pace the answer like a store with this much bandwidth per connection
                 ahead = started + (pos + (1 << 16)) / self.rate - time.perf_counter()
@@ -167,8 +167,9 @@ class ObjectHandler(BaseHTTPRequestHandler):
 
     def _listing(self, prefix: str) -> None:
         names = sorted(k for k in self.store.objects if k.startswith(prefix))
-        links = "".join(f'<a href="{html.escape(urllib.parse.quote(n[len(prefix):]))}">{html.escape(n)}</a>\n'
-                        for n in names)
+        links = "".join(
+            f'<a href="{html.escape(urllib.parse.quote(n[len(prefix) :]))}">{html.escape(n)}</a>\n' for n in names
+        )
         body = f"<html><body>\n{links}</body></html>".encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/html")

@@ -3,7 +3,7 @@
 The dataset class, :class:`~wds_cloud.compat.MixedDataset`, lives beside WebDataset (which opens a spec
 as one); this module holds the stage that draws the samples.
 
-Each source of a :class:`~wds_cloud.spec.DatasetSpec` is a :class:`~wds_cloud.compat.WebDataset` of its
+Each source of a :class:`~wds_cloud.mixing.spec.DatasetSpec` is a :class:`~wds_cloud.dataset.webdataset.WebDataset` of its
 own (its shards split over ranks and DataLoader workers like any dataset's, its own storage options,
 shuffle and reader); :class:`MixSource` draws the next sample from one of them with probability
 proportional to its weight.  The draws come from one RNG per (seed, epoch, rank, worker), so a run
@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
-from .errors import StateMismatchError
-from .io.datafile import shown
-from .resume.rng import CountedRandom
-from .stages import PipelineStage
-from .utils import make_seed, pytorch_worker_info
+from ..errors import StateMismatchError
+from ..io.datafile import shown
+from ..resume.rng import CountedRandom
+from ..stages import PipelineStage
+from ..utils import make_seed, pytorch_worker_info
 
 __all__ = ["MixSource", "MixStats", "ReplayedSources", "STATE_FORMAT"]
 
@@ -61,9 +62,13 @@ class MixStats:
         samples = self.samples
         total = sum(samples)
         return {
-            "sources": {name: {"samples": n, "bytes": b, "share": (n / total) if total else 0.0, "target": t}
-                        for name, n, b, t in zip(self.names, samples, self.bytes, self.targets)},
-            "samples": total, "bytes": sum(self.bytes)}
+            "sources": {
+                name: {"samples": n, "bytes": b, "share": (n / total) if total else 0.0, "target": t}
+                for name, n, b, t in zip(self.names, samples, self.bytes, self.targets)
+            },
+            "samples": total,
+            "bytes": sum(self.bytes),
+        }
 
     def __repr__(self) -> str:
         snap = self.snapshot()
@@ -77,8 +82,14 @@ class _Pass:
 
     __slots__ = ("number", "taken", "misses", "dropped", "quota")
 
-    def __init__(self, number: int, taken: list[int], misses: int = 0, dropped: Optional[list] = None,
-                 quota: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        number: int,
+        taken: list[int],
+        misses: int = 0,
+        dropped: Optional[list] = None,
+        quota: Optional[int] = None,
+    ) -> None:
         self.number, self.taken, self.misses, self.dropped = number, taken, misses, list(dropped or ())
         #: after an elastic resume: what this rank and worker draws in the rest of the pass (else None)
         self.quota = quota
@@ -102,14 +113,16 @@ class ReplayedSources:
 
     datasets: list
     names: list
-    _cursor: Optional["_MixCursor"]
+    _cursor: Optional[_MixCursor]
     _replay: Optional[list]
 
     #: what a sample shuffle after the mix should be instead (said when its state cannot be exact: a source
     #: keeps a shuffle buffer of its own, whose samples no reader's cursor names)
-    shuffle_after_fix = ("shuffle in one place: either after the mix (drop 'shuffle: N' from the spec's sources) "
-                         "or inside each source (give each source 'shuffle: N', see docs/specs.md, and no "
-                         "sample shuffle after the mix)")
+    shuffle_after_fix = (
+        "shuffle in one place: either after the mix (drop 'shuffle: N' from the spec's sources) "
+        "or inside each source (give each source 'shuffle: N', see docs/specs.md, and no "
+        "sample shuffle after the mix)"
+    )
 
     @property
     def replayable(self) -> bool:
@@ -117,7 +130,7 @@ class ReplayedSources:
         return all(_reader_of(ds) is not None for ds in self.datasets)
 
     @property
-    def cursor(self) -> Optional["_MixCursor"]:
+    def cursor(self) -> Optional[_MixCursor]:
         if self._cursor is None and self.replayable:
             self._cursor = _MixCursor([_reader_of(ds) for ds in self.datasets])
         return self._cursor
@@ -130,8 +143,11 @@ class ReplayedSources:
         order = []
         for url, start, end, compressed, ref in locations:
             if type(ref) is not int or ref < 0:
-                raise StateMismatchError(f"the saved shuffle state names the shard ref {shown(ref)}, which no mix "
-                                         "gives: the state was changed", field="buffer")
+                raise StateMismatchError(
+                    f"the saved shuffle state names the shard ref {shown(ref)}, which no mix "
+                    "gives: the state was changed",
+                    field="buffer",
+                )
             source = ref % n
             per[source].append((url, start, end, compressed, ref // n))
             order.append(source)
@@ -139,8 +155,10 @@ class ReplayedSources:
             if replay:
                 reader = _reader_of(ds)
                 if reader is None:
-                    raise StateMismatchError("the saved state has samples of a mix in a shuffle buffer, but a source "
-                                             f"of this mix keeps a buffer of its own: {self.shuffle_after_fix}")
+                    raise StateMismatchError(
+                        "the saved state has samples of a mix in a shuffle buffer, but a source "
+                        f"of this mix keeps a buffer of its own: {self.shuffle_after_fix}"
+                    )
                 reader.set_replay(replay)
         self._replay = order
 
@@ -161,8 +179,10 @@ class ReplayedSources:
             try:
                 sample = nexts[i]()
             except StopIteration:
-                raise StateMismatchError(f"source {i} of the mix gave fewer samples than the saved shuffle buffer "
-                                         "holds from it: the state was changed") from None
+                raise StateMismatchError(
+                    f"source {i} of the mix gave fewer samples than the saved shuffle buffer "
+                    "holds from it: the state was changed"
+                ) from None
             if cursor is not None:
                 cursor.current = i
             if label is not None:
@@ -178,8 +198,15 @@ class MixSource(ReplayedSources, PipelineStage):
     None: a pass ends when a source that is not resampled ends.
     """
 
-    def __init__(self, names: list[str], datasets: list[Any], weights: list[float], resampled: list[bool],
-                 seed: int, samples_per_epoch: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        names: list[str],
+        datasets: list[Any],
+        weights: list[float],
+        resampled: list[bool],
+        seed: int,
+        samples_per_epoch: Optional[int] = None,
+    ) -> None:
         self.names = names
         self.datasets = datasets
         self.weights = weights
@@ -206,8 +233,13 @@ class MixSource(ReplayedSources, PipelineStage):
         resume, self._resume = self._resume, None
         elastic, self._elastic = self._elastic, None
         if resume is not None:
-            live = _Pass(resume["pass"], list(resume["taken"]), resume["draws"] - resume["count"], resume["dropped"],
-                         resume.get("quota"))
+            live = _Pass(
+                resume["pass"],
+                list(resume["taken"]),
+                resume["draws"] - resume["count"],
+                resume["dropped"],
+                resume.get("quota"),
+            )
         elif elastic is not None:
             live = _Pass(elastic[0], [0] * len(self.names), quota=elastic[1])
         else:
@@ -226,9 +258,12 @@ class MixSource(ReplayedSources, PipelineStage):
         rng = CountedRandom(make_seed(self.seed, live.number, rank, worker, *salt), live.draws)
         quota = self._quota() if live.quota is None else live.quota
         if quota is not None and live.count > quota:
-            raise StateMismatchError(f"the mix state counts {live.count} samples taken this pass, more than this "
-                                     f"worker's share of samples_per_epoch ({quota}): load the state state_dict() "
-                                     "returned, into a loader of the same shape", field="count")
+            raise StateMismatchError(
+                f"the mix state counts {live.count} samples taken this pass, more than this "
+                f"worker's share of samples_per_epoch ({quota}): load the state state_dict() "
+                "returned, into a loader of the same shape",
+                field="count",
+            )
         names, taken, stats_bytes = self.names, live.taken, self.stats.bytes
         iterators = [iter(ds) for ds in self.datasets]
         active = [i for i in range(len(names)) if i not in live.dropped]
@@ -281,9 +316,16 @@ class MixSource(ReplayedSources, PipelineStage):
         live = self._live
         if live is None:
             return self.next_pass_state()
-        state = {"format": STATE_FORMAT, "names": list(self.names), "pass": live.number, "count": live.count,
-                 "draws": live.draws, "taken": list(live.taken), "dropped": list(live.dropped),
-                 "sources": [ds.state_dict(strict=True) for ds in self.datasets]}
+        state = {
+            "format": STATE_FORMAT,
+            "names": list(self.names),
+            "pass": live.number,
+            "count": live.count,
+            "draws": live.draws,
+            "taken": list(live.taken),
+            "dropped": list(live.dropped),
+            "sources": [ds.state_dict(strict=True) for ds in self.datasets],
+        }
         if live.quota is not None:
             state["quota"] = live.quota
         return state
@@ -292,9 +334,11 @@ class MixSource(ReplayedSources, PipelineStage):
     def check_merged_mix(self, mix: dict) -> None:
         """Refuse the mix part of a merged state taken from another spec, naming what differs."""
         if mix.get("names") != list(self.names):
-            raise StateMismatchError(f"the merged state was taken from a mix of the sources {shown(mix.get('names'))}; "
-                                     f"this one mixes {list(self.names)!r}: resume with the spec it was saved with",
-                                     field="names")
+            raise StateMismatchError(
+                f"the merged state was taken from a mix of the sources {shown(mix.get('names'))}; "
+                f"this one mixes {list(self.names)!r}: resume with the spec it was saved with",
+                field="names",
+            )
         for ds, level in zip(self.datasets, mix["sources"]):
             ds.check_level(level)
 
@@ -302,8 +346,10 @@ class MixSource(ReplayedSources, PipelineStage):
         """A rank and worker's start in a merged mix: each source's start, and its share of what the epoch still
         owes (``samples_per_epoch``, or the shares of an earlier elastic resume, less what was drawn, plus the
         samples a shuffle after the mix held, which are drawn again from the front of their sources)."""
-        sources = [ds.start_of_level(level, rank, world_size, worker, workers)
-                   for ds, level in zip(self.datasets, mix["sources"])]
+        sources = [
+            ds.start_of_level(level, rank, world_size, worker, workers)
+            for ds, level in zip(self.datasets, mix["sources"])
+        ]
         quota = None
         if self.samples_per_epoch is not None:
             owed = mix.get("quota", self.samples_per_epoch)
@@ -314,11 +360,18 @@ class MixSource(ReplayedSources, PipelineStage):
 
     def apply_mix_start(self, start: dict) -> None:
         """Begin the next pass from a start made by :meth:`mix_start`."""
-        if not (isinstance(start, dict) and type(start.get("pass")) is int and start["pass"] >= 0
-                and (start.get("quota") is None or (type(start["quota"]) is int and start["quota"] >= 0))
-                and isinstance(start.get("sources"), list) and len(start["sources"]) == len(self.datasets)):
-            raise StateMismatchError(f"the saved mix start {shown(start)} is not one a merged state gives: the state "
-                                     "was changed", field="mix")
+        if not (
+            isinstance(start, dict)
+            and type(start.get("pass")) is int
+            and start["pass"] >= 0
+            and (start.get("quota") is None or (type(start["quota"]) is int and start["quota"] >= 0))
+            and isinstance(start.get("sources"), list)
+            and len(start["sources"]) == len(self.datasets)
+        ):
+            raise StateMismatchError(
+                f"the saved mix start {shown(start)} is not one a merged state gives: the state was changed",
+                field="mix",
+            )
         for ds, source in zip(self.datasets, start["sources"]):
             ds.apply_level_start(source)
         self._elastic = (start["pass"], start.get("quota"))
@@ -327,36 +380,59 @@ class MixSource(ReplayedSources, PipelineStage):
     def next_pass_state(self) -> dict:
         if self._resume is not None:
             return dict(self._resume)
-        return {"format": STATE_FORMAT, "names": list(self.names), "pass": self._passes, "count": 0, "draws": 0,
-                "taken": [0] * len(self.names), "dropped": [],
-                "sources": [ds.next_pass_state() for ds in self.datasets]}  # each source's next pass, too
+        return {
+            "format": STATE_FORMAT,
+            "names": list(self.names),
+            "pass": self._passes,
+            "count": 0,
+            "draws": 0,
+            "taken": [0] * len(self.names),
+            "dropped": [],
+            "sources": [ds.next_pass_state() for ds in self.datasets],
+        }  # each source's next pass, too
 
     def load_state_dict(self, state: dict) -> None:
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise StateMismatchError(f"not the state of a mixed dataset ({STATE_FORMAT}): {str(state)[:80]!r}")
         if state.get("names") != list(self.names):
-            raise StateMismatchError(f"the state was saved by a mix of the sources {shown(state.get('names'))}; this one "
-                                     f"mixes {list(self.names)!r}: resume with the spec the state was saved with")
+            raise StateMismatchError(
+                f"the state was saved by a mix of the sources {shown(state.get('names'))}; this one "
+                f"mixes {list(self.names)!r}: resume with the spec the state was saved with"
+            )
         for key in ("pass", "count", "draws"):
             if type(state.get(key)) is not int or state[key] < 0:
                 raise StateMismatchError(f"the mix state's {key!r} is {shown(state.get(key))}, not a count")
         taken = state.get("taken")
-        if (not isinstance(taken, list) or len(taken) != len(self.names) or not all(type(n) is int and n >= 0
-                                                                                  for n in taken)
-                or sum(taken) != state["count"] or state["draws"] < state["count"]):
+        if (
+            not isinstance(taken, list)
+            or len(taken) != len(self.names)
+            or not all(type(n) is int and n >= 0 for n in taken)
+            or sum(taken) != state["count"]
+            or state["draws"] < state["count"]
+        ):
             raise StateMismatchError(f"the mix state's 'taken' ({shown(taken)}) does not fit its count and draws")
         dropped = state.get("dropped")
-        if not isinstance(dropped, list) or not all(type(i) is int and 0 <= i < len(self.names) for i in dropped) \
-                or len(set(dropped)) != len(dropped) or any(self.resampled[i] for i in dropped):
-            raise StateMismatchError(f"the mix state's 'dropped' is {shown(dropped)}, not a list of the sources that "
-                                     "ended this pass")
+        if (
+            not isinstance(dropped, list)
+            or not all(type(i) is int and 0 <= i < len(self.names) for i in dropped)
+            or len(set(dropped)) != len(dropped)
+            or any(self.resampled[i] for i in dropped)
+        ):
+            raise StateMismatchError(
+                f"the mix state's 'dropped' is {shown(dropped)}, not a list of the sources that ended this pass"
+            )
         if "quota" in state and (type(state["quota"]) is not int or not state["count"] <= state["quota"]):
-            raise StateMismatchError(f"the mix state's 'quota' is {shown(state['quota'])}, which no state_dict() "
-                                     "gives: the state was changed", field="quota")
+            raise StateMismatchError(
+                f"the mix state's 'quota' is {shown(state['quota'])}, which no state_dict() "
+                "gives: the state was changed",
+                field="quota",
+            )
         if state["draws"] != state["count"] + len(dropped):  # every draw takes a sample or finds a source ended
-            raise StateMismatchError(f"the mix state's 'draws' ({state['draws']}) is not its count ({state['count']}) "
-                                     f"plus the sources that ended ({len(dropped)}): the state was changed",
-                                     field="draws")
+            raise StateMismatchError(
+                f"the mix state's 'draws' ({state['draws']}) is not its count ({state['count']}) "
+                f"plus the sources that ended ({len(dropped)}): the state was changed",
+                field="draws",
+            )
         sources = state.get("sources")
         if not isinstance(sources, list) or len(sources) != len(self.datasets):
             raise StateMismatchError("the mix state does not hold one state per source")

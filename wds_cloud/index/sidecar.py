@@ -1,9 +1,9 @@
-"""Shard indexes: build, write and read them (the formats are in :mod:`wds_cloud.tar.index` and docs/index.md).
+"""Shard indexes: build, write and read them (the formats are in :mod:`wds_cloud.index.formats` and docs/index.md).
 
-    idx = wds_cloud.index.build_index("s3://bucket/train-0000.tar")      # reads the shard once
-    wds_cloud.index.write_index(idx)                                     # s3://bucket/train-0000.tar.index.json
-    wds_cloud.index.write_index(idx, fmt="dali")                         # s3://bucket/train-0000.idx
-    idx = wds_cloud.index.read_index("s3://bucket/train-0000.tar")       # the sidecar, ours or DALI's
+idx = wds_cloud.index.build_index("s3://bucket/train-0000.tar")      # reads the shard once
+wds_cloud.index.write_index(idx)                                     # s3://bucket/train-0000.tar.index.json
+wds_cloud.index.write_index(idx, fmt="dali")                         # s3://bucket/train-0000.idx
+idx = wds_cloud.index.read_index("s3://bucket/train-0000.tar")       # the sidecar, ours or DALI's
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import json
 import os
 from typing import Any, Optional
 
-from .errors import ConfigError, CorruptIndexError, ObjectChangedError, ShardNotFoundError, redact
-from .io import datafile
-from .io.open import gopen
-from .io.security import resolve
-from .io.urls import is_local, local_path, local_version, same_location
-from .tar.index import (
+from ..errors import ConfigError, CorruptIndexError, ObjectChangedError, ShardNotFoundError, redact
+from ..io import datafile
+from ..io.open import gopen
+from ..io.security import resolve
+from ..io.urls import is_local, local_path, local_version, same_location
+from .formats import (
     FORMAT,
     SampleEntry,
     ShardIndex,
@@ -29,10 +29,24 @@ from .tar.index import (
     wids_description,
 )
 
-__all__ = ["ShardIndex", "SampleEntry", "build_index", "write_index", "read_index", "index_of", "check_fresh",
-           "read_range",
-           "index_url", "dali_url",
-           "dali_text", "parse_dali", "wids_description", "parse_wids", "split_name", "FORMAT"]
+__all__ = [
+    "ShardIndex",
+    "SampleEntry",
+    "build_index",
+    "write_index",
+    "read_index",
+    "index_of",
+    "check_fresh",
+    "read_range",
+    "index_url",
+    "dali_url",
+    "dali_text",
+    "parse_dali",
+    "wids_description",
+    "parse_wids",
+    "split_name",
+    "FORMAT",
+]
 
 FORMATS = ("json", "dali")
 
@@ -49,12 +63,15 @@ def dali_url(shard_url: str) -> str:
     return (shard_url[:dot] if dot > 0 else shard_url) + ".idx"
 
 
-def write_index(index: ShardIndex, url: Optional[str] = None, fmt: str = "json",
-                storage_options: Optional[dict] = None) -> str:
+def write_index(
+    index: ShardIndex, url: Optional[str] = None, fmt: str = "json", storage_options: Optional[dict] = None
+) -> str:
     """Write ``index`` (``fmt``: ``json``, ours, or ``dali``) to ``url`` (default: beside the shard); returns it."""
     if fmt not in FORMATS:
-        raise ConfigError(f"index format {fmt!r} is not one of {', '.join(FORMATS)} (wids descriptions list whole "
-                          "datasets: see wds_cloud.index.wids_description)")
+        raise ConfigError(
+            f"index format {fmt!r} is not one of {', '.join(FORMATS)} (wids descriptions list whole "
+            "datasets: see wds_cloud.index.wids_description)"
+        )
     url = url or (index_url(index.url) if fmt == "json" else dali_url(index.url))
     if fmt == "json":
         text = json.dumps(index.to_json(), separators=(",", ":"), check_circular=False)
@@ -91,8 +108,11 @@ def read_index(url: str, storage_options: Optional[dict] = None, shard_url: Opti
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError:
-                raise CorruptIndexError(f"{shown}: not an index (neither JSON nor DALI's text); write it again with "
-                                        "`wds-cloud index`", url=candidate, field="encoding") from None
+                raise CorruptIndexError(
+                    f"{shown}: not an index (neither JSON nor DALI's text); write it again with `wds-cloud index`",
+                    url=candidate,
+                    field="encoding",
+                ) from None
             index = parse_dali(text, shard_url or candidate)
         built_for = index.url
         index.url = shard_url if shard_url is not None else resolve(index.url, candidate, field="url")
@@ -101,8 +121,11 @@ def read_index(url: str, storage_options: Optional[dict] = None, shard_url: Opti
             # nothing of this one's, so only the size is compared
             index.version = None
         return index
-    raise ShardNotFoundError(f"{redact(url)}: no index found (looked for {', '.join(map(redact, candidates))}); "
-                             "write one with `wds-cloud index URL`", url=url) from last
+    raise ShardNotFoundError(
+        f"{redact(url)}: no index found (looked for {', '.join(map(redact, candidates))}); "
+        "write one with `wds-cloud index URL`",
+        url=url,
+    ) from last
 
 
 def check_fresh(index: ShardIndex, url: str, stream: Any = None, stat: Optional[os.stat_result] = None) -> None:
@@ -122,12 +145,17 @@ def check_fresh(index: ShardIndex, url: str, stream: Any = None, stat: Optional[
         size = getattr(stream, "size", None)
         version = getattr(stream, "version", None)
     stale = (index.size is not None and size is not None and size != index.size) or (
-        index.version is not None and version != index.version)
+        index.version is not None and version != index.version
+    )
     if stale:
         raise ObjectChangedError(
             f"{redact(url)}: the shard changed since it was indexed (now {size} bytes, version {version!r:.80}; the "
             f"index says {index.size} bytes, version {index.version!r:.80}); index it again with `wds-cloud index "
-            f"{redact(url)}`", url=url, expected=index.version, actual=version)
+            f"{redact(url)}`",
+            url=url,
+            expected=index.version,
+            actual=version,
+        )
 
 
 def read_range(index: ShardIndex, url: str, start: int, end: int, **gopen_kw: Any) -> bytes:
@@ -142,8 +170,12 @@ def read_range(index: ShardIndex, url: str, start: int, end: int, **gopen_kw: An
             check_fresh(index, url, stream)
         data = stream.read()
     if len(data) != end - start:
-        raise ObjectChangedError(f"{redact(url)}: bytes {start}-{end} asked for, {len(data)} received: the shard "
-                                 "is shorter than its index says; index it again", url=url, offset=start)
+        raise ObjectChangedError(
+            f"{redact(url)}: bytes {start}-{end} asked for, {len(data)} received: the shard "
+            "is shorter than its index says; index it again",
+            url=url,
+            offset=start,
+        )
     return data
 
 

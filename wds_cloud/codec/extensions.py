@@ -25,8 +25,17 @@ KINDS: dict[str, tuple[str, ...]] = {
 
 #: image extension -> the Pillow format it is read and written as (a file is opened only as its own format)
 IMAGE_FORMATS: dict[str, str] = {
-    "jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "ppm": "PPM", "pgm": "PPM", "pbm": "PPM", "pnm": "PPM",
-    "tif": "TIFF", "tiff": "TIFF", "webp": "WEBP", "bmp": "BMP",
+    "jpg": "JPEG",
+    "jpeg": "JPEG",
+    "png": "PNG",
+    "ppm": "PPM",
+    "pgm": "PPM",
+    "pbm": "PPM",
+    "pnm": "PPM",
+    "tif": "TIFF",
+    "tiff": "TIFF",
+    "webp": "WEBP",
+    "bmp": "BMP",
 }
 
 #: the image extensions, as webdataset's ``autodecode.IMAGE_EXTENSIONS`` lists them

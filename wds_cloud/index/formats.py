@@ -20,20 +20,32 @@ import gc
 import json
 import os
 import re
-from typing import IO, Any, Callable, Iterable, Iterator, Optional, cast
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any, Optional, cast
 
 from .. import config
 from ..errors import ConfigError, CorruptIndexError, CorruptShardError, MalformedDataError, redact
-from ..io.datafile import is_count, need
+from ..io.datafile import MAX_SHARD_BLOCKS, is_count, need
 from ..io.datafile import shown as shown_value
 from ..io.integrity import Hashing
 from ..io.open import gopen
 from ..io.urls import is_local, local_path, local_version
-from .reader import COMPRESSIONS, MAX_SHARD_BLOCKS, ZERO_BLOCK, TarMembers, detect_compression, plain_member
-from .samples import SKIP_META, member_filter
+from ..tar.reader import COMPRESSIONS, ZERO_BLOCK, TarMembers, detect_compression, plain_member
+from ..tar.samples import SKIP_META, member_filter
 
-__all__ = ["ShardIndex", "SampleEntry", "build_index", "index_stream", "group_members", "FORMAT", "dali_text", "parse_dali",
-           "wids_description", "parse_wids", "split_name"]
+__all__ = [
+    "ShardIndex",
+    "SampleEntry",
+    "build_index",
+    "index_stream",
+    "group_members",
+    "FORMAT",
+    "dali_text",
+    "parse_dali",
+    "wids_description",
+    "parse_wids",
+    "split_name",
+]
 
 FORMAT = "wds_cloud.index"
 VERSION = 1
@@ -47,7 +59,7 @@ def _acyclic() -> Iterator[None]:
     """Pause the cycle collector while an index (thousands of small lists and tuples, never a cycle) is built.
 
     Each few hundred containers made start a collection, and in a process holding torch's ~200k objects
-    the full ones rescan all of them: that was 75-85% of turning a 1,000-sample index into JSON.  The
+    the full ones rescan all of them, most of the time of turning an index into JSON.  The
     collector runs again as it was when the block ends (a block in another thread cannot leave it off).
     """
     paused = gc.isenabled()
@@ -67,7 +79,7 @@ def split_name(name: str) -> tuple[str, str]:
     dot = name.find(".", slash + 1)
     if dot <= slash + 1:
         return "", ""
-    return name[:dot], name[dot + 1:]
+    return name[:dot], name[dot + 1 :]
 
 
 @dataclasses.dataclass
@@ -107,36 +119,69 @@ class ShardIndex:
         with _acyclic():
             for sample in self.samples:
                 prefix = sample.key + "."
-                rows.append([sample.key, [[ext, offset, size] if name == prefix + ext else [ext, offset, size, name]
-                                          for ext, offset, size, name in sample.fields]])
-        return {"format": FORMAT, "version": VERSION, "url": self.url, "size": self.size,
-                "object_version": self.version, "compression": self.compression, "samples": rows}
+                rows.append(
+                    [
+                        sample.key,
+                        [
+                            [ext, offset, size] if name == prefix + ext else [ext, offset, size, name]
+                            for ext, offset, size, name in sample.fields
+                        ],
+                    ]
+                )
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "url": self.url,
+            "size": self.size,
+            "object_version": self.version,
+            "compression": self.compression,
+            "samples": rows,
+        }
 
     @classmethod
-    def from_json(cls, data: Any, where: str = "<index>") -> "ShardIndex":
+    def from_json(cls, data: Any, where: str = "<index>") -> ShardIndex:
         """Our index from parsed JSON, every field checked (see :func:`check_layout`); a
         :class:`~wds_cloud.errors.CorruptIndexError` naming ``where`` and the field otherwise."""
         shown = redact(where)
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise CorruptIndexError(f"{shown}: not a wds_cloud index (no \"format\": \"{FORMAT}\"); write one "
-                                    "with `wds-cloud index URL`", field="format")
+            raise CorruptIndexError(
+                f'{shown}: not a wds_cloud index (no "format": "{FORMAT}"); write one with `wds-cloud index URL`',
+                field="format",
+            )
         if data.get("version") != VERSION:
-            raise CorruptIndexError(f"{shown}: wds_cloud index version {shown_value(data.get('version'))} is not "
-                                    f"supported (this version reads {VERSION}); write it again with `wds-cloud index`",
-                                    field="version")
-        url, size, version, compression = (data.get("url"), data.get("size"), data.get("object_version"),
-                                           data.get("compression"))
+            raise CorruptIndexError(
+                f"{shown}: wds_cloud index version {shown_value(data.get('version'))} is not "
+                f"supported (this version reads {VERSION}); write it again with `wds-cloud index`",
+                field="version",
+            )
+        url, size, version, compression = (
+            data.get("url"),
+            data.get("size"),
+            data.get("object_version"),
+            data.get("compression"),
+        )
         _need(isinstance(url, str), shown, "'url'", "must be the shard's URL")
-        _need(size is None or is_count(size), shown, "'size'", f"must be a whole number of bytes, not {shown_value(size)}")
-        _need(version is None or (isinstance(version, str) and len(version) <= 1024), shown, "'object_version'",
-              "must be the store's version tag (a string)")
-        _need(compression is None or compression in COMPRESSIONS, shown, "'compression'",
-              f"must be one of {', '.join(COMPRESSIONS)} or null")
+        _need(
+            size is None or is_count(size), shown, "'size'", f"must be a whole number of bytes, not {shown_value(size)}"
+        )
+        _need(
+            version is None or (isinstance(version, str) and len(version) <= 1024),
+            shown,
+            "'object_version'",
+            "must be the store's version tag (a string)",
+        )
+        _need(
+            compression is None or compression in COMPRESSIONS,
+            shown,
+            "'compression'",
+            f"must be one of {', '.join(COMPRESSIONS)} or null",
+        )
         rows = data.get("samples")
         _need(isinstance(rows, list), shown, "'samples'", "must be a list of [key, fields] rows")
         with _acyclic():
             samples = _samples_from_json(cast(list, rows), shown, size)
         return cls(cast(str, url), samples, size, version, compression)
+
     # DALI
     def to_dali(self) -> str:
         return dali_text(self)
@@ -178,8 +223,15 @@ def _samples_from_json(rows: list, shown: str, size: Optional[int]) -> list[Samp
                 ext, offset, length, name = f
             else:
                 _need(False, shown, f"samples[{number}]", "has a field that is not [ext, offset, size(, name)]")
-            if (type(ext) is not str or type(offset) is not int or type(length) is not int or offset < 0
-                    or length < 0 or type(name) is not str or not ext):
+            if (
+                type(ext) is not str
+                or type(offset) is not int
+                or type(length) is not int
+                or offset < 0
+                or length < 0
+                or type(name) is not str
+                or not ext
+            ):
                 _need(False, shown, f"samples[{number}]", "has an extension, offset, size or name of the wrong type")
             if offset & 511 or offset - 512 < free or length > most_member:
                 _bad_field(shown, number, offset, length, most_member)
@@ -194,17 +246,25 @@ def _samples_from_json(rows: list, shown: str, size: Optional[int]) -> list[Samp
 
 def _bad_field(shown: str, number: int, offset: int, length: int, most_member: int) -> None:
     if length > most_member:
-        _need(False, shown, f"samples[{number}]", f"claims a field of {length} bytes, more than "
-              f"WDS_MAX_MEMBER_SIZE ({most_member})")
-    _need(False, shown, f"samples[{number}]", f"has a field at byte {offset}, which is not where a tar member's "
-          "data can begin (each follows its 512-byte header, after the field before it)")
+        _need(
+            False,
+            shown,
+            f"samples[{number}]",
+            f"claims a field of {length} bytes, more than WDS_MAX_MEMBER_SIZE ({most_member})",
+        )
+    _need(
+        False,
+        shown,
+        f"samples[{number}]",
+        f"has a field at byte {offset}, which is not where a tar member's "
+        "data can begin (each follows its 512-byte header, after the field before it)",
+    )
 
 
 def _bad_sample(shown: str, number: int, first: int, end: int, size: Optional[int], most_span: int) -> None:
     if size is not None and end > size:
         _need(False, shown, f"samples[{number}]", f"ends at byte {end}, past the end of the {size}-byte shard")
-    _need(False, shown, f"samples[{number}]", f"spans {end - first} bytes, more than WDS_MAX_SAMPLE_SIZE "
-          f"({most_span})")
+    _need(False, shown, f"samples[{number}]", f"spans {end - first} bytes, more than WDS_MAX_SAMPLE_SIZE ({most_span})")
 
 
 def check_layout(samples: list[SampleEntry], size: Optional[int], shown: str) -> None:
@@ -227,9 +287,14 @@ def check_layout(samples: list[SampleEntry], size: Optional[int], shown: str) ->
         if end > end_of_shard or end - sample.fields[0][1] > most_span:
             _bad_sample(shown, number, sample.fields[0][1], end, size, most_span)
 
-def index_stream(stream: IO[bytes], url: str = "", keys: Optional[Callable[[str], tuple]] = None,
-                 max_member: Optional[int] = None, on_member: Optional[Callable[[str, bytes], None]] = None
-                 ) -> tuple[list[SampleEntry], TarMembers]:
+
+def index_stream(
+    stream: IO[bytes],
+    url: str = "",
+    keys: Optional[Callable[[str], tuple]] = None,
+    max_member: Optional[int] = None,
+    on_member: Optional[Callable[[str, bytes], None]] = None,
+) -> tuple[list[SampleEntry], TarMembers]:
     """The samples of a tar stream read once from its start (``keys``: the key rule, default first dot).
 
     Members whose key is empty (hidden files, names without a dot) and ``__meta__`` files are left out,
@@ -244,8 +309,9 @@ def index_stream(stream: IO[bytes], url: str = "", keys: Optional[Callable[[str]
     return group_members(read, keys), members
 
 
-def group_members(members: Iterable[tuple[str, int, int]], keys: Optional[Callable[[str], tuple]] = None
-                  ) -> list[SampleEntry]:
+def group_members(
+    members: Iterable[tuple[str, int, int]], keys: Optional[Callable[[str], tuple]] = None
+) -> list[SampleEntry]:
     """``(name, data offset, size)`` members, in tar order, grouped into samples by key."""
     split = keys or split_name
     samples: list[SampleEntry] = []
@@ -263,8 +329,13 @@ def group_members(members: Iterable[tuple[str, int, int]], keys: Optional[Callab
     return samples
 
 
-def build_index(url: str, *, keys: Optional[Callable[[str], tuple]] = None, storage_options: Optional[dict] = None,
-                max_member: Optional[int] = None) -> ShardIndex:
+def build_index(
+    url: str,
+    *,
+    keys: Optional[Callable[[str], tuple]] = None,
+    storage_options: Optional[dict] = None,
+    max_member: Optional[int] = None,
+) -> ShardIndex:
     """Read the shard at ``url`` once and index it (any URL ``gopen`` opens).
 
     A local uncompressed shard of plain headers is indexed by reading its headers only (the data is
@@ -285,11 +356,17 @@ def build_index(url: str, *, keys: Optional[Callable[[str], tuple]] = None, stor
         counted = Hashing(stream)
         samples, members = index_stream(cast(IO[bytes], counted), url, keys, max_member)
         if members.archive_end is None:
-            raise CorruptShardError(f"{redact(url)}: the shard ended without the tar end-of-archive marker; "
-                                    "it cannot be indexed", url=url)
+            raise CorruptShardError(
+                f"{redact(url)}: the shard ended without the tar end-of-archive marker; it cannot be indexed", url=url
+            )
         counted.drain()  # the rest (zero blocks), so the size is the object's
-        return ShardIndex(url, samples, size=getattr(stream, "size", None) or counted.count,
-                          version=before or getattr(stream, "version", None), compression=members.compression)
+        return ShardIndex(
+            url,
+            samples,
+            size=getattr(stream, "size", None) or counted.count,
+            version=before or getattr(stream, "version", None),
+            compression=members.compression,
+        )
 
 
 _META = re.compile(SKIP_META)
@@ -338,13 +415,17 @@ def dali_text(index: ShardIndex) -> str:
     """The index as DALI's ``wds2idx`` writes it: ``v1.2 N``, then one line per sample of
     ``ext offset size name`` groups (offset: where the member's data begins)."""
     if index.compression is not None:
-        raise ConfigError(f"{redact(index.url)}: DALI reads only uncompressed tar shards ({index.compression} "
-                          "here); reshard it without compression (`wds-cloud reshard --compress none`)")
+        raise ConfigError(
+            f"{redact(index.url)}: DALI reads only uncompressed tar shards ({index.compression} "
+            "here); reshard it without compression (`wds-cloud reshard --compress none`)"
+        )
     lines = [f"{DALI_VERSION} {len(index.samples)}"]
     for sample in index.samples:
         if any(" " in name for *_, name in sample.fields):
-            raise ConfigError(f"{redact(index.url)}: member names with spaces cannot be written in DALI's "
-                              f"index format (sample {sample.key!r})")
+            raise ConfigError(
+                f"{redact(index.url)}: member names with spaces cannot be written in DALI's "
+                f"index format (sample {sample.key!r})"
+            )
         lines.append(" ".join(f"{ext} {offset} {size} {name}" for ext, offset, size, name in sample.fields))
     return "\n".join(lines) + "\n"
 
@@ -357,8 +438,9 @@ def parse_dali(text: str, url: str = "") -> ShardIndex:
         raise CorruptIndexError(f"{shown}: an empty DALI index; write it again", field="header")
     head = lines[0].split()
     if len(head) != 2 or not head[0].startswith("v1.") or not head[1].isdigit() or not head[1].isascii():
-        raise CorruptIndexError(f"{shown}: not a DALI index (first line {lines[0][:40]!r}, expected "
-                                "'v1.2 <samples>')", field="header")
+        raise CorruptIndexError(
+            f"{shown}: not a DALI index (first line {lines[0][:40]!r}, expected 'v1.2 <samples>')", field="header"
+        )
     width = 4 if head[0] in ("v1.1", "v1.2") else 3
     samples: list[SampleEntry] = []
     for number, line in enumerate(lines[1:], 2):
@@ -366,20 +448,28 @@ def parse_dali(text: str, url: str = "") -> ShardIndex:
         if not parts:
             continue
         if len(parts) % width:
-            raise CorruptIndexError(f"{shown}: line {number} of the DALI index has {len(parts)} words, not groups of "
-                                    f"{width}; write it again", field=f"line {number}")
+            raise CorruptIndexError(
+                f"{shown}: line {number} of the DALI index has {len(parts)} words, not groups of "
+                f"{width}; write it again",
+                field=f"line {number}",
+            )
         fields = []
         for i in range(0, len(parts), width):
             ext, offset, size = parts[i], parts[i + 1], parts[i + 2]
             if not (offset.isdigit() and size.isdigit() and offset.isascii() and size.isascii()):
-                raise CorruptIndexError(f"{shown}: line {number} of the DALI index has an offset or size that is not "
-                                        "a whole number; write it again", field=f"line {number}")
+                raise CorruptIndexError(
+                    f"{shown}: line {number} of the DALI index has an offset or size that is not "
+                    "a whole number; write it again",
+                    field=f"line {number}",
+                )
             name = parts[i + 3] if width == 4 else f"{len(samples):08d}.{ext}"
             fields.append((ext, int(offset), int(size), name))
         samples.append(SampleEntry(split_name(fields[0][3])[0] or f"{len(samples):08d}", fields))
     if len(samples) != int(head[1]):
-        raise CorruptIndexError(f"{shown}: the DALI index announces {int(head[1])} samples but lists {len(samples)}; "
-                                "write it again", field="header")
+        raise CorruptIndexError(
+            f"{shown}: the DALI index announces {int(head[1])} samples but lists {len(samples)}; write it again",
+            field="header",
+        )
     check_layout(samples, None, shown)
     return ShardIndex(url, samples)
 
@@ -387,8 +477,7 @@ def parse_dali(text: str, url: str = "") -> ShardIndex:
 # wids dataset descriptions
 def wids_description(shards: Iterable[dict], name: Optional[str] = None, base: Optional[str] = None) -> dict:
     """A ``wids`` dataset description: ``shards`` are ``{"url", "nsamples", "filesize"[, "md5sum"]}``."""
-    out: dict = {"__kind__": "wids-shard-index-v1", "wids_version": 1,
-                 "shardlist": [dict(s) for s in shards]}
+    out: dict = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": [dict(s) for s in shards]}
     if name:
         out["name"] = name
     if base:
@@ -402,16 +491,20 @@ def parse_wids(data: Any, where: str = "<description>") -> list[dict]:
     components flattened; URLs are returned as written (resolve them with :func:`wds_cloud.io.security.resolve`)."""
     shown = redact(where)
     if not isinstance(data, dict) or data.get("wids_version") != 1:
-        raise MalformedDataError(f"{shown}: not a wids dataset description (it needs \"wids_version\": 1 and a "
-                                 "\"shardlist\")", field="wids_version")
+        raise MalformedDataError(
+            f'{shown}: not a wids dataset description (it needs "wids_version": 1 and a "shardlist")',
+            field="wids_version",
+        )
     shards = list(_shardlist(data, shown, "shardlist"))
     components = data.get("datasets") or []
     need(isinstance(components, list), shown, "'datasets'", "must be a list of components")
     for c, component in enumerate(components):
-        need(isinstance(component, dict), shown, f"datasets[{c}]", "must be a mapping with a \"shardlist\"")
+        need(isinstance(component, dict), shown, f"datasets[{c}]", 'must be a mapping with a "shardlist"')
         if "source_url" in component:
-            raise MalformedDataError(f"{shown}: components with \"source_url\" are not followed; list their "
-                                     "shards in this description", field=f"datasets[{c}].source_url")
+            raise MalformedDataError(
+                f'{shown}: components with "source_url" are not followed; list their shards in this description',
+                field=f"datasets[{c}].source_url",
+            )
         base = component.get("base")
         need(base is None or isinstance(base, str), shown, f"datasets[{c}].base", "must be a URL or path")
         shards.extend(_shardlist(component, shown, f"datasets[{c}].shardlist", base))
@@ -425,17 +518,34 @@ def _shardlist(data: dict, shown: str, field: str, base: Optional[str] = None) -
     need(isinstance(entries, list), shown, f"'{field}'", "must be a list of shards")
     for i, shard in enumerate(entries):
         name = f"{field}[{i}]"
-        need(isinstance(shard, dict), shown, name, "must be a mapping with \"url\" and \"nsamples\"")
-        need(isinstance(shard.get("url"), str) and bool(shard["url"]), shown, f"{name}.url",
-             "must be a URL or path (a string)")
-        need(is_count(shard.get("nsamples"), MOST_SAMPLES), shown, f"{name}.nsamples", "must be a whole number of "
-             f"samples (at most {MOST_SAMPLES}: a shard of a petabyte), not {shown_value(shard.get('nsamples'))}")
+        need(isinstance(shard, dict), shown, name, 'must be a mapping with "url" and "nsamples"')
+        need(
+            isinstance(shard.get("url"), str) and bool(shard["url"]),
+            shown,
+            f"{name}.url",
+            "must be a URL or path (a string)",
+        )
+        need(
+            is_count(shard.get("nsamples"), MOST_SAMPLES),
+            shown,
+            f"{name}.nsamples",
+            "must be a whole number of "
+            f"samples (at most {MOST_SAMPLES}: a shard of a petabyte), not {shown_value(shard.get('nsamples'))}",
+        )
         size = shard.get("filesize")
-        need(size is None or is_count(size, MOST_SAMPLES * 512), shown, f"{name}.filesize", "must be a whole "
-             f"number of bytes, not {shown_value(size)}")
+        need(
+            size is None or is_count(size, MOST_SAMPLES * 512),
+            shown,
+            f"{name}.filesize",
+            f"must be a whole number of bytes, not {shown_value(size)}",
+        )
         if size is not None:
-            need(shard["nsamples"] * 512 <= size, shown, f"{name}.nsamples",
-                 f"claims {shard['nsamples']} samples in {size} bytes (each takes at least 512)")
+            need(
+                shard["nsamples"] * 512 <= size,
+                shown,
+                f"{name}.nsamples",
+                f"claims {shard['nsamples']} samples in {size} bytes (each takes at least 512)",
+            )
         for key in ("md5sum", "dataset"):
             need(shard.get(key) is None or isinstance(shard[key], str), shown, f"{name}.{key}", "must be a string")
         item = dict(shard)

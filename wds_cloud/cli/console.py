@@ -15,16 +15,16 @@ import json
 import re
 import sys
 import time
-from typing import Any, Callable, Iterable, Iterator, Optional
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Optional
 
-from . import config
-from .errors import ConfigError
+from .. import config
+from ..errors import ConfigError
 
 __all__ = ["UsageError", "EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "EXIT_CODES", "progress", "emit", "for_cli"]
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
-EXIT_CODES = ("exit codes: 0 done (every shard passed), 1 a shard could not be read or failed a check, "
-              "2 bad arguments")
+EXIT_CODES = "exit codes: 0 done (every shard passed), 1 a shard could not be read or failed a check, 2 bad arguments"
 
 
 class UsageError(ConfigError):
@@ -32,8 +32,7 @@ class UsageError(ConfigError):
     flag and what to give instead."""
 
 
-def progress(items: Iterable, total: Optional[int], what: str, unit: str = "shards",
-             stream: Any = None) -> Iterator:
+def progress(items: Iterable, total: Optional[int], what: str, unit: str = "shards", stream: Any = None) -> Iterator:
     """``items`` as they come, with progress on ``stream`` (stderr): a tqdm bar on a terminal, else a line
     every ``WDS_PROGRESS_INTERVAL`` seconds and a last one when the items end."""
     stream = stream or sys.stderr
@@ -74,8 +73,7 @@ def emit(args: argparse.Namespace, data: Any, text: Callable[[Any], str]) -> Non
 
 #: library advice that names a Python argument, and what a command line user does instead
 _CLI_WORDS = (
-    (re.compile(r"; to skip damaged shards pass handler=\S+"),
-     "; `wds-cloud verify SPEC` lists every damaged shard"),
+    (re.compile(r"; to skip damaged shards pass handler=\S+"), "; `wds-cloud verify SPEC` lists every damaged shard"),
     (re.compile(r" or WebDataset\(\.\.\., max_sample_size=\)"), ""),
     (re.compile(r" or WebDataset\(\.\.\., max_member_size=\)"), ""),
     (re.compile(r"pass allow_missing=True"), "pass --allow-missing"),

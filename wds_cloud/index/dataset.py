@@ -17,23 +17,31 @@ import random
 import threading
 import urllib.parse
 import warnings
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Optional, Union
 
-from . import config
-from .errors import ConfigError, CorruptIndexError, ObjectChangedError, RandomAccessError, redact
-from .index import check_fresh, index_of, read_range
-from .io import datafile
-from .io.open import gopen, rewrite_url
-from .io.security import resolve, resolve_base
-from .io.resilient import StatsSink, TransferStats
-from .io.shardcache import ShardCache
-from .io.urls import is_local
-from .shardlists import expand_urls as _expand
-from .tar.index import ShardIndex, parse_wids
-from .tar.reader import open_decompressed
+from .. import config
+from ..errors import ConfigError, CorruptIndexError, ObjectChangedError, RandomAccessError, redact
+from ..io import datafile
+from ..io.open import gopen, rewrite_url
+from ..io.resilient import StatsSink, TransferStats
+from ..io.security import resolve, resolve_base
+from ..io.shardcache import ShardCache
+from ..io.urls import is_local
+from ..shardlists import expand_urls as _expand
+from ..tar.reader import open_decompressed
+from .formats import ShardIndex, parse_wids
+from .sidecar import check_fresh, index_of, read_range
 
-__all__ = ["ShardListDataset", "ShardListSampler", "ShardedSampler", "ChunkedSampler", "DistributedChunkedSampler",
-           "IndexedTarSamples", "default_decoder"]
+__all__ = [
+    "ShardListDataset",
+    "ShardListSampler",
+    "ShardedSampler",
+    "ChunkedSampler",
+    "DistributedChunkedSampler",
+    "IndexedTarSamples",
+    "default_decoder",
+]
 
 try:  # torch is optional: without it the dataset and samplers are plain Python classes
     from torch.utils.data import Dataset as _Dataset
@@ -46,20 +54,27 @@ except ImportError:  # pragma: no cover - exercised without torch
 def _resolve(base: Optional[str], url: str) -> str:
     if base is None or "://" in url or url.startswith("/") or url.startswith("pipe:"):
         return url
-    return urllib.parse.urljoin(base if base.endswith("/") else base + "/", url) if "://" in base else \
-        os.path.join(base, url)
+    return (
+        urllib.parse.urljoin(base if base.endswith("/") else base + "/", url)
+        if "://" in base
+        else os.path.join(base, url)
+    )
 
 
 def _description(data: Any, where: str) -> dict:
-    datafile.need(isinstance(data, dict), redact(where), "the description", "must be a JSON object with "
-                  "\"wids_version\": 1 and a \"shardlist\"")
+    datafile.need(
+        isinstance(data, dict),
+        redact(where),
+        "the description",
+        'must be a JSON object with "wids_version": 1 and a "shardlist"',
+    )
     return data
 
 
 def default_decoder(sample: dict, format: str = "PIL") -> dict:
     """Decode a wids-shaped sample (fields keyed ``.ext``): images to PIL (or numpy), ``.txt``/``.cls``/
     ``.json`` and the other basic types as the streaming decoder does."""
-    from .autodecode import Decoder, imagehandler
+    from ..autodecode import Decoder, imagehandler
 
     spec = {"pil": "pil", "numpy": "rgb8"}.get(str(format).lower())
     if spec is None:
@@ -97,14 +112,30 @@ class ShardListDataset(_Dataset):
     ``manifest``: a manifest (see :mod:`wds_cloud.manifest`) every indexed shard must match.
     """
 
-    def __init__(self, shards: Any, *, cache_size: int = int(1e12), cache_dir: Optional[str] = None,
-                 lru_size: int = 10, dataset_name: Optional[str] = None, localname: Any = None,
-                 transformations: Any = "PIL", keep: bool = False, base: Optional[str] = None,
-                 options: Optional[dict] = None, storage_options: Optional[dict] = None, compressed: str = "error",
-                 manifest: Any = None, retries: Optional[int] = None, timeout: Optional[float] = None) -> None:
+    def __init__(
+        self,
+        shards: Any,
+        *,
+        cache_size: int = int(1e12),
+        cache_dir: Optional[str] = None,
+        lru_size: int = 10,
+        dataset_name: Optional[str] = None,
+        localname: Any = None,
+        transformations: Any = "PIL",
+        keep: bool = False,
+        base: Optional[str] = None,
+        options: Optional[dict] = None,
+        storage_options: Optional[dict] = None,
+        compressed: str = "error",
+        manifest: Any = None,
+        retries: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> None:
         if compressed not in ("error", "load"):
-            raise ConfigError(f"compressed={compressed!r}: use 'error' (refuse random access to compressed shards) "
-                              "or 'load' (decompress each such shard whole, once)")
+            raise ConfigError(
+                f"compressed={compressed!r}: use 'error' (refuse random access to compressed shards) "
+                "or 'load' (decompress each such shard whole, once)"
+            )
         self.storage_options = storage_options
         self.retries, self.timeout = retries, timeout
         self.compressed = compressed
@@ -112,8 +143,9 @@ class ShardListDataset(_Dataset):
         where = ""
         if isinstance(shards, str) and (shards.endswith(".json") or shards.endswith(".json.gz")):
             where = shards  # a description read from a file is data: its URLs are resolved against it, untrusted
-            self.spec = dict(_description(datafile.load(shards, "dataset description", storage_options), shards),
-                             **(options or {}))
+            self.spec = dict(
+                _description(datafile.load(shards, "dataset description", storage_options), shards), **(options or {})
+            )
             shard_list = parse_wids(self.spec, shards)
         elif isinstance(shards, dict):
             self.spec = dict(shards, **(options or {}))
@@ -125,14 +157,18 @@ class ShardListDataset(_Dataset):
         if not shard_list:
             raise ConfigError("ShardListDataset was given no shards")
         if where:
-            folder = resolve_base(base, where) if base else (
-                resolve_base(self.spec["base"], where) if self.spec.get("base") is not None else None)
+            folder = (
+                resolve_base(base, where)
+                if base
+                else (resolve_base(self.spec["base"], where) if self.spec.get("base") is not None else None)
+            )
             bases = {}
             for s in shard_list:
                 if s.get("base") is not None and s["base"] not in bases:
                     bases[s["base"]] = resolve_base(s["base"], where, "datasets[].base")
-            self.shards = [dict(s, url=resolve(s["url"], where, base=bases.get(s.get("base"), folder)))
-                           for s in shard_list]
+            self.shards = [
+                dict(s, url=resolve(s["url"], where, base=bases.get(s.get("base"), folder))) for s in shard_list
+            ]
             base = folder
         else:
             base = base or self.spec.get("base")
@@ -189,7 +225,7 @@ class ShardListDataset(_Dataset):
         """Transfer figures of the reads this process made for the dataset."""
         return self._stats.snapshot()
 
-    def add_transform(self, transform: Callable) -> "ShardListDataset":
+    def add_transform(self, transform: Callable) -> ShardListDataset:
         self.transformations.append(transform)
         return self
 
@@ -202,11 +238,14 @@ class ShardListDataset(_Dataset):
         index = index_of(url, self.storage_options)
         expected = self.shards[shard].get("nsamples")
         if isinstance(expected, int) and expected != len(index):
-            raise CorruptIndexError(f"{redact(url)}: the dataset description says {expected} samples ('nsamples'), "
-                                    f"the shard's index {len(index)}; write the description (or the index) again", url=url,
-                                    field="nsamples")
+            raise CorruptIndexError(
+                f"{redact(url)}: the dataset description says {expected} samples ('nsamples'), "
+                f"the shard's index {len(index)}; write the description (or the index) again",
+                url=url,
+                field="nsamples",
+            )
         if self.manifest is not None:
-            from .manifest import check_index
+            from ..io.manifest import check_index
 
             check_index(self.manifest, index)
         self._indexes[shard] = index
@@ -251,11 +290,23 @@ class ShardListDataset(_Dataset):
                         held[1] = (st.st_mtime_ns, st.st_size)
                     data = os.pread(held[0], end - start, start)
         if shard in self._streamed:
-            return read_range(index, url, start, end, storage_options=self.storage_options, retries=self.retries,
-                              timeout=self.timeout, stats=self._stats)
+            return read_range(
+                index,
+                url,
+                start,
+                end,
+                storage_options=self.storage_options,
+                retries=self.retries,
+                timeout=self.timeout,
+                stats=self._stats,
+            )
         if len(data) != end - start:
-            raise ObjectChangedError(f"{redact(url)}: bytes {start}-{end} asked for, {len(data)} received: the shard "
-                                     "is shorter than its index says; index it again", url=url, offset=start)
+            raise ObjectChangedError(
+                f"{redact(url)}: bytes {start}-{end} asked for, {len(data)} received: the shard "
+                "is shorter than its index says; index it again",
+                url=url,
+                offset=start,
+            )
         return data
 
     def _hold(self, shard: int, url: str, index: ShardIndex) -> Optional[list]:
@@ -302,9 +353,17 @@ class ShardListDataset(_Dataset):
         cache = ShardCache(self.cache_dir or "", self.cache_size, stats=self._stats)
         path = cache.path_for(url)
         if not os.path.exists(path):
+
             def opener(offset: int) -> Any:
-                return gopen(url, "rb", offset=offset, storage_options=self.storage_options, retries=self.retries,
-                             timeout=self.timeout, stats=self._stats)
+                return gopen(
+                    url,
+                    "rb",
+                    offset=offset,
+                    storage_options=self.storage_options,
+                    retries=self.retries,
+                    timeout=self.timeout,
+                    stats=self._stats,
+                )
 
             with cache.open(url, opener) as stream:  # fills the entry (one download across processes)
                 while stream.read(1 << 20):
@@ -312,9 +371,12 @@ class ShardListDataset(_Dataset):
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if index.size is not None and size != index.size:
-                raise ObjectChangedError(f"{redact(url)}: the cached shard has {size} bytes, its index says "
-                                         f"{index.size}: the shard changed since it was indexed; index it again "
-                                         "with `wds-cloud index` (and clear the cache entry)", url=url)
+                raise ObjectChangedError(
+                    f"{redact(url)}: the cached shard has {size} bytes, its index says "
+                    f"{index.size}: the shard changed since it was indexed; index it again "
+                    "with `wds-cloud index` (and clear the cache entry)",
+                    url=url,
+                )
             f.seek(start)
             return f.read(end - start)
 
@@ -324,7 +386,9 @@ class ShardListDataset(_Dataset):
                 f"{redact(index.url)}: a {index.compression}-compressed shard cannot be read at random (its "
                 "samples are reached only by decompressing from the start); pass compressed='load' to decompress "
                 "each such shard whole once, or reshard without compression: `wds-cloud reshard SRC DST "
-                "--compress none`", url=index.url)
+                "--compress none`",
+                url=index.url,
+            )
         data = self._loaded.get(shard)
         if data is None:
             with gopen(index.url, "rb", storage_options=self.storage_options, stats=self._stats) as stream:
@@ -349,7 +413,7 @@ class ShardListDataset(_Dataset):
         data = self._bytes(shard, shard_index, start, end)
         sample: dict = {"__key__": entry.key}
         for ext, offset, size, _ in entry.fields:
-            sample["." + ext] = data[offset - start:offset - start + size]
+            sample["." + ext] = data[offset - start : offset - start + size]
         desc = self.shards[shard]
         sample["__dataset__"] = desc.get("dataset") or self.dataset_name
         sample["__index__"] = int(index)
@@ -374,11 +438,21 @@ class ShardListDataset(_Dataset):
 class IndexedTarSamples:
     """The samples of one shard by index (``wids.IndexedTarSamples``'s shape: ``{"__key__", ".ext": bytes}``)."""
 
-    def __init__(self, *, path: Optional[str] = None, stream: Any = None, md5sum: Optional[str] = None,
-                 expected_size: Optional[int] = None, use_mmap: bool = True, index_file: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        path: Optional[str] = None,
+        stream: Any = None,
+        md5sum: Optional[str] = None,
+        expected_size: Optional[int] = None,
+        use_mmap: bool = True,
+        index_file: Any = None,
+    ) -> None:
         if path is None:
-            raise ConfigError("IndexedTarSamples needs path= (a local path or any URL); a stream is read through "
-                              "ShardListDataset([url])")
+            raise ConfigError(
+                "IndexedTarSamples needs path= (a local path or any URL); a stream is read through "
+                "ShardListDataset([url])"
+            )
         self.path = path
         self._dataset = ShardListDataset([path], transformations=[])
         if expected_size is not None and len(self) != expected_size:
@@ -416,8 +490,13 @@ def _confirmer(dataset: Any) -> Callable[[int, int], None]:
     return check if callable(check) else (lambda lo, hi: None)
 
 
-def _in_ranges(ranges: Sequence[tuple[int, int]], rng: random.Random, shuffle_items: bool,
-               shuffle_ranges: bool, confirm: Callable[[int, int], None] = lambda lo, hi: None) -> Iterator[int]:
+def _in_ranges(
+    ranges: Sequence[tuple[int, int]],
+    rng: random.Random,
+    shuffle_items: bool,
+    shuffle_ranges: bool,
+    confirm: Callable[[int, int], None] = lambda lo, hi: None,
+) -> Iterator[int]:
     order = list(range(len(ranges)))
     if shuffle_ranges:
         rng.shuffle(order)
@@ -438,11 +517,14 @@ class ShardListSampler(_Sampler):
     """Shards in a shuffled order, the samples of each shuffled (the first epoch keeps the shard order
     unless ``shufflefirst``); deterministic per (``seed``, epoch); the epoch advances each pass."""
 
-    def __init__(self, dataset: Any, *, lengths: Optional[Sequence[int]] = None, seed: int = 0,
-                 shufflefirst: bool = False) -> None:
-        self.ranges = _ranges(list(lengths) if lengths is not None else list(dataset.lengths
-                                                                               if hasattr(dataset, "lengths")
-                                                                               else [len(dataset)]))
+    def __init__(
+        self, dataset: Any, *, lengths: Optional[Sequence[int]] = None, seed: int = 0, shufflefirst: bool = False
+    ) -> None:
+        self.ranges = _ranges(
+            list(lengths)
+            if lengths is not None
+            else list(dataset.lengths if hasattr(dataset, "lengths") else [len(dataset)])
+        )
         if lengths is None and hasattr(dataset, "_ensure_lengths"):
             dataset._ensure_lengths()
             self.ranges = _ranges(dataset.lengths)
@@ -468,9 +550,17 @@ class ChunkedSampler(_Sampler):
     """Indexes in chunks of ``chunksize``: the chunks in a shuffled order, each chunk shuffled, so reads
     stay local; ``num_samples`` is a count or a ``(lo, hi)`` range (one rank's share)."""
 
-    def __init__(self, dataset: Any, *, dslength_per_replica: int = -1,
-                 num_samples: Union[int, tuple[int, int], None] = None, chunksize: int = 2000, seed: int = 0,
-                 shuffle: bool = True, shufflefirst: bool = False) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        dslength_per_replica: int = -1,
+        num_samples: Union[int, tuple[int, int], None] = None,
+        chunksize: int = 2000,
+        seed: int = 0,
+        shuffle: bool = True,
+        shufflefirst: bool = False,
+    ) -> None:
         if isinstance(num_samples, int):
             lo, hi = 0, num_samples
         elif num_samples is None:
@@ -491,22 +581,31 @@ class ChunkedSampler(_Sampler):
 
     def __iter__(self) -> Iterator[int]:
         rng = _epoch_rng(self.seed, self.epoch)
-        yield from _in_ranges(self.ranges, rng, self.shuffle, self.shuffle and (self.shufflefirst or self.epoch > 0),
-                              self.confirm)
+        yield from _in_ranges(
+            self.ranges, rng, self.shuffle, self.shuffle and (self.shufflefirst or self.epoch > 0), self.confirm
+        )
         self.epoch += 1
 
     def __len__(self) -> int:
         return self.dslength_per_replica
 
 
-def DistributedChunkedSampler(dataset: Any, *, num_replicas: Optional[int] = None, num_samples: Optional[int] = None,
-                              rank: Optional[int] = None, shuffle: bool = True, shufflefirst: bool = False,
-                              seed: int = 0, drop_last: Optional[bool] = None, chunksize: int = 1000000
-                              ) -> ChunkedSampler:
+def DistributedChunkedSampler(
+    dataset: Any,
+    *,
+    num_replicas: Optional[int] = None,
+    num_samples: Optional[int] = None,
+    rank: Optional[int] = None,
+    shuffle: bool = True,
+    shufflefirst: bool = False,
+    seed: int = 0,
+    drop_last: Optional[bool] = None,
+    chunksize: int = 1000000,
+) -> ChunkedSampler:
     """A :class:`ChunkedSampler` over this rank's contiguous share of the dataset (rank and world size from
     ``torch.distributed`` when it is initialized, else ``RANK``/``WORLD_SIZE``, else one process)."""
     if drop_last is not None:
-        warnings.warn("DistributedChunkedSampler ignores drop_last: every rank gets its contiguous share")
+        warnings.warn("DistributedChunkedSampler ignores drop_last: every rank gets its contiguous share", stacklevel=2)
     settings = config.current()
     if num_replicas is None or rank is None:
         try:
@@ -526,6 +625,12 @@ def DistributedChunkedSampler(dataset: Any, *, num_replicas: Optional[int] = Non
     total = num_samples or len(dataset)
     per = math.ceil(total / num_replicas)
     lo, hi = rank * per, min((rank + 1) * per, total)
-    return ChunkedSampler(dataset, dslength_per_replica=math.ceil(len(dataset) / num_replicas),
-                          num_samples=(lo, hi), chunksize=chunksize, seed=seed, shuffle=shuffle,
-                          shufflefirst=shufflefirst)
+    return ChunkedSampler(
+        dataset,
+        dslength_per_replica=math.ceil(len(dataset) / num_replicas),
+        num_samples=(lo, hi),
+        chunksize=chunksize,
+        seed=seed,
+        shuffle=shuffle,
+        shufflefirst=shufflefirst,
+    )

@@ -17,22 +17,22 @@ import multiprocessing
 import os
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import IO, Any, Iterator, Optional, Union, cast
+from typing import IO, Any, Optional, Union, cast
 
-from .errors import CorruptShardError, IntegrityError, ShardNotFoundError, WdsCloudError, redact
+from ..errors import CorruptShardError, IntegrityError, ShardNotFoundError, WdsCloudError, redact
+from ..index.formats import index_stream
+from ..index.sidecar import build_index, index_of, read_index, read_range, wids_description, write_index
+from ..io.integrity import Hashing
+from ..io.jobrecord import HashingWriter, JobRecord
+from ..io.manifest import Manifest, load_manifest
+from ..io.open import gopen
+from ..io.urls import is_local
+from ..shardlists import expand_urls
 from .console import EXIT_CODES, EXIT_OK, EXIT_PROBLEM, UsageError, emit, progress
-from .index import build_index, index_of, read_index, read_range, wids_description, write_index
-from .io.integrity import Hashing
-from .io.open import exists, gopen
-from .io.urls import is_local
-from .io.jobrecord import HashingWriter, JobRecord
-from .manifest import Manifest, load_manifest
-from .shardlists import expand_urls
-from .tar.index import index_stream
 
 __all__ = ["add_parsers"]
-
 
 
 @contextlib.contextmanager
@@ -42,7 +42,7 @@ def _cluster(args: argparse.Namespace) -> Iterator[Any]:
     if not (getattr(args, "scheduler", None) or getattr(args, "workers", None)):
         yield None
         return
-    from .dask import cluster_client
+    from ..tools.dask import cluster_client
 
     with cluster_client(args.scheduler, args.workers) as client:
         yield client
@@ -74,13 +74,25 @@ def _urls(spec: list[str]) -> list[str]:
 def _ls(args: argparse.Namespace) -> int:
     index = build_index(args.url, storage_options=None)
     if args.samples:
-        data = [{"key": s.key, "fields": {ext: size for ext, _, size, _ in s.fields},
-                 "bytes": sum(size for _, _, size, _ in s.fields)} for s in index.samples]
-        emit(args, data, lambda rows: "\n".join(
-            f"{r['key']}  {r['bytes']:>10}  " + " ".join(f"{e}={n}" for e, n in r["fields"].items()) for r in rows))
+        data = [
+            {
+                "key": s.key,
+                "fields": {ext: size for ext, _, size, _ in s.fields},
+                "bytes": sum(size for _, _, size, _ in s.fields),
+            }
+            for s in index.samples
+        ]
+        emit(
+            args,
+            data,
+            lambda rows: "\n".join(
+                f"{r['key']}  {r['bytes']:>10}  " + " ".join(f"{e}={n}" for e, n in r["fields"].items()) for r in rows
+            ),
+        )
     else:
-        data = [{"name": name, "size": size, "offset": offset} for s in index.samples
-                for _, offset, size, name in s.fields]
+        data = [
+            {"name": name, "size": size, "offset": offset} for s in index.samples for _, offset, size, name in s.fields
+        ]
         emit(args, data, lambda rows: "\n".join(f"{r['size']:>10}  {r['name']}" for r in rows))
     return EXIT_OK
 
@@ -88,9 +100,11 @@ def _ls(args: argparse.Namespace) -> int:
 # cat
 def _cat(args: argparse.Namespace) -> int:
     if args.json:
-        raise UsageError("cat writes bytes (a shard, a sample as a tar, or one field), not JSON: for a shard's "
-                         "members and samples as JSON use `wds-cloud ls --json URL` or `wds-cloud ls --samples --json "
-                         "URL`")
+        raise UsageError(
+            "cat writes bytes (a shard, a sample as a tar, or one field), not JSON: for a shard's "
+            "members and samples as JSON use `wds-cloud ls --json URL` or `wds-cloud ls --samples --json "
+            "URL`"
+        )
     out = sys.stdout.buffer
     if args.key is None:
         if args.field is not None:
@@ -105,13 +119,19 @@ def _cat(args: argparse.Namespace) -> int:
     index = index_of(args.url)
     found = [s for s in index.samples if s.key == args.key]
     if not found:
-        raise ShardNotFoundError(f"{redact(args.url)}: no sample with key {args.key!r} ({len(index)} samples; "
-                                 "list them with `wds-cloud ls --samples URL`)", url=args.url)
+        raise ShardNotFoundError(
+            f"{redact(args.url)}: no sample with key {args.key!r} ({len(index)} samples; "
+            "list them with `wds-cloud ls --samples URL`)",
+            url=args.url,
+        )
     sample = found[0]
     fields = [f for f in sample.fields if args.field is None or f[0] == args.field]
     if not fields:
-        raise ShardNotFoundError(f"{redact(args.url)}: sample {args.key!r} has no field {args.field!r} (it has "
-                                 f"{', '.join(f[0] for f in sample.fields)})", url=args.url)
+        raise ShardNotFoundError(
+            f"{redact(args.url)}: sample {args.key!r} has no field {args.field!r} (it has "
+            f"{', '.join(f[0] for f in sample.fields)})",
+            url=args.url,
+        )
     if index.compression is not None:
         data = _whole_member_bytes(args.url, {f[3] for f in fields})
         blobs = [(f[3], data[f[3]]) for f in fields]
@@ -120,12 +140,12 @@ def _cat(args: argparse.Namespace) -> int:
     if args.field is not None:
         out.write(blobs[0][1])
         return EXIT_OK
-    from .writer import TarWriter
+    from ..writer import TarWriter
 
     buffer = io.BytesIO()
     with TarWriter(buffer, encoder=False) as writer:
         for name, blob in blobs:
-            writer.write({"__key__": sample.key, name[len(sample.key) + 1:]: blob})
+            writer.write({"__key__": sample.key, name[len(sample.key) + 1 :]: blob})
     out.write(buffer.getvalue())
     return EXIT_OK
 
@@ -156,27 +176,40 @@ def _stat_one(url: str) -> dict:
         indexed = True
     except ShardNotFoundError:
         indexed = False
-    return {"url": redact(url), "samples": len(index), "size": index.size, "compression": index.compression,
-            "fields": fields, "index": indexed}
+    return {
+        "url": redact(url),
+        "samples": len(index),
+        "size": index.size,
+        "compression": index.compression,
+        "fields": fields,
+        "index": indexed,
+    }
 
 
 def _stat(args: argparse.Namespace) -> int:
     urls = _urls(args.spec)
     with ThreadPoolExecutor(max_workers=_jobs(args, urls)) as pool:
         rows = list(progress(pool.map(_stat_one, urls), len(urls), "stat"))
-    total = {"shards": len(rows), "samples": sum(r["samples"] for r in rows),
-             "bytes": sum(r["size"] or 0 for r in rows), "shards_indexed": sum(r["index"] for r in rows)}
+    total = {
+        "shards": len(rows),
+        "samples": sum(r["samples"] for r in rows),
+        "bytes": sum(r["size"] or 0 for r in rows),
+        "shards_indexed": sum(r["index"] for r in rows),
+    }
 
     def text(data: dict) -> str:
         lines = []
         for r in data["shards"]:
-            lines.append(f"{r['url']}: {r['samples']} samples, {r['size']} bytes, "
-                         f"{r['compression'] or 'uncompressed'}, index {'present' if r['index'] else 'absent'}")
+            lines.append(
+                f"{r['url']}: {r['samples']} samples, {r['size']} bytes, "
+                f"{r['compression'] or 'uncompressed'}, index {'present' if r['index'] else 'absent'}"
+            )
             for ext, f in sorted(r["fields"].items()):
                 lines.append(f"  {ext:<12} {f['count']:>8} fields {f['bytes']:>14} bytes")
         t = data["total"]
-        lines.append(f"total: {t['shards']} shards, {t['samples']} samples, {t['bytes']} bytes, "
-                     f"{t['shards_indexed']} indexed")
+        lines.append(
+            f"total: {t['shards']} shards, {t['samples']} samples, {t['bytes']} bytes, {t['shards_indexed']} indexed"
+        )
         return "\n".join(lines)
 
     emit(args, {"shards": rows, "total": total}, text)
@@ -199,8 +232,9 @@ def _index(args: argparse.Namespace) -> int:
     if args.format == "wids" and not args.output:
         raise UsageError("--format wids writes one dataset description: give its URL or path with --output")
     if args.output and args.format != "wids" and len(urls) > 1:
-        raise UsageError("--output names one index file: with several shards, leave it out (each index is "
-                          "written beside its shard)")
+        raise UsageError(
+            "--output names one index file: with several shards, leave it out (each index is written beside its shard)"
+        )
 
     record = None
     if args.output:  # an index file or description the tool owns: never over an input or a stranger's file
@@ -215,20 +249,33 @@ def _index(args: argparse.Namespace) -> int:
     fmt = args.format if args.format != "wids" else None
     fork = multiprocessing.get_all_start_methods()[0] == "fork" if local and jobs > 1 else False
     with _cluster(args) as client:
-        pool: Executor = (client.get_executor() if client is not None else
-                          ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
-                          if fork else ThreadPoolExecutor(max_workers=jobs))
+        pool: Executor = (
+            client.get_executor()
+            if client is not None
+            else ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
+            if fork
+            else ThreadPoolExecutor(max_workers=jobs)
+        )
         with pool:
-            rows = list(progress(pool.map(_index_one, urls, [output] * len(urls), [fmt] * len(urls)), len(urls),
-                                 "index"))
+            rows = list(
+                progress(pool.map(_index_one, urls, [output] * len(urls), [fmt] * len(urls)), len(urls), "index")
+            )
     if args.format == "wids":
         with gopen(args.output, "wb") as out:
             out.write(json.dumps(wids_description(rows, name=args.name), indent=1).encode("utf-8"))
     if record is not None:
         record.written(args.output)
-    emit(args, rows, lambda rs: "\n".join(
-        f"{redact(r['url'])}: {r['nsamples']} samples" + (f" -> {redact(r['index'])}" if "index" in r else "")
-        for r in rs) + (f"\nwrote {redact(args.output)}" if args.format == "wids" else ""))
+    emit(
+        args,
+        rows,
+        lambda rs: (
+            "\n".join(
+                f"{redact(r['url'])}: {r['nsamples']} samples" + (f" -> {redact(r['index'])}" if "index" in r else "")
+                for r in rs
+            )
+            + (f"\nwrote {redact(args.output)}" if args.format == "wids" else "")
+        ),
+    )
     return EXIT_OK
 
 
@@ -254,8 +301,10 @@ def _verify_one(url: str, manifest: Optional[Manifest]) -> dict:
         if manifest is not None:
             entry = manifest.find(url)
             if entry is None and not manifest.allow_missing:
-                row["problems"].append("not in the manifest (write it again with --write-manifest, or pass "
-                                       "--allow-missing to check only the shards it lists)")
+                row["problems"].append(
+                    "not in the manifest (write it again with --write-manifest, or pass "
+                    "--allow-missing to check only the shards it lists)"
+                )
             for field in ("size", "samples", "sha256", "md5"):
                 if entry is not None and field in entry and entry[field] != row[field]:
                     row["problems"].append(f"{field} {row[field]!r}, the manifest says {entry[field]!r}")
@@ -269,8 +318,9 @@ def _verify(args: argparse.Namespace) -> int:
     urls = _urls(args.spec)
     manifest = load_manifest(args.manifest, allow_missing=args.allow_missing) if args.manifest else None
     with _cluster(args) as client:
-        pool: Executor = client.get_executor() if client is not None else ThreadPoolExecutor(
-            max_workers=_jobs(args, urls))
+        pool: Executor = (
+            client.get_executor() if client is not None else ThreadPoolExecutor(max_workers=_jobs(args, urls))
+        )
         with pool:
             rows = list(progress(pool.map(_verify_one, urls, [manifest] * len(urls)), len(urls), "verify"))
     # the shards given are checked: a manifest's other entries (a subset verified) are not failures
@@ -279,9 +329,13 @@ def _verify(args: argparse.Namespace) -> int:
     if args.write_manifest:
         bad = [r for r in rows if not r["ok"]]
         if bad:
-            raise IntegrityError(f"not writing {redact(args.write_manifest)}: {len(bad)} shard(s) failed (first: "
-                                 f"{redact(bad[0]['url'])}: {bad[0]['problems'][0]})", url=args.write_manifest,
-                                 expected="every shard readable", actual=f"{len(bad)} failed")
+            raise IntegrityError(
+                f"not writing {redact(args.write_manifest)}: {len(bad)} shard(s) failed (first: "
+                f"{redact(bad[0]['url'])}: {bad[0]['problems'][0]})",
+                url=args.write_manifest,
+                expected="every shard readable",
+                actual=f"{len(bad)} failed",
+            )
         out = Manifest()
         for r in rows:
             out.shards[r["url"]] = {k: r[k] for k in ("size", "samples", "sha256", "md5")}
@@ -290,31 +344,43 @@ def _verify(args: argparse.Namespace) -> int:
     result = {"ok": ok, "shards": [dict(r, url=redact(r["url"])) for r in rows]}
     if manifest is not None:
         result["manifest_entries_not_given"] = not_given
-    emit(args, result, lambda d: "\n".join(
-        [f"{'ok  ' if r['ok'] else 'FAIL'} {r['url']}" + ("" if r["ok"] else ": " + "; ".join(r["problems"]))
-         for r in d["shards"]] + [f"{sum(r['ok'] for r in d['shards'])} of {len(d['shards'])} shards passed"
-                                  + (f" ({not_given} more in the manifest, not given)" if not_given else "")
-                                  + (f"; wrote {redact(args.write_manifest)}" if args.write_manifest else "")]))
+    emit(
+        args,
+        result,
+        lambda d: "\n".join(
+            [
+                f"{'ok  ' if r['ok'] else 'FAIL'} {r['url']}" + ("" if r["ok"] else ": " + "; ".join(r["problems"]))
+                for r in d["shards"]
+            ]
+            + [
+                f"{sum(r['ok'] for r in d['shards'])} of {len(d['shards'])} shards passed"
+                + (f" ({not_given} more in the manifest, not given)" if not_given else "")
+                + (f"; wrote {redact(args.write_manifest)}" if args.write_manifest else "")
+            ]
+        ),
+    )
     return EXIT_OK if ok else EXIT_PROBLEM
 
 
 # reshard
 def _reshard(args: argparse.Namespace) -> int:
-    from .compat import WebDataset
-    from .writer import TarWriter
+    from ..compat import WebDataset
+    from ..writer import TarWriter
 
     urls = _urls(args.source)
     if "%" not in args.dest:
-        raise UsageError(f"the destination {args.dest!r} needs a %d-style field for the shard number, such as "
-                          "'out/train-%06d.tar'")
+        raise UsageError(
+            f"the destination {args.dest!r} needs a %d-style field for the shard number, such as 'out/train-%06d.tar'"
+        )
     choices: dict[str, Union[bool, str, None]] = {"none": False, "gz": "gz", "keep": None}
     compress = choices[args.compress]
     if args.maxcount < 1 or not args.maxsize > 0:
         raise UsageError("--maxcount must be at least 1 and --maxsize more than 0")
     if getattr(args, "scheduler", None) or getattr(args, "workers", None):
         return _reshard_on_dask(args, urls)
-    record = JobRecord(args.dest, "reshard", urls, {"maxcount": args.maxcount, "maxsize": args.maxsize,
-                                                    "compress": args.compress})
+    record = JobRecord(
+        args.dest, "reshard", urls, {"maxcount": args.maxcount, "maxsize": args.maxsize, "compress": args.compress}
+    )
     record.begin()
     written = skipped = samples = 0
     plan = _Plan(args.maxcount, args.maxsize)
@@ -352,19 +418,28 @@ def _reshard(args: argparse.Namespace) -> int:
     finally:
         record.flush()
     result = {"samples": samples, "shards": shard_no + 1, "written": written, "kept": skipped}
-    emit(args, result, lambda r: f"{r['samples']} samples into {r['shards']} shards ({r['written']} written, "
-                                  f"{r['kept']} already complete and kept)")
+    emit(
+        args,
+        result,
+        lambda r: (
+            f"{r['samples']} samples into {r['shards']} shards ({r['written']} written, "
+            f"{r['kept']} already complete and kept)"
+        ),
+    )
     return EXIT_OK
 
 
 def _map(args: argparse.Namespace) -> int:
-    from . import config, handlers
-    from .dask import distributed_module, load_function, map_shards
+    from .. import config, handlers
+    from ..tools.dask import distributed_module, load_function, map_shards
 
     distributed_module()  # without the extra: at once, with the install line
     fn = load_function(args.function)
-    chosen = {"reraise": handlers.reraise_exception, "warn": handlers.warn_and_continue,
-              "ignore": handlers.ignore_and_continue}[args.handler]
+    chosen = {
+        "reraise": handlers.reraise_exception,
+        "warn": handlers.warn_and_continue,
+        "ignore": handlers.ignore_and_continue,
+    }[args.handler]
     urls = _urls(args.source)
     interval = config.current().progress_interval
     state = {"done": 0, "last": time.monotonic()}
@@ -377,51 +452,86 @@ def _map(args: argparse.Namespace) -> int:
             state["last"] = now
 
     with _cluster(args) if args.scheduler else contextlib.nullcontext() as client:
-        summary = map_shards(fn, urls, args.dest, per=args.per, client=client, maxcount=args.maxcount,
-                             maxsize=args.maxsize, handler=chosen, retries=args.retries, profile=args.profile,
-                             workers=args.workers, on_progress=report)
-    emit(args, summary, lambda r: (
-        f"{r['shards']} shards: {r['done']} done, {r['skipped']} already complete and kept; {r['samples_in']} "
-        f"samples in, {r['samples_out']} out, {r['bytes']:,} bytes written in {r['outputs']} outputs, "
-        f"{r['seconds']:.1f} s" + "".join(f"\n  failed: {f.get('input')} {f.get('key') or ''}: {f['error']}"
-                                          for f in r["failures"][:20])))
+        summary = map_shards(
+            fn,
+            urls,
+            args.dest,
+            per=args.per,
+            client=client,
+            maxcount=args.maxcount,
+            maxsize=args.maxsize,
+            handler=chosen,
+            retries=args.retries,
+            profile=args.profile,
+            workers=args.workers,
+            on_progress=report,
+        )
+    emit(
+        args,
+        summary,
+        lambda r: (
+            f"{r['shards']} shards: {r['done']} done, {r['skipped']} already complete and kept; {r['samples_in']} "
+            f"samples in, {r['samples_out']} out, {r['bytes']:,} bytes written in {r['outputs']} outputs, "
+            f"{r['seconds']:.1f} s"
+            + "".join(f"\n  failed: {f.get('input')} {f.get('key') or ''}: {f['error']}" for f in r["failures"][:20])
+        ),
+    )
     return EXIT_OK if not any("key" not in f for f in summary["failures"]) else EXIT_PROBLEM
 
 
 def _reshard_on_dask(args: argparse.Namespace, urls: list[str]) -> int:
     """reshard on Dask: each input shard is rewritten by one task, so the outputs are numbered by input (input
     i gives ``dest % i``, then ``-001``, ``-002``, ... before the extension when maxcount/maxsize cut it)."""
-    from .dask import map_shards, passthrough
+    from ..tools.dask import map_shards, passthrough
 
     if args.compress not in ("keep",):
         raise UsageError("on Dask the compression follows the output name (.tar.gz compresses): leave out --compress")
     with _cluster(args) as client:
-        summary = map_shards(passthrough, urls, args.dest, per="shard", client=client, maxcount=args.maxcount,
-                             maxsize=args.maxsize)
-    emit(args, summary, lambda r: f"{r['samples_out']} samples into {r['outputs']} shards ({r['done']} inputs "
-                                  f"rewritten, {r['skipped']} already complete and kept)"
-                                  + "".join(f"\n  failed: {f['input']}: {f['error']}" for f in r["failures"]))
+        summary = map_shards(
+            passthrough, urls, args.dest, per="shard", client=client, maxcount=args.maxcount, maxsize=args.maxsize
+        )
+    emit(
+        args,
+        summary,
+        lambda r: (
+            f"{r['samples_out']} samples into {r['outputs']} shards ({r['done']} inputs "
+            f"rewritten, {r['skipped']} already complete and kept)"
+            + "".join(f"\n  failed: {f['input']}: {f['error']}" for f in r["failures"])
+        ),
+    )
     return EXIT_OK if not summary["failures"] else EXIT_PROBLEM
 
 
 def _convert_mmc4(args: argparse.Namespace) -> int:
-    from .interleaved import convert_mmc4
+    from ..tools.interleaved import convert_mmc4
 
     if args.maxcount < 1:
         raise UsageError("--maxcount must be at least 1")
     if "%" not in args.dest:
-        raise UsageError(f"--dest {args.dest!r} needs a %d-style field for the shard number, such as "
-                         "'out/mmc4-%06d.tar'")
+        raise UsageError(
+            f"--dest {args.dest!r} needs a %d-style field for the shard number, such as 'out/mmc4-%06d.tar'"
+        )
     if getattr(args, "scheduler", None) or getattr(args, "workers", None):
         counts = _convert_on_dask(args, _urls(args.docs))
     else:
-        counts = convert_mmc4(_urls(args.docs), args.images, args.dest, maxcount=args.maxcount,
-                              missing=args.missing,
-                              progress=lambda lines: progress(lines, None, "convert", unit="documents"))
-    emit(args, counts, lambda c: f"{c['documents']} documents, {c['images']} images into {c['shards']} shards "
-                                  f"({c['written']} written, {c['kept']} already complete and kept); "
-                                  f"{c['dropped_images']} missing images dropped, {c['skipped_documents']} "
-                                  "documents skipped")
+        counts = convert_mmc4(
+            _urls(args.docs),
+            args.images,
+            args.dest,
+            maxcount=args.maxcount,
+            missing=args.missing,
+            progress=lambda lines: progress(lines, None, "convert", unit="documents"),
+        )
+    emit(
+        args,
+        counts,
+        lambda c: (
+            f"{c['documents']} documents, {c['images']} images into {c['shards']} shards "
+            f"({c['written']} written, {c['kept']} already complete and kept); "
+            f"{c['dropped_images']} missing images dropped, {c['skipped_documents']} "
+            "documents skipped"
+        ),
+    )
     return EXIT_OK
 
 
@@ -429,21 +539,45 @@ def _convert_on_dask(args: argparse.Namespace, docs: list[str]) -> dict:
     """convert mmc4 on Dask: the documents are counted here, then each output shard is one task writing the
     same documents under the same name as one process would (so the two runs are one job: either continues
     the other)."""
-    from .dask import distributed_module, sweep_partials
-    from .interleaved import mmc4_plan, mmc4_shard
+    from ..tools.dask import distributed_module, sweep_partials
+    from ..tools.interleaved import mmc4_plan, mmc4_shard
 
     distributed = distributed_module()
-    record = JobRecord(args.dest, "convert mmc4", list(docs), {"images": redact(args.images),
-                                                               "maxcount": args.maxcount, "missing": args.missing})
+    record = JobRecord(
+        args.dest,
+        "convert mmc4",
+        list(docs),
+        {"images": redact(args.images), "maxcount": args.maxcount, "missing": args.missing},
+    )
     plan, total = mmc4_plan(docs, args.maxcount)
     todo = [k for k in range(len(plan)) if not record.keep(args.dest % k)]
     record.begin()
-    counts = {"documents": total, "images": 0, "dropped_images": 0, "skipped_documents": 0,
-              "written": len(todo), "kept": len(plan) - len(todo), "shards": len(plan)}
+    counts = {
+        "documents": total,
+        "images": 0,
+        "dropped_images": 0,
+        "skipped_documents": 0,
+        "written": len(todo),
+        "kept": len(plan) - len(todo),
+        "shards": len(plan),
+    }
     try:
         with _cluster(args) as client:
-            futures = {client.submit(mmc4_shard, docs, args.images, args.dest, k, plan[k], args.maxcount,
-                                     args.missing, pure=False, retries=2): k for k in todo}
+            futures = {
+                client.submit(
+                    mmc4_shard,
+                    docs,
+                    args.images,
+                    args.dest,
+                    k,
+                    plan[k],
+                    args.maxcount,
+                    args.missing,
+                    pure=False,
+                    retries=2,
+                ): k
+                for k in todo
+            }
             for future in progress(distributed.as_completed(futures), len(todo), "convert"):
                 result = future.result()
                 record.outputs[result["name"]] = {"size": result["size"], "sha256": result["sha256"]}
@@ -474,116 +608,175 @@ class _Plan:
 
 def add_parsers(commands: Any) -> None:
     """Add the shard tools to the ``wds-cloud`` subcommands."""
+
     def add(name: str, help: str, example: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
-                                  epilog=f"example:\n  {example}\n\n{EXIT_CODES}",
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub = commands.add_parser(
+            name,
+            help=help,
+            description=help[0].upper() + help[1:] + ".",
+            epilog=f"example:\n  {example}\n\n{EXIT_CODES}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         sub.add_argument("--json", action="store_true", help="print JSON for scripts")
         return sub
 
     def jobs(sub: argparse.ArgumentParser, what: str, local: str = "1 for local ones") -> None:
-        sub.add_argument("--jobs", type=int, default=None,
-                         help=f"shards {what} at once (default: 8 for remote shards, {local})")
+        sub.add_argument(
+            "--jobs", type=int, default=None, help=f"shards {what} at once (default: 8 for remote shards, {local})"
+        )
 
     def on_dask(sub: argparse.ArgumentParser, extra: str = "") -> None:
         where = sub.add_mutually_exclusive_group()
-        where.add_argument("--scheduler", help="run on the Dask cluster of this scheduler (tcp://host:8786; needs "
-                                               "wds_cloud[dask])" + extra)
-        where.add_argument("--workers", type=int, help="run on a local Dask cluster of this many worker processes "
-                                                       "(needs wds_cloud[dask])" + extra)
+        where.add_argument(
+            "--scheduler",
+            help="run on the Dask cluster of this scheduler (tcp://host:8786; needs wds_cloud[dask])" + extra,
+        )
+        where.add_argument(
+            "--workers",
+            type=int,
+            help="run on a local Dask cluster of this many worker processes (needs wds_cloud[dask])" + extra,
+        )
 
     ls = add("ls", "list a shard's members (or samples) with their sizes", "wds-cloud ls s3://bucket/train-0000.tar")
     ls.add_argument("url", help="the shard (any URL)")
     ls.add_argument("--samples", action="store_true", help="one line per sample, with its fields")
     ls.set_defaults(func=_ls)
 
-    cat = add("cat", "write a shard, one sample (as a tar) or one field of it to stdout",
-              "wds-cloud cat s3://bucket/train-0000.tar --key 000123 --field jpg > 000123.jpg")
+    cat = add(
+        "cat",
+        "write a shard, one sample (as a tar) or one field of it to stdout",
+        "wds-cloud cat s3://bucket/train-0000.tar --key 000123 --field jpg > 000123.jpg",
+    )
     cat.add_argument("url", help="the shard (any URL)")
     cat.add_argument("--key", help="the sample's key")
     cat.add_argument("--field", help="one field of the sample (its extension, such as jpg)")
     cat.set_defaults(func=_cat)
 
-    stat = add("stat", "count samples, fields and bytes of shards; say whether each is compressed and indexed",
-               "wds-cloud stat 'https://host/data/train-{0000..0099}.tar'")
+    stat = add(
+        "stat",
+        "count samples, fields and bytes of shards; say whether each is compressed and indexed",
+        "wds-cloud stat 'https://host/data/train-{0000..0099}.tar'",
+    )
     stat.add_argument("spec", nargs="+", help="shards: URLs, paths or brace specs")
     jobs(stat, "read")
     stat.set_defaults(func=_stat)
 
-    index = add("index", "write member indexes (ours or DALI's .idx beside each shard) or a wids description",
-                "wds-cloud index 's3://bucket/train-{0000..0099}.tar' --format dali")
+    index = add(
+        "index",
+        "write member indexes (ours or DALI's .idx beside each shard) or a wids description",
+        "wds-cloud index 's3://bucket/train-{0000..0099}.tar' --format dali",
+    )
     index.add_argument("spec", nargs="+", help="shards: URLs, paths or brace specs")
-    index.add_argument("--format", choices=["json", "dali", "wids"], default="json",
-                       help="json: ours (SHARD.index.json); dali: SHARD.idx; wids: one dataset description")
+    index.add_argument(
+        "--format",
+        choices=["json", "dali", "wids"],
+        default="json",
+        help="json: ours (SHARD.index.json); dali: SHARD.idx; wids: one dataset description",
+    )
     index.add_argument("--output", help="where to write (one shard's index, or the wids description)")
     index.add_argument("--name", help="the dataset's name in a wids description")
     jobs(index, "indexed", "one process per core for local ones")
     on_dask(index)
     index.set_defaults(func=_index)
 
-    verify = add("verify", "read every shard completely: tar structure, samples, checksums against a manifest",
-                 "wds-cloud verify 'data/train-{0000..0099}.tar' --write-manifest data/manifest.json")
+    verify = add(
+        "verify",
+        "read every shard completely: tar structure, samples, checksums against a manifest",
+        "wds-cloud verify 'data/train-{0000..0099}.tar' --write-manifest data/manifest.json",
+    )
     verify.add_argument("spec", nargs="+", help="shards: URLs, paths or brace specs")
     verify.add_argument("--manifest", help="check against this manifest (URL or path)")
-    verify.add_argument("--allow-missing", action="store_true",
-                        help="shards given that the manifest does not list are not errors (the shards it lists "
-                             "are checked; its entries not given are never errors)")
+    verify.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="shards given that the manifest does not list are not errors (the shards it lists "
+        "are checked; its entries not given are never errors)",
+    )
     verify.add_argument("--write-manifest", help="write a manifest of the shards (only when every one passes)")
     jobs(verify, "read")
     on_dask(verify)
     verify.set_defaults(func=_verify)
 
-    reshard = add("reshard", "rewrite a dataset with another maxcount/maxsize/compression (resumable)",
-                  "wds-cloud reshard 'data/train-{0000..0099}.tar' 's3://bucket/big/train-%04d.tar' --maxcount 10000")
+    reshard = add(
+        "reshard",
+        "rewrite a dataset with another maxcount/maxsize/compression (resumable)",
+        "wds-cloud reshard 'data/train-{0000..0099}.tar' 's3://bucket/big/train-%04d.tar' --maxcount 10000",
+    )
     reshard.add_argument("source", nargs="+", help="input shards: URLs, paths or brace specs")
     reshard.add_argument("dest", help="output pattern with a %%d field, such as out/train-%%06d.tar")
     reshard.add_argument("--maxcount", type=int, default=10000, help="samples per output shard (default 10000)")
     reshard.add_argument("--maxsize", type=float, default=3e9, help="bytes per output shard (default 3e9)")
-    reshard.add_argument("--compress", choices=["keep", "none", "gz"], default="keep",
-                         help="keep: from the output name (.tar.gz compresses); none; gz")
+    reshard.add_argument(
+        "--compress",
+        choices=["keep", "none", "gz"],
+        default="keep",
+        help="keep: from the output name (.tar.gz compresses); none; gz",
+    )
     on_dask(reshard, " (outputs are then numbered by input: input i gives dest %% i, then -001, -002, ...)")
     reshard.set_defaults(func=_reshard)
 
-    mapper = add("map", "run a function of yours over every shard on Dask (resumable; needs wds_cloud[dask])",
-                 "wds-cloud map mypkg.filters:keep_long 's3://bucket/train-{0000..0999}.tar' "
-                 "'s3://bucket/long/train-%04d.tar' --workers 8")
+    mapper = add(
+        "map",
+        "run a function of yours over every shard on Dask (resumable; needs wds_cloud[dask])",
+        "wds-cloud map mypkg.filters:keep_long 's3://bucket/train-{0000..0999}.tar' "
+        "'s3://bucket/long/train-%04d.tar' --workers 8",
+    )
     mapper.add_argument("function", help="MODULE:FUNCTION, importable here and on every Dask worker")
     mapper.add_argument("source", nargs="+", help="input shards: URLs, paths or brace specs")
     mapper.add_argument("dest", help="output pattern with a %%d field (input shard i gives output i)")
-    mapper.add_argument("--per", choices=["sample", "shard"], default="sample",
-                        help="sample: the function takes a sample and returns a sample, a list or None; shard: it "
-                             "takes the shard's sample iterator and yields samples (default: sample)")
+    mapper.add_argument(
+        "--per",
+        choices=["sample", "shard"],
+        default="sample",
+        help="sample: the function takes a sample and returns a sample, a list or None; shard: it "
+        "takes the shard's sample iterator and yields samples (default: sample)",
+    )
     on_dask(mapper, " (default: a local cluster, one worker per core)")
     mapper.add_argument("--maxcount", type=int, help="samples per output shard (an input then gives several)")
     mapper.add_argument("--maxsize", type=float, help="bytes per output shard")
-    mapper.add_argument("--handler", choices=["reraise", "warn", "ignore"], default="reraise",
-                        help="a sample the function raises on: fail its shard (default), or skip it (warn: with a "
-                             "warning) and name it in the summary")
+    mapper.add_argument(
+        "--handler",
+        choices=["reraise", "warn", "ignore"],
+        default="reraise",
+        help="a sample the function raises on: fail its shard (default), or skip it (warn: with a "
+        "warning) and name it in the summary",
+    )
     mapper.add_argument("--retries", type=int, default=2, help="times a failed shard is run again (default 2)")
-    mapper.add_argument("--profile", help="the storage profile (WDS_CLOUD_CONFIG) the workers use: credentials "
-                                          "never travel in the task graph")
+    mapper.add_argument(
+        "--profile",
+        help="the storage profile (WDS_CLOUD_CONFIG) the workers use: credentials never travel in the task graph",
+    )
     mapper.set_defaults(func=_map)
 
-    convert = commands.add_parser("convert", help="convert a published dataset layout to shards (mmc4)",
-                                  description="Convert a published dataset layout to WebDataset shards.")
+    convert = commands.add_parser(
+        "convert",
+        help="convert a published dataset layout to shards (mmc4)",
+        description="Convert a published dataset layout to WebDataset shards.",
+    )
     kinds = convert.add_subparsers(dest="kind", metavar="LAYOUT")
     kinds.required = True
     mmc4 = kinds.add_parser(
-        "mmc4", help="MMC4: JSON lines of documents plus image files, to interleaved-document shards (resumable)",
+        "mmc4",
+        help="MMC4: JSON lines of documents plus image files, to interleaved-document shards (resumable)",
         description="Convert MMC4's published layout (JSON lines of documents, .jsonl or .jsonl.gz, and the image "
-                    "files their image_info names) to shards: one sample per document, its JSON and its images "
-                    "(image i as field i.<ext>), read back with wds.interleaved(). Shards are published whole; a "
-                    "run after an interruption keeps the shards already written and does the rest.",
+        "files their image_info names) to shards: one sample per document, its JSON and its images "
+        "(image i as field i.<ext>), read back with wds.interleaved(). Shards are published whole; a "
+        "run after an interruption keeps the shards already written and does the rest.",
         epilog="example:\n  wds-cloud convert mmc4 'docs/docs_shard_{0..9}_v2.jsonl' --images s3://bucket/mmc4-images "
-               f"--dest out/mmc4-%06d.tar --maxcount 1000\n\n{EXIT_CODES}",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        f"--dest out/mmc4-%06d.tar --maxcount 1000\n\n{EXIT_CODES}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     mmc4.add_argument("docs", nargs="+", help="the documents: JSON-lines files (any URL, brace specs, .gz read too)")
     mmc4.add_argument("--images", required=True, help="where the image files are (a directory or URL prefix)")
     mmc4.add_argument("--dest", required=True, help="output pattern with a %%d field, such as out/mmc4-%%06d.tar")
     mmc4.add_argument("--maxcount", type=int, default=1000, help="documents per shard (default 1000)")
-    mmc4.add_argument("--missing", choices=["drop", "skip", "error"], default="drop",
-                      help="an image file that does not exist: drop it from its document (default), skip the "
-                           "document, or stop with an error")
+    mmc4.add_argument(
+        "--missing",
+        choices=["drop", "skip", "error"],
+        default="drop",
+        help="an image file that does not exist: drop it from its document (default), skip the "
+        "document, or stop with an error",
+    )
     mmc4.add_argument("--json", action="store_true", help="print JSON for scripts")
     on_dask(mmc4, " (the same shards as one process: the documents are counted first, then one task per shard)")
     mmc4.set_defaults(func=_convert_mmc4)

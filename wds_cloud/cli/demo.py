@@ -22,10 +22,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import WebDataset, WebLoader
-from .errors import MissingExtraError
-from .io.open import gopen
-from .pytorch import HAVE_TORCH
+from .. import WebDataset, WebLoader
+from ..errors import MissingExtraError
+from ..io.open import gopen
+from ..pytorch import HAVE_TORCH
 
 __all__ = ["add_parser", "run_demo", "write_demo_dataset"]
 
@@ -65,8 +65,11 @@ def write_demo_dataset(url: str, samples: int, shards: int, size: int = 64, prog
                 fmt = "jpg" if index % 2 == 0 else "png"
                 encoded = io.BytesIO()
                 image.save(encoded, format="JPEG" if fmt == "jpg" else "PNG", quality=90)
-                fields = {fmt: encoded.getvalue(), "cls": str(label).encode(),
-                          "json": json.dumps({"index": index, "label": LABELS[label], "format": fmt}).encode()}
+                fields = {
+                    fmt: encoded.getvalue(),
+                    "cls": str(label).encode(),
+                    "json": json.dumps({"index": index, "label": LABELS[label], "format": fmt}).encode(),
+                }
                 for ext, data in fields.items():
                     info = tarfile.TarInfo(f"sample{index:07d}.{ext}")
                     info.size = len(data)
@@ -86,8 +89,9 @@ class _Progress:
 
         stream = stream or sys.stderr
         tty = getattr(stream, "isatty", lambda: False)()
-        self._bar = tqdm(total=total, desc=label, unit=" samples", file=stream, mininterval=0.1 if tty else 2.0,
-                         dynamic_ncols=True)
+        self._bar = tqdm(
+            total=total, desc=label, unit=" samples", file=stream, mininterval=0.1 if tty else 2.0, dynamic_ncols=True
+        )
         self._done = 0
 
     def __call__(self, done: int) -> None:
@@ -97,8 +101,15 @@ class _Progress:
             self._bar.close()
 
 
-def run_demo(url: Optional[str] = None, samples: int = 2000, workers: int = 2, shards: int = 4,
-             batch_size: int = 32, keep: bool = False, out: Any = None) -> dict:
+def run_demo(
+    url: Optional[str] = None,
+    samples: int = 2000,
+    workers: int = 2,
+    shards: int = 4,
+    batch_size: int = 32,
+    keep: bool = False,
+    out: Any = None,
+) -> dict:
     """Run the demo; returns the figures it printed."""
     out = out or sys.stdout
     try:
@@ -113,15 +124,24 @@ def run_demo(url: Optional[str] = None, samples: int = 2000, workers: int = 2, s
         spec = write_demo_dataset(location, samples, shards, progress=_Progress("writing", samples))
         write_seconds = time.perf_counter() - started
 
-        dataset = (WebDataset(spec, shardshuffle=True, seed=0).shuffle(500, seed=0).decode("rgb8")
-                   .to_tuple("jpg;png", "json", "cls").batched(batch_size, partial=True))
+        dataset = (
+            WebDataset(spec, shardshuffle=True, seed=0)
+            .shuffle(500, seed=0)
+            .decode("rgb8")
+            .to_tuple("jpg;png", "json", "cls")
+            .batched(batch_size, partial=True)
+        )
         if not HAVE_TORCH:
-            print("torch is not installed: reading in this process (pip install 'wds_cloud[torch]' for workers)",
-                  file=out)
+            print(
+                "torch is not installed: reading in this process (pip install 'wds_cloud[torch]' for workers)", file=out
+            )
             workers = 0
         loader = WebLoader(dataset, batch_size=None, num_workers=min(workers, shards))
-        print(f"reading with {min(workers, shards)} DataLoader workers: "
-              "WebDataset -> shuffle -> decode('rgb8') -> to_tuple -> batched -> DataLoader", file=out)
+        print(
+            f"reading with {min(workers, shards)} DataLoader workers: "
+            "WebDataset -> shuffle -> decode('rgb8') -> to_tuple -> batched -> DataLoader",
+            file=out,
+        )
         progress = _Progress("reading", samples)
         started = time.perf_counter()
         count = 0
@@ -135,13 +155,19 @@ def run_demo(url: Optional[str] = None, samples: int = 2000, workers: int = 2, s
             progress(count)
         seconds = time.perf_counter() - started
         rate = count / max(seconds, 1e-9)
-        print(f"read {count} samples in {seconds:.2f} s: {rate:,.0f} samples/s, "
-              f"{nbytes / max(seconds, 1e-9) / 1e6:,.1f} MB/s of decoded pixels", file=out)
+        print(
+            f"read {count} samples in {seconds:.2f} s: {rate:,.0f} samples/s, "
+            f"{nbytes / max(seconds, 1e-9) / 1e6:,.1f} MB/s of decoded pixels",
+            file=out,
+        )
         if first is not None:
             image, meta, label = first
             array = np.asarray(image)
-            print(f"one sample: image {array.dtype} {tuple(array.shape)} (mean {array.mean():.1f}), "
-                  f"cls {int(label)} ({LABELS[int(label)]}), json {json.dumps(meta)}", file=out)
+            print(
+                f"one sample: image {array.dtype} {tuple(array.shape)} (mean {array.mean():.1f}), "
+                f"cls {int(label)} ({LABELS[int(label)]}), json {json.dumps(meta)}",
+                file=out,
+            )
         if count != samples:
             raise RuntimeError(f"the demo read {count} samples but wrote {samples}")
         return {"samples": count, "seconds": seconds, "rate": rate, "write_seconds": write_seconds}
@@ -158,8 +184,9 @@ def _main(args: argparse.Namespace) -> int:
     if args.samples < 1 or args.shards < 1 or args.workers < 0:
         raise UsageError("--samples and --shards must be at least 1, --workers at least 0")
     # with --json the narrative goes to stderr and stdout carries only the figures
-    figures = run_demo(args.url, args.samples, args.workers, args.shards, keep=args.keep,
-                       out=sys.stderr if args.json else None)
+    figures = run_demo(
+        args.url, args.samples, args.workers, args.shards, keep=args.keep, out=sys.stderr if args.json else None
+    )
     if args.json:
         emit(args, figures, str)
     return 0
@@ -167,20 +194,24 @@ def _main(args: argparse.Namespace) -> int:
 
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
-        "demo", help="write a small image dataset and stream it back through a DataLoader",
+        "demo",
+        help="write a small image dataset and stream it back through a DataLoader",
         description="Write a synthetic image dataset (JPEG and PNG with .json and .cls) and stream it back "
-                    "through WebDataset -> shuffle -> decode -> to_tuple -> DataLoader, showing progress and "
-                    "throughput.  By default it uses a temporary directory, removed afterwards.",
+        "through WebDataset -> shuffle -> decode -> to_tuple -> DataLoader, showing progress and "
+        "throughput.  By default it uses a temporary directory, removed afterwards.",
     )
-    parser.add_argument("--url", default=None,
-                        help="where to write the shards: a directory or any URL gopen can write "
-                             "(default: a temporary directory)")
+    parser.add_argument(
+        "--url",
+        default=None,
+        help="where to write the shards: a directory or any URL gopen can write (default: a temporary directory)",
+    )
     parser.add_argument("--samples", type=int, default=2000, help="number of samples (default: 2000)")
     parser.add_argument("--shards", type=int, default=4, help="number of shards (default: 4)")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (default: 2)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary dataset and print where it is")
-    parser.add_argument("--json", action="store_true",
-                        help="print the figures (samples, seconds, rate) as JSON on stdout; the rest goes to stderr")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the figures (samples, seconds, rate) as JSON on stdout; the rest goes to stderr",
+    )
     parser.set_defaults(func=_main)
-
-

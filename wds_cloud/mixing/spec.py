@@ -26,10 +26,10 @@ import dataclasses
 import math
 from typing import Any, Optional
 
-from .errors import ConfigError, MalformedDataError, redact
-from .io.datafile import shown
-from .io.security import resolve
-from .shardlists import MAX_DATA_URLS, expand_urls, read_spec_file
+from ..errors import ConfigError, MalformedDataError, redact
+from ..io.datafile import shown
+from ..io.security import resolve
+from ..shardlists import MAX_DATA_URLS, expand_urls, read_spec_file
 
 __all__ = ["DatasetSpec", "SourceSpec", "load_spec", "is_mix_spec", "SPEC_VERSION"]
 
@@ -73,12 +73,14 @@ def is_mix_spec(data: Any) -> bool:
     return isinstance(data, dict) and "sources" in data and "version" in data
 
 
-def load_spec(spec: Any, storage_options: Optional[dict] = None) -> DatasetSpec:
-    """A :class:`DatasetSpec` from a dict (trusted) or the URL/path of a YAML or JSON file (untrusted data)."""
+def load_spec(spec: Any, storage_options: Optional[dict] = None, *, parsed: Any = None) -> DatasetSpec:
+    """A :class:`DatasetSpec` from a dict (trusted) or the URL/path of a YAML or JSON file (untrusted data);
+    ``parsed``: that file's content when the caller has read it already (the file is read once)."""
     if isinstance(spec, DatasetSpec):
         return spec
     if isinstance(spec, str):
-        return _parse(read_spec_file(spec, storage_options), spec, from_data=True)
+        data = parsed if parsed is not None else read_spec_file(spec, storage_options)
+        return _parse(data, spec, from_data=True)
     if isinstance(spec, dict):
         return _parse(spec, "<dict>", from_data=False)
     raise ConfigError(f"a dataset spec is a dict or the URL of a .yaml/.json file, not {type(spec).__name__}")
@@ -93,7 +95,9 @@ def _parse(data: Any, where: str, from_data: bool) -> DatasetSpec:
         raise _fail(where, f"a dataset spec is a mapping with 'version' and 'sources', not {type(data).__name__}")
     unknown = [k for k in data if k not in _TOP]
     if unknown:
-        raise _fail(where, f"unknown top-level field(s) {', '.join(map(shown, unknown[:5]))} (known: {', '.join(_TOP)})")
+        raise _fail(
+            where, f"unknown top-level field(s) {', '.join(map(shown, unknown[:5]))} (known: {', '.join(_TOP)})"
+        )
     if data.get("version") != SPEC_VERSION:
         raise _fail(where, f"'version' is {shown(data.get('version'))}; this wds_cloud reads version: {SPEC_VERSION}")
     seed = data.get("seed")
@@ -101,8 +105,11 @@ def _parse(data: Any, where: str, from_data: bool) -> DatasetSpec:
         raise _fail(where, f"'seed' must be an integer, not {shown(seed)}")
     per_epoch = data.get("samples_per_epoch")
     if per_epoch is not None and (type(per_epoch) is not int or per_epoch < 1):
-        raise _fail(where, f"'samples_per_epoch' must be a positive integer, not {shown(per_epoch)} (leave it out to "
-                           "end an epoch when a source that is not resampled ends)")
+        raise _fail(
+            where,
+            f"'samples_per_epoch' must be a positive integer, not {shown(per_epoch)} (leave it out to "
+            "end an epoch when a source that is not resampled ends)",
+        )
     sources = data.get("sources")
     if not isinstance(sources, list) or not sources:
         raise _fail(where, "'sources' must be a non-empty list of sources (each with name, urls and weight)")
@@ -112,8 +119,11 @@ def _parse(data: Any, where: str, from_data: bool) -> DatasetSpec:
     names = [s.name for s in parsed]
     duplicated = sorted(n for n, count in collections.Counter(names).items() if count > 1)
     if duplicated:
-        raise _fail(where, f"source name(s) {', '.join(map(shown, duplicated[:5]))} appear more than once; give each "
-                           "source a unique name")
+        raise _fail(
+            where,
+            f"source name(s) {', '.join(map(shown, duplicated[:5]))} appear more than once; give each "
+            "source a unique name",
+        )
     return DatasetSpec(tuple(parsed), seed, per_epoch, where)
 
 
@@ -126,21 +136,34 @@ def _source(source: Any, i: int, where: str, from_data: bool) -> SourceSpec:
         raise _fail(where, f"{label}: 'name' is missing or not a string; give each source a unique name")
     unknown = [k for k in source if k not in _SOURCE]
     if unknown:
-        raise _fail(where, f"{label}: unknown field(s) {', '.join(map(shown, unknown[:5]))} (known: {', '.join(_SOURCE)})")
+        raise _fail(
+            where, f"{label}: unknown field(s) {', '.join(map(shown, unknown[:5]))} (known: {', '.join(_SOURCE)})"
+        )
     urls = source.get("urls")
     if isinstance(urls, str) and urls:
         urls = [urls]
     if isinstance(urls, list) and urls and all(isinstance(u, str) and u for u in urls):
         # expanded here, so that each URL of a spec read from data carries its untrusted mark
-        resolved = tuple(resolve(u, where) if from_data else u
-                         for u in expand_urls(list(urls), MAX_DATA_URLS if from_data else None, where))
+        resolved = tuple(
+            resolve(u, where) if from_data else u
+            for u in expand_urls(list(urls), MAX_DATA_URLS if from_data else None, where)
+        )
     else:
-        raise _fail(where, f"{label}: 'urls' must be a brace spec string or a non-empty list of URLs, not {shown(urls)}")
+        raise _fail(
+            where, f"{label}: 'urls' must be a brace spec string or a non-empty list of URLs, not {shown(urls)}"
+        )
     weight = source.get("weight", 1.0)
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or \
-            not MIN_WEIGHT <= weight <= MAX_WEIGHT:
-        raise _fail(where, f"{label}: 'weight' must be a positive number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g} "
-                           f"(weights are relative), not {shown(weight)}")
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, (int, float))
+        or not math.isfinite(weight)
+        or not MIN_WEIGHT <= weight <= MAX_WEIGHT
+    ):
+        raise _fail(
+            where,
+            f"{label}: 'weight' must be a positive number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g} "
+            f"(weights are relative), not {shown(weight)}",
+        )
     flags = {}
     for key in ("resampled", "shardshuffle"):
         value = source.get(key, key == "shardshuffle")
@@ -149,14 +172,26 @@ def _source(source: Any, i: int, where: str, from_data: bool) -> SourceSpec:
         flags[key] = value
     shuffle = source.get("shuffle", 0)
     if type(shuffle) is not int or not 0 <= shuffle <= MAX_SHUFFLE:
-        raise _fail(where, f"{label}: 'shuffle' must be a buffer size (a whole number, 0 for none), not {shown(shuffle)}")
+        raise _fail(
+            where, f"{label}: 'shuffle' must be a buffer size (a whole number, 0 for none), not {shown(shuffle)}"
+        )
     options = source.get("storage_options")
     if options is not None and not isinstance(options, dict):
-        raise _fail(where, f"{label}: 'storage_options' must be a mapping of the backend's options, not {shown(options)}")
+        raise _fail(
+            where, f"{label}: 'storage_options' must be a mapping of the backend's options, not {shown(options)}"
+        )
     profile = source.get("profile")
     if profile is not None and (not isinstance(profile, str) or not profile):
-        raise _fail(where, f"{label}: 'profile' must name a [profiles.NAME] table of the profiles file, "
-                           f"not {shown(profile)}")
-    return SourceSpec(name, resolved, float(weight), flags["resampled"], shuffle, flags["shardshuffle"],
-                      dict(options) if options else None, profile)
-
+        raise _fail(
+            where, f"{label}: 'profile' must name a [profiles.NAME] table of the profiles file, not {shown(profile)}"
+        )
+    return SourceSpec(
+        name,
+        resolved,
+        float(weight),
+        flags["resampled"],
+        shuffle,
+        flags["shardshuffle"],
+        dict(options) if options else None,
+        profile,
+    )

@@ -12,17 +12,30 @@ import gzip
 import io
 import json
 import pickle
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from . import tenbin
-from .errors import ConfigError, MissingExtraError
+from .. import tenbin
+from ..errors import ConfigError, MissingExtraError
 from .extensions import IMAGE_FORMATS, KINDS
 
-__all__ = ["imageencoder", "bytestr", "numpy_dumps", "numpy_npz_dumps", "torch_dumps", "tenbin_dumps", "cbor_dumps",
-           "mp_dumps", "default_handlers", "make_handlers", "encode_based_on_extension1",
-           "encode_based_on_extension", "make_encoder"]
+__all__ = [
+    "imageencoder",
+    "bytestr",
+    "numpy_dumps",
+    "numpy_npz_dumps",
+    "torch_dumps",
+    "tenbin_dumps",
+    "cbor_dumps",
+    "mp_dumps",
+    "default_handlers",
+    "make_handlers",
+    "encode_based_on_extension1",
+    "encode_based_on_extension",
+    "make_encoder",
+]
 
 
 def bytestr(data: Any) -> bytes:
@@ -129,8 +142,16 @@ def _image(fmt: str) -> Callable[[Any], bytes]:
 def make_handlers() -> dict[str, Callable[[Any], bytes]]:
     """A fresh copy of the default extension -> encoder table."""
     by_kind: dict[str, Callable[[Any], bytes]] = {
-        "int": _int_dumps, "text": bytestr, "json": _json_dumps, "pickle": pickle.dumps, "torch": torch_dumps,
-        "tenbin": tenbin_dumps, "msgpack": mp_dumps, "cbor": cbor_dumps, "npy": numpy_dumps, "npz": numpy_npz_dumps,
+        "int": _int_dumps,
+        "text": bytestr,
+        "json": _json_dumps,
+        "pickle": pickle.dumps,
+        "torch": torch_dumps,
+        "tenbin": tenbin_dumps,
+        "msgpack": mp_dumps,
+        "cbor": cbor_dumps,
+        "npy": numpy_dumps,
+        "npz": numpy_npz_dumps,
     }
     handlers = {ext: by_kind[kind] for kind, exts in KINDS.items() for ext in exts}
     handlers.update((ext, _image(fmt)) for ext, fmt in IMAGE_FORMATS.items())
@@ -157,13 +178,15 @@ def encode_based_on_extension1(data: Any, tname: str, handlers: dict) -> bytes:
         return gzip.compress(bytes(inner), mtime=0)
     if isinstance(data, (bytes, bytearray, memoryview)):
         return bytes(data)
-    extension = tname[tname.rfind(".") + 1:].lower()
+    extension = tname[tname.rfind(".") + 1 :].lower()
     handler = handlers.get(extension)
     if handler is None:
         if isinstance(data, str):
             return data.encode("utf-8")
-        raise ValueError(f"no encoder for the field {tname!r} ({type(data).__name__}): give bytes, "
-                         "use a known extension, or pass encoder= with a handler for it")
+        raise ValueError(
+            f"no encoder for the field {tname!r} ({type(data).__name__}): give bytes, "
+            "use a known extension, or pass encoder= with a handler for it"
+        )
     return handler(data)
 
 
@@ -190,8 +213,8 @@ def make_encoder(spec: Any) -> Callable[[dict], dict]:
 def _bytes_only(sample: dict) -> dict:
     for k, v in sample.items():
         if k != "__key__" and not k.startswith("__") and not isinstance(v, (bytes, bytearray, memoryview)):
-            raise ValueError(f"encoder=False writes bytes only, but field {k!r} of sample {sample.get('__key__')!r} "
-                             f"is {type(v).__name__}: encode it first or use encoder=True")
+            raise ValueError(
+                f"encoder=False writes bytes only, but field {k!r} of sample {sample.get('__key__')!r} "
+                f"is {type(v).__name__}: encode it first or use encoder=True"
+            )
     return sample
-
-

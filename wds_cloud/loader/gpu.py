@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Iterator, Optional, Sequence, Union
+from collections.abc import Iterator, Sequence
+from typing import Any, Optional, Union
 
-from .errors import ConfigError, DecodingError, MissingExtraError
+from ..errors import ConfigError, DecodingError, MissingExtraError
 from .transport import PackedBytes
 
 __all__ = ["gpu_decode", "GPUDecode", "to_device"]
@@ -43,8 +44,10 @@ def _torchvision_io() -> Any:
     try:
         import torchvision.io
     except Exception as exc:  # ImportError, or a torchvision built for another torch (operator ... does not exist)
-        raise MissingExtraError(f"decoding JPEGs on the GPU needs torchvision matching torch ({exc}): "
-                                "pip install 'wds_cloud[gpu]'; or pass device='cpu' to decode with Pillow") from None
+        raise MissingExtraError(
+            f"decoding JPEGs on the GPU needs torchvision matching torch ({exc}): "
+            "pip install 'wds_cloud[gpu]'; or pass device='cpu' to decode with Pillow"
+        ) from None
     return torchvision.io
 
 
@@ -52,9 +55,11 @@ def _check_device(device: Any) -> Any:
     torch = _torch()
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {str(device)!r} asked for, but CUDA is not available to this torch "
-                          f"({torch.__version__}); install a CUDA build of torch on a machine with a GPU, or pass "
-                          "device='cpu' to decode on the CPU")
+        raise ConfigError(
+            f"device {str(device)!r} asked for, but CUDA is not available to this torch "
+            f"({torch.__version__}); install a CUDA build of torch on a machine with a GPU, or pass "
+            "device='cpu' to decode on the CPU"
+        )
     return device
 
 
@@ -67,9 +72,16 @@ def _in_worker() -> bool:
 class GPUDecode:
     """The batch transform :func:`gpu_decode` returns (see there)."""
 
-    def __init__(self, field: Union[int, str] = 0, device: Any = "cuda", size: Optional[int] = None,
-                 crop: Optional[Union[int, tuple]] = None, mean: Optional[Sequence[float]] = None,
-                 std: Optional[Sequence[float]] = None, dtype: Any = None) -> None:
+    def __init__(
+        self,
+        field: Union[int, str] = 0,
+        device: Any = "cuda",
+        size: Optional[int] = None,
+        crop: Optional[Union[int, tuple]] = None,
+        mean: Optional[Sequence[float]] = None,
+        std: Optional[Sequence[float]] = None,
+        dtype: Any = None,
+    ) -> None:
         self.field = field
         self.device = device
         self.size = size
@@ -83,9 +95,11 @@ class GPUDecode:
 
     def __call__(self, batch: Any) -> Any:
         if _in_worker():
-            raise ConfigError("gpu_decode runs in the main process, on the loader's batches "
-                              "(loader.map(wds.gpu_decode(...))), never in a DataLoader worker: CUDA must not be "
-                              "initialized there")
+            raise ConfigError(
+                "gpu_decode runs in the main process, on the loader's batches "
+                "(loader.map(wds.gpu_decode(...))), never in a DataLoader worker: CUDA must not be "
+                "initialized there"
+            )
         images = self.decode(batch[self.field])
         if isinstance(batch, dict):
             return {**batch, self.field: images}
@@ -104,8 +118,10 @@ class GPUDecode:
         if isinstance(items, PackedBytes):  # views of one (pinned) buffer
             tensors = items.tensors()
         else:
-            tensors = [torch.frombuffer(bytearray(item), dtype=torch.uint8) if len(item) else
-                       torch.empty(0, dtype=torch.uint8) for item in items]
+            tensors = [
+                torch.frombuffer(bytearray(item), dtype=torch.uint8) if len(item) else torch.empty(0, dtype=torch.uint8)
+                for item in items
+            ]
         if device.type != "cuda":
             return self._finish([self._cpu(t, i) for i, t in enumerate(tensors)], torch, device)
         current = torch.cuda.current_stream(device)
@@ -115,7 +131,7 @@ class GPUDecode:
         with torch.cuda.stream(side):
             out = self._finish(self._on_gpu(tensors, device), torch, device)
         current.wait_stream(side)
-        for tensor in (out if isinstance(out, list) else [out]):
+        for tensor in out if isinstance(out, list) else [out]:
             tensor.record_stream(current)  # its memory is not reused before the current stream is done with it
         return out
 
@@ -156,7 +172,7 @@ class GPUDecode:
                     return io.decode_image(tensor, mode=io.ImageReadMode.RGB)
             import numpy as np
 
-            from .autodecode import imagehandler
+            from ..autodecode import imagehandler
 
             array = imagehandler("rgb8").decode_any(tensor.numpy().tobytes())
             return torch.from_numpy(np.array(array)).permute(2, 0, 1)  # a writable copy: Pillow's is read-only
@@ -165,7 +181,8 @@ class GPUDecode:
             raise DecodingError(
                 f"gpu_decode: image {index} of the batch ({len(tensor)} bytes, starting {head!r}) is not an image "
                 f"that nvJPEG or the CPU decoders can read ({exc}); leave damaged images out before batching, "
-                "e.g. check them in the workers with .map(...) under handler=wds.warn_and_continue") from exc
+                "e.g. check them in the workers with .map(...) under handler=wds.warn_and_continue"
+            ) from exc
 
     def _finish(self, images: list, torch: Any, device: Any) -> Any:
         """Resize, crop, convert and normalize: the whole batch at once where the images are one size."""
@@ -190,18 +207,20 @@ class GPUDecode:
             scale = self.size / min(h, w)
             new = (max(1, round(h * scale)), max(1, round(w * scale)))
             if new != (h, w):
-                batch = F.interpolate(batch.float(), size=new, mode="bilinear", antialias=True,
-                                      align_corners=False).clamp_(0, 255)
+                batch = F.interpolate(
+                    batch.float(), size=new, mode="bilinear", antialias=True, align_corners=False
+                ).clamp_(0, 255)
                 if dtype == torch.uint8:
                     batch = batch.round_().to(torch.uint8)
         if self.crop is not None:
             ch, cw = self.crop
             h, w = batch.shape[-2:]
             if h < ch or w < cw:
-                raise ConfigError(f"gpu_decode: an image of {h}x{w} is smaller than crop={self.crop}; "
-                                  "give size= at least the crop")
+                raise ConfigError(
+                    f"gpu_decode: an image of {h}x{w} is smaller than crop={self.crop}; give size= at least the crop"
+                )
             top, left = (h - ch) // 2, (w - cw) // 2
-            batch = batch[:, :, top:top + ch, left:left + cw]
+            batch = batch[:, :, top : top + ch, left : left + cw]
         return batch
 
     def _convert(self, batch: Any, torch: Any, dtype: Any) -> Any:
@@ -212,8 +231,9 @@ class GPUDecode:
         if self.mean is not None:
             key = (batch.device, dtype)
             if key not in self._moments:
-                self._moments[key] = tuple(torch.tensor(v, dtype=dtype).view(1, -1, 1, 1).to(batch.device)
-                                           for v in (self.mean, self.std))
+                self._moments[key] = tuple(
+                    torch.tensor(v, dtype=dtype).view(1, -1, 1, 1).to(batch.device) for v in (self.mean, self.std)
+                )
             mean, std = self._moments[key]
             batch = (batch - mean) / std
         return batch
@@ -229,9 +249,15 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def gpu_decode(field: Union[int, str] = 0, device: Any = "cuda", size: Optional[int] = None,
-               crop: Optional[Union[int, tuple]] = None, mean: Optional[Sequence[float]] = None,
-               std: Optional[Sequence[float]] = None, dtype: Any = None) -> GPUDecode:
+def gpu_decode(
+    field: Union[int, str] = 0,
+    device: Any = "cuda",
+    size: Optional[int] = None,
+    crop: Optional[Union[int, tuple]] = None,
+    mean: Optional[Sequence[float]] = None,
+    std: Optional[Sequence[float]] = None,
+    dtype: Any = None,
+) -> GPUDecode:
     """A transform of the loader's batches: the encoded images in ``batch[field]`` decoded on ``device``.
 
     ``size``: resize so the shorter side is ``size`` (bilinear, antialiased); ``crop``: center crop (an

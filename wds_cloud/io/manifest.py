@@ -1,0 +1,210 @@
+"""Integrity manifests: per shard, its size, sample count and SHA-256, checked while shards are read.
+
+A manifest is JSON (``docs/index.md``)::
+
+    {"format": "wds_cloud.manifest", "version": 1,
+     "shards": {"s3://bucket/train-0000.tar": {"size": 1048576, "samples": 1000, "sha256": "9f86d0..."}, ...}}
+
+``wds-cloud verify SPEC --write-manifest M`` writes one; ``WebDataset(..., manifest=M)`` and
+``ShardListDataset(..., manifest=M)`` check every shard against it: a streamed shard is hashed as it
+is read (no second read) and a mismatch raises :class:`~wds_cloud.errors.IntegrityError` (URL,
+expected, actual) when its last sample has been read; a shard missing from the manifest is an
+error unless ``allow_missing=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from typing import Any, Optional, Union
+
+from ..errors import IntegrityError, MalformedDataError, redact
+from . import datafile
+from .integrity import Verifying, mismatch
+from .open import gopen
+from .urls import is_local, local_path, split_scheme
+
+__all__ = ["Manifest", "load_manifest", "Verifying", "check_index", "FORMAT"]
+
+FORMAT = "wds_cloud.manifest"
+
+
+def _location(name: str, folder: Optional[str]) -> str:
+    """Where the shard ``name`` of a manifest kept in ``folder`` (None: the working directory) is: local names
+    as absolute normalized paths, a relative name joined to the folder, any other URL as it is."""
+    scheme, _ = split_scheme(name)
+    if scheme not in (None, "file"):
+        return name
+    path = local_path(name)
+    if folder is not None and not os.path.isabs(path):
+        if not is_local(folder):  # a relative entry of a remote manifest: beside it, same scheme
+            return _join_url(folder, path)
+        path = os.path.join(local_path(folder), path)
+    return os.path.normpath(os.path.abspath(path))
+
+
+def _join_url(folder: str, name: str) -> str:
+    scheme, rest = split_scheme(folder)
+    head = "//" if rest.startswith("//") else ""
+    rest = rest[len(head) :]
+    host, _, path = rest.partition("/")
+    joined = posixpath.normpath(posixpath.join("/" + path, name)).lstrip("/")
+    return f"{scheme}:{head}{host}/{joined}"
+
+
+def _folder(url: str) -> str:
+    """The folder of the file at ``url`` (a path or a URL)."""
+    if is_local(url):
+        return os.path.dirname(os.path.abspath(local_path(url)))
+    return url.rsplit("/", 1)[0]
+
+
+class Manifest:
+    """Expected size, sample count and SHA-256 per shard.
+
+    A shard is named by its URL, or by a path relative to the manifest's own location (``base``, the
+    manifest's URL), which is how :meth:`write` names the shards beside or below it: a dataset copied with
+    its manifest still matches.  :meth:`entry` finds a shard by the name it is given, or by where it is.
+    """
+
+    def __init__(self, shards: Optional[dict] = None, allow_missing: bool = False, base: Optional[str] = None) -> None:
+        self.shards: dict[str, dict] = dict(shards or {})
+        for url, entry in self.shards.items():  # checked before a shard is read, whoever built it
+            _check_entry(url, entry, "<manifest>")
+        self.allow_missing = allow_missing
+        self.base = base
+        self._where: Optional[dict[str, str]] = None
+        self._indexed = -1
+
+    def name_of(self, url: str) -> Optional[str]:
+        """The manifest's name for the shard at ``url`` (None: it has none): the same name, or one that is the
+        same place once relative names are read from the manifest's folder."""
+        if url in self.shards:
+            return url
+        if self._where is None or self._indexed != len(self.shards):
+            folder = _folder(self.base) if self.base is not None else None
+            self._where = {_location(name, folder): name for name in self.shards}
+            self._indexed = len(self.shards)
+        return self._where.get(_location(url, None))
+
+    def find(self, url: str) -> Optional[dict]:
+        """The entry for the shard at ``url``, or None."""
+        name = self.name_of(url)
+        return None if name is None else self.shards[name]
+
+    def entry(self, url: str) -> Optional[dict]:
+        """The entry for ``url``; None when it has none and that is allowed, else an IntegrityError."""
+        found = self.find(url)
+        if found is None and not self.allow_missing:
+            raise IntegrityError(
+                f"{redact(url)}: the shard is not in the manifest; add it (`wds-cloud verify ... "
+                "--write-manifest`) or pass allow_missing=True",
+                url=url,
+                expected="an entry",
+                actual="none",
+            )
+        return found
+
+    def add(self, url: str, size: int, samples: int, sha256: str) -> None:
+        self.shards[url] = {"size": size, "samples": samples, "sha256": sha256}
+
+    def to_json(self, relative_to: Optional[str] = None) -> dict:
+        """The manifest as JSON; with ``relative_to`` (where it will be written), shards in that folder or
+        below it are named relative to it."""
+        shards = self.shards
+        if relative_to is not None:
+            folder = _folder(relative_to)
+            own = _folder(self.base) if self.base is not None else None
+            shards = {_relative(_location(name, own), folder): entry for name, entry in self.shards.items()}
+        return {"format": FORMAT, "version": 1, "shards": shards}
+
+    def write(self, url: str, storage_options: Optional[dict] = None) -> None:
+        """Write the manifest to ``url``, naming the shards beside or below it relative to it."""
+        with gopen(url, "wb", storage_options=storage_options) as out:
+            out.write(json.dumps(self.to_json(relative_to=url), indent=1, sort_keys=True).encode("utf-8"))
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+
+def _relative(location: str, folder: str) -> str:
+    """``location`` relative to ``folder`` when it is inside it, else as it is."""
+    if is_local(location) != is_local(folder):
+        return location
+    if is_local(location):
+        inside = os.path.relpath(location, folder)
+        return location if inside.startswith("..") else inside.replace(os.sep, "/")
+    prefix = folder.rstrip("/") + "/"
+    return location[len(prefix) :] if location.startswith(prefix) else location
+
+
+def load_manifest(
+    source: Union[str, dict, Manifest], allow_missing: bool = False, storage_options: Optional[dict] = None
+) -> Manifest:
+    """A :class:`Manifest` from a URL/path of its JSON, the parsed dict, or a Manifest; every entry is checked
+    before a shard is read (a :class:`~wds_cloud.errors.MalformedDataError` naming the file and the shard)."""
+    if isinstance(source, Manifest):
+        return source
+    where = "<manifest>"
+    if isinstance(source, str):
+        where = source
+        source = datafile.load(source, "manifest", storage_options)
+    shown = redact(where)
+    if not isinstance(source, dict) or source.get("format") != FORMAT or not isinstance(source.get("shards"), dict):
+        raise MalformedDataError(
+            f'{shown}: not a wds_cloud manifest (expected {{"format": "{FORMAT}", '
+            '"shards": {...}}}); write one with `wds-cloud verify SPEC --write-manifest FILE`',
+            field="format",
+        )
+    for url, entry in source["shards"].items():
+        _check_entry(url, entry, shown)
+    manifest = Manifest(None, allow_missing, base=where if where != "<manifest>" else None)
+    manifest.shards = dict(source["shards"])
+    return manifest
+
+
+_HEX = {"sha256": 64, "md5": 32}
+
+
+def _check_entry(url: str, entry: Any, shown: str) -> None:
+    fix = "write the manifest again with `wds-cloud verify SPEC --write-manifest FILE`"
+    field = f"shards[{datafile.shown(url)}]"
+    datafile.need(
+        isinstance(entry, dict),
+        shown,
+        field,
+        f"must be a mapping of size, samples and sha256, not {datafile.shown(entry)}",
+        fix,
+    )
+    for key in ("size", "samples"):
+        if key in entry:
+            datafile.need(
+                datafile.is_count(entry[key]),
+                shown,
+                f"{field}.{key}",
+                f"must be a whole number, not {datafile.shown(entry[key])}",
+                fix,
+            )
+    for key, length in _HEX.items():
+        if key in entry:
+            value = entry[key]
+            datafile.need(
+                isinstance(value, str) and len(value) == length and all(c in "0123456789abcdef" for c in value.lower()),
+                shown,
+                f"{field}.{key}",
+                f"must be {length} hex digits",
+                fix,
+            )
+
+
+def check_index(manifest: Any, index: Any) -> None:
+    """An index's sample count (and size, when known) against the manifest (random access cannot hash)."""
+    manifest = load_manifest(manifest)
+    entry = manifest.entry(index.url)
+    if entry is None:
+        return
+    if "samples" in entry and len(index) != entry["samples"]:
+        raise mismatch(index.url, "samples", entry["samples"], len(index))
+    if index.size is not None and "size" in entry and index.size != entry["size"]:
+        raise mismatch(index.url, "size", entry["size"], index.size)

@@ -1,0 +1,347 @@
+"""``WebLoader``: a DataLoader with the fluent methods and exact, resumable states.
+
+Each DataLoader worker attaches its pipeline state to the batches it delivers (through channels user code
+never sees), so ``state_dict()`` answers at any step; batches may travel through shared memory
+(:mod:`~wds_cloud.loader.transport`) and be copied to a device (:mod:`~wds_cloud.loader.gpu`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any, Optional
+
+from .. import utils
+from ..dataset.fluid import FluidInterface
+from ..errors import ConfigError, NotResumableError, StateMismatchError
+from ..pipeline import DataPipeline
+from ..pytorch import HAVE_TORCH, DataLoader
+from ..resume import loader as loaderstate
+from ..resume.elastic import LOADER_FORMAT, check_merged, is_merged, items_share
+from ..resume.merge import merge_states
+from ..resume.protocol import Resumable, is_buffering
+from ..resume.state import check_same, check_seal, expect, inexact_state, is_inexact, restart_from, seal
+from . import transport
+
+__all__ = ["WebLoader", "gather_states"]
+
+
+class WebLoader(DataPipeline, FluidInterface):
+    """A ``DataLoader`` (torch's, or our stand-in without torch) with the fluent methods.
+
+    Each pass sets the dataset's epoch (0, 1, 2, ... unless ``set_epoch`` chose one), so
+    re-started workers get a new shard order every epoch.  When the dataset is resumable
+    (a ``WebDataset`` or ``DataPipeline``), ``state_dict()`` is where every worker stands
+    at the last item this loader yielded, and ``load_state_dict`` makes the next pass
+    continue from there, in the same worker order.
+
+    ``pack_bytes``: lists of byte strings batched in workers travel in one shared-memory tensor per
+    batch (:class:`wds_cloud.transport.PackedBytes`, a sequence of ``bytes``) instead of being pickled
+    through the workers' pipes.  ``None`` (the default) packs a batch whose byte strings add up to
+    ``transport.AUTO_MIN_BYTES`` (1 MiB) or more, where that is faster; ``True`` packs every batch with
+    byte strings; ``False`` never (every column stays a ``list``).  See ``docs/gpu.md``.
+    ``device="cuda"``: every batch's tensors are copied there from pinned memory (``pin_memory`` is
+    then on) with ``non_blocking=True`` on a side stream (:func:`wds_cloud.loader.gpu.to_device`).
+    """
+
+    def __init__(self, *given: Any, pack_bytes: Optional[bool] = None, device: Any = None, **kw: Any) -> None:
+        args = list(given)
+        dataset = args[0] if args else kw.get("dataset")
+        self._dataset = dataset
+        self._untag = None
+        num_workers = kw.get("num_workers", 0) if len(args) < 6 else args[5]
+        if device is not None and str(device).startswith("cuda") and "pin_memory" not in kw:
+            kw["pin_memory"] = True
+        # byte strings batched in workers travel as shared-memory tensors (wds_cloud.transport)
+        pack: Optional[Callable[[Any], Any]] = None
+        min_bytes = transport.AUTO_MIN_BYTES if pack_bytes is None else 0
+        if pack_bytes is not False and num_workers and HAVE_TORCH:
+            pack = functools.partial(transport.pack_batch, min_bytes=min_bytes)
+        # Why state_dict() cannot work here (None: it can).  Decided from the stages alone; a
+        # pipeline that cannot be resumed is iterated exactly as torch's DataLoader would.
+        self._blocker = _resume_blocker(dataset, args, kw)
+        if self._blocker is None:
+            batch_size = args[1] if len(args) > 1 else kw.get("batch_size", 1)
+            ended = loaderstate.Ended(dataset)
+            if args:
+                args[0] = ended
+            else:
+                kw["dataset"] = ended
+            if len(args) > 6:  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, workers, collate_fn)
+                args[6] = loaderstate.StateCollate(args[6], batch_size is None, ended, pack)
+            else:
+                kw["collate_fn"] = loaderstate.StateCollate(kw.get("collate_fn"), batch_size is None, ended, pack)
+            self._untag = loaderstate.Untag(num_workers or 0)
+            self._untag.dataset = dataset
+        elif pack is not None:
+            batch_size = args[1] if len(args) > 1 else kw.get("batch_size", 1)
+            index = 6 if len(args) > 6 else None
+            inner = (args[6] if index else kw.get("collate_fn")) or loaderstate.default_collate(batch_size is None)
+            if index:
+                args[6] = transport.PackingCollate(inner, min_bytes)
+            else:
+                kw["collate_fn"] = transport.PackingCollate(inner, min_bytes)
+        super().__init__(DataLoader(*args, **kw))
+        if self._untag is not None:
+            self.append(self._untag)
+        if device is not None:
+            from .gpu import ToDevice
+
+            self.append(ToDevice(device))
+        self._auto_epoch = 0  # the epoch of the next pass
+        self._pass_epoch = 0  # the epoch of the current (or loaded) pass
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self._auto_epoch = epoch
+        if self._dataset is not None and hasattr(self._dataset, "set_epoch"):
+            self._dataset.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator:
+        dataset = self._dataset
+        resuming = self._blocker is None and dataset is not None and dataset.has_worker_states
+        # A resumed pass continues its epoch; so does a pass whose iterator was never advanced (Lightning
+        # calls iter() once only to check that the loader is iterable): an epoch is used by reading it.
+        unread = not self._progress[2] and self._resume_progress is None
+        epoch = self._pass_epoch if resuming or unread else self._auto_epoch
+        if dataset is not None and hasattr(dataset, "set_epoch"):
+            dataset.set_epoch(epoch)  # before the workers start: each pass a new order
+        if resuming and dataset is not None and self._resumed_pass_is_over():
+            # the saved pass had yielded all its items (with_epoch): it resumes as an empty pass,
+            # which starts no worker, so nothing would take the worker states; the next pass is fresh
+            dataset.set_worker_states(None)
+            resuming = False
+        if not resuming and self._untag is not None:
+            self._untag.resume(0, set(), {})  # a new pass: no worker has delivered anything yet
+        self._pass_epoch, self._auto_epoch = epoch, epoch + 1
+        return super().__iter__()
+
+    def state_dict(self, strict: bool = False, gather: bool = False) -> dict:
+        """Every worker's dataset state at the last item yielded, and which worker comes next: plain JSON.
+
+        Lightning calls this with every checkpoint: a loader that cannot be resumed exactly (see
+        :meth:`resume_blocker`) never raises here but gives an inexact state holding the epoch, which
+        :meth:`load_state_dict` turns into a restart of that epoch; ``strict=True`` raises
+        :class:`~wds_cloud.errors.NotResumableError` instead.
+
+        ``gather=True``: the states of every rank, gathered over ``torch.distributed`` (a collective: every
+        rank calls it at the same step) and merged (:func:`wds_cloud.merge_states`): every rank gets the same
+        state, which a loader of any number of ranks and workers can load.
+        """
+        if gather:
+            try:
+                own = self._own_state(True)
+            except StateMismatchError as exc:  # still gathered: the other ranks must not wait in the collective
+                own = {"format": "wds_cloud.unavailable", "reason": str(exc)[:2000]}
+            states = gather_states(own)
+            failed = [
+                (rank, s.get("reason")) for rank, s in enumerate(states) if s.get("format") == "wds_cloud.unavailable"
+            ]
+            if failed:
+                raise NotResumableError(
+                    f"state_dict(gather=True): rank {failed[0][0]} could not take its state "
+                    f"({failed[0][1]})" + (f"; and {len(failed) - 1} more rank(s)" if len(failed) > 1 else "")
+                )
+            return merge_states(states)
+        return self._own_state(strict)
+
+    def _own_state(self, strict: bool) -> dict:
+        # The pass has ended when its iterator said so (Lightning's fetcher asks one item ahead, so it
+        # has at the checkpoint after an epoch's last batch) or, with a declared length, when that many
+        # items were yielded (where Lightning ends a sized epoch): the state then starts the next epoch.
+        progress = self._progress
+        ended = self._resume_progress is None and (
+            progress[3] or (self._has_length and self.size is not None and progress[1] >= self.size > 0)
+        )
+        if ended and self._untag is not None:
+            rank, world_size = _rank()
+            return seal(
+                {
+                    "format": LOADER_FORMAT,
+                    "num_workers": self._untag.num_workers,
+                    "next": 0,
+                    "exhausted": [],
+                    "epoch": self._auto_epoch,
+                    "workers": [],
+                    "progress": [0, 0],
+                    "rank": rank,
+                    "world_size": world_size,
+                }
+            )
+        try:
+            return seal(self._exact_state())
+        except StateMismatchError as exc:  # NotResumableError, or a shuffle after the workers holding items
+            if strict:
+                raise (
+                    exc
+                    if isinstance(exc, NotResumableError)
+                    else NotResumableError(f"this WebLoader cannot save a resumable state now: {exc}")
+                ) from exc
+            return seal(inexact_state(LOADER_FORMAT, str(exc), epoch=self._auto_epoch if ended else self._pass_epoch))
+
+    def resume_blocker(self) -> Optional[str]:
+        """Why this loader's states cannot be resumed exactly (None: they can, at batch boundaries)."""
+        return None if self._untag is not None else self._blocker
+
+    def _exact_state(self) -> dict:
+        if self._untag is None:
+            raise NotResumableError(f"this WebLoader cannot save a resumable state: {self._blocker}")
+        for stage in self.pipeline[2:]:
+            if is_buffering(stage):
+                stage.state_dict()  # raises if its buffer holds items, which cannot be fetched again
+        untag = self._untag
+        next_worker, exhausted, states = untag.current()
+        for worker, state in states.items():
+            if isinstance(state, loaderstate.Unavailable):
+                raise NotResumableError(
+                    f"this WebLoader cannot save a resumable state: DataLoader worker "
+                    f"{worker} could not take its dataset's state: {state.reason}"
+                )
+            if is_inexact(state):
+                raise NotResumableError(
+                    f"this WebLoader cannot save a resumable state: DataLoader worker {worker}: {state['inexact']}"
+                )
+        rank, world_size = _rank()
+        return {
+            "format": LOADER_FORMAT,
+            "num_workers": untag.num_workers,
+            "next": next_worker,
+            "exhausted": sorted(exhausted),
+            "epoch": self._pass_epoch,
+            "workers": [[w, loaderstate.jsonable(s)] for w, s in sorted(states.items())],
+            "progress": self._current_progress(),
+            "rank": rank,
+            "world_size": world_size,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next pass continue where ``state`` (from :meth:`state_dict`) stood.
+
+        An inexact state (see :meth:`state_dict`) is logged and makes the next pass begin its
+        epoch again.
+        """
+        if is_merged(state):
+            self._load_merged(state)
+            return
+        if not isinstance(state, dict) or state.get("format") != LOADER_FORMAT:
+            raise StateMismatchError(
+                "not a WebLoader state: pass the dict that WebLoader.state_dict() returned "
+                "(or merge_states() of every rank's)",
+                field="format",
+            )
+        if is_inexact(state):
+            check_seal(state, "WebLoader")
+            restart_from(state, "WebLoader")
+            epoch = state.get("epoch", 0)
+            self._pass_epoch = self._auto_epoch = epoch if type(epoch) is int and epoch >= 0 else 0
+            self._resume_progress = None
+            return
+        if self._untag is None:
+            raise NotResumableError(f"this WebLoader cannot load a state: {self._blocker}")
+        expect(
+            state,
+            "WebLoader",
+            dict,
+            num_workers=(int, lambda n: n >= 0),
+            next=(int, lambda n: n >= 0),
+            exhausted=(list, lambda v: all(type(w) is int and w >= 0 for w in v)),
+            workers=(
+                list,
+                lambda v: all(
+                    isinstance(e, (list, tuple))
+                    and len(e) == 2
+                    and type(e[0]) is int
+                    and e[0] >= 0
+                    and isinstance(e[1], dict)
+                    for e in v
+                ),
+            ),
+            epoch=(int, lambda n: n >= 0, True),
+            progress=(list, lambda v: len(v) == 2 and all(type(x) is int and x >= 0 for x in v), True),
+        )
+        check_same("WebLoader", {"num_workers": state["num_workers"]}, {"num_workers": self._untag.num_workers})
+        workers = {w: s for w, s in state["workers"]}
+        slots = max(self._untag.num_workers, 1)  # no workers: the main process is worker 0
+        if any(w >= slots for w in workers) or state["next"] > slots:
+            raise StateMismatchError(
+                "the saved WebLoader state names a worker this loader does not have: the state "
+                "was changed; load the state that state_dict() returned",
+                field="workers",
+            )
+        check_seal(state, "WebLoader")  # after the fields, so that a changed one is named
+        self._untag.resume(state["next"], set(state["exhausted"]), workers)
+        dataset = self._dataset
+        assert dataset is not None  # a loader without a dataset has a resume blocker
+        dataset.set_worker_states(dict(workers))
+        self._pass_epoch = state.get("epoch", 0)
+        self._auto_epoch = self._pass_epoch + 1
+        self._resume_progress = list(state.get("progress") or (0, 0))
+
+    def _load_merged(self, state: dict) -> None:
+        """Continue the epoch of a merged state with this rank's share, each worker taking its own."""
+        if self._untag is None:
+            raise NotResumableError(f"this WebLoader cannot load a state: {self._blocker}")
+        dataset = self._dataset
+        assert dataset is not None  # a loader without a dataset has a resume blocker
+        check_merged(state)
+        dataset.check_level(state["pipeline"])
+        # each worker's share, computed here: it stays that worker's state until the worker delivers, so a state
+        # taken before then (on this shape, or merged again) still holds it
+        rank, world_size = _rank()
+        workers = max(1, self._untag.num_workers)
+        starts = {w: dataset.elastic_start(state, rank, world_size, w, workers) for w in range(workers)}
+        self._untag.resume(0, set(), starts)
+        dataset.set_worker_states(dict(starts))
+        self._pass_epoch = state["epoch"]
+        self._auto_epoch = self._pass_epoch + 1
+        loader = state.get("loader")
+        passes = loader["pass"] if loader else 0
+        if loader and self.repetitions != 1 and self.nsamples > 0:  # with_epoch on the loader: the items left
+            rank, world_size = _rank()
+            left = items_share(loader["items"], loader["ranks"], self.nsamples, rank, world_size)
+            self._resume_progress = [passes, max(0, self.nsamples - left)]
+        else:
+            self._resume_progress = [passes, 0]
+
+
+def _rank() -> tuple[int, int]:
+    rank, world_size, _, _ = utils.pytorch_worker_info()
+    return rank, world_size
+
+
+def gather_states(state: dict) -> list:
+    """``state`` of every rank, gathered over ``torch.distributed`` (every rank must call this at the same step);
+    ``[state]`` alone on one process."""
+    rank, world_size = _rank()
+    if world_size == 1:
+        return [state]
+    dist = utils.torch_distributed_module()
+    if dist is None:
+        raise ConfigError(
+            f"state_dict(gather=True) on rank {rank} of {world_size}: gathering the ranks' states needs "
+            "an initialized torch.distributed process group (torch.distributed.init_process_group); "
+            "without one, save each rank's state_dict() and merge them with wds.merge_states(states)"
+        )
+    gathered: list = [None] * world_size
+    dist.all_gather_object(gathered, state)
+    return gathered
+
+
+def _resume_blocker(dataset: Any, args: list, kw: dict) -> Optional[str]:
+    """Why a WebLoader over ``dataset`` cannot save states (None: it can), known before iterating."""
+    if not isinstance(dataset, Resumable):
+        return (
+            f"its dataset ({type(dataset).__name__}) has no state_dict/load_state_dict; give it a "
+            "WebDataset or DataPipeline"
+        )
+    if kw.get("sampler") or kw.get("batch_sampler") or any(a is not None for a in args[3:5]):
+        return "it was given a sampler; a resumable WebLoader takes its items in the dataset's own order"
+    if not isinstance(dataset, DataPipeline):
+        return (
+            f"its dataset ({type(dataset).__name__}) cannot take a state per DataLoader worker; give it a "
+            "WebDataset or DataPipeline"
+        )
+    return dataset.resume_blocker()
+
+
+# mixed datasets: a spec of several sources (``WebDataset("train.yaml")``)

@@ -1,0 +1,458 @@
+"""Processing shards on a Dask cluster: a function over every shard, outputs written whole, reruns safe.
+
+``map_shards(fn, source, destination)`` reads each input shard with our reader on a Dask worker, applies
+``fn`` to each sample (``per="sample"``: a sample in, a sample, None or a list of samples out) or to the
+shard's sample iterator (``per="shard"``: samples out), and writes the output with our writer.  Without
+``client`` a ``LocalCluster`` sized to the machine is started and closed; with one, the same code runs on
+every machine its scheduler reaches.
+
+- **Deterministic names.** Input shard ``i`` (in the order of ``source``) gives the output
+  ``destination % i``; with ``maxcount``/``maxsize`` an input may give several, ``destination % i`` with
+  ``-001``, ``-002``, ... before the extension for the second, third, ... .  A retried task writes the same
+  names again, so a retry never duplicates a sample.
+- **Outputs appear whole.** Each output is published only when complete (a local file is renamed into
+  place, an object is uploaded at close); a worker killed mid-shard leaves nothing under an output name and
+  the scheduler runs the shard again.
+- **The job record** (``destination`` with ``N`` for the number, then ``.wds-job.json``, see
+  :mod:`wds_cloud.io.jobrecord`) lives beside the outputs: the function, the inputs and the settings, and
+  per finished input its outputs with their sizes and SHA-256.  Running the same job again skips the inputs
+  whose outputs are still there and unchanged; another function, other inputs or other settings are refused
+  before anything is written, naming what differs.
+- **No secrets in the task graph.** Tasks carry URLs (redacted where they hold credentials, refused then)
+  and the name of a storage profile, never storage options: credentials reach the workers through their
+  environment or the profiles file (``WDS_CLOUD_CONFIG``), which the scheduler and its dashboard never see.
+
+Needs the ``dask`` extra: ``pip install 'wds_cloud[dask]'``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, Any, Optional, Union, cast
+
+from ..errors import ConfigError, MissingExtraError, redact
+from ..handlers import reraise_exception
+
+__all__ = [
+    "map_shards",
+    "output_names",
+    "load_function",
+    "distributed_module",
+    "cluster_client",
+    "passthrough",
+    "sweep_partials",
+    "INSTALL",
+]
+
+INSTALL = "pip install 'wds_cloud[dask]'"
+
+log = logging.getLogger(__name__)
+
+
+def distributed_module() -> Any:
+    """``dask.distributed``, or MissingExtraError with the install line."""
+    try:
+        import distributed
+    except ImportError as exc:
+        raise MissingExtraError(f"running on Dask needs dask.distributed: {INSTALL}") from exc
+    return distributed
+
+
+@contextlib.contextmanager
+def cluster_client(scheduler: Optional[str] = None, workers: Optional[int] = None) -> Iterator[Any]:
+    """A ``distributed.Client`` of the scheduler at ``scheduler``, or of a ``LocalCluster`` of ``workers``
+    processes (default: one per core) started here and closed on leaving."""
+    distributed = distributed_module()
+    if scheduler:
+        client = distributed.Client(scheduler)
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers {workers}: give at least 1")
+    import dask
+
+    # Dask's nannies start workers with MALLOC_TRIM_THRESHOLD_=65536, which fixes glibc's mmap threshold: every
+    # decoded image buffer is then mapped and unmapped afresh.  A batch job does not need Dask's statistical
+    # profiler (a thread in every worker sampling the running task every 10 ms, taking the GIL from it), its
+    # 20 ms event-loop health tick, its 0.5 s system monitor or work stealing (equal tasks wait on the scheduler
+    # anyway): they take cores a CPU-bound job needs (figures: bench/README.md, bench_dask.py)
+    environ = {
+        k: v
+        for k, v in (dask.config.get("distributed.nanny.pre-spawn-environ", None) or {}).items()
+        if k != "MALLOC_TRIM_THRESHOLD_"
+    }
+    quiet = {
+        "distributed.worker.profile.enabled": False,
+        "distributed.admin.tick.interval": "500ms",
+        "distributed.admin.system-monitor.interval": "5s",
+        "distributed.scheduler.work-stealing": False,
+    }
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ, **quiet}):
+        cluster = distributed.LocalCluster(
+            n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True, dashboard_address=":0"
+        )
+    client = distributed.Client(cluster)
+    log.info(
+        "a local Dask cluster of %d workers; its dashboard (progress): %s", len(cluster.workers), client.dashboard_link
+    )
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()
+
+
+def passthrough(samples: Iterator[dict]) -> Iterator[dict]:
+    """The shard's samples as they are (``wds-cloud reshard`` on Dask: ``map_shards(passthrough, per="shard")``)."""
+    return samples
+
+
+def load_function(spec: str) -> Callable:
+    """The function named ``MODULE:FUNCTION`` (imported here, and on each worker by its name)."""
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ConfigError(f"{spec!r} does not name a function: give MODULE:FUNCTION, such as mypkg.filters:keep_long")
+    try:
+        found = importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(
+            f"cannot import {module!r} for {spec!r}: {exc}; it must be importable here and on every "
+            "Dask worker (installed, or on PYTHONPATH)"
+        ) from exc
+    fn: Any = found
+    for part in name.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise ConfigError(f"{module!r} has no {name!r} (from {spec!r})")
+    if not callable(fn):
+        raise ConfigError(f"{spec!r} is not callable")
+    return fn
+
+
+def output_names(destination: str, index: int, parts: int) -> list[str]:
+    """The names of the ``parts`` outputs of input ``index`` (see the module docstring)."""
+    first = destination % index
+    root, dot, ext = first.rpartition(".")
+    if not dot or "/" in ext:
+        root, ext = first, ""
+    out = [first]
+    for part in range(1, parts):
+        out.append(f"{root}-{part:03d}.{ext}" if ext else f"{root}-{part:03d}")
+    return out
+
+
+def _samples_out(result: Any) -> Iterable[dict]:
+    if result is None:
+        return ()
+    if isinstance(result, dict):
+        return (result,)
+    return result
+
+
+def _apply(fn: Callable, per: str, samples: Iterator[dict], handler: Callable, failures: list) -> Iterator[dict]:
+    if per == "shard":
+        yield from _samples_out(fn(samples))
+        return
+    for sample in samples:
+        try:
+            result = fn(sample)
+        except Exception as exn:
+            if not handler(exn):
+                raise
+            failures.append({"key": sample.get("__key__"), "error": f"{type(exn).__name__}: {exn}"[:500]})
+            continue
+        yield from _samples_out(result)
+
+
+def _compression(name: str) -> Any:
+    """How an output is written: gzip for a ``.gz``/``.tgz`` name, else plain."""
+    return "gz" if name.endswith((".gz", ".tgz")) else False
+
+
+def _publish(writer: Any, stream: Any, count: int) -> dict:
+    """Close ``writer`` and the HashingWriter ``stream`` under it (the output is published whole): what the
+    job record keeps of the output."""
+    writer.close()
+    stream.close()
+    return {"name": stream.name, "size": stream.count, "sha256": stream.sha256.hexdigest(), "samples": count}
+
+
+def _shard_task(
+    fn: Callable,
+    per: str,
+    url: str,
+    index: int,
+    destination: str,
+    maxcount: Optional[int],
+    maxsize: Optional[float],
+    handler: Callable,
+    profile: Optional[str],
+) -> dict:
+    """One input shard, on a worker: read, apply, write whole; what was done, for the job record."""
+    from ..compat import WebDataset
+    from ..io.jobrecord import HashingWriter
+    from ..io.open import gopen
+    from ..writer import TarWriter
+
+    started = time.perf_counter()
+    options = None
+    if profile:
+        from .. import config
+        from ..io.profiles import named_profile
+
+        options = named_profile(profile, config.current())
+    counts = {"in": 0}
+    failures: list = []
+
+    def counted(items: Iterable[dict]) -> Iterator[dict]:
+        for item in items:
+            counts["in"] += 1
+            yield item
+
+    dataset = WebDataset([url], shardshuffle=False, empty_check=False, storage_options=options)
+    outputs: list = []
+    writer = stream = None
+    count = size = 0
+    names: list = []
+    try:
+        for sample in _apply(fn, per, counted(iter(dataset)), handler, failures):
+            record = {k: v for k, v in sample.items() if k == "__key__" or not k.startswith("__")}
+            weight = sum(len(v) for k, v in record.items() if k != "__key__" and isinstance(v, (bytes, str)))
+            if writer is not None and (
+                (maxcount and count >= maxcount) or (maxsize and size + weight > maxsize and count)
+            ):
+                outputs.append(_publish(writer, stream, count))
+                writer = stream = None
+            if writer is None:
+                names = output_names(destination, index, len(outputs) + 1)
+                stream = HashingWriter(gopen(names[-1], "wb", storage_options=options), names[-1])
+                writer = TarWriter(cast(IO[bytes], stream), compress=_compression(stream.name))
+                count = size = 0
+            writer.write(record)
+            count += 1
+            size += weight
+        if writer is None:  # nothing out: an empty output keeps the numbering (input i gives output i)
+            names = output_names(destination, index, 1)
+            stream = HashingWriter(gopen(names[0], "wb", storage_options=options), names[0])
+            writer = TarWriter(cast(IO[bytes], stream), compress=_compression(stream.name))
+        outputs.append(_publish(writer, stream, count))
+        writer = stream = None
+    except BaseException:
+        if stream is not None:
+            stream.abort()  # nothing partial appears under an output name
+        raise
+    _drop_extra_parts(destination, index, len(outputs))
+    return {
+        "index": index,
+        "input": redact(url),
+        "outputs": outputs,
+        "samples_in": counts["in"],
+        "samples_out": sum(o["samples"] for o in outputs),
+        "bytes": sum(o["size"] for o in outputs),
+        "failures": failures,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _drop_extra_parts(destination: str, index: int, parts: int) -> None:
+    """Remove the parts past ``parts`` of input ``index`` that an earlier attempt of the job wrote (only a
+    function whose output varies between runs gives fewer parts the second time); local destinations."""
+    from ..io.urls import is_local, local_path
+
+    if not is_local(destination):
+        return
+    while True:
+        path = local_path(output_names(destination, index, parts + 1)[-1])
+        if not os.path.lexists(path):
+            return
+        os.unlink(path)
+        parts += 1
+
+
+def _record_shard(record: Any, done: dict, summary: dict, result: dict) -> None:
+    """What one finished shard adds to the job record and the summary."""
+    for output in result["outputs"]:
+        record.outputs[output["name"]] = {"size": output["size"], "sha256": output["sha256"]}
+    done[str(result["index"])] = [output["name"] for output in result["outputs"]]
+    summary["done"] += 1
+    for key in ("samples_in", "samples_out", "bytes"):
+        summary[key] += result[key]
+    summary["outputs"] += len(result["outputs"])
+    summary["failures"] += [dict(f, input=result["input"]) for f in result["failures"]]
+
+
+def sweep_partials(destination: str, indexes: Iterable[int]) -> None:
+    """Remove the hidden temporary files that workers killed while writing left beside local outputs of these
+    inputs (a write in progress is published by renaming such a file; one whose writer died is litter)."""
+    import glob
+    import re
+
+    from ..io.urls import is_local, local_path
+
+    if not is_local(destination):
+        return  # an object store publishes an upload only when it completes: nothing is left behind
+    for index in indexes:
+        first = local_path(output_names(destination, index, 1)[0])
+        folder, name = os.path.split(first)
+        root, dot, ext = name.rpartition(".")
+        if not dot:
+            root, ext = name, ""
+        shape = re.compile(
+            re.escape("." + root)
+            + r"(-\d{3})?"
+            + (re.escape("." + ext) if ext else "")
+            + r"\.\d+\.[0-9a-f]{8}\.partial"
+        )
+        for path in glob.glob(os.path.join(glob.escape(folder or "."), glob.escape("." + root) + "*.partial")):
+            if shape.fullmatch(os.path.basename(path)):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+
+
+def _check_url(url: str) -> None:
+    if redact(url) != url:
+        raise ConfigError(
+            f"{redact(url)} carries a credential in its text; a task graph would show it on the Dask "
+            "scheduler and dashboard: give the credential to the workers through their environment "
+            "or a named profile (profile=) instead"
+        )
+
+
+def map_shards(
+    fn: Callable,
+    source: Union[str, list],
+    destination: str,
+    *,
+    per: str = "sample",
+    client: Any = None,
+    maxcount: Optional[int] = None,
+    maxsize: Optional[float] = None,
+    handler: Callable = reraise_exception,
+    retries: int = 2,
+    profile: Optional[str] = None,
+    workers: Optional[int] = None,
+    on_progress: Optional[Callable[[dict], None]] = None,
+) -> dict:
+    """Apply ``fn`` to every shard of ``source`` on Dask, writing outputs to ``destination`` (a ``%d`` pattern).
+
+    Returns the summary: ``shards`` (inputs), ``done`` (run now), ``skipped`` (finished by an earlier run of
+    the same job), ``samples_in``, ``samples_out``, ``bytes`` (written), ``outputs``, ``failures`` (per shard
+    that failed after ``retries``: the input and the reason; per sample that ``handler`` let pass: the
+    input, the key and the reason) and ``seconds``.  ``handler`` (a webdataset handler such as
+    ``wds.warn_and_continue``) decides what a sample that ``fn`` raises on does: the default fails its shard.
+    ``client``: a ``distributed.Client``; None starts a ``LocalCluster`` of ``workers`` processes (default:
+    the machine's cores) and closes it.  ``profile``: the storage profile the workers use for ``source`` and
+    ``destination``.  ``on_progress``: called with each finished shard's result.
+    """
+    from ..io.jobrecord import JobRecord
+    from ..shardlists import expand_source
+
+    if per not in ("sample", "shard"):
+        raise ConfigError(
+            f"per={per!r}: give 'sample' (fn takes and returns samples) or 'shard' (fn takes the "
+            "shard's sample iterator and yields samples)"
+        )
+    if "%" not in destination:
+        raise ConfigError(
+            f"the destination {destination!r} needs a %d-style field for the shard number, such as "
+            "'out/train-%06d.tar' (input shard i gives output i)"
+        )
+    if maxcount is not None and maxcount < 1 or maxsize is not None and not maxsize > 0:
+        raise ConfigError("maxcount must be at least 1 and maxsize more than 0")
+    if not isinstance(retries, int) or retries < 0:
+        raise ConfigError(f"retries={retries!r}: give a number of retries, 0 or more")
+    urls = expand_source(source) if not isinstance(source, list) else list(source)
+    if not urls:
+        raise ConfigError(f"{source!r} names no shards")
+    for url in urls + [destination]:
+        _check_url(url)
+    name = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+    record = JobRecord(
+        destination, "map", urls, {"function": name, "per": per, "maxcount": maxcount, "maxsize": maxsize}
+    )
+    done = record.extra.setdefault("done", {})
+    todo, skipped = [], 0
+    finished_outputs = [name for names in done.values() for name in names]
+    with ThreadPoolExecutor(max_workers=16) as pool:  # a rerun reads back what it keeps: many at once
+        kept = dict(zip(finished_outputs, pool.map(record.keep, finished_outputs)))
+    for index, url in enumerate(urls):
+        finished = done.get(str(index))
+        if finished and all(kept[output] for output in finished):
+            skipped += 1
+        else:
+            for output in finished or ():  # what an earlier, interrupted run of this job wrote for it goes
+                record.outputs.pop(output, None)
+            todo.append((index, url))
+    distributed = distributed_module() if todo else None
+    started = time.perf_counter()
+    summary: dict[str, Any] = {
+        "shards": len(urls),
+        "done": 0,
+        "skipped": skipped,
+        "samples_in": 0,
+        "samples_out": 0,
+        "bytes": 0,
+        "outputs": 0,
+        "failures": [],
+        "seconds": 0.0,
+    }
+    if todo:
+        assert distributed is not None
+        own = None
+        if client is None:
+            own = cluster_client(None, workers)
+            client = own.__enter__()
+        record.begin()  # before any output: what an interrupted run leaves at the job's names is its own
+        try:
+            task = functools.partial(
+                _shard_task,
+                fn,
+                per,
+                destination=destination,
+                maxcount=maxcount,
+                maxsize=maxsize,
+                handler=handler,
+                profile=profile,
+            )
+            run = os.urandom(4).hex()
+            futures = client.map(
+                task,
+                [url for _, url in todo],
+                [index for index, _ in todo],
+                pure=False,
+                retries=retries,
+                key=[f"wds-map-{index}-{run}" for index, _ in todo],
+            )
+            inputs = {future.key: (index, url) for future, (index, url) in zip(futures, todo)}
+            for batch in distributed.as_completed(futures).batches():  # results fetched a batch at a time
+                finished = [future for future in batch if future.status == "finished"]
+                for result in client.gather(finished, errors="skip"):
+                    _record_shard(record, done, summary, result)
+                    if on_progress is not None:
+                        on_progress(result)
+                for future in batch:
+                    if future.status != "finished":
+                        exc = future.exception()
+                        summary["failures"].append(
+                            {"input": redact(inputs[future.key][1]), "error": f"{type(exc).__name__}: {exc}"[:1000]}
+                        )
+                record.save_soon()
+        finally:
+            record.flush()
+            if own is not None:
+                own.__exit__(None, None, None)
+            sweep_partials(destination, [index for index, _ in todo])
+    summary["seconds"] = time.perf_counter() - started
+    return summary
