@@ -9,7 +9,7 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PATHS = ["wds_cloud", "plugins", "tests", "bench", "docs/examples", "conftest.py", "setup.py"]
+PATHS = ["wds_cloud", "plugins", "tests", "bench", "docs/examples", "docs/_hooks", "conftest.py", "setup.py"]
 
 
 def ruff(*args: str) -> subprocess.CompletedProcess:

@@ -17,7 +17,16 @@ from typing import Any, Optional, overload
 
 from .errors import ConfigError
 
-__all__ = ["Settings", "current", "parse_size", "parse_positive_size", "parse_bool", "parse_count", "ENV_VARS"]
+__all__ = [
+    "Settings",
+    "current",
+    "parse_size",
+    "parse_positive_size",
+    "parse_bool",
+    "parse_count",
+    "ENV_VARS",
+    "ENV_DOCS",
+]
 
 #: AWS variables that change where or how botocore addresses S3: the s3 plugin presigns a GET itself only
 #: where none of these asks for more than an endpoint (see plugins/s3.py); botocore reads them as ever
@@ -73,6 +82,270 @@ ENV_VARS = (
     "WDS_RETRY_BACKOFF",
     "WDS_PROGRESS_INTERVAL",
 ) + AWS_S3_VARS
+
+#: What each variable of :data:`ENV_VARS` (and the families read besides) means, for the docs' generated
+#: table (docs/environment.md): (names, format, default, example, meaning), Markdown text.
+ENV_DOCS = (
+    (
+        "`WDS_PLUGINS`",
+        "comma-separated plugin names",
+        "all installed",
+        "`file,pipe,s3`",
+        "load only these plugins",
+    ),
+    (
+        "`WDS_DISABLE_PLUGINS`",
+        "comma-separated plugin names",
+        "none",
+        "`pipe`",
+        "never load these plugins",
+    ),
+    (
+        "`WDS_SECURE`",
+        "boolean",
+        "`0`",
+        "`1`",
+        "forbid `pipe:` URLs, local paths and `file:` URLs (stdin `-` stays allowed), rewrite rules, and unsafe decoders (pickle, `torch_loads`); refusals are `SecurityError`, also a `ValueError`",
+    ),
+    (
+        "`WDS_MAX_MEMBER_SIZE`",
+        "size (`256MB`, `2GiB`, bytes)",
+        "`2GiB`",
+        "`8GiB`",
+        "the largest tar member, and the largest decoded `.gz` field, read into memory; a larger one is a `CorruptShardError` (`DecodingError` for a field) naming it and the limit, before its bytes are read. `WebDataset(..., max_member_size=)` sets it per dataset. GNU long names and PAX headers are capped at 1 MiB",
+    ),
+    (
+        "`WDS_MAX_SAMPLE_SIZE`",
+        "size",
+        "the member limit",
+        "`8GiB`",
+        "the most one sample may span in its tar stream (headers, long names and data: more than it holds in memory), checked as the stream is read on, each MiB or large member (so that a shard whose members share one key, a few bytes each when compressed, cannot fill memory); a larger sample is a `CorruptShardError` naming where it began and the limit. `WebDataset(..., max_sample_size=)` sets it per dataset. PAX records in force (consecutive or global headers together) are capped at 1 MiB",
+    ),
+    (
+        "`WDS_ALLOW_UNTRUSTED_PIPES`",
+        "boolean",
+        "`0`",
+        "`1`",
+        "allow `pipe:` commands that came from data (remote specs, index files) or from a rewrite rule",
+    ),
+    (
+        "`WDS_ALLOW_UNTRUSTED_LOCAL`",
+        "boolean",
+        "`0`",
+        "`1`",
+        "allow local paths and `file:` URLs named by a remote file (a spec, wids description or index read over the network); without it they are a `SecurityError`, as is a relative name that climbs out of its file's folder",
+    ),
+    (
+        "`WDS_MAX_DATA_FILE_SIZE`",
+        "size",
+        "`64MiB`",
+        "`512MiB`",
+        "the largest structured file read from data (an index, a wids description, a manifest, a dataset spec, a saved state, a job record); a larger one is a `MalformedDataError` before it is parsed",
+    ),
+    (
+        "`WDS_ALLOW_PICKLE`",
+        "boolean",
+        "`0`",
+        "`1`",
+        "allow decoding pickle (`.pyd`, `.pkl`, `.pickle`) and full `torch.load`",
+    ),
+    (
+        "`WDS_REWRITE`",
+        "`prefix=replacement;...`",
+        "none",
+        "`s3://bkt/=/mnt/bkt/`",
+        "URL rewrite rules; tried before `GOPEN_REWRITE`, first match wins",
+    ),
+    (
+        "`GOPEN_REWRITE`",
+        "`prefix=replacement;...`",
+        "none",
+        "`http://a/=http://mirror/`",
+        "webdataset's rewrite variable, same format",
+    ),
+    (
+        "`GOPEN_VERBOSE`",
+        "boolean",
+        "`0`",
+        "`1`",
+        "log every open at INFO level",
+    ),
+    (
+        "`GOPEN_BUFFER`",
+        "size",
+        "`1MiB`",
+        "`4MiB`",
+        "default buffer size of opened streams",
+    ),
+    (
+        "`WDS_SEED`",
+        "integer",
+        "none",
+        "`42`",
+        "default seed of shuffles and shard orders",
+    ),
+    (
+        "`WDS_EPOCH`",
+        "integer",
+        "none",
+        "`3`",
+        "starting epoch when none is set by the program",
+    ),
+    (
+        "`WDS_CACHE`",
+        "directory",
+        "none",
+        "`/scratch/wds`",
+        "shard cache directory",
+    ),
+    (
+        "`WDS_CACHE_SIZE`",
+        "size",
+        "none",
+        "`50GB`",
+        "shard cache bound",
+    ),
+    (
+        "`WDS_VERBOSE_CACHE`",
+        "boolean",
+        "`0`",
+        "`1`",
+        "log cache activity at INFO level",
+    ),
+    (
+        "`WDS_SHOW_SEED`",
+        "boolean",
+        "`0`",
+        "`1`",
+        "log the seeds in use",
+    ),
+    (
+        "`WDS_<NAME>`",
+        "text",
+        "none",
+        "`WDS_BUCKET=my-bucket`",
+        "substituted for `${NAME}` in shard specs",
+    ),
+    (
+        "`AIS_ENDPOINT`",
+        "URL",
+        "none",
+        "`http://ais-gw:51080`",
+        "AIStore gateway for `ais://` URLs and for `USE_AIS_FOR`",
+    ),
+    (
+        "`AIS_AUTHN_TOKEN`",
+        "text",
+        "none",
+        "`eyJhbGciOi...`",
+        "bearer token sent to AIStore (never logged)",
+    ),
+    (
+        "`USE_AIS_FOR`",
+        "schemes separated by `:`",
+        "none",
+        "`gs:s3:az`",
+        "fetch these schemes through the AIStore gateway, which caches them",
+    ),
+    (
+        "`WDS_CLOUD_CONFIG`",
+        "path",
+        "see below",
+        "`~/wds-profiles.toml`",
+        "the per-bucket profiles file (TOML; see `docs/cloud.md`)",
+    ),
+    (
+        "`XDG_CONFIG_HOME`, `HOME`",
+        "directory",
+        "",
+        "",
+        "the default profiles file is `$XDG_CONFIG_HOME/wds_cloud/config.toml`, else `$HOME/.config/wds_cloud/config.toml`",
+    ),
+    (
+        "`WDS_PROGRESS_INTERVAL`",
+        "seconds",
+        "`5`",
+        "`30`",
+        "the `wds-cloud` tools print a progress line (done/total, rate) this often on stderr when it is not a terminal (a job log); on a terminal they draw a bar. `0`: a line after every item",
+    ),
+    (
+        "`WDS_RETRIES`",
+        "integer",
+        "`6`",
+        "`10`",
+        "attempts per fault when a remote read fails (connection reset, stall, truncated body, 5xx, 429)",
+    ),
+    (
+        "`WDS_RETRY_TIMEOUT`",
+        "seconds",
+        "`60`",
+        "`20`",
+        "a remote read that receives nothing for this long is a stall, retried",
+    ),
+    (
+        "`WDS_RETRY_BACKOFF`",
+        "seconds",
+        "`0.2`",
+        "`1`",
+        "first backoff delay; it doubles per attempt (with jitter), up to 5 s",
+    ),
+    (
+        "`WDS_PART_SIZE`",
+        "size",
+        "`8MiB`",
+        "`16MB`",
+        "parallel ranged reads of remote shards: the longest part one request fetches; the first request asks for half of it, and a shard no longer than that is read with that one request. `WebDataset(part_size=)` and a profile's `part_size` set it too",
+    ),
+    (
+        "`WDS_CONCURRENCY`",
+        "count",
+        "measured",
+        "`8`",
+        "pins the parts of remote shards in flight at once per host and process (no measuring); unset, each host's level is measured: it starts at one connection (one request per shard), grows while the reader waits for bytes and the rate grows, comes back down when a level is no faster than the one below it (see `docs/cloud.md`); `1` reads every shard as one stream",
+    ),
+    (
+        "`WDS_MAX_CONCURRENCY`",
+        "count",
+        "`16`, shared",
+        "`32`",
+        "the ceiling of the measured level; memory held is at most this many parts. Unset, 16 is shared by the machine's readers: each of N DataLoader workers (and of `LOCAL_WORLD_SIZE` processes) gets 16 / N; set, it is each process's own ceiling",
+    ),
+    (
+        "`WDS_PREFETCH`",
+        "count",
+        "`1`",
+        "`2`",
+        "how many of the next shards (in the epoch's order, after shuffle and split) are requested while one is read; `0` turns it off",
+    ),
+    (
+        "`RANK`, `WORLD_SIZE`, `LOCAL_RANK`",
+        "integer",
+        "none",
+        "`RANK=1`",
+        "node rank and count when torch.distributed is not initialized",
+    ),
+    (
+        "`LOCAL_WORLD_SIZE`",
+        "integer",
+        "none",
+        "`8`",
+        "processes on this node (`torchrun` sets it): they share the default `WDS_MAX_CONCURRENCY`",
+    ),
+    (
+        "`AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`",
+        "URL",
+        "none",
+        "`http://minio:9000`",
+        "botocore's own variables, also read here: an S3-compatible endpoint, addressed path-style (`ENDPOINT/bucket/key`) as botocore does",
+    ),
+    (
+        "`AWS_USE_FIPS_ENDPOINT`, `AWS_USE_DUALSTACK_ENDPOINT`, `AWS_S3_US_EAST_1_REGIONAL_ENDPOINT`, `AWS_S3_USE_ARN_REGION`, `AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`, `AWS_S3_DISABLE_MULTIREGION_ACCESS_POINTS`",
+        "botocore's",
+        "none",
+        "`AWS_USE_FIPS_ENDPOINT=true`",
+        "botocore's own variables; with any of them set, `s3://` reads are presigned by a botocore client instead of by the plugin itself (see below)",
+    ),
+)
 
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
 _FALSE = {"0", "false", "no", "off", "n", "f", ""}

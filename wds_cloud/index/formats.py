@@ -3,7 +3,7 @@
 :func:`build_index` reads a shard once (streaming, any URL ``gopen`` opens) and records, for every
 sample, its key and, for every field, the byte offset and size of its data in the tar (the
 decompressed tar, for a compressed shard).  A :class:`ShardIndex` is written and read in three
-formats (see ``docs/index.md``):
+formats (see ``docs/indexes.md``):
 
 - ours, JSON (``{"format": "wds_cloud.index", "version": 1, ...}``): every sample and field;
 - DALI's per-shard ``.idx`` text (``v1.2 <samples>``, then per sample ``ext offset size name`` per

@@ -1,4 +1,4 @@
-"""Shard indexes: build, write and read them (the formats are in :mod:`wds_cloud.index.formats` and docs/index.md).
+"""Shard indexes: build, write and read them (the formats are in :mod:`wds_cloud.index.formats` and docs/indexes.md).
 
 idx = wds_cloud.index.build_index("s3://bucket/train-0000.tar")      # reads the shard once
 wds_cloud.index.write_index(idx)                                     # s3://bucket/train-0000.tar.index.json

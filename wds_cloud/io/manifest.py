@@ -1,6 +1,6 @@
 """Integrity manifests: per shard, its size, sample count and SHA-256, checked while shards are read.
 
-A manifest is JSON (``docs/index.md``)::
+A manifest is JSON (``docs/indexes.md``)::
 
     {"format": "wds_cloud.manifest", "version": 1,
      "shards": {"s3://bucket/train-0000.tar": {"size": 1048576, "samples": 1000, "sha256": "9f86d0..."}, ...}}

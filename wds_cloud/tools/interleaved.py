@@ -170,6 +170,9 @@ def _interleaved(
     imagespec: Optional[str] = "pil",
     handler: Callable = reraise_exception,
 ) -> Iterator[dict]:
+    """Interleaved documents of ``data`` to ``sample["interleaved"]``: ``ds.compose(wds.interleaved())`` or
+    ``DataPipeline(..., wds.interleaved(imagespec="rgb8"))``; ``imagespec`` as for ``decode`` (None: image
+    bytes); ``handler`` decides what a malformed document does (``warn_and_continue`` skips it)."""
     decode = imagehandler(imagespec) if imagespec else None
     for sample in data:
         try:
@@ -183,9 +186,7 @@ def _interleaved(
         yield out
 
 
-#: ``ds.compose(wds.interleaved())`` or ``DataPipeline(..., wds.interleaved(imagespec="rgb8"))``:
-#: documents to ``sample["interleaved"]``; ``imagespec`` as for ``decode`` (None: image bytes);
-#: ``handler`` decides what a malformed document does (``warn_and_continue`` skips it)
+#: the curried stage (see ``_interleaved``)
 interleaved = pipelinefilter(_interleaved)
 
 
