@@ -1,0 +1,203 @@
+"""Figures for the documentation: PNGs in docs/img/ and the page that shows them, docs/performance.md.
+
+Runs our code and webdataset 1.0.2 (installed only in the benchmark environment) side by side on the
+generated workloads of ``bench_read.py``, on this machine, and draws:
+
+- ``throughput.png``: samples/s per workload, wds_cloud next to webdataset (best of ``--repeat``);
+- ``loader_scaling.png``: samples/s through ``WebLoader`` by number of worker processes (tiny samples,
+  batches of 64), wds_cloud next to webdataset's ``WebLoader``;
+- ``cache_epochs.png``: seconds per epoch over a local HTTP server with a cost per MB, through the shard
+  cache: the first epoch fills the cache, the second reads it.
+
+Each caption says the machine and this command. Needs matplotlib (the ``docs`` extra, or
+``pip install matplotlib`` in the benchmark environment)::
+
+    bench/.venv/bin/python bench/figures.py [--repeat 2] [--workers 0,1,2,4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+import bench_read  # noqa: E402
+import common  # noqa: E402
+
+IMG = os.path.join(os.path.dirname(HERE), "docs", "img")
+PAGE = os.path.join(os.path.dirname(HERE), "docs", "performance.md")
+
+
+def machine() -> str:
+    return f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"
+
+
+def best_rate(make, repeat: int) -> float:
+    best = 0.0
+    for _ in range(repeat):
+        n, seconds = common.timed(lambda: bench_read.count(make()))
+        best = max(best, n / seconds)
+    return best
+
+
+def throughput(repeat: int) -> dict:
+    out = {}
+    for workload in ("tiny", "medium", "large", "decode"):
+        nshards, per_shard, make = bench_read.WORKLOADS["medium" if workload == "decode" else workload]
+        spec, _ = common.dataset("medium" if workload == "decode" else workload, nshards, per_shard, make)
+        out[workload] = {
+            impl: best_rate(lambda impl=impl: bench_read.build(impl, workload, spec), repeat)
+            for impl in ("wds_cloud", "webdataset")
+        }
+        print(workload, out[workload], file=sys.stderr, flush=True)
+    return out
+
+
+def loader_scaling(workers: list, repeat: int) -> dict:
+    import wds_cloud
+
+    spec, _ = common.dataset("tiny", *bench_read.WORKLOADS["tiny"][:2], common.tiny)
+    peer = common.peer()
+    out: dict = {"wds_cloud": {}, "webdataset": {}}
+    for n in workers:
+        for impl, wds in (("wds_cloud", wds_cloud), ("webdataset", peer)):
+
+            def run(wds=wds, n=n):
+                ds = wds.WebDataset(spec, shardshuffle=False).to_tuple("txt", "cls").batched(64)
+                return sum(len(batch[0]) for batch in wds.WebLoader(ds, batch_size=None, num_workers=n))
+
+            best = 0.0
+            for _ in range(repeat):
+                count, seconds = common.timed(run)
+                best = max(best, count / seconds)
+            out[impl][n] = best
+            print("loader", impl, n, best, file=sys.stderr, flush=True)
+    return out
+
+
+def cache_epochs(cost: float) -> list:
+    import wds_cloud as wds
+    from wds_cloud.testing.objects import http_server
+
+    spec, _ = common.dataset("medium", *bench_read.WORKLOADS["medium"][:2], common.medium)
+    import braceexpand
+
+    server, store = http_server(range_cost=cost)
+    cache = tempfile.mkdtemp(prefix="figures-cache-")
+    try:
+        names = []
+        for path in braceexpand.braceexpand(spec):
+            name = "/" + os.path.basename(path)
+            with open(path, "rb") as f:
+                store.put(name, f.read())
+            names.append(server.url + name)
+        seconds = []
+        for _ in range(2):
+            started = time.perf_counter()
+            bench_read.count(wds.WebDataset(names, shardshuffle=False, cache_dir=cache))
+            seconds.append(time.perf_counter() - started)
+        return seconds
+    finally:
+        server.stop()
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def draw(results: dict, command: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(IMG, exist_ok=True)
+    where = f"{machine()}; `{command}`"
+    captions = {}
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    workloads = list(results["throughput"])
+    for k, impl in enumerate(("wds_cloud", "webdataset")):
+        ax.bar(
+            [i + 0.4 * k for i in range(len(workloads))],
+            [results["throughput"][w][impl] for w in workloads],
+            width=0.4,
+            label=impl,
+        )
+    ax.set_xticks([i + 0.2 for i in range(len(workloads))], workloads)
+    ax.set_yscale("log")
+    ax.set_ylabel("samples/s (log)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(IMG, "throughput.png"), dpi=110)
+    captions["throughput"] = (
+        "Reading local shards, samples/s per workload (tiny: 100-byte samples; medium: ~22 KB "
+        "JPEGs; large: 8 MB arrays; decode: medium decoded to arrays), best of the runs. " + where
+    )
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for impl, rates in results["loader"].items():
+        ax.plot(list(rates), list(rates.values()), marker="o", label=impl)
+    ax.set_xlabel("DataLoader worker processes")
+    ax.set_ylabel("samples/s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(IMG, "loader_scaling.png"), dpi=110)
+    captions["loader_scaling"] = (
+        "WebLoader over tiny samples in batches of 64, by number of workers (0: in the "
+        "main process). On a machine with few cores the curve flattens at the core "
+        "count. " + where
+    )
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.bar(["epoch 1 (fills the cache)", "epoch 2 (reads it)"], results["cache"])
+    ax.set_ylabel("seconds")
+    fig.tight_layout()
+    fig.savefig(os.path.join(IMG, "cache_epochs.png"), dpi=110)
+    captions["cache_epochs"] = (
+        "The medium workload over a local HTTP server that charges a cost per MB sent, "
+        "read twice through the shard cache (cache_dir=). " + where
+    )
+    plt.close("all")
+
+    lines = [
+        "# Performance",
+        "",
+        "Generated by `bench/figures.py` (do not edit by hand: run it again). The benchmarks behind the "
+        "figures, and more, are in `bench/`; their figures are in `bench/README.md`.",
+        "",
+    ]
+    titles = {
+        "throughput": "Throughput against webdataset 1.0.2",
+        "loader_scaling": "Loader scaling with workers",
+        "cache_epochs": "The shard cache: epoch 1 against epoch 2",
+    }
+    for name, caption in captions.items():
+        lines += [f"## {titles[name]}", "", f"![{titles[name]}](img/{name}.png)", "", f"*{caption}*", ""]
+    with open(PAGE, "w") as f:
+        f.write("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--workers", default="0,1,2,4")
+    parser.add_argument("--cost", type=float, default=0.02, help="seconds per MB the HTTP server charges")
+    args = parser.parse_args()
+    command = "python bench/figures.py " + " ".join(sys.argv[1:])
+    results = {
+        "throughput": throughput(args.repeat),
+        "loader": loader_scaling([int(w) for w in args.workers.split(",")], args.repeat),
+        "cache": cache_epochs(args.cost),
+    }
+    draw(results, command.strip())
+    print(f"wrote {IMG}/*.png and {PAGE}")
+
+
+if __name__ == "__main__":
+    main()
