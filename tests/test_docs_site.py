@@ -82,6 +82,77 @@ def python_blocks(page: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", (DOCS / page).read_text(), re.S | re.M)
 
 
+def marked_blocks(page: str) -> list[tuple[str, str]]:
+    """(marker, code) of every ```python block of ``page``; the marker is the HTML comment on the line
+    before (``runs: PRELUDE`` or ``illustration: why it cannot run``), or ""."""
+    return re.findall(r"(?:<!-- (.*?) -->\n)?^```python\n(.*?)^```", (DOCS / page).read_text(), re.S | re.M)
+
+
+#: what a marked page's examples run after: shards and files named as the pages name them, in an empty
+#: folder that ``s3://bucket/`` is rewritten to (WDS_REWRITE)
+SHARDS_PRELUDE = """
+import io, json, os
+import wds_cloud as wds
+from PIL import Image
+
+def jpeg():
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 30, 30)).save(out, format="JPEG")
+    return out.getvalue()
+
+JPEG = jpeg()
+def write(path, n, prefix):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with wds.TarWriter(path) as sink:
+        for i in range(n):
+            sink.write({"__key__": f"{prefix}_{i:04d}", "txt": f"sample number {i} of {prefix}" * 2,
+                        "cls": str(i % 10), "jpg": JPEG})
+
+for s in range(100):
+    write(f"train-{s:04d}.tar", 3 + s % 4, f"t{s}")
+for s in range(10):
+    write(f"data/train-{s:04d}.tar", 5, f"d{s}")
+for name in ("a", "b"):
+    write(f"{name}.tar", 10, name)
+json.dump({"wids_version": 1, "shardlist": [{"url": "a.tar", "nsamples": 10}, {"url": "b.tar", "nsamples": 10}]},
+          open("dataset.json", "w"))
+json.dump({"shardlist": [{"url": f"train-{s:04d}.tar", "nsamples": 3 + s % 4} for s in range(8)]},
+          open("train.json", "w"))
+open("train.yaml", "w").write("version: 1\\nsources:\\n  - name: a\\n    urls: train-{0000..0009}.tar\\n")
+"""
+
+
+def test_every_example_runs_or_says_why_not():
+    """A ```python block of a page runs in a test (its page is runnable as a whole, or it is marked
+    ``runs: shards``), or is marked ``illustration:`` with the reason it cannot run here."""
+    unmarked = [
+        (page.name, code.splitlines()[0])
+        for page in sorted(DOCS.glob("*.md"))
+        if page.name not in RUNNABLE_PAGES + ["backends.md"]
+        for marker, code in marked_blocks(page.name)
+        if not marker.startswith(("runs: shards", "illustration: "))
+    ]
+    assert not unmarked
+
+
+MARKED_PAGES = sorted(p.name for p in DOCS.glob("*.md") if "<!-- runs: shards -->" in p.read_text())
+
+
+@pytest.mark.parametrize("page", MARKED_PAGES)
+def test_the_marked_examples_of_a_page_run(page, tmp_path):
+    code = "\n\n".join(c for marker, c in marked_blocks(page) if marker == "runs: shards")
+    env = dict(os.environ, WDS_REWRITE=f"s3://bucket/={tmp_path}/")
+    run = subprocess.run(
+        [sys.executable, "-c", SHARDS_PRELUDE + "\n\n" + code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
 @pytest.mark.parametrize("page", RUNNABLE_PAGES)
 def test_the_examples_of_a_page_run(page, tmp_path):
     blocks = python_blocks(page)

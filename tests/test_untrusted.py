@@ -142,3 +142,33 @@ class RefuseAll(dict):
 
     def get(self, path, default=None):
         return (401, {"Content-Length": "0"})
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs", "az", "ais", "https"])
+def test_relative_names_in_a_remote_file_resolve_in_its_folder_for_every_scheme(scheme):
+    """A description, spec or index in a bucket may name its shards relative to itself (urllib's urljoin
+    knows only some schemes: it turned s3://b/d/ + a.tar into a bare a.tar, refused as leaving the folder)."""
+    from wds_cloud.io.security import resolve
+
+    origin = f"{scheme}://bucket/dir/dataset.json"
+    assert resolve("a.tar", origin) == f"{scheme}://bucket/dir/a.tar"
+    assert resolve("sub/./b.tar", origin) == f"{scheme}://bucket/dir/sub/b.tar"
+    for climbing in ("../x.tar", "sub/../../x.tar", "/etc/passwd"):
+        with pytest.raises(SecurityError, match="leaves|names a file of this machine"):
+            resolve(climbing, origin)
+
+
+def test_a_wids_description_in_a_bucket_mirrored_by_a_rewrite_reads_its_relative_shards(tmp_path, monkeypatch):
+    """WDS_REWRITE mapping a bucket to a local mirror: a description there names its shards relative to itself."""
+    import json
+
+    for name in ("a", "b"):
+        with wds.TarWriter(str(tmp_path / f"{name}.tar")) as sink:
+            for i in range(4):
+                sink.write({"__key__": f"{name}{i}", "txt": "x"})
+    (tmp_path / "d.json").write_text(
+        json.dumps({"wids_version": 1, "shardlist": [{"url": "a.tar", "nsamples": 4}, {"url": "b.tar", "nsamples": 4}]})
+    )
+    monkeypatch.setenv("WDS_REWRITE", f"s3://bucket/={tmp_path}/")
+    dataset = wds.ShardListDataset("s3://bucket/d.json")
+    assert len(dataset) == 8 and dataset[5]["__key__"] == "b1"

@@ -215,7 +215,7 @@ def _join(
                 )
         return joined if fscheme is None else "file://" + joined
     folder = folder if folder.endswith("/") else folder + "/"
-    joined = urllib.parse.urljoin(folder, name)
+    joined = _urljoin(folder, name)
     prefix = urllib.parse.urlsplit(folder)
     result = urllib.parse.urlsplit(joined)
     folder_path = posixpath.normpath(prefix.path or "/")
@@ -225,6 +225,17 @@ def _join(
     ):
         raise _climbs(name, origin, folder, field, fix)
     return joined
+
+
+def _urljoin(folder: str, name: str) -> str:
+    """``name`` resolved in the folder URL ``folder``, for any scheme (``urllib.parse.urljoin`` knows only the
+    schemes of its own lists: ``s3://b/`` joined with ``a.tar`` gives ``a.tar`` there)."""
+    if split_scheme(name)[0]:
+        return name  # a URL of its own (checked against the folder by the caller)
+    prefix = urllib.parse.urlsplit(folder)
+    path = name if name.startswith("/") else posixpath.join(prefix.path or "/", name)
+    normal = posixpath.normpath(path) + ("/" if path.endswith("/") and path != "/" else "")
+    return urllib.parse.urlunsplit((prefix.scheme, prefix.netloc, normal, "", ""))
 
 
 def resolve_base(base: Any, origin: str, field: str = "base", settings: Optional[Settings] = None) -> str:
