@@ -7,7 +7,9 @@ generated workloads of ``bench_read.py``, on this machine, and draws:
 - ``loader_scaling.png``: samples/s through ``WebLoader`` by number of worker processes (tiny samples,
   batches of 64), wds_cloud next to webdataset's ``WebLoader``;
 - ``cache_epochs.png``: seconds per epoch over a local HTTP server with a cost per MB, through the shard
-  cache: the first epoch fills the cache, the second reads it.
+  cache: the first epoch fills the cache, the second reads it;
+- ``faults.png``: MB/s reading shards over HTTP through a proxy that resets every connection after a number
+  of bytes (``wds_cloud.testing.faults``), every sample delivered once, against the clean rate.
 
 Each caption says the machine and this command. Needs matplotlib (the ``docs`` extra, or
 ``pip install matplotlib`` in the benchmark environment)::
@@ -110,6 +112,41 @@ def cache_epochs(cost: float) -> list:
         shutil.rmtree(cache, ignore_errors=True)
 
 
+def under_faults(resets: list) -> dict:
+    import wds_cloud as wds
+    from wds_cloud.testing.faults import FaultProxy
+    from wds_cloud.testing.objects import http_server
+
+    spec, _ = common.dataset("medium", *bench_read.WORKLOADS["medium"][:2], common.medium)
+    import braceexpand
+
+    server, store = http_server()
+    proxy = FaultProxy(server.url)
+    out = {}
+    try:
+        urls, total = [], 0
+        for path in braceexpand.braceexpand(spec):
+            with open(path, "rb") as f:
+                data = f.read()
+            store.put("/" + os.path.basename(path), data)
+            urls.append(f"{proxy.url}/{os.path.basename(path)}")
+            total += len(data)
+        expected = None
+        for reset in resets:
+            proxy.reset_after = reset
+            started = time.perf_counter()
+            keys = [sample["__key__"] for sample in wds.WebDataset(urls, shardshuffle=False, concurrency=1)]
+            seconds = time.perf_counter() - started
+            expected = expected or keys
+            assert keys == expected, "a sample lost or repeated under faults"
+            out["clean" if reset is None else f"reset every {reset >> 20} MB"] = total / seconds / 1e6
+            print("faults", reset, out, file=sys.stderr, flush=True)
+    finally:
+        proxy.stop()
+        server.stop()
+    return out
+
+
 def draw(results: dict, command: str) -> None:
     import matplotlib
 
@@ -163,6 +200,17 @@ def draw(results: dict, command: str) -> None:
         "The medium workload over a local HTTP server that charges a cost per MB sent, "
         "read twice through the shard cache (cache_dir=). " + where
     )
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.bar(list(results["faults"]), list(results["faults"].values()))
+    ax.set_ylabel("MB/s")
+    fig.tight_layout()
+    fig.savefig(os.path.join(IMG, "faults.png"), dpi=110)
+    captions["faults"] = (
+        "The medium workload (8 shards of ~22 KB JPEGs) over HTTP through a proxy that resets every connection "
+        "after the given bytes, one connection per shard; each read delivered every sample exactly once "
+        "(checked). " + where
+    )
     plt.close("all")
 
     lines = [
@@ -176,6 +224,7 @@ def draw(results: dict, command: str) -> None:
         "throughput": "Throughput against webdataset 1.0.2",
         "loader_scaling": "Loader scaling with workers",
         "cache_epochs": "The shard cache: epoch 1 against epoch 2",
+        "faults": "Throughput under dropped connections",
     }
     for name, caption in captions.items():
         lines += [f"## {titles[name]}", "", f"![{titles[name]}](img/{name}.png)", "", f"*{caption}*", ""]
@@ -194,6 +243,7 @@ def main() -> None:
         "throughput": throughput(args.repeat),
         "loader": loader_scaling([int(w) for w in args.workers.split(",")], args.repeat),
         "cache": cache_epochs(args.cost),
+        "faults": under_faults([None, 16 << 20, 4 << 20, 1 << 20]),
     }
     draw(results, command.strip())
     print(f"wrote {IMG}/*.png and {PAGE}")
