@@ -8,6 +8,9 @@ generated workloads of ``bench_read.py``, on this machine, and draws:
   batches of 64), wds_cloud next to webdataset's ``WebLoader``;
 - ``cache_epochs.png``: seconds per epoch over a local HTTP server with a cost per MB, through the shard
   cache: the first epoch fills the cache, the second reads it;
+- ``random_access.png``: bytes fetched to read 50 random samples of the medium workload over HTTP: our
+  ``ShardListDataset`` with the shards' index files (ranged reads of the samples) against ``wids`` (which
+  downloads whole shards), counted by a proxy in between;
 - ``faults.png``: MB/s reading shards over HTTP through a proxy that resets every connection after a number
   of bytes (``wds_cloud.testing.faults``), every sample delivered once, against the clean rate.
 
@@ -139,11 +142,58 @@ def under_faults(resets: list) -> dict:
             seconds = time.perf_counter() - started
             expected = expected or keys
             assert keys == expected, "a sample lost or repeated under faults"
-            out["clean" if reset is None else f"reset every {reset >> 20} MB"] = total / seconds / 1e6
+            out["clean" if reset is None else f"reset / {reset >> 20} MB"] = total / seconds / 1e6
             print("faults", reset, out, file=sys.stderr, flush=True)
     finally:
         proxy.stop()
         server.stop()
+    return out
+
+
+def random_access(n: int = 50) -> dict:
+    import random
+
+    import braceexpand
+
+    import wds_cloud as wds
+    import wds_cloud.index as index
+    from wds_cloud.testing.faults import FaultProxy
+    from wds_cloud.testing.objects import http_server
+
+    spec, _ = common.dataset("medium", *bench_read.WORKLOADS["medium"][:2], common.medium)
+    server, store = http_server()
+    proxy = FaultProxy(server.url)
+    cache = tempfile.mkdtemp(prefix="figures-wids-")
+    out = {}
+    try:
+        shards = []
+        for path in braceexpand.braceexpand(spec):
+            with open(path, "rb") as f:
+                store.put("/" + os.path.basename(path), f.read())
+            url = f"{proxy.url}/{os.path.basename(path)}"
+            index.write_index(index.build_index(url))  # the sidecar, as `wds-cloud index` writes it
+            shards.append({"url": url, "nsamples": bench_read.WORKLOADS["medium"][1]})
+        picks = random.Random(0).sample(range(sum(s["nsamples"] for s in shards)), n)
+        proxy.bytes_forwarded = 0
+        ours = wds.ShardListDataset(shards)
+        for i in picks:
+            ours[i]
+        out["wds_cloud (index files)"] = proxy.bytes_forwarded / 1e6
+        try:
+            import wids
+
+            proxy.bytes_forwarded = 0
+            theirs = wids.ShardListDataset(shards, cache_dir=cache)
+            for i in picks:
+                theirs[i]
+            out["wids (whole shards)"] = proxy.bytes_forwarded / 1e6
+        except ImportError:
+            print("wids is not installed: its bar is left out", file=sys.stderr)
+        print("random access", out, file=sys.stderr, flush=True)
+    finally:
+        proxy.stop()
+        server.stop()
+        shutil.rmtree(cache, ignore_errors=True)
     return out
 
 
@@ -211,6 +261,19 @@ def draw(results: dict, command: str) -> None:
         "after the given bytes, one connection per shard; each read delivered every sample exactly once "
         "(checked). " + where
     )
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    values = list(results["random_access"].values())
+    ax.bar(list(results["random_access"]), values)
+    for x, value in enumerate(values):
+        ax.text(x, value, f"{value:.1f} MB", ha="center", va="bottom")
+    ax.set_ylabel("MB fetched")
+    fig.tight_layout()
+    fig.savefig(os.path.join(IMG, "random_access.png"), dpi=110)
+    captions["random_access"] = (
+        "Reading 50 random samples (of 8,000 ~22 KB JPEG samples in 8 shards) over HTTP: the MB the server sent, "
+        "counted by a proxy; ours reads each shard's index file and the samples' byte ranges, wids downloads "
+        "every shard it touches. " + where
+    )
     plt.close("all")
 
     lines = [
@@ -225,6 +288,7 @@ def draw(results: dict, command: str) -> None:
         "loader_scaling": "Loader scaling with workers",
         "cache_epochs": "The shard cache: epoch 1 against epoch 2",
         "faults": "Throughput under dropped connections",
+        "random_access": "Random access: bytes fetched against wids",
     }
     for name, caption in captions.items():
         lines += [f"## {titles[name]}", "", f"![{titles[name]}](img/{name}.png)", "", f"*{caption}*", ""]
@@ -244,6 +308,7 @@ def main() -> None:
         "loader": loader_scaling([int(w) for w in args.workers.split(",")], args.repeat),
         "cache": cache_epochs(args.cost),
         "faults": under_faults([None, 16 << 20, 4 << 20, 1 << 20]),
+        "random_access": random_access(),
     }
     draw(results, command.strip())
     print(f"wrote {IMG}/*.png and {PAGE}")
