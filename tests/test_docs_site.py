@@ -118,32 +118,58 @@ json.dump({"wids_version": 1, "shardlist": [{"url": "a.tar", "nsamples": 10}, {"
           open("dataset.json", "w"))
 json.dump({"shardlist": [{"url": f"train-{s:04d}.tar", "nsamples": 3 + s % 4} for s in range(8)]},
           open("train.json", "w"))
+def my_samples():
+    for i in range(20):
+        yield JPEG, i % 10
+
 open("train.yaml", "w").write("version: 1\\nsources:\\n  - name: a\\n    urls: train-{0000..0009}.tar\\n")
 """
 
 
+#: the interleaved-documents page: 100 shards of one document each, and the names its fragments use
+DOCUMENTS_PRELUDE = (
+    SHARDS_PRELUDE
+    + """
+jpeg_bytes = JPEG
+urls = "docs-{000000..000009}.tar"
+
+def resize_images(sample):
+    return sample
+
+for s in range(100):
+    with wds.TarWriter(f"docs-{s:06d}.tar") as sink:
+        sink.write(wds.interleaved_sample(f"doc{s}", ["A cat.", JPEG, "It sleeps."], layout="mmc4"))
+"""
+)
+PRELUDES = {"shards": SHARDS_PRELUDE, "documents": DOCUMENTS_PRELUDE}
+
+
 def test_every_example_runs_or_says_why_not():
     """A ```python block of a page runs in a test (its page is runnable as a whole, or it is marked
-    ``runs: shards``), or is marked ``illustration:`` with the reason it cannot run here."""
+    ``runs: PRELUDE``), or is marked ``illustration:`` with the reason it cannot run here."""
     unmarked = [
         (page.name, code.splitlines()[0])
         for page in sorted(DOCS.glob("*.md"))
         if page.name not in RUNNABLE_PAGES + ["backends.md"]
         for marker, code in marked_blocks(page.name)
-        if not marker.startswith(("runs: shards", "illustration: "))
+        if not (marker.startswith("illustration: ") or marker.removeprefix("runs: ") in PRELUDES)
     ]
     assert not unmarked
 
 
-MARKED_PAGES = sorted(p.name for p in DOCS.glob("*.md") if "<!-- runs: shards -->" in p.read_text())
+MARKED_PAGES = sorted(p.name for p in DOCS.glob("*.md") if "<!-- runs: " in p.read_text())
 
 
 @pytest.mark.parametrize("page", MARKED_PAGES)
 def test_the_marked_examples_of_a_page_run(page, tmp_path):
-    code = "\n\n".join(c for marker, c in marked_blocks(page) if marker == "runs: shards")
-    env = dict(os.environ, WDS_REWRITE=f"s3://bucket/={tmp_path}/")
+    blocks = [
+        (marker.removeprefix("runs: "), code) for marker, code in marked_blocks(page) if marker.startswith("runs: ")
+    ]
+    (prelude,) = {name for name, _ in blocks}  # one prelude per page
+    code = "\n\n".join(code for _, code in blocks)
+    env = dict(os.environ, WDS_REWRITE=f"s3://bucket/={tmp_path}/;gs://bucket/={tmp_path}/")
     run = subprocess.run(
-        [sys.executable, "-c", SHARDS_PRELUDE + "\n\n" + code],
+        [sys.executable, "-c", PRELUDES[prelude] + "\n\n" + code],
         cwd=tmp_path,
         capture_output=True,
         text=True,
