@@ -141,7 +141,34 @@ for s in range(100):
         sink.write(wds.interleaved_sample(f"doc{s}", ["A cat.", JPEG, "It sleeps."], layout="mmc4"))
 """
 )
-PRELUDES = {"shards": SHARDS_PRELUDE, "documents": DOCUMENTS_PRELUDE}
+#: the Dask page: a scheduler of its own, which Client() finds (as through DASK_SCHEDULER_ADDRESS)
+CLUSTER_PRELUDE = (
+    SHARDS_PRELUDE
+    + """
+import dask
+from distributed import LocalCluster
+
+cluster = LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0")
+dask.config.set({"scheduler-address": cluster.scheduler_address})
+"""
+)
+#: the elastic page: this process is rank 0 of a one-rank gloo group, and has a model to save
+RANKS_PRELUDE = (
+    SHARDS_PRELUDE
+    + """
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", init_method="file://" + os.path.abspath("group"), rank=0, world_size=1)
+model = torch.nn.Linear(2, 2)
+"""
+)
+PRELUDES = {
+    "shards": SHARDS_PRELUDE,
+    "documents": DOCUMENTS_PRELUDE,
+    "cluster": CLUSTER_PRELUDE,
+    "ranks": RANKS_PRELUDE,
+}
 
 
 def test_every_example_runs_or_says_why_not():
