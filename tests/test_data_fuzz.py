@@ -112,7 +112,7 @@ def test_a_mutated_description_opens_or_fails_with_our_error(corpus, data):
 
     def run():
         ds = wds.ShardListDataset(str(path), transformations=[])
-        return ds[0], ds[len(ds) - 1]
+        return (ds[0], ds[len(ds) - 1]) if len(ds) else None  # a description may declare no samples
 
     ours_or_result(run)
 
