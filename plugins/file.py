@@ -82,7 +82,11 @@ class FileBackend(Backend):
                 ) from exc
             raise
         if offset:
-            stream.seek(offset)
+            try:
+                stream.seek(offset)
+            except BaseException:  # an offset no file has (negative, past what seek takes): nothing leaks
+                stream.close()
+                raise
         return stream
 
     def open_write(self, url: str, bufsize: Optional[int] = None) -> OutStream:

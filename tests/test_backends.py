@@ -401,3 +401,21 @@ def test_s3_unusual_addressing_is_left_to_botocore(options, env, bucket, monkeyp
     backend = S3Backend(current(), **options)
     assert backend.signer.presign(bucket, "k.tar") is None
     assert backend.presign(bucket, "k.tar").startswith(("https://", "http://"))
+
+
+def test_a_local_read_at_an_offset_no_file_has_leaves_no_open_file(tmp_path):
+    """A seek that fails (a negative offset, as a tampered state may give) closes the file it opened
+    (it was left to the garbage collector: a ResourceWarning the state fuzz test met once)."""
+    import gc
+    import warnings
+
+    from wds_cloud.gopen import gopen
+
+    path = tmp_path / "s.tar"
+    path.write_bytes(b"x" * 1024)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        for offset in (-5, 1 << 70):
+            with pytest.raises((OSError, ValueError, OverflowError)):
+                gopen(str(path), offset=offset)
+            gc.collect()
