@@ -88,22 +88,34 @@ def loader_scaling(workers: list, repeat: int) -> dict:
     return out
 
 
+def serve_medium(store, base: str) -> tuple[list, int]:
+    """Put the medium workload's shards on the object server ``store``: (their URLs under ``base``, bytes)."""
+    import braceexpand
+
+    spec, _ = common.dataset("medium", *bench_read.WORKLOADS["medium"][:2], common.medium)
+    urls, total = [], 0
+    for path in braceexpand.braceexpand(spec):
+        with open(path, "rb") as f:
+            data = f.read()
+        store.put("/" + os.path.basename(path), data)
+        urls.append(f"{base}/{os.path.basename(path)}")
+        total += len(data)
+    return urls, total
+
+
+def save(fig, name: str) -> None:
+    fig.tight_layout()
+    fig.savefig(os.path.join(IMG, f"{name}.png"), dpi=110)
+
+
 def cache_epochs(cost: float) -> list:
     import wds_cloud as wds
     from wds_cloud.testing.objects import http_server
 
-    spec, _ = common.dataset("medium", *bench_read.WORKLOADS["medium"][:2], common.medium)
-    import braceexpand
-
     server, store = http_server(range_cost=cost)
     cache = tempfile.mkdtemp(prefix="figures-cache-")
     try:
-        names = []
-        for path in braceexpand.braceexpand(spec):
-            name = "/" + os.path.basename(path)
-            with open(path, "rb") as f:
-                store.put(name, f.read())
-            names.append(server.url + name)
+        names, _ = serve_medium(store, server.url)
         seconds = []
         for _ in range(2):
             started = time.perf_counter()
@@ -120,20 +132,11 @@ def under_faults(resets: list) -> dict:
     from wds_cloud.testing.faults import FaultProxy
     from wds_cloud.testing.objects import http_server
 
-    spec, _ = common.dataset("medium", *bench_read.WORKLOADS["medium"][:2], common.medium)
-    import braceexpand
-
     server, store = http_server()
     proxy = FaultProxy(server.url)
     out = {}
     try:
-        urls, total = [], 0
-        for path in braceexpand.braceexpand(spec):
-            with open(path, "rb") as f:
-                data = f.read()
-            store.put("/" + os.path.basename(path), data)
-            urls.append(f"{proxy.url}/{os.path.basename(path)}")
-            total += len(data)
+        urls, total = serve_medium(store, proxy.url)
         expected = None
         for reset in resets:
             proxy.reset_after = reset
@@ -153,24 +156,18 @@ def under_faults(resets: list) -> dict:
 def random_access(n: int = 50) -> dict:
     import random
 
-    import braceexpand
-
     import wds_cloud as wds
     import wds_cloud.index as index
     from wds_cloud.testing.faults import FaultProxy
     from wds_cloud.testing.objects import http_server
 
-    spec, _ = common.dataset("medium", *bench_read.WORKLOADS["medium"][:2], common.medium)
     server, store = http_server()
     proxy = FaultProxy(server.url)
     cache = tempfile.mkdtemp(prefix="figures-wids-")
     out = {}
     try:
         shards = []
-        for path in braceexpand.braceexpand(spec):
-            with open(path, "rb") as f:
-                store.put("/" + os.path.basename(path), f.read())
-            url = f"{proxy.url}/{os.path.basename(path)}"
+        for url in serve_medium(store, proxy.url)[0]:
             index.write_index(index.build_index(url))  # the sidecar, as `wds-cloud index` writes it
             shards.append({"url": url, "nsamples": bench_read.WORKLOADS["medium"][1]})
         picks = random.Random(0).sample(range(sum(s["nsamples"] for s in shards)), n)
@@ -220,8 +217,7 @@ def draw(results: dict, command: str) -> None:
     ax.set_yscale("log")
     ax.set_ylabel("samples/s (log)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(IMG, "throughput.png"), dpi=110)
+    save(fig, "throughput")
     captions["throughput"] = (
         "Reading local shards, samples/s per workload (tiny: 100-byte samples; medium: ~22 KB "
         "JPEGs; large: 8 MB arrays; decode: medium decoded to arrays), best of the runs. " + where
@@ -233,8 +229,7 @@ def draw(results: dict, command: str) -> None:
     ax.set_xlabel("DataLoader worker processes")
     ax.set_ylabel("samples/s")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(IMG, "loader_scaling.png"), dpi=110)
+    save(fig, "loader_scaling")
     captions["loader_scaling"] = (
         "WebLoader over tiny samples in batches of 64, by number of workers (0: in the "
         "main process). On a machine with few cores the curve flattens at the core "
@@ -244,8 +239,7 @@ def draw(results: dict, command: str) -> None:
     fig, ax = plt.subplots(figsize=(5, 3.2))
     ax.bar(["epoch 1 (fills the cache)", "epoch 2 (reads it)"], results["cache"])
     ax.set_ylabel("seconds")
-    fig.tight_layout()
-    fig.savefig(os.path.join(IMG, "cache_epochs.png"), dpi=110)
+    save(fig, "cache_epochs")
     captions["cache_epochs"] = (
         "The medium workload over a local HTTP server that charges a cost per MB sent, "
         "read twice through the shard cache (cache_dir=). " + where
@@ -254,8 +248,7 @@ def draw(results: dict, command: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.bar(list(results["faults"]), list(results["faults"].values()))
     ax.set_ylabel("MB/s")
-    fig.tight_layout()
-    fig.savefig(os.path.join(IMG, "faults.png"), dpi=110)
+    save(fig, "faults")
     captions["faults"] = (
         "The medium workload (8 shards of ~22 KB JPEGs) over HTTP through a proxy that resets every connection "
         "after the given bytes, one connection per shard; each read delivered every sample exactly once "
@@ -267,8 +260,7 @@ def draw(results: dict, command: str) -> None:
     for x, value in enumerate(values):
         ax.text(x, value, f"{value:.1f} MB", ha="center", va="bottom")
     ax.set_ylabel("MB fetched")
-    fig.tight_layout()
-    fig.savefig(os.path.join(IMG, "random_access.png"), dpi=110)
+    save(fig, "random_access")
     captions["random_access"] = (
         "Reading 50 random samples (of 8,000 ~22 KB JPEG samples in 8 shards) over HTTP: the MB the server sent, "
         "counted by a proxy; ours reads each shard's index file and the samples' byte ranges, wids downloads "
