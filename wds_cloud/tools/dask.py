@@ -30,8 +30,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import ipaddress
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -65,10 +67,66 @@ def distributed_module() -> Any:
     return distributed
 
 
+#: the transports a Dask scheduler listens on (``host:port`` alone is tcp)
+SCHEDULER_SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
+_HOSTNAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})")
+
+
+def scheduler_problem(address: str) -> Optional[str]:
+    """What keeps ``address`` from being a Dask scheduler address (``[SCHEME://]HOST:PORT``), or None.
+
+    Checked before anything starts: distributed's own refusals are bare ValueErrors, raised only once a
+    tool has begun (issue 41)."""
+    if not isinstance(address, str) or not address.strip():
+        return "it is empty"
+    scheme, sep, rest = address.strip().partition("://")
+    if not sep:
+        scheme, rest = "tcp", scheme
+    if scheme.lower() not in SCHEDULER_SCHEMES:
+        return f"{scheme!r} is not a transport Dask schedulers listen on ({', '.join(SCHEDULER_SCHEMES)})"
+    if any(c in rest for c in "/?#@") or any(c.isspace() or not c.isprintable() for c in rest):
+        return "it holds a path, query, user name or space after HOST:PORT"
+    if rest.startswith("["):  # an IPv6 address, in brackets as in URLs
+        host, close, port = rest[1:].partition("]")
+        if not close:
+            return "an IPv6 address without its closing ']'"
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return f"{host!r} is not an IPv6 address"
+        if not port.startswith(":"):
+            return "no port after the IPv6 address"
+        port = port[1:]
+    else:
+        host, colon, port = rest.rpartition(":")
+        if not colon:
+            return "no port (Dask's scheduler listens on 8786 by default)"
+        if ":" in host:
+            return "an IPv6 address must be in brackets, such as tcp://[::1]:8786"
+        if not _HOSTNAME.fullmatch(host):
+            return f"{host!r} is not a host name or address"
+    if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        return f"the port {port!r} is not a number from 1 to 65535"
+    return None
+
+
+def scheduler_address(address: str) -> str:
+    """``address`` when it is a Dask scheduler address, else ConfigError naming it and what is accepted."""
+    problem = scheduler_problem(address)
+    if problem is not None:
+        raise ConfigError(
+            f"{redact(str(address))!r} is not a Dask scheduler address: {problem}; give HOST:PORT or "
+            "tcp://HOST:PORT, such as tcp://10.0.0.5:8786 (tls://, ws://, wss://, ucx:// too; IPv6 as [::1]:8786)"
+        )
+    return address.strip()
+
+
 @contextlib.contextmanager
 def cluster_client(scheduler: Optional[str] = None, workers: Optional[int] = None) -> Iterator[Any]:
     """A ``distributed.Client`` of the scheduler at ``scheduler``, or of a ``LocalCluster`` of ``workers``
     processes (default: one per core) started here and closed on leaving."""
+    if scheduler is not None:
+        scheduler = scheduler_address(scheduler)  # before the extra is needed: a typo is named either way
     distributed = distributed_module()
     if scheduler:
         client = distributed.Client(scheduler)
