@@ -406,6 +406,9 @@ class Decoder:
         self.partial = partial
         self.allow_pickle = allow_pickle
         self._plans: dict[str, Optional[Callable]] = {}
+        #: the ``decoders`` table (and its size) the plans were made with: user code adds to it or replaces it
+        #: (``autodecode.decoders["xyz"] = fn``, as in webdataset) at any time, and plans made before are dropped
+        self._planned_with: tuple[int, int] = (0, -1)  # (id of the table, its size): a Decoder pickles without it
         self._plannable = all(h is gzfilter or _by_extension(h) is not None for h in self.handlers)
 
     def _plan(self, field: str) -> Optional[Callable]:
@@ -443,6 +446,10 @@ class Decoder:
         result = {}
         plannable = self._plannable
         plans = self._plans
+        table, size = self._planned_with
+        if table != id(decoders) or size != len(decoders):
+            plans.clear()
+            self._planned_with = (id(decoders), len(decoders))
         for field, value in sample.items():
             if (
                 field[:1] == "_"

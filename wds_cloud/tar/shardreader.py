@@ -15,7 +15,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any, Optional, Union
 
 from .. import config, utils
-from ..errors import StateMismatchError
+from ..errors import NotResumableError, StateMismatchError
 from ..handlers import reraise_exception
 from ..io.open import gopen
 from ..io.parallel import Fetcher
@@ -38,6 +38,7 @@ def tarfile_samples(
     lcase: bool = True,
     suffixes: Optional[Iterable[str]] = None,
     opener: Optional[Callable] = None,
+    replaced: Optional[Callable[[], Any]] = None,
     **open_kw: Any,
 ) -> Iterator[dict]:
     """Samples from a stream of ``{"url": ...}`` shard descriptions.
@@ -45,7 +46,7 @@ def tarfile_samples(
     ``opener(url)`` (default ``gopen``) opens each shard; ``keys`` is a key
     rule (see :func:`key_rule`).  ``handler`` decides, for an error in a shard,
     whether to go on with the next shard (True) or stop (False); the sample
-    the error cut short is never yielded.
+    the error cut short is never yielded.  ``replaced``: see :class:`TarSamples`.
     """
     return TarSamples(
         handler=handler,
@@ -55,6 +56,7 @@ def tarfile_samples(
         lcase=lcase,
         suffixes=suffixes,
         opener=opener,
+        replaced=replaced,
         **open_kw,
     ).run(src)
 
@@ -145,6 +147,11 @@ class TarSamples:
 
     ``state_dict()`` is where the most recent pass stands, ``load_state_dict(state)``
     makes the next pass continue from there (see :mod:`wds_cloud.resume`).
+
+    ``replaced``, called when a pass begins, tells whether user code replaced webdataset's module-level
+    functions (``tariterators.url_opener = mine``): None, or an object whose ``samples(src, handler,
+    select_files, rename_files, grouping)`` gives that pass through them (see :mod:`wds_cloud.tariterators`);
+    such a pass cannot be resumed exactly, and taking its state raises ``NotResumableError`` naming them.
     """
 
     def __init__(
@@ -160,9 +167,13 @@ class TarSamples:
         max_member_size: Optional[int] = None,
         index_sink: Optional[Callable[[Any], None]] = None,
         max_sample_size: Optional[int] = None,
+        replaced: Optional[Callable[[], Any]] = None,
         **open_kw: Any,
     ) -> None:
         self.handler = handler
+        self.replaced = replaced
+        #: the replaced functions the current pass reads through (see ``replaced``), or None
+        self.replaced_now: Any = None
         #: given, for every shard read whole in a pass, what its index needs (see WebDataset(write_index=))
         self.index_sink = index_sink
         #: the largest member read (bytes); None: WDS_MAX_MEMBER_SIZE or its default, when a pass begins
@@ -195,16 +206,51 @@ class TarSamples:
         return self.run(src)
 
     def run(self, src: Iterable[dict]) -> Iterator[dict]:
+        replaced = self.replaced() if self.replaced is not None else None
+        self.replaced_now = replaced
+        if replaced is not None:
+            return self._through(replaced, src)
         cursor = _Cursor()
         self.cursor = cursor
         resume, replay, elastic = self._resume, self._replay, self._elastic
         self._resume, self._replay, self._elastic = None, [], None
         return self._samples(src, cursor, resume, replay, elastic)
 
+    def _through(self, replaced: Any, src: Iterable[dict]) -> Iterator[dict]:
+        """A pass through the module-level functions user code replaced, called as webdataset calls them."""
+        if self._resume is not None or self._replay or self._elastic is not None:
+            raise StateMismatchError(
+                f"a saved state was loaded, but {replaced} was replaced, so the shards are no longer read by the "
+                "resumable reader and the state cannot be continued exactly: restore the library's function before "
+                "loading a state, or start the pass afresh without load_state_dict()"
+            )
+        self.cursor = None  # no sample's location is known: a shuffle fed by this pass keeps samples, not places
+        grouping = {
+            k: v
+            for k, v, default in (
+                ("keys", self.keys, None),
+                ("lcase", self.lcase, True),
+                ("suffixes", self.suffixes, None),
+            )
+            if v is not default
+        }
+        if "keys" in grouping:
+            grouping["keys"] = key_rule(self.keys)
+        return replaced.samples(src, self.handler, self.select_files, self.rename_files, grouping)
+
+    def _refuse_replaced(self) -> None:
+        if self.replaced_now is not None:
+            raise NotResumableError(
+                f"the shards of this pass were read through {self.replaced_now}, which user code replaced (as "
+                "webdataset allows), so where the pass stands is not known: restore the library's function "
+                "to take exact states"
+            )
+
     # state
     def state_dict(self) -> dict:
         if self._resume is not None:  # loaded, not yet iterated: still that state
             return dict(self._resume)
+        self._refuse_replaced()
         c = self.cursor
         if c is None:
             return {"fresh": True}
@@ -228,6 +274,7 @@ class TarSamples:
 
     def transport_state(self) -> dict:
         """:meth:`state_dict` for a loader that asks with every batch: the same, without defensive copies."""
+        self._refuse_replaced()
         c = self.cursor
         if self._resume is not None or c is None:
             return self.state_dict()
