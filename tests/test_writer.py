@@ -1,6 +1,7 @@
 """TarWriter and ShardWriter: round trips, reproducibility, crash safety, validation."""
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -182,8 +183,8 @@ def test_duplicate_and_missing_fields_refused():
 def test_keep_meta_and_custom_encoders(tmp_path):
     """keep_meta writes __ fields; a handler dict and a callable encoder are used."""
     buf = io.BytesIO()
-    with TarWriter(buf, keep_meta=True, encoder={"txt": lambda s: s.upper().encode()}) as writer:
-        writer.write({"__key__": "k", "txt": "abc", "__note__": b"n"})
+    with TarWriter(buf, keep_meta=True, encoder={"txt": lambda s: "".join(s).upper().encode()}) as writer:
+        writer.write({"__key__": "k", "txt": ["a", "bc"], "__note__": b"n"})
     with tarfile.open(fileobj=io.BytesIO(buf.getvalue())) as tar:
         assert sorted(tar.getnames()) == ["k.__note__", "k.txt"]
         assert tar.extractfile("k.txt").read() == b"ABC"
@@ -368,3 +369,193 @@ def test_a_stream_handed_in_stays_open_compressed_or_not():
         with wds.TarWriter(out, compress=compress) as writer:
             writer.write({"__key__": "a", "txt": "x"})
         assert not out.closed and len(out.getvalue()) > 0
+
+
+# Issue 42: webdataset's writer rule (1.0.2), which img2dataset and most user code rely on when they write
+# `sample["json"] = json.dumps(meta)`: a str is written as its UTF-8 bytes and bytes as given, for every
+# extension, before the extension is looked at; only other values go through the extension's encoder.
+
+TEXT = '{"caption": "h\u00e9llo \u2713", "n": 1}'  # text that is also valid JSON: no encoder may touch it
+RAW = b'\x00\xff{"raw": true}'
+
+
+def _kinds_of_extensions():
+    """Every extension the writer encodes, with its kind ("image:FORMAT" for images), from the one table."""
+    from wds_cloud.codec import extensions
+
+    kinds = {ext: kind for table in extensions.WRITTEN_KINDS for kind, exts in table.items() for ext in exts}
+    kinds.update((ext, f"image:{fmt}") for table in extensions.WRITTEN_IMAGES for ext, fmt in table.items())
+    return kinds
+
+
+KIND_OF = _kinds_of_extensions()
+
+
+def _image_check(fmt):
+    def check(member, image):
+        import PIL.Image
+
+        with PIL.Image.open(io.BytesIO(member)) as got:
+            assert got.format == fmt and got.size == (image.shape[1], image.shape[0])
+            if fmt not in ("JPEG", "WEBP"):  # the lossy ones
+                assert np.array_equal(np.asarray(got.convert("RGB")), image)
+
+    return check
+
+
+def _native_cases():
+    """kind -> (a native value, a check that the member holds that value in the kind's own encoding)."""
+    import pickle
+
+    import cbor2
+    import msgpack
+
+    from wds_cloud import tenbin
+
+    array = np.arange(6, dtype=np.int16).reshape(2, 3)
+    image = (np.arange(6 * 5 * 3) * 7 % 256).astype(np.uint8).reshape(6, 5, 3)
+    doc = {"a": [1, "\u00e9"], "b": None}
+
+    def torch_check(member, value):
+        torch = pytest.importorskip("torch")
+        assert torch.equal(torch.load(io.BytesIO(member)), value)
+
+    def torch_value():
+        return pytest.importorskip("torch").arange(4)
+
+    cases = {
+        "int": (np.int64(7), lambda m, v: m == b"7"),
+        "text": (12, lambda m, v: m == b"12"),
+        "json": (doc, lambda m, v: m == json.dumps(v).encode("utf-8")),
+        "pickle": (doc, lambda m, v: pickle.loads(m) == v),
+        "tenbin": (array, lambda m, v: np.array_equal(tenbin.decode_buffer(m)[0], v)),
+        "msgpack": (doc, lambda m, v: msgpack.unpackb(m) == v),
+        "cbor": (doc, lambda m, v: cbor2.loads(m) == v),
+        "npy": (array, lambda m, v: (lambda a: a.dtype == v.dtype and np.array_equal(a, v))(np.load(io.BytesIO(m)))),
+        "npz": ({"x": array}, lambda m, v: np.array_equal(np.load(io.BytesIO(m))["x"], v["x"])),
+        "torch": (None, torch_check),
+    }
+    for kind in set(KIND_OF.values()):
+        if kind.startswith("image:"):
+            cases[kind] = (image, _image_check(kind.split(":", 1)[1]))
+    return cases, torch_value
+
+
+def test_the_extension_table_is_what_the_writer_encodes():
+    """Every extension of the one table has an encoder, and every default encoder comes from the table."""
+    from wds_cloud.codec.encoders import make_handlers
+
+    assert set(KIND_OF) == set(make_handlers())
+    cases, _ = _native_cases()
+    assert set(KIND_OF.values()) <= set(cases), "a new kind of extension needs a native case in this test"
+
+
+@pytest.mark.parametrize("writer", ["TarWriter", "ShardWriter"])
+@pytest.mark.parametrize("ext", sorted(KIND_OF))
+def test_str_is_utf8_and_bytes_as_given_for_every_extension(tmp_path, ext, writer):
+    """For every extension (and its .gz): str -> its UTF-8 bytes, bytes-likes -> as given, anything else ->
+    the extension's encoding; read back with Python's tarfile (webdataset 1.0.2's rule)."""
+    import gzip
+
+    cases, torch_value = _native_cases()
+    native, check = cases[KIND_OF[ext]]
+    if KIND_OF[ext] == "torch":
+        native = torch_value()
+    values = {"s": TEXT, "b": RAW, "ba": bytearray(RAW), "mv": memoryview(RAW), "n": native}
+    if writer == "TarWriter":
+        path = tmp_path / "x.tar"
+        with TarWriter(str(path)) as sink:
+            for key, value in values.items():
+                sink.write({"__key__": key, ext: value, f"{ext}.gz": value})
+    else:
+        path = tmp_path / "x-000000.tar"
+        with ShardWriter(str(tmp_path / "x-%06d.tar")) as sink:
+            for key, value in values.items():
+                sink.write({"__key__": key, ext: value, f"{ext}.gz": value})
+    with tarfile.open(path) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    assert len(members) == 2 * len(values)
+    for key in ("s", "b", "ba", "mv"):
+        expected = TEXT.encode("utf-8") if key == "s" else RAW
+        assert members[f"{key}.{ext}"] == expected, (key, ext)
+        assert gzip.decompress(members[f"{key}.{ext}.gz"]) == expected, (key, ext)
+    for name in (f"n.{ext}", f"n.{ext}.gz"):
+        member = members[name]
+        if name.endswith(".gz"):
+            member = gzip.decompress(member)
+        assert check(member, native) is not False, (name, member[:60])
+
+
+def test_json_dumps_in_a_sample_reads_back_as_the_dict(tmp_path):
+    """img2dataset's `sample["json"] = json.dumps(meta)`, and the same text under .jsn, .json.gz, .cls and
+    .txt, decode to what the text says, through TarWriter and ShardWriter alike."""
+    meta = {"url": "http://x/1.jpg", "caption": "h\u00e9llo", "width": 640, "nsfw": None}
+    sample = {
+        "json": json.dumps(meta),
+        "jsn": json.dumps(meta),
+        "json.gz": json.dumps(meta),
+        "cls": "3",
+        "txt": "h\u00e9llo",
+    }
+    with TarWriter(str(tmp_path / "t.tar")) as sink:
+        sink.write({"__key__": "000000", **sample})
+    with ShardWriter(str(tmp_path / "s-%06d.tar")) as sink:
+        sink.write({"__key__": "000001", **sample})
+    for url in (str(tmp_path / "t.tar"), str(tmp_path / "s-000000.tar")):
+        (got,) = list(wds.WebDataset(url, shardshuffle=False).decode())
+        assert got["json"] == meta and got["jsn"] == meta and got["json.gz"] == meta
+        assert got["cls"] == 3 and got["txt"] == "h\u00e9llo"
+
+
+def test_str_skips_even_a_handler_given_for_its_extension():
+    """As in webdataset, a handler dict sees only values that are neither str nor bytes; encoder=False (bytes
+    only) still refuses str, as webdataset's writer does."""
+    seen = []
+
+    def shout(value):
+        seen.append(value)
+        return repr(value).upper().encode()
+
+    buf = io.BytesIO()
+    with TarWriter(buf, encoder={"txt": shout}) as writer:
+        writer.write({"__key__": "a", "txt": "abc"})
+        writer.write({"__key__": "b", "txt": ["abc"]})
+    with tarfile.open(fileobj=io.BytesIO(buf.getvalue())) as tar:
+        assert tar.extractfile("a.txt").read() == b"abc" and tar.extractfile("b.txt").read() == b"['ABC']"
+    assert seen == [["abc"]]
+    with pytest.raises(SampleError, match="bytes only"):
+        TarWriter(io.BytesIO(), encoder=False).write({"__key__": "k", "json": "{}"})
+
+
+def test_text_that_is_not_utf8_is_refused_naming_the_field():
+    """A str holding a lone surrogate cannot be written as UTF-8: the error names the sample and the field."""
+    with pytest.raises(SampleError, match=r"'bad'.*'json'|'json'.*'bad'"):
+        TarWriter(io.BytesIO()).write({"__key__": "bad", "json": "x\udc80y"})
+
+
+def test_ints_arrays_and_images_encode_as_before():
+    """Native values through the same path: class ints (numpy and bool too), arrays, PIL images."""
+    import PIL.Image
+
+    image = PIL.Image.fromarray((np.arange(4 * 3 * 3) % 256).astype(np.uint8).reshape(4, 3, 3))
+    buf = io.BytesIO()
+    with TarWriter(buf) as writer:
+        writer.write(
+            {
+                "__key__": "k",
+                "cls": 5,
+                "index": np.int32(9),
+                "count": True,
+                "npy": np.arange(3, dtype=np.float32),
+                "png": image,
+                "jpg": image,
+            }
+        )
+    with tarfile.open(fileobj=io.BytesIO(buf.getvalue())) as tar:
+        got = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    assert got["k.cls"] == b"5" and got["k.index"] == b"9" and got["k.count"] == b"1"
+    assert np.array_equal(np.load(io.BytesIO(got["k.npy"])), np.arange(3, dtype=np.float32))
+    with PIL.Image.open(io.BytesIO(got["k.png"])) as png:
+        assert png.format == "PNG" and np.array_equal(np.asarray(png), np.asarray(image))
+    with PIL.Image.open(io.BytesIO(got["k.jpg"])) as jpg:
+        assert jpg.format == "JPEG" and jpg.size == image.size

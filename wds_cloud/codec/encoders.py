@@ -1,8 +1,9 @@
 """Encoding sample fields to bytes by their extension, for the writers.
 
 ``cls txt json npy npz pyd pth ten mp cbor jpg png ppm tiff`` (and aliases) are
-known; a ``.gz`` suffix gzips the encoding of the inner extension.  Bytes are
-always written as they are.  Writing pickle (``pyd``) is safe: only reading it
+known; a ``.gz`` suffix gzips the encoding of the inner extension.  Text (``str``)
+is always written as its UTF-8 bytes and bytes-likes as they are, whatever the
+extension, as webdataset does; only other values use the extension's encoder.  Writing pickle (``pyd``) is safe: only reading it
 is refused by default.
 """
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from .. import tenbin
 from ..errors import ConfigError, MissingExtraError
-from .extensions import IMAGE_FORMATS, KINDS
+from .extensions import WRITTEN_IMAGES, WRITTEN_KINDS
 
 __all__ = [
     "imageencoder",
@@ -153,8 +154,8 @@ def make_handlers() -> dict[str, Callable[[Any], bytes]]:
         "npy": numpy_dumps,
         "npz": numpy_npz_dumps,
     }
-    handlers = {ext: by_kind[kind] for kind, exts in KINDS.items() for ext in exts}
-    handlers.update((ext, _image(fmt)) for ext, fmt in IMAGE_FORMATS.items())
+    handlers = {ext: by_kind[kind] for table in WRITTEN_KINDS for kind, exts in table.items() for ext in exts}
+    handlers.update((ext, _image(fmt)) for table in WRITTEN_IMAGES for ext, fmt in table.items())
     return handlers
 
 
@@ -170,24 +171,41 @@ default_handlers = make_handlers()
 
 
 def encode_based_on_extension1(data: Any, tname: str, handlers: dict) -> bytes:
-    """Encode one value for the field ``tname`` (bytes pass through; ``x.gz`` gzips ``x``'s encoding)."""
+    """Encode one value for the field ``tname``: text as UTF-8 and bytes as given, whatever the extension.
+
+    Only other values go through the extension's handler (``x.gz`` gzips what ``x`` would hold).  This is
+    webdataset's rule, which trainers rely on: img2dataset writes ``sample["json"] = json.dumps(meta)``,
+    and encoding that text as JSON again would make readers get a string back instead of the dict (issue 42).
+    """
     if tname.startswith("__"):
         return bytestr(data)
-    if tname.endswith(".gz"):
-        inner = data if isinstance(data, (bytes, bytearray)) else encode_based_on_extension1(data, tname[:-3], handlers)
-        return gzip.compress(bytes(inner), mtime=0)
+    gz = tname.endswith(".gz")
+    inner = tname[:-3] if gz else tname
     if isinstance(data, (bytes, bytearray, memoryview)):
-        return bytes(data)
-    extension = tname[tname.rfind(".") + 1 :].lower()
-    handler = handlers.get(extension)
-    if handler is None:
-        if isinstance(data, str):
-            return data.encode("utf-8")
+        encoded = bytes(data)
+    elif isinstance(data, str):
+        encoded = _utf8(data, tname)
+    else:
+        extension = inner[inner.rfind(".") + 1 :].lower()
+        handler = handlers.get(extension)
+        if handler is None:
+            raise ValueError(
+                f"no encoder for the field {tname!r} ({type(data).__name__}): give str or bytes, "
+                "use a known extension, or pass encoder= with a handler for it"
+            )
+        encoded = handler(data)
+    # mtime 0 (upstream: the time of writing) keeps shards byte-reproducible
+    return gzip.compress(encoded, mtime=0) if gz else encoded
+
+
+def _utf8(text: str, tname: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
         raise ValueError(
-            f"no encoder for the field {tname!r} ({type(data).__name__}): give bytes, "
-            "use a known extension, or pass encoder= with a handler for it"
-        )
-    return handler(data)
+            f"field {tname!r} holds text that cannot be written as UTF-8 ({exc.reason} at index {exc.start}: "
+            f"{text[exc.start : exc.end]!r}); pass bytes, or text without lone surrogates"
+        ) from None
 
 
 def encode_based_on_extension(sample: dict, handlers: dict) -> dict:
