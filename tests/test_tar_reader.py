@@ -1,6 +1,7 @@
 """The tar reader: every tarfile format and compression, damage detection, and never a partial sample."""
 
 import io
+import re
 import tarfile
 
 import pytest
@@ -178,3 +179,51 @@ def test_truncated_property(items, cut):
     except CorruptShardError:
         return
     assert got == expected[: len(got)] and (len(got) == len(expected) or not items)
+
+
+def _two_members(second: int) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, size in (("a.bin", 1), ("b.bin", second)):
+            info = tarfile.TarInfo(name)
+            info.size = size
+            tar.addfile(info, io.BytesIO(b"x" * size))
+    return out.getvalue()
+
+
+# (where the stream is cut, what the message must say); the second member's data starts at 1536
+CUTS = {
+    "in the first header": (300, ["not a tar archive", "only 300 bytes"]),
+    "in the first member's data": (512, ["'a.bin'", "expected 1 byte of data, got 0 bytes"]),
+    "at the start of the padding": (513, ["'a.bin'", "padding after the member's 1 byte of data", "got 0 bytes"]),
+    "inside the padding": (700, ["'a.bin'", "expected 511 bytes of zeros", "got 187 bytes"]),
+    "between members": (1024, ["without the tar end-of-archive marker"]),
+    "inside the second header": (1324, ["inside a member's header", "expected a 512-byte header", "got 300 bytes"]),
+    "in the second member's data": (1541, ["'b.bin'", "expected {size} bytes of data, got 5 bytes"]),
+    "inside the second padding": (1536 + 10, ["'b.bin'", "padding after the member's {size} bytes", "got {pad}"]),
+    "inside the end marker": (None, ["inside the end-of-archive marker", "expected 1024 zero bytes, got 100 bytes"]),
+}
+
+
+@pytest.mark.parametrize("second", [1000, 3_000_000], ids=["small", "larger-than-a-chunk"])
+@pytest.mark.parametrize("where", list(CUTS))
+@pytest.mark.parametrize("select", [None, lambda name: False], ids=["read", "skipped"])
+def test_a_cut_names_the_member_what_was_expected_and_what_arrived(where, second, select):
+    """Issue 41: a shard cut anywhere (header, data, padding, end blocks) is reported as what it is, with the
+    member, the bytes expected and the bytes that arrived: never "expected 1 bytes of data, got 1"."""
+    raw = _two_members(second)
+    cut, wanted = CUTS[where]
+    pad = (-second) % 512
+    end = 1536 + second + pad
+    if where == "inside the second padding":
+        cut = 1536 + second + 10
+    elif where == "inside the end marker":
+        cut = end + 100
+    if select is not None and "data" in where:  # a skipped member: its data and padding are one run of bytes
+        wanted = [w for w in wanted if "'" in w]
+    with pytest.raises(CorruptShardError) as caught:
+        list(TarMembers(io.BytesIO(raw[:cut]), "cut.tar", select=select))
+    message = str(caught.value)
+    for text in wanted:
+        assert text.format(size=second, pad="10 bytes") in message, message
+    assert not re.search(r"\b1 bytes\b", message), message

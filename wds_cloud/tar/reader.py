@@ -30,6 +30,7 @@ __all__ = ["TarMembers", "open_decompressed", "detect_compression", "sample_too_
 CHUNK = 1 << 20
 FIRST_READ = 64 << 10
 ZERO_BLOCK = bytes(512)
+_BLOCK = 512
 #: the largest metadata record read (a GNU long name, a PAX header): real ones are a few hundred bytes
 MAX_META_SIZE = 1 << 20
 #: a member's payload is given memory as its bytes arrive, at most this much ahead of them
@@ -237,6 +238,23 @@ def plain_member(header: bytes) -> Optional[tuple[str, int]]:
     return raw.decode("utf-8", "surrogateescape"), size
 
 
+def _bytes(n: int) -> str:
+    return f"{n} byte" + ("" if n == 1 else "s")
+
+
+def _cut_in_data(size: int, got: int, more: str = "") -> str:
+    """What a stream cut inside a member's data is: what was expected and what arrived (issue 41)."""
+    return f"the stream ended inside the member's data: expected {more}{_bytes(size)} of data, got {_bytes(got)}"
+
+
+def _cut_in_padding(size: int, got: int) -> str:
+    """What a stream cut inside the zeros after a member's (whole) data is."""
+    return (
+        f"the stream ended inside the padding after the member's {_bytes(size)} of data: expected "
+        f"{_bytes((-size) % _BLOCK)} of zeros to the next {_BLOCK}-byte block, got {_bytes(got)}"
+    )
+
+
 def _octal(field: bytes) -> int:
     """A numeric header field read as ``tarfile`` reads it: octal text up to the first NUL (all
     twelve digits when there is none), or GNU base-256 for very large values; may be negative."""
@@ -392,18 +410,14 @@ class TarMembers:
             pad = (-size) % 512
             if pad:
                 if not self._fill(pad):
-                    raise self._fail(
-                        f"the stream ended inside the padding after the {size} bytes of data", name, header_offset
-                    )
+                    raise self._fail(_cut_in_padding(size, len(self._buf) - self._pos), name, header_offset)
                 self._pos = pad
             return data
         if not self._fill(padded):
             got = len(self._buf) - self._pos
-            raise self._fail(
-                f"the stream ended inside the member: expected {size} bytes of data, got {min(got, size)}",
-                name,
-                header_offset,
-            )
+            if got >= size:  # the data is whole: the cut is in the zero bytes that pad it to a 512-byte block
+                raise self._fail(_cut_in_padding(size, got - size), name, header_offset)
+            raise self._fail(_cut_in_data(size, got), name, header_offset)
         data = self._buf[self._pos : self._pos + size]
         self._pos += padded
         return data
@@ -439,11 +453,7 @@ class TarMembers:
                             f"the {self.compression} stream is damaged or ended early ({exc})", name, header_offset
                         ) from exc
                     if not n:
-                        raise self._fail(
-                            f"the stream ended inside the member: expected {size} bytes of data, got {have}",
-                            name,
-                            header_offset,
-                        )
+                        raise self._fail(_cut_in_data(size, have), name, header_offset)
                     have += n
             finally:
                 view.release()
@@ -456,11 +466,7 @@ class TarMembers:
         while have < size:
             data = self._read(size - have)
             if not data:
-                raise self._fail(
-                    f"the stream ended inside the member: expected {size} more bytes of data, got {have}",
-                    name,
-                    header_offset,
-                )
+                raise self._fail(_cut_in_data(size, have, "a further "), name, header_offset)
             parts.append(data)
             have += len(data)
         return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -476,7 +482,9 @@ class TarMembers:
             self._base += len(self._buf)
             self._buf, self._pos = b"", 0
             if not self._fill(min(padded, self.chunk)):
-                raise self._fail("the stream ended inside a skipped member", name, header_offset)
+                arrived = size + (-size) % 512 - padded + len(self._buf) - self._pos
+                cut = _cut_in_padding(size, arrived - size) if arrived >= size else _cut_in_data(size, arrived)
+                raise self._fail(cut, name, header_offset)
 
     def _checksum_ok(self, header: bytes) -> bool:
         try:
@@ -565,10 +573,13 @@ class TarMembers:
             got = len(self._buf) - self._pos
             if self._ranged and not got and not self._extended:
                 return _END
-            raise self._fail(
-                "the stream ended without the tar end-of-archive marker "
-                "(the shard is truncated)" + (f"; {got} stray bytes at the end" if got else "")
-            )
+            if got and not self._buf[self._pos :].strip(b"\0"):
+                what = f"inside the end-of-archive marker: expected 1024 zero bytes, got {_bytes(got)}"
+            elif got:
+                what = f"inside a member's header: expected a {_BLOCK}-byte header block, got {_bytes(got)}"
+            else:
+                what = "without the tar end-of-archive marker (two 512-byte blocks of zeros)"
+            raise self._fail(f"the stream ended {what} (the shard is truncated)")
         pos = self._pos
         header = self._buf[pos : pos + 512]
         header_offset = self._base + pos
