@@ -11,6 +11,7 @@ import pytest
 import wds_cloud as wds
 from wds_cloud.io import concurrency
 from wds_cloud.io.concurrency import REPROBE, Controller, worker_share
+from wds_cloud.io.parallel import CHUNK, part_step
 from wds_cloud.testing.link import EmulatedLink
 from wds_cloud.testing.objects import http_server
 
@@ -162,6 +163,184 @@ def test_what_is_learned_travels_to_a_spawned_worker_and_hostile_tables_are_igno
         assert concurrency.controller_for("http://a.example", 4).level == 4
     finally:
         concurrency.forget()
+
+
+class SimulatedReader:
+    """Shards read part by part as the fetcher reads them, in simulated time, from a host whose connections each
+    carry ``per_connection(open, t)`` bytes/s while ``open`` connections transfer.  As the fetcher does: at one
+    connection a request asks for the rest of its shard (split a little ahead of where it is when more are
+    chosen), above one the rest is asked for as parts (:func:`part_step`); each part carries the controller's
+    ticket; when fewer connections are chosen, the parts beyond the level that the reader needs last pause
+    and ask for the rest of their ranges when there is room.  ``run`` returns the simulated seconds the read
+    took."""
+
+    def __init__(self, per_connection, shards=4, shard_size=64 << 20, part_size=8 << 20, latency=0.03, step=0.01):
+        self.per_connection = per_connection
+        self.sizes = [shard_size] * shards
+        self.part_size = part_size
+        self.latency = latency
+        self.step = step
+        self.now = 0.0
+        self.levels: list[int] = []
+
+    def _send(self, controller, part, parts):
+        part.update(first=self.now + self.latency, told=False, ticket=controller.ticket())
+        parts.append(part)
+        controller.flight(len(parts), self.now)
+
+    def run(self, controller: Controller) -> float:
+        shard, cursor, left = 0, 0, sum(self.sizes)
+        parts: list[dict] = []  # in flight: shard, pos, end, streamed, first (its first byte), ticket
+        paused: list[dict] = []
+        while left > 0:
+            level = controller.level
+            if level > 1:  # a request for the rest of the shard stops a little ahead; the rest becomes parts
+                for p in parts:
+                    if p["streamed"] and p["end"] == self.sizes[p["shard"]]:
+                        ahead = -(-(p["pos"] + int(self.per_connection(len(parts), self.now) * self.latency)) // CHUNK)
+                        if p["end"] - ahead * CHUNK >= 1 << 20:
+                            p["end"], p["streamed"], cursor = ahead * CHUNK, False, ahead * CHUNK
+            while paused and len(parts) < level:
+                self._send(controller, paused.pop(0), parts)
+            while len(parts) < level and shard < len(self.sizes):
+                if cursor >= self.sizes[shard]:
+                    shard, cursor = shard + 1, 0
+                    continue
+                if level == 1:
+                    end = self.sizes[shard]
+                else:
+                    end = min(
+                        self.sizes[shard], cursor + part_step(cursor, self.sizes[shard], self.part_size, level)[0]
+                    )
+                self._send(controller, {"shard": shard, "pos": cursor, "end": end, "streamed": level == 1}, parts)
+                cursor = end
+            self.now += self.step
+            rate = self.per_connection(len(parts), self.now)
+            arrived = 0
+            for p in parts:
+                if p["first"] > self.now:
+                    continue
+                if not p["told"]:
+                    p["told"] = True
+                    controller.first_byte(self.latency)
+                n = min(p["end"] - p["pos"], int(rate * self.step))
+                p["pos"] += n
+                arrived += n
+                controller.received(n, self.now, p["ticket"])
+            left -= arrived
+            for p in [p for p in parts if p["pos"] >= p["end"]]:
+                parts.remove(p)
+                controller.flight(len(parts), self.now)
+            controller.waited(self.step * max(0.0, 1 - arrived / self.step / (4000 * MB)))  # a fast reader
+            if controller.due(self.now):
+                before = controller.level
+                known = sum(self.sizes[shard : shard + 2]) - cursor + sum(p["end"] - p["pos"] for p in parts + paused)
+                controller.decide(self.now, known, rate, self.part_size)
+                if controller.level < before:  # the parts the reader needs last pause
+                    order = sorted(parts, key=lambda p: (p["shard"], p["pos"]))
+                    for p in order[max(1, controller.level) :]:
+                        if not p["streamed"]:
+                            parts.remove(p)
+                            paused.append(p)
+                    paused.sort(key=lambda p: (p["shard"], p["pos"]))
+                    controller.flight(len(parts), self.now)
+            self.levels.append(controller.level)
+        return self.now
+
+
+def suffering(n, per_connection=3 * MB, share=0.5):
+    """A host whose connections each carry ``per_connection`` while at most ``n`` are open; with more, every one
+    slows so that all of them together carry ``share`` of what ``n`` did."""
+    return lambda open_, t: per_connection if open_ <= n else per_connection * n * share / open_
+
+
+def learned_against_fixed(per_connection, levels=(1, 2, 3, 4, 5, 6, 8, 12, 16), **reader):
+    """(seconds with the measured level, its controller, the reader, the best fixed level, its seconds)."""
+    fixed = {level: SimulatedReader(per_connection, **reader).run(Controller(16, fixed=level)) for level in levels}
+    best = min(fixed, key=fixed.get)
+    simulated = SimulatedReader(per_connection, **reader)
+    controller = Controller(16)
+    return simulated.run(controller), controller, simulated, best, fixed[best]
+
+
+def test_bytes_of_a_part_sent_at_a_higher_level_are_not_this_levels():
+    """Bytes of parts sent at a higher level restart the window of a lower one; parts sent at a lower level count."""
+    controller = Controller(16, start=4)
+    controller.first_byte(0.01)
+    high = controller.ticket()
+    controller.level = 1  # fewer connections were chosen; parts sent at 4 still arrive
+    now = 0.0
+    for _ in range(200):
+        now += 0.001
+        controller.received(100_000, now, high)
+        controller.received(3_000, now, controller.ticket())
+    assert not controller.due(now)  # nothing measured while the parts of 4 arrived
+    for _ in range(100):
+        now += 0.001
+        controller.received(3_000, now, controller.ticket())
+    assert controller.due(now)
+    controller.decide(now)
+    assert controller.rates[1] == pytest.approx(3e6, rel=0.05)  # what one connection carried, nothing more
+    low = controller.ticket()
+    controller.level = 4
+    for _ in range(100):
+        now += 0.001
+        controller.received(3_000, now, low)
+    assert controller.due(now)
+
+
+@pytest.mark.parametrize("ceiling", [2, 4, 6])
+@pytest.mark.parametrize("per_connection,share", [(3 * MB, 0.5), (3 * MB, 0.25), (20 * MB, 0.6)])
+def test_against_a_host_that_suffers_past_n_connections_the_level_ends_near_n(ceiling, per_connection, share):
+    """The read takes no more than 1.3x the best fixed level's, and the level held is near N (simulated clock)."""
+    seconds, controller, simulated, best, best_seconds = learned_against_fixed(
+        suffering(ceiling, per_connection, share), shards=max(2, int(60 * per_connection * ceiling) >> 26)
+    )
+    assert best == ceiling
+    assert seconds <= 1.3 * best_seconds, (seconds, best_seconds, controller.report())
+    assert abs(held(simulated.levels) - ceiling) <= 1, controller.report()  # most of the time,
+    assert abs(held(simulated.levels[len(simulated.levels) // 2 :]) - ceiling) <= 1  # and at the end
+
+
+def held(levels):
+    """The level held for the most steps (a trial at the end of a read is only a trial)."""
+    return max(set(levels), key=levels.count)
+
+
+def test_against_a_host_whose_best_level_is_one_it_stays_near_one():
+    """A host that suffers from a second connection: the read is close to one connection's."""
+    seconds, controller, simulated, best, best_seconds = learned_against_fixed(suffering(1, 10 * MB, 0.5), shards=8)
+    assert best == 1
+    assert seconds <= 1.3 * best_seconds, (seconds, best_seconds, controller.report())
+    assert simulated.levels.count(1) > 0.8 * len(simulated.levels) and controller.level == 1
+
+
+def test_against_a_host_with_no_ceiling_it_grows_to_the_cap():
+    """Every connection adds (no limit below 16): it ends at the cap and within 1.3x of 16 fixed."""
+    seconds, controller, simulated, best, best_seconds = learned_against_fixed(
+        lambda open_, t: 5 * MB, shards=8, levels=(4, 8, 16)
+    )
+    assert best == 16
+    assert seconds <= 1.3 * best_seconds, (seconds, best_seconds, controller.report())
+    assert controller.level == 16
+
+
+def test_a_host_whose_ceiling_changes_mid_read_is_followed():
+    """Suffering past 4 connections, then past 8 from 40 s on: the level follows, within 1.3x of what knowing
+    both would take."""
+
+    def host(open_, t):
+        n = 4 if t < 40 else 8
+        return 3 * MB if open_ <= n else 3 * MB * n * 0.5 / open_
+
+    simulated = SimulatedReader(host, shards=12)
+    controller = Controller(16)
+    seconds = simulated.run(controller)
+    # ideal: 4 connections (12 MB/s) for 40 s, then 8 (24 MB/s) for the rest
+    ideal = 40 + (12 * (64 << 20) - 40 * 12 * MB) / (24 * MB)
+    assert seconds <= 1.3 * ideal, (seconds, ideal, controller.report())
+    assert abs(held(simulated.levels[: int(35 / simulated.step)]) - 4) <= 1
+    assert abs(held(simulated.levels[-int(10 / simulated.step) :]) - 8) <= 1, controller.report()
 
 
 # end to end: real servers; the assertions are on levels and request counts

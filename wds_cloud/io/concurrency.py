@@ -26,6 +26,10 @@ inherit it (a spawned worker gets it with the dataset).  With N DataLoader worke
 ``max_concurrency``, so that the workers share the host instead of multiplying it; a
 ``max_concurrency`` the user sets is each process's own ceiling.
 
+A level is judged on what arrived at it: every part carries the level it was sent at (:meth:`Controller.ticket`),
+and while a part sent at a higher level still brings bytes, no window of a lower level is measured (its
+connection is one more than the level; on a host that suffers from connections it slows the others too).
+
 Pure logic, with the clock passed in: the fetcher reports bytes, waits, first bytes and parts in flight.
 """
 
@@ -132,9 +136,22 @@ class Controller:
             self._busy += self._in_flight * max(0.0, now - self._busy_at)
         self._busy_at = now
 
-    def received(self, nbytes: int, now: float) -> None:
-        """``nbytes`` arrived on one of the host's connections."""
+    def ticket(self) -> int:
+        """What a part sent now carries, to be handed back with its bytes (:meth:`received`): the level it
+        was sent at."""
+        return self.level
+
+    def received(self, nbytes: int, now: float, ticket: Optional[int] = None) -> None:
+        """``nbytes`` arrived on one of the host's connections, for a part that carries ``ticket`` (from
+        :meth:`ticket` when it was sent; None: a part of the current level)."""
         with self._lock:
+            if ticket is not None and ticket > self.level:
+                # A part sent at a higher level is still arriving: its connection is one more than the level
+                # being judged (on a host that suffers from connections, it slows the others too), so nothing
+                # measured while it arrives is this level's.  The window starts again a first byte after the
+                # last of its bytes.  (Parts sent at a lower level count: their connections are within it.)
+                self._open_window(now, settle=self.latency or 0.0)
+                return
             if self._settle_until is not None and now < self._settle_until:
                 return
             if self._started is None:

@@ -111,14 +111,9 @@ class TransferOptions:
 
 
 def _checked(key: str, value: Any) -> Any:
-    if key == "part_size":
-        return config.parse_positive_size(key, value)
-    if key not in ("concurrency", "max_concurrency", "prefetch"):
+    if key not in ("part_size", "concurrency", "max_concurrency", "prefetch"):
         raise ConfigError(f"{key!r} is not a transfer setting: use part_size, concurrency, max_concurrency or prefetch")
-    least = 0 if key == "prefetch" else 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(f"{key}={value!r} must be a whole number of at least {least}")
-    return value
+    return config.check_setting(key, value)  # the range of its WDS_* variable (config.BOUNDS)
 
 
 def part_step(start: int, size: int, part_size: int, concurrency: int) -> tuple[int, int]:
@@ -173,6 +168,9 @@ class _Part:
         "asked",
         "handoff",
         "direct",
+        "ticket",
+        "pause",
+        "paused",
     )
 
     def __init__(self, obj: _Object, index: int, start: int, end: Optional[int]) -> None:
@@ -201,6 +199,11 @@ class _Part:
         # being read and its first bytes have come.
         self.handoff = False
         self.direct = False
+        self.ticket: Optional[int] = None  # the level it was sent at (the controller's ticket)
+        # Fewer connections were chosen: its filler stops at the end of the piece it reads (``pause``), and the
+        # part waits for a connection again (``paused``), to ask for the rest of its range then.
+        self.pause = False
+        self.paused = False
 
     @property
     def length(self) -> Optional[int]:
@@ -303,6 +306,7 @@ class _Object:
         self.received = 0  # bytes of it arrived
         self.peak = 0  # the most of its parts in flight at once
         self.running = 0
+        self.paused = 0  # parts waiting to ask for the rest of their ranges (see Fetcher._shed)
         self.created = time.perf_counter()
 
     @property
@@ -508,6 +512,16 @@ class Fetcher:
                 continue
             level = obj.controller.level
             budget = level * obj.options.part_size
+            for part in obj.parts[obj.reading : obj.dispatched] if obj.paused else ():
+                # parts paused when the level fell come first, in order
+                if part.paused:
+                    waited_on = obj.state == _ACTIVE and obj.reading >= part.index
+                    if not waited_on and self._in_flight.get(obj.host, 0) >= level:
+                        full.add(obj.host)
+                        break
+                    self._resume(part)
+            if obj.host in full:
+                continue
             while obj.dispatched < obj.total:
                 if obj.dispatched and (not obj.planned or obj.deferred):
                     break
@@ -534,6 +548,7 @@ class Fetcher:
         obj.running += 1
         obj.peak = max(obj.peak, obj.running)
         part.extra = extra
+        part.ticket = obj.controller.ticket()
         if extra:
             return self._thread(part)  # beyond the level: neither counted in it nor in its window
         part.reserved = part.holds
@@ -541,6 +556,50 @@ class Fetcher:
         in_flight = self._in_flight[obj.host] = self._in_flight.get(obj.host, 0) + 1
         obj.controller.flight(in_flight, time.perf_counter())
         self._thread(part)
+
+    def _resume(self, part: _Part) -> None:
+        """Send a paused part again, for the rest of its range, at the level of now (lock held)."""
+        obj = part.obj
+        part.paused = False
+        obj.paused -= 1
+        part.began = None  # its rate is measured again from its next first byte
+        obj.running += 1
+        part.ticket = obj.controller.ticket()
+        in_flight = self._in_flight[obj.host] = self._in_flight.get(obj.host, 0) + 1
+        obj.controller.flight(in_flight, time.perf_counter())
+        self._thread(part)
+
+    def _shed(self, host: str, level: int) -> None:
+        """Fewer connections were chosen for ``host``: the parts in flight beyond ``level``, those the readers
+        need last, pause at the end of the piece they read (their connections close) and ask for the rest
+        of their ranges when the level has room again.  Otherwise parts sent at the higher level would go
+        on for as long as their ranges take, and on a host that suffers from connections every other
+        connection would stay slow with them (lock held)."""
+        excess = self._in_flight.get(host, 0) - level
+        for obj in reversed(self._objects):
+            if excess <= 0:
+                return
+            if obj.host != host or obj.state == _CLOSED:
+                continue
+            for part in reversed(obj.parts[: obj.dispatched]):
+                if excess <= 0:
+                    break
+                if (
+                    part.index == 0  # its answer plans the object
+                    or part.end is None
+                    or part.streamed
+                    or part.direct
+                    or part.extra
+                    or part.done
+                    or part.paused
+                    or part.pause
+                    or part.error is not None
+                    or (obj.state == _ACTIVE and obj.reading >= part.index)  # its reader is at it
+                ):
+                    continue
+                part.pause = True
+                excess -= 1
+        self._cond.notify_all()
 
     def _thread(self, part: _Part) -> None:
         obj = part.obj
@@ -616,7 +675,7 @@ class Fetcher:
 
     def _decide(self, obj: _Object, now: float) -> None:
         """A measuring window of ``obj``'s host ended: the controller decides; more connections split the
-        shards streaming on one, fewer take effect as parts finish (lock held)."""
+        shards streaming on one, fewer pause the parts in flight beyond the level (lock held)."""
         controller = obj.controller
         # what is known to be left (a shard whose size is not known yet counts for nothing: more
         # connections must pay on what is known)
@@ -641,6 +700,8 @@ class Fetcher:
                     if changed > before:
                         self._split(other)
                     other.replan(changed)
+            if changed < before:
+                self._shed(obj.host, changed)
             self._pump()
 
     def _run(self, part: _Part) -> None:
@@ -652,8 +713,8 @@ class Fetcher:
         asked = time.perf_counter()
         began = asked
         try:
-            if part.index:  # pinned to what the first part saw
-                stream = obj.remote.stream(part.start, part.end, None, version=obj.version, size=obj.size)
+            if part.index:  # pinned to what the first part saw (a resumed part: from its next byte)
+                stream = obj.remote.stream(part.start + part.filled, part.end, None, version=obj.version, size=obj.size)
             else:
                 stream = obj.remote.stream(part.start, part.end, None)
             began = time.perf_counter()
@@ -676,6 +737,11 @@ class Fetcher:
                             cond.notify_all()
                             return
                         at, length = part.filled, part.length
+                        if part.pause and (length is None or at < length):
+                            if obj.state == _ACTIVE and obj.reading >= part.index:
+                                part.pause = False  # its reader came to it meanwhile: it goes on
+                            else:
+                                return  # fewer connections: the rest of its range waits for one (see _shed)
                         if length is not None and at >= length:
                             break
                         # full: wait until the reader has taken half of what it holds (one wake-up per
@@ -715,7 +781,7 @@ class Fetcher:
                     part.chunks.append(memoryview(buf) if n == want else memoryview(buf)[:n])
                     part.filled = at + n
                     obj.received += n
-                    controller.received(n, now)
+                    controller.received(n, now, part.ticket)
                     cond.notify_all()
                     if obj.deferred and part.filled >= FIRST_SAMPLE_BYTES:
                         obj.deferred = False
@@ -751,9 +817,20 @@ class Fetcher:
         self.stats.add(figures)
         with self._cond:
             obj.deferred = False
-            if part.end is None:
-                part.end = part.start + part.filled  # streamed to its end: the object's end
-            part.done = True
+            if (
+                part.pause
+                and part.error is None
+                and obj.state != _CLOSED
+                and part.end is not None
+                and part.filled < part.end - part.start
+            ):
+                part.paused = True  # the rest of its range waits for a connection (see _shed)
+                obj.paused += 1
+            else:
+                if part.end is None:
+                    part.end = part.start + part.filled  # streamed to its end: the object's end
+                part.done = True
+            part.pause = False
             part.stream = None
             if not part.extra:
                 in_flight = self._in_flight[obj.host] = self._in_flight.get(obj.host, 1) - 1
@@ -920,7 +997,7 @@ class PartedStream:
             part.filled += n
             part.taken += n
             obj.received += n
-            controller.received(n, now)
+            controller.received(n, now, part.ticket)
             if obj.deferred and part.filled >= FIRST_SAMPLE_BYTES:
                 obj.deferred = False  # the next shard may be asked for now
                 self._fetcher._pump()
