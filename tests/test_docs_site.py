@@ -68,6 +68,73 @@ def test_the_errors_page_holds_the_tree(site):
     assert classes and all(name in text for name in classes)
 
 
+ROLES = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const):`?")
+
+
+def test_no_sphinx_role_shows_as_text_anywhere_in_the_site(site):
+    """The docstrings' Sphinx roles become links or code: no page and no search entry shows ``:class:`` etc."""
+    shown = {}
+    for path in [*site.rglob("*.html"), site / "search" / "search_index.json"]:
+        found = ROLES.findall(path.read_text(errors="replace"))
+        if found:
+            shown[str(path.relative_to(site))] = len(found)
+    assert shown == {}
+
+
+def test_roles_become_links_that_resolve(site):
+    """A role naming a documented object is a link to it (the strict build proves every link resolves)."""
+    text = (site / "reference" / "dataset" / "index.html").read_text()
+    assert re.search(r'<a class="autorefs[^>]*href="[^"]*#wds_cloud\.dataset\.options\.ReadOptions"', text)
+
+
+def test_class_pages_show_the_constructor_signature(site):
+    """WebDataset's parameters and their defaults are on its page, not only in prose."""
+    text = re.sub(r"<[^>]+>", "", (site / "reference" / "dataset" / "index.html").read_text())
+    start = text.index("WebDataset(")
+    signature = text[start : start + 4000]
+    for parameter in list(inspect.signature(wds_cloud.WebDataset.__init__).parameters)[1:]:
+        assert parameter in signature, parameter
+    assert "shardshuffle" in signature and "cache_dir" in signature and "= None" in signature
+
+
+def test_the_cli_page_has_every_option_of_every_subcommand(site):
+    """Every option string of every command, nested ones (``convert mmc4``) included, is on the CLI page."""
+    import argparse
+    import html
+
+    from wds_cloud.cli import build_parser
+
+    text = html.unescape((site / "cli" / "index.html").read_text())
+    missing = []
+
+    def walk(parser, words):
+        assert f"{' '.join(words)}" in text, words
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, [*words, name])
+            else:
+                missing.extend(f"{' '.join(words)} {o}" for o in action.option_strings if o not in text)
+
+    walk(build_parser(), ["wds-cloud"])
+    assert missing == []
+
+
+def test_the_errors_page_names_every_base_callers_catch(site):
+    """CorruptShardError is a ValueError and also the tarfile.ReadError webdataset users catch: both are shown."""
+    import html
+
+    text = html.unescape(re.sub(r"<[^>]+>", "", (site / "errors" / "index.html").read_text()))
+    for name, cls in inspect.getmembers(wds_cloud.errors, inspect.isclass):
+        if not issubclass(cls, BaseException) or cls.__module__ != "wds_cloud.errors":
+            continue
+        line = next(line for line in text.splitlines() if line.strip().startswith(name))
+        for base in cls.__mro__[1:]:
+            if base.__module__ != "wds_cloud.errors" and base not in (BaseException, Exception, object):
+                shown = base.__name__ if base.__module__ == "builtins" else f"{base.__module__}.{base.__qualname__}"
+                assert shown in line, (name, shown)
+
+
 def test_every_public_name_has_a_docstring():
     """The reference shows what has a docstring: a public name without one would be missing from it."""
     missing = [

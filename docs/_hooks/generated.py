@@ -31,10 +31,16 @@ def cli_page() -> str:
     parser = build_parser()
     parser.prog = "wds-cloud"
     out = ["```text", parser.format_help().rstrip(), "```", ""]
-    for action in parser._actions:  # argparse keeps its subcommands only here
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                out += [f"## `wds-cloud {name}`", "", "```text", sub.format_help().rstrip(), "```", ""]
+
+    def subcommands(parser, words, depth):
+        for action in parser._actions:  # argparse keeps its subcommands only here
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    command = " ".join([*words, name])
+                    out.extend([f"{'#' * depth} `{command}`", "", "```text", sub.format_help().rstrip(), "```", ""])
+                    subcommands(sub, [*words, name], min(depth + 1, 4))  # nested ones (convert mmc4) too
+
+    subcommands(parser, ["wds-cloud"], 2)
     return "\n".join(out)
 
 
@@ -60,13 +66,14 @@ def errors_page() -> str:
     out = []
 
     def walk(cls, depth):
-        builtins = [
-            b.__name__
+        # every base from outside the tree that callers catch: builtins, and others such as tarfile.ReadError
+        bases = [
+            b.__name__ if b.__module__ == "builtins" else f"{b.__module__}.{b.__qualname__}"
             for b in cls.__mro__[1:]
-            if b.__module__ == "builtins" and b not in (BaseException, Exception, object)
+            if b.__module__ != errors.__name__ and b not in (BaseException, Exception, object)
         ]
         doc = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
-        also = f" (also {', '.join(f'`{b}`' for b in builtins)})" if builtins else ""
+        also = f" (also {', '.join(f'`{b}`' for b in bases)})" if bases else ""
         out.append(f"{'    ' * depth}- **`{cls.__name__}`**{also}: {doc}")
         for sub in sorted((c for c in classes if cls in c.__bases__), key=lambda c: c.__name__):
             walk(sub, depth + 1)
