@@ -21,7 +21,7 @@ from .errors import ConfigError, NotResumableError, StateMismatchError, redact
 from .io.datafile import shown
 from .io.security import untrusted
 from .pytorch import DataLoader, IterableDataset
-from .resume import elastic
+from .resume import consistency, elastic
 from .resume.protocol import (
     SampleSource,
     declines_resume,
@@ -284,26 +284,32 @@ class DataPipeline(IterableDataset, PipelineStage):
         """How the shards of the shard list reach the reader: ``"nodes+workers"``, ``"nodes"``, ``"workers"``,
         ``"none"`` (every worker reads every shard), ``"custom"`` (a stage of the user's in between), or None
         (no shard list and reader)."""
+        return self._splitting()[0]
+
+    def _splitting(self) -> tuple[Optional[str], Any]:
+        """(:meth:`_split_kind`, the first stage of the user's between the shard list and the reader, or None)."""
         stages = self.pipeline
         start = next((i for i, s in enumerate(stages) if isinstance(s, shardlists.SHARE_LISTS)), None)
         if start is None:
-            return None
+            return None, None
         end = next(
             (i for i in range(start + 1, len(stages)) if callable(getattr(stages[i], "set_elastic", None))), None
         )
         if end is None:
-            return None
+            return None, None
         nodes = workers = False
         for stage in stages[start + 1 : end]:
+            # identity, not equality: a wrapper (functools.partial, a lambda calling ours) may split otherwise
             if stage is shardlists.split_by_node:
                 nodes = True
             elif stage is shardlists.split_by_worker:
                 workers = True
             elif stage is not shardlists.single_node_only and not getattr(stage, "keeps_shards", False):
-                return "custom"
-        return {(True, True): "nodes+workers", (True, False): "nodes", (False, True): "workers"}.get(
+                return "custom", stage
+        kind = {(True, True): "nodes+workers", (True, False): "nodes", (False, True): "workers"}.get(
             (nodes, workers), "none"
         )
+        return kind, None
 
     def state_dict(self, strict: bool = False) -> dict:
         """Where the most recent iterator stands, at the last sample it yielded: plain JSON.
@@ -447,11 +453,45 @@ class DataPipeline(IterableDataset, PipelineStage):
                             "the saved state has samples in a shuffle buffer, but no shard "
                             "reader feeds that shuffle here"
                         )
+                    self._check_buffer(replay, source, state["stages"])
                     source.set_replay(self._trusted_replay(replay))
         for _i, kind, stage_state in state["stages"]:
             if kind in elastic.SHARD_LISTS and isinstance(stage_state.get("assigned"), dict):
                 self.assign_share(stage_state["assigned"])  # a pass begun by an elastic resume goes on
         self._resume_progress = list(state.get("progress") or (0, 0))
+
+    def _check_buffer(self, replay: list, source: Any, stages: list) -> None:
+        """Refuse buffered samples that the state's own reader could not have read (see
+        :func:`wds_cloud.resume.consistency.check_buffer`): only a reader of this pipeline's is held to it."""
+        index = next((i for i, stage in enumerate(self.pipeline) if stage is source), None)
+        reader = next((st for i, _, st in stages if i == index), None)
+        if index is None or not callable(getattr(source, "set_elastic", None)) or not isinstance(reader, dict):
+            return  # a source of the user's (or a nested pipeline's): its refs mean what it says
+        listed = next((st for _, kind, st in stages if kind in elastic.SHARD_LISTS), None)
+        share = listed.get("assigned") if isinstance(listed, dict) else None
+        consistency.check_buffer(replay, reader, self._worker_shards(listed, reader, share), share)
+
+    def _worker_shards(self, listed: Optional[dict], reader: dict, share: Any) -> Optional[list]:
+        """The URLs of the shards the worker that saved ``reader`` read in its pass, in order (its elastic share, or
+        its split of the epoch's order), or None when that cannot be known here."""
+        shard_list = next((s for s in self.pipeline if isinstance(s, shardlists.SHARE_LISTS)), None)
+        if shard_list is None or not isinstance(listed, dict):
+            return None
+        urls = shard_list.urls
+        if isinstance(share, dict):
+            by_id = {url_id(u): u for u in urls}
+            partial = [by_id.get(e[0]) if isinstance(e, list) and e else None for e in share.get("partial") or ()]
+            pending = share.get("pending") or []
+            if None in partial or not all(type(i) is int and 0 <= i < len(urls) for i in pending):
+                return None  # refused, naming the field, where the share is taken (assign_share)
+            return partial + [urls[i] for i in pending]
+        epoch = listed.get("epoch")
+        if not isinstance(shard_list, shardlists.SimpleShardList) or type(epoch) is not int or epoch < 0:
+            return None
+        seed = shard_list.seed
+        order = elastic.shard_order(len(urls), seed, epoch) if seed is not None else list(range(len(urls)))
+        mine = consistency.slot_items(order, self._split_kind(), reader.get("identity"), elastic.shard_split)
+        return None if mine is None else [urls[i] for i in mine]
 
     # elastic resume (wds_cloud.resume.elastic)
     def load_merged(self, state: dict) -> None:
@@ -466,7 +506,9 @@ class DataPipeline(IterableDataset, PipelineStage):
         self._seal_problem = None
 
     def check_level(self, level: dict) -> None:
-        """Refuse a merged level that was not taken from a pipeline like this one, naming what differs."""
+        """Refuse a merged level that was not taken from a pipeline like this one, naming what differs, or whose
+        fields do not agree with each other and with this pipeline's shards (see :mod:`wds_cloud.resume.consistency`),
+        or that this pipeline could not share out exactly (its shards split by a stage of the user's)."""
         if level.get("fresh"):
             return
         here = [[i, kind] for i, kind, _ in self._stateful()]
@@ -492,6 +534,57 @@ class DataPipeline(IterableDataset, PipelineStage):
             for stage in stages.values():
                 if callable(getattr(stage, "check_merged_streams", None)):
                     stage.check_merged_streams(streams)
+        if mix is None and streams is None:
+            self._share_split()
+            shard_list = self._share_list()
+            urls = shard_list.urls
+            repeats = isinstance(shard_list, shardlists.ResampledShards)
+            equal_work = getattr(self, "equal_work", None)
+            laps = level.get("owed") is not None and equal_work != "min"
+            consistency.check_work(level, urls, repeats=repeats, laps=repeats or laps)
+            consistency.check_owed(level, equal_work, self.shard_counts(), len(urls))
+
+    def _share_list(self) -> Any:
+        """The shard list a merged state's shards are shared out from (refused when this pipeline has none)."""
+        shard_list = next((s for s in self.pipeline if isinstance(s, shardlists.SHARE_LISTS)), None)
+        reader = next((s for s in self.pipeline if callable(getattr(s, "set_elastic", None))), None)
+        if shard_list is None or reader is None:
+            raise StateMismatchError(
+                "the merged state holds shards, but this pipeline has no shard list (SimpleShardList, "
+                "ResampledShards) and shard reader to read them: load it into a dataset like the one it was "
+                "taken from",
+                field="stages",
+            )
+        return shard_list
+
+    def _share_split(self, world_size: int = 1, workers: int = 1) -> str:
+        """How this pipeline splits its shards, when a merged state can be shared out by it on ``world_size`` ranks
+        x ``workers`` DataLoader workers; else StateMismatchError naming the stage and the fix.
+
+        A share is computed for our splitting (split_by_node, split_by_worker, single_node_only): a splitter of
+        the user's would split the shares again (shards lost) while the buffered samples, replayed by the
+        reader, came once per rank (issue 41), and one that does not split at all gives every rank all of it."""
+        split, stage = self._splitting()
+        if split == "custom":
+            raise StateMismatchError(
+                f"this pipeline's shards are split by {stage_name(stage)} ({shown(stage)}), a stage of its own "
+                "between the shard list and the reader, so a merged state cannot be shared out exactly (its "
+                "buffered samples would come once per rank): split with nodesplitter=wds.split_by_node and the "
+                "default workersplitter (wds.split_by_worker), which split the same way",
+                field="split",
+            )
+        if split is None:
+            self._share_list()
+            raise StateMismatchError("this pipeline has no shard reader after its shard list", field="stages")
+        if (world_size > 1 and "nodes" not in split) or (workers > 1 and "workers" not in split):
+            lacking = "ranks" if world_size > 1 and "nodes" not in split else "DataLoader workers"
+            raise StateMismatchError(
+                f"this pipeline does not split its shards over {lacking} (split: {split}), so every one of the "
+                f"{world_size} ranks x {workers} workers would read all that the merged state holds: give "
+                "nodesplitter=wds.split_by_node (and the default workersplitter, wds.split_by_worker)",
+                field="split",
+            )
+        return split
 
     def _apply_elastic(self) -> None:
         state, self._elastic = self._elastic, None
@@ -537,7 +630,7 @@ class DataPipeline(IterableDataset, PipelineStage):
                 "count": streams["count"],
                 **head,
             }
-        split = self._stage_facts()[3]
+        split = self._share_split(world_size, workers)
         slot, slots = elastic.shard_split(split, world_size, workers, rank, worker)
         counts = self.shard_counts() if level.get("owed") is not None else None
         mode = getattr(self, "equal_work", None) if level.get("owed") is not None else None
@@ -574,15 +667,19 @@ class DataPipeline(IterableDataset, PipelineStage):
     def assign_share(self, record: dict) -> None:
         """Make the next pass read the share ``record`` (see :func:`wds_cloud.resume.elastic.share`): its buffered
         samples, then its partly read shards from their saved bytes, then its unstarted shards."""
-        shard_list = next((s for s in self.pipeline if isinstance(s, shardlists.SHARE_LISTS)), None)
-        reader = next((s for s in self.pipeline if callable(getattr(s, "set_elastic", None))), None)
-        if shard_list is None or reader is None:
-            raise StateMismatchError(
-                "the merged state holds shards, but this pipeline has no shard list and reader to read them",
-                field="stages",
-            )
+        shard_list = self._share_list()
+        reader = next(s for s in self.pipeline if callable(getattr(s, "set_elastic", None)))
         urls = shard_list.urls
-        elastic.check_share(record, len(urls), repeats=isinstance(shard_list, shardlists.ResampledShards))
+        repeats = isinstance(shard_list, shardlists.ResampledShards)
+        elastic.check_share(record, len(urls), repeats=repeats)
+        consistency.check_work(
+            record,
+            urls,
+            repeats=repeats,
+            laps=repeats or (record.get("limit") is not None and getattr(self, "equal_work", None) != "min"),
+            buffered="replay",
+            what="saved elastic share",
+        )
         by_id = {url_id(u): u for u in urls}
         items = [
             {

@@ -36,7 +36,7 @@ from typing import Any, Optional
 from ..errors import StateMismatchError
 from ..io.datafile import shown
 from ..utils import make_seed
-from .state import check_seal, expect
+from .state import SEAL, check_seal, expect
 
 __all__ = [
     "ELASTIC_FORMAT",
@@ -44,6 +44,7 @@ __all__ = [
     "REPLAY_REF",
     "SHARD_LISTS",
     "KNOWN_KINDS",
+    "KNOWN_SPLITS",
     "MAX_STATES",
     "MAX_ENTRIES",
     "is_merged",
@@ -157,29 +158,70 @@ def decode_buffered(entries: list) -> list:
 
 
 # ----------------------------------------------------------------------------------------- checking
+#: the fields each part of a merged state may hold (anything else is refused: no state_dict() gives it)
+_FIELDS = {
+    "merged": {"format", "epoch", "from", "pipeline", "loader", SEAL},
+    "from": {"world_size", "num_workers"},
+    "loader": {"pass", "items", "ranks"},
+    "fresh": {"fresh", "epoch"},
+    "level": {"kinds", "configs", "epoch", "pass", "items", "slots"},
+    "shards": {"split", "shards", "pending", "partial", "buffered", "read", "started", "owed", "outer"},
+    "mix": {"names", "pass", "count", "taken", "sources", "quota"},
+    "streams": {"count", "states"},
+}
+#: how the shards of a pipeline are split that merge_states() and the share-out know
+KNOWN_SPLITS = ("nodes+workers", "nodes", "workers", "none")
+
+
+def _only(part: dict, what: str, allowed: set) -> None:
+    unknown = sorted(str(k) for k in part if k not in allowed)
+    if unknown:
+        raise StateMismatchError(
+            f"the {what} state holds {shown(unknown[0])}, a field no merge_states() gives: the state was "
+            "changed; load the state that merge_states() returned",
+            field=unknown[0],
+        )
+
+
 def check_merged(state: Any) -> None:
-    """Refuse a merged state that is not one :func:`merge_states` gives (its checksum, then every field)."""
+    """Refuse a merged state that is not one :func:`merge_states` gives (its checksum, then every field, and how
+    its parts agree: the epoch of every level, the job's shape and its counts of slots and ranks)."""
     expect(state, "merged", dict, epoch=(int, lambda n: n >= 0), pipeline=dict, loader=(dict, None, True))
     check_seal(state, "merged")
-    _check_level(state["pipeline"], 0)
+    _only(state, "merged", _FIELDS["merged"])
+    expect(state, "merged", dict, **{"from": dict})
+    shape = state["from"]
+    _only(shape, "merged", _FIELDS["from"])
+    expect(
+        shape,
+        "merged job shape ('from')",
+        dict,
+        world_size=(int, lambda n: 1 <= n <= MAX_STATES),
+        num_workers=(int, lambda n: 1 <= n <= 4096),
+    )
+    _check_level(state["pipeline"], 0, state["epoch"], shape["world_size"], shape["num_workers"])
     loader = state.get("loader")
     if loader is not None:
+        _only(loader, "merged loader", _FIELDS["loader"])
         expect(
             loader,
             "merged loader",
             dict,
             **{"pass": (int, lambda n: n >= 0)},
             items=(int, lambda n: n >= 0),
-            ranks=(int, lambda n: 1 <= n <= MAX_STATES),
+            ranks=(int, lambda n: n == shape["world_size"]),
         )
 
 
-def _check_level(level: Any, depth: int) -> None:
+def _check_level(level: Any, depth: int, epoch: int, world_size: int, workers: int) -> None:
     if depth > 2:
         raise StateMismatchError("the merged state nests mixes deeper than a mix of datasets", field="mix")
-    expect(level, "merged", dict, epoch=(int, lambda n: n >= 0))
+    expect(level, "merged", dict, epoch=(int, lambda n: n == epoch), fresh=(bool, lambda v: v, True))
     if level.get("fresh"):
+        _only(level, "merged", _FIELDS["fresh"])
         return
+    part = "mix" if "mix" in level else "streams" if "streams" in level else "shards"
+    _only(level, "merged", _FIELDS["level"] | ({part} if part != "shards" else _FIELDS["shards"]))
     expect(
         level,
         "merged",
@@ -188,7 +230,7 @@ def _check_level(level: Any, depth: int) -> None:
         configs=dict,
         **{"pass": (int, lambda n: n >= 0)},
         items=(int, lambda n: n >= 0),
-        slots=(int, lambda n: 1 <= n <= MAX_STATES * 4096),
+        slots=(int, lambda n: n == world_size * workers),
         mix=(dict, None, True),
         streams=(dict, None, True),
     )
@@ -206,6 +248,7 @@ def _check_level(level: Any, depth: int) -> None:
         )
     streams = level.get("streams")
     if streams is not None:
+        _only(streams, "merged streams", _FIELDS["streams"])
         expect(streams, "merged streams", dict, count=(int, lambda n: 1 <= n <= 65536), states=list)
         streams_seen: set = set()
         for entry in streams["states"]:
@@ -226,6 +269,7 @@ def _check_level(level: Any, depth: int) -> None:
         return
     mix = level.get("mix")
     if mix is not None:
+        _only(mix, "merged mix", _FIELDS["mix"])
         expect(
             mix,
             "merged mix",
@@ -238,7 +282,7 @@ def _check_level(level: Any, depth: int) -> None:
             sources=(list, lambda v: len(v) == len(mix["names"])),
         )
         for sub in mix["sources"]:
-            _check_level(sub, depth + 1)
+            _check_level(sub, depth + 1, epoch, world_size, workers)
         return
     expect(
         level,
@@ -252,10 +296,25 @@ def _check_level(level: Any, depth: int) -> None:
         owed=(int, lambda n: n >= 0, True),
         outer=(int, lambda n: n >= 0, True),
         started=(int, lambda n: n >= 0, True),
+        split=(str, lambda v: v in KNOWN_SPLITS),
     )
+    split = level["split"]
+    if ("nodes" not in split and world_size > 1) or ("workers" not in split and workers > 1):
+        raise StateMismatchError(
+            f"the merged state says its shards were split {split!r} over {world_size} ranks x {workers} "
+            "workers, which merge_states() refuses: the state was changed",
+            field="split",
+        )
     n_shards = level["shards"].get("shards")
     if type(n_shards) is not int or n_shards < 1:
         raise StateMismatchError(f"the merged state's shard count is {shown(n_shards)}", field="shards")
+    listed = [str(i) for i, kind in level["kinds"] if kind in SHARD_LISTS]
+    if len(listed) != 1 or level["configs"].get(listed[0]) != level["shards"]:
+        raise StateMismatchError(
+            f"the merged state's shards {shown(level['shards'])} are not its shard list's settings: the state "
+            "was changed",
+            field="shards",
+        )
     seen: set = set()
     for index in level["pending"]:
         if type(index) is not int or not 0 <= index < n_shards or index in seen:

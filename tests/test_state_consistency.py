@@ -1,0 +1,341 @@
+"""A loaded state is proven consistent, not only well formed: across its fields and with the pipeline it is loaded
+into.  A forged state ("mutate, then seal again": the checksum stops accidents, not people) resumes exactly or
+is refused with StateMismatchError naming the field; it never gives a sample twice, loses one, or loops."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import itertools
+import json
+import os
+from itertools import islice
+
+import pytest
+
+import wds_cloud as wds
+from wds_cloud.errors import StateMismatchError
+from wds_cloud.resume.state import seal, url_id
+
+from .test_elastic import assert_exactly_once, rank
+from .test_resume import write_shards
+
+pytest.importorskip("torch")
+
+SIZES = [7, 12, 5, 9, 11, 6, 8, 10]
+EVERYTHING = sorted(f"s{s:02d}_{i:04d}" for s, n in enumerate(SIZES) for i in range(n))
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_shards(tmp_path_factory.mktemp("consistency"), SIZES)
+
+
+def users_node_split(src):
+    """A webdataset-style node splitter of the user's own (splits exactly as split_by_node does)."""
+    r, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    return islice(src, r, None, world)
+
+
+def users_worker_split(src):
+    return wds.split_by_worker(src)
+
+
+def dataset(shards, nodesplitter=wds.split_by_node, workersplitter=wds.split_by_worker, bufsize=8, **kw):
+    ds = wds.WebDataset(
+        shards, shardshuffle=True, seed=11, nodesplitter=nodesplitter, workersplitter=workersplitter, **kw
+    )
+    return ds.shuffle(bufsize) if bufsize else ds
+
+
+def loader(shards, workers, **kw):
+    return wds.WebLoader(dataset(shards, **kw), batch_size=None, num_workers=workers, collate_fn=lambda s: s)
+
+
+def keys(samples):
+    return [s["__key__"] for s in samples]
+
+
+@pytest.fixture(scope="module")
+def merged_2x1(shards):
+    """Two ranks (dataset states, no DataLoader workers) stopped mid-epoch, merged: (delivered keys, merged)."""
+    before, states = [], []
+    for r in range(2):
+        with rank(r, 2):
+            ds = dataset(shards)
+            it = iter(ds)
+            before += [next(it)["__key__"] for _ in range(9 + 3 * r)]
+            states.append(ds.state_dict())
+    merged = json.loads(json.dumps(wds.merge_states(states)))  # as a checkpoint file gives it back
+    level = merged["pipeline"]
+    assert level["partial"] and level["buffered"] and level["pending"]
+    return before, merged
+
+
+def finish_datasets(build, world, state, cap=10_000):
+    """Load ``state`` on each of ``world`` ranks (datasets in this process) and read at most ``cap`` samples each."""
+    after = []
+    for r in range(world):
+        with rank(r, world):
+            ds = build()
+            ds.load_state_dict(copy.deepcopy(state))
+            after += keys(itertools.islice(ds, cap))
+    return after
+
+
+def resealed(state, change):
+    out = copy.deepcopy(state)
+    out.pop("checksum", None)
+    change(out)
+    return seal(out)
+
+
+# the splitting a merged state is shared out by ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    "splitters",
+    [
+        {"nodesplitter": users_node_split},
+        {"nodesplitter": lambda src: islice(src, int(os.environ["RANK"]), None, int(os.environ["WORLD_SIZE"]))},
+        {"nodesplitter": functools.partial(wds.split_by_node, group=None)},
+        {"workersplitter": users_worker_split},
+    ],
+    ids=["function", "lambda", "partial", "workersplitter"],
+)
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_a_merged_state_is_refused_by_a_users_own_splitter(shards, merged_2x1, splitters, world):
+    """A merged state is shared out only by a split it knows: the user's own splitter is refused with the fix, and
+    no rank reads the buffered samples of every rank (10 twice on 2 ranks, as issue 41 found)."""
+    _, merged = merged_2x1
+    with pytest.raises(StateMismatchError, match="split_by_node") as info:
+        finish_datasets(lambda: dataset(shards, **splitters), world, merged)
+    assert info.value.field == "split"
+    assert "splitter" in str(info.value) or "split" in str(info.value)
+
+
+def test_a_merged_state_in_a_loader_with_a_users_own_splitter_is_refused(shards, merged_2x1):
+    """The same through a WebLoader: refused when the state is loaded, before any worker starts."""
+    _, merged = merged_2x1
+    with rank(0, 2), pytest.raises(StateMismatchError, match="users_node_split") as info:
+        loader(shards, 2, nodesplitter=users_node_split).load_state_dict(merged)
+    assert info.value.field == "split"
+
+
+@pytest.mark.parametrize("nodesplitter", [wds.single_node_only, wds.split_by_worker])
+def test_a_merged_state_on_ranks_that_do_not_split_is_refused(shards, merged_2x1, nodesplitter):
+    """A pipeline that does not split its shards over ranks (the default single_node_only) would give every rank
+    the whole state: refused, naming the fix."""
+    _, merged = merged_2x1
+    with pytest.raises(StateMismatchError, match="split_by_node") as info:
+        finish_datasets(lambda: dataset(shards, nodesplitter=nodesplitter), 2, merged)
+    assert info.value.field == "split"
+    with rank(0, 2), pytest.raises(StateMismatchError, match="split_by_node"):
+        loader(shards, 1, nodesplitter=nodesplitter).load_state_dict(merged)
+
+
+def test_a_merged_state_with_our_splitters_still_resumes_exactly(shards, merged_2x1):
+    before, merged = merged_2x1
+    for world in (1, 3):
+        after = finish_datasets(lambda: dataset(shards), world, merged)
+        assert_exactly_once(before, after, EVERYTHING)
+
+
+# merged states made inconsistent and sealed again -------------------------------------------------------------
+def _index(shards, ident):
+    return next(i for i, u in enumerate(shards) if url_id(u) == ident)
+
+
+def _partial_to_pending(shards):
+    def change(s):
+        level = s["pipeline"]
+        level["pending"].append(_index(shards, level["partial"][0][0]))
+
+    return change
+
+
+def _partial_twice(s):
+    s["pipeline"]["partial"].append(copy.deepcopy(s["pipeline"]["partial"][0]))
+
+
+def _buffered_of_unstarted(shards):
+    def change(s):
+        level = s["pipeline"]
+        index = level["pending"][0]
+        level["buffered"].append([url_id(shards[index]), "x", False, [0, 2]])
+
+    return change
+
+
+def _buffered_moved_to_unstarted(shards):
+    """A shard with buffered samples named unstarted (listed in 'pending' again)."""
+
+    def change(s):
+        level = s["pipeline"]
+        partial = {entry[0] for entry in level["partial"]}
+        entry = next(e for e in level["buffered"] if e[0] not in partial)
+        level["pending"].append(_index(shards, entry[0]))
+
+    return change
+
+
+def _buffered_past_the_offset(s):
+    level = s["pipeline"]
+    entry = level["partial"][0]
+    level["buffered"] = [e for e in level["buffered"] if e[0] != entry[0]]
+    level["buffered"].append([entry[0], entry[1], False, [entry[2] // 512 + 4, 2]])
+
+
+def _buffered_twice(s):
+    level = s["pipeline"]
+    level["buffered"].append(copy.deepcopy(level["buffered"][0]))
+
+
+@pytest.mark.parametrize(
+    "make, field",
+    [
+        (_partial_to_pending, "pending"),
+        (lambda shards: _partial_twice, "partial"),
+        (_buffered_of_unstarted, "buffered"),
+        (_buffered_moved_to_unstarted, "buffered"),
+        (lambda shards: _buffered_past_the_offset, "buffered"),
+        (lambda shards: _buffered_twice, "buffered"),
+        (lambda shards: lambda s: s["pipeline"].__setitem__("surprise", 1), "surprise"),
+        (lambda shards: lambda s: s.__setitem__("surprise", 1), "surprise"),
+        (lambda shards: lambda s: s["pipeline"]["shards"].__setitem__("shards", 99), "shards"),
+        (lambda shards: lambda s: s["pipeline"].__setitem__("split", "custom"), "split"),
+        (lambda shards: lambda s: s["pipeline"].__setitem__("epoch", 7), "epoch"),
+        (lambda shards: lambda s: s.__setitem__("from", {"world_size": 5, "num_workers": 1}), "slots"),
+    ],
+    ids=[
+        "partial-and-unstarted",
+        "partial-twice",
+        "buffered-of-unstarted",
+        "buffered-then-unstarted",
+        "buffered-past-offset",
+        "buffered-twice",
+        "unknown-level-field",
+        "unknown-field",
+        "shard-count",
+        "split",
+        "level-epoch",
+        "from",
+    ],
+)
+def test_an_inconsistent_merged_state_is_refused(shards, merged_2x1, make, field):
+    """A shard in two of unstarted / partly read / buffered, or twice in one, is refused, naming the field: it
+    would give samples twice (issue 41)."""
+    _, merged = merged_2x1
+    forged = resealed(merged, make(shards))
+    with pytest.raises(StateMismatchError) as info:
+        finish_datasets(lambda: dataset(shards), 2, forged)
+    assert info.value.field == field, str(info.value)
+
+
+@pytest.fixture(scope="module")
+def equal_work_index(tmp_path_factory):
+    root = tmp_path_factory.mktemp("equal")
+    urls = write_shards(root, SIZES)
+    index = root / "index.json"
+    index.write_text(
+        json.dumps({"shardlist": [{"url": u.rsplit("/", 1)[1], "nsamples": n} for u, n in zip(urls, SIZES)]})
+    )
+    return str(index)
+
+
+@pytest.mark.parametrize("equal_work", [12, "min", "max"])
+def test_an_owed_count_beyond_the_epoch_is_refused(equal_work_index, equal_work):
+    """``owed`` of 10^12 under equal_work is refused when loaded, not read for ever (issue 41)."""
+
+    def build():
+        return dataset(equal_work_index, equal_work=equal_work, bufsize=4)
+
+    states = []
+    for r in range(2):
+        with rank(r, 2):
+            ds = build()
+            it = iter(ds)
+            for _ in range(5):
+                next(it)
+            states.append(ds.state_dict())
+    merged = wds.merge_states(states)
+    assert merged["pipeline"]["owed"] >= 0
+    finish_datasets(build, 1, merged)  # as taken: resumes
+    for owed in (10**12, merged["pipeline"]["owed"] + 10_000):
+        forged = resealed(merged, lambda s, owed=owed: s["pipeline"].__setitem__("owed", owed))
+        with pytest.raises(StateMismatchError) as info:
+            finish_datasets(build, 1, forged, cap=5_000)
+        assert info.value.field == "owed"
+        assert str(owed) in str(info.value)
+
+
+# per-worker (plain) states made inconsistent and sealed again --------------------------------------------------
+@pytest.fixture(scope="module")
+def plain(shards):
+    """A dataset state taken mid-epoch with samples of two shards in its shuffle buffer."""
+    ds = dataset(shards, bufsize=20)
+    it = iter(ds)
+    before = [next(it)["__key__"] for _ in range(14)]
+    state = json.loads(json.dumps(ds.state_dict()))
+    return before, state
+
+
+def _stage(state, kind):
+    return next(s[2] for s in state["stages"] if s[1] == kind)
+
+
+def test_a_plain_state_resumes_exactly(shards, plain):
+    before, state = plain
+    ds = dataset(shards, bufsize=20)
+    ds.load_state_dict(copy.deepcopy(state))
+    assert_exactly_once(before, keys(ds), EVERYTHING)
+
+
+def _ref_ahead(s):
+    """Buffered samples said to come from the shard after the one being read (not started yet)."""
+    shuffle, reader = _stage(s, "Shuffle"), _stage(s, "TarSamples")
+    shuffle["urls"].append([reader["shard"] + 1] + shuffle["urls"][0][1:])
+    shuffle["buffer"][0][0] = reader["shard"] + 1
+
+
+def _unstarted_url(shards):
+    """A buffered sample's shard replaced by one this worker has not started (same ref)."""
+
+    def change(s):
+        shuffle, reader = _stage(s, "Shuffle"), _stage(s, "TarSamples")
+        used = {e[3] for e in shuffle["urls"]} | {reader["url_id"]}
+        other = next(u for u in shards if url_id(u) not in used)
+        entry = next(e for e in shuffle["urls"] if e[3] != reader["url_id"])
+        entry[1], entry[3] = os.path.basename(other), url_id(other)
+
+    return change
+
+
+def _current_past_offset(s):
+    shuffle, reader = _stage(s, "Shuffle"), _stage(s, "TarSamples")
+    ref = next(e[0] for e in shuffle["urls"] if e[3] == reader["url_id"])
+    shuffle["buffer"][0] = [ref, reader["offset"] // 512 + 8, 2]
+
+
+def _current_elsewhere(s):
+    """The current shard's ref mapped to another URL than the one the reader reads."""
+    shuffle, reader = _stage(s, "Shuffle"), _stage(s, "TarSamples")
+    entry = next(e for e in shuffle["urls"] if e[3] != reader["url_id"])
+    entry[0] = reader["shard"]
+    shuffle["urls"] = [e for e in shuffle["urls"] if e is entry or e[3] != reader["url_id"]]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda shards: _ref_ahead, _unstarted_url, lambda shards: _current_past_offset, lambda s: _current_elsewhere],
+    ids=["ref-ahead", "unstarted-url", "current-past-offset", "current-elsewhere"],
+)
+def test_an_inconsistent_plain_state_is_refused(shards, plain, make):
+    """Buffered samples of a shard this worker has not started (or past where it stands) are refused."""
+    _, state = plain
+    shuffle = _stage(state, "Shuffle")
+    assert len({e[3] for e in shuffle["urls"]}) >= 2 and shuffle["buffer"]
+    forged = resealed(state, make(shards))
+    ds = dataset(shards, bufsize=20)
+    with pytest.raises(StateMismatchError) as info:
+        ds.load_state_dict(forged)
+        keys(itertools.islice(ds, 1000))
+    assert info.value.field == "buffer", str(info.value)
