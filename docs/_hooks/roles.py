@@ -11,6 +11,7 @@ leading ``~`` shows the last part of the name only, as in Sphinx; ``!`` never li
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import re
 from typing import Any
@@ -53,7 +54,9 @@ class SphinxRoles(griffe.Extension):
         rendered = {o.path for o in objects if self._is_rendered(o, modules)}
         for obj in objects:
             if obj.docstring is not None and ":" in obj.docstring.value:
-                obj.docstring.value = ROLE.sub(lambda m: self._link(m, obj, rendered), obj.docstring.value)
+                obj.docstring.value = ROLE.sub(
+                    functools.partial(self._link, obj=obj, rendered=rendered), obj.docstring.value
+                )
 
     @staticmethod
     def _is_rendered(obj: Any, modules: dict) -> bool:
