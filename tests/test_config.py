@@ -1,9 +1,12 @@
 """Settings are read from the environment in one place, and every variable read is documented."""
 
 import dataclasses
+import decimal
+import math
 import pathlib
 import re
 
+import numpy
 import pytest
 
 from wds_cloud import config
@@ -119,3 +122,271 @@ def test_show_seed_and_verbose_cache_do_what_the_docs_say(tmp_path, monkeypatch,
     assert not FileCache(str(tmp_path / "c")).verbose
     monkeypatch.setenv("WDS_VERBOSE_CACHE", "1")
     assert FileCache(str(tmp_path / "c")).verbose
+
+
+# --- every numeric setting is range-checked where it is read (issue 41, item 7) -------------------------------------
+
+#: what careless users and hostile environments put in numeric variables: each must be accepted meaning something
+#: sane (within the documented range) or refused by a ConfigError naming the variable
+HOSTILE_TEXT = [
+    "nan",
+    "NaN",
+    "inf",
+    "-inf",
+    "Infinity",
+    "-1",
+    "0",
+    "1",
+    "1e999",
+    "-1e999",
+    "1e-999",
+    "",
+    " 5 ",
+    "0x10",
+    "1_000",
+    "5.5",
+    "true",
+    "1e3",
+    "+7",
+    "\u0665",  # an Arabic-Indic five: int() and float() take it
+    "9" * 5000,  # past int()'s digit limit
+    "18446744073709551616",
+    "1e308GB",
+]
+
+
+@pytest.mark.parametrize("name", config.ENV_VARS)
+def test_every_variable_accepts_sane_values_or_names_itself(name):
+    """Every variable read, given each hostile spelling, is accepted within its documented range or refused by a
+    ConfigError naming the variable and its range -- never another exception, never nonsense accepted."""
+    for value in HOSTILE_TEXT:
+        try:
+            settings = Settings.from_environ({name: value})
+        except ConfigError as exc:
+            assert name in str(exc) and isinstance(exc, ValueError), value
+            if name in config.BOUNDS:
+                assert config.BOUNDS[name].describe() in str(exc), str(exc)
+            continue
+        if name not in config.BOUNDS:
+            continue
+        bound = config.BOUNDS[name]
+        got = getattr(settings, bound.field)
+        if value.strip() == "":
+            assert got == getattr(Settings(), bound.field), value  # unset: the default
+            continue
+        assert got is not None and not isinstance(got, bool), value
+        assert isinstance(got, int) if bound.kind in ("count", "size") else isinstance(got, float), value
+        assert math.isfinite(got) and bound.least <= got <= bound.most, (value, got)
+
+
+def test_numeric_variables_all_have_a_documented_range():
+    """A variable that takes a number (refuses a word, takes a digit) has a bound in config.BOUNDS, so a new one is
+    range-checked and fuzzed by the test above without anyone listing it; each bound's range is in the docs."""
+    numeric = set()
+    for name in config.ENV_VARS:
+        try:
+            Settings.from_environ({name: "abc"})
+        except ConfigError:
+            try:
+                Settings.from_environ({name: "5"})
+            except ConfigError:
+                continue
+            numeric.add(name)
+    assert numeric == set(config.BOUNDS)
+    rows = {name: row for row in config.ENV_DOCS for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", row[0])}
+    for name, bound in config.BOUNDS.items():
+        assert bound.describe() in rows[name][1], (name, rows[name][1])
+        assert hasattr(Settings(), bound.field)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("generated", ROOT / "docs" / "_hooks" / "generated.py")
+    generated = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generated)
+    assert config.BOUNDS["WDS_RETRY_TIMEOUT"].describe() in generated.environment_page()
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("WDS_RETRY_TIMEOUT", "-1"),
+        ("WDS_RETRY_TIMEOUT", "1e999"),
+        ("WDS_RETRY_TIMEOUT", "0"),
+        ("WDS_RETRY_TIMEOUT", "1e-9"),  # a socket timeout the kernel would read as none at all
+        ("WDS_RETRY_BACKOFF", "-1"),
+        ("WDS_RETRY_BACKOFF", "nan"),
+        ("WDS_RETRIES", "-5"),
+        ("WDS_PROGRESS_INTERVAL", "nan"),
+        ("WDS_PROGRESS_INTERVAL", "-5"),
+        ("WDS_MAX_MEMBER_SIZE", "1e999"),
+        ("WDS_CONCURRENCY", "100000"),
+        ("WDS_SEED", "9" * 5000),
+    ],
+)
+def test_issue_values_are_refused_before_any_request(http_store, monkeypatch, name, value):
+    """The issue's cases: a bad retry or progress setting is a ConfigError naming the variable and its range
+    when a remote read begins, not a header diagnosis, a raw OverflowError or ValueError on the first 503."""
+    from wds_cloud.io.open import gopen
+    from wds_cloud.testing.faults import FaultProxy
+
+    server, store = http_store
+    store.put("/config/x.bin", b"x" * 1000)
+    proxy = FaultProxy(server.url, error_first=1)  # the first answer is a 503: the backoff is used
+    try:
+        monkeypatch.setenv(name, value)
+        with pytest.raises(ConfigError) as info:
+            with gopen(proxy.url + "/config/x.bin", storage_options={"headers": {"Authorization": "Bearer t0k"}}):
+                pass
+    finally:
+        proxy.stop()
+    message = str(info.value)
+    assert name in message and config.BOUNDS[name].describe() in message and "newline" not in message
+    assert "t0k" not in message
+
+
+def test_rank_must_lie_within_the_world():
+    """RANK (or LOCAL_RANK standing in for it) at or past WORLD_SIZE, and LOCAL_RANK past LOCAL_WORLD_SIZE, are
+    refused: a split by such a rank would give this process no shards, silently."""
+    with pytest.raises(ConfigError, match="RANK=4.*WORLD_SIZE=4"):
+        Settings.from_environ({"RANK": "4", "WORLD_SIZE": "4"})
+    with pytest.raises(ConfigError, match="LOCAL_RANK=2.*WORLD_SIZE=2"):
+        Settings.from_environ({"LOCAL_RANK": "2", "WORLD_SIZE": "2"})
+    with pytest.raises(ConfigError, match="LOCAL_RANK=8.*LOCAL_WORLD_SIZE=8"):
+        Settings.from_environ({"LOCAL_RANK": "8", "LOCAL_WORLD_SIZE": "8"})
+    ok = Settings.from_environ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
+    assert (ok.rank, ok.world_size, ok.local_rank, ok.local_world_size) == (3, 4, 1, 2)
+
+
+HOSTILE_NUMBERS = [
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    -1,
+    0,
+    0.0,
+    1e-999,
+    10**400,
+    2.5,
+    True,
+    "1e999",
+    "-1",
+    " 5 ",
+    "nan",
+    numpy.int64(-1),
+    numpy.int64(8),
+    numpy.float32("nan"),
+    numpy.float64(2.5),
+    numpy.bool_(True),
+    decimal.Decimal("5"),
+]
+
+
+@pytest.mark.parametrize("name", sorted({b.keyword for b in config.BOUNDS.values() if b.keyword}))
+@pytest.mark.parametrize("value", HOSTILE_NUMBERS, ids=repr)
+def test_keywords_share_the_variables_ranges(name, value):
+    """The Python arguments that set what a variable sets (ReadOptions/WebDataset/gopen keywords) are checked
+    against the same range, by the same function: accepted within it or a ConfigError naming the argument."""
+    bound = next(b for b in config.BOUNDS.values() if b.keyword == name)
+    try:
+        got = config.check_setting(name, value)
+    except ConfigError as exc:
+        assert f"{name}=" in str(exc) and bound.describe() in str(exc)
+        return
+    assert not isinstance(got, bool) and math.isfinite(got) and bound.least <= got <= bound.most
+
+
+@pytest.mark.parametrize(
+    "keywords, name",
+    [
+        ({"timeout": -1}, "timeout"),
+        ({"timeout": float("nan")}, "timeout"),
+        ({"timeout": 1e999}, "timeout"),
+        ({"retries": -5}, "retries"),
+        ({"retries": 10**6}, "retries"),
+    ],
+)
+def test_gopen_keywords_are_range_checked(http_store, keywords, name):
+    """gopen's retries= and timeout= are refused out of range by a ConfigError naming the argument (a negative
+    timeout was reported as a header holding a newline; an infinite one raised OverflowError)."""
+    from wds_cloud.io.open import gopen
+
+    server, store = http_store
+    store.put("/config/y.bin", b"y" * 100)
+    with pytest.raises(ConfigError, match=f"{name}=") as info:
+        with gopen(server.url + "/config/y.bin", **keywords):
+            pass
+    assert "newline" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "keywords, name",
+    [
+        ({"concurrency": 10**6}, "concurrency"),
+        ({"max_concurrency": 0}, "max_concurrency"),
+        ({"prefetch": -1}, "prefetch"),
+        ({"part_size": float("nan")}, "part_size"),
+        ({"part_size": float("inf")}, "part_size"),
+        ({"part_size": "1e999"}, "part_size"),
+        ({"max_member_size": float("inf")}, "max_member_size"),
+        ({"timeout": float("nan")}, "timeout"),
+    ],
+)
+def test_dataset_keywords_are_range_checked(http_store, keywords, name):
+    """WebDataset's transfer and limit keywords get the variables' ranges: a ConfigError naming the argument,
+    by the time the first shard is read at the latest, never a raw ValueError or OverflowError."""
+    import wds_cloud as wds
+
+    server, store = http_store
+    store.put("/config/empty.tar", b"\0" * 1024)
+    with pytest.raises(ConfigError, match=f"{name}="):
+        list(wds.WebDataset(server.url + "/config/empty.tar", shardshuffle=False, **keywords))
+
+
+def test_retry_policy_checks_its_fields():
+    """RetryPolicy, built directly, refuses a negative backoff, a NaN timeout and no attempts; the delay of a
+    late attempt stays finite and never negative."""
+    import random
+
+    from wds_cloud.io.resilient import RetryPolicy
+
+    for bad in ({"backoff": -1.0}, {"timeout": float("nan")}, {"attempts": 0}, {"max_backoff": float("inf")}):
+        with pytest.raises(ConfigError):
+            RetryPolicy(**bad)
+    policy = RetryPolicy(attempts=1000, backoff=10.0)
+    delays = [policy.delay(n, random.Random(n)) for n in (1, 2, 500, 1000, 5000)]
+    assert all(0 <= d <= 10.0 for d in delays)
+
+
+def test_a_value_error_that_is_not_a_header_is_not_called_one(http_store):
+    """httpstream.request diagnoses a header holding a newline only when one does: a bad timeout reaching it is
+    a ConfigError naming the timeout, not "a request header holds a newline or NUL"."""
+    from wds_cloud.io import httpstream
+
+    server, _ = http_store
+    for timeout in (-1.0, float("nan"), 1e999):
+        with pytest.raises(ConfigError, match="timeout=") as info:
+            httpstream.request("GET", server.url + "/config/none", timeout=timeout)
+        assert "newline" not in str(info.value)
+
+
+def test_settings_built_directly_are_range_checked():
+    """Settings(...) and settings.replace(...) check numeric fields against the same bounds."""
+    with pytest.raises(ConfigError, match="retry_timeout"):
+        Settings(retry_timeout=-1.0)
+    with pytest.raises(ConfigError, match="progress_interval"):
+        Settings().replace(progress_interval=float("nan"))
+    assert Settings(concurrency=None, max_sample_size=None).concurrency is None
+
+
+@pytest.mark.parametrize("line", ["concurrency = 1e999", "concurrency = true", "part_size = nan", "prefetch = 100000"])
+def test_profile_transfer_keys_get_the_same_ranges(tmp_path, monkeypatch, line):
+    """A storage profile's transfer keys (TOML: inf, nan, true are valid there) are held to the variables' ranges:
+    a ConfigError naming the key and its range."""
+    from wds_cloud.io.parallel import Fetcher
+
+    profile = tmp_path / "profiles.toml"
+    profile.write_text(f'["http://fast.example/"]\n{line}\n')
+    monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profile))
+    key = line.split(" =")[0]
+    with pytest.raises(ConfigError, match=f"{key}=") as info:
+        Fetcher().options("http://fast.example/x.tar")
+    assert config.BOUNDS[f"WDS_{key.upper()}"].describe() in str(info.value)

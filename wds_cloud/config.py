@@ -10,6 +10,8 @@ variable read here.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import os
 import re
 from collections.abc import Mapping
@@ -24,6 +26,9 @@ __all__ = [
     "parse_positive_size",
     "parse_bool",
     "parse_count",
+    "check_setting",
+    "Bound",
+    "BOUNDS",
     "ENV_VARS",
     "ENV_DOCS",
 ]
@@ -84,8 +89,9 @@ ENV_VARS = (
 ) + AWS_S3_VARS
 
 #: What each variable of :data:`ENV_VARS` (and the families read besides) means, for the docs' generated
-#: table (docs/environment.md): (names, format, default, example, meaning), Markdown text.
-ENV_DOCS = (
+#: table (docs/environment.md): (names, format, default, example, meaning), Markdown text.  The format of a
+#: numeric variable gains its accepted range from :data:`BOUNDS` below (one fact, one place).
+_ENV_ROWS = (
     (
         "`WDS_PLUGINS`",
         "comma-separated plugin names",
@@ -287,7 +293,7 @@ ENV_DOCS = (
         "seconds",
         "`0.2`",
         "`1`",
-        "first backoff delay; it doubles per attempt (with jitter), up to 5 s",
+        "first backoff delay; it doubles per attempt (with jitter), up to 5 s (or this delay, where it is longer)",
     ),
     (
         "`WDS_PART_SIZE`",
@@ -318,11 +324,20 @@ ENV_DOCS = (
         "how many of the next shards (in the epoch's order, after shuffle and split) are requested while one is read; `0` turns it off",
     ),
     (
-        "`RANK`, `WORLD_SIZE`, `LOCAL_RANK`",
+        "`RANK`, `LOCAL_RANK`",
         "integer",
         "none",
         "`RANK=1`",
-        "node rank and count when torch.distributed is not initialized",
+        "this process's rank when torch.distributed is not initialized (`LOCAL_RANK` stands in for `RANK` when "
+        "only it is set, as on one node); it must be less than `WORLD_SIZE` (and `LOCAL_RANK` less than "
+        "`LOCAL_WORLD_SIZE`)",
+    ),
+    (
+        "`WORLD_SIZE`",
+        "integer",
+        "none",
+        "`WORLD_SIZE=4`",
+        "the number of ranks when torch.distributed is not initialized",
     ),
     (
         "`LOCAL_WORLD_SIZE`",
@@ -360,12 +375,18 @@ _UNITS = {
     "gb": 10**9,
     "t": 10**12,
     "tb": 10**12,
+    "p": 10**15,
+    "pb": 10**15,
     "kib": 2**10,
     "mib": 2**20,
     "gib": 2**30,
     "tib": 2**40,
+    "pib": 2**50,
 }
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+# ASCII digits only: int() and float() also take "1_000", "\u0665" (an Arabic-Indic five), "nan" and "inf"
+_WHOLE = re.compile(r"^\s*([+-]?[0-9]+)\s*$")
+_REAL = re.compile(r"^\s*([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*$")
 
 
 def parse_bool(name: str, value: Optional[str], default: bool = False) -> bool:
@@ -380,18 +401,157 @@ def parse_bool(name: str, value: Optional[str], default: bool = False) -> bool:
     raise ConfigError(f"{name}={value!r} is not a boolean: use 1 or 0 (also true/false, yes/no, on/off)")
 
 
-def parse_size(name: str, value: object) -> int:
-    """Parse a byte count such as ``1e10``, ``50GB``, ``512MiB`` or ``4096``."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+_DAY = 86400.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """The values one numeric setting accepts: ``least`` to ``most``, both included.
+
+    ``kind`` is ``"count"`` (a whole number), ``"size"`` (bytes, written with or without a unit) or
+    ``"seconds"`` (a finite real number); ``field`` is the :class:`Settings` attribute it sets, ``keyword``
+    the Python argument that sets the same thing (``ReadOptions``, ``WebDataset``, ``gopen``), checked by
+    the same :func:`check_setting`; ``note`` says what edge values mean.
+    """
+
+    kind: str
+    least: float
+    most: float
+    field: str
+    keyword: Optional[str] = None
+    note: str = ""
+
+    def describe(self) -> str:
+        """The range in words, as the docs' table and the errors show it."""
+        text = f"from {self._show(self.least)} to {self._show(self.most)}"
+        return f"{text} ({self.note})" if self.note else text
+
+    def _show(self, value: float) -> str:
+        if self.kind == "seconds":
+            return f"{value:,g} s"
+        number = int(value)
+        if self.kind == "size":
+            if number == 1:
+                return "1 byte"
+            for unit in ("PiB", "TiB", "GiB", "MiB", "KiB"):
+                scale = _UNITS[unit.lower()]
+                if number >= scale and number % scale == 0:
+                    return f"{number // scale:,} {unit}"
+            return f"{number:,} bytes"
+        for bits in range(32, 130):  # a seed's bounds read better as powers of two
+            if abs(number) == 1 << bits:
+                return f"{'-' if number < 0 else ''}2^{bits}"
+            if number == (1 << bits) - 1:
+                return f"2^{bits} - 1"
+        return f"{number:,}"
+
+
+#: The accepted range of every numeric variable, read where the variable is read (:meth:`Settings.from_environ`)
+#: and shown in docs/environment.md.  The bounds are sane, not tight: a value past them is a typo or a unit
+#: mistake (a timeout of a year, a part of a terabyte), never a setting that works.
+BOUNDS: dict[str, Bound] = {
+    "WDS_MAX_MEMBER_SIZE": Bound("size", 1, 1 << 40, "max_member_size", "max_member_size"),
+    "WDS_MAX_SAMPLE_SIZE": Bound("size", 1, 1 << 40, "max_sample_size", "max_sample_size"),
+    "WDS_MAX_DATA_FILE_SIZE": Bound("size", 1, 1 << 40, "max_data_file_size"),
+    "WDS_PART_SIZE": Bound("size", 1, 4 << 30, "part_size", "part_size"),
+    "GOPEN_BUFFER": Bound("size", 1, 1 << 30, "bufsize"),
+    "WDS_CACHE_SIZE": Bound("size", 0, 1 << 50, "cache_size", "cache_size", "0: no cache"),
+    "WDS_CONCURRENCY": Bound("count", 1, 1024, "concurrency", "concurrency", "1: one stream per shard"),
+    "WDS_MAX_CONCURRENCY": Bound("count", 1, 1024, "max_concurrency", "max_concurrency"),
+    "WDS_PREFETCH": Bound("count", 0, 64, "prefetch", "prefetch", "0: none"),
+    "WDS_RETRIES": Bound("count", 0, 1000, "retries", "retries", "0 and 1: one attempt, no retry"),
+    # below a millisecond the socket's kernel-side timeout (SO_RCVTIMEO, whole microseconds) would read 0: none
+    "WDS_RETRY_TIMEOUT": Bound("seconds", 0.001, _DAY, "retry_timeout", "timeout"),
+    "WDS_RETRY_BACKOFF": Bound("seconds", 0, 600, "retry_backoff", "backoff", "0: retry at once"),
+    "WDS_PROGRESS_INTERVAL": Bound("seconds", 0, _DAY, "progress_interval", None, "0: after every item"),
+    # the bounds of a seed everywhere else (dataset specs, states): any 64-bit integer, signed or not
+    "WDS_SEED": Bound("count", -(1 << 63), (1 << 64) - 1, "seed", "seed"),
+    "WDS_EPOCH": Bound("count", 0, 10**9, "epoch"),
+    "RANK": Bound("count", 0, 10**6 - 1, "rank"),
+    "LOCAL_RANK": Bound("count", 0, 10**6 - 1, "local_rank"),
+    "WORLD_SIZE": Bound("count", 1, 10**6, "world_size"),
+    "LOCAL_WORLD_SIZE": Bound("count", 1, 10**6, "local_world_size"),
+}
+_BY_KEYWORD = {bound.keyword: (name, bound) for name, bound in BOUNDS.items() if bound.keyword}
+_BY_FIELD = {bound.field: (name, bound) for name, bound in BOUNDS.items()}
+_KINDS = {
+    "count": "a whole number (digits, such as 8)",
+    "size": "a size (a number of bytes such as 4096, or with a unit such as 256MB or 2GiB)",
+    "seconds": "a number of seconds (such as 30 or 0.5)",
+}
+
+
+def _refuse(name: str, value: object, problem: str, bound: Bound, variable: Optional[str]) -> ConfigError:
+    shown = repr(value) if len(repr(value)) <= 60 else f"{repr(value)[:40]}... ({len(str(value))} characters)"
+    if variable is None or variable == name:
+        fix = "set it within that range, or unset it for the default" if name.isupper() else "give one in that range"
+    else:
+        fix = f"pass a value within that range, or leave it out for the default ({variable})"
+    return ConfigError(f"{name}={shown} {problem}: {name} accepts {_KINDS[bound.kind]} {bound.describe()}; {fix}")
+
+
+def _number(name: str, value: object, bound: Bound, variable: Optional[str]) -> float:
+    """``value`` (text from the environment, or a Python number) as a number of ``bound``'s kind, unchecked."""
+    if isinstance(value, str):
+        pattern = {"count": _WHOLE, "seconds": _REAL, "size": _SIZE}[bound.kind]
+        match = pattern.match(value)
+        unit = match.group(2).lower() if match and bound.kind == "size" else ""
+        if not match or unit not in _UNITS:
+            raise _refuse(name, value, f"is not {_KINDS[bound.kind].split(' (')[0]}", bound, variable)
+        if bound.kind == "count":
+            digits = match.group(1)
+            if len(digits.lstrip("+-")) > 40:  # int() refuses past 4,300 digits; no bound is near 40
+                raise _refuse(name, value, "is out of range", bound, variable)
+            return int(digits)
+        return float(match.group(1)) * _UNITS[unit]
+    if isinstance(value, bool):  # numpy's bool is neither Integral nor Real: refused below
+        raise _refuse(name, value, "is a boolean, not a number", bound, variable)
+    if isinstance(value, numbers.Integral):
         return int(value)
-    match = _SIZE.match(str(value))
-    unit = match.group(2).lower() if match else None
-    if not match or unit not in _UNITS:
-        raise ConfigError(
-            f"{name}={value!r} is not a size: write a number of bytes such as 1e10 or 4096, "
-            f"or a number with a unit (kB, MB, GB, TB, KiB, MiB, GiB, TiB), such as 50GB"
-        )
-    return int(float(match.group(1)) * _UNITS[unit])
+    if isinstance(value, numbers.Real) and bound.kind != "count":
+        return float(value)
+    raise _refuse(name, value, f"is not {_KINDS[bound.kind].split(' (')[0]}", bound, variable)
+
+
+def _checked(name: str, value: object, bound: Bound, variable: Optional[str]) -> Any:
+    number = _number(name, value, bound, variable)
+    if isinstance(number, float) and math.isnan(number):
+        raise _refuse(name, value, "is not a number", bound, variable)
+    if not bound.least <= number <= bound.most:  # inf and 1e999 included
+        raise _refuse(name, value, "is out of range", bound, variable)
+    if bound.kind == "seconds":
+        return float(number)
+    return int(number)
+
+
+def check_setting(name: str, value: object, default: Any = None, bound: Optional[Bound] = None) -> Any:
+    """``value`` of a numeric setting, checked against its range in :data:`BOUNDS` (``default`` when unset).
+
+    ``name`` is a variable (``WDS_RETRY_TIMEOUT``, whose text is parsed) or the Python argument that sets the
+    same thing (``timeout``, which also takes numbers, numpy's included); both get the same range.  A value
+    outside it is a :class:`ConfigError` naming ``name``, the value and the range.  ``bound`` checks a setting
+    that has no variable (a field of an object built directly) the same way.
+    """
+    if value is None or (isinstance(value, str) and value.strip() == ""):
+        return default
+    if bound is not None:
+        return _checked(name, value, bound, name)
+    if name in BOUNDS:
+        return _checked(name, value, BOUNDS[name], name)
+    if name in _BY_KEYWORD:
+        variable, bound = _BY_KEYWORD[name]
+        return _checked(name, value, bound, variable)
+    raise KeyError(f"{name!r} is no bounded setting: add it to wds_cloud.config.BOUNDS")
+
+
+def parse_size(name: str, value: object) -> int:
+    """Parse a byte count such as ``1e10``, ``50GB``, ``512MiB`` or ``4096`` (a Python number is taken as is).
+
+    ``name`` in :data:`BOUNDS` (as a variable or its keyword) is checked against its range; any other size must
+    be finite and not negative."""
+    if name in BOUNDS or name in _BY_KEYWORD:
+        return int(check_setting(name, value, 0))
+    return int(_checked(name, value, Bound("size", 0, 1 << 60, name), name))
 
 
 #: the default of WDS_MAX_MEMBER_SIZE: generous for images, audio and video clips, and still far
@@ -411,27 +571,9 @@ def parse_positive_size(name: str, value: object, default: Optional[int] = None)
     """A byte count that must be positive (``256MB``, ``2GiB``, 4096); ``default`` when unset."""
     if value is None or (isinstance(value, str) and value.strip() == ""):
         return default
-    size = parse_size(name, value.strip() if isinstance(value, str) else value)
-    if size <= 0:
-        raise ConfigError(f"{name}={value!r} must be a positive size, such as 256MB or 2GiB")
-    return size
-
-
-@overload
-def _parse_int(name: str, value: Optional[str], default: int) -> int: ...
-
-
-@overload
-def _parse_int(name: str, value: Optional[str], default: None) -> Optional[int]: ...
-
-
-def _parse_int(name: str, value: Optional[str], default: Optional[int]) -> Optional[int]:
-    if value is None or value.strip() == "":
-        return default
-    try:
-        return int(value.strip())
-    except ValueError:
-        raise ConfigError(f"{name}={value!r} is not an integer: set it to a whole number such as 42") from None
+    if name in BOUNDS or name in _BY_KEYWORD:
+        return int(check_setting(name, value))
+    return int(_checked(name, value, Bound("size", 1, 1 << 60, name), name))
 
 
 @overload
@@ -443,20 +585,29 @@ def parse_count(name: str, value: Optional[str], default: None, least: int) -> O
 
 
 def parse_count(name: str, value: Optional[str], default: Optional[int], least: int) -> Optional[int]:
-    """A whole number of at least ``least`` (a count of parts or shards)."""
-    number = _parse_int(name, value, default)
-    if number is not None and number < least:
-        raise ConfigError(f"{name}={value!r} must be a whole number of at least {least}")
-    return number
-
-
-def _parse_float(name: str, value: Optional[str], default: float) -> float:
+    """A whole number of at least ``least`` (a count of parts or shards); the range of :data:`BOUNDS` where
+    ``name`` has one."""
+    if name in BOUNDS or name in _BY_KEYWORD:
+        return check_setting(name, value, default)
     if value is None or value.strip() == "":
         return default
-    try:
-        return float(value)
-    except ValueError:
-        raise ConfigError(f"{name}={value!r} is not a number: give seconds, such as 30 or 0.5") from None
+    return int(_checked(name, value, Bound("count", least, 1 << 63, name), name))
+
+
+def _with_range(row: tuple[str, str, str, str, str]) -> tuple[str, str, str, str, str]:
+    """A row of the docs' table with the accepted range of its numeric variables in the format column."""
+    names = [name for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", row[0]) if name in BOUNDS]
+    ranges = {BOUNDS[name].describe() for name in names}
+    if not ranges:
+        return row
+    if len(ranges) == 1:
+        form = f"{row[1]}, {ranges.pop()}"
+    else:
+        form = row[1] + "; " + "; ".join(f"`{name}` {BOUNDS[name].describe()}" for name in names)
+    return (row[0], form) + row[2:]
+
+
+ENV_DOCS = tuple(_with_range(row) for row in _ENV_ROWS)
 
 
 def _parse_list(value: Optional[str]) -> Optional[tuple[str, ...]]:
@@ -486,6 +637,26 @@ def parse_rewrites(name: str, value: Optional[str]) -> tuple[tuple[str, str], ..
         prefix, replacement = part.split("=", 1)
         rules.append((prefix.strip(), replacement))  # the replacement is exact: 'pipe:echo ' keeps its space
     return tuple(rules)
+
+
+def _check_ranks(settings: Settings) -> None:
+    """A rank from the environment lies within its world: a split by rank 4 of 4 would give this process no
+    shards, silently (``LOCAL_RANK`` stands in for ``RANK`` where only it is set, as pytorch_worker_info does)."""
+    pairs = (
+        (
+            "RANK" if settings.rank is not None else "LOCAL_RANK",
+            settings.rank if settings.rank is not None else settings.local_rank,
+            "WORLD_SIZE",
+            settings.world_size,
+        ),
+        ("LOCAL_RANK", settings.local_rank, "LOCAL_WORLD_SIZE", settings.local_world_size),
+    )
+    for rank_name, rank, world_name, world in pairs:
+        if rank is not None and world is not None and rank >= world:
+            raise ConfigError(
+                f"{rank_name}={rank} is not less than {world_name}={world}: ranks count from 0, so a world of "
+                f"{world} has ranks 0 to {world - 1}; set them as torchrun does, or unset both"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -544,13 +715,24 @@ class Settings:
     #: the :data:`AWS_S3_VARS` that are set, as (name, value) pairs
     aws_s3: tuple[tuple[str, str], ...] = ()
 
+    def __post_init__(self) -> None:
+        # built directly or by replace(): the numeric fields get the variables' ranges (from_environ's are in them)
+        for field, (_, bound) in _BY_FIELD.items():
+            value = getattr(self, field)
+            if value is not None:
+                _checked(f"Settings {field}", value, bound, f"Settings {field}")
+
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> Settings:
-        """Read every setting from ``environ`` (normally ``os.environ``)."""
+        """Read every setting from ``environ`` (normally ``os.environ``); each number is checked against its range
+        (:data:`BOUNDS`) here, where it is read."""
         get = environ.get
+
+        def number(name: str, default: Any = None) -> Any:
+            return check_setting(name, get(name), default)
+
         block = _parse_list(get("WDS_DISABLE_PLUGINS")) or ()
-        cache_size = get("WDS_CACHE_SIZE")
-        return cls(
+        settings = cls(
             plugins_allow=_parse_list(get("WDS_PLUGINS")),
             plugins_block=block,
             secure=parse_bool("WDS_SECURE", get("WDS_SECURE")),
@@ -560,38 +742,38 @@ class Settings:
             rewrites=parse_rewrites("WDS_REWRITE", get("WDS_REWRITE"))
             + parse_rewrites("GOPEN_REWRITE", get("GOPEN_REWRITE")),
             verbose=parse_bool("GOPEN_VERBOSE", get("GOPEN_VERBOSE")),
-            bufsize=parse_size("GOPEN_BUFFER", get("GOPEN_BUFFER")) if get("GOPEN_BUFFER") else 1 << 20,
-            seed=_parse_int("WDS_SEED", get("WDS_SEED"), None),
-            epoch=_parse_int("WDS_EPOCH", get("WDS_EPOCH"), None),
+            bufsize=number("GOPEN_BUFFER", 1 << 20),
+            seed=number("WDS_SEED"),
+            epoch=number("WDS_EPOCH"),
             cache_dir=get("WDS_CACHE") or None,
-            cache_size=parse_size("WDS_CACHE_SIZE", cache_size) if cache_size else None,
+            cache_size=number("WDS_CACHE_SIZE"),
             verbose_cache=parse_bool("WDS_VERBOSE_CACHE", get("WDS_VERBOSE_CACHE")),
             show_seed=parse_bool("WDS_SHOW_SEED", get("WDS_SHOW_SEED")),
-            rank=_parse_int("RANK", get("RANK"), None),
-            world_size=_parse_int("WORLD_SIZE", get("WORLD_SIZE"), None),
-            local_rank=_parse_int("LOCAL_RANK", get("LOCAL_RANK"), None),
-            local_world_size=parse_count("LOCAL_WORLD_SIZE", get("LOCAL_WORLD_SIZE"), None, 1),
+            rank=number("RANK"),
+            world_size=number("WORLD_SIZE"),
+            local_rank=number("LOCAL_RANK"),
+            local_world_size=number("LOCAL_WORLD_SIZE"),
             template_vars=tuple(sorted((k[4:], v) for k, v in environ.items() if k.startswith("WDS_") and len(k) > 4)),
             ais_endpoint=(get("AIS_ENDPOINT") or "").rstrip("/") or None,
             ais_token=get("AIS_AUTHN_TOKEN") or None,
             use_ais_for=tuple(s.lower() for s in _parse_list(get("USE_AIS_FOR")) or ()),  # the ais plugin reads it
             cloud_config=_cloud_config_path(get),
-            retries=_parse_int("WDS_RETRIES", get("WDS_RETRIES"), 6),
-            retry_timeout=_parse_float("WDS_RETRY_TIMEOUT", get("WDS_RETRY_TIMEOUT"), 60.0),
-            retry_backoff=_parse_float("WDS_RETRY_BACKOFF", get("WDS_RETRY_BACKOFF"), 0.2),
-            max_member_size=parse_positive_size(
-                "WDS_MAX_MEMBER_SIZE", get("WDS_MAX_MEMBER_SIZE"), DEFAULT_MAX_MEMBER_SIZE
-            ),
-            max_sample_size=parse_positive_size("WDS_MAX_SAMPLE_SIZE", get("WDS_MAX_SAMPLE_SIZE")),
-            part_size=parse_positive_size("WDS_PART_SIZE", get("WDS_PART_SIZE"), 8 << 20),
-            concurrency=parse_count("WDS_CONCURRENCY", get("WDS_CONCURRENCY"), None, 1),
-            max_concurrency=parse_count("WDS_MAX_CONCURRENCY", get("WDS_MAX_CONCURRENCY"), None, 1),
-            prefetch=parse_count("WDS_PREFETCH", get("WDS_PREFETCH"), 1, 0),
-            max_data_file_size=parse_positive_size("WDS_MAX_DATA_FILE_SIZE", get("WDS_MAX_DATA_FILE_SIZE"), 64 << 20),
+            retries=number("WDS_RETRIES", 6),
+            retry_timeout=number("WDS_RETRY_TIMEOUT", 60.0),
+            retry_backoff=number("WDS_RETRY_BACKOFF", 0.2),
+            max_member_size=number("WDS_MAX_MEMBER_SIZE", DEFAULT_MAX_MEMBER_SIZE),
+            max_sample_size=number("WDS_MAX_SAMPLE_SIZE"),
+            part_size=number("WDS_PART_SIZE", 8 << 20),
+            concurrency=number("WDS_CONCURRENCY"),
+            max_concurrency=number("WDS_MAX_CONCURRENCY"),
+            prefetch=number("WDS_PREFETCH", 1),
+            max_data_file_size=number("WDS_MAX_DATA_FILE_SIZE", 64 << 20),
             allow_untrusted_local=parse_bool("WDS_ALLOW_UNTRUSTED_LOCAL", get("WDS_ALLOW_UNTRUSTED_LOCAL")),
-            progress_interval=_parse_float("WDS_PROGRESS_INTERVAL", get("WDS_PROGRESS_INTERVAL"), 5.0),
+            progress_interval=number("WDS_PROGRESS_INTERVAL", 5.0),
             aws_s3=tuple((name, value) for name in AWS_S3_VARS if (value := get(name) or "")),
         )
+        _check_ranks(settings)
+        return settings
 
     def replace(self, **changes: Any) -> Settings:
         """Return a copy with ``changes`` applied."""

@@ -21,6 +21,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Optional
 
+from .. import config
 from ..errors import (
     AccessDeniedError,
     ConfigError,
@@ -128,6 +129,8 @@ def request(
     display_url = display_url or url
     headers = dict(headers or {})
     _check_request(url, headers)
+    # the socket refuses a negative or infinite timeout with a ValueError, after it was made (it would leak)
+    timeout = config.check_setting("timeout", timeout)
     trusted_hops = 1 if trust_redirects else 0  # the gateway's one redirect to its target, never further
     while True:
         parts = urllib.parse.urlsplit(url)
@@ -161,14 +164,17 @@ def request(
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             raise connection_error(url, exc, display_url=display_url) from None
-        except ValueError:  # http.client refuses a header holding a newline: never show its value
+        except ValueError as exc:  # http.client refuses a header holding a newline: never show its value
             conn.close()
             bad = [k for k, v in (headers or {}).items() if any(c in f"{k}{v}" for c in "\r\n\0")]
-
+            if not bad and not str(exc).startswith("Invalid header"):
+                # not a header (a timeout the socket refuses, ...): calling it one sends the user to the wrong
+                # place (issue 41); settings are range-checked where they are read, so this is a bug of ours
+                raise
             raise ConfigError(
-                f"{redact(display_url)}: the request header(s) {bad or '(unknown)'} hold a newline "
-                "or NUL, which HTTP does not allow; remove it from storage_options['headers'] (or the "
-                "credential it came from)",
+                f"{redact(display_url)}: the request header(s) {bad or '(a name or value)'} hold a newline, "
+                "NUL or a character HTTP does not allow in a header; remove it from storage_options['headers'] "
+                "(or the credential it came from)",
                 url=display_url,
             ) from None
         if not follow_redirects:

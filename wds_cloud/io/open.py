@@ -183,10 +183,11 @@ def gopen(
 
 
 def _policy(settings: Settings, retries: Optional[int], timeout: Optional[float]) -> RetryPolicy:
+    # the keywords get the ranges of WDS_RETRIES and WDS_RETRY_TIMEOUT, named as the caller wrote them
     return RetryPolicy(
-        attempts=max(1, retries if retries is not None else settings.retries),
+        attempts=max(1, config.check_setting("retries", retries, settings.retries)),
         backoff=settings.retry_backoff,
-        timeout=timeout if timeout is not None else settings.retry_timeout,
+        timeout=config.check_setting("timeout", timeout, settings.retry_timeout),
     )
 
 

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional
 
+from .. import config
 from ..errors import (
     CredentialsError,
     ObjectChangedError,
@@ -45,9 +46,26 @@ class RetryPolicy:
     max_backoff: float = 5.0
     timeout: float = 60.0
 
+    def __post_init__(self) -> None:
+        # the ranges of WDS_RETRY_BACKOFF and WDS_RETRY_TIMEOUT, whoever builds the policy: a negative backoff
+        # was a raw ValueError from time.sleep on the first 503, a negative timeout was reported as a request
+        # header holding a newline, an infinite one a raw OverflowError (issue 41)
+        for field, bound in _POLICY_BOUNDS.items():
+            config.check_setting(f"RetryPolicy {field}", getattr(self, field), bound=bound)
+
     def delay(self, attempt: int, rng: random.Random) -> float:
-        """Exponential backoff with full jitter, capped at ``max_backoff``."""
-        return rng.uniform(0, min(self.max_backoff, self.backoff * (2 ** (attempt - 1))))
+        """Exponential backoff with full jitter, capped at ``max_backoff`` (or ``backoff`` where that is longer:
+        the first delay asked for is kept)."""
+        cap = max(self.max_backoff, self.backoff)
+        return rng.uniform(0, min(cap, self.backoff * 2.0 ** min(attempt - 1, 64)))
+
+
+_POLICY_BOUNDS = {
+    "attempts": config.Bound("count", 1, 1000, "attempts"),
+    "backoff": config.BOUNDS["WDS_RETRY_BACKOFF"],
+    "max_backoff": config.Bound("seconds", 0, 3600, "max_backoff"),
+    "timeout": config.BOUNDS["WDS_RETRY_TIMEOUT"],
+}
 
 
 @dataclasses.dataclass
