@@ -87,3 +87,176 @@ def test_a_full_run_leaks_no_secret(tmp_path, caplog):
         assert texts and any("***" in t for t in texts)
     finally:
         server.stop()
+
+
+# Credentials in every spelling (issue 41): one list of names, used by redact() and by every check that refuses
+# secrets in URLs.  VALUE is the secret; it must appear nowhere.
+VALUE = "Vsecret42xyz"
+CREDENTIAL_NAMES = [
+    "token",
+    "access_token",
+    "private_token",
+    "auth_token",
+    "X-Auth-Token",
+    "x-auth-token",
+    "X_AUTH_TOKEN",
+    "authToken",
+    "X%2DAuth%2DToken",
+    "X%252DAuth%252DToken",
+    "%58-Auth-Token",
+    "X-Amz-Signature",
+    "X-Amz-Security-Token",
+    "X-Amz-Credential",
+    "X-Goog-Signature",
+    "X-Goog-Credential",
+    "AWSAccessKeyId",
+    "GoogleAccessId",
+    "sig",
+    "Signature",
+    "key",
+    "api_key",
+    "apikey",
+    "ApiKey",
+    "x-api-key",
+    "access_key",
+    "accessKey",
+    "secret",
+    "client_secret",
+    "password",
+    "passwd",
+    "pwd",
+    "session",
+    "sessionid",
+    "JSESSIONID",
+    "authorization",
+    "oauth_verifier",
+    "credential",
+    "sas_token",
+    "jwt",
+]
+HARMLESS_NAMES = [
+    "keyframe",
+    "keys",
+    "author",
+    "authority",
+    "signal",
+    "signed",
+    "design",
+    "page",
+    "sp",
+    "X-Amz-Date",
+    "X-Amz-Expires",
+    "X-Amz-SignedHeaders",
+    "versionId",
+]
+
+
+@pytest.mark.parametrize("name", CREDENTIAL_NAMES)
+def test_redact_knows_every_spelling_of_a_credential_parameter(name):
+    """A query (or fragment) parameter whose name, decoded and in any case, holds token, auth, key, sig, signature,
+    credential, password, secret or session has its value removed, wherever it stands in the text."""
+    for url in (
+        f"https://h/d/x.tar?{name}={VALUE}",
+        f"https://h/d/x.tar?n=1&{name}={VALUE}&m=2",
+        f"https://h/d/x.tar;{name}={VALUE}",
+        f"https://h/cb#{name}={VALUE}",
+        f"https://h/d/x.tar?{name}%3D{VALUE}",
+        f"opening 'https://h/d/x.tar?{name}={VALUE}' failed",
+    ):
+        shown = redact(url)
+        assert VALUE not in shown and "***" in shown, (url, shown)
+    assert redact(f"https://h/d/x.tar?n=1&{name}={VALUE}&m=2").endswith("&m=2")
+
+
+@pytest.mark.parametrize("name", HARMLESS_NAMES)
+def test_redact_keeps_parameters_that_are_not_credentials(name):
+    """Names that only look alike (keyframe, author, signal, X-Amz-Date) keep their values: errors stay useful."""
+    assert redact(f"https://h/d/x.tar?{name}=12") == f"https://h/d/x.tar?{name}=12"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"s3://AKIAEXAMPLE:{VALUE}@bucket/x.tar",
+        f"//user:{VALUE}@host/x.tar",
+        f"https://us%40er:{VALUE}%40x@host/x.tar",
+        f"https://{VALUE}@host/x.tar",
+        f"pipe:curl -s -H 'X-Auth-Token: {VALUE}' https://h/x.tar",
+        f'pipe:curl -s --header "Authorization: Bearer {VALUE}" https://h/x.tar',
+        f"pipe:curl -s -H'PRIVATE-TOKEN:{VALUE}' https://h/x.tar",
+    ],
+)
+def test_redact_removes_userinfo_and_header_values_in_commands(url):
+    """Userinfo in any scheme (and scheme-relative), and credential headers a pipe: command sends."""
+    shown = redact(url)
+    assert VALUE not in shown and "***" in shown, shown
+
+
+@pytest.mark.parametrize("name", ["private_token", "auth_token", "X-Auth-Token", "X%2DAuth%2DToken", "apikey"])
+def test_map_shards_refuses_every_spelling_before_anything_runs(tmp_path, name):
+    """map_shards refuses an input or destination carrying a credential (it would sit in the Dask task graph), with
+    a message that does not show it, before a cluster starts or a job record is written."""
+    pytest.importorskip("distributed")
+    from wds_cloud.dask import map_shards
+    from wds_cloud.errors import ConfigError
+
+    for inputs, dest in (
+        ([f"https://h.invalid/a.tar?{name}={VALUE}"], str(tmp_path / "out-%d.tar")),
+        ([str(tmp_path / "a.tar")], f"https://h.invalid/out-%d.tar?{name}={VALUE}"),
+        ([str(tmp_path / "a.tar")], f"https://h.invalid/out.tar?{name}={VALUE}"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            map_shards(lambda s: s, inputs, dest, client=object())
+        assert VALUE not in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_job_records_keep_no_credential(tmp_path):
+    """A job record lists its inputs redacted, whatever the credential's spelling; a destination carrying one is
+    refused (its output names would be the record's keys)."""
+    from wds_cloud.errors import ConfigError
+    from wds_cloud.io.jobrecord import JobRecord
+
+    inputs = [f"https://h.invalid/in-{i}.tar?{name}={VALUE}" for i, name in enumerate(CREDENTIAL_NAMES)]
+    record = JobRecord(str(tmp_path / "out-%d.tar"), "reshard", inputs, {"maxcount": 2})
+    record.begin()
+    text = (tmp_path / "out-N.tar.wds-job.json").read_text()
+    assert VALUE not in text and text.count("***") == len(inputs)
+    with pytest.raises(ConfigError) as info:
+        JobRecord(f"https://h.invalid/out-%d.tar?X-Auth-Token={VALUE}", "reshard", [str(tmp_path / "a.tar")], {})
+    assert VALUE not in str(info.value)
+
+
+def test_new_spellings_reach_no_state_log_or_error(tmp_path, caplog):
+    """Shards whose URLs carry private_token, auth_token, X-Auth-Token (plain and encoded) and an api key: the
+    dataset's and a RandomMix's states, the log records and the error messages never show the values."""
+    server, store = servers.http_server()
+    try:
+        names = ["private_token", "auth_token", "X-Auth-Token", "X%2DAuth%2DToken", "apikey", "sig"]
+        for i in range(len(names)):
+            store.put(f"/data/train-{i}.tar", shard_bytes(5))
+        urls = [f"{server.url}/data/train-{i}.tar?{name}={VALUE}" for i, name in enumerate(names)]
+        texts = []
+        with caplog.at_level(logging.DEBUG, logger="wds_cloud"):
+            ds = wds.WebDataset(urls, shardshuffle=False).shuffle(4, seed=1)
+            it = iter(ds)
+            for _ in range(8):
+                next(it)
+            texts.append(json.dumps(ds.state_dict()))
+            mix = wds.RandomMix(
+                [wds.WebDataset(urls[:3], shardshuffle=False), wds.WebDataset(urls[3:], shardshuffle=False)], seed=3
+            )
+            mixed = iter(mix)
+            for _ in range(7):
+                next(mixed)
+            if hasattr(mix, "state_dict"):
+                texts.append(json.dumps(mix.state_dict()))
+            for name in names:
+                with pytest.raises(Exception) as info:
+                    wds.gopen(f"{server.url}/data/missing.tar?{name}={VALUE}", retries=1).read()
+                texts += [str(info.value), repr(info.value), repr(getattr(info.value, "url", ""))]
+        texts.extend(record.getMessage() for record in caplog.records)
+        found = [t[:200] for t in texts if VALUE in t]
+        assert not found, found
+    finally:
+        server.stop()

@@ -3,14 +3,18 @@
 import http.server
 import importlib
 import io
+import json
+import posixpath
 import tarfile
 import threading
+import urllib.parse
 
 import pytest
 
 import wds_cloud as wds
 from wds_cloud.errors import SecurityError
 from wds_cloud.io import UntrustedURL, untrusted
+from wds_cloud.testing.objects import HTTPObjectHandler, Server, Store
 
 gopen_module = importlib.import_module("wds_cloud.gopen")
 
@@ -172,3 +176,138 @@ def test_a_wids_description_in_a_bucket_mirrored_by_a_rewrite_reads_its_relative
     monkeypatch.setenv("WDS_REWRITE", f"s3://bucket/={tmp_path}/")
     dataset = wds.ShardListDataset("s3://bucket/d.json")
     assert len(dataset) == 8 and dataset[5]["__key__"] == "b1"
+
+
+# Containment decided on what the server sees (issue 41): a relative name is decoded as the server will decode it
+
+
+class DecodingWebServer(HTTPObjectHandler):
+    """A web server as many are: it percent-decodes the path (again, as a proxy in front decodes once more),
+    takes a backslash for a separator and resolves dot segments, so ``/data/%2e%2e/x`` answers ``/x``."""
+
+    def _key(self):
+        path = urllib.parse.urlsplit(self.path).path
+        while urllib.parse.unquote(path) != path:
+            path = urllib.parse.unquote(path)
+        return posixpath.normpath(path.replace("\\", "/"))
+
+
+CLIMBING = [
+    "%2e%2e/private/secret.tar",
+    "%2E%2e/private/secret.tar",
+    ".%2e/private/secret.tar",
+    "%2e./private/secret.tar",
+    "..%2fprivate%2fsecret.tar",
+    "..%2Fprivate/secret.tar",
+    "sub%2f..%2f..%2fprivate%2fsecret.tar",
+    "%252e%252e/private/secret.tar",
+    "%252e%252e%252fprivate%252fsecret.tar",
+    "..\\private\\secret.tar",
+    "..%5cprivate%5csecret.tar",
+    "%5c%5cotherhost/private/secret.tar",
+    "%2f%2fotherhost/private/secret.tar",
+    "%2fprivate/secret.tar",
+    "ok%00.tar",
+    "ok%0a.tar",
+]
+
+
+@pytest.fixture
+def decoding_server():
+    store = Store()
+    server = Server(type("Handler", (DecodingWebServer,), {"store": store}))
+    store.put("/private/secret.tar", tar_bytes("secret"))
+    store.put("/data/a b.tar", tar_bytes("inside"))
+    yield server, store
+    server.stop()
+
+
+def tar_bytes(key):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(f"{key}.txt")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+    return buf.getvalue()
+
+
+def never_asked_for_the_secret(store):
+    assert not [r for r in store.requests if "private" in r[1] or "otherhost" in r[1]], store.requests
+
+
+@pytest.mark.parametrize("name", CLIMBING)
+def test_a_wids_description_cannot_climb_in_another_spelling(decoding_server, name):
+    """A wids description in /data/ naming a shard in an encoded spelling of '..', a separator or a backslash is
+    refused with SecurityError naming the file and the field; the server is never asked for /private/."""
+    server, store = decoding_server
+    store.put("/data/d.json", json.dumps({"wids_version": 1, "shardlist": [{"url": name, "nsamples": 1}]}).encode())
+    with pytest.raises(SecurityError) as info:
+        wds.ShardListDataset(f"{server.url}/data/d.json", transformations=[])[0]
+    assert "d.json" in str(info.value) and "url" in str(info.value)
+    never_asked_for_the_secret(store)
+
+
+@pytest.mark.parametrize("name", CLIMBING)
+def test_a_json_shard_list_cannot_climb_in_another_spelling(decoding_server, name):
+    """A JSON shard list served from /data/ (and a wids index read by WebDataset) refuses the same spellings."""
+    server, store = decoding_server
+    store.put("/data/list.json", json.dumps([name]).encode())
+    store.put("/data/index.json", json.dumps({"shardlist": [{"url": name, "nsamples": 1}]}).encode())
+    for source in ("list.json", "index.json"):
+        with pytest.raises(SecurityError) as info:
+            list(wds.WebDataset(f"{server.url}/data/{source}", shardshuffle=False))
+        assert source in str(info.value)
+    never_asked_for_the_secret(store)
+
+
+def test_an_encoded_name_that_stays_inside_is_read(decoding_server):
+    """A name the server decodes to a file inside the folder (a space, an encoded dot that climbs nowhere) reads."""
+    server, store = decoding_server
+    store.put(
+        "/data/d.json", json.dumps({"wids_version": 1, "shardlist": [{"url": "a%20b.tar", "nsamples": 1}]}).encode()
+    )
+    assert wds.ShardListDataset(f"{server.url}/data/d.json", transformations=[])[0]["__key__"] == "inside"
+    store.put("/data/list.json", json.dumps(["sub/%2e%2e/a%20b.tar"]).encode())
+    assert [s["__key__"] for s in wds.WebDataset(f"{server.url}/data/list.json", shardshuffle=False)] == ["inside"]
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs", "az", "ais", "https", "file"])
+@pytest.mark.parametrize("name", CLIMBING + ["..", "sub/../..", "a/" + "%2e%2e/" * 3 + "x.tar"])
+def test_every_scheme_decides_containment_after_decoding(scheme, name):
+    """resolve() percent-decodes a relative name until it is stable before the folder check, for every scheme, and
+    refuses names that decode to a separator, a NUL or a control character."""
+    from wds_cloud.io.security import resolve
+
+    origin = f"{scheme}://bucket/dir/dataset.json" if scheme != "file" else "/srv/data/dir/dataset.json"
+    with pytest.raises(SecurityError, match="dataset.json"):
+        resolve(name, origin, field="shardlist[0].url")
+
+
+@pytest.mark.parametrize("scheme", ["s3", "https", "file"])
+def test_a_base_in_another_spelling_cannot_climb(scheme):
+    """A 'base' read from a file is resolved and decoded as a name is: an encoded '..' in it is refused."""
+    from wds_cloud.io.security import resolve_base
+
+    origin = f"{scheme}://bucket/dir/dataset.json" if scheme != "file" else "/srv/data/dir/dataset.json"
+    for base in ("%2e%2e/", "..%2f", "sub%2f%2e%2e%2f%2e%2e"):
+        with pytest.raises(SecurityError, match="leaves|separator"):
+            resolve_base(base, origin)
+
+
+def test_an_absurdly_long_name_is_refused():
+    """A name far longer than any server takes is refused as malformed data, naming the file and field."""
+    from wds_cloud.io.security import resolve
+
+    with pytest.raises(ValueError, match="dataset.json.*shardlist\\[0\\].url|longer"):
+        resolve("a" * 100_000 + ".tar", "https://bucket/dir/dataset.json", field="shardlist[0].url")
+
+
+def test_an_mmc4_image_name_in_another_spelling_stays_in_its_folder(tmp_path):
+    """confined(): the images folder's names are decoded before the check too (a file named '%2e%2e' is refused
+    rather than guessed at)."""
+    from wds_cloud.io.security import confined
+
+    (tmp_path / "images").mkdir()
+    for name in ("%2e%2e/secret.jpg", "..%2fsecret.jpg", "..\\secret.jpg", "a%00.jpg"):
+        with pytest.raises(SecurityError, match="image_name"):
+            confined(str(tmp_path / "images"), name, "docs.jsonl line 1", "image_info[].image_name")

@@ -38,8 +38,10 @@ before they are put into a message, so credentials never end up in logs.
 
 from __future__ import annotations
 
+import functools
 import re
 import tarfile
+import urllib.parse
 
 __all__ = [
     "WdsCloudError",
@@ -66,15 +68,67 @@ __all__ = [
     "PipeError",
     "ObjectChangedError",
     "redact",
+    "is_credential_name",
+    "holds_credential",
 ]
 
-# userinfo runs to the last "@" before the path, so a password holding "@" is covered whole
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<info>[^/?#\s]*)@")
-_SECRET_QUERY = re.compile(
-    r"(?i)([?&;](?:sig|signature|token|access_token|id_token|refresh_token|x-amz-signature|x-amz-security-token|"
-    r"x-amz-credential|awsaccesskeyid|x-goog-signature|x-goog-credential|googleaccessid|key|api_key|apikey|"
-    r"access_key|secret|client_secret|password|passwd|sv|se|skoid|sktid|code)=)[^&#;\s'\"]*"
+# The one list of credential spellings (issue 41).  redact() hides what they name, and every check that refuses a
+# secret in a URL (a Dask task, a job record's destination) asks holds_credential(), which asks redact(): a new
+# spelling added here is hidden and refused everywhere at once.  docs/security.md states the rule.
+#: a name holding one of these (case, separators and percent-encoding ignored) names a credential
+_CREDENTIAL_STEMS = ("token", "secret", "passw", "passphrase", "credential", "signature", "session", "auth", "cookie")
+#: a word of the name (split at separators and case changes) that is, or ends in, one of these: api_key, apikey,
+#: accessKey, sig, urlsig (a word that only starts so, keyframe or signal, is not)
+_CREDENTIAL_WORD_ENDINGS = ("key", "sig")
+#: a word of the name that is exactly one of these (bypass and compass are not)
+_CREDENTIAL_WORDS = frozenset({"pass", "pwd", "jwt", "bearer"})
+#: whole names of signed URLs and OAuth answers that the rules above miss
+_CREDENTIAL_NAMES = frozenset({"awsaccesskeyid", "googleaccessid", "code", "sv", "se", "skoid", "sktid"})
+_NOT_AUTH = re.compile(r"author(?!i[sz])")  # author, authored, authority: people, not authorization
+_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+# userinfo runs to the last "@" before the path, so a password holding "@" is covered whole; a scheme-relative
+# URL (//user:pass@host) counts where it starts a word
+_USERINFO = re.compile(r"(?P<scheme>(?:[a-zA-Z][a-zA-Z0-9+.-]*:|(?:^|(?<=[\s'\"(<=,\[])))//)(?P<info>[^/?#\s]*)@")
+# a query, fragment or path parameter; the name may be percent-encoded,
+# and so may its "=" (X-Auth-Token%3Dvalue), which a server decodes
+_PARAMETER = re.compile(r"(?P<lead>[?&;#])(?P<name>[^=&;#?\s'\"]+)(?:=(?P<value>[^&;#\s'\"]*))?")
+# a header a command sends (curl -H 'X-Auth-Token: v', --header "Authorization: Bearer v"), a credential option
+# (--password v, --token=v) and curl's --user name:password
+_HEADER = re.compile(
+    r"(?P<head>(?:-H|--header)(?:=|\s*)(?P<q>['\"])?(?P<name>[A-Za-z0-9_.-]+)\s*:\s*)"
+    r"(?P<value>(?(q)[^'\"\n]*|\S*))"
 )
+_OPTION = re.compile(
+    r"(?P<head>(?<![\w-])--?(?P<name>[A-Za-z][\w-]*)(?:=|\s+)(?P<q>['\"])?)(?P<value>(?(q)[^'\"\n]*|\S*))"
+)
+_USER_OPTION = re.compile(r"(?P<head>(?<![\w-])(?:-u|--user)(?:=|\s*)['\"]?[^:\s'\"]*:)(?P<value>[^\s'\"]*)")
+
+
+def _unquoted(text: str) -> str:
+    """``text`` percent-decoded until it no longer changes, as a server (or a proxy in front of it) may decode it."""
+    while True:
+        out = urllib.parse.unquote(text, errors="surrogateescape")
+        if out == text:
+            return out
+        text = out
+
+
+@functools.lru_cache(maxsize=4096)
+def is_credential_name(name: str) -> bool:
+    """Whether a query parameter, header or option called ``name`` holds a credential: its name, percent-decoded
+    and in any case, holds token, secret, password, credential, signature, session, auth (not author) or cookie;
+    or a word of it is, or ends in, key or sig (``api_key``, ``apikey``, ``X-Amz-Signature``, ``sig``); or it is
+    one of the names of signed URLs (``AWSAccessKeyId``, ``GoogleAccessId``, Azure's ``sv``/``se``/``skoid``/
+    ``sktid``) or OAuth's ``code``.  A name that only begins like one (``keyframe``, ``signal``) is not."""
+    plain = _unquoted(name)
+    compact = re.sub(r"[^a-z0-9]", "", plain.lower())
+    if compact in _CREDENTIAL_NAMES:
+        return True
+    if any(stem in _NOT_AUTH.sub("", compact) for stem in _CREDENTIAL_STEMS):
+        return True
+    words = [w.lower() for w in _WORDS.findall(plain)]
+    return any(w in _CREDENTIAL_WORDS or w.endswith(_CREDENTIAL_WORD_ENDINGS) for w in words)
 
 
 def _userinfo(m: re.Match) -> str:
@@ -84,18 +138,44 @@ def _userinfo(m: re.Match) -> str:
     return f"{m.group('scheme')}***@"  # a lone userinfo is often a token (https://TOKEN@host)
 
 
-def redact(url: object) -> str:
-    """``url`` (or any text holding URLs) with userinfo passwords and tokens and signed-query secrets as ``***``.
+def _parameter(m: re.Match) -> str:
+    name, value = m.group("name"), m.group("value")
+    if value is None:  # no "=": perhaps an encoded one, which the server decodes into name and value
+        plain = _unquoted(name)
+        if "=" not in plain or not is_credential_name(plain.split("=", 1)[0]):
+            return m.group(0)
+        return f"{m.group('lead')}{plain.split('=', 1)[0]}=***"
+    return f"{m.group('lead')}{name}=***" if is_credential_name(name) else m.group(0)
 
-    The one redaction function: every URL wds_cloud prints, logs, stores in a state or puts
-    into an error message goes through it.
+
+def _named(m: re.Match) -> str:
+    return f"{m.group('head')}***" if is_credential_name(m.group("name")) else m.group(0)
+
+
+def redact(url: object) -> str:
+    """``url`` (or any text holding URLs or commands) with its credentials as ``***``: userinfo passwords and
+    tokens, the values of query, fragment and path parameters that :func:`is_credential_name` recognises
+    (percent-encoded or not), and credential headers and options in a command.
+
+    The one redaction function: every URL wds_cloud prints, logs, stores in a state, a job record or a task, or
+    puts into an error message goes through it.
     """
     text = str(url)
     if "@" in text:
         text = _USERINFO.sub(_userinfo, text)
-    if "=" in text:
-        text = _SECRET_QUERY.sub(r"\1***", text)
+    if "=" in text or "%" in text:
+        text = _PARAMETER.sub(_parameter, text)
+    if "-" in text:
+        text = _HEADER.sub(_named, text)
+        text = _OPTION.sub(_named, text)
+        text = _USER_OPTION.sub(r"\g<head>***", text)
     return text
+
+
+def holds_credential(url: object) -> bool:
+    """Whether ``url`` carries a credential in its text (what :func:`redact` would hide): the one check of every
+    place that refuses such a URL."""
+    return redact(url) != str(url)
 
 
 class WdsCloudError(Exception):

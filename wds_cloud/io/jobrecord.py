@@ -30,7 +30,7 @@ import re
 import time
 from typing import Any
 
-from ..errors import ConfigError, ShardNotFoundError, redact
+from ..errors import ConfigError, ShardNotFoundError, holds_credential, redact
 from . import datafile
 from .integrity import Hashing
 from .open import exists, gopen
@@ -113,6 +113,12 @@ class JobRecord:
     """The record of one job (see the module docstring).  ``destination``: the output pattern or file."""
 
     def __init__(self, destination: str, tool: str, inputs: list[str], settings: dict) -> None:
+        if holds_credential(destination):  # its output names would be the record's keys, the record's own name
+            raise ConfigError(
+                f"{redact(destination)} carries a credential in its text; the job record would list it with "
+                "every output name: give the credential through the environment or a storage profile "
+                "(WDS_CLOUD_CONFIG) instead"
+            )
         self.destination = destination
         self.url = record_url(destination)
         self.tool = tool

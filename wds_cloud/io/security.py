@@ -29,7 +29,12 @@ __all__ = [
     "resolve_base",
     "confined",
     "check_url_text",
+    "MAX_URL_LENGTH",
 ]
+
+#: the longest URL or path read from data: far more than a store's key (S3 and GCS take 1,024 bytes) or a
+#: web server's request line (8 KiB) hold, so only a file that means harm reaches it
+MAX_URL_LENGTH = 8192
 
 
 class UntrustedURL(str):
@@ -119,6 +124,12 @@ def check_url_text(url: Any, where: str, field: str = "url") -> str:
             f"{'an empty string' if url == '' else type(url).__name__}; write it again",
             field=field,
         )
+    if len(url) > MAX_URL_LENGTH:
+        raise MalformedDataError(
+            f"{where}: {field} is {len(url)} characters long, longer than the {MAX_URL_LENGTH} any store or "
+            "server takes for one name; write it again",
+            field=field,
+        )
     bad = next((i for i, c in enumerate(url) if c < " " or c == "\x7f"), None)
     if bad is not None:
         raise MalformedDataError(
@@ -138,12 +149,51 @@ def _refuse_local(url: str, origin: str, field: str) -> SecurityError:
     )
 
 
-def _climbs(url: str, origin: str, base: str, field: str, fix: str) -> SecurityError:
+def _climbs(url: str, origin: str, base: str, field: str, fix: str, how: str = "") -> SecurityError:
+    how = how or "through '..', an absolute path or a link"
     return SecurityError(
         f"{redact(origin)}: {field} {redact(url)!r} leaves {redact(base)!r}, the folder it is "
-        f"resolved in (through '..', an absolute path or a link); {fix}",
+        f"resolved in ({how}); {fix}",
         url=url,
     )
+
+
+def _decoded(name: str) -> str:
+    """``name`` percent-decoded until it no longer changes: what a server, or a proxy in front of it that decodes
+    once more, may take it to say (``%252e%252e`` -> ``%2e%2e`` -> ``..``).  Each round that changes something
+    shortens the name, so the loop ends."""
+    while True:
+        out = urllib.parse.unquote(name, errors="surrogateescape")
+        if out == name:
+            return out
+        name = out
+
+
+def _check_spelling(name: str, origin: str, folder: str, field: str, fix: str) -> None:
+    """Refuse a relative ``name`` that climbs out of ``folder`` in any spelling a server may decode: percent-encoded
+    dot segments and separators (``%2e%2e/``, ``..%2f``, ``%252e``), backslashes, an absolute path or another host
+    after decoding (``%2f%2fhost/x``), and control characters (``%00``); containment is decided on the decoded
+    name, not on the text (issue 41)."""
+    plain = _decoded(name)
+    bad = next((c for c in plain if c < " " or c == "\x7f"), None)
+    if bad is not None:
+        raise SecurityError(
+            f"{redact(origin)}: {field} {redact(name)!r} decodes to a control character ({ord(bad):#04x}), which "
+            f"no name of a shard or file may hold; {fix}",
+            url=name,
+        )
+    path = plain.replace("\\", "/")  # a backslash is a separator to Windows and to some servers
+    if path.startswith("/"):
+        raise _climbs(name, origin, folder, field, fix, f"it decodes to {redact(plain)!r}, an absolute path or a host")
+    depth = 0
+    for segment in path.split("/"):
+        if segment == "..":
+            depth -= 1
+            if depth < 0:
+                spelled = "" if plain == name else f"it decodes to {redact(plain)!r}"
+                raise _climbs(name, origin, folder, field, fix, spelled)
+        elif segment not in ("", "."):
+            depth += 1
 
 
 def _absolute(url: str) -> bool:
@@ -196,6 +246,7 @@ def _join(
             "or folder is a storage location, never a command",
             url=origin,
         )
+    _check_spelling(name, origin, folder, field, fix)
     if fscheme in (None, "file"):
         root = os.path.normpath(local_path(folder) or ".")
         joined = os.path.normpath(os.path.join(root, name))

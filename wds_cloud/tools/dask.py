@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, Optional, Union, cast
 
-from ..errors import ConfigError, MissingExtraError, redact
+from ..errors import ConfigError, MissingExtraError, holds_credential, redact
 from ..handlers import reraise_exception
 
 __all__ = [
@@ -380,7 +380,10 @@ def sweep_partials(destination: str, indexes: Iterable[int]) -> None:
 
 
 def _check_url(url: str) -> None:
-    if redact(url) != url:
+    """Refuse a URL carrying a credential in any spelling :func:`~wds_cloud.errors.redact` knows (userinfo,
+    ``?private_token=``, ``?X-Auth-Token=``, ``?X%2DAuth%2DToken=``, ...): a task's arguments are shown by the
+    scheduler and its dashboard, and the job record lists the inputs and outputs."""
+    if holds_credential(url):
         raise ConfigError(
             f"{redact(url)} carries a credential in its text; a task graph would show it on the Dask "
             "scheduler and dashboard: give the credential to the workers through their environment "
@@ -424,7 +427,7 @@ def map_shards(
         )
     if "%" not in destination:
         raise ConfigError(
-            f"the destination {destination!r} needs a %d-style field for the shard number, such as "
+            f"the destination {redact(destination)!r} needs a %d-style field for the shard number, such as "
             "'out/train-%06d.tar' (input shard i gives output i)"
         )
     if maxcount is not None and maxcount < 1 or maxsize is not None and not maxsize > 0:
@@ -433,7 +436,7 @@ def map_shards(
         raise ConfigError(f"retries={retries!r}: give a number of retries, 0 or more")
     urls = expand_source(source) if not isinstance(source, list) else list(source)
     if not urls:
-        raise ConfigError(f"{source!r} names no shards")
+        raise ConfigError(f"{redact(source)!r} names no shards")
     for url in urls + [destination]:
         _check_url(url)
     name = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
