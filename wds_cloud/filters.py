@@ -8,6 +8,8 @@ that calls user code takes ``handler=`` (see :mod:`wds_cloud.handlers`).
 from __future__ import annotations
 
 import fnmatch
+import functools
+import inspect
 import io
 import itertools
 import logging
@@ -22,9 +24,10 @@ import numpy as np
 
 from . import autodecode as ad
 from .autodecode import Decoder, refuse_if_unsafe
-from .errors import MissingExtraError, SecurityError
+from .errors import ConfigError, MissingExtraError, SecurityError
 from .handlers import reraise_exception
 from .io.security import is_secure
+from .resume.arguments import as_count, as_real, as_seed
 from .resume.shuffle import Shuffle
 from .stages import FilterFunction, PipelineStage, RestCurried, compose, pipeline, pipelinefilter
 
@@ -68,6 +71,34 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+class _Normalised(RestCurried):
+    """A curried filter whose numeric arguments are normalised (numpy numbers made plain, nonsense refused with
+    ConfigError naming the argument) when the stage is built, not when the first sample comes (issue 41)."""
+
+    def __init__(self, f: Callable, normalise: dict) -> None:
+        super().__init__(f)
+        self.normalise = normalise
+
+    def __call__(self, *args: Any, **kw: Any) -> FilterFunction:
+        try:
+            bound = inspect.signature(self.f).bind_partial(None, *args, **kw)  # None: the data, given later
+        except TypeError as exc:
+            raise TypeError(f"{self.f.__name__.lstrip('_')}(): {exc}") from None
+        for name, check in self.normalise.items():
+            if name in bound.arguments and bound.arguments[name] is not None:
+                bound.arguments[name] = check(name, bound.arguments[name])
+        return FilterFunction(self.f, *bound.args[1:], **bound.kwargs)
+
+    def __reduce__(self):
+        return (_Normalised, (self.f, self.normalise))
+
+
+def _slice_bounds(name: str, values: tuple) -> tuple:
+    return tuple(
+        None if v is None else as_count(f"slice {name}", v, least=1 if i == 2 else 0) for i, v in enumerate(values)
+    )
 
 
 def identity(x: Any) -> Any:
@@ -362,7 +393,14 @@ def _rsample(data: Iterable, p: float = 0.5, seed: Optional[int] = None) -> Iter
             yield sample
 
 
-rsample = pipelinefilter(_rsample)
+def _probability(name: str, value: Any) -> float:
+    p = as_real(name, value)
+    if p > 1:
+        raise ConfigError(f"{name}={value!r} is not a probability: give a number from 0 to 1")
+    return p
+
+
+rsample = _Normalised(_rsample, {"p": _probability, "seed": as_seed})
 
 
 def _slice(data: Iterable, *args: Any) -> Iterator:
@@ -370,7 +408,7 @@ def _slice(data: Iterable, *args: Any) -> Iterator:
     return itertools.islice(data, *args)
 
 
-slice = pipelinefilter(_slice)
+slice = _Normalised(_slice, {"args": _slice_bounds})
 
 
 def _extract_keys(
@@ -608,7 +646,7 @@ def _batched(
         yield collation_fn(batch) if collation_fn is not None else batch
 
 
-batched = pipelinefilter(_batched)
+batched = _Normalised(_batched, {"batchsize": functools.partial(as_count, least=1)})
 
 
 class Cached(PipelineStage):

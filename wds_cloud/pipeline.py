@@ -22,6 +22,7 @@ from .io.datafile import shown
 from .io.security import untrusted
 from .pytorch import DataLoader, IterableDataset
 from .resume import consistency, elastic
+from .resume.arguments import as_count
 from .resume.protocol import (
     SampleSource,
     declines_resume,
@@ -792,17 +793,19 @@ class DataPipeline(IterableDataset, PipelineStage):
 
     def with_length(self, n: int, silent: bool = False) -> DataPipeline:
         """Declare ``len(self) == n`` (picklable, unlike webdataset's)."""
-        self.size = n
+        self.size = as_count("with_length", n)
         return add_length_method(self)
 
     def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> DataPipeline:
         """Make each epoch exactly ``nsamples`` items, repeating the pipeline as needed."""
         self.repetitions = sys.maxsize
-        self.nsamples = max(nsamples, nbatches)
+        # plain ints (numpy's too), -1 for "not given"; nan or a fraction refused here, not a pass without end
+        self.nsamples = max(as_count("nsamples", nsamples, least=-1), as_count("nbatches", nbatches, least=-1))
         return self
 
     def repeat(self, nepochs: int = -1, nbatches: int = -1) -> DataPipeline:
         """Repeat the pipeline ``nepochs`` times (forever when <= 0), stopping after ``nbatches`` items."""
+        nepochs, nbatches = as_count("nepochs", nepochs, least=-(1 << 63)), as_count("nbatches", nbatches, least=-1)
         self.repetitions = nepochs if nepochs > 0 else sys.maxsize
         self.nsamples = nbatches
         return self

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from .. import autodecode, filters, utils
 from ..handlers import reraise_exception
 from ..pipeline import DataPipeline
+from ..resume.arguments import as_count
 
 __all__ = ["FluidInterface", "FluidWrapper"]
 
@@ -44,6 +45,8 @@ class FluidInterface:
         """A sample shuffle of ``size`` samples.  In a dataset given a seed (``WebDataset(url, seed=S)``,
         ``WDS_SEED``, or a spec's ``seed:``), a shuffle given neither ``seed`` nor ``rng`` is seeded from it and
         from the epoch, so the same ``S`` gives the same order (webdataset seeds it from the clock)."""
+        # a plain int before it is compared or saved in a state (numpy's, 1e3); below 1: no shuffle, as in webdataset
+        size = as_count("shuffle size", size, least=-(1 << 63))
         if size < 1:
             return self
         base = getattr(self, "sample_seed", None)

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any, Optional, Union
 
 from ..errors import ConfigError
+from ..resume.arguments import as_count, as_real, as_size
 
 __all__ = ["ReadOptions"]
 
@@ -39,6 +40,24 @@ class ReadOptions:
     max_member_size: Union[int, str, None] = None
     max_sample_size: Union[int, str, None] = None
     manifest: Any = None
+
+    def __post_init__(self) -> None:
+        # numbers of any type made plain, nonsense (nan, inf, negative, True) refused naming the setting, here
+        # rather than at the first transfer (issue 41)
+        checks = {
+            "retries": lambda name, v: as_count(name, v),
+            "timeout": lambda name, v: as_real(name, v, positive=True),
+            "part_size": lambda name, v: as_size(name, v, least=1),
+            "concurrency": lambda name, v: as_count(name, v, least=1),
+            "max_concurrency": lambda name, v: as_count(name, v, least=1),
+            "prefetch": lambda name, v: as_count(name, v),
+            "max_member_size": lambda name, v: as_size(name, v, least=1),
+            "max_sample_size": lambda name, v: as_size(name, v, least=1),
+        }
+        for name, check in checks.items():
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, check(name, value))  # frozen: the one place values are set
 
     def with_keywords(self, **given: Any) -> ReadOptions:
         """These options with the keyword arguments a dataset was given (None: not given) filled in; a setting

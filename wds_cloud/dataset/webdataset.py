@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Optional, Union
@@ -24,6 +25,7 @@ from ..io.resilient import StatsSink, TransferStats
 from ..mixing.sources import MixSource
 from ..mixing.spec import is_mix_spec, load_spec
 from ..pipeline import DataPipeline
+from ..resume.arguments import as_count, as_seed, as_size, is_flag
 from ..resume.state import expect
 from ..resume.streams import Streams
 from ..stages import PipelineStage
@@ -123,6 +125,7 @@ class WebDataset(DataPipeline, FluidInterface):
         # a MixedDataset (a WebDataset subclass), which Python then initializes with the same arguments.
         given = kwargs.get("options")
         options = kwargs.get("storage_options") or (given.storage_options if given is not None else None)
+        urls = plain_urls(urls)
         parsed = _read_spec(urls, options) if cls is WebDataset else None
         mix = is_mix_spec(parsed if parsed is not None else urls) if cls is WebDataset else False
         made = super().__new__(MixedDataset if mix else cls)
@@ -166,6 +169,16 @@ class WebDataset(DataPipeline, FluidInterface):
     ) -> None:
         super().__init__()
         settings = config.current()
+        urls = plain_urls(urls)
+        # every number that reaches a stage's state is made plain here (numpy's, 1e3), or refused naming the
+        # argument: a state is JSON, and state_dict() must never fail for a dataset that was built (issue 41)
+        if isinstance(seed, str):
+            seed = config.Settings.from_environ({"WDS_SEED": seed}).seed
+        seed = as_seed("seed", seed)
+        if shardshuffle is not None and not isinstance(shardshuffle, bool):
+            shardshuffle = as_count("shardshuffle", shardshuffle) if not is_flag(shardshuffle) else bool(shardshuffle)
+        if streams is not None:
+            streams = as_count("streams", streams, least=1)
         # our transfer and safety keywords feed one ReadOptions (options= gives them as one object)
         read = (options or ReadOptions()).with_keywords(
             storage_options=storage_options,
@@ -185,8 +198,6 @@ class WebDataset(DataPipeline, FluidInterface):
             mode = "resampled"
         if shardshuffle is True:
             shardshuffle = 100
-        if isinstance(seed, str):
-            seed = config.Settings.from_environ({"WDS_SEED": seed}).seed
         # Without a seed every node must still agree on the order, so the default is fixed.
         self.seed = seed if seed is not None else (settings.seed if settings.seed is not None else 0)
         #: what seeds the sample shuffles chained on this dataset: the seed the user gave, or None (fresh seeds)
@@ -197,6 +208,7 @@ class WebDataset(DataPipeline, FluidInterface):
             cache_dir = settings.cache_dir
         if settings.cache_size is not None and cache_size in (-1, None):
             cache_size = settings.cache_size
+        cache_size = as_size("cache_size", cache_size, least=-1)
         cache_size = config.parse_size("cache_size", cache_size) if cache_size not in (None, -1) else -1
 
         self._shards = self._url_source(urls, mode, bool(shardshuffle))
@@ -393,13 +405,25 @@ def _index_sink(write_index: Any, storage_options: Optional[dict]) -> Optional[C
     return sink
 
 
+def plain_urls(urls: Any) -> Any:
+    """``urls`` with paths (``pathlib.Path``, any ``os.PathLike``) as text, in a list or tuple too."""
+    if isinstance(urls, os.PathLike):
+        return os.fspath(urls)
+    if isinstance(urls, (list, tuple)) and any(isinstance(u, os.PathLike) for u in urls):
+        return [os.fspath(u) if isinstance(u, os.PathLike) else u for u in urls]
+    return urls
+
+
 def _check_equal_work(value: Any) -> Union[int, str, None]:
     if value is None or value is False:
         return None
-    if value in ("min", "max"):
+    if isinstance(value, str) and value in ("min", "max"):
         return value
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
+    if not is_flag(value) and not isinstance(value, str):
+        try:
+            return as_count("equal_work", value, least=1)
+        except ConfigError:
+            pass
     raise ConfigError(
         f"equal_work={value!r}: give 'min' (every worker yields as many samples as the smallest "
         "share, the rest are dropped), 'max' (as many as the largest share; short ones repeat their "
@@ -456,7 +480,8 @@ class MixedDataset(WebDataset):
         storage_options = given.with_keywords(storage_options=storage_options).storage_options
         # every source reads with these options, over its own storage options from the spec
         kwargs["options"] = dataclasses.replace(given, storage_options=None)
-        spec = load_spec(urls, storage_options, parsed=self.__dict__.get("_parsed_spec"))
+        spec = load_spec(plain_urls(urls), storage_options, parsed=self.__dict__.get("_parsed_spec"))
+        seed = as_seed("seed", seed)
         settings = config.current()
         base_seed = (
             spec.seed

@@ -24,11 +24,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import numbers
+import operator
 from typing import Any, Optional
 
 from ..errors import ConfigError, MalformedDataError, redact
 from ..io.datafile import shown
 from ..io.security import resolve
+from ..resume.arguments import is_flag
 from ..shardlists import MAX_DATA_URLS, expand_urls, read_spec_file
 
 __all__ = ["DatasetSpec", "SourceSpec", "load_spec", "is_mix_spec", "SPEC_VERSION"]
@@ -100,10 +103,10 @@ def _parse(data: Any, where: str, from_data: bool) -> DatasetSpec:
         )
     if data.get("version") != SPEC_VERSION:
         raise _fail(where, f"'version' is {shown(data.get('version'))}; this wds_cloud reads version: {SPEC_VERSION}")
-    seed = data.get("seed")
+    seed = _plain(data.get("seed"))
     if seed is not None and (type(seed) is not int or not -(1 << 63) <= seed < (1 << 64)):
         raise _fail(where, f"'seed' must be an integer, not {shown(seed)}")
-    per_epoch = data.get("samples_per_epoch")
+    per_epoch = _plain(data.get("samples_per_epoch"))
     if per_epoch is not None and (type(per_epoch) is not int or per_epoch < 1):
         raise _fail(
             where,
@@ -152,7 +155,7 @@ def _source(source: Any, i: int, where: str, from_data: bool) -> SourceSpec:
         raise _fail(
             where, f"{label}: 'urls' must be a brace spec string or a non-empty list of URLs, not {shown(urls)}"
         )
-    weight = source.get("weight", 1.0)
+    weight = _plain(source.get("weight", 1.0))
     if (
         isinstance(weight, bool)
         or not isinstance(weight, (int, float))
@@ -170,7 +173,7 @@ def _source(source: Any, i: int, where: str, from_data: bool) -> SourceSpec:
         if not isinstance(value, bool):
             raise _fail(where, f"{label}: '{key}' must be true or false, not {shown(value)}")
         flags[key] = value
-    shuffle = source.get("shuffle", 0)
+    shuffle = _plain(source.get("shuffle", 0))
     if type(shuffle) is not int or not 0 <= shuffle <= MAX_SHUFFLE:
         raise _fail(
             where, f"{label}: 'shuffle' must be a buffer size (a whole number, 0 for none), not {shown(shuffle)}"
@@ -195,3 +198,15 @@ def _source(source: Any, i: int, where: str, from_data: bool) -> SourceSpec:
         dict(options) if options else None,
         profile,
     )
+
+
+def _plain(value: Any) -> Any:
+    """A number of a spec given as a dict (numpy's too) as a plain int or float, checked as one; anything else as
+    it is (a YAML or JSON file holds plain ones only)."""
+    if is_flag(value):
+        return value
+    if isinstance(value, numbers.Integral):
+        return operator.index(value)
+    if isinstance(value, numbers.Real) and type(value) is not float:
+        return float(value)
+    return value

@@ -7,9 +7,15 @@ import random
 from collections.abc import Sequence
 from typing import Optional
 
+from ..errors import StateMismatchError
+from ..io.datafile import shown
+from .arguments import SEED_MAX, SEED_MIN, as_seed, is_seed
+
 __all__ = ["CountedRandom"]
 
 _BLOCK = 4096
+#: more draws than any pass makes (a state claiming more was changed)
+MAX_COUNT = 1 << 63
 
 
 class CountedRandom:
@@ -20,12 +26,16 @@ class CountedRandom:
     at most 4,095 draws (a fraction of a millisecond), so saving and restoring
     the two integers restores the sequence exactly, where ``random.Random``
     would need its 2.5 KB state.  Each draw costs what a ``random()`` call costs.
+
+    ``seed``: a whole number (numpy's too) from :data:`~wds_cloud.resume.arguments.SEED_MIN` to ``SEED_MAX``, or
+    None for a fresh one; anything else is a ConfigError here, not a failure when the first draw is made.
     """
 
     __slots__ = ("seed", "count", "_rng", "_left")
 
     def __init__(self, seed: Optional[int] = None, count: int = 0) -> None:
-        self.seed = int.from_bytes(os.urandom(8), "little") if seed is None else int(seed)
+        chosen = as_seed("seed", seed)
+        self.seed = int.from_bytes(os.urandom(8), "little") if chosen is None else chosen
         self.setstate([self.seed, count])
 
     def _block(self, block: int) -> None:
@@ -50,7 +60,15 @@ class CountedRandom:
         return [self.seed, self.count]
 
     def setstate(self, state: Sequence[int]) -> None:
-        self.seed, self.count = int(state[0]), int(state[1])
+        """Restore ``[seed, count]`` (from :meth:`getstate`); a pair no generator gives is StateMismatchError."""
+        seed, count = state[0], state[1]
+        if not (is_seed(seed) and type(count) is int and 0 <= count < MAX_COUNT):
+            raise StateMismatchError(
+                f"the saved generator state {shown([seed, count])} is not a seed from {SEED_MIN} to {SEED_MAX} "
+                "and a count of draws below 2**63: the state was changed; load the state that state_dict() returned",
+                field="rng",
+            )
+        self.seed, self.count = seed, count
         self._block(self.count // _BLOCK)
         for _ in range(self.count % _BLOCK):
             self._rng.random()

@@ -21,7 +21,8 @@ from ..errors import StateMismatchError
 from ..io.datafile import MAX_SHARD_BLOCKS, shown
 from ..stages import PipelineStage
 from ..utils import make_seed
-from .rng import CountedRandom
+from .arguments import as_count, as_seed, is_seed
+from .rng import MAX_COUNT, CountedRandom
 from .state import StateURL, check_same, expect, shown_url, url_id
 
 __all__ = ["Shuffle", "apply_journal", "buffer_locations"]
@@ -70,18 +71,19 @@ class Shuffle(PipelineStage):
         epoch_seeded: bool = False,
         epoch: int = -1,
     ) -> None:
-        self.bufsize = bufsize
-        self.initial = min(initial, bufsize)
+        # numbers of any type (numpy's) are made plain here: they go into the state, which is JSON (issue 41)
+        self.bufsize = as_count("bufsize", bufsize)
+        self.initial = min(as_count("initial", initial), self.bufsize)
         self.rng = rng
-        self.seed = int(seed) if isinstance(seed, str) and seed.strip().lstrip("-").isdigit() else seed
+        self.seed = as_seed("seed", seed)  # a string of digits (WDS_SEED) is read as its number
         self.epoch_seeded = epoch_seeded
-        self.epoch = epoch
+        self.epoch = as_count("epoch", epoch, least=-1)
         self.source: Any = None  # the sample source feeding this shuffle (attached by DataPipeline)
         self._live: Optional[_ShuffleRun] = None
         self._resume: Optional[dict] = None
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch - 1  # run() advances before use
+        self.epoch = as_count("epoch", epoch) - 1  # run() advances before use
 
     def for_stream(self, stream: int, streams: int) -> Shuffle:
         """A shuffle of its own for virtual stream ``stream`` (see :mod:`wds_cloud.resume.streams`): a buffer of
@@ -345,8 +347,9 @@ class Shuffle(PipelineStage):
             ok = (
                 isinstance(saved, list)
                 and len(saved) == 2
-                and all(type(v) is int for v in saved)
-                and 0 <= saved[1] < (1 << 63)
+                and is_seed(saved[0])
+                and type(saved[1]) is int
+                and 0 <= saved[1] < MAX_COUNT
             )
         if not ok:
             raise StateMismatchError(
