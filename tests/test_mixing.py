@@ -1,6 +1,7 @@
 """Dataset specs and weighted mixing: schema, shares, determinism, running out, exact resume, stores, stats."""
 
 import collections
+import itertools
 import json
 
 import pytest
@@ -11,6 +12,7 @@ import wds_cloud as wds
 from wds_cloud.compat import MixedDataset
 from wds_cloud.errors import ConfigError, SecurityError, StateMismatchError
 from wds_cloud.gopen import gopen
+from wds_cloud.resume.state import seal
 
 SIZES = {"a": (4, 300), "b": (3, 200), "c": (2, 100)}  # source: (shards, samples per shard)
 
@@ -463,3 +465,284 @@ def test_a_spec_file_is_read_once_whatever_it_holds(tmp_path, monkeypatch):
             reads.clear()
             assert len(list(wds.WebDataset(url, shardshuffle=False))) == 6
             assert reads == [url]
+
+
+# states of a mix carry a checksum and are checked field by field (issue 41)
+def _two_sources(root):
+    """A RandomMix of 1,200 samples of 'a' and 200 of 'c', in shard order (each source's order is fixed)."""
+    return [
+        wds.WebDataset(f"{root}/a-{{0..3}}.tar", shardshuffle=False),
+        wds.WebDataset(f"{root}/c-{{0..1}}.tar", shardshuffle=False),
+    ]
+
+
+def _state_at(make, cut):
+    ds = make()
+    it = iter(ds)
+    head = [next(it)["__key__"] for _ in range(cut)]
+    return head, json.loads(json.dumps(ds.state_dict()))
+
+
+def _resealed(state):
+    return seal({k: v for k, v in state.items() if k != "checksum"})
+
+
+def test_a_random_mix_state_carries_a_checksum_and_an_unsealed_one_is_refused(shards):
+    """RandomMix.state_dict() is sealed; a state without a checksum (an earlier version's, or edited) is refused
+    with the fix: take a new state."""
+
+    def make():
+        return wds.RandomMix(_two_sources(shards), [3, 1], seed=4, longest=True)
+
+    expected = keys(make())
+    head, state = _state_at(make, 100)
+    assert isinstance(state.get("checksum"), str)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + keys(resumed) == expected
+    unsealed = {k: v for k, v in state.items() if k != "checksum"}
+    with pytest.raises(StateMismatchError, match="take a new state") as info:
+        make().load_state_dict(unsealed)
+    assert info.value.field == "checksum"
+    changed = dict(state, rng=[state["rng"][0], state["rng"][1] + 1])  # not sealed again
+    with pytest.raises(StateMismatchError, match="checksum"):
+        make().load_state_dict(changed)
+
+
+@pytest.mark.parametrize("longest", [True, False])
+def test_a_source_taken_out_of_active_in_a_resealed_random_mix_state_is_refused(shards, longest):
+    """The issue's case: a source removed from 'active' and the state sealed again would never give its samples;
+    it is refused (StateMismatchError) before a sample is drawn."""
+
+    def make():
+        return wds.RandomMix(_two_sources(shards), [3, 1], seed=4, longest=longest)
+
+    _, state = _state_at(make, 40)
+    for active in ([0], [1], []):
+        forged = _resealed(dict(state, active=active))
+        ds = make()
+        try:
+            ds.load_state_dict(forged)
+        except StateMismatchError:
+            continue
+        with pytest.raises(StateMismatchError, match="still has samples|none of its datasets has ended"):
+            next(iter(ds))
+
+
+def test_a_source_that_really_ended_may_be_left_out_of_active(shards):
+    """A legitimate state taken after a source ended (longest=True) resumes exactly."""
+
+    def make():
+        return wds.RandomMix(_two_sources(shards), [1, 3], seed=4, longest=True)
+
+    expected = keys(make())
+    head, state = _state_at(make, 900)  # 'c' (200 samples, weight 3) has ended by then
+    assert state["active"] == [0]
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + keys(resumed) == expected
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda s: s.update(rng=[10**5000, s["rng"][1]]), "rng"),
+        (lambda s: s.update(rng=[1 << 64, s["rng"][1]]), "rng"),
+        (lambda s: s.update(rng=[s["rng"][0], 10**6]), "rng"),  # more draws than samples given
+        (lambda s: s.update(rng=[s["rng"][0], True]), "rng"),
+        (lambda s: s.update(active=[1, 0]), "active"),
+        (lambda s: s.update(active=[0, 0]), "active"),
+        (lambda s: s.update(extra=1), "extra"),
+        (lambda s: s.update(fresh=True), "active"),  # a fresh state holds no generator and no active list
+        (lambda s: s.update(sources=s["sources"][::-1]), None),
+    ],
+)
+def test_a_resealed_random_mix_state_is_checked_field_by_field(shards, change, field):
+    """Seeds bounded (a seed of 5,000 digits is refused at load, not a raw ValueError when the pass begins),
+    counts of draws no more than possible, 'active' in order, unknown keys refused: StateMismatchError."""
+
+    def make():
+        return wds.RandomMix(_two_sources(shards), [3, 1], seed=4, longest=True)
+
+    _, state = _state_at(make, 30)
+    changed = dict(state)
+    change(changed)
+    try:
+        forged = _resealed(changed)
+    except StateMismatchError:  # no JSON holds a 5,000-digit number: the dict as a pickle would carry it
+        forged = changed
+    with pytest.raises(StateMismatchError) as info:
+        make().load_state_dict(forged)
+    if field is not None:
+        assert info.value.field == field
+
+
+def _spec_mix(root):
+    """A mix of 300 samples per epoch; each source in its shard order (to tell a gap or a repeat)."""
+    spec = plain_spec(root, samples_per_epoch=300)
+    for source in spec["sources"]:
+        source["shardshuffle"] = False
+    return spec
+
+
+def _resealed_pipeline(state, stage_index, stage_state):
+    stages = [list(entry) for entry in state["stages"]]
+    stages[stage_index][2] = _resealed(stage_state)
+    return _resealed(dict(state, stages=stages))
+
+
+def test_a_spec_mix_state_carries_its_own_checksum_and_is_checked(shards):
+    """The mix stage's state is sealed too; without its checksum, with an unknown key, or with a source added to
+    'dropped' that has not ended (sealed again, pipeline and stage), it is refused."""
+    spec = _spec_mix(shards)
+    expected = keys(wds.from_spec(spec))
+    head, state = _state_at(lambda: wds.from_spec(spec), 50)
+    index = next(i for i, entry in enumerate(state["stages"]) if entry[1] == "MixSource")
+    mix = state["stages"][index][2]
+    assert isinstance(mix.get("checksum"), str)
+    resumed = wds.from_spec(spec)
+    resumed.load_state_dict(state)
+    assert head + keys(resumed) == expected
+    unsealed = [list(entry) for entry in state["stages"]]
+    unsealed[index][2] = {k: v for k, v in mix.items() if k != "checksum"}
+    with pytest.raises(StateMismatchError, match="take a new state"):
+        wds.from_spec(spec).load_state_dict(_resealed(dict(state, stages=unsealed)))
+    with pytest.raises(StateMismatchError, match="extra"):
+        wds.from_spec(spec).load_state_dict(_resealed_pipeline(state, index, dict(mix, extra=1)))
+    dropped = dict(mix, dropped=[0], draws=mix["draws"] + 1)
+    ds = wds.from_spec(spec)
+    with pytest.raises(StateMismatchError, match="still has samples"):
+        ds.load_state_dict(_resealed_pipeline(state, index, dropped))
+        next(iter(ds))
+
+
+def _in_source_order(got, root):
+    """Each source's keys in ``got`` come once each, in that source's order, from its first (no repeats, no gaps)."""
+    by_source = collections.defaultdict(list)
+    for key in got:
+        by_source[key[0]].append(key)
+    for name, seen in by_source.items():
+        count, per = SIZES[name]
+        order = [f"{name}{s}-{i:04d}" for s in range(count) for i in range(per)]
+        if seen != order[: len(seen)]:
+            return False
+    return True
+
+
+_RANDOM_MIX_FORGERIES = [
+    ("rng count", lambda s, d: s.update(rng=[s["rng"][0], max(0, s["rng"][1] + d)])),
+    ("rng seed", lambda s, d: s.update(rng=[s["rng"][0] + d, s["rng"][1]])),
+    ("huge seed", lambda s, d: s.update(rng=[(1 << 64) + abs(d), s["rng"][1]])),
+    ("drop active", lambda s, d: s.update(active=[i for i in s["active"] if i != d % 2])),
+    ("add active", lambda s, d: s.update(active=sorted({*s["active"], d % 2}))),
+    ("no active", lambda s, d: s.update(active=[])),
+    ("unknown key", lambda s, d: s.update(extra=d)),
+    ("fresh", lambda s, d: s.update(fresh=True)),
+    ("swap sources", lambda s, d: s.update(sources=s["sources"][::-1])),
+    ("one source", lambda s, d: s.update(sources=s["sources"][:1])),
+]
+
+
+_EXPECTED: dict = {}
+
+
+def _small_sources(root):
+    """600 samples of 'b' and 200 of 'c', each in shard order."""
+    return [
+        wds.WebDataset(f"{root}/b-{{0..2}}.tar", shardshuffle=False),
+        wds.WebDataset(f"{root}/c-{{0..1}}.tar", shardshuffle=False),
+    ]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    cut=st.integers(0, 799),
+    forgery=st.sampled_from(range(len(_RANDOM_MIX_FORGERIES))),
+    delta=st.integers(-3, 3),
+    longest=st.booleans(),
+)
+@example(cut=40, forgery=3, delta=1, longest=True)  # the issue's case: 'c' taken out of the mix
+@example(cut=790, forgery=4, delta=1, longest=True)  # an ended source put back: it is met and leaves again
+def test_a_forged_random_mix_state_gives_the_exact_rest_or_is_refused(shards, cut, forgery, delta, longest):
+    """Mutate a RandomMix state, seal it again, load it, iterate: StateMismatchError, or every sample of the
+    pass once (each source in its order, none dropped, none twice); unchanged, exactly the rest."""
+
+    def make():
+        return wds.RandomMix(_small_sources(shards), [3, 1], seed=4, longest=longest)
+
+    expected = _EXPECTED.get(longest) or _EXPECTED.setdefault(longest, keys(make()))
+    ds = make()
+    it = iter(ds)
+    head = [s["__key__"] for s in itertools.islice(it, cut)]
+    state = json.loads(json.dumps(ds.state_dict()))
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + keys(resumed) == expected
+    changed = json.loads(json.dumps(state))
+    _RANDOM_MIX_FORGERIES[forgery][1](changed, delta)
+    try:
+        forged = _resealed(changed)
+        again = make()
+        again.load_state_dict(forged)
+        rest = [s["__key__"] for s in itertools.islice(iter(again), 2000)]
+    except StateMismatchError:
+        return
+    assert _RANDOM_MIX_FORGERIES[forgery][0] not in ("huge seed", "unknown key", "fresh", "swap sources", "one source")
+    got = head + rest
+    assert len(got) == len(set(got)) and _in_source_order(got, shards)
+    if longest:
+        assert sorted(got) == sorted(expected)  # nothing dropped: every sample of both sources came
+    else:  # the pass ends when a source ends: one of them came whole
+        assert any(sum(k[0] == name for k in got) == SIZES[name][0] * SIZES[name][1] for name in "bc")
+
+
+_MIX_SOURCE_FORGERIES = [
+    ("drop a source", lambda s, d: s.update(dropped=[d % 2], draws=s["count"] + 1)),
+    ("drop the resampled one", lambda s, d: s.update(dropped=[1], draws=s["count"] + 1)),
+    ("draws", lambda s, d: s.update(draws=max(0, s["draws"] + d))),
+    (
+        "count and taken",
+        lambda s, d: s.update(count=s["count"] + d, taken=[max(0, s["taken"][0] + d), *s["taken"][1:]]),
+    ),
+    ("count past the epoch", lambda s, d: s.update(count=10**6 + d, taken=[10**6 + d, 0, 0], draws=10**6 + d)),
+    ("quota", lambda s, d: s.update(quota=s["count"] + d)),
+    ("pass", lambda s, d: s.update({"pass": s["pass"] + d})),
+    ("unknown key", lambda s, d: s.update(seed=d)),
+    ("names", lambda s, d: s.update(names=s["names"][::-1])),
+    ("swap sources", lambda s, d: s.update(sources=s["sources"][::-1])),
+]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(0, 299), forgery=st.sampled_from(range(len(_MIX_SOURCE_FORGERIES))), delta=st.integers(-2, 2))
+@example(cut=50, forgery=0, delta=0)  # source 'a' (never ended) said to have left the mix
+def test_a_forged_spec_mix_state_gives_the_exact_rest_or_is_refused(shards, cut, forgery, delta):
+    """Mutate the mix stage's state of a spec mix (samples_per_epoch), seal stage and pipeline again, load,
+    iterate: StateMismatchError, or no sample twice, each source in its order, and no source left out early."""
+    spec = _spec_mix(shards)
+    make = lambda: wds.from_spec(spec)  # noqa: E731
+    expected = keys(make())
+    head, state = _state_at(make, cut)
+    index = next(i for i, entry in enumerate(state["stages"]) if entry[1] == "MixSource")
+    mix = json.loads(json.dumps(state["stages"][index][2]))
+    _MIX_SOURCE_FORGERIES[forgery][1](mix, delta)
+    try:
+        ds = make()
+        ds.load_state_dict(_resealed_pipeline(state, index, mix))
+        rest = [s["__key__"] for s in itertools.islice(iter(ds), 3000)]
+    except StateMismatchError:
+        return
+    assert _MIX_SOURCE_FORGERIES[forgery][0] not in (
+        "drop a source",  # 'a' never ends, 'b' is resampled: neither can have left the mix
+        "drop the resampled one",
+        "count past the epoch",
+        "unknown key",
+        "names",
+        "swap sources",
+    )
+    got = head + rest
+    # 'b' is resampled (its samples may repeat); 'a' and 'c' come once each, in order
+    plain = [k for k in got if k[0] != "b"]
+    assert len(plain) == len(set(plain)) and _in_source_order(plain, shards)
+    if forgery == 2 and delta == 0:  # unchanged
+        assert got == expected

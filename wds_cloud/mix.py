@@ -12,9 +12,10 @@ from .errors import StateMismatchError
 from .io.datafile import shown
 from .mixing.sources import ReplayedSources
 from .pytorch import IterableDataset
+from .resume.arguments import SEED_MAX, SEED_MIN, as_seed, as_weights, is_seed
 from .resume.protocol import Resumable, next_pass_state
-from .resume.rng import CountedRandom
-from .resume.state import expect
+from .resume.rng import MAX_COUNT, CountedRandom
+from .resume.state import SEAL, check_seal, expect, seal
 
 __all__ = ["RoundRobin", "RandomMix", "round_robin_shortest", "round_robin_longest", "random_samples"]
 
@@ -79,7 +80,11 @@ class RandomMix(ReplayedSources, IterableDataset):
     Resumable when every dataset is (a WebDataset or DataPipeline): its state holds the generator (two
     integers: :class:`~wds_cloud.resume.rng.CountedRandom`), the datasets still in the mix and each one's
     own state; a sample shuffle after it (``DataPipeline(RandomMix(...), wds.shuffle(n))``) resumes exactly
-    too.  Without ``seed`` each pass draws a fresh one (saved in the state).
+    too.  Without ``seed`` each pass draws a fresh one (saved in the state).  The state carries a checksum and
+    is checked field by field on load (a dataset left out of the mix must have ended).
+
+    ``probs``: one finite, non-negative weight per dataset (a list, tuple or numpy array), not all 0; ``seed``: a
+    whole number (numpy's too).  Anything else is a ConfigError naming the argument, when the mix is built.
     """
 
     def __init__(
@@ -90,9 +95,10 @@ class RandomMix(ReplayedSources, IterableDataset):
         seed: Optional[int] = None,
     ) -> None:
         self.datasets = list(datasets)
-        self.probs = probs
-        self.longest = longest
-        self.seed = seed
+        # plain floats and ints (numpy's too; they go into the state), nonsense refused here (issue 41)
+        self.probs = as_weights("probs", probs, len(self.datasets)) if probs is not None else None
+        self.longest = bool(longest)
+        self.seed = as_seed("seed", seed)
         self._live: Optional[tuple[CountedRandom, list[int]]] = None
         self._resume: Optional[dict] = None
         self._cursor = None
@@ -116,7 +122,19 @@ class RandomMix(ReplayedSources, IterableDataset):
         nexts = [iter(ds).__next__ for ds in self.datasets]
         weights = list(self.probs) if self.probs is not None else [1.0] * len(self.datasets)
         cursor = self._cursor
+        # a resumed pass whose state leaves sources out: each must really have ended (one, at least, when the
+        # first to end ends the pass), or a source left out of 'active' would silently never give its samples
+        out = [i for i in range(len(self.datasets)) if i not in active]
+        later = set(self._replay or ()) if out else set()
+        ended = self._confirm_ended(nexts, [i for i in out if i not in later], "RandomMix", every=self.longest)
         yield from self._replayed(nexts)
+        ended += self._confirm_ended(nexts, [i for i in out if i in later], "RandomMix", every=self.longest)
+        if out and not ended:
+            raise StateMismatchError(
+                "the saved RandomMix state ended the pass, but none of its datasets has ended: the state was "
+                "changed; load the state that state_dict() returned",
+                field="active",
+            )
 
         def table() -> list[float]:
             return list(itertools.accumulate(weights[i] for i in active))
@@ -141,52 +159,103 @@ class RandomMix(ReplayedSources, IterableDataset):
 
     # the Resumable protocol (wds_cloud.resume.protocol)
     def state_dict(self) -> dict:
+        """The generator, the datasets still in the mix and each dataset's state: plain JSON, with a checksum."""
         if self._resume is not None:
             return dict(self._resume)
         if self._live is None:
             return self.next_pass_state()
         rng, active = self._live
-        return {
-            "format": STATE_FORMAT,
-            "rng": rng.getstate(),
-            "active": list(active),
-            "sources": [_state_of(ds) for ds in self.datasets],
-        }
+        return seal(
+            {
+                "format": STATE_FORMAT,
+                "rng": rng.getstate(),
+                "active": list(active),
+                "sources": [_state_of(ds) for ds in self.datasets],
+            }
+        )
 
     def next_pass_state(self) -> dict:
         if self._resume is not None:
             return dict(self._resume)
-        return {"format": STATE_FORMAT, "fresh": True, "sources": [next_pass_state(ds) for ds in self.datasets]}
+        return seal({"format": STATE_FORMAT, "fresh": True, "sources": [next_pass_state(ds) for ds in self.datasets]})
 
     def load_state_dict(self, state: dict) -> None:
+        """Check ``state`` field by field (and its checksum), then hand each dataset its own state.  A state is
+        input: one edited and sealed again is still refused where its fields disagree with each other or with
+        this mix; 'active' is confirmed against the datasets when the pass begins."""
         expect(state, "RandomMix", dict, format=(str, lambda v: v == STATE_FORMAT), sources=list)
-        if len(state["sources"]) != len(self.datasets):
+        if SEAL not in state:
+            raise StateMismatchError(
+                "the saved RandomMix state has no checksum: it was taken by an earlier version of wds_cloud "
+                "(before RandomMix states carried one) or edited; take a new state with state_dict(), or start "
+                "the pass again",
+                field=SEAL,
+            )
+        fresh = "fresh" in state
+        allowed = {"format", "sources", SEAL} | ({"fresh"} if fresh else {"rng", "active"})
+        unknown = sorted(str(key) for key in set(state) - allowed)
+        if unknown:
+            raise StateMismatchError(
+                f"the saved RandomMix state has the field(s) {shown(unknown)}, which no state_dict() gives: "
+                "the state was changed; load the state that state_dict() returned",
+                field=unknown[0],
+            )
+        n = len(self.datasets)
+        if len(state["sources"]) != n:
             raise StateMismatchError(
                 f"the RandomMix state holds {len(state['sources'])} sources' states; this mix "
-                f"has {len(self.datasets)} datasets: load a state of the same mix",
+                f"has {n} datasets: load a state of the same mix",
                 field="sources",
             )
-        if not state.get("fresh"):
+        if fresh:
+            expect(state, "RandomMix", dict, fresh=(bool, lambda v: v is True))
+        else:
             expect(state, "RandomMix", dict, rng=list, active=list)
-            rng, active = state["rng"], state["active"]
-            if not (len(rng) == 2 and all(type(v) is int for v in rng) and 0 <= rng[1] < (1 << 63)):
-                raise StateMismatchError(
-                    f"the RandomMix state's 'rng' is {shown(rng)}, which no state_dict() gives: the state was changed",
-                    field="rng",
-                )
-            if not (
-                all(type(i) is int and 0 <= i < len(self.datasets) for i in active) and len(set(active)) == len(active)
-            ):
-                raise StateMismatchError(
-                    f"the RandomMix state's 'active' is {shown(active)}, not a list of this mix's datasets",
-                    field="active",
-                )
+            self._check_fields(state["rng"], state["active"], state["sources"])
+        check_seal(state, "RandomMix")
         for ds, source_state in zip(self.datasets, state["sources"]):
             ds.load_state_dict(source_state)
-        self._resume = None if state.get("fresh") else dict(state)
+        self._resume = None if fresh else dict(state)
+
+    def _check_fields(self, rng: list, active: list, sources: list) -> None:
+        n = len(self.datasets)
+        if not (len(rng) == 2 and is_seed(rng[0]) and type(rng[1]) is int and 0 <= rng[1] < MAX_COUNT):
+            raise StateMismatchError(
+                f"the RandomMix state's 'rng' is {shown(rng)}, which no state_dict() gives (a seed from "
+                f"{SEED_MIN} to {SEED_MAX} and a count of draws): the state was changed",
+                field="rng",
+            )
+        # the datasets still in the mix, in order; without longest=True the first to end ends the pass (all or none)
+        if not (
+            all(type(i) is int and 0 <= i < n for i in active)
+            and all(a < b for a, b in zip(active, active[1:]))
+            and (self.longest or len(active) in (0, n))
+        ):
+            raise StateMismatchError(
+                f"the RandomMix state's 'active' is {shown(active)}, not the datasets this mix "
+                f"(of {n}, longest={self.longest}) can still hold: the state was changed",
+                field="active",
+            )
+        # every draw gave a sample of a dataset (counted in its own progress) or met one that ended (once each)
+        yielded = [_items_yielded(s) for s in sources]
+        given = sum(y for y in yielded if y is not None)
+        if None not in yielded and rng[1] > given + n:
+            raise StateMismatchError(
+                f"the RandomMix state counts {rng[1]} draws, more than its datasets gave samples "
+                f"({given}) plus the {n} that could end: the state was changed",
+                field="rng",
+            )
 
 
 STATE_FORMAT = "wds_cloud.randommix/1"
+
+
+def _items_yielded(state: Any) -> Optional[int]:
+    """How many items a dataset's pipeline state says it yielded this pass, or None (a state of another kind)."""
+    progress = state.get("progress") if isinstance(state, dict) else None
+    if isinstance(progress, list) and len(progress) == 2 and type(progress[1]) is int and progress[1] >= 0:
+        return progress[1]
+    return None
 
 
 def _state_of(dataset: Any) -> dict:

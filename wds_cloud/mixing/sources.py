@@ -25,7 +25,9 @@ from typing import Any, Optional
 
 from ..errors import StateMismatchError
 from ..io.datafile import shown
-from ..resume.rng import CountedRandom
+from ..resume.arguments import as_count, as_seed, as_weights
+from ..resume.rng import MAX_COUNT, CountedRandom
+from ..resume.state import SEAL, check_seal, seal
 from ..stages import PipelineStage
 from ..utils import make_seed, pytorch_worker_info
 
@@ -170,6 +172,27 @@ class ReplayedSources:
                 urls.update(ds.shard_urls())
         return urls
 
+    @staticmethod
+    def _confirm_ended(nexts: list, sources: list, what: str, every: bool = True) -> int:
+        """How many of ``sources`` (left out of the mix by a loaded state, as ended) have ended; with ``every``,
+        one that still gives a sample is refused: a state sealed again after a source was taken out of the mix
+        would otherwise drop that source's samples, silently (issue 41)."""
+        ended = 0
+        for i in sources:
+            try:
+                nexts[i]()
+            except StopIteration:
+                ended += 1
+                continue
+            if every:
+                raise StateMismatchError(
+                    f"the saved {what} state leaves source {i} out of the mix as ended, but it still has "
+                    "samples: the state was changed (that source's samples would never come); load the state "
+                    "that state_dict() returned",
+                    field="active",
+                )
+        return ended
+
     def _replayed(self, nexts: list, label: Optional[list] = None) -> Iterator[dict]:
         """The samples of a resumed shuffle's buffer, fetched again by the sources' readers, in buffer order (not
         drawn, not counted); ``label``: the names to put in ``__source__``."""
@@ -209,10 +232,12 @@ class MixSource(ReplayedSources, PipelineStage):
     ) -> None:
         self.names = names
         self.datasets = datasets
-        self.weights = weights
-        self.resampled = resampled
-        self.seed = seed
-        self.samples_per_epoch = samples_per_epoch
+        self.weights = as_weights("weights", weights, len(names))
+        self.resampled = [bool(r) for r in resampled]
+        self.seed = as_seed("seed", seed)
+        self.samples_per_epoch = (
+            None if samples_per_epoch is None else as_count("samples_per_epoch", samples_per_epoch, 1)
+        )
         self.stats = MixStats(names, weights)
         self._passes = 0  # the number of the next pass
         self._live: Optional[_Pass] = None
@@ -276,7 +301,10 @@ class MixSource(ReplayedSources, PipelineStage):
         last = len(active) - 1
         nexts = [it.__next__ for it in iterators]
         cursor = self._cursor
+        later = set(self._replay or ()) if live.dropped else set()
+        self._confirm_ended(nexts, [i for i in live.dropped if i not in later], "mix")
         yield from self._replayed(nexts, names)
+        self._confirm_ended(nexts, [i for i in live.dropped if i in later], "mix")
         draw = rng.random
         bytes_type = bytes
         # one loop, its names local: this runs once per sample (bench_mix.py measures it against no mix)
@@ -328,7 +356,7 @@ class MixSource(ReplayedSources, PipelineStage):
         }
         if live.quota is not None:
             state["quota"] = live.quota
-        return state
+        return seal(state)
 
     # elastic resume (wds_cloud.resume.elastic)
     def check_merged_mix(self, mix: dict) -> None:
@@ -380,7 +408,7 @@ class MixSource(ReplayedSources, PipelineStage):
     def next_pass_state(self) -> dict:
         if self._resume is not None:
             return dict(self._resume)
-        return {
+        state = {
             "format": STATE_FORMAT,
             "names": list(self.names),
             "pass": self._passes,
@@ -390,18 +418,35 @@ class MixSource(ReplayedSources, PipelineStage):
             "dropped": [],
             "sources": [ds.next_pass_state() for ds in self.datasets],
         }  # each source's next pass, too
+        return seal(state)
 
     def load_state_dict(self, state: dict) -> None:
+        """Check ``state`` field by field (its counts against each other and the spec) and its checksum, then
+        hand each source its own state; the sources it says ended are confirmed when the pass begins."""
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise StateMismatchError(f"not the state of a mixed dataset ({STATE_FORMAT}): {str(state)[:80]!r}")
+            raise StateMismatchError(f"not the state of a mixed dataset ({STATE_FORMAT}): {shown(state)}")
+        if SEAL not in state:
+            raise StateMismatchError(
+                "the saved mix state has no checksum: it was taken by an earlier version of wds_cloud (before "
+                "mix states carried one) or edited; take a new state with state_dict(), or start the pass again",
+                field=SEAL,
+            )
+        unknown = sorted(str(key) for key in set(state) - _STATE_KEYS)
+        if unknown:
+            raise StateMismatchError(
+                f"the mix state has the field(s) {shown(unknown)}, which no state_dict() gives: the state was "
+                "changed; load the state that state_dict() returned",
+                field=unknown[0],
+            )
         if state.get("names") != list(self.names):
             raise StateMismatchError(
                 f"the state was saved by a mix of the sources {shown(state.get('names'))}; this one "
-                f"mixes {list(self.names)!r}: resume with the spec the state was saved with"
+                f"mixes {list(self.names)!r}: resume with the spec the state was saved with",
+                field="names",
             )
         for key in ("pass", "count", "draws"):
-            if type(state.get(key)) is not int or state[key] < 0:
-                raise StateMismatchError(f"the mix state's {key!r} is {shown(state.get(key))}, not a count")
+            if type(state.get(key)) is not int or not 0 <= state[key] < MAX_COUNT:
+                raise StateMismatchError(f"the mix state's {key!r} is {shown(state.get(key))}, not a count", field=key)
         taken = state.get("taken")
         if (
             not isinstance(taken, list)
@@ -410,21 +455,32 @@ class MixSource(ReplayedSources, PipelineStage):
             or sum(taken) != state["count"]
             or state["draws"] < state["count"]
         ):
-            raise StateMismatchError(f"the mix state's 'taken' ({shown(taken)}) does not fit its count and draws")
+            raise StateMismatchError(
+                f"the mix state's 'taken' ({shown(taken)}) does not fit its count and draws", field="taken"
+            )
+        if self.samples_per_epoch is not None and state["count"] > self.samples_per_epoch:
+            raise StateMismatchError(
+                f"the mix state counts {state['count']} samples taken this pass, more than the spec's "
+                f"samples_per_epoch ({self.samples_per_epoch}): the state was changed",
+                field="count",
+            )
         dropped = state.get("dropped")
+        quota = state.get("quota")
         if (
             not isinstance(dropped, list)
             or not all(type(i) is int and 0 <= i < len(self.names) for i in dropped)
             or len(set(dropped)) != len(dropped)
             or any(self.resampled[i] for i in dropped)
+            # without samples_per_epoch the first source to end ends the pass: none leaves the mix
+            or (dropped and self.samples_per_epoch is None and quota is None)
         ):
             raise StateMismatchError(
-                f"the mix state's 'dropped' is {shown(dropped)}, not a list of the sources that ended this pass"
+                f"the mix state's 'dropped' is {shown(dropped)}, not a list of the sources that ended this pass",
+                field="dropped",
             )
-        if "quota" in state and (type(state["quota"]) is not int or not state["count"] <= state["quota"]):
+        if "quota" in state and (type(quota) is not int or not state["count"] <= quota < MAX_COUNT):
             raise StateMismatchError(
-                f"the mix state's 'quota' is {shown(state['quota'])}, which no state_dict() "
-                "gives: the state was changed",
+                f"the mix state's 'quota' is {shown(quota)}, which no state_dict() gives: the state was changed",
                 field="quota",
             )
         if state["draws"] != state["count"] + len(dropped):  # every draw takes a sample or finds a source ended
@@ -435,10 +491,15 @@ class MixSource(ReplayedSources, PipelineStage):
             )
         sources = state.get("sources")
         if not isinstance(sources, list) or len(sources) != len(self.datasets):
-            raise StateMismatchError("the mix state does not hold one state per source")
+            raise StateMismatchError("the mix state does not hold one state per source", field="sources")
+        check_seal(state, "mix")
         for ds, source_state in zip(self.datasets, sources):
             ds.load_state_dict(source_state)
         self._resume = dict(state)
+
+
+#: the fields a mix state may have (``quota`` after an elastic resume)
+_STATE_KEYS = frozenset(("format", "names", "pass", "count", "draws", "taken", "dropped", "sources", "quota", SEAL))
 
 
 def _reader_of(dataset: Any) -> Any:
