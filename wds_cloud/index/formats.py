@@ -29,7 +29,7 @@ from ..io.datafile import MAX_SHARD_BLOCKS, is_count, need
 from ..io.datafile import shown as shown_value
 from ..io.integrity import Hashing
 from ..io.open import gopen
-from ..io.urls import is_local, local_path, local_version
+from ..io.urls import is_local, local_path, local_version, name_in_file
 from ..tar.reader import COMPRESSIONS, ZERO_BLOCK, TarMembers, detect_compression, plain_member
 from ..tar.samples import SKIP_META, member_filter
 
@@ -109,12 +109,17 @@ class ShardIndex:
     size: Optional[int] = None  #: bytes of the shard as stored
     version: Optional[str] = None  #: the store's version tag (ETag, generation) when it gave one
     compression: Optional[str] = None  #: None for a plain tar; offsets then are in the decompressed tar
+    #: whether ``version`` is a local file's (modification time and size): a copy elsewhere (uploaded with its
+    #: index, which names it relatively) has the store's versions, so only its size can be compared
+    local_version: bool = False
 
     def __len__(self) -> int:
         return len(self.samples)
 
     # ours
-    def to_json(self) -> dict:
+    def to_json(self, relative_to: Optional[str] = None) -> dict:
+        """The index as JSON; ``relative_to`` (where it will be written) names the shard relative to it when the
+        shard lies in that folder or below (see :func:`~wds_cloud.io.urls.name_in_file`)."""
         rows = []
         with _acyclic():
             for sample in self.samples:
@@ -131,10 +136,11 @@ class ShardIndex:
         return {
             "format": FORMAT,
             "version": VERSION,
-            "url": self.url,
+            "url": name_in_file(self.url, relative_to) if relative_to is not None else self.url,
             "size": self.size,
             "object_version": self.version,
             "compression": self.compression,
+            **({"version_of": "local file"} if self.version is not None and is_local(self.url) else {}),
             "samples": rows,
         }
 
@@ -180,7 +186,13 @@ class ShardIndex:
         _need(isinstance(rows, list), shown, "'samples'", "must be a list of [key, fields] rows")
         with _acyclic():
             samples = _samples_from_json(cast(list, rows), shown, size)
-        return cls(cast(str, url), samples, size, version, compression)
+        _need(
+            data.get("version_of") in (None, "local file"),
+            shown,
+            "'version_of'",
+            'must be "local file" or absent (a store\'s version)',
+        )
+        return cls(cast(str, url), samples, size, version, compression, data.get("version_of") == "local file")
 
     # DALI
     def to_dali(self) -> str:
@@ -475,9 +487,17 @@ def parse_dali(text: str, url: str = "") -> ShardIndex:
 
 
 # wids dataset descriptions
-def wids_description(shards: Iterable[dict], name: Optional[str] = None, base: Optional[str] = None) -> dict:
-    """A ``wids`` dataset description: ``shards`` are ``{"url", "nsamples", "filesize"[, "md5sum"]}``."""
-    out: dict = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": [dict(s) for s in shards]}
+def wids_description(
+    shards: Iterable[dict], name: Optional[str] = None, base: Optional[str] = None, at: Optional[str] = None
+) -> dict:
+    """A ``wids`` dataset description: ``shards`` are ``{"url", "nsamples", "filesize"[, "md5sum"]}``; ``at``, where
+    it will be written, makes each shard's name relative to that file's folder (readers resolve names there) when
+    the shard lies in it or below, else absolute, so the description reads back from any working directory."""
+    rows = [dict(s) for s in shards]
+    if at is not None:
+        for row in rows:
+            row["url"] = name_in_file(row["url"], at)
+    out: dict = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": rows}
     if name:
         out["name"] = name
     if base:

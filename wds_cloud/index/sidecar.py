@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any, Optional
 
-from ..errors import ConfigError, CorruptIndexError, ObjectChangedError, ShardNotFoundError, redact
+from ..errors import ConfigError, CorruptIndexError, ObjectChangedError, SecurityError, ShardNotFoundError, redact
 from ..io import datafile
 from ..io.open import gopen
 from ..io.security import resolve
@@ -74,7 +74,7 @@ def write_index(
         )
     url = url or (index_url(index.url) if fmt == "json" else dali_url(index.url))
     if fmt == "json":
-        text = json.dumps(index.to_json(), separators=(",", ":"), check_circular=False)
+        text = json.dumps(index.to_json(relative_to=url), separators=(",", ":"), check_circular=False)
     else:
         text = dali_text(index)
     with gopen(url, "wb", storage_options=storage_options) as out:
@@ -114,9 +114,14 @@ def read_index(url: str, storage_options: Optional[dict] = None, shard_url: Opti
                     field="encoding",
                 ) from None
             index = parse_dali(text, shard_url or candidate)
-        built_for = index.url
-        index.url = shard_url if shard_url is not None else resolve(index.url, candidate, field="url")
-        if not same_location(built_for, index.url):
+        try:  # where the index says its shard is: names are relative to the index file, as in every data file
+            built_for: str = resolve(index.url, candidate, field="url")
+        except SecurityError:
+            if shard_url is None:
+                raise
+            built_for = index.url  # an index made elsewhere (a local path in an uploaded index): not this copy's
+        index.url = shard_url if shard_url is not None else built_for
+        if not same_location(built_for, index.url) or (index.local_version and not is_local(index.url)):
             # built for a copy elsewhere (indexed on local disk, then uploaded): that copy's version says
             # nothing of this one's, so only the size is compared
             index.version = None

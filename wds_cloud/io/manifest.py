@@ -15,49 +15,17 @@ error unless ``allow_missing=True``.
 from __future__ import annotations
 
 import json
-import os
-import posixpath
 from typing import Any, Optional, Union
 
 from ..errors import IntegrityError, MalformedDataError, redact
 from . import datafile
 from .integrity import Verifying, mismatch
 from .open import gopen
-from .urls import is_local, local_path, split_scheme
+from .urls import folder_of, location_of, relative_to_folder
 
 __all__ = ["Manifest", "load_manifest", "Verifying", "check_index", "FORMAT"]
 
 FORMAT = "wds_cloud.manifest"
-
-
-def _location(name: str, folder: Optional[str]) -> str:
-    """Where the shard ``name`` of a manifest kept in ``folder`` (None: the working directory) is: local names
-    as absolute normalized paths, a relative name joined to the folder, any other URL as it is."""
-    scheme, _ = split_scheme(name)
-    if scheme not in (None, "file"):
-        return name
-    path = local_path(name)
-    if folder is not None and not os.path.isabs(path):
-        if not is_local(folder):  # a relative entry of a remote manifest: beside it, same scheme
-            return _join_url(folder, path)
-        path = os.path.join(local_path(folder), path)
-    return os.path.normpath(os.path.abspath(path))
-
-
-def _join_url(folder: str, name: str) -> str:
-    scheme, rest = split_scheme(folder)
-    head = "//" if rest.startswith("//") else ""
-    rest = rest[len(head) :]
-    host, _, path = rest.partition("/")
-    joined = posixpath.normpath(posixpath.join("/" + path, name)).lstrip("/")
-    return f"{scheme}:{head}{host}/{joined}"
-
-
-def _folder(url: str) -> str:
-    """The folder of the file at ``url`` (a path or a URL)."""
-    if is_local(url):
-        return os.path.dirname(os.path.abspath(local_path(url)))
-    return url.rsplit("/", 1)[0]
 
 
 class Manifest:
@@ -83,10 +51,10 @@ class Manifest:
         if url in self.shards:
             return url
         if self._where is None or self._indexed != len(self.shards):
-            folder = _folder(self.base) if self.base is not None else None
-            self._where = {_location(name, folder): name for name in self.shards}
+            folder = folder_of(self.base) if self.base is not None else None
+            self._where = {location_of(name, folder): name for name in self.shards}
             self._indexed = len(self.shards)
-        return self._where.get(_location(url, None))
+        return self._where.get(location_of(url, None))
 
     def find(self, url: str) -> Optional[dict]:
         """The entry for the shard at ``url``, or None."""
@@ -114,9 +82,9 @@ class Manifest:
         below it are named relative to it."""
         shards = self.shards
         if relative_to is not None:
-            folder = _folder(relative_to)
-            own = _folder(self.base) if self.base is not None else None
-            shards = {_relative(_location(name, own), folder): entry for name, entry in self.shards.items()}
+            folder = folder_of(relative_to)
+            own = folder_of(self.base) if self.base is not None else None
+            shards = {relative_to_folder(location_of(name, own), folder): entry for name, entry in self.shards.items()}
         return {"format": FORMAT, "version": 1, "shards": shards}
 
     def write(self, url: str, storage_options: Optional[dict] = None) -> None:
@@ -126,17 +94,6 @@ class Manifest:
 
     def __len__(self) -> int:
         return len(self.shards)
-
-
-def _relative(location: str, folder: str) -> str:
-    """``location`` relative to ``folder`` when it is inside it, else as it is."""
-    if is_local(location) != is_local(folder):
-        return location
-    if is_local(location):
-        inside = os.path.relpath(location, folder)
-        return location if inside.startswith("..") else inside.replace(os.sep, "/")
-    prefix = folder.rstrip("/") + "/"
-    return location[len(prefix) :] if location.startswith(prefix) else location
 
 
 def load_manifest(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import re
 from typing import Optional
 
@@ -19,6 +20,10 @@ __all__ = [
     "local_version",
     "pipe_cleaner",
     "url_to_cache_name",
+    "location_of",
+    "folder_of",
+    "relative_to_folder",
+    "name_in_file",
 ]
 
 _URLISH = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://\S+$")
@@ -111,3 +116,52 @@ def url_to_cache_name(url: str, ndir: int = 0) -> str:
 def _split_ext(name: str) -> tuple[str, str]:
     m = re.search(r"(\.tar(\.gz|\.bz2|\.xz|\.zst)?|\.tgz)$", name)
     return (name[: m.start()], m.group(0)) if m else (name, "")
+
+
+# where files that name other files name them (manifests, wids descriptions)
+def location_of(name: str, folder: Optional[str]) -> str:
+    """Where the shard ``name`` of a manifest kept in ``folder`` (None: the working directory) is: local names
+    as absolute normalized paths, a relative name joined to the folder, any other URL as it is."""
+    scheme, _ = split_scheme(name)
+    if scheme not in (None, "file"):
+        return name
+    path = local_path(name)
+    if folder is not None and not os.path.isabs(path):
+        if not is_local(folder):  # a relative entry of a remote manifest: beside it, same scheme
+            return _join_url(folder, path)
+        path = os.path.join(local_path(folder), path)
+    return os.path.normpath(os.path.abspath(path))
+
+
+def _join_url(folder: str, name: str) -> str:
+    scheme, rest = split_scheme(folder)
+    head = "//" if rest.startswith("//") else ""
+    rest = rest[len(head) :]
+    host, _, path = rest.partition("/")
+    joined = posixpath.normpath(posixpath.join("/" + path, name)).lstrip("/")
+    return f"{scheme}:{head}{host}/{joined}"
+
+
+def folder_of(url: str) -> str:
+    """The folder of the file at ``url`` (a path or a URL)."""
+    if is_local(url):
+        return os.path.dirname(os.path.abspath(local_path(url)))
+    return url.rsplit("/", 1)[0]
+
+
+def relative_to_folder(location: str, folder: str) -> str:
+    """``location`` relative to ``folder`` when it is inside it, else as it is."""
+    if is_local(location) != is_local(folder):
+        return location
+    if is_local(location):
+        inside = os.path.relpath(location, folder)
+        return location if inside.startswith("..") else inside.replace(os.sep, "/")
+    prefix = folder.rstrip("/") + "/"
+    return location[len(prefix) :] if location.startswith(prefix) else location
+
+
+def name_in_file(url: str, at: str) -> str:
+    """How a file written at ``at`` names ``url``: relative to that file's folder when ``url`` lies in it or below
+    (readers resolve names in the file's folder, so it reads back from any working directory and moves with its
+    shards), else absolute (a local path made absolute, any other URL as it is)."""
+    return relative_to_folder(location_of(url, None), folder_of(at))
