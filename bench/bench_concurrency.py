@@ -6,11 +6,16 @@ measured level, on a host this process has not read from before):
 - an emulated distant link (30 ms to the first byte, 50 MB/s per connection; ``tests/servers.py`` behind
   ``FaultProxy``, each in its own process), 8 shards of 22 MB;
 - moto on loopback, where every GET, ranged or not, copies the whole object first (a store where a
-  range costs in proportion to the object), 2 shards of 128 MB.
+  range costs in proportion to the object), 2 shards of 128 MB;
+- a host that suffers from connections (``FaultProxy(crowd=4)``: 30 ms, 6 MB/s per connection while at
+  most 4 send, every one slowed to 1 MB/s while more do), 8 shards of 22 MB: the best fixed level is 4,
+  and the table gives the level the default learned and its time against the best fixed level's.
+
+``--only suffering`` runs the last one alone.
 
 Prints a table and writes the figure of ``docs/cloud.md`` (``--svg``, default docs/img/concurrency.svg).
 
-    python bench/bench_concurrency.py [--svg PATH] [--repeat 2]
+    python bench/bench_concurrency.py [--svg PATH] [--repeat 2] [--only suffering]
 """
 
 from __future__ import annotations
@@ -32,6 +37,46 @@ import common  # noqa: E402
 from tests import cloud  # noqa: E402
 
 LEVELS = (1, 2, 4, 8, 16)
+
+#: the suffering host: a proxy process paced per connection, slower for all while more than ``crowd`` send
+CROWDED = (
+    "import sys, time\nfrom wds_cloud.testing.faults import FaultProxy\n"
+    "p = FaultProxy(sys.argv[1], latency=0.03, rate=6e6, crowd=4, crowd_rate=1e6)\n"
+    "print(p.port, flush=True)\ntime.sleep(1e9)\n"
+)
+
+
+def suffering(repeat):
+    """Rates per fixed level and the default's against a host that suffers past 4 connections."""
+    spec, _ = common.dataset("wan", 8, 64, bench_wan.sample)
+    directory = os.path.dirname(spec)
+    names = sorted(p for p in os.listdir(directory) if p.endswith(".tar"))[:8]
+    port = cloud.free_port()
+    server = subprocess.Popen(
+        [sys.executable, os.path.join(os.path.dirname(HERE), "tests", "servers.py"), "http", str(port), directory],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    proxies = []
+    try:
+        cloud.wait_for_port(port, server, "HTTP server", timeout=300)
+
+        def urls():  # a new proxy (a new host) each time: the default starts from nothing learned
+            proxy = subprocess.Popen(
+                [sys.executable, "-c", CROWDED, f"http://127.0.0.1:{port}"], stdout=subprocess.PIPE, text=True
+            )
+            proxies.append(proxy)
+            assert proxy.stdout is not None
+            proxy_port = int(proxy.stdout.readline())
+            return [f"http://127.0.0.1:{proxy_port}/{name}" for name in names]
+
+        return curve("suffering host", urls, None, repeat)
+    finally:
+        for proxy in proxies:
+            proxy.kill()
+            proxy.wait()
+        server.kill()
+        server.wait()
 
 
 def read(urls, concurrency, options=None) -> tuple[float, dict]:
@@ -122,12 +167,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--svg", default=os.path.join(os.path.dirname(HERE), "docs", "img", "concurrency.svg"))
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--only", choices=["suffering"], help="run one store only (no figure)")
     args = parser.parse_args()
     import warnings
 
     warnings.simplefilter("ignore")
     import wds_cloud  # noqa: F401  (imports and plugins before any clock)
 
+    if args.only == "suffering":
+        return report_rows([("suffering host: 30 ms, 6 MB/s per connection, 1 MB/s past 4", *suffering(1))])
     panels = []
     spec, _ = common.dataset("wan", 8, 64, bench_wan.sample)
     directory, name = os.path.dirname(spec), os.path.basename(spec)
@@ -183,6 +231,13 @@ def main() -> None:
     finally:
         cloud.stop(moto)
 
+    report_rows(panels + [("suffering host: 30 ms, 6 MB/s per connection, 1 MB/s past 4", *suffering(1))])
+    svg(panels, args.svg)
+    print(f"\nfigure: {args.svg}")
+
+
+def report_rows(panels) -> None:
+    """The table: MB/s per fixed level, the default's (and the level it ended at), and its ratio to the best."""
     print()
     rows = []
     for title, fixed, rate, report in panels:
@@ -193,8 +248,6 @@ def main() -> None:
             + [f"{rate:.0f} ({report.get('level')})", f"{rate / fixed[best_level]:.2f}x of {best_level}"]
         )
     print(common.table(rows, ["store"] + [str(level) for level in LEVELS] + ["default (ends at)", "vs best fixed"]))
-    svg(panels, args.svg)
-    print(f"\nfigure: {args.svg}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ connection cleanly (a short body), and ``error_first=K`` answers the first K
 requests itself with ``error_status`` (503 by default; ``error_body`` may hold an
 S3 ``SlowDown`` XML).  A client keeps connections for more requests (keep-alive): a request on
 such a connection while errors are due closes it unanswered, so the client connects again and
-meets the error.  Settings may be changed while it runs.  Every loop is
+meets the error.  ``crowd=N`` with ``crowd_rate=`` stands for a host that suffers from connections: while
+more than N connections are sending (sent within the last :data:`SENDING` s), every one of them is paced to
+``crowd_rate`` bytes per second.  Settings may be changed while it runs.  Every loop is
 bounded: threads end when either side closes or the proxy stops.
 """
 
@@ -38,6 +40,8 @@ class FaultProxy:
         error_body: bytes = b"",
         latency: float = 0.0,
         rate: Optional[float] = None,
+        crowd: Optional[int] = None,
+        crowd_rate: Optional[float] = None,
     ) -> None:
         host, port = upstream.split("//", 1)[-1].split("/", 1)[0].split(":")
         self.upstream = (host, int(port))
@@ -51,6 +55,10 @@ class FaultProxy:
         #: as loopback); both may be changed while the proxy runs
         self.latency = latency
         self.rate = rate
+        #: more than ``crowd`` connections sending at once slow each to ``crowd_rate`` bytes/s (None: never)
+        self.crowd = crowd
+        self.crowd_rate = crowd_rate
+        self._sending: dict[int, float] = {}  # connection -> when it last sent
         self.delayed = 0  # responses held back by ``latency``
         self.connections = 0
         self.faults = 0
@@ -175,7 +183,7 @@ class FaultProxy:
                         time.sleep(max(0.0, since + self.latency - time.monotonic()))
                         with self._lock:
                             self.delayed += 1
-                rate = self.rate
+                rate = self._rate(id(client))
                 if rate:
                     due = max(due, time.monotonic()) + len(data) / rate
                     time.sleep(max(0.0, due - time.monotonic()))
@@ -208,6 +216,19 @@ class FaultProxy:
                 except OSError:
                     pass
 
+    def _rate(self, connection: int) -> Optional[float]:
+        """The pace of ``connection`` now: ``crowd_rate`` while more than ``crowd`` connections are sending."""
+        if self.crowd is None or self.crowd_rate is None:
+            return self.rate
+        now = time.monotonic()
+        with self._lock:
+            self._sending[connection] = now
+            for key, since in list(self._sending.items()):
+                if now - since > SENDING:
+                    del self._sending[key]
+            crowded = len(self._sending) > self.crowd
+        return self.crowd_rate if crowded else self.rate
+
     def _fault(self, client: socket.socket) -> None:
         if self.stall_after and (not self.reset_after or self.stall_after <= self.reset_after):
             deadline = time.time() + 60
@@ -228,6 +249,9 @@ class FaultProxy:
         self._listener.close()
         self._thread.join(timeout=5)
 
+
+#: a connection counts as sending for this long after it last sent (pieces are paced, so a busy one sends often)
+SENDING = 0.25
 
 SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
