@@ -220,3 +220,19 @@ def test_a_scheme_assigned_in_gopen_schemes_opens_the_shards(shards, monkeypatch
     monkeypatch.setitem(wds.gopen_schemes, "myscheme", opener)
     urls = [f"myscheme://{u}" for u in wds.shardlists.expand_urls(shards)]
     assert len(list(pipeline(urls))) == 30 and len(calls) >= 3
+
+
+def test_a_table_assigned_to_writer_default_handlers_encodes(tmp_path, monkeypatch):
+    """``writer.default_handlers = mine`` (a table of one's own, as webdataset's make_encoder reads it) is what
+    TarWriter(encoder=True) encodes with; a handler added to the table is heard too."""
+    import tarfile
+
+    from wds_cloud import writer
+
+    table = dict(writer.default_handlers)
+    table["xyz"] = lambda value: b"<" + bytes(value) + b">"
+    monkeypatch.setattr(writer, "default_handlers", table)
+    with wds.TarWriter(str(tmp_path / "a.tar")) as sink:
+        sink.write({"__key__": "k", "xyz": [1, 2], "cls": 3})
+    with tarfile.open(tmp_path / "a.tar") as tar:
+        assert tar.extractfile("k.xyz").read() == b"<\x01\x02>" and tar.extractfile("k.cls").read() == b"3"

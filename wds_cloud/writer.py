@@ -49,6 +49,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+def default_handlers_now() -> dict:
+    """This module's ``default_handlers`` as it is now (user code may have assigned a table of its own)."""
+    return globals()["default_handlers"]
+
+
 _GOOD_FIELDS: set = set()  # field names already found valid (the same few recur in every sample)
 
 
@@ -137,7 +142,9 @@ class TarWriter(Publishing):
         self.compression = compress or None
         self._compressor = Compressor(stream, compress) if compress else None
         self.stream = self._compressor if self._compressor is not None else stream
-        self.encoder = make_encoder(encoder)
+        # encoder=True encodes with this module's default_handlers as it is now: user code that assigns a table of its
+        # own here (``writer.default_handlers = mine``, as webdataset allows) is heard, as is one that adds to it
+        self.encoder = make_encoder(default_handlers_now() if encoder is True else encoder)
         self.keep_meta = keep_meta
         self.members = MemberWriter(
             self.stream,
