@@ -11,11 +11,11 @@ measured level, on a host this process has not read from before):
   most 4 send, every one slowed to 1 MB/s while more do), 8 shards of 22 MB: the best fixed level is 4,
   and the table gives the level the default learned and its time against the best fixed level's.
 
-``--only suffering`` runs the last one alone.
+``--only suffering`` runs the last one alone; ``--levels 4`` reads it at those fixed levels only (a short run).
 
 Prints a table and writes the figure of ``docs/cloud.md`` (``--svg``, default docs/img/concurrency.svg).
 
-    python bench/bench_concurrency.py [--svg PATH] [--repeat 2] [--only suffering]
+    python bench/bench_concurrency.py [--svg PATH] [--repeat 2] [--only suffering [--levels 4]]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ CROWDED = (
 )
 
 
-def suffering(repeat):
+def suffering(repeat, levels=LEVELS):
     """Rates per fixed level and the default's against a host that suffers past 4 connections."""
     spec, _ = common.dataset("wan", 8, 64, bench_wan.sample)
     directory = os.path.dirname(spec)
@@ -70,7 +70,7 @@ def suffering(repeat):
             proxy_port = int(proxy.stdout.readline())
             return [f"http://127.0.0.1:{proxy_port}/{name}" for name in names]
 
-        return curve("suffering host", urls, None, repeat)
+        return curve("suffering host", urls, None, repeat, levels)
     finally:
         for proxy in proxies:
             proxy.kill()
@@ -91,12 +91,12 @@ def read(urls, concurrency, options=None) -> tuple[float, dict]:
     return total / seconds / 1e6, report
 
 
-def curve(name, make_urls, options, repeat):
+def curve(name, make_urls, options, repeat, levels=LEVELS):
     """Rates per fixed level and the default's (fresh host each time), best of ``repeat``."""
     from wds_cloud.io import concurrency
 
     fixed = {}
-    for level in LEVELS:
+    for level in levels:
         fixed[level] = max(read(make_urls(), level, options)[0] for _ in range(repeat))
         print(f"{name}: concurrency={level}: {fixed[level]:.0f} MB/s", flush=True)
     best = (0.0, {})
@@ -168,6 +168,9 @@ def main() -> None:
     parser.add_argument("--svg", default=os.path.join(os.path.dirname(HERE), "docs", "img", "concurrency.svg"))
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--only", choices=["suffering"], help="run one store only (no figure)")
+    parser.add_argument(
+        "--levels", type=int, nargs="+", choices=LEVELS, default=list(LEVELS), help="fixed levels read (with --only)"
+    )
     args = parser.parse_args()
     import warnings
 
@@ -175,7 +178,9 @@ def main() -> None:
     import wds_cloud  # noqa: F401  (imports and plugins before any clock)
 
     if args.only == "suffering":
-        return report_rows([("suffering host: 30 ms, 6 MB/s per connection, 1 MB/s past 4", *suffering(1))])
+        return report_rows(
+            [("suffering host: 30 ms, 6 MB/s per connection, 1 MB/s past 4", *suffering(1, args.levels))]
+        )
     panels = []
     spec, _ = common.dataset("wan", 8, 64, bench_wan.sample)
     directory, name = os.path.dirname(spec), os.path.basename(spec)
@@ -244,7 +249,7 @@ def report_rows(panels) -> None:
         best_level = max(fixed, key=fixed.get)
         rows.append(
             [title]
-            + [f"{fixed[level]:.0f}" for level in LEVELS]
+            + [f"{fixed[level]:.0f}" if level in fixed else "-" for level in LEVELS]
             + [f"{rate:.0f} ({report.get('level')})", f"{rate / fixed[best_level]:.2f}x of {best_level}"]
         )
     print(common.table(rows, ["store"] + [str(level) for level in LEVELS] + ["default (ends at)", "vs best fixed"]))

@@ -4,6 +4,7 @@ over the emulated link and over a store where every range costs the whole object
 from __future__ import annotations
 
 import sys
+import threading
 import types
 
 import pytest
@@ -11,9 +12,9 @@ import pytest
 import wds_cloud as wds
 from wds_cloud.io import concurrency
 from wds_cloud.io.concurrency import REPROBE, Controller, worker_share
-from wds_cloud.io.parallel import CHUNK, part_step
+from wds_cloud.io.parallel import CHUNK, FIRST_SAMPLE_BYTES, Fetcher, part_step
 from wds_cloud.testing.link import EmulatedLink
-from wds_cloud.testing.objects import http_server
+from wds_cloud.testing.objects import HTTPObjectHandler, Server, Store, http_server
 
 from .test_parallel_reads import shard_bytes
 
@@ -433,3 +434,116 @@ def test_dataloader_workers_share_the_host_and_start_from_what_was_learned(fresh
         assert {s["report"]["cap"] for s in loader} == {12}
     finally:
         server.stop()
+
+
+class _Counting:
+    """A real HTTP server that counts the GETs it is answering at once (``peak``).  The answer to ``held``
+    sends its headers and first samples, then holds the rest until a second GET arrives (or ``HOLD`` s
+    pass): a request sent beyond the level while ``held`` is read is seen, however fast the reader is."""
+
+    HOLD = 1.0
+
+    def __init__(self, held: str) -> None:
+        self.held = held
+        self.open = self.peak = 0
+        self.lock = threading.Lock()
+        self.second = threading.Event()
+        counting = self
+
+        class Handler(HTTPObjectHandler):
+            store = Store()
+
+            def do_GET(self) -> None:
+                with counting.lock:
+                    counting.open += 1
+                    counting.peak = max(counting.peak, counting.open)
+                    if counting.open > 1:
+                        counting.second.set()
+                if self._key() == counting.held:
+                    self.wfile = _HoldBody(self.wfile, counting.second, counting.HOLD)
+                try:
+                    super().do_GET()
+                finally:
+                    with counting.lock:
+                        counting.open -= 1
+
+        self.store = Handler.store
+        self.server = Server(Handler)
+        self.url = self.server.url
+
+
+class _HoldBody:
+    """A response file that, once ``after`` bytes went out (past the first samples: the next shard may be asked
+    for), waits for
+    ``event`` (or ``hold`` s) before it writes more."""
+
+    def __init__(self, wfile, event: threading.Event, hold: float, after: int = FIRST_SAMPLE_BYTES + 200_000) -> None:
+        self._wfile, self._event, self._hold, self._after, self._sent = wfile, event, hold, after, 0
+
+    def write(self, data) -> int:
+        if self._sent < self._after <= self._sent + len(data):
+            self._event.wait(self._hold)  # an upper bound only: the test's verdict never depends on it
+        self._sent += len(data)
+        return self._wfile.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._wfile, name)
+
+
+@pytest.fixture
+def counting(fresh_hosts):
+    server = _Counting("/d/a.tar")
+    for name in ("a", "b", "c"):
+        server.store.put(f"/d/{name}.tar", shard_bytes(name, samples=80))
+    yield server
+    server.server.stop()
+
+
+def test_the_next_shards_first_request_waits_for_a_place_in_the_measured_level(counting):
+    """At a measured level (here held at 1 by ``max_concurrency=1``) the first request of the shard expected
+    next is not sent beyond the level while the current shard is read: the host never carries more
+    connections than the level being judged (issue 41, item 8)."""
+    fetcher = Fetcher(max_concurrency=1, prefetch=1)
+    urls = [f"{counting.url}/d/{name}.tar" for name in ("a", "b", "c")]
+    for i, url in enumerate(urls):
+        with fetcher.open(url) as stream:
+            fetcher.prefetch(urls[i + 1 :])
+            assert stream.read() == counting.store.objects[url.split(counting.url, 1)[1]]
+    assert counting.peak == 1
+
+
+def test_readers_of_one_host_share_the_level(counting):
+    """Two readers (two datasets) of one host in one process share its level: while one reads at the
+    level, the other's next shard waits for a place (issue 41, item 8)."""
+    first, second = Fetcher(max_concurrency=1, prefetch=1), Fetcher(max_concurrency=1, prefetch=1)
+    a, b = f"{counting.url}/d/a.tar", f"{counting.url}/d/b.tar"
+    with first.open(a) as stream:
+        second.prefetch([b])
+        assert stream.read() == counting.store.objects["/d/a.tar"]
+    with second.open(b) as stream:
+        assert stream.read() == counting.store.objects["/d/b.tar"]
+    assert counting.peak == 1
+
+
+def test_two_readers_taking_turns_in_one_thread_never_wait_for_each_other(counting):
+    """A part a reader is blocked on goes out even when the level is full with another reader's parts: two
+    datasets of one host read alternately in one thread (as a mix of sources does) both finish."""
+    first, second = Fetcher(max_concurrency=1), Fetcher(max_concurrency=1)
+    a, b = counting.store.objects["/d/b.tar"], counting.store.objects["/d/c.tar"]
+    with first.open(f"{counting.url}/d/b.tar") as one, second.open(f"{counting.url}/d/c.tar") as two:
+        got_a, got_b = bytearray(), bytearray()
+        while len(got_a) < len(a) or len(got_b) < len(b):
+            got_a += one.read(50_000)
+            got_b += two.read(50_000)
+    assert bytes(got_a) == a and bytes(got_b) == b
+
+
+def test_a_lower_ceiling_brings_the_level_down_through_the_public_method():
+    """``controller_for`` with a smaller ``max_concurrency`` (a worker's share) lowers the learned level to it."""
+    concurrency.forget()
+    try:
+        controller = concurrency.controller_for("h", 16)
+        controller.level = 8
+        assert concurrency.controller_for("h", 2) is controller and controller.level == 2 and controller.cap == 2
+    finally:
+        concurrency.forget()

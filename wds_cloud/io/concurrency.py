@@ -26,6 +26,11 @@ inherit it (a spawned worker gets it with the dataset).  With N DataLoader worke
 ``max_concurrency``, so that the workers share the host instead of multiplying it; a
 ``max_concurrency`` the user sets is each process's own ceiling.
 
+The level counts every part in flight to the host, from every reader of the process (:meth:`Controller.take`
+and :meth:`Controller.give`): the next shard's first request waits for a place like any part.  Only a part
+a reader is blocked on goes out at a full level (two readers taking turns in one thread must not wait for
+each other), counted in it.
+
 A level is judged on what arrived at it: every part carries the level it was sent at (:meth:`Controller.ticket`),
 and while a part sent at a higher level still brings bytes, no window of a lower level is measured (its
 connection is one more than the level; on a host that suffers from connections it slows the others too).
@@ -38,6 +43,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
 from typing import Any, Optional
 
 __all__ = [
@@ -101,6 +107,7 @@ class Controller:
         self._trial: Optional[str] = None  # "up" or "down" while the current level is on trial
         self._ceiling: Optional[int] = None  # the lowest level known to be no faster than one below it
         self._in_flight = 0
+        self._waiters: list[Any] = []  # readers to wake when a place in the level is given back
         self._held_since: Optional[float] = None
         self._confirmed = False  # a trial that was not faster on one window gets a second
         self._extend = False  # the next window continues this one
@@ -140,6 +147,71 @@ class Controller:
         """What a part sent now carries, to be handed back with its bytes (:meth:`received`): the level it
         was sent at."""
         return self.level
+
+    # the parts in flight: one count per host, shared by every reader of the process (a level is what the
+    # host carries, not what each reader sends)
+    @property
+    def in_flight(self) -> int:
+        """Parts in flight to this host now, from every reader that shares this controller."""
+        return self._in_flight
+
+    def take(self, now: float, force: bool = False) -> Optional[int]:
+        """A place in the level for a part sent now: its ticket (see :meth:`ticket`), or None when the level is
+        full (then ``wake``, when given to :meth:`notify`, is called once a place is given back).  ``force``:
+        a part a reader is blocked on goes out even at a full level (counted in it), so that two readers
+        taking turns in one thread never wait for each other."""
+        with self._lock:
+            if not force and self._in_flight >= self.level:
+                return None
+            self._account(now)
+            self._in_flight += 1
+            return self.level
+
+    def give(self, now: float) -> None:
+        """A part's request is over: its place in the level is free, and the readers waiting for one are told."""
+        with self._lock:
+            self._account(now)
+            self._in_flight = max(0, self._in_flight - 1)
+        self._wake()
+
+    def notify(self, wake: Any) -> None:
+        """Call ``wake()`` once a place in the level is free (at once if one is now); a bound method is held
+        weakly (a reader dropped meanwhile is not kept alive, nor woken)."""
+        ref = weakref.WeakMethod(wake) if hasattr(wake, "__self__") else (lambda: wake)
+        with self._lock:
+            if ref not in self._waiters:
+                self._waiters.append(ref)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Tell the waiting readers when there is room, each in a thread of its own: no reader's lock is taken
+        under another's (a reader gives a place back holding its own lock)."""
+        with self._lock:
+            if self._in_flight >= self.level or not self._waiters:
+                return
+            waiting, self._waiters = self._waiters, []
+        for ref in waiting:
+            wake = ref()
+            if wake is not None:
+                threading.Thread(target=wake, daemon=True, name="wds_cloud: the level has room").start()
+
+    def limit(self, cap: int, reason: str = "") -> None:
+        """Set the ceiling (``max_concurrency``) to ``cap``: a level above it comes down to it."""
+        with self._lock:
+            self.cap = max(1, cap)
+            if self.level > self.cap:
+                self.level = self.cap
+                self.reason = reason or f"{self.cap} connections: the ceiling"
+            if self._ceiling is not None and self._ceiling > self.cap:
+                self._ceiling = None
+
+    def forked(self) -> None:
+        """This process was forked: what was learned stays, the parent's parts in flight, waiting readers,
+        lock and measuring window do not."""
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._waiters = []
+        self._open_window(None, settle=0.0)
 
     def received(self, nbytes: int, now: float, ticket: Optional[int] = None) -> None:
         """``nbytes`` arrived on one of the host's connections, for a part that carries ``ticket`` (from
@@ -207,12 +279,15 @@ class Controller:
                 self._held_since = now
             if new != level:
                 self.level = new
+            rose = new > level
             if self._extend:  # measure again at once: the connections of this level have started by now
                 self._extend = False
                 self._open_window(now, settle=0.0)
             else:
                 self._open_window(now, settle=self.latency or 0.0)
-            return new if new != level else None
+        if rose:
+            self._wake()  # readers of other datasets waiting for a place may have one now
+        return new if new != level else None
 
     def _next(
         self,
@@ -396,11 +471,13 @@ class Controller:
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         del state["_lock"]
+        state["_in_flight"], state["_waiters"] = 0, []  # parts and readers of this process only
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self.__dict__.setdefault("_waiters", [])
 
 
 # what this process learned, per host (module state: forked workers inherit it)
@@ -436,20 +513,12 @@ def controller_for(host: str, cap: int, fixed: Optional[int] = None) -> Controll
         if _pid != os.getpid():  # a forked worker: keep what the parent learned, under this process's ceiling
             _pid = os.getpid()
             for old in list(_learned.values()):
-                old._lock = threading.Lock()
-                old._in_flight = 0
-                old._open_window(None, settle=0.0)
+                old.forked()
         controller = _learned.get(host)
         if controller is None:
             controller = _learned[host] = Controller(cap)
         elif controller.cap != cap:
-            with controller._lock:
-                controller.cap = max(1, cap)
-                if controller.level > controller.cap:
-                    controller.level = controller.cap
-                    controller.reason = f"{controller.cap} connections: this process's share of max_concurrency"
-                if controller._ceiling is not None and controller._ceiling > controller.cap:
-                    controller._ceiling = None
+            controller.limit(cap, f"{max(1, cap)} connections: this process's share of max_concurrency")
         return controller
 
 

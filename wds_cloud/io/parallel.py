@@ -164,7 +164,6 @@ class _Part:
         "reserved",
         "released",
         "streamed",
-        "extra",
         "asked",
         "handoff",
         "direct",
@@ -192,7 +191,6 @@ class _Part:
         self.stream: Optional[ResumableStream] = None
         self.reserved = 0  # bytes of the window it holds
         self.released = False
-        self.extra = False  # sent ahead beyond the level (the first request of a shard expected next)
         self.asked = 0.0  # when its request was sent
         # A shard read on one connection is read by its reader itself, as a plain stream is (no thread in
         # between): its filler hands the stream over (``handoff`` asked, ``direct`` done) once the shard is
@@ -344,7 +342,7 @@ class Fetcher:
         self._pid = os.getpid()
         self._cond = threading.Condition()
         self._objects: list[_Object] = []  # the shards being read, then those expected, in order
-        self._in_flight: dict[str, int] = {}  # per host
+        self._running = 0  # parts of this reader being downloaded (the level's count is the controller's)
         self._window: dict[str, int] = {}  # bytes reserved by parts, per host
         self._controllers: dict[tuple, Controller] = {}
         self._single_hosts: set[str] = set()
@@ -367,7 +365,7 @@ class Fetcher:
     def in_flight(self) -> int:
         """Parts being downloaded now."""
         with self._cond:
-            return sum(self._in_flight.values())
+            return self._running
 
     @property
     def held(self) -> int:
@@ -505,22 +503,25 @@ class Fetcher:
 
     # scheduling (called with the lock held)
     def _pump(self) -> None:
-        """Start parts in reading order while each host's level and window allow."""
-        full: set[str] = set()
+        """Start parts in reading order while each host's level and window allow: every part, the next shard's
+        first request included, takes a place in the level (the controller's count, shared with the process's
+        other readers of the host); only a part its reader is blocked on goes out at a full level."""
+        full: set[int] = set()  # the controllers with no place left
         for obj in self._objects:
-            if obj.state == _CLOSED or obj.host in full:
+            controller = obj.controller
+            if obj.state == _CLOSED or id(controller) in full:
                 continue
-            level = obj.controller.level
-            budget = level * obj.options.part_size
+            budget = controller.level * obj.options.part_size
             for part in obj.parts[obj.reading : obj.dispatched] if obj.paused else ():
                 # parts paused when the level fell come first, in order
                 if part.paused:
                     waited_on = obj.state == _ACTIVE and obj.reading >= part.index
-                    if not waited_on and self._in_flight.get(obj.host, 0) >= level:
-                        full.add(obj.host)
+                    ticket = self._take(controller, waited_on)
+                    if ticket is None:
+                        full.add(id(controller))
                         break
-                    self._resume(part)
-            if obj.host in full:
+                    self._resume(part, ticket)
+            if id(controller) in full:
                 continue
             while obj.dispatched < obj.total:
                 if obj.dispatched and (not obj.planned or obj.deferred):
@@ -529,57 +530,65 @@ class Fetcher:
                 if obj.state == _PREFETCHED and part.index and part.index == obj.total - 1:
                     break  # an expected shard's last part waits until the shard is read
                 waited_on = obj.state == _ACTIVE and obj.reading >= part.index  # its reader waits for it
-                # the first request of the next shard goes out ahead even at the level (it holds little until
-                # the shard is read): its first byte's latency is hidden behind the shard being read
-                ahead = obj.state == _PREFETCHED and part.index == 0 and not obj.controller.fixed
                 window = self._window.get(obj.host, 0)
-                if not (waited_on or ahead) and (
-                    self._in_flight.get(obj.host, 0) >= level or (window and window + part.holds > budget)
-                ):
-                    full.add(obj.host)
+                if not waited_on and window and window + part.holds > budget:
+                    full.add(id(controller))
                     break
-                self._start(part, extra=ahead and not waited_on and self._in_flight.get(obj.host, 0) >= level)
+                ticket = self._take(controller, waited_on)
+                if ticket is None:
+                    full.add(id(controller))
+                    break
+                self._start(part, ticket)
             if obj.deferred:
                 return  # nothing after it starts before its first sample's bytes are in
 
-    def _start(self, part: _Part, extra: bool = False) -> None:
+    def _take(self, controller: Controller, force: bool) -> Optional[int]:
+        """A place in ``controller``'s level (its ticket), or None: this reader is woken when one is free."""
+        ticket = controller.take(time.perf_counter(), force)
+        if ticket is None:
+            controller.notify(self._wake)
+        return ticket
+
+    def _wake(self) -> None:
+        """A place in a level came free (perhaps given back by another reader of the host): start what waits."""
+        with self._cond:
+            if self._pid == os.getpid():
+                self._pump()
+
+    def _start(self, part: _Part, ticket: int) -> None:
         obj = part.obj
         obj.dispatched += 1
         obj.running += 1
         obj.peak = max(obj.peak, obj.running)
-        part.extra = extra
-        part.ticket = obj.controller.ticket()
-        if extra:
-            return self._thread(part)  # beyond the level: neither counted in it nor in its window
+        self._running += 1
+        part.ticket = ticket
         part.reserved = part.holds
         self._window[obj.host] = self._window.get(obj.host, 0) + part.reserved
-        in_flight = self._in_flight[obj.host] = self._in_flight.get(obj.host, 0) + 1
-        obj.controller.flight(in_flight, time.perf_counter())
         self._thread(part)
 
-    def _resume(self, part: _Part) -> None:
+    def _resume(self, part: _Part, ticket: int) -> None:
         """Send a paused part again, for the rest of its range, at the level of now (lock held)."""
         obj = part.obj
         part.paused = False
         obj.paused -= 1
         part.began = None  # its rate is measured again from its next first byte
         obj.running += 1
-        part.ticket = obj.controller.ticket()
-        in_flight = self._in_flight[obj.host] = self._in_flight.get(obj.host, 0) + 1
-        obj.controller.flight(in_flight, time.perf_counter())
+        self._running += 1
+        part.ticket = ticket
         self._thread(part)
 
-    def _shed(self, host: str, level: int) -> None:
-        """Fewer connections were chosen for ``host``: the parts in flight beyond ``level``, those the readers
-        need last, pause at the end of the piece they read (their connections close) and ask for the rest
-        of their ranges when the level has room again.  Otherwise parts sent at the higher level would go
-        on for as long as their ranges take, and on a host that suffers from connections every other
-        connection would stay slow with them (lock held)."""
-        excess = self._in_flight.get(host, 0) - level
+    def _shed(self, controller: Controller, level: int) -> None:
+        """Fewer connections were chosen for ``controller``'s host: the parts in flight beyond ``level``, those
+        the readers need last, pause at the end of the piece they read (their connections close) and ask for
+        the rest of their ranges when the level has room again.  Otherwise parts sent at the higher level
+        would go on for as long as their ranges take, and on a host that suffers from connections every other
+        connection would stay slow with them (lock held; this reader's parts only: each reader sheds its own
+        when it decides)."""
+        excess = controller.in_flight - level
         for obj in reversed(self._objects):
             if excess <= 0:
                 return
-            if obj.host != host or obj.state == _CLOSED:
+            if obj.controller is not controller or obj.state == _CLOSED:
                 continue
             for part in reversed(obj.parts[: obj.dispatched]):
                 if excess <= 0:
@@ -589,7 +598,6 @@ class Fetcher:
                     or part.end is None
                     or part.streamed
                     or part.direct
-                    or part.extra
                     or part.done
                     or part.paused
                     or part.pause
@@ -610,7 +618,7 @@ class Fetcher:
     def _reserve(self, part: _Part) -> None:
         """Reserve what ``part`` can hold now (its end or cap changed)."""
         holds = part.holds
-        if part.reserved != holds and not part.released and not part.extra:
+        if part.reserved != holds and not part.released:
             self._window[part.obj.host] = self._window.get(part.obj.host, 0) - part.reserved + holds
             part.reserved = holds
 
@@ -701,7 +709,7 @@ class Fetcher:
                         self._split(other)
                     other.replan(changed)
             if changed < before:
-                self._shed(obj.host, changed)
+                self._shed(controller, changed)
             self._pump()
 
     def _run(self, part: _Part) -> None:
@@ -832,9 +840,8 @@ class Fetcher:
                 part.done = True
             part.pause = False
             part.stream = None
-            if not part.extra:
-                in_flight = self._in_flight[obj.host] = self._in_flight.get(obj.host, 1) - 1
-                obj.controller.flight(in_flight, finished)
+            self._running -= 1
+            obj.controller.give(finished)
             obj.running -= 1
             self._cond.notify_all()
             self._pump()
