@@ -175,8 +175,11 @@ class SimulatedReader:
     and ask for the rest of their ranges when there is room.  ``run`` returns the simulated seconds the read
     took."""
 
-    def __init__(self, per_connection, shards=4, shard_size=64 << 20, part_size=8 << 20, latency=0.03, step=0.01):
+    def __init__(
+        self, per_connection, shards=4, shard_size=64 << 20, part_size=8 << 20, latency=0.03, step=0.01, piece=None
+    ):
         self.per_connection = per_connection
+        self.piece = piece  # bytes a part hands on at once, as the fetcher's reads do (None: every step's)
         self.sizes = [shard_size] * shards
         self.part_size = part_size
         self.latency = latency
@@ -185,7 +188,7 @@ class SimulatedReader:
         self.levels: list[int] = []
 
     def _send(self, controller, part, parts):
-        part.update(first=self.now + self.latency, told=False, ticket=controller.ticket())
+        part.update(first=self.now + self.latency, told=False, ticket=controller.ticket(), held=0)
         parts.append(part)
         controller.flight(len(parts), self.now)
 
@@ -227,7 +230,10 @@ class SimulatedReader:
                 n = min(p["end"] - p["pos"], int(rate * self.step))
                 p["pos"] += n
                 arrived += n
-                controller.received(n, self.now, p["ticket"])
+                p["held"] += n
+                if not self.piece or p["held"] >= self.piece or p["pos"] >= p["end"]:
+                    controller.received(p["held"], self.now, p["ticket"])
+                    p["held"] = 0
             left -= arrived
             for p in [p for p in parts if p["pos"] >= p["end"]]:
                 parts.remove(p)
@@ -324,6 +330,27 @@ def test_against_a_host_with_no_ceiling_it_grows_to_the_cap():
     assert best == 16
     assert seconds <= 1.3 * best_seconds, (seconds, best_seconds, controller.report())
     assert controller.level == 16
+
+
+def crowded(n, fast=6 * MB, slow=1 * MB):
+    """A host that paces every connection to ``slow`` while more than ``n`` are open (as ``FaultProxy(crowd=n)``)."""
+    return lambda open_, t: fast if open_ <= n else slow
+
+
+@pytest.mark.parametrize(
+    "host,best_level",
+    [(crowded(3), 3), (crowded(4), 4), (crowded(5), 5), (crowded(6), 6), (lambda open_, t: 5 * MB, 16)],
+)
+def test_in_a_short_pass_the_search_above_a_good_level_costs_little(host, best_level):
+    """A pass of a few seconds (8 shards of 22 MB, bytes handed on in pieces of 256 KB as the fetcher reads them):
+    the levels tried above the one the host bears cost little (one step past it, each judged on as few windows
+    as it takes to see it is slower), and more connections are still found where they keep helping."""
+    seconds, controller, simulated, best, best_seconds = learned_against_fixed(
+        host, levels=sorted({1, 2, 4, 8, 16, best_level}), shards=8, shard_size=22_000_000, piece=CHUNK
+    )
+    assert best == best_level
+    assert seconds <= 1.3 * best_seconds, (seconds, best_seconds, controller.report())
+    assert abs(controller.level - best_level) <= 1, controller.report()
 
 
 def test_a_host_whose_ceiling_changes_mid_read_is_followed():

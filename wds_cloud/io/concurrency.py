@@ -12,9 +12,17 @@ first-byte latencies:
   least :data:`WAIT_SHARE`) and more connections can pay: a part flows for longer than its request waits
   for the first byte, and the bytes known to be left take longer than two first bytes (on a store where
   a range costs as much as the whole object, they never do);
+- it climbs from one connection to 4 (2 when the reader waits less than half the time), then doubles while
+  each step brought nearly in proportion, else climbs a step at a time (about a third more): a level is
+  tried only once the one below it proved faster than the one below that;
 - a new level is kept only when its connections brought at least :data:`GAIN` more bytes per second
-  than the level below, waiting or not (a step that did not, or that paid far less than in proportion,
-  is measured again on a fresh window first); it then searches between the two;
+  than the level below (or half of what they would bring in proportion, for a small step), waiting or not;
+  a window at a trial level ends as soon as it is sure to be slower than the level below (on a host that
+  suffers from connections, every second at it costs), and goes back at once when it was; one that was
+  not faster enough, or that paid far less than in proportion (or any that rose from one connection), is
+  measured again on a fresh window first; the climb stops at the first level
+  that did not pay, which is remembered (not tried again, nor the levels above it) until the next re-probe,
+  and only when it was more than a step above is the step between tried;
 - after :data:`REPROBE` seconds at one level it measures again: one step down (kept when the reader
   still does not wait, or gets no less), and up again while the reader waits;
 - ``concurrency=N`` pins the level: nothing is measured or changed.
@@ -242,11 +250,21 @@ class Controller:
     def due(self, now: float) -> bool:
         """Whether the current window is long enough to decide on."""
         started = self._started
+        if self.fixed or started is None or now - started < self._window_length():
+            return False
+        need = ARRIVALS * self.level
+        if self._arrivals >= need:
+            return True
+        # A trial above a measured level is over early once it is sure to be slower than that level: the window
+        # has lasted as long as the level below would have taken to bring the pieces it needs, and it has not
+        # got them (on a host that suffers from connections, every second at such a level costs).
+        below = self._from if self._trial == "up" else None
+        rate = self.rates.get(below, 0.0) if below is not None else 0.0
         return (
-            not self.fixed
-            and started is not None
-            and now - started >= self._window_length()
-            and self._arrivals >= ARRIVALS * self.level
+            below is not None
+            and rate > 0
+            and self._arrivals >= ARRIVALS * below
+            and (now - started) * rate >= need * self._bytes / self._arrivals
         )
 
     # deciding
@@ -339,13 +357,22 @@ class Controller:
         self._trial = self._from = None
         # a trial is judged on the rate its connections brought, whether the reader waited or not: more
         # connections that only keep a busy reader from waiting, without more bytes per second, are not kept
-        if below is not None and rate < self.rates.get(below, 0.0) * (1 + GAIN) and not self._confirmed:
-            # not faster on one window: measure a second one with it before going back down
+        gain = _margin(below, level) if below is not None else GAIN
+        if (
+            below is not None
+            and rate < self.rates.get(below, 0.0) * (1 + gain)
+            and (below == 1 or rate >= self.rates.get(below, 0.0))
+            and not self._confirmed
+        ):
+            # not faster on one window: measure a second one with it before going back down.  A trial that was
+            # slower than the level below goes back at once (on a host that suffers from connections, every
+            # window at it costs), unless it rose from one connection: then the request for the rest of the
+            # shard was being cut into parts, its connection closed, while the first window was measured.
             self._trial, self._from, self._confirmed = "up", below, True
             self._extend = True
             self.reason = f"trying {level} connections: measuring again ({mb:.0f} MB/s so far)"
             return level
-        if below is not None and rate < self.rates.get(below, 0.0) * (1 + GAIN):
+        if below is not None and rate < self.rates.get(below, 0.0) * (1 + gain):
             self._confirmed = False
             self._ceiling = level
             self.reason = (
@@ -388,7 +415,7 @@ class Controller:
         # far from a limit (the reader mostly waits, and the last step scaled nearly in proportion) it
         # quadruples, else it doubles
         scaled = below is None or rate >= 0.75 * self.rates.get(below, 0.0) * level / below
-        up = self._up(level, 4 if share >= 0.5 and scaled else 2)
+        up = self._up(level, scaled and share >= 0.5)
         if up is None:
             self.reason = f"the reader waits {share:.0%} of the time at {mb:.0f} MB/s; {level} connections is the " + (
                 "ceiling (max_concurrency)" if level >= self.cap else "best measured"
@@ -404,14 +431,19 @@ class Controller:
         self.reason = f"the reader waited {share:.0%} of the time at {level} connections ({mb:.0f} MB/s): trying {up}"
         return up
 
-    def _up(self, level: int, factor: int = 2) -> Optional[int]:
-        """The next level to try above ``level`` (``factor`` times it, or halfway to a known ceiling), or None."""
+    def _up(self, level: int, far: bool = False) -> Optional[int]:
+        """The next level to try above ``level``, or None.  From one connection it quadruples (``far``: the
+        reader mostly waits) or doubles; above one it climbs in steps of about a third (:func:`_step`), so
+        that on a host that suffers from connections the first level tried past the one it bears is only a
+        step past it, and a level is tried only once the one below it proved faster than the one below that.
+        A level found no faster (the ceiling, remembered until the next re-probe) is not tried again, nor is
+        any level between it and ``level`` when it was only a step above: the climb stops there."""
         if level >= self.cap:
             return None
-        if self._ceiling is None:
-            return min(self.cap, level * factor)
-        middle = (level + min(self._ceiling, self.cap)) // 2
-        return middle if middle - level >= max(1, level // 4) else None
+        up = min(self.cap, (4 if level == 1 else 2) * level if far else _step(level) if level > 1 else 2)
+        if self._ceiling is not None and up >= self._ceiling:
+            up = _step(level)  # the ceiling was a bigger jump than a step: the step below it is worth a window
+        return up if self._ceiling is None or up < self._ceiling else None
 
     def _pays(
         self,
@@ -478,6 +510,18 @@ class Controller:
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self.__dict__.setdefault("_waiters", [])
+
+
+def _step(level: int) -> int:
+    """The level a climb tries above ``level`` (one connection more up to 5, then about a third more)."""
+    return level + max(1, level // 3)
+
+
+def _margin(below: int, level: int) -> float:
+    """How much faster (a fraction of its rate) ``level`` connections must be than ``below`` to be kept:
+    :data:`GAIN`, or half of what the added connections would bring in proportion when that is less (a step of
+    one connection at 6 can bring a sixth at most)."""
+    return min(GAIN, 0.5 * (level - below) / below)
 
 
 # what this process learned, per host (module state: forked workers inherit it)
