@@ -399,7 +399,9 @@ def mutate_merged(state, urls, data):
         )
         pending, partial, buffered = level["pending"], level["partial"], level["buffered"]
         if kind == "partial>pending" and partial:
-            pending.append(ident[data.draw(st.sampled_from(partial))[0]])
+            index = ident.get(data.draw(st.sampled_from(partial))[0])  # an entry an earlier change made huge: none
+            if index is not None:
+                pending.append(index)
         elif kind in ("pending>partial", "pending->partial") and pending:
             index = data.draw(st.sampled_from(pending))
             partial.append([url_id(urls[index]), os.path.basename(urls[index]), 0, None, False, {}])
@@ -531,3 +533,104 @@ def test_a_loader_state_is_held_to_the_same_checks(shards):
     with pytest.raises(StateMismatchError) as info:
         list(itertools.islice(fresh, 1000))
     assert info.value.field == "buffer"
+
+
+# fields that must agree with each other (issue 41, adversary's findings 3, 5-11) --------------------------------
+def _reader_done(state):
+    _stage(state, "TarSamples")["done"] = True
+
+
+def _buffer_pop(state):
+    _stage(state, "Shuffle")["buffer"].pop()
+
+
+def _buffer_add_delivered(state):
+    shuffle, reader = _stage(state, "Shuffle"), _stage(state, "TarSamples")
+    ref = max(e[0] for e in shuffle["urls"] if e[3] == reader["url_id"])
+    shuffle["buffer"].append([ref, 0, 1])  # the first sample of the shard being read: delivered already
+
+
+def _next_pass(state):
+    state["progress"] = [1, state["progress"][1]]
+
+
+def _offset_huge(state):
+    _stage(state, "TarSamples")["offset"] = 10**20
+
+
+def _offset_zero(state):
+    _stage(state, "TarSamples")["offset"] = 0
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (_reader_done, "done"),
+        (_buffer_pop, "samples"),
+        (_buffer_add_delivered, None),
+        (_next_pass, "progress"),
+        (_offset_huge, "offset"),
+        (_offset_zero, None),
+    ],
+    ids=["done-mid-pass", "buffer-pop", "buffer-add-delivered", "pass-beyond", "offset-huge", "offset-zero"],
+)
+def test_a_plain_state_whose_fields_disagree_is_refused(shards, plain, change, field):
+    """A reader done before its last shard, a shuffle buffer that is not the samples read less those drawn, a pass
+    the pipeline never makes, an offset beyond any shard or set back to 0: StateMismatchError before a sample."""
+    _, state = plain
+    ds = dataset(shards, bufsize=20)
+    with pytest.raises(StateMismatchError) as info:
+        ds.load_state_dict(resealed(state, change))
+        next(iter(ds))
+    if field is not None:
+        assert info.value.field == field, str(info.value)
+
+
+def _merged_partial(change):
+    def apply(state):
+        change(state["pipeline"]["partial"][0])
+
+    return apply
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        _merged_partial(lambda e: e.__setitem__(2, 0)),
+        _merged_partial(lambda e: e.__setitem__(2, 10**20)),
+        lambda s: s["pipeline"].__setitem__("pass", 1),
+    ],
+    ids=["partial-offset-0", "partial-offset-huge", "pass-beyond"],
+)
+def test_a_merged_state_whose_fields_disagree_is_refused(shards, merged_2x1, change):
+    """A partial read at offset 0 (its first samples were delivered), an offset no seek can take, a pass the
+    pipeline never makes: StateMismatchError, never a raw ValueError or samples twice or lost."""
+    _, merged = merged_2x1
+    ds = dataset(shards)
+    with pytest.raises(StateMismatchError):
+        ds.load_state_dict(resealed(merged, change))
+        next(iter(ds))
+
+
+def test_a_mix_source_done_mid_pass_is_refused(shards):
+    """A RandomMix source's reader claimed done mid-pass (every level sealed again) is refused, not 26 lost."""
+
+    def build():
+        a = wds.WebDataset(shards[:4], shardshuffle=True, seed=1)
+        b = wds.WebDataset(shards[4:], shardshuffle=True, seed=2)
+        return wds.DataPipeline(wds.RandomMix([a, b], [1.0, 1.0], seed=5))
+
+    p = build()
+    keys(islice(iter(p), 10))
+    state = json.loads(json.dumps(p.state_dict()))
+    mix = state["stages"][0][2]
+    source = mix["sources"][0]
+    _stage(source, "TarSamples")["done"] = True
+    for level in (source, mix, state):
+        level.pop("checksum")
+        seal(level)
+    q = build()
+    with pytest.raises(StateMismatchError) as info:
+        q.load_state_dict(state)
+        next(iter(q))
+    assert info.value.field == "done", str(info.value)

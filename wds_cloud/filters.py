@@ -86,9 +86,15 @@ class _Normalised(RestCurried):
             bound = inspect.signature(self.f).bind_partial(None, *args, **kw)  # None: the data, given later
         except TypeError as exc:
             raise TypeError(f"{self.f.__name__.lstrip('_')}(): {exc}") from None
+        params = inspect.signature(self.f).parameters
         for name, check in self.normalise.items():
-            if name in bound.arguments and bound.arguments[name] is not None:
-                bound.arguments[name] = check(name, bound.arguments[name])
+            if name not in bound.arguments:
+                continue
+            # None only where the stage itself takes None (its default): batched(None) was built, then raised
+            # a raw TypeError on the first sample (issue 41)
+            if bound.arguments[name] is None and name in params and params[name].default is None:
+                continue
+            bound.arguments[name] = check(name, bound.arguments[name])
         return FilterFunction(self.f, *bound.args[1:], **bound.kwargs)
 
     def __reduce__(self):

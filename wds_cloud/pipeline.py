@@ -84,6 +84,10 @@ def stage_name(stage: Any) -> str:
     return type(stage).__name__
 
 
+#: stages that pass every sample on, one for one (the count a reader read is the count its shuffle takes)
+_PASS_THROUGH = frozenset({"CheckEmpty"})
+
+
 class DataPipeline(IterableDataset, PipelineStage):
     """A pipeline of stages; ``DataPipeline(source, stage1, stage2, ...)``."""
 
@@ -435,6 +439,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         saved = {f"stage {i}": kind for i, kind, _ in state["stages"]}
         here = {f"stage {i}": kind for i, kind, _ in self._stateful()}
         check_same("pipeline (its stages differ)", saved, here)
+        self._check_pass((state.get("progress") or (0, 0))[0], "progress")
         self._wire()
         for i, _, stage_state in state["stages"]:
             stage = self.pipeline[i]
@@ -456,10 +461,61 @@ class DataPipeline(IterableDataset, PipelineStage):
                         )
                     self._check_buffer(replay, source, state["stages"])
                     source.set_replay(self._trusted_replay(replay))
+        self._check_reader(state["stages"])
         for _i, kind, stage_state in state["stages"]:
             if kind in elastic.SHARD_LISTS and isinstance(stage_state.get("assigned"), dict):
                 self.assign_share(stage_state["assigned"])  # a pass begun by an elastic resume goes on
         self._resume_progress = list(state.get("progress") or (0, 0))
+
+    def _check_pass(self, number: int, field: str) -> None:
+        """Refuse a saved pass this pipeline never reaches (``repeat(n)``: passes 0 to n-1; one pass without
+        ``repeat``/``with_epoch``): resuming there would yield nothing more (issue 41)."""
+        if number >= self.repetitions:
+            raise StateMismatchError(
+                f"the saved state stands in pass {number} of this pipeline, which makes {self.repetitions} "
+                f"pass{'es' if self.repetitions != 1 else ''} (repeat()/with_epoch()): the state was changed (or "
+                "comes from a pipeline repeated more often); load the state that state_dict() returned",
+                field=field,
+            )
+
+    def _check_reader(self, stages: list) -> None:
+        """Refuse a shard reader's state that its own pipeline's other fields contradict (issue 41): ``done`` before
+        the last of the worker's shards of this pass (without a sample limit that stops a pass early), or a
+        count of samples read that is not the samples the shuffle right after it drew plus those it holds
+        (a buffered sample removed, or one already delivered added)."""
+        index = next(
+            (i for i, stage in enumerate(self.pipeline) if callable(getattr(stage, "set_elastic", None))), None
+        )
+        reader = next((st for i, _, st in stages if i == index), None)
+        if index is None or not isinstance(reader, dict) or reader.get("fresh"):
+            return
+        listed = next((st for _, kind, st in stages if kind in elastic.SHARD_LISTS), None)
+        share = listed.get("assigned") if isinstance(listed, dict) else None
+        if reader.get("done") and reader.get("limit") is None and not isinstance(share, dict):
+            items = self._worker_shards(listed, reader, None)
+            if items is not None and reader["shard"] < len(items) - 1:
+                raise StateMismatchError(
+                    f"the saved shard reader state says it is done with shard {reader['shard']} of this worker's "
+                    f"{len(items)} shards of the pass: the state was changed; load the state that state_dict() "
+                    "returned",
+                    field="done",
+                )
+        following = index + 1  # the shuffle the reader feeds, past stages that pass every sample on unchanged
+        while following < len(self.pipeline) and type(self.pipeline[following]).__name__ in _PASS_THROUGH:
+            following += 1
+        after = next((st for i, _, st in stages if i == following), None)
+        if not (isinstance(after, dict) and is_buffering(self.pipeline[following])) or after.get("fresh"):
+            return
+        rng, buffer = after.get("rng"), after.get("buffer")
+        if not (isinstance(rng, list) and len(rng) == 2 and type(rng[1]) is int and isinstance(buffer, list)):
+            return  # a generator of the user's (random.Random) counts no draws
+        if reader["samples"] != rng[1] + len(buffer):
+            raise StateMismatchError(
+                f"the saved shard reader read {reader['samples']} samples, but the shuffle after it drew "
+                f"{rng[1]} and holds {len(buffer)}: every sample read is delivered or buffered, once; the state "
+                "was changed; load the state that state_dict() returned",
+                field="samples",
+            )
 
     def _check_buffer(self, replay: list, source: Any, stages: list) -> None:
         """Refuse buffered samples that the state's own reader could not have read (see
@@ -512,6 +568,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         or that this pipeline could not share out exactly (its shards split by a stage of the user's)."""
         if level.get("fresh"):
             return
+        self._check_pass(level["pass"], "pass")
         here = [[i, kind] for i, kind, _ in self._stateful()]
         if level["kinds"] != here:
             check_same(
@@ -801,6 +858,11 @@ class DataPipeline(IterableDataset, PipelineStage):
         self.repetitions = sys.maxsize
         # plain ints (numpy's too), -1 for "not given"; nan or a fraction refused here, not a pass without end
         self.nsamples = max(as_count("nsamples", nsamples, least=-1), as_count("nbatches", nbatches, least=-1))
+        if self.nsamples < 1:  # -1 or 0 would repeat the pipeline without end (issue 41)
+            raise ConfigError(
+                f"with_epoch(nsamples={shown(nsamples)}, nbatches={shown(nbatches)}) gives no epoch size: give "
+                "nsamples (or nbatches) as a whole number of at least 1, the items each epoch yields"
+            )
         return self
 
     def repeat(self, nepochs: int = -1, nbatches: int = -1) -> DataPipeline:

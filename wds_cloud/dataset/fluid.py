@@ -45,8 +45,9 @@ class FluidInterface:
         """A sample shuffle of ``size`` samples.  In a dataset given a seed (``WebDataset(url, seed=S)``,
         ``WDS_SEED``, or a spec's ``seed:``), a shuffle given neither ``seed`` nor ``rng`` is seeded from it and
         from the epoch, so the same ``S`` gives the same order (webdataset seeds it from the clock)."""
-        # a plain int before it is compared or saved in a state (numpy's, 1e3); below 1: no shuffle, as in webdataset
-        size = as_count("shuffle size", size, least=-(1 << 63))
+        # a plain int before it is compared or saved in a state (numpy's, 1e3); 0: no shuffle, as in webdataset;
+        # a negative size is refused, as every negative count is (issue 41)
+        size = as_count("shuffle size", size, least=0)
         if size < 1:
             return self
         base = getattr(self, "sample_seed", None)

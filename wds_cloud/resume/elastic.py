@@ -36,7 +36,7 @@ from typing import Any, Optional
 from ..errors import StateMismatchError
 from ..io.datafile import shown
 from ..utils import make_seed
-from .state import SEAL, check_seal, expect
+from .state import MAX_OFFSET, SEAL, check_seal, expect
 
 __all__ = [
     "ELASTIC_FORMAT",
@@ -338,7 +338,7 @@ def _check_partial(entry: Any) -> None:
         and isinstance(entry[0], str)
         and isinstance(entry[1], str)
         and type(entry[2]) is int
-        and entry[2] >= 0
+        and 0 < entry[2] < MAX_OFFSET  # a partial read has begun: its offset is past the first header
         and entry[2] % 512 == 0
         and (entry[3] is None or isinstance(entry[3], str))
         and isinstance(entry[4], bool)

@@ -51,6 +51,7 @@ __all__ = [
     "check_seal",
     "seal_problem",
     "SEAL",
+    "MAX_OFFSET",
 ]
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,9 @@ class StateURL(str):
         obj.id = ident
         return obj
 
+
+#: every byte offset a state holds lies below this (a seek past 2**63 raises a raw ValueError; no shard is so big)
+MAX_OFFSET = 1 << 62
 
 #: the key of a state's checksum (see :func:`seal`)
 SEAL = "checksum"

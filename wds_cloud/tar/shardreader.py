@@ -22,7 +22,7 @@ from ..io.parallel import Fetcher
 from ..resume import state as resuming
 from ..resume.elastic import REPLAY_REF
 from ..resume.refetch import refetch
-from ..resume.state import expect, shown_url, url_id
+from ..resume.state import MAX_OFFSET, expect, shown_url, url_id
 from .reader import TarMembers
 from .samples import SKIP_META, Barren, close_quietly, key_rule, member_filter, sample_limit, shard_samples
 
@@ -314,7 +314,7 @@ class TarSamples:
             dict,
             shard=(int, lambda v: v >= 0),
             url=(str, None, replaying),
-            offset=(int, lambda v: v >= 0 and v % 512 == 0),
+            offset=(int, lambda v: 0 <= v < MAX_OFFSET and v % 512 == 0),
             samples=(int, lambda v: v >= 0),
             done=bool,
             identity=(dict, None, True),
@@ -589,7 +589,8 @@ class TarSamples:
         cursor.compressed = members.compression is not None
         cursor.members = members
         local_path = source.get("local_path") or local_path or getattr(stream, "local_path", None)
-        expected = saved.get("next", ()) if saved is not None and seekable and offset else ()
+        # checked at offset 0 too: a partial read's offset set back to 0 would read its first samples again
+        expected = saved.get("next", ()) if saved is not None and seekable else ()
         recorded: Optional[list] = [] if self.index_sink is not None and not offset else None
         cursor.recorded = recorded
         samples = shard_samples(
