@@ -236,3 +236,21 @@ def test_a_table_assigned_to_writer_default_handlers_encodes(tmp_path, monkeypat
         sink.write({"__key__": "k", "xyz": [1, 2], "cls": 3})
     with tarfile.open(tmp_path / "a.tar") as tar:
         assert tar.extractfile("k.xyz").read() == b"<\x01\x02>" and tar.extractfile("k.cls").read() == b"3"
+
+
+def test_a_one_letter_scheme_assigned_in_gopen_schemes_opens_the_shards(shards, monkeypatch):
+    """webdataset reads ``x://path`` as the scheme ``x``: once user code assigns ``gopen_schemes["x"]``, gopen,
+    tarfile_to_samples and WebDataset open through it (unassigned, a one-letter prefix stays a drive letter)."""
+    calls = []
+
+    def opener(url, mode="rb", bufsize=8192, **kw):
+        calls.append(url)
+        return open(url[len("x://") :], "rb")
+
+    monkeypatch.setitem(wds.gopen_schemes, "x", opener)
+    urls = [f"x://{u}" for u in wds.shardlists.expand_urls(shards)]
+    with wds.gopen(urls[0]) as stream:
+        assert stream.read(1)
+    assert len(list(pipeline(urls))) == 30
+    assert len(list(wds.WebDataset(urls, shardshuffle=False))) == 30
+    assert len(calls) >= 7

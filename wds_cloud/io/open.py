@@ -156,7 +156,9 @@ def gopen(
     given = url
     url = rewrite_url(url, settings)
     try:
-        scheme, _ = split_scheme(url)
+        legacy = assigned_opener(url)
+        if legacy is not None:
+            return legacy(url, mode, bufsize, **kw)
         if is_local(url) and is_secure(settings):
             raise SecurityError(
                 f"refusing to open the local file {redact(url)!r}: local paths and file: URLs are not allowed "
@@ -164,9 +166,6 @@ def gopen(
                 "False, cannot open local files); read shards from a storage URL such as s3:// or https://",
                 url=url,
             )
-        legacy = _user_openers.get(scheme or "__default__")
-        if legacy is not None:
-            return legacy(url, mode, bufsize, **kw)
         backend = open_backend(url, settings, storage_options)
         # the streams below are binary file objects by duck typing (read/readinto/write/close/with)
         if mode not in _READ_MODES:
@@ -248,7 +247,7 @@ def remote_object(
     given = url
     url = rewrite_url(url, settings)
     try:
-        if is_local(url) or _user_openers.get(split_scheme(url)[0] or "__default__") is not None:
+        if assigned_opener(url) is not None or is_local(url):
             return None
         backend = open_backend(url, settings, storage_options)
         if not backend.resumable:
@@ -336,6 +335,21 @@ def gopen_error(url: str, *args: Any, **kw: Any) -> IO[bytes]:
 
 
 _user_openers: dict[str, Callable[..., IO[bytes]]] = {}
+
+
+def assigned_opener(url: str) -> Optional[Callable[..., IO[bytes]]]:
+    """The opener user code assigned in :data:`gopen_schemes` for ``url``'s scheme, or None.
+
+    webdataset reads ``x://...`` as the scheme ``x`` (urlparse), where a bare one-letter prefix is a drive letter
+    here; so a one-letter scheme is one only once user code assigned it (``gopen_schemes["x"] = fn``)."""
+    if not _user_openers:
+        return None
+    scheme = split_scheme(url)[0]
+    if scheme is None and len(url) > 2 and url[1] == ":" and url[0].isascii() and url[0].isalpha():
+        letter = url[0].lower()
+        if letter in _user_openers:
+            return _user_openers[letter]
+    return _user_openers.get(scheme or "__default__")
 
 
 class _SchemeTable(MutableMapping):
