@@ -69,7 +69,7 @@ def test_grouping_rules():
             info = tarfile.TarInfo(name)
             info.size = 1
             tar.addfile(info, io.BytesIO(b"x"))
-    with pytest.raises(CorruptShardError, match="repeats the field 'txt'"):
+    with pytest.raises(ValueError, match="repeats the field 'txt'"):
         read_samples(buf.getvalue())
 
 
@@ -227,3 +227,136 @@ def test_a_cut_names_the_member_what_was_expected_and_what_arrived(where, second
     for text in wanted:
         assert text.format(size=second, pad="10 bytes") in message, message
     assert not re.search(r"\b1 bytes\b", message), message
+
+
+def _members_tar(path, names_data):
+    """A tar of the given ``(name, bytes)`` members, in that order (a name may repeat)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in names_data:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    path.write_bytes(buf.getvalue())
+    return str(path)
+
+
+@pytest.fixture
+def repeat_shards(tmp_path):
+    """Shard a repeats the field 'json' of x/s1 (stable-audio-tools' case); shard b is sound."""
+    a = _members_tar(
+        tmp_path / "a.tar",
+        [
+            ("x/s0.json", b"0"),
+            ("x/s1.flac.json", b"f"),
+            ("x/s1.json", b"1"),
+            ("x/s1.JSON", b"repeat"),  # lower-cased, the same field
+            ("x/s1.flac", b"F"),
+            ("x/s2.wav", b"W"),
+            ("x/s2.json", b"3"),
+        ],
+    )
+    b = _members_tar(tmp_path / "b.tar", [("x/s3.json", b"4"), ("x/s4.json", b"5")])
+    return [a, b]
+
+
+def _shown(samples):
+    return [(s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")}) for s in samples]
+
+
+EXPECTED_AFTER_SKIP = [
+    ("x/s0", {"json": b"0"}),
+    ("x/s1", {"flac.json": b"f", "json": b"1", "flac": b"F"}),
+    ("x/s2", {"wav": b"W", "json": b"3"}),
+    ("x/s3", {"json": b"4"}),
+    ("x/s4", {"json": b"5"}),
+]
+
+
+@pytest.mark.parametrize("how", ["WebDataset", "DataPipeline", "tarfile_samples", "group_by_keys"])
+def test_a_repeated_field_goes_to_the_handler_and_the_shard_goes_on(repeat_shards, how):
+    """A member repeating a field is not damage: the handler gets a ValueError naming URL, member and byte once;
+    when it lets it pass only that member is skipped (the sample keeps the first), as webdataset 1.0.2 does."""
+    import wds_cloud as wds
+    from wds_cloud.errors import SampleError
+    from wds_cloud.tariterators import group_by_keys, tar_file_expander, url_opener
+
+    seen = []
+
+    def handler(exn):
+        seen.append(exn)
+        return True
+
+    src = [{"url": u} for u in repeat_shards]
+    if how == "WebDataset":
+        samples = list(wds.WebDataset(repeat_shards, shardshuffle=False, handler=handler))
+    elif how == "DataPipeline":
+        samples = list(wds.DataPipeline(wds.SimpleShardList(repeat_shards), wds.tarfile_to_samples(handler=handler)))
+    elif how == "tarfile_samples":
+        samples = list(wds.tarfile_samples(iter(src), handler=handler))
+    else:
+        files = tar_file_expander(url_opener(iter(src), handler=handler), handler=handler)
+        samples = list(group_by_keys(files, handler=handler))
+    assert _shown(samples) == EXPECTED_AFTER_SKIP
+    assert len(seen) == 1
+    exn = seen[0]
+    assert isinstance(exn, ValueError) and isinstance(exn, SampleError) and not isinstance(exn, CorruptShardError)
+    assert "a.tar" in str(exn) and "'x/s1.JSON'" in str(exn) and "repeats the field 'json'" in str(exn)
+    if how != "group_by_keys":  # member dicts carry no byte offsets
+        assert "at byte 3072" in str(exn) and exn.offset == 3072  # 4th member: header + 1 block each
+    assert exn.member == "x/s1.JSON" and exn.key == "x/s1" and exn.field == "json"
+
+
+@pytest.mark.parametrize("how", ["WebDataset", "group_by_keys"])
+def test_a_repeated_field_not_let_pass_is_raised_or_stops_once(repeat_shards, how):
+    """reraise_exception (the default) raises the ValueError; a handler returning False stops the pass, called
+    once; neither yields the sample the repeat was in."""
+    import wds_cloud as wds
+    from wds_cloud.tariterators import group_by_keys, tar_file_expander, url_opener
+
+    def read(handler):
+        got = []
+        src = [{"url": u} for u in repeat_shards]
+        if how == "WebDataset":
+            it = iter(wds.WebDataset(repeat_shards, shardshuffle=False, handler=handler))
+        else:
+            it = group_by_keys(
+                tar_file_expander(url_opener(iter(src), handler=handler), handler=handler), handler=handler
+            )
+        try:
+            for sample in it:
+                got.append(sample)
+        except ValueError as exn:
+            return _shown(got), exn
+        return _shown(got), None
+
+    got, raised = read(wds.reraise_exception)
+    assert got == EXPECTED_AFTER_SKIP[:1]
+    assert isinstance(raised, ValueError) and "repeats the field 'json'" in str(raised)
+    seen = []
+    got, raised = read(lambda exn: seen.append(exn) or False)
+    assert raised is None and got == EXPECTED_AFTER_SKIP[:1] and len(seen) == 1
+
+
+@pytest.mark.parametrize("after", range(6))
+@pytest.mark.parametrize("bufsize", [0, 3])
+def test_resume_is_exact_across_a_skipped_repeat(repeat_shards, after, bufsize):
+    """A state taken after any sample (right after the one holding the repeat included) resumes at exactly the
+    next sample, counted right; a shuffle's buffered samples are fetched again as first read."""
+    import json
+
+    import wds_cloud as wds
+
+    def build():
+        ds = wds.WebDataset(repeat_shards, shardshuffle=False, handler=lambda exn: True)
+        return ds.shuffle(bufsize, initial=bufsize, seed=7) if bufsize else ds
+
+    whole = list(build())
+    assert sorted(_shown(whole)) == sorted(EXPECTED_AFTER_SKIP)
+    ds = build()
+    it = iter(ds)
+    head = [next(it) for _ in range(after)]
+    state = json.loads(json.dumps(ds.state_dict()))
+    resumed = build()
+    resumed.load_state_dict(state)
+    assert _shown(head + list(resumed)) == _shown(whole)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Optional, TypeGuard, Union
 
 from .. import config
-from ..errors import ConfigError, CorruptShardError, StateMismatchError, redact
+from ..errors import ConfigError, CorruptShardError, SampleError, StateMismatchError, redact
 from ..handlers import reraise_exception
 from ..io.open import gopen
 from .reader import TarMembers, sample_too_large
@@ -315,30 +315,46 @@ def group_by_keys(
     """Group adjacent ``{"fname", "data"}`` members into samples; an empty dict ends a shard.
 
     The grouping is :func:`shard_samples`' own loop, run over each shard's members in turn; a
-    repeated field goes to ``handler`` (True: skip the member) and a shard that ended in an error (as
+    repeated field goes to ``handler`` (True: skip the member and go on; False: stop, as webdataset's
+    ``break``, without the sample the repeat was in) and a shard that ended in an error (as
     ``tar_file_expander`` tells it, through a channel the items do not carry) drops the sample it cut short.
     """
     expansion = data if isinstance(data, _Expansion) else None  # our expander: it says where shards end
     counted = _Counted(iter(data), expansion)
+    refused: list = []
+
+    def on_repeat(exn: Exception) -> bool:
+        if handler is None:
+            return False
+        passes = handler(exn)
+        if not passes:
+            refused.append(exn)
+        return passes
+
     item: Any = counted.next()
     while item is not _EXHAUSTED:
         if not item or "fname" not in item:  # an end-of-shard marker with no member before it
             item = counted.next()
             continue
         run = _MemberRun(item, counted, sample_limit())
-        yield from _grouped(
-            run,
-            run.url,
-            run,
-            keys=keys,
-            lcase=lcase,
-            suffixes=suffixes,
-            local_path=run.local_path,
-            where=None,
-            rename_files=None,
-            on_repeat=handler,
-            last_ok=run.keeps_last,
-        )
+        try:
+            yield from _grouped(
+                run,
+                run.url,
+                run,
+                keys=keys,
+                lcase=lcase,
+                suffixes=suffixes,
+                local_path=run.local_path,
+                where=None,
+                rename_files=None,
+                on_repeat=on_repeat,
+                last_ok=run.keeps_last,
+            )
+        except SampleError as exn:
+            if refused and exn is refused[-1]:  # the handler saw it and said stop
+                return
+            raise
         item = run.next_item
 
 
@@ -440,6 +456,7 @@ def shard_samples(
     expect_first: Any = (),
     record: Optional[Callable[[str, int, int], None]] = None,
     max_sample: Optional[int] = None,
+    on_repeat: Optional[Callable[[Exception], bool]] = None,
 ) -> Iterator[dict]:
     """The samples of one shard, read and grouped in a single loop.
 
@@ -453,6 +470,9 @@ def shard_samples(
     resumed read) is the name its first member must have, None for the end of the archive.
     ``record(name, data offset, size)`` sees every member read (to index the shard as it streams).
     ``max_sample``: the most bytes a sample may hold (see :func:`sample_limit`).
+    ``on_repeat(error)`` is given the :func:`repeated_field` error of a member repeating a field of its
+    sample: True skips that member and the shard goes on (webdataset's ``group_by_keys`` with a handler);
+    without it, or when it returns False, the error is raised.
     """
     if members is None:
         members = TarMembers(
@@ -476,7 +496,7 @@ def shard_samples(
         local_path=local_path,
         where=where,
         rename_files=rename_files,
-        on_repeat=None,
+        on_repeat=on_repeat,
         last_ok=None,
     )
 
@@ -566,17 +586,10 @@ def _grouped(
         if suffixes is not None and suffix not in suffixes:
             continue
         if suffix in current:
-            offset = members.member_offset
-            exn = CorruptShardError(
-                f"{redact(url or '<stream>')}: member {name!r}{f' at byte {offset}' if offset is not None else ''} "
-                f"repeats the field {suffix!r} of sample {prefix!r}; a sample holds one member per field",
-                url=url,
-                member=name,
-                offset=offset,
-            )
+            exn = repeated_field(url, name, members.member_offset, prefix, suffix)
             if on_repeat is None or not on_repeat(exn):
                 raise exn
-            continue
+            continue  # the member is skipped; the sample keeps the field's first member, as webdataset's
         current[suffix] = data
     if current is not None and (len(current) > 2 + (local_path is not None) if last_ok is None else last_ok(current)):
         if where is not None:
@@ -585,6 +598,25 @@ def _grouped(
             where[3] = None
         yield current
     members.finish()  # after the last sample: what trails the archive never delays it
+
+
+def repeated_field(url: Any, name: str, offset: Optional[int], key: str, field: str) -> SampleError:
+    """The error for a member repeating a field of its sample (webdataset's "duplicate file name").
+
+    A ``SampleError`` (a ``ValueError``, as webdataset raises), not a ``CorruptShardError``: the tar stream
+    is sound, so a handler that lets it pass skips the member and the shard goes on.
+    """
+    where = f" at byte {offset}" if offset is not None else ""
+    return SampleError(
+        f"{redact(url or '<stream>')}: member {name!r}{where} repeats the field {field!r} of sample {key!r} "
+        "(a duplicate file name in the tar file); a sample holds one member per field: write each field once "
+        "per sample, or give a handler (handler=warn_and_continue) to skip the repeat and keep the first",
+        url=url,
+        member=name,
+        offset=offset,
+        key=key,
+        field=field,
+    )
 
 
 def _checked_start(

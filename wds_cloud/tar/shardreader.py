@@ -401,6 +401,7 @@ class TarSamples:
             where=where,
             members=members,
             max_sample=self._max_sample(),
+            on_repeat=_skip_quietly,  # as the first read did; its handler saw the repeat then
         ):
             yield where[0], sample
 
@@ -451,6 +452,8 @@ class TarSamples:
             skip = saved["shard"] if saved else 0
             reached = -1
             barren = Barren()
+            refused: list = []  # a repeated field the handler was given and did not let pass
+            on_repeat = self._repeat_handler(refused)
             for index, source in enumerate(self._shards(src, cursor, limit, skip)):
                 reached = index
                 if index < skip:
@@ -462,7 +465,11 @@ class TarSamples:
                 stream = None
                 try:
                     stream, samples, skipping = self._begin_shard(
-                        source, index, cursor, saved if saved and index == skip else source.get("resume_at")
+                        source,
+                        index,
+                        cursor,
+                        saved if saved and index == skip else source.get("resume_at"),
+                        on_repeat,
                     )
                     if lookahead is not None:
                         ahead.prefetch(_urls(lookahead.peek(ahead.prefetch_depth)))
@@ -479,6 +486,10 @@ class TarSamples:
                 except StateMismatchError:
                     raise  # a state that does not fit is the caller's to fix, never a damaged shard to skip
                 except Exception as exn:
+                    if refused and exn is refused[-1][0]:  # the handler has seen it once and said stop
+                        if refused[-1][1]:
+                            raise  # what the handler raised
+                        return
                     barren.failed(exn)
                     if not self.handler(exn):
                         return
@@ -496,6 +507,27 @@ class TarSamples:
         finally:
             if ahead is not None:
                 ahead.prefetch([])  # the reader stopped: what was fetched ahead is cancelled
+
+    def _repeat_handler(self, refused: list) -> Callable[[Exception], bool]:
+        """What a member repeating a field of its sample is given to: the handler, once (webdataset's
+        ``group_by_keys`` calls it there and goes on within the shard when it returns True).
+
+        A duplicate name does not damage the tar stream, so a repeat let pass costs that member only, and
+        the cursor (where the next sample begins, samples counted) is untouched by it; one not let pass
+        (False, or raised by the handler) is noted in ``refused`` so the reader does not hand it over twice.
+        """
+
+        def on_repeat(exn: Exception) -> bool:
+            try:
+                passes = self.handler(exn)
+            except Exception as raised:
+                refused.append((raised, True))
+                raise
+            if not passes:
+                refused.append((exn, False))
+            return passes
+
+        return on_repeat
 
     def _prefetcher(self) -> Any:
         """The opener, when it fetches the next shards ahead (``prefetch(urls)``) and is asked to."""
@@ -552,7 +584,12 @@ class TarSamples:
         cursor.shard, cursor.url, cursor.compressed, where[0], where[1] = 0, None, False, 0, 0
 
     def _begin_shard(
-        self, source: dict, index: int, cursor: _Cursor, saved: Optional[dict]
+        self,
+        source: dict,
+        index: int,
+        cursor: _Cursor,
+        saved: Optional[dict],
+        on_repeat: Optional[Callable[[Exception], bool]] = None,
     ) -> tuple[Any, Iterator[dict], Optional[int]]:
         """Open one shard (at the saved offset when ``saved``): (stream, its samples, skip-before).
 
@@ -606,6 +643,7 @@ class TarSamples:
             expect_first=expected,
             record=(lambda *member: recorded.append(member)) if recorded is not None else None,
             max_sample=self._max_sample(),
+            on_repeat=on_repeat,
         )
         return stream, samples, None if seekable else offset
 
@@ -700,6 +738,10 @@ class _Lookahead:
             except StopIteration:
                 break
         return list(itertools.islice(self._ahead, n))
+
+
+def _skip_quietly(exn: Exception) -> bool:
+    return True
 
 
 def _urls(items: Sequence[Any]) -> list[str]:
