@@ -166,7 +166,8 @@ class TarWriter(Publishing):
         return self.stream.tell() if self.compression else self.written
 
     def write(self, obj: dict) -> int:
-        """Write one sample; returns the bytes it took in the tar stream."""
+        """Write one sample; returns the bytes of its encoded fields' payload (as webdataset 1.0.2: no headers or
+        padding; :attr:`size` counts what the shard really holds)."""
         if self.closed:
             raise ValueError(f"{self._where()}: write() after close()")
         if "__key__" not in obj:
@@ -208,12 +209,15 @@ class TarWriter(Publishing):
             members.append((f"{key}.{field}", value))
         if not members:
             raise SampleError(f"{self._where()}: sample {key!r} has no fields to write", key=key)
-        total = 0
+        taken = payload = 0
         for name, value in members:
-            total += self.members.add(name, value)
-        self.written += total
+            taken += self.members.add(name, value)
+            payload += value.nbytes if isinstance(value, memoryview) else len(value)
+        self.written += taken
         self.count += 1
-        return total
+        # webdataset 1.0.2 returns the fields' payload bytes, and code that sums this return value to cut its own
+        # shards (lhotse's ShardWriter) relies on that; the bytes the sample took in the stream are in .size
+        return payload
 
     def _where(self) -> str:
         return redact(self.name) if self.name else "TarWriter"
@@ -243,7 +247,8 @@ class ShardWriter(Publishing):
     """Write samples to a numbered series of shards: ``ShardWriter("out-%06d.tar", maxcount=10000)``.
 
     A new shard starts when the current one holds ``maxcount`` samples or
-    ``maxsize`` bytes (real bytes written: headers, padding, after compression).
+    ``maxsize`` bytes (real bytes written: headers, padding, after compression; webdataset 1.0.2 counts
+    only the fields' payload, docs/migrating.md says why this differs).
     ``pattern`` uses ``%06d`` or ``{shard:06d}``.  ``post(fname)`` runs after each
     shard is closed; ``opener(fname)`` opens it (default ``gopen(fname, "wb")``).
     ``shards`` records (name, samples, bytes) of every finished shard.  No empty
@@ -304,17 +309,18 @@ class ShardWriter(Publishing):
         self.count = 0
 
     def write(self, obj: dict) -> int:
-        """Write one sample, starting a new shard when the current one is full."""
+        """Write one sample, starting a new shard when the current one is full (by its own count of the real bytes
+        written, not by the payload bytes this returns, as :meth:`TarWriter.write` does)."""
         if self.closed:
             raise ValueError("ShardWriter.write() after close()")
         if self.tarstream is None or self.count >= self.maxcount or self.tarstream.size >= self.maxsize:
             self.next_stream()
         tarstream = self.tarstream
         assert tarstream is not None  # next_stream() just made one
-        size = tarstream.write(obj)
+        payload = tarstream.write(obj)
         self.count += 1
         self.total += 1
-        return size
+        return payload
 
     def finish(self) -> None:
         """Close the current shard, record it, and run ``post``."""
