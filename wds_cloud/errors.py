@@ -38,10 +38,13 @@ before they are put into a message, so credentials never end up in logs.
 
 from __future__ import annotations
 
+import errno
 import functools
+import os
 import re
 import tarfile
 import urllib.parse
+from typing import Optional
 
 __all__ = [
     "WdsCloudError",
@@ -165,7 +168,7 @@ def redact(url: object) -> str:
         text = _USERINFO.sub(_userinfo, text)
     if "=" in text or "%" in text:
         text = _PARAMETER.sub(_parameter, text)
-    if "-" in text:
+    if " -" in text or "\t-" in text or text.startswith("-"):  # options stand after a space
         text = _HEADER.sub(_named, text)
         text = _OPTION.sub(_named, text)
         text = _USER_OPTION.sub(r"\g<head>***", text)
@@ -185,11 +188,30 @@ class WdsCloudError(Exception):
     so handlers can inspect them without parsing the message.
     """
 
+    #: the ``errno`` an error that is an ``OSError`` carries (``None``: no code fits), as the builtin it stands for
+    #: would; its ``filename`` is the redacted URL.  A raise site may give ``errno=`` or ``filename=`` of its own.
+    os_errno: Optional[int] = None
+
     def __init__(self, message: str = "", *, url: object = None, **context: object) -> None:
         super().__init__(message)
         self.url = redact(url) if url is not None else None
+        if isinstance(self, OSError):
+            # code that catches OSError reads errno and filename (webdataset 1.0.2 raises the builtin
+            # FileNotFoundError(ENOENT, ..., path)); str() stays our message (see __str__)
+            self.errno = self.os_errno
+            self.strerror = os.strerror(self.os_errno) if self.os_errno is not None else None
+            self.filename = self.url
         for key, value in context.items():
+            if key == "filename" and value is not None:
+                value = redact(value)
             setattr(self, key, value)
+
+    def __reduce__(self) -> tuple:
+        """Pickled (a DataLoader worker's error) with its attributes, errno and filename too."""
+        state = dict(self.__dict__, args=self.args)  # args a handler extended (webdataset appends the URL) too
+        if isinstance(self, OSError):
+            state.update(errno=self.errno, strerror=self.strerror, filename=self.filename)
+        return (type(self), self.args[:1], state)
 
     def __str__(self) -> str:  # a builtin OSError would print "[Errno None] ..." otherwise
         return self.args[0] if self.args else ""
@@ -269,18 +291,25 @@ class PluginConflictError(PluginError):
 
 
 class ShardNotFoundError(WdsCloudError, FileNotFoundError):
-    """The shard (file or object) does not exist."""
+    """The shard (file or object) does not exist; ``errno`` is ``ENOENT`` and ``filename`` the redacted URL, as
+    for the builtin ``FileNotFoundError`` webdataset raises."""
+
+    os_errno = errno.ENOENT
 
 
 class SecurityError(WdsCloudError, PermissionError, ValueError):
     """An operation was refused by a security rule; the message says how to allow it.
 
-    Also a ``ValueError``, which is what webdataset raises for its security refusals.
+    Also a ``ValueError``, which is what webdataset raises for its security refusals.  ``errno`` is ``EACCES``.
     """
+
+    os_errno = errno.EACCES
 
 
 class CredentialsError(WdsCloudError, PermissionError):
-    """Credentials are missing or were rejected by the store."""
+    """Credentials are missing or were rejected by the store; ``errno`` is ``EACCES``."""
+
+    os_errno = errno.EACCES
 
 
 class AccessDeniedError(CredentialsError):
@@ -288,7 +317,9 @@ class AccessDeniedError(CredentialsError):
 
 
 class TransferError(WdsCloudError, ConnectionError):
-    """A connection or transfer failed after the attempts allowed."""
+    """A connection or transfer failed after the attempts allowed; ``errno`` is ``EIO`` (input/output error)."""
+
+    os_errno = errno.EIO
 
 
 class PipeError(TransferError):
@@ -296,4 +327,6 @@ class PipeError(TransferError):
 
 
 class ObjectChangedError(TransferError):
-    """The object was replaced while being read; two versions are never spliced."""
+    """The object was replaced while being read; two versions are never spliced.  ``errno`` is ``ESTALE``."""
+
+    os_errno = getattr(errno, "ESTALE", errno.EIO)
