@@ -6,8 +6,10 @@ shards, and resampling (shards drawn with replacement, forever).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
+import numbers
 import os
 import random
 import re
@@ -23,11 +25,22 @@ from . import config, utils
 from .errors import ConfigError, MalformedDataError, redact
 from .io import datafile
 from .io.security import UntrustedURL, resolve, resolve_base
+from .pytorch import IterableDataset
 from .resume.elastic import shard_order
 from .resume.state import check_same, expect
 from .stages import PipelineStage, pipelinefilter
+from .utils import is_iterable, obsolete
 
 __all__ = [
+    "IterableDataset",
+    "is_iterable",
+    "obsolete",
+    "envlookup",
+    "default_rng",
+    "MSSource",
+    "check_pid_is_running",
+    "get_pid_from_filename",
+    "without_last_extension",
     "envsubst",
     "expand_urls",
     "expand_source",
@@ -67,6 +80,15 @@ def envsubst(s: str, settings: Optional[config.Settings] = None) -> str:
         return values.get(name, m.group(0))
 
     return _VAR.sub(replace, s)
+
+
+def envlookup(m: re.Match, settings: Optional[config.Settings] = None) -> str:
+    """The value of ``WDS_<name>`` for a match whose first group is the name (webdataset's helper of
+    :func:`envsubst`); a name that is not set is refused naming the variable."""
+    values = dict((settings or config.current()).template_vars)
+    if m.group(1) not in values:
+        raise ConfigError(f"WDS_{m.group(1)} is not set; set it, or write the URL without ${{{m.group(1)}}}")
+    return values[m.group(1)]
 
 
 #: the most shard URLs one spec read from data may expand to (a brace range is a claim too)
@@ -562,10 +584,22 @@ def resampled_(src: Iterable, n: int = sys.maxsize) -> Iterator:
 resampled = pipelinefilter(resampled_)
 
 
-class MultiShardSample(PipelineStage):
-    """Shards from a YAML/dict description mixing several datasets, each with an optional ``choose`` count."""
+#: the fields of one entry of webdataset's ``datasets:`` list (``perepoch`` is ours)
+_MSS_FIELDS = ("name", "shards", "buckets", "resample", "choose", "perepoch")
 
-    def __init__(self, fname: Any, *, parsed: Any = None) -> None:
+
+class MultiShardSample(_Epochs, PipelineStage):
+    """Shards from webdataset's YAML/dict description mixing several datasets (``datasets:``, each with
+    ``shards``, optional ``buckets``, and at most one of ``resample``/``choose``/``perepoch``).
+
+    Per pass (an epoch), as webdataset 1.0.2: ``resample: N`` draws N of the source's shards with
+    replacement, ``choose: N`` (or our ``perepoch: N``) N different ones, without replacement, and otherwise
+    every shard once; then all the sources' shards are shuffled together. The draws are a function of
+    ``seed`` (default ``WDS_SEED``, else 0) and the epoch, so a state resumes exactly (webdataset draws
+    from an unseeded generator until ``set_epoch``). Iterating it yields ``{"url": ...}`` items.
+    """
+
+    def __init__(self, fname: Any, *, parsed: Any = None, seed: Optional[int] = None) -> None:
         """``fname``: the YAML file's path or URL, or the description's dict; ``parsed``: the file's content
         when the caller has read it already (with :func:`read_spec_file`), so the file is read once."""
         from_file = not isinstance(fname, dict)
@@ -582,16 +616,20 @@ class MultiShardSample(PipelineStage):
         prefix = spec.get("prefix", "")
         for i, ds in enumerate(spec["datasets"]):
             datafile.need(isinstance(ds, dict) and "shards" in ds, shown, f"datasets[{i}]", "needs 'shards'")
-            buckets = ds.get("buckets", prefix)
-            buckets = buckets[0] if isinstance(buckets, list) and buckets else buckets
-            counts = [ds.get("perepoch", -1), ds.get("choose", -1)]
+            unknown = sorted(str(k) for k in ds if k not in _MSS_FIELDS)
             datafile.need(
-                isinstance(buckets, str)
-                and isinstance(ds["shards"], (str, list))
-                and all(type(c) is int for c in counts),
+                not unknown,
                 shown,
                 f"datasets[{i}]",
-                "needs 'shards' (a spec or list), 'buckets' (a string) and whole 'perepoch'/'choose'",
+                f"has unknown field(s) {', '.join(map(repr, unknown[:5]))} (known: {', '.join(_MSS_FIELDS)})",
+            )
+            buckets = ds.get("buckets", prefix)
+            buckets = buckets[0] if isinstance(buckets, list) and buckets else buckets
+            datafile.need(
+                isinstance(buckets, str) and isinstance(ds["shards"], (str, list)),
+                shown,
+                f"datasets[{i}]",
+                "needs 'shards' (a spec or list) and 'buckets' (a string)",
             )
             urls = expand_urls(ds["shards"], MAX_DATA_URLS if from_file else None, where)
             if from_file:  # a spec file is data: its URLs are resolved in one place, untrusted
@@ -599,31 +637,78 @@ class MultiShardSample(PipelineStage):
                 urls = [resolve(u, where, base=folder) for u in urls]
             else:
                 urls = [os.path.join(buckets, u) if buckets else u for u in urls]
-            self.sources.append({"name": ds.get("name", ""), "urls": urls, "perepoch": counts[0], "choose": counts[1]})
-        self.rng = random.Random()
+            counts = {key: _draw_count(ds, key, shown, i, MAX_DATA_URLS if from_file else None) for key in _DRAWS}
+            given = [key for key, n in counts.items() if n > 0]
+            datafile.need(
+                len(given) <= 1,
+                shown,
+                f"datasets[{i}]",
+                f"gives {' and '.join(map(repr, given))}",
+                "give one: 'resample' draws with replacement, 'choose' or 'perepoch' without",
+            )
+            for key in ("choose", "perepoch"):
+                datafile.need(
+                    counts[key] <= len(urls),
+                    shown,
+                    f"datasets[{i}].{key}",
+                    f"is {counts[key]}, more than the {len(urls)} shard(s) of the source (drawn without replacement)",
+                    "give at most that many, or 'resample' to draw with replacement",
+                )
+            self.sources.append({"name": ds.get("name", ""), "urls": urls, **counts})
+        self.urls = [u for source in self.sources for u in source["urls"]]  # (the state's config checks them)
+        self.seed = seed if seed is not None else (config.current().seed or 0)
+        self._start_clock()
 
-    def set_epoch(self, epoch: int) -> None:
-        self.rng = random.Random(epoch)
+    def _config(self) -> dict:
+        cfg = super()._config()
+        cfg["draws"] = [[source[key] for key in _DRAWS] for source in self.sources]
+        return cfg
 
     def get_shards_for_epoch(self) -> list[str]:
-        result = []
+        """The shard URLs of the current epoch (``set_epoch``, or the pass under way), in the order read."""
+        rng = random.Random(utils.make_seed(self.seed, self.epoch, "MultiShardSample"))
+        result: list[str] = []
         for source in self.sources:
             urls = source["urls"]
-            if source["choose"] > 0:
-                result.extend(self.rng.choices(urls, k=source["choose"]))
-            elif source["perepoch"] > 0:
-                result.extend(self.rng.sample(urls, source["perepoch"]))
+            if source["resample"] > 0:
+                result.extend(rng.choices(urls, k=source["resample"]))
+            elif source["choose"] > 0 or source["perepoch"] > 0:
+                result.extend(rng.sample(urls, max(source["choose"], source["perepoch"])))
             else:
                 result.extend(urls)
-        self.rng.shuffle(result)
+        rng.shuffle(result)
         return result
 
     def run(self) -> Iterator[dict]:
-        for url in self.get_shards_for_epoch():
+        self._next_epoch()
+        return self._pass(self.get_shards_for_epoch())
+
+    @staticmethod
+    def _pass(urls: list[str]) -> Iterator[dict]:
+        for url in urls:
             yield {"url": url}
+
+    def __iter__(self) -> Iterator[dict]:
+        return self.run()
 
     def __call__(self, src: Any = None) -> Iterator[dict]:
         return self.run()
+
+
+#: the per-pass draw counts of a ``datasets:`` entry (<= 0 or absent: every shard once)
+_DRAWS = ("resample", "choose", "perepoch")
+
+
+def _draw_count(ds: dict, key: str, shown: str, i: int, limit: Optional[int]) -> int:
+    value = ds.get(key, -1)
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    datafile.need(ok, shown, f"datasets[{i}].{key}", f"must be a whole number of shards, not {value!r}")
+    count = int(value)
+    if limit is not None:
+        datafile.need(
+            count <= limit, shown, f"datasets[{i}].{key}", f"is {count}: a spec file may draw at most {limit} shards"
+        )
+    return count
 
 
 _CLAIM = re.compile(r"^(?P<file>.*)\._(?P<pid>\d+)_$")
@@ -774,3 +859,42 @@ def shardspec(spec: Any) -> PipelineStage:
     if isinstance(spec, str) and re.search(r"\.ya?ml$", spec) and os.path.exists(spec):
         return MultiShardSample(spec)
     return SimpleShardList(spec)
+
+
+# webdataset 1.0.2's other names at this path (its MultiShardSample and DirectoryShardList helpers)
+
+#: a shared random generator (webdataset's module-level one; our shard lists seed their own)
+default_rng = random.Random()
+
+
+@dataclasses.dataclass
+class MSSource:
+    """One source of a multi-shard spec: its ``name``, ``urls``, how many to draw ``perepoch`` (-1: all) and
+    whether to ``resample``."""
+
+    name: str = ""
+    perepoch: int = -1
+    resample: bool = False
+    urls: list = dataclasses.field(default_factory=list)
+
+
+def check_pid_is_running(pid: int) -> bool:
+    """Whether a process with this id exists (signal 0 reaches it)."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def without_last_extension(fname: str) -> str:
+    """``fname`` without its last ``.extension``."""
+    head, dot, tail = fname.rpartition(".")
+    return head if dot and "/" not in tail else fname
+
+
+def get_pid_from_filename(fname: str) -> Optional[int]:
+    """The process id of a file claimed the way webdataset's ``DirectoryShardList`` names it (``name._PID_``),
+    or ``None``."""
+    m = re.fullmatch(r"(.*)\._(\d+)_", fname, flags=re.DOTALL)
+    return int(m.group(2)) if m else None

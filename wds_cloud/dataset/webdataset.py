@@ -289,7 +289,7 @@ class WebDataset(DataPipeline, FluidInterface):
 
     def _url_source(self, urls: Any, mode: Optional[str], shuffle: bool) -> Any:
         if isinstance(urls, dict) or (isinstance(urls, str) and re.search(r"\.ya?ml$", urls)):
-            return shardlists.MultiShardSample(urls, parsed=self.__dict__.get("_parsed_spec"))
+            return shardlists.MultiShardSample(urls, parsed=self.__dict__.get("_parsed_spec"), seed=self.seed)
         if isinstance(urls, str) and urls.endswith("/") and not urls.endswith("://"):
             return shardlists.DirectoryShardList(urls)
         if mode == "resampled":
