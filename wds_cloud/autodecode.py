@@ -31,6 +31,7 @@ from .errors import ConfigError, DecodingError, MissingExtraError, SecurityError
 from .io.security import is_secure
 
 __all__ = [
+    "call_extension_handler",
     "Continue",
     "Decoder",
     "DecodingError",
@@ -107,6 +108,12 @@ def handle_extension(extensions: str, f: Callable[[Any], Any]) -> Callable:
 
     handler.extensions = {t[-1] for t in targets}  # type: ignore[attr-defined]  # read by Decoder planning
     return handler
+
+
+def call_extension_handler(key: str, data: Any, f: Callable[[Any], Any], extensions: list) -> Any:
+    """``f(data)`` if ``key`` ends in one of ``extensions`` (each of one or more dotted parts, matched without
+    case), else ``None``: webdataset's helper behind :func:`handle_extension`."""
+    return handle_extension(" ".join(extensions), f)(key, data)
 
 
 def json_loads(data: Any) -> Any:

@@ -27,6 +27,7 @@ from .io.resilient import StatsSink, TransferStats
 from .io.shardcache import ShardCache
 from .io.urls import is_local, local_path, pipe_cleaner, url_to_cache_name
 from .stages import PipelineStage
+from .utils import obsolete
 
 __all__ = [
     "FileCache",
@@ -37,6 +38,12 @@ __all__ = [
     "pipe_cleaner",
     "LRUCleanup",
     "cached_url_opener",
+    "islocal",
+    "magic_filetype",
+    "obsolete",
+    "default_cache_dir",  # noqa: F822 (read from the settings when asked, see __getattr__)
+    "default_cache_size",  # noqa: F822
+    "verbose_cache",  # noqa: F822
 ]
 
 log = logging.getLogger(__name__)
@@ -363,3 +370,38 @@ def cached_url_opener(
 ) -> Iterator[dict]:
     """Functional form of :class:`FileCache`."""
     return FileCache(cache_dir, handler=handler, **kw).run(data)
+
+
+# webdataset 1.0.2's other names at this path
+
+#: the cache folder when none is given (``WDS_CACHE``), its size bound (``WDS_CACHE_SIZE``, bytes) and whether
+#: caching is logged (``WDS_VERBOSE_CACHE``): webdataset reads them once at import; here they are this process's
+#: settings when asked, as ``FileCache`` uses them
+_SETTINGS = {
+    "default_cache_dir": lambda s: os.path.expanduser(s.cache_dir or "~/.cache/wds_cloud"),
+    "default_cache_size": lambda s: float(s.cache_size) if s.cache_size is not None else 1e18,
+    "verbose_cache": lambda s: int(bool(s.verbose_cache)),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SETTINGS:
+        return _SETTINGS[name](config.current())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def islocal(url: str) -> bool:
+    """Whether ``url`` names a local file (a bare path or ``file:``)."""
+    return is_local(url)
+
+
+def magic_filetype(fname: str) -> str:
+    """What the first bytes of the file ``fname`` say it is, in ``file``'s words: ``"<fname>: gzip compressed
+    data"``, ``"<fname>: POSIX tar archive"`` or ``"<fname>: data"``."""
+    with open(fname, "rb") as f:
+        head = f.read(512)
+    if head[:2] == b"\x1f\x8b":
+        return f"{fname}: gzip compressed data"
+    if head[257:262] == b"ustar":
+        return f"{fname}: POSIX tar archive"
+    return f"{fname}: data"

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from .dataset.fluid import FluidInterface, FluidWrapper
 from .dataset.webdataset import CheckEmpty, MixedDataset, WebDataset, check_empty, from_spec
+from .handlers import reraise_exception
 from .loader.webloader import WebLoader
+from .pipeline import DataPipeline
+from .pytorch import DataLoader
+from .stages import pipelinefilter
+from .tariterators import group_by_keys, tar_file_expander
 
 __all__ = [
     "FluidInterface",
@@ -20,4 +25,11 @@ __all__ = [
     "CheckEmpty",
     "MixedDataset",
     "from_spec",
+    # webdataset 1.0.2's compat imports these, and code imports them from there
+    "DataPipeline",
+    "DataLoader",
+    "pipelinefilter",
+    "reraise_exception",
+    "group_by_keys",
+    "tar_file_expander",
 ]

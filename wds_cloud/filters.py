@@ -27,11 +27,13 @@ from .autodecode import Decoder, refuse_if_unsafe
 from .errors import ConfigError, MissingExtraError, SecurityError
 from .handlers import reraise_exception
 from .io.security import is_secure
+from .pytorch import TorchTensor
 from .resume.arguments import as_count, as_real, as_seed
 from .resume.shuffle import Shuffle
 from .stages import FilterFunction, PipelineStage, RestCurried, compose, pipeline, pipelinefilter
 
 __all__ = [
+    "TorchTensor",
     "FilterFunction",
     "RestCurried",
     "PipelineStage",

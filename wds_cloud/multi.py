@@ -10,13 +10,25 @@ dataset is iterated in this process.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from typing import Any
 
 from .compat import WebLoader
 from .pytorch import HAVE_TORCH
 
-__all__ = ["MultiLoader"]
+__all__ = ["MultiLoader", "EOF", "the_protocol"]
+
+#: the pickle protocol of webdataset's ZMQ messages (kept for code that reads it; our workers send batches
+#: through the DataLoader's own channel)
+the_protocol = pickle.HIGHEST_PROTOCOL
+
+
+class EOF:
+    """webdataset's marker of a finished stream (``EOF(index=i)``): an object with the given attributes."""
+
+    def __init__(self, **kw: Any) -> None:
+        self.__dict__.update(kw)
 
 
 class MultiLoader:

@@ -11,11 +11,12 @@ import importlib.util
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
-__all__ = ["IterableDataset", "DataLoader", "TorchIterableDataset", "HAVE_TORCH"]
+__all__ = ["IterableDataset", "DataLoader", "TorchIterableDataset", "TorchTensor", "HAVE_TORCH"]
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 if HAVE_TORCH:
+    from torch import Tensor as TorchTensor
     from torch.utils.data import DataLoader, IterableDataset
 
     TorchIterableDataset = IterableDataset
@@ -28,6 +29,9 @@ else:
             raise NotImplementedError
 
     TorchIterableDataset = None  # type: ignore[misc,assignment]  # no torch: nothing to subclass
+
+    class TorchTensor:  # type: ignore[no-redef]  # the stand-in when torch is absent: nothing is one
+        """Stand-in for ``torch.Tensor`` when torch is not installed (``isinstance(x, TorchTensor)`` is False)."""
 
     class DataLoader:  # type: ignore[no-redef]  # the stand-in when torch is absent
         """Stand-in for ``torch.utils.data.DataLoader`` without torch: iterates in this process.

@@ -15,9 +15,12 @@ and that pass cannot be resumed exactly (``state_dict()`` says so, naming the fu
 
 from __future__ import annotations
 
+import random
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Optional
+from typing import Any, Optional, Union
+
+import braceexpand
 
 from .handlers import reraise_exception
 from .stages import pipelinefilter
@@ -55,6 +58,8 @@ __all__ = [
     "shard_samples",
     "pipelinefilter",
     "replaced_functions",
+    "trace",
+    "shardlist",
 ]
 
 #: the functions user code replaces in this module, and ours
@@ -152,3 +157,18 @@ def tarfile_to_samples(handler: Callable = reraise_exception, **kw: Any) -> TarS
     """The shard reader stage (``{"url": ...}`` items in, samples out): a resumable :class:`TarSamples`, which
     reads through this module's functions while user code has replaced one of them (see the module's doc)."""
     return _shardreader.tarfile_to_samples(handler=handler, replaced=_replaced_now, **kw)
+
+
+#: webdataset's debugging switch: user code that replaces ``group_by_keys`` (stable-audio-tools' does) reads it
+#: and prints each member when it is true; the library's own reader prints nothing
+trace = False
+
+
+def shardlist(urls: Union[str, Iterable[str]], *, shuffle: bool = False) -> Iterator[dict]:
+    """``{"url": ...}`` items for ``urls`` (a brace pattern or a list), in a random order if ``shuffle``
+    (webdataset's helper)."""
+    listed = list(braceexpand.braceexpand(urls)) if isinstance(urls, str) else list(urls)
+    if shuffle:
+        random.shuffle(listed)
+    for url in listed:
+        yield {"url": url}

@@ -20,8 +20,13 @@ from typing import Any, Optional
 import braceexpand
 
 from . import config
+from .stages import PipelineStage
 
 __all__ = [
+    "PipelineStage",
+    "guess_batchsize",
+    "compute_sample_weights",
+    "lookup_sym",
     "enforce_security",  # noqa: F822 (a property of this module, see _Module)
     "pytorch_worker_info",
     "pytorch_worker_seed",
@@ -235,3 +240,30 @@ def guard_no_torch() -> None:
     """Used in tests: fail when torch was imported although nothing asked for it."""
     if "torch" in sys.modules:
         raise AssertionError("torch was imported")
+
+
+def guess_batchsize(batch: Any) -> int:
+    """The batch size of a collated batch (a tuple or list of columns): the length of its first column."""
+    return len(batch[0])
+
+
+def compute_sample_weights(n_w_pairs: Iterable[tuple]) -> Any:
+    """For ``(count, weight)`` pairs, each source's ``count * weight`` relative to the largest (a numpy array
+    whose largest value is 1), as webdataset computes mixing probabilities."""
+    import numpy as np
+
+    pairs = list(n_w_pairs)
+    weighted = np.array([n for n, _ in pairs]) * np.array([w for _, w in pairs])
+    return weighted / np.amax(weighted)
+
+
+def lookup_sym(sym: str, modules: Iterable[str]) -> Any:
+    """The first non-``None`` attribute ``sym`` of the named modules (``"torch"``, or relative to this package,
+    ``".filters"``), or ``None``."""
+    import importlib
+
+    for name in modules:
+        found = getattr(importlib.import_module(name, package="wds_cloud"), sym, None)
+        if found is not None:
+            return found
+    return None

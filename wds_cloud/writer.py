@@ -12,18 +12,22 @@ under that name.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import IO, Any, Optional, Union
 
 from .codec.encoders import (
     bytestr,
+    cbor_dumps,
     default_handlers,
     encode_based_on_extension,
     encode_based_on_extension1,
     imageencoder,
     make_encoder,
     make_handlers,
+    mp_dumps,
     numpy_dumps,
+    numpy_npz_dumps,
+    tenbin_dumps,
     torch_dumps,
 )
 from .errors import ConfigError, SampleError, redact
@@ -44,9 +48,21 @@ __all__ = [
     "numpy_dumps",
     "torch_dumps",
     "check_key",
+    "add_handlers",
+    "cbor_dumps",
+    "mp_dumps",
+    "numpy_npz_dumps",
+    "tenbin_dumps",
 ]
 
 log = logging.getLogger(__name__)
+
+
+def add_handlers(table: dict, keys: Union[str, Iterable[str]], value: Callable) -> None:
+    """Put ``value`` in ``table`` under each of ``keys`` (a list, or names separated by spaces), as webdataset's
+    ``add_handlers`` does when it builds its handler table."""
+    for key in keys.split() if isinstance(keys, str) else keys:
+        table[key] = value
 
 
 def default_handlers_now() -> dict:
