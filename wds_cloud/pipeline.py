@@ -84,10 +84,6 @@ def stage_name(stage: Any) -> str:
     return type(stage).__name__
 
 
-#: stages that pass every sample on, one for one (the count a reader read is the count its shuffle takes)
-_PASS_THROUGH = frozenset({"CheckEmpty"})
-
-
 class DataPipeline(IterableDataset, PipelineStage):
     """A pipeline of stages; ``DataPipeline(source, stage1, stage2, ...)``."""
 
@@ -501,7 +497,7 @@ class DataPipeline(IterableDataset, PipelineStage):
                     field="done",
                 )
         following = index + 1  # the shuffle the reader feeds, past stages that pass every sample on unchanged
-        while following < len(self.pipeline) and type(self.pipeline[following]).__name__ in _PASS_THROUGH:
+        while following < len(self.pipeline) and getattr(self.pipeline[following], "passes_every_sample", False):
             following += 1
         after = next((st for i, _, st in stages if i == following), None)
         if not (isinstance(after, dict) and is_buffering(self.pipeline[following])) or after.get("fresh"):
