@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import wds_cloud as wds
 from wds_cloud.errors import StateMismatchError
+from wds_cloud.resume.elastic import decode_ranges, encode_buffered
 from wds_cloud.resume.state import seal, url_id
 
 from .test_elastic import assert_exactly_once, rank
@@ -354,7 +355,8 @@ WRONG = ["x", None, 1.5, True, [], {}, [0], "0" * 24]
 
 def _level_paths(level):
     """Paths of the scalar fields of a merged level (and of its lists' first entries)."""
-    out = [[k] for k in ("epoch", "pass", "items", "slots", "read", "started", "owed", "split") if k in level]
+    names = ("epoch", "pass", "items", "slots", "read", "started", "owed", "split", "done", "delivered", "replays")
+    out = [[k] for k in names if k in level]
     out += [["pending", i] for i in range(min(2, len(level["pending"])))]
     out += [["partial", i, j] for i in range(min(2, len(level["partial"]))) for j in range(6)]
     out += [["buffered", i, j] for i in range(min(2, len(level["buffered"]))) for j in range(4)]
@@ -376,7 +378,8 @@ def _get(node, path):
 
 def mutate_merged(state, urls, data):
     """One to three of: a shard copied into another list, an entry doubled, buffered samples of an unstarted
-    shard or past a partial read, a moved offset, a huge number, a value of the wrong type."""
+    shard or past a partial read, a moved offset, a huge number, a value of the wrong type, a shard or buffered
+    samples dropped (the adversary's findings 1, 2, 4), a count (read, items, started, ...) changed."""
     state = copy.deepcopy(state)
     level = state["pipeline"]
     ident = {url_id(u): i for i, u in enumerate(urls)}
@@ -393,20 +396,39 @@ def mutate_merged(state, urls, data):
                     "offset",
                     "huge",
                     "wrong",
+                    "drop-pending",
+                    "drop-partial",
+                    "drop-buffered",
+                    "drop-run",
+                    "count",
                 ]
             ),
             label="kind",
         )
-        pending, partial, buffered = level["pending"], level["partial"], level["buffered"]
-        if kind == "partial>pending" and partial:
+        # the entries an earlier change left well formed (a change builds on those only)
+        pending = [i for i in level["pending"] if type(i) is int and 0 <= i < len(urls)]
+        partial = [e for e in level["partial"] if isinstance(e, list) and len(e) == 6 and type(e[2]) is int]
+        partial = [e for e in partial if isinstance(e[0], str) and isinstance(e[1], str)]
+        buffered = level["buffered"]
+        if kind in ("drop-pending", "drop-partial", "drop-buffered") and level[kind[5:]]:  # left out: samples lost
+            name = kind[5:]
+            level[name].pop(data.draw(st.integers(0, len(level[name]) - 1), label="dropped"))
+        elif kind == "drop-run" and buffered:
+            entry = data.draw(st.sampled_from(buffered))  # one buffered sample of a shard left out
+            flat = entry[3] if isinstance(entry, list) and len(entry) == 4 and isinstance(entry[3], list) else []
+            ranges = decode_ranges(flat) if all(type(v) is int for v in flat) else []
+            if ranges:
+                del ranges[data.draw(st.integers(0, len(ranges) - 1), label="run")]
+                entry[3] = encode_buffered({"u": ["", False, ranges]})[0][3]
+        elif kind == "partial>pending" and partial:
             index = ident.get(data.draw(st.sampled_from(partial))[0])  # an entry an earlier change made huge: none
             if index is not None:
-                pending.append(index)
+                level["pending"].append(index)
         elif kind in ("pending>partial", "pending->partial") and pending:
             index = data.draw(st.sampled_from(pending))
-            partial.append([url_id(urls[index]), os.path.basename(urls[index]), 0, None, False, {}])
+            level["partial"].append([url_id(urls[index]), os.path.basename(urls[index]), 0, None, False, {}])
             if kind == "pending->partial":  # moved, not copied: a partly read shard at its first byte, exact
-                pending.remove(index)
+                level["pending"].remove(index)
         elif kind == "double":
             name = data.draw(st.sampled_from(["pending", "partial", "buffered"]))
             if level[name]:
@@ -416,11 +438,15 @@ def mutate_merged(state, urls, data):
             buffered.append([url_id(urls[index]), "x", False, [data.draw(st.integers(0, 8)), 2]])
         elif kind == "buffer-past" and partial:
             entry = data.draw(st.sampled_from(partial))
-            level["buffered"] = [e for e in buffered if e[0] != entry[0]]
+            level["buffered"] = [e for e in buffered if not (isinstance(e, list) and e and e[0] == entry[0])]
             level["buffered"].append([entry[0], entry[1], False, [entry[2] // 512 + data.draw(st.integers(0, 9)), 2]])
         elif kind == "offset" and partial:
             entry = data.draw(st.sampled_from(partial))
             entry[2] += data.draw(st.sampled_from([-1024, -512, 512, 1024, 512 * 10**9]))
+        elif kind == "count":  # a count of the level moved a little, zeroed or made huge
+            name = data.draw(st.sampled_from(["read", "items", "started", "done", "delivered", "replays"]))
+            if type(level.get(name)) is int:
+                level[name] = data.draw(st.sampled_from([0, 10**6, None, level[name] + 1, level[name] - 1]))
         elif kind in ("huge", "wrong"):
             path = data.draw(st.sampled_from(_level_paths(level)), label="path")
             value = data.draw(st.sampled_from(HUGE if kind == "huge" else WRONG), label="value")
@@ -634,3 +660,116 @@ def test_a_mix_source_done_mid_pass_is_refused(shards):
         q.load_state_dict(state)
         next(iter(q))
     assert info.value.field == "done", str(info.value)
+
+
+# a merged state's counts add up (issue 41, adversary's findings 1, 2 and 4) ---------------------------------------
+def _count(name, value):
+    return lambda s: s["pipeline"].__setitem__(name, value)
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda s: s["pipeline"]["pending"].pop(), "pending"),  # 1: an unstarted shard dropped (its samples lost)
+        (lambda s: s["pipeline"]["partial"].pop(), "pending"),  # 2: a partly read shard dropped
+        (lambda s: s["pipeline"]["buffered"].pop(0), "read"),  # 4: the buffered samples of one shard dropped
+        (_count("read", 0), "read"),
+        (_count("read", 10**6), "read"),
+        (_count("read", None), "read"),
+        (_count("started", 10**6), "started"),
+        (_count("started", None), "started"),
+        (_count("done", 0), "pending"),
+        (_count("done", 10**6), "done"),
+        (_count("delivered", 0), "read"),
+        (_count("replays", 1), "read"),
+        (_count("replays", 10**6), "buffered"),
+    ],
+    ids=[
+        "pending-dropped",
+        "partial-dropped",
+        "buffered-dropped",
+        "read-0",
+        "read-huge",
+        "read-none",
+        "started-huge",
+        "started-none",
+        "done-0",
+        "done-huge",
+        "delivered-0",
+        "replays-1",
+        "replays-huge",
+    ],
+)
+def test_a_merged_state_whose_counts_do_not_add_up_is_refused(shards, merged_2x1, change, field):
+    """Every shard of the epoch is done, partly read or unstarted, and every sample read was delivered or is
+    buffered: a shard or buffered samples dropped (and re-sealed), or a count changed, is refused naming the field,
+    never read with samples lost."""
+    _, merged = merged_2x1
+    ds = dataset(shards)
+    with pytest.raises(StateMismatchError) as info:
+        ds.load_state_dict(resealed(merged, change))
+        next(iter(ds))
+    assert info.value.field == field, str(info.value)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: m["pipeline"]["pending"].pop(),
+        lambda m: m["pipeline"]["partial"].pop(),
+        lambda m: m["pipeline"]["buffered"].pop(0),
+        _count("started", None),
+    ],
+    ids=["pending-dropped", "partial-dropped", "buffered-dropped", "started-none"],
+)
+def test_a_forged_merged_loader_state_is_refused_by_a_plain_dataset(shards, change):
+    """The adversary's case as they ran it: a WebLoader (2 workers) state merged, changed, sealed again and loaded
+    into a plain dataset: refused, not 7, 6 or 2 samples lost."""
+    ld = loader(shards, 2, bufsize=5)
+    it = iter(ld)
+    for _ in range(10):
+        next(it)
+    merged = json.loads(json.dumps(wds.merge_states([ld.state_dict()])))
+    del it
+    ds = dataset(shards, bufsize=5)
+    with pytest.raises(StateMismatchError):
+        ds.load_state_dict(resealed(merged, change))
+        next(iter(ds))
+
+
+def test_a_state_merged_without_its_counts_is_refused_with_the_fix(shards, merged_2x1):
+    """A state merged by the previous release (no 'done', 'delivered', 'replays') cannot be checked: refused,
+    saying to take and merge a new state."""
+    _, merged = merged_2x1
+
+    def old(state):
+        for name in ("done", "delivered", "replays"):
+            state["pipeline"].pop(name)
+
+    ds = dataset(shards)
+    with pytest.raises(StateMismatchError, match="merge it with this version") as info:
+        ds.load_state_dict(resealed(merged, old))
+    assert info.value.field == "done"
+
+
+def test_merged_again_after_an_elastic_resume_the_counts_still_add_up(shards, merged_2x1):
+    """Resumed on 3 ranks, stopped, merged again: 'done' carries the shards done before the shares, so the counts
+    add up, the state resumes exactly on 1 rank, and a shard dropped from it is still refused."""
+    before, merged = merged_2x1
+    states = []
+    for r in range(3):
+        with rank(r, 3):
+            ds = dataset(shards)
+            ds.load_state_dict(copy.deepcopy(merged))
+            it = iter(ds)
+            before += [next(it)["__key__"] for _ in range(4 + r)]
+            states.append(ds.state_dict())
+    again = json.loads(json.dumps(wds.merge_states(states)))
+    level = again["pipeline"]
+    assert level["done"] > merged["pipeline"]["done"]
+    assert level["done"] + len(level["partial"]) + len(level["pending"]) == len(SIZES)
+    after = finish_datasets(lambda: dataset(shards), 1, again)
+    assert_exactly_once(before, after, EVERYTHING)
+    assert level["partial"]
+    with pytest.raises(StateMismatchError):
+        finish_datasets(lambda: dataset(shards), 2, resealed(again, lambda s: s["pipeline"]["partial"].pop()))

@@ -565,6 +565,13 @@ class DataPipeline(IterableDataset, PipelineStage):
         if level.get("fresh"):
             return
         self._check_pass(level["pass"], "pass")
+        if self.repetitions != 1 and self.nsamples > 0 and level["items"] > level["slots"] * self.nsamples:
+            raise StateMismatchError(
+                f"the merged state says its {level['slots']} ranks x workers yielded {level['items']} items in "
+                f"this pass, more than with_epoch({self.nsamples}) lets each: the state was changed; load the "
+                "state that merge_states() returned",
+                field="items",
+            )
         here = [[i, kind] for i, kind, _ in self._stateful()]
         if level["kinds"] != here:
             check_same(
@@ -597,6 +604,7 @@ class DataPipeline(IterableDataset, PipelineStage):
             laps = level.get("owed") is not None and equal_work != "min"
             consistency.check_work(level, urls, repeats=repeats, laps=repeats or laps)
             consistency.check_owed(level, equal_work, self.shard_counts(), len(urls))
+            consistency.check_counts(level, repeats)
 
     def _share_list(self) -> Any:
         """The shard list a merged state's shards are shared out from (refused when this pipeline has none)."""

@@ -8,7 +8,9 @@ we write to what a real pass can leave (issue 41), before any sample is read:
   once (unless shards are drawn with replacement);
 - buffered samples are only of shards already started, and of the shard being read only before where it
   stands; a sample is buffered at most once;
-- counts owed under ``equal_work`` are no more than the epoch holds.
+- counts owed under ``equal_work`` are no more than the epoch holds;
+- a merged level's counts add up: done + partly read + unstarted shards == the epoch's shards, and the samples
+  read == those delivered + those held in shuffle buffers (the buffered ones less the replays not yet read).
 
 Where a pass reads a shard more than once (``resampled=True``; ``equal_work`` shares that go over their shards
 again) "started" cannot be told from "done", so only what still holds there is checked.
@@ -23,7 +25,7 @@ from ..errors import StateMismatchError
 from .elastic import REPLAY_REF, decode_buffered, decode_ranges
 from .state import shown_url, url_id
 
-__all__ = ["check_work", "check_owed", "check_buffer", "slot_items"]
+__all__ = ["check_work", "check_owed", "check_counts", "check_buffer", "slot_items"]
 
 _CHANGED = "the state was changed (or comes from another dataset); load the state that state_dict() returned"
 
@@ -91,6 +93,43 @@ def check_work(
 def _end(flat: list) -> int:
     ranges = decode_ranges(flat)
     return max((first + blocks for first, blocks in ranges), default=0)
+
+
+def check_counts(level: dict, repeats: bool) -> None:
+    """Refuse a merged level (its fields' shapes checked by ``check_merged``) whose counts do not add up: every shard
+    of the epoch is done, partly read or unstarted (``done + len(partial) + len(pending) == shards``); the shards
+    begun since the last merge are among those done or partly read (``started``); and every sample read since then
+    was delivered or is buffered (``read == delivered + held``, the buffered samples being the held ones plus the
+    ``replays`` not yet read).
+    ``repeats``: shards are drawn with replacement (no shard is ever done for good)."""
+    changed = "the state was changed; load the state that merge_states() returned"
+    n_shards = level["shards"]["shards"]
+    done, partial, pending = level["done"], len(level["partial"]), len(level["pending"])
+    if not repeats:  # shards drawn with replacement: no shard is ever done for good
+        if done + partial + pending != n_shards:
+            field = "done" if done + partial + pending > n_shards else "pending"
+            raise StateMismatchError(
+                f"the merged state accounts for {done + partial + pending} shards of the epoch's {n_shards} "
+                f"({done} done + {partial} partly read ('partial') + {pending} unstarted ('pending')); each "
+                f"shard is exactly one of them: {changed}",
+                field=field,
+            )
+        if level["started"] > done + partial:
+            raise StateMismatchError(
+                f"the merged state says {level['started']} shards were started, more than the {done} done and "
+                f"{partial} partly read: {changed}",
+                field="started",
+            )
+    buffered = sum(len(entry[3]) // 2 for entry in level["buffered"])
+    replays, read, delivered = level["replays"], level["read"], level["delivered"]
+    held = buffered - replays
+    if held < 0 or held + delivered != read:
+        raise StateMismatchError(
+            f"the merged state's samples do not add up: 'read' {read} must equal 'delivered' {delivered} plus the "
+            f"{max(held, 0)} held in shuffle buffers ({buffered} 'buffered' less {replays} 'replays' not yet "
+            f"read): {changed}",
+            field="buffered" if held < 0 else "read",
+        )
 
 
 def check_owed(level: dict, equal_work: Any, counts: Optional[dict], n_shards: int) -> None:

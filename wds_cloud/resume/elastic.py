@@ -165,7 +165,20 @@ _FIELDS = {
     "loader": {"pass", "items", "ranks"},
     "fresh": {"fresh", "epoch"},
     "level": {"kinds", "configs", "epoch", "pass", "items", "slots"},
-    "shards": {"split", "shards", "pending", "partial", "buffered", "read", "started", "owed", "outer"},
+    "shards": {
+        "split",
+        "shards",
+        "pending",
+        "partial",
+        "buffered",
+        "read",
+        "started",
+        "owed",
+        "outer",
+        "done",
+        "delivered",
+        "replays",
+    },
     "mix": {"names", "pass", "count", "taken", "sources", "quota"},
     "streams": {"count", "states"},
 }
@@ -295,9 +308,9 @@ def _check_level(level: Any, depth: int, epoch: int, world_size: int, workers: i
         read=(int, lambda n: n >= 0),
         owed=(int, lambda n: n >= 0, True),
         outer=(int, lambda n: n >= 0, True),
-        started=(int, lambda n: n >= 0, True),
         split=(str, lambda v: v in KNOWN_SPLITS),
     )
+    _check_conservation_fields(level)
     split = level["split"]
     if ("nodes" not in split and world_size > 1) or ("workers" not in split and workers > 1):
         raise StateMismatchError(
@@ -329,6 +342,30 @@ def _check_level(level: Any, depth: int, epoch: int, world_size: int, workers: i
     repeats = level["shards"].get("kind") == "ResampledShards"
     for entry in level["buffered"]:
         _check_buffered(entry, repeats)
+
+
+#: the fields that make a merged level's work checkable (issue 41); a state merged without them is refused
+_CONSERVATION = ("done", "delivered", "replays", "started")
+
+
+def _check_conservation_fields(level: dict) -> None:
+    missing = [name for name in _CONSERVATION if name not in level]
+    if missing:
+        raise StateMismatchError(
+            f"the merged state has no {missing[0]!r}: it was merged by an earlier wds_cloud, whose merged states "
+            "cannot be checked to hold every sample not yet delivered; take a new state_dict() of every rank "
+            "(resume from the per-rank states, or from the checkpoint they were merged from) and merge it with "
+            "this version",
+            field=missing[0],
+        )
+    for name in _CONSERVATION:
+        value = level[name]
+        if type(value) is not int or not 0 <= value < MAX_OFFSET:
+            raise StateMismatchError(
+                f"the merged state's {name!r} is {shown(value)}, not a count merge_states() gives: the state was "
+                "changed; load the state that merge_states() returned",
+                field=name,
+            )
 
 
 def _check_partial(entry: Any) -> None:
@@ -404,6 +441,7 @@ def check_share(record: Any, n_shards: int, repeats: bool = False) -> None:
         pending=(list, lambda v: len(v) <= n_shards),
         limit=(int, lambda n: n >= 0, True),
         items=(list, None, True),
+        done=(int, lambda n: 0 <= n <= n_shards, True),
     )
     if len(set(map(repr, record["pending"]))) != len(record["pending"]) or not all(
         type(i) is int and 0 <= i < n_shards for i in record["pending"]
@@ -533,6 +571,7 @@ def share(level: dict, slot: int, slots: int, counts: Optional[dict] = None, lim
         "partial": [item for _, item in sorted(partial, key=lambda p: p[0])],
         "pending": sorted((item for _, item in pending), key=pos.__getitem__),
         "limit": limit,
+        "done": level.get("done", 0),  # the shards done before the shares: a later merge_states adds them up
     }
 
 

@@ -289,6 +289,9 @@ class _Level:
         self.items = 0
         self.started = 0  # shards begun (to estimate the samples of a shard)
         self.held = 0  # samples read but held in shuffle buffers (delivered later)
+        self.done = 0  # shards of the epoch read to their end (or left by a limit) in this generation
+        self.replays = 0  # buffered samples of an earlier elastic resume's shares not yet replayed
+        self.carried: set = set()  # shards done before the shares of an earlier elastic resume (each share says)
         self.limits: set = set()
 
 
@@ -395,6 +398,11 @@ def _merge_level(entries: list, world_size: int, workers: int, epoch: int) -> di
         "buffered": encode_buffered(level.buffered, resampled),
         "read": level.read,
         "started": level.started,
+        # conservation (issue 41): done + partial + pending == shards; read == delivered + held, where the
+        # buffered samples are the held ones plus the replays not yet read (see elastic._check_conservation)
+        "done": _carried(level) + level.done,
+        "delivered": level.read - level.held,
+        "replays": level.replays,
     }
     if len(level.limits) > 1:
         raise StateMismatchError(
@@ -406,6 +414,17 @@ def _merge_level(entries: list, world_size: int, workers: int, epoch: int) -> di
         limit = level.limits.pop()
         out["owed"] = max(0, limit * len(entries) - level.read + level.held)
     return out
+
+
+def _carried(level: _Level) -> int:
+    """The shards done before the shares the slots read (every share of one elastic resume says the same)."""
+    if len(level.carried) > 1:
+        raise StateMismatchError(
+            f"the workers' elastic shares say {sorted(level.carried)[:8]} shards were done before them: the "
+            "states were changed or come from different resumes; merge the states of one job, taken at one step",
+            field="done",
+        )
+    return level.carried.pop() if level.carried else 0
 
 
 def _configs(state: dict, kinds: list) -> dict:
@@ -506,6 +525,14 @@ def _merge_slot(
     assigned = listed.get("assigned") if isinstance(listed, dict) else None
     replays: list = []
     if isinstance(assigned, dict):  # a share of an earlier elastic resume: its items, not the split
+        if type(assigned.get("done")) is not int or assigned["done"] < 0:
+            raise StateMismatchError(
+                f"rank {rank} worker {worker} reads a share of an elastic resume made by an earlier wds_cloud "
+                "(it does not say how many shards were done before it), so the shards of the epoch cannot be "
+                "accounted for: resume it on the same shape, or let the epoch end before merging",
+                field="done",
+            )
+        level.carried.add(assigned["done"])
         items = [("p", entry) for entry in assigned.get("partial") or ()]
         items += [("i", index) for index in assigned.get("pending") or ()]
         replays = decode_buffered(assigned.get("replay") or [])
@@ -522,7 +549,8 @@ def _merge_slot(
     elif reader.get("done"):
         left_items, left_replays = [], []
         level.read += as_count(reader.get("samples"))
-        level.started += len(items) if items else as_count(reader.get("shard")) + 1
+        level.started += as_count(reader.get("shard")) + 1 if resampled else len(items)
+        level.done += len(items)
     else:
         level.read += as_count(reader.get("samples"))
         done_replays = min(as_count(reader.get("replayed")), len(replays))
@@ -551,6 +579,7 @@ def _merge_slot(
             level.partial.append(entry)
             left_items = items[k + 1 :]
             level.started += k + 1
+            level.done += min(k, len(items))
         if type(reader.get("limit")) is int:
             level.limits.add(reader["limit"])
     for kind, item in left_items:
@@ -564,6 +593,7 @@ def _merge_slot(
                     field="pending",
                 )
             level.pending[item] = position.get(item, item)
+    level.replays += len(left_replays)
     for url_id, text, compressed, first, blocks in left_replays:
         level.buffered.setdefault(url_id, [text, compressed, []])[2].append((first, blocks))
     for shuffle in shuffles:
@@ -706,6 +736,7 @@ def _merge_mix(
                 merged.setdefault(url_id, [text, compressed, []])[2].extend(ranges)
             level["buffered"] = encode_buffered(merged, level["shards"].get("kind") == "ResampledShards")
             level["outer"] = sum(len(v[2]) for v in extra.values())
+            level["delivered"] -= level["outer"]  # held after the mix: not delivered yet
         sources.append(level)
     out = {"names": names, "pass": mix_pass, "count": count, "taken": taken, "sources": sources}
     if quotas:
