@@ -311,3 +311,18 @@ def test_an_mmc4_image_name_in_another_spelling_stays_in_its_folder(tmp_path):
     for name in ("%2e%2e/secret.jpg", "..%2fsecret.jpg", "..\\secret.jpg", "a%00.jpg"):
         with pytest.raises(SecurityError, match="image_name"):
             confined(str(tmp_path / "images"), name, "docs.jsonl line 1", "image_info[].image_name")
+
+
+def test_a_data_file_named_without_a_folder_confines_its_names_to_the_working_folder(tmp_path, monkeypatch):
+    """A description or shard list given as a bare name (``d.json``) is in ./: its names may not climb out of it
+    either, in any spelling (they were not checked at all)."""
+    from wds_cloud.io.security import resolve
+
+    monkeypatch.chdir(tmp_path)
+    assert resolve("a.tar", "d.json") == "a.tar" and resolve("sub/a.tar", "list.json") == "sub/a.tar"
+    for name in ("../x.tar", "%2e%2e/x.tar", "..%2fx.tar", "sub/../../x.tar"):
+        with pytest.raises(SecurityError, match="d.json"):
+            resolve(name, "d.json")
+    (tmp_path / "list.json").write_text(json.dumps(["%2e%2e/private/secret.tar"]))
+    with pytest.raises(SecurityError, match="list.json"):
+        list(wds.WebDataset("list.json", shardshuffle=False))

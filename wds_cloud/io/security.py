@@ -202,7 +202,11 @@ def _absolute(url: str) -> bool:
 
 
 def _dir_of(url: str) -> str:
-    return url.rsplit("/", 1)[0] + "/" if "/" in url else ""
+    """The folder of the file at ``url``; a local file named without one (``d.json``) is in ``./``, so its names
+    are confined there too.  ``""``: no file (a dict the program gave)."""
+    if "/" in url:
+        return url.rsplit("/", 1)[0] + "/"
+    return "./" if url and is_local(url) else ""
 
 
 def resolve(
