@@ -198,9 +198,10 @@ class WdsCloudError(Exception):
         if isinstance(self, OSError):
             # code that catches OSError reads errno and filename (webdataset 1.0.2 raises the builtin
             # FileNotFoundError(ENOENT, ..., path)); str() stays our message (see __str__)
-            self.errno = self.os_errno
-            self.strerror = os.strerror(self.os_errno) if self.os_errno is not None else None
-            self.filename = self.url
+            # set through setattr: these are OSError's attributes, which this base (not itself an OSError) lacks
+            setattr(self, "errno", self.os_errno)  # noqa: B010
+            setattr(self, "strerror", os.strerror(self.os_errno) if self.os_errno is not None else None)  # noqa: B010
+            setattr(self, "filename", self.url)  # noqa: B010
         for key, value in context.items():
             if key == "filename" and value is not None:
                 value = redact(value)
@@ -210,7 +211,7 @@ class WdsCloudError(Exception):
         """Pickled (a DataLoader worker's error) with its attributes, errno and filename too."""
         state = dict(self.__dict__, args=self.args)  # args a handler extended (webdataset appends the URL) too
         if isinstance(self, OSError):
-            state.update(errno=self.errno, strerror=self.strerror, filename=self.filename)
+            state.update({k: getattr(self, k) for k in ("errno", "strerror", "filename")})
         return (type(self), self.args[:1], state)
 
     def __str__(self) -> str:  # a builtin OSError would print "[Errno None] ..." otherwise
