@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -63,6 +65,14 @@ def waits_on_shard_3(sample):
     if sample["__key__"].startswith("s03_"):
         pathlib.Path(os.environ["MAP_TEST_MARKER"]).touch()
         until(lambda: os.path.exists(os.environ["MAP_TEST_GO"]), "the go file")
+    return shout(sample)
+
+
+def holds_shard_1(sample):
+    """Shard 1 says it started (the file MAP_HOLD_STARTED) and waits until the file MAP_HOLD_GO exists."""
+    if sample["__key__"].startswith("s01_"):
+        pathlib.Path(os.environ["MAP_HOLD_STARTED"]).touch()
+        until(lambda: os.path.exists(os.environ["MAP_HOLD_GO"]), "the go file")
     return shout(sample)
 
 
@@ -166,7 +176,7 @@ def test_a_rerun_after_an_interruption_skips_finished_shards(shards, tmp_path, c
         map_shards(fails_when_marked, shards, dest, client=cluster, maxcount=3)
 
 
-def test_a_client_killed_mid_job_leaves_a_job_its_rerun_completes(shards, tmp_path, cluster):
+def test_a_client_killed_mid_job_leaves_a_job_its_rerun_completes(shards, tmp_path, cluster, caplog):
     """The process running map_shards dies (SIGKILL) after workers published outputs that its record may not
     list yet, while a task still runs: the rerun neither refuses those outputs as strangers nor duplicates a
     sample, and leaves nothing partial."""
@@ -194,11 +204,119 @@ def test_a_client_killed_mid_job_leaves_a_job_its_rerun_completes(shards, tmp_pa
         job.wait()
     go.touch()  # the orphaned task goes on: its output is published with no client to record it
     until(lambda: (out / "part-003.tar").exists(), "the orphaned task's output")
-    again = map_shards(waits_on_shard_3, shards, dest, client=cluster)
+    with caplog.at_level(logging.WARNING, logger="wds_cloud"):
+        again = map_shards(waits_on_shard_3, shards, dest, client=cluster)
+    # the killed job's claim is recognised as stale and taken over, with a line in the log
+    assert any(f"pid {job.pid}" in r.getMessage() and "stale" in r.getMessage() for r in caplog.records)
     assert not again["failures"] and again["done"] + again["skipped"] == len(SIZES)
     assert written(dest, len(SIZES)) == expected(shards, shout)
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
     assert map_shards(waits_on_shard_3, shards, dest, client=cluster)["skipped"] == len(SIZES)
+
+
+def test_a_second_job_into_a_running_jobs_destination_is_refused(shards, tmp_path, cluster):
+    """While a job runs (a task of it is running), another job into its destination, with another function
+    or the same one, is refused naming the first; the first finishes untouched and reports exactly its
+    outputs."""
+    started, go = tmp_path / "hold-started", tmp_path / "hold-go"
+    for name, value in (("MAP_HOLD_STARTED", str(started)), ("MAP_HOLD_GO", str(go))):
+        cluster.run(setenv, name, value)
+    dest = str(tmp_path / "out" / "part-%03d.tar")
+    box = {}
+
+    def first():
+        box["summary"] = map_shards(holds_shard_1, shards, dest, client=cluster)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        until(started.exists, "the first job's task")
+        for fn in (shout, holds_shard_1):
+            with pytest.raises(ConfigError, match="another job is writing here") as caught:
+                map_shards(fn, shards, dest, client=cluster)
+            assert f"pid {os.getpid()}" in str(caught.value) and "tests.test_dask:holds_shard_1" in str(caught.value)
+    finally:
+        go.touch()
+        thread.join()
+    assert box["summary"]["done"] == len(SIZES) and not box["summary"]["failures"]
+    assert written(dest, len(SIZES)) == expected(shards, shout)
+    assert not (tmp_path / "out" / "part-N.tar.wds-job.lock").exists()  # given back at the end
+
+
+def test_a_job_started_while_another_starts_its_cluster_is_refused(shards, tmp_path, cluster):
+    """The first job (another process) claims the destination before its own cluster starts: a second job
+    with another function, started meanwhile, is refused naming it (they used to both run and both
+    report success)."""
+    started, go = tmp_path / "hold-started", tmp_path / "hold-go"
+    dest = str(tmp_path / "out" / "part-%03d.tar")
+    claim = tmp_path / "out" / "part-N.tar.wds-job.lock"
+    code = (
+        "from wds_cloud.dask import map_shards\nfrom tests.test_dask import holds_shard_1\n"
+        f"s = map_shards(holds_shard_1, {shards!r}, {dest!r}, workers=1)\n"
+        "assert s['done'] == 5 and not s['failures'], s\n"
+    )
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root), MAP_HOLD_STARTED=str(started), MAP_HOLD_GO=str(go))
+    job = subprocess.Popen([sys.executable, "-c", code], cwd=root, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        until(claim.exists, "the first job's claim")
+        with pytest.raises(ConfigError, match=f"pid {job.pid}") as caught:
+            map_shards(shout, shards, dest, client=cluster)
+        assert "tests.test_dask:holds_shard_1" in str(caught.value)
+    finally:
+        go.touch()
+        _, err = job.communicate(timeout=300)
+    assert job.returncode == 0, err[-3000:]
+    assert written(dest, len(SIZES)) == expected(shards, shout) and not claim.exists()
+
+
+def test_a_rerun_redoes_missing_outputs_even_after_a_failed_attempt(shards, tmp_path, cluster):
+    """An output removed after the job finished is written again by the rerun; a rerun whose redo fails leaves
+    a record the next rerun loads (that input no longer listed as done), which completes the job."""
+    dest = str(tmp_path / "out" / "part-%03d.tar")
+    marker = tmp_path / "interrupt-redo"
+    cluster.run(setenv, "MAP_TEST_MARKER", str(marker))
+    assert map_shards(fails_when_marked, shards, dest, client=cluster)["done"] == len(SIZES)
+    (tmp_path / "out" / "part-002.tar").unlink()
+    marker.write_text("x")
+    failed = map_shards(fails_when_marked, shards, dest, client=cluster, retries=0)
+    assert failed["skipped"] == len(SIZES) - 1 and len(failed["failures"]) == 1
+    marker.unlink()
+    again = map_shards(fails_when_marked, shards, dest, client=cluster)
+    assert again["skipped"] == len(SIZES) - 1 and again["done"] == 1 and not again["failures"]
+    assert written(dest, len(SIZES)) == expected(shards, shout)
+
+
+@pytest.mark.parametrize(
+    "argument, value",
+    [
+        ("maxcount", True),
+        ("maxcount", 0),
+        ("maxcount", 2.5),
+        ("maxsize", float("nan")),
+        ("maxsize", float("inf")),
+        ("maxsize", -1),
+        ("retries", -1),
+        ("retries", 1.5),
+        ("workers", 0),
+    ],
+)
+def test_bad_counts_are_refused_naming_the_argument(shards, tmp_path, argument, value):
+    """Before any claim, record or cluster."""
+    with pytest.raises(ConfigError, match=argument):
+        map_shards(shout, shards, str(tmp_path / "out" / "o-%03d.tar"), **{argument: value})
+    assert not list((tmp_path / "out").iterdir())
+
+
+def test_numpy_counts_are_accepted_and_recorded_as_numbers(shards, tmp_path, cluster):
+    """numpy integers (as from a config computed with numpy) work and the record stays JSON."""
+    import numpy as np
+
+    dest = str(tmp_path / "out" / "o-%03d.tar")
+    summary = map_shards(shout, shards[:1], dest, client=cluster, maxcount=np.int64(2), retries=np.int32(1))
+    assert summary["done"] == 1 and not summary["failures"]
+    record = json.loads((tmp_path / "out" / "o-N.tar.wds-job.json").read_text())
+    assert record["settings"]["maxcount"] == 2
 
 
 def test_a_sample_that_raises_goes_to_the_handler(shards, tmp_path, cluster):

@@ -138,42 +138,59 @@ def test_a_mutated_spec_loads_or_fails_with_our_error(corpus, data):
 @fuzz
 @given(data=st.data())
 def test_a_mutated_job_record_is_refused_with_our_error(tmp_path_factory, data):
+    """A record of reshard, mutated: refused by our error, or every output it keeps listing is one of the
+    destination's names with a size and a SHA-256."""
     root = tmp_path_factory.mktemp("job")
+    dest = str(root / "o-%03d.tar")
     record = {
         "format": "wds_cloud.job",
         "version": 1,
         "tool": "reshard",
         "inputs": ["in.tar"],
         "settings": {"maxcount": 2},
-        "outputs": {str(root / "o-000.tar"): {"size": 10, "sha256": "ab"}},
+        "outputs": {dest % 0: {"size": 10, "sha256": "ab" * 32}, dest % 1: {"size": 0, "sha256": "0" * 64}},
     }
     (root / "o-N.tar.wds-job.json").write_text(json.dumps(mutate(record, data)))
-    ours_or_result(lambda: JobRecord(str(root / "o-%03d.tar"), "reshard", ["in.tar"], {"maxcount": 2}))
+
+    def load():
+        with JobRecord(dest, "reshard", ["in.tar"], {"maxcount": 2}) as job:
+            for name, entry in job.outputs.items():
+                assert name in (dest % 0, dest % 1) and set(entry) == {"size", "sha256"}
+        return job
+
+    ours_or_result(load)
 
 
 @fuzz
 @given(data=st.data())
 def test_a_mutated_map_job_record_is_refused_or_well_formed(tmp_path_factory, data):
     """wds_cloud.dask's record adds "done" (finished input -> its outputs): accepted only when every entry is
-    an input number mapping to outputs the record lists."""
+    an input of the job mapping to that input's own outputs, in order, and the outputs are exactly those."""
+    from wds_cloud.io.jobrecord import output_names
+
     root = tmp_path_factory.mktemp("map")
-    out = str(root / "o-000.tar")
+    dest = str(root / "o-%03d.tar")
+    inputs = ["in0.tar", "in1.tar", "in2.tar"]
     settings = {"function": "m:f", "per": "sample", "maxcount": None, "maxsize": None}
+    parts = output_names(dest, 1, 2)
     record = {
         "format": "wds_cloud.job",
         "version": 1,
         "tool": "map",
-        "inputs": ["in.tar"],
+        "inputs": inputs,
         "settings": settings,
-        "outputs": {out: {"size": 10, "sha256": "ab"}},
-        "done": {"0": [out]},
+        "outputs": {name: {"size": 10, "sha256": "ab" * 32} for name in [dest % 0, *parts]},
+        "done": {"0": [dest % 0], "1": parts},
     }
     (root / "o-N.tar.wds-job.json").write_text(json.dumps(mutate(record, data)))
 
     def load():
-        job = JobRecord(str(root / "o-%03d.tar"), "map", ["in.tar"], settings)
-        for key, names in job.extra.get("done", {}).items():
-            assert key.isdigit() and all(name in job.outputs for name in names)
+        with JobRecord(dest, "map", inputs, settings) as job:
+            done = job.extra.get("done", {})
+            for key, names in done.items():
+                assert key.isdigit() and int(key) < len(inputs) and str(int(key)) == key
+                assert names == output_names(dest, int(key), len(names))
+            assert sorted(job.outputs) == sorted(name for names in done.values() for name in names)
         return job
 
     ours_or_result(load)

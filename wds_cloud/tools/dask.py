@@ -32,6 +32,8 @@ import functools
 import importlib
 import ipaddress
 import logging
+import math
+import numbers
 import os
 import re
 import time
@@ -41,6 +43,7 @@ from typing import IO, Any, Optional, Union, cast
 
 from ..errors import ConfigError, MissingExtraError, holds_credential, redact
 from ..handlers import reraise_exception
+from ..io.jobrecord import output_names
 
 __all__ = [
     "map_shards",
@@ -195,18 +198,6 @@ def load_function(spec: str) -> Callable:
     if not callable(fn):
         raise ConfigError(f"{spec!r} is not callable")
     return fn
-
-
-def output_names(destination: str, index: int, parts: int) -> list[str]:
-    """The names of the ``parts`` outputs of input ``index`` (see the module docstring)."""
-    first = destination % index
-    root, dot, ext = first.rpartition(".")
-    if not dot or "/" in ext:
-        root, ext = first, ""
-    out = [first]
-    for part in range(1, parts):
-        out.append(f"{root}-{part:03d}.{ext}" if ext else f"{root}-{part:03d}")
-    return out
 
 
 def _samples_out(result: Any) -> Iterable[dict]:
@@ -379,6 +370,20 @@ def sweep_partials(destination: str, indexes: Iterable[int]) -> None:
                     pass
 
 
+def _number(name: str, value: Any, least: int, *, whole: bool) -> Any:
+    """``value`` (None, or a number of any type: numpy's too) as a plain int or float at least ``least``, or
+    ConfigError naming the argument (a bool, NaN, infinity or a fraction where a count goes are refused)."""
+    if value is None and name != "retries":
+        return None
+    ok = isinstance(value, numbers.Integral) if whole else isinstance(value, numbers.Real)
+    if ok and not isinstance(value, bool):
+        plain = int(value) if whole or float(value).is_integer() and abs(value) < 2**53 else float(value)
+        if math.isfinite(plain) and plain >= least:
+            return plain
+    kind = "a whole number" if whole else "a number"
+    raise ConfigError(f"{name}={value!r:.80}: give {kind}, {least} or more{'' if whole else ', and finite'}")
+
+
 def _check_url(url: str) -> None:
     """Refuse a URL carrying a credential in any spelling :func:`~wds_cloud.errors.redact` knows (userinfo,
     ``?private_token=``, ``?X-Auth-Token=``, ``?X%2DAuth%2DToken=``, ...): a task's arguments are shown by the
@@ -430,19 +435,55 @@ def map_shards(
             f"the destination {redact(destination)!r} needs a %d-style field for the shard number, such as "
             "'out/train-%06d.tar' (input shard i gives output i)"
         )
-    if maxcount is not None and maxcount < 1 or maxsize is not None and not maxsize > 0:
-        raise ConfigError("maxcount must be at least 1 and maxsize more than 0")
-    if not isinstance(retries, int) or retries < 0:
-        raise ConfigError(f"retries={retries!r}: give a number of retries, 0 or more")
+    maxcount = _number("maxcount", maxcount, 1, whole=True)
+    maxsize = _number("maxsize", maxsize, 1, whole=False)
+    retries = _number("retries", retries, 0, whole=True)
+    workers = _number("workers", workers, 1, whole=True)
     urls = expand_source(source) if not isinstance(source, list) else list(source)
     if not urls:
         raise ConfigError(f"{redact(source)!r} names no shards")
     for url in urls + [destination]:
         _check_url(url)
     name = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+    # the record claims the destination before anything expensive: a second job started while this one starts
+    # its cluster is refused, naming this one (issue 41); the claim is given back however the job ends
     record = JobRecord(
         destination, "map", urls, {"function": name, "per": per, "maxcount": maxcount, "maxsize": maxsize}
     )
+    with record:
+        return _run(
+            record,
+            fn,
+            per,
+            urls,
+            destination,
+            client,
+            maxcount,
+            maxsize,
+            handler,
+            retries,
+            profile,
+            workers,
+            on_progress,
+        )
+
+
+def _run(
+    record: Any,
+    fn: Callable,
+    per: str,
+    urls: list,
+    destination: str,
+    client: Any,
+    maxcount: Optional[int],
+    maxsize: Optional[float],
+    handler: Callable,
+    retries: int,
+    profile: Optional[str],
+    workers: Optional[int],
+    on_progress: Optional[Callable[[dict], None]],
+) -> dict:
+    """The job of :func:`map_shards` once its record holds the destination."""
     done = record.extra.setdefault("done", {})
     todo, skipped = [], 0
     finished_outputs = [name for names in done.values() for name in names]
@@ -453,8 +494,11 @@ def map_shards(
         if finished and all(kept[output] for output in finished):
             skipped += 1
         else:
-            for output in finished or ():  # what an earlier, interrupted run of this job wrote for it goes
+            # what an earlier, interrupted run of this job wrote for it goes, and the input is no longer done:
+            # a record saved before it finishes again must not list it as finished with outputs it dropped
+            for output in finished or ():
                 record.outputs.pop(output, None)
+            done.pop(str(index), None)
             todo.append((index, url))
     distributed = distributed_module() if todo else None
     started = time.perf_counter()
@@ -471,12 +515,12 @@ def map_shards(
     }
     if todo:
         assert distributed is not None
+        record.begin()  # before the cluster and any output: what an interrupted run leaves at its names is its own
         own = None
-        if client is None:
-            own = cluster_client(None, workers)
-            client = own.__enter__()
-        record.begin()  # before any output: what an interrupted run leaves at the job's names is its own
         try:
+            if client is None:
+                own = cluster_client(None, workers)
+                client = own.__enter__()
             task = functools.partial(
                 _shard_task,
                 fn,
