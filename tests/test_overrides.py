@@ -254,3 +254,80 @@ def test_a_one_letter_scheme_assigned_in_gopen_schemes_opens_the_shards(shards, 
     assert len(list(pipeline(urls))) == 30
     assert len(list(wds.WebDataset(urls, shardshuffle=False))) == 30
     assert len(calls) >= 7
+
+
+def test_webdataset_reads_members_through_a_replaced_tar_file_iterator(shards, monkeypatch):
+    """webdataset 1.0.2's WebDataset expands shards with tariterators.tar_file_iterator as it is when it runs: a
+    replacement takes effect there too (only url_opener is WebDataset's own)."""
+    ours = tariterators.tar_file_iterator
+
+    def marked(fileobj, handler=reraise_exception, **kw):
+        for member in ours(fileobj, handler=handler, **kw):
+            member["data"] = member["data"] + b"!"
+            yield member
+
+    monkeypatch.setattr(tariterators, "tar_file_iterator", marked)
+    sample = next(iter(wds.WebDataset(shards, shardshuffle=False)))
+    assert sample["txt"].endswith(b"!")
+
+
+def test_webdataset_groups_with_a_replaced_compat_group_by_keys_and_expander(shards, monkeypatch):
+    """webdataset's WebDataset takes group_by_keys and tar_file_expander from its compat module: replacing them
+    there reaches it."""
+    from wds_cloud import compat
+
+    def grouping(data, handler=None, **kw):
+        for sample in tariterators.group_by_keys(data, handler=handler, **kw):
+            sample["G"] = True
+            yield sample
+
+    def expander(data, handler=reraise_exception, **kw):
+        for member in tariterators.tar_file_expander(data, handler=handler, **kw):
+            if member:
+                member["data"] = member["data"] + b"E"
+            yield member
+
+    monkeypatch.setattr(compat, "group_by_keys", grouping)
+    monkeypatch.setattr(compat, "tar_file_expander", expander)
+    sample = next(iter(wds.WebDataset(shards, shardshuffle=False)))
+    assert sample["G"] is True and sample["txt"].endswith(b"E")
+
+
+@pytest.mark.parametrize("make", ["pipeline", "webdataset"])
+def test_a_replaced_valid_sample_decides_which_samples_come(shards, monkeypatch, make):
+    """group_by_keys asks tariterators.valid_sample of each sample (webdataset looks it up when it runs)."""
+    monkeypatch.setattr(tariterators, "valid_sample", lambda sample: sample["__key__"].endswith("1"))
+    ds = pipeline(shards) if make == "pipeline" else wds.WebDataset(shards, shardshuffle=False)
+    assert keys_of(ds) == ["s0_0001", "s1_0001", "s2_0001"]
+
+
+def test_a_replaced_meta_prefix_is_refused_when_the_pass_begins(shards, monkeypatch):
+    """The reader skips __...__ members by its own rule; replacing meta_prefix would be ignored, so it is refused
+    loudly, naming it and the fix."""
+    from wds_cloud.errors import ConfigError
+
+    monkeypatch.setattr(tariterators, "meta_prefix", "##")
+    with pytest.raises(ConfigError, match="meta_prefix.*select_files"):
+        next(iter(pipeline(shards)))
+
+
+def test_gopen_schemes_default_opens_schemes_nothing_claims_never_local_paths(shards, tmp_path, monkeypatch):
+    """As in webdataset: gopen_schemes["__default__"] (unassigned: gopen_error) opens URLs of a scheme no backend or
+    assignment claims; local paths are opened as files, never through it."""
+    from wds_cloud.io.open import gopen_error
+
+    assert wds.gopen_schemes["__default__"] is gopen_error
+    first = wds.shardlists.expand_urls(shards)[0]
+    calls = []
+
+    def fallback(url, mode="rb", bufsize=8192, **kw):
+        calls.append(url)
+        return open(first, "rb")
+
+    monkeypatch.setitem(wds.gopen_schemes, "__default__", fallback)
+    with wds.gopen("zzz://anything") as stream:
+        assert stream.read(1)
+    second = wds.shardlists.expand_urls(shards)[1]
+    with wds.gopen(second) as stream, open(second, "rb") as direct:
+        assert stream.read() == direct.read()
+    assert calls == ["zzz://anything"]

@@ -22,6 +22,7 @@ from typing import Any, Optional, Union
 
 import braceexpand
 
+from .errors import ConfigError
 from .handlers import reraise_exception
 from .stages import pipelinefilter
 from .tar import samples as _samples
@@ -58,38 +59,77 @@ __all__ = [
     "shard_samples",
     "pipelinefilter",
     "replaced_functions",
+    "replaced_in_webdataset",
+    "replaced_for_webdataset",
     "trace",
     "shardlist",
 ]
 
-#: the functions user code replaces in this module, and ours
-_OURS: dict[str, Callable] = {
-    "url_opener": _samples.url_opener,
-    "tar_file_iterator": _samples.tar_file_iterator,
-    "tar_file_expander": _samples.tar_file_expander,
-    "group_by_keys": _samples.group_by_keys,
-}
+#: what webdataset's ``tarfile_samples`` and the functions it calls look up in this module each time they run,
+#: and so what user code replaces here to change how shards are read; ours, to tell a replacement
+_LOOKED_UP = (
+    "url_opener",
+    "tar_file_iterator",
+    "tar_file_expander",
+    "group_by_keys",
+    "valid_sample",
+    "meta_prefix",
+    "meta_suffix",
+)
+_OURS: dict[str, Any] = {name: getattr(_samples, name) for name in _LOOKED_UP}
+#: what webdataset 1.0.2's ``WebDataset`` does not take from here: it opens with its own opener and expands and
+#: groups with the functions its ``compat`` module imported (replacing ``compat.group_by_keys`` reaches it)
+_NOT_IN_WEBDATASET = ("url_opener", "tar_file_expander", "group_by_keys")
+_COMPAT = "wds_cloud.compat"
+
+
+def _differs(value: Any, ours: Any) -> bool:
+    return value is not ours and not (isinstance(ours, str) and value == ours)
 
 
 def replaced_functions() -> list[str]:
-    """The names of this module's functions that user code has replaced (``tariterators.url_opener = mine``)."""
+    """The names (``tariterators.url_opener``...) of what user code has replaced here that ``tarfile_samples``
+    and ``tarfile_to_samples`` look up when a pass begins."""
     module = sys.modules[__name__]
-    return [name for name, ours in _OURS.items() if getattr(module, name, ours) is not ours]
+    return [f"tariterators.{n}" for n in _LOOKED_UP if _differs(getattr(module, n, _OURS[n]), _OURS[n])]
+
+
+def replaced_in_webdataset() -> list[str]:
+    """As :func:`replaced_functions`, for ``WebDataset``: what webdataset 1.0.2's ``WebDataset`` would call of
+    what user code replaced (``tariterators.tar_file_iterator``, ``valid_sample``; ``compat.tar_file_expander``,
+    ``compat.group_by_keys``)."""
+    names = [n for n in replaced_functions() if n.split(".", 1)[1] not in _NOT_IN_WEBDATASET]
+    compat = sys.modules.get(_COMPAT)  # above this module on the data path: looked up, never imported here
+    if compat is not None:
+        names += [f"compat.{n}" for n in ("tar_file_expander", "group_by_keys") if getattr(compat, n) is not _OURS[n]]
+    return names
 
 
 class _Replaced:
-    """One pass composed of this module's functions as they are now, called as webdataset calls them."""
+    """One pass composed of the functions user code replaced (and ours for the rest), called as webdataset calls
+    them: ``group_by_keys(tar_file_expander(url_opener(src, handler=h), handler=h, ...), handler=h)``."""
 
-    def __init__(self, names: list[str]) -> None:
+    def __init__(self, names: list[str], webdataset: bool) -> None:
         self.names = names
         module = sys.modules[__name__]
+        for meta in ("meta_prefix", "meta_suffix"):
+            if f"tariterators.{meta}" in names:
+                raise ConfigError(
+                    f"wds_cloud.tariterators.{meta} was replaced ({getattr(module, meta)!r}), but the reader skips "
+                    f"members named {_OURS['meta_prefix']}...{_OURS['meta_suffix']} by a rule of its own, which this "
+                    "setting does not change: put it back, and choose members with select_files= (or rename_files=)"
+                )
+        #: WebDataset opens shards with its own opener (cache, storage options); tarfile_samples with url_opener
+        self.webdataset = webdataset
         self.url_opener = module.url_opener
         self.tar_file_iterator = module.tar_file_iterator
-        self.tar_file_expander = module.tar_file_expander
-        self.group_by_keys = module.group_by_keys
+        self.valid_sample = module.valid_sample
+        where = sys.modules.get(_COMPAT) if webdataset else module
+        self.tar_file_expander = getattr(where, "tar_file_expander", _OURS["tar_file_expander"])
+        self.group_by_keys = getattr(where, "group_by_keys", _OURS["group_by_keys"])
 
     def __str__(self) -> str:
-        return ", ".join(f"wds_cloud.tariterators.{name}" for name in self.names)
+        return ", ".join(f"wds_cloud.{name}" for name in self.names)
 
     def samples(
         self,
@@ -98,19 +138,24 @@ class _Replaced:
         select_files: Optional[Callable],
         rename_files: Optional[Callable],
         grouping: dict,
+        opened: Callable[[Iterable[dict]], Iterator[dict]],
     ) -> Iterator[dict]:
+        """The pass; ``opened(src)`` gives ``{"url", "stream"[, "local_path"]}`` items with the reader's own opener."""
         # Keywords webdataset passes are passed; ours (select/rename, key rules) only when set, so a replacement
         # written for an older webdataset, with fewer parameters, is called as it expects.
-        streams = self.url_opener(src, handler=handler)
+        streams = opened(src) if self.webdataset else self.url_opener(src, handler=handler)
         files_kw = {k: v for k, v in (("select_files", select_files), ("rename_files", rename_files)) if v is not None}
-        if (
-            self.tar_file_expander is _samples.tar_file_expander
-            and self.tar_file_iterator is not _OURS["tar_file_iterator"]
+        if self.tar_file_expander is _OURS["tar_file_expander"] and _differs(
+            self.tar_file_iterator, _OURS["tar_file_iterator"]
         ):
             files = _expand_with(self.tar_file_iterator, streams, handler, files_kw)
         else:
             files = self.tar_file_expander(streams, handler=handler, **files_kw)
-        return self.group_by_keys(files, handler=handler, **grouping)
+        samples = self.group_by_keys(files, handler=handler, **grouping)
+        if self.group_by_keys is _OURS["group_by_keys"] and _differs(self.valid_sample, _OURS["valid_sample"]):
+            # webdataset's group_by_keys asks this module's valid_sample of each sample it would yield
+            samples = (sample for sample in samples if self.valid_sample(sample))
+        return samples
 
 
 def _expand_with(iterate: Callable, streams: Iterable[dict], handler: Callable, files_kw: dict) -> Iterator[dict]:
@@ -134,9 +179,16 @@ def _expand_with(iterate: Callable, streams: Iterable[dict], handler: Callable, 
 
 
 def _replaced_now() -> Optional[_Replaced]:
-    """What the shard reader composes a pass of, when a function here was replaced (None: read it ourselves)."""
+    """What the shard reader of ``tarfile_to_samples`` composes a pass of, when something here was replaced (None:
+    the reader reads it itself)."""
     names = replaced_functions()
-    return _Replaced(names) if names else None
+    return _Replaced(names, webdataset=False) if names else None
+
+
+def replaced_for_webdataset() -> Optional[_Replaced]:
+    """What ``WebDataset``'s shard reader composes a pass of (see :func:`replaced_in_webdataset`), or None."""
+    names = replaced_in_webdataset()
+    return _Replaced(names, webdataset=True) if names else None
 
 
 def tarfile_samples(

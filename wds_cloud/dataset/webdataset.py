@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Optional, Union
 
-from .. import cache, config, filters, shardlists, utils
+from .. import cache, config, filters, shardlists, tariterators, utils
 from ..errors import ConfigError, redact
 from ..handlers import reraise_exception
 from ..index.formats import ShardIndex, group_members
@@ -276,6 +276,9 @@ class WebDataset(DataPipeline, FluidInterface):
             max_member_size=config.parse_positive_size("max_member_size", read.max_member_size),
             max_sample_size=config.parse_positive_size("max_sample_size", read.max_sample_size),
             index_sink=_index_sink(write_index, storage_options),
+            # what webdataset 1.0.2's WebDataset would call of what user code replaced (tar_file_iterator,
+            # valid_sample; compat.group_by_keys, compat.tar_file_expander), looked up when each pass begins
+            replaced=tariterators.replaced_for_webdataset,
         )
         self._streams: Optional[Streams] = None
         if streams is not None:

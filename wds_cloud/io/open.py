@@ -346,10 +346,16 @@ def assigned_opener(url: str) -> Optional[Callable[..., IO[bytes]]]:
         return None
     scheme = split_scheme(url)[0]
     if scheme is None and len(url) > 2 and url[1] == ":" and url[0].isascii() and url[0].isalpha():
-        letter = url[0].lower()
-        if letter in _user_openers:
-            return _user_openers[letter]
-    return _user_openers.get(scheme or "__default__")
+        scheme = url[0].lower()  # "x:..." : webdataset's urlparse reads a scheme; here it is one only if assigned
+        if scheme not in _user_openers:
+            return None
+    if scheme is None:
+        return None  # a local path: webdataset opens those itself too, never through gopen_schemes
+    opener = _user_openers.get(scheme)
+    if opener is None and "__default__" in _user_openers and scheme not in get_registry(config.current()).schemes():
+        # webdataset's "__default__": the opener of a scheme nothing else claims (its own default refuses)
+        opener = _user_openers["__default__"]
+    return opener
 
 
 class _SchemeTable(MutableMapping):
@@ -357,7 +363,8 @@ class _SchemeTable(MutableMapping):
 
     Assigning installs an opener that wins over the registry for that scheme;
     deleting removes such an assignment (registered backends cannot be deleted).
-    ``"__default__"`` is the opener for bare paths.
+    ``"__default__"`` is, as in webdataset, the opener of URLs whose scheme nothing else claims (unassigned:
+    :func:`gopen_error`); local paths never go through the table.
     """
 
     def _registered(self) -> list[str]:
@@ -367,7 +374,7 @@ class _SchemeTable(MutableMapping):
         if scheme in _user_openers:
             return _user_openers[scheme]
         if scheme == "__default__":
-            return gopen_file
+            return gopen_error  # as webdataset: a scheme nothing claims is refused unless one is assigned here
         if scheme in self._registered():
             return _via_registry(scheme)
         raise KeyError(scheme)
@@ -375,6 +382,9 @@ class _SchemeTable(MutableMapping):
     def __setitem__(self, scheme: str, opener: Callable[..., IO[bytes]]) -> None:
         if not callable(opener):
             raise TypeError(f"gopen_schemes[{scheme!r}] must be a callable fn(url, mode, bufsize)")
+        if scheme == "__default__" and opener is gopen_error:  # the default put back: the registry's own messages
+            _user_openers.pop(scheme, None)
+            return
         _user_openers[scheme] = opener
 
     def __delitem__(self, scheme: str) -> None:

@@ -236,7 +236,22 @@ class TarSamples:
         }
         if "keys" in grouping:
             grouping["keys"] = key_rule(self.keys)
-        return replaced.samples(src, self.handler, self.select_files, self.rename_files, grouping)
+        return replaced.samples(src, self.handler, self.select_files, self.rename_files, grouping, self._opened)
+
+    def _opened(self, src: Iterable[dict]) -> Iterator[dict]:
+        """``{"url", "stream"[, "local_path"]}`` for each shard item, opened with this reader's opener (a pass
+        through replaced functions that keeps the reader's own opening: WebDataset's cache and storage options)."""
+        for source in src:
+            try:
+                stream, local = self._open(source, 0)
+            except Exception as exn:
+                if self.handler(exn):
+                    continue
+                break
+            item = {"url": source["url"], "stream": stream}
+            if local is not None:
+                item["local_path"] = local
+            yield item
 
     def _refuse_replaced(self) -> None:
         if self.replaced_now is not None:
