@@ -86,6 +86,83 @@ def test_pil_specs(image_shards, spec, mode):
     assert image.mode == mode
 
 
+#: webdataset 1.0.2's imagespecs, as its autodecode.py spells them (lowercase modes)
+UPSTREAM_IMAGESPECS = {
+    "l8": ("numpy", "uint8", "l"),
+    "rgb8": ("numpy", "uint8", "rgb"),
+    "rgba8": ("numpy", "uint8", "rgba"),
+    "l": ("numpy", "float", "l"),
+    "rgb": ("numpy", "float", "rgb"),
+    "rgba": ("numpy", "float", "rgba"),
+    "torchl8": ("torch", "uint8", "l"),
+    "torchrgb8": ("torch", "uint8", "rgb"),
+    "torchrgba8": ("torch", "uint8", "rgba"),
+    "torchl": ("torch", "float", "l"),
+    "torchrgb": ("torch", "float", "rgb"),
+    "torch": ("torch", "float", "rgb"),
+    "torchrgba": ("torch", "float", "rgba"),
+    "pill": ("pil", None, "l"),
+    "pil": ("pil", None, "rgb"),
+    "pilrgb": ("pil", None, "rgb"),
+    "pilrgba": ("pil", None, "rgba"),
+}
+
+
+def _png(mode, shape):
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(np.full(shape, 7, np.uint8), mode=None).convert(mode).save(out, "PNG")
+    return out.getvalue()
+
+
+def test_imagespecs_table_is_webdatasets():
+    """autodecode.imagespecs holds webdataset's entries with its values: code reading imagespecs[x][2] sees 'rgb'."""
+    assert wds.autodecode.imagespecs == UPSTREAM_IMAGESPECS
+
+
+@pytest.mark.parametrize("mode", ["l", "L", "rgb", "RGB", "rgba", "RgBa"])
+def test_imagespecs_entry_added_in_either_spelling(monkeypatch, image_shards, mode):
+    """An entry added to imagespecs the way webdataset's are written (mode 'l') decodes, as does Pillow's 'L'."""
+    monkeypatch.setitem(wds.autodecode.imagespecs, "mine", ("numpy", "float", mode))
+    image = next(iter(wds.WebDataset(image_shards, shardshuffle=False).decode("mine").to_tuple("png")))[0]
+    assert (
+        image.dtype == np.float32 and image.shape == {"l": (8, 12), "rgb": (8, 12, 3), "rgba": (8, 12, 4)}[mode.lower()]
+    )
+
+
+@pytest.mark.parametrize("entry", [("numpy", "float", "nonsense"), ("numpy", "float"), ("jax", "uint8", "rgb"), 3])
+def test_imagespecs_entry_that_cannot_work_is_refused_naming_it(monkeypatch, entry):
+    """A user's imagespecs entry that could decode no image is refused when the handler is made, naming it."""
+    from wds_cloud.errors import ConfigError
+
+    monkeypatch.setitem(wds.autodecode.imagespecs, "broken", entry)
+    with pytest.raises(ConfigError, match="imagespecs\\['broken'\\]") as caught:
+        wds.imagehandler("broken")
+    assert isinstance(caught.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    "source", [("L", (4, 4)), ("P", (4, 4)), ("RGBA", (4, 4, 4)), ("LA", (4, 4, 2)), ("1", (4, 4))]
+)
+@pytest.mark.parametrize("spec", sorted(UPSTREAM_IMAGESPECS))
+def test_every_spec_converts_as_webdataset(spec, source):
+    """Every spec converts any image to its mode as webdataset's does: 'pil' of a grey PNG is RGB, 'pill' is L."""
+    atype, etype, mode = UPSTREAM_IMAGESPECS[spec]
+    if atype == "torch":
+        pytest.importorskip("torch")
+    out = wds.Decoder([wds.imagehandler(spec)])({"__key__": "a", "png": _png(*source)})["png"]
+    channels = {"l": None, "rgb": 3, "rgba": 4}[mode]
+    if atype == "pil":
+        assert out.mode == mode.upper() and out.size == (4, 4)
+        return
+    shape = (4, 4) if channels is None else ((channels, 4, 4) if atype == "torch" else (4, 4, channels))
+    assert tuple(out.shape) == shape
+    assert str(out.dtype).endswith("uint8" if etype == "uint8" else "float32")
+
+
 def test_default_decoders(tmp_path):
     """txt, cls, json, npy, npz, ten, mp, cbor and .gz fields decode by extension."""
     import gzip

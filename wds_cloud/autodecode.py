@@ -256,25 +256,27 @@ def basichandlers(key: str, data: Any) -> Any:
     return f(data) if f is not None else None
 
 
-# name -> (result type, pixel type, PIL mode)
+# name -> (result type, pixel type, image mode): webdataset's table, values and all.  Modes are written in
+# lowercase there ("rgb") and upper-cased when handed to Pillow; code that reads imagespecs[x][2] or adds
+# entries the upstream way relies on that, so a mode here is matched case-insensitively (issue 42).
 imagespecs = {
-    "l8": ("numpy", "uint8", "L"),
-    "rgb8": ("numpy", "uint8", "RGB"),
-    "rgba8": ("numpy", "uint8", "RGBA"),
-    "l": ("numpy", "float", "L"),
-    "rgb": ("numpy", "float", "RGB"),
-    "rgba": ("numpy", "float", "RGBA"),
-    "torchl8": ("torch", "uint8", "L"),
-    "torchrgb8": ("torch", "uint8", "RGB"),
-    "torchrgba8": ("torch", "uint8", "RGBA"),
-    "torchl": ("torch", "float", "L"),
-    "torchrgb": ("torch", "float", "RGB"),
-    "torch": ("torch", "float", "RGB"),
-    "torchrgba": ("torch", "float", "RGBA"),
-    "pill": ("pil", None, "L"),
-    "pil": ("pil", None, None),
-    "pilrgb": ("pil", None, "RGB"),
-    "pilrgba": ("pil", None, "RGBA"),
+    "l8": ("numpy", "uint8", "l"),
+    "rgb8": ("numpy", "uint8", "rgb"),
+    "rgba8": ("numpy", "uint8", "rgba"),
+    "l": ("numpy", "float", "l"),
+    "rgb": ("numpy", "float", "rgb"),
+    "rgba": ("numpy", "float", "rgba"),
+    "torchl8": ("torch", "uint8", "l"),
+    "torchrgb8": ("torch", "uint8", "rgb"),
+    "torchrgba8": ("torch", "uint8", "rgba"),
+    "torchl": ("torch", "float", "l"),
+    "torchrgb": ("torch", "float", "rgb"),
+    "torch": ("torch", "float", "rgb"),
+    "torchrgba": ("torch", "float", "rgba"),
+    "pill": ("pil", None, "l"),
+    "pil": ("pil", None, "rgb"),
+    "pilrgb": ("pil", None, "rgb"),
+    "pilrgba": ("pil", None, "rgba"),
 }
 
 _PIL_FORMATS = {ext: [fmt] for ext, fmt in IMAGE_FORMATS.items()}
@@ -290,7 +292,9 @@ class ImageHandler:
         if imagespec not in imagespecs:
             raise ConfigError(f"unknown image spec {imagespec!r}; known: {' '.join(imagespecs)}")
         self.imagespec = imagespec
-        self.atype, self.etype, self.mode = imagespecs[imagespec]
+        self.atype, self.etype, mode = _imagespec(imagespec)
+        # the Pillow mode ("RGB"): tables spell it in lowercase, as webdataset's does; None keeps the image's own
+        self.mode = mode.upper() if mode is not None else None
         if self.atype == "torch":
             _torch()
         self.extensions = set(extensions if extensions is not None else IMAGE_EXTENSIONS)
@@ -326,6 +330,37 @@ class ImageHandler:
         if not array.flags.writeable:
             array = array.copy()  # torch tensors must own writable memory
         return torch.from_numpy(array)
+
+
+def _imagespec(name: str) -> tuple:
+    """The entry ``imagespecs[name]``, checked: a user's entry that cannot work is refused when the handler is
+    made, naming it, rather than on every image."""
+    spec = imagespecs[name]
+    ok = isinstance(spec, (tuple, list)) and len(spec) == 3
+    if ok:
+        atype, etype, mode = spec
+        ok = (
+            atype in ("numpy", "torch", "pil")
+            and (atype == "pil" or etype in ("uint8", "float"))
+            and (mode is None or (isinstance(mode, str) and mode != ""))
+        )
+    if ok and mode is not None:
+        try:
+            import PIL.ImageMode
+        except ImportError:  # refused when an image is decoded, with the install hint
+            pass
+        else:
+            try:
+                PIL.ImageMode.getmode(mode.upper())
+            except KeyError:
+                ok = False
+    if not ok:
+        raise ConfigError(
+            f"imagespecs[{name!r}] is {spec!r}: an image spec is (result type, pixel type, mode), with a result "
+            "type of 'numpy', 'torch' or 'pil', a pixel type of 'uint8' or 'float' (None for 'pil') and a "
+            "Pillow mode such as 'l', 'rgb' or 'rgba'"
+        )
+    return tuple(spec)
 
 
 def imagehandler(imagespec: str, extensions: Any = None) -> ImageHandler:
