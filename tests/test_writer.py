@@ -534,7 +534,8 @@ def test_text_that_is_not_utf8_is_refused_naming_the_field():
 
 
 def test_ints_arrays_and_images_encode_as_before():
-    """Native values through the same path: class ints (numpy and bool too), arrays, PIL images."""
+    """Native values through the same path: class ints (numpy and bool too, as str() writes them), arrays, PIL
+    images."""
     import PIL.Image
 
     image = PIL.Image.fromarray((np.arange(4 * 3 * 3) % 256).astype(np.uint8).reshape(4, 3, 3))
@@ -553,7 +554,7 @@ def test_ints_arrays_and_images_encode_as_before():
         )
     with tarfile.open(fileobj=io.BytesIO(buf.getvalue())) as tar:
         got = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
-    assert got["k.cls"] == b"5" and got["k.index"] == b"9" and got["k.count"] == b"1"
+    assert got["k.cls"] == b"5" and got["k.index"] == b"9" and got["k.count"] == b"True"
     assert np.array_equal(np.load(io.BytesIO(got["k.npy"])), np.arange(3, dtype=np.float32))
     with PIL.Image.open(io.BytesIO(got["k.png"])) as png:
         assert png.format == "PNG" and np.array_equal(np.asarray(png), np.asarray(image))
@@ -605,3 +606,64 @@ def test_shardwriter_maxsize_bounds_the_real_shard_size(tmp_path):
             assert sink.write({"__key__": f"k{i}", "data": b"x" * 300}) == 300
     assert [s["samples"] for s in sink.shards] == [2, 2, 2, 2, 2]
     assert all(os.path.getsize(s["name"]) == s["bytes"] for s in sink.shards)
+
+
+INT_EXTENSIONS = ["cls", "cls2", "class", "count", "index", "inx", "id"]
+
+
+@pytest.mark.parametrize("extension", INT_EXTENSIONS)
+@pytest.mark.parametrize(
+    "value",
+    [3.5, -0.9, np.float64(2.7), np.float32(0.1), True, False, float("nan"), float("inf"), -float("inf"), 1e300]
+    + [7, -2, np.int64(3), np.uint8(255), 10**30],
+)
+def test_int_fields_are_written_as_str_of_the_value(extension, value):
+    """Under cls, index, id, ... a value is written as str(value), as webdataset writes it: 3.5 stays b'3.5'
+    (never b'3'), True is b'True', NaN b'nan'; nothing is converted to int on the way."""
+    buf = io.BytesIO()
+    with TarWriter(buf) as sink:
+        sink.write({"__key__": "k", extension: value})
+    with tarfile.open(fileobj=io.BytesIO(buf.getvalue())) as tar:
+        assert tar.extractfile(f"k.{extension}").read() == str(value).encode()
+
+
+@pytest.mark.parametrize("extension", ["png", "jpg", "ppm", "tiff", "webp"])
+@pytest.mark.parametrize("bad", [1.5, -0.5, float("nan"), float("inf"), 255.0])
+def test_float_images_outside_0_1_are_refused_not_clipped(extension, bad):
+    """A float image with a value outside [0, 1] (or NaN/inf) is refused naming the range, as webdataset refuses
+    it, instead of being clipped into another image; values within 0.001 of the range still write."""
+    image = np.full((4, 4, 3), 0.5, np.float32)
+    image[1, 2, 0] = bad
+    with pytest.raises(SampleError, match="must lie in \\[0, 1\\]"):
+        with TarWriter(io.BytesIO()) as sink:
+            sink.write({"__key__": "k", extension: image})
+    image[1, 2, 0] = 1.0005
+    with TarWriter(io.BytesIO()) as sink:
+        sink.write({"__key__": "k", extension: image})
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "I", "F", "I;16", "PA"])
+@pytest.mark.parametrize("extension", ["jpg", "jpeg", "img", "image"])
+def test_jpeg_refuses_images_it_would_lose_data_of(mode, extension):
+    """An image with alpha or more than 8 bits a channel is refused under a JPEG extension (its alpha or depth
+    would be dropped unseen); webdataset's Pillow refuses it too."""
+    from PIL import Image
+
+    with pytest.raises(SampleError, match=f"a {mode} image cannot be written as JPEG"):
+        with TarWriter(io.BytesIO()) as sink:
+            sink.write({"__key__": "k", extension: Image.new(mode, (4, 4))})
+
+
+def test_jpeg_converts_images_it_holds_without_loss():
+    """1-bit and palette images without transparency are written as JPEG (RGB); a palette with a transparent
+    colour is refused."""
+    from PIL import Image
+
+    for image in (Image.new("1", (4, 4)), Image.new("P", (4, 4)), np.zeros((4, 4, 4), np.uint8)[..., :3]):
+        with TarWriter(io.BytesIO()) as sink:
+            sink.write({"__key__": "k", "jpg": image})
+    transparent = Image.new("P", (4, 4))
+    transparent.info["transparency"] = 0
+    with pytest.raises(SampleError, match="cannot be written as JPEG"):
+        with TarWriter(io.BytesIO()) as sink:
+            sink.write({"__key__": "k", "jpg": transparent})

@@ -12,6 +12,8 @@ under that name.
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 from collections.abc import Callable, Iterable
 from typing import IO, Any, Optional, Union
 
@@ -259,11 +261,23 @@ class TarWriter(Publishing):
             self._raw.close()
 
 
+def _check_limit(name: str, value: Any, rule: str) -> None:
+    """A shard limit is None (no limit) or a finite number within its rule: NaN compares false with every count,
+    so ``maxcount=nan`` would never cut a shard; a bool is a slip, not a count."""
+    if value is None:
+        return
+    good = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if good:
+        good = value >= 1 if name == "maxcount" else value > 0
+    if not good:
+        raise ConfigError(f"ShardWriter({name}={value!r}): {name} is {rule}, or None for no limit")
+
+
 class ShardWriter(Publishing):
     """Write samples to a numbered series of shards: ``ShardWriter("out-%06d.tar", maxcount=10000)``.
 
     A new shard starts when the current one holds ``maxcount`` samples or
-    ``maxsize`` bytes (real bytes written: headers, padding, after compression; webdataset 1.0.2 counts
+    ``maxsize`` bytes (None for either: no limit; webdataset raises TypeError) (real bytes written: headers, padding, after compression; webdataset 1.0.2 counts
     only the fields' payload, docs/migrating.md says why this differs).
     ``pattern`` uses ``%06d`` or ``{shard:06d}``.  ``post(fname)`` runs after each
     shard is closed; ``opener(fname)`` opens it (default ``gopen(fname, "wb")``).
@@ -275,16 +289,16 @@ class ShardWriter(Publishing):
     def __init__(
         self,
         pattern: str,
-        maxcount: int = 100000,
-        maxsize: float = 3e9,
+        maxcount: Optional[int] = 100000,
+        maxsize: Optional[float] = 3e9,
         post: Optional[Callable] = None,
         start_shard: int = 0,
         verbose: int = 0,
         opener: Optional[Callable] = None,
         **kw: Any,
     ) -> None:
-        if maxcount < 1 or maxsize <= 0:
-            raise ConfigError("ShardWriter needs maxcount >= 1 and maxsize > 0")
+        _check_limit("maxcount", maxcount, "a number of samples, at least 1")
+        _check_limit("maxsize", maxsize, "a number of bytes, more than 0")
         self.pattern = pattern
         self.maxcount = maxcount
         self.maxsize = maxsize
@@ -329,7 +343,11 @@ class ShardWriter(Publishing):
         written, not by the payload bytes this returns, as :meth:`TarWriter.write` does)."""
         if self.closed:
             raise ValueError("ShardWriter.write() after close()")
-        if self.tarstream is None or self.count >= self.maxcount or self.tarstream.size >= self.maxsize:
+        if (
+            self.tarstream is None
+            or (self.maxcount is not None and self.count >= self.maxcount)
+            or (self.maxsize is not None and self.tarstream.size >= self.maxsize)
+        ):
             self.next_stream()
         tarstream = self.tarstream
         assert tarstream is not None  # next_stream() just made one

@@ -63,7 +63,7 @@ def imageencoder(image: Any, format: str = "PNG") -> bytes:
         if image.ndim == 3 and image.shape[2] == 1:
             image = image[:, :, 0]
         if image.dtype in (np.float16, np.float32, np.float64):
-            image = np.clip(image * 255.0 + 0.5, 0, 255).astype(np.uint8)
+            image = _float_pixels(image)
         elif image.dtype != np.uint8:
             raise ValueError(f"images are encoded from uint8 or float arrays, not {image.dtype}")
         image = PIL.Image.fromarray(image)
@@ -77,9 +77,32 @@ def imageencoder(image: Any, format: str = "PNG") -> bytes:
     out = io.BytesIO()
     options = {"quality": 95} if format == "JPEG" else {}
     if format == "JPEG" and image.mode not in ("RGB", "L", "CMYK"):
+        if image.mode not in _JPEG_SAFE or "transparency" in image.info:
+            # JPEG has no alpha and 8 bits a channel: converting would drop the alpha or the depth unseen
+            raise ValueError(
+                f"a {image.mode} image cannot be written as {format} without losing data (its alpha channel "
+                "or bit depth): write it as .png or .tiff, or convert it yourself (image.convert('RGB'))"
+            )
         image = image.convert("RGB")
     image.save(out, format=format, **options)
     return out.getvalue()
+
+
+#: modes JPEG cannot hold that convert to RGB without loss (1-bit, and palette images with no transparency)
+_JPEG_SAFE = ("1", "P")
+
+
+def _float_pixels(image: np.ndarray) -> np.ndarray:
+    """Float pixels in [0, 1] as uint8.  Values outside it (webdataset allows 0.001 of rounding slack) or NaN
+    are refused, as webdataset refuses them, rather than clipped into a different image."""
+    if image.size:
+        low, high = float(np.min(image)), float(np.max(image))
+        if not (low > -0.001 and high < 1.001):  # NaN fails both
+            raise ValueError(
+                f"float image values must lie in [0, 1], but they span [{low}, {high}]"
+                f"{' (NaN or inf among them)' if not np.isfinite(image).all() else ''}: scale them, or pass uint8"
+            )
+    return np.clip(image * 255.0 + 0.5, 0, 255).astype(np.uint8)
 
 
 def numpy_dumps(data: np.ndarray) -> bytes:
@@ -160,7 +183,9 @@ def make_handlers() -> dict[str, Callable[[Any], bytes]]:
 
 
 def _int_dumps(x: Any) -> bytes:
-    return str(int(x)).encode("ascii") if not isinstance(x, (bytes, str)) else bytestr(x)
+    # webdataset writes str(x) under cls, index, ...: 3.5 stays b"3.5" (and True b"True"); int(x) would turn
+    # 3.5 into b"3" and -0.9 into b"0", losing data without a word (issue 42, adversary finding 7)
+    return bytestr(x)
 
 
 def _json_dumps(x: Any) -> bytes:
