@@ -193,7 +193,7 @@ def test_convert_mmc4_resumes_keeping_the_shards_already_published(mmc4):
 
 def test_convert_mmc4_stops_on_a_missing_image_when_told_and_publishes_no_partial_shard(mmc4):
     root, jsonl, images = mmc4
-    with pytest.raises(SampleError, match="document 3: image 'gone.jpg' is not under"):
+    with pytest.raises(SampleError, match="document 3: image 'gone.jpg' does not exist"):
         convert_mmc4([jsonl], images, str(root / "e-%03d.tar"), maxcount=3, missing="error")
     assert (root / "e-000.tar").exists() and not (root / "e-001.tar").exists()
     counts = convert_mmc4([jsonl], images, str(root / "s-%03d.tar"), maxcount=3, missing="skip")

@@ -3,19 +3,39 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import re
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Optional
 
 from .. import __version__, config
-from ..errors import WdsCloudError
+from ..errors import UnknownSchemeError, WdsCloudError
+from ..io.fsbackend import fsspec_protocols
 from ..io.registry import get_registry
 from .console import EXIT_CODES, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, emit, for_cli
 from .demo import add_parser as add_demo
+from .flags import Parser, json_failure
 from .shardtools import add_parsers as add_tools
 
 __all__ = ["main"]
+
+
+def _import_problem(path: str) -> Optional[str]:
+    """None when the class at ``path`` (``module.Class``) imports here ("ready" means importable), else why not."""
+    module, _, name = path.rpartition(".")
+    if not module:
+        return f"no driver class known ({path or 'none'})"
+    try:
+        with warnings.catch_warnings():  # a driver's import-time deprecation is not a missing driver
+            warnings.simplefilter("ignore")
+            found = importlib.import_module(module)
+        getattr(found, name)
+    except Exception as exc:  # ImportError, or a driver that fails as it loads: either way not usable here
+        return f"{path} does not import ({type(exc).__name__}: {exc})"
+    return None
 
 
 def _backends(args: argparse.Namespace) -> int:
@@ -23,17 +43,24 @@ def _backends(args: argparse.Namespace) -> int:
     claims = [(scheme, registry.claims[scheme], "plugin") for scheme in registry.schemes()]
     if args.all:
         claims += [(scheme, claim, "fsspec") for scheme, claim in registry.fallback_claims().items()]
+    drivers = fsspec_protocols() if args.all else {}
     rows = []
     for scheme, claim, kind in claims:
-        missing = claim.missing()
+        if kind == "fsspec":  # fsspec names every protocol it knows; the driver behind one may be absent
+            path, hint = drivers.get(scheme, ("", None))
+            problem = _import_problem(path)
+            ready, install = problem is None, None if problem is None else (hint or problem)
+        else:
+            missing = claim.missing()
+            ready, install = not missing, None if not missing else claim.install_hint()
         rows.append(
             {
                 "scheme": scheme,
                 "plugin": claim.plugin,
                 "distribution": claim.distribution,
                 "kind": kind,
-                "ready": not missing,
-                "install": None if not missing else claim.install_hint(),
+                "ready": ready,
+                "install": install,
             }
         )
 
@@ -60,7 +87,7 @@ def _backends(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="wds-cloud",
         description="Stream WebDataset tar shards from local disk, pipes and object stores.",
         epilog=f"Run 'wds-cloud COMMAND --help' for a command's options.\n\n{EXIT_CODES}",
@@ -84,26 +111,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(message: str) -> str:
+    return re.sub(r"\s*\n\s*", " ", message).strip()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)  # argparse's own refusals exit with 2
+    Parser.wants_json = "--json" in argv
+    try:
+        args = parser.parse_args(argv)  # argparse's own refusals: one line, exit 2 (flags.Parser)
+    except SystemExit as exc:
+        if exc.code == EXIT_USAGE:
+            return EXIT_USAGE
+        raise  # --help and --version: 0
+    finally:
+        Parser.wants_json = False
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     name = f"wds-cloud {args.command}" if getattr(args, "command", None) else "wds-cloud"
+    if getattr(args, "kind", None):
+        name += f" {args.kind}"
+    wants_json = bool(getattr(args, "json", False))
+
+    def fail(line: str, code: int) -> int:
+        if wants_json:  # a script reading stdout gets JSON whatever happens
+            json_failure(line, code)
+        print(line, file=sys.stderr)
+        return code
+
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        return fail("interrupted", 130)
     except BrokenPipeError:  # the reader went away (wds-cloud backends | head): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
-    except UsageError as exc:
-        print(f"{name}: error: {exc}\n(see '{name} --help')", file=sys.stderr)
-        return EXIT_USAGE
+    except (UsageError, UnknownSchemeError) as exc:  # the value typed is the problem: exit 2
+        return fail(f"{name}: error: {_one_line(for_cli(str(exc)))} (see '{name} --help')", EXIT_USAGE)
     except Exception as exc:  # a CLI user gets the message, not a traceback
         if not isinstance(exc, (WdsCloudError, OSError)):
-            raise
-        print(f"{name}: error: {for_cli(str(exc))}", file=sys.stderr)
-        return EXIT_PROBLEM
+            if wants_json:
+                json_failure(f"{name}: internal error: {type(exc).__name__}: {_one_line(str(exc))}", EXIT_PROBLEM)
+            raise  # our bug: the traceback is what a report needs
+        return fail(f"{name}: error: {_one_line(for_cli(str(exc)))}", EXIT_PROBLEM)

@@ -78,11 +78,15 @@ _CLI_WORDS = (
     (re.compile(r" or WebDataset\(\.\.\., max_member_size=\)"), ""),
     (re.compile(r"pass allow_missing=True"), "pass --allow-missing"),
     (re.compile(r",? ?or pass empty_check=False[^.;)]*"), ""),
+    (re.compile(r"pass missing='drop' \(or 'skip'\)"), "pass --missing drop (or skip)"),
 )
+#: what the advice becomes inside ``wds-cloud verify``'s own rows (which list the damaged shards already)
+_IN_VERIFY = ((re.compile(r"; to skip damaged shards pass handler=\S+"), ""),)
 
 
-def for_cli(message: str) -> str:
-    """``message`` with advice about Python arguments replaced by what the command line offers."""
-    for pattern, words in _CLI_WORDS:
+def for_cli(message: str, command: str = "") -> str:
+    """``message`` with advice about Python arguments replaced by what the command line offers (in
+    ``command``'s own output: ``verify`` needs no pointer to itself)."""
+    for pattern, words in (_IN_VERIFY if command == "verify" else ()) + _CLI_WORDS:
         message = pattern.sub(words, message)
     return message

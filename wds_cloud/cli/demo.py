@@ -26,6 +26,7 @@ from .. import WebDataset, WebLoader
 from ..errors import MissingExtraError
 from ..io.open import gopen
 from ..pytorch import HAVE_TORCH
+from .flags import MAX_PARALLEL, count, text
 
 __all__ = ["add_parser", "run_demo", "write_demo_dataset"]
 
@@ -181,8 +182,10 @@ def run_demo(
 def _main(args: argparse.Namespace) -> int:
     from .console import UsageError, emit
 
-    if args.samples < 1 or args.shards < 1 or args.workers < 0:
-        raise UsageError("--samples and --shards must be at least 1, --workers at least 0")
+    if args.shards > args.samples:  # each shard gets at least one sample
+        raise UsageError(
+            f"--shards {args.shards} is more than --samples {args.samples}: give at most one shard per sample"
+        )
     # with --json the narrative goes to stderr and stdout carries only the figures
     figures = run_demo(
         args.url, args.samples, args.workers, args.shards, keep=args.keep, out=sys.stderr if args.json else None
@@ -202,12 +205,15 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--url",
+        type=text("URL or path"),
         default=None,
         help="where to write the shards: a directory or any URL gopen can write (default: a temporary directory)",
     )
-    parser.add_argument("--samples", type=int, default=2000, help="number of samples (default: 2000)")
-    parser.add_argument("--shards", type=int, default=4, help="number of shards (default: 4)")
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (default: 2)")
+    parser.add_argument("--samples", type=count(1), default=2000, help="number of samples, 1 or more (default: 2000)")
+    parser.add_argument("--shards", type=count(1), default=4, help="number of shards, 1 or more (default: 4)")
+    parser.add_argument(
+        "--workers", type=count(0, MAX_PARALLEL), default=2, help="DataLoader worker processes (default: 2)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary dataset and print where it is")
     parser.add_argument(
         "--json",

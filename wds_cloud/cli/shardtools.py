@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import IO, Any, Optional, Union, cast
 
-from ..errors import CorruptShardError, IntegrityError, ShardNotFoundError, WdsCloudError, redact
+from ..errors import ConfigError, CorruptShardError, ShardNotFoundError, WdsCloudError, redact
 from ..index.formats import index_stream
 from ..index.sidecar import build_index, index_of, read_index, read_range, wids_description, write_index
 from ..io.integrity import Hashing
@@ -30,7 +30,9 @@ from ..io.manifest import Manifest, load_manifest
 from ..io.open import gopen
 from ..io.urls import is_local
 from ..shardlists import expand_urls
-from .console import EXIT_CODES, EXIT_OK, EXIT_PROBLEM, UsageError, emit, progress
+from . import flags
+from .console import EXIT_CODES, EXIT_OK, EXIT_PROBLEM, UsageError, emit, for_cli, progress
+from .flags import MAX_PARALLEL, count, output_pattern, scheduler, text
 
 __all__ = ["add_parsers"]
 
@@ -62,12 +64,23 @@ def _jobs(args: argparse.Namespace, urls: list[str]) -> int:
 def _urls(spec: list[str]) -> list[str]:
     urls: list[str] = []
     for item in spec:
-        urls.extend(expand_urls(item))
+        try:
+            urls.extend(expand_urls(item))
+        except (ValueError, TypeError) as exc:  # unbalanced or huge brace specs
+            raise UsageError(
+                f"{redact(item)[:200]!r} is not a shard spec ({exc}): give URLs, paths or brace specs"
+            ) from None
+    if any("\0" in url for url in urls):
+        raise UsageError("a shard name holds a NUL character: give URLs, paths or brace specs")
     if any(not url.strip() for url in urls):
         raise UsageError(f"an empty shard name in {' '.join(map(repr, spec))}: give URLs, paths or brace specs")
     if not urls:
         raise UsageError("no shards named: give URLs, paths or brace specs such as 'shard-{0000..0009}.tar'")
     return urls
+
+
+def _plural(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
 
 
 # ls
@@ -262,7 +275,7 @@ def _index(args: argparse.Namespace) -> int:
             )
     if args.format == "wids":
         with gopen(args.output, "wb") as out:
-            out.write(json.dumps(wids_description(rows, name=args.name), indent=1).encode("utf-8"))
+            out.write(json.dumps(wids_description(rows, name=args.name, at=args.output), indent=1).encode("utf-8"))
     if record is not None:
         record.written(args.output)
     emit(
@@ -309,7 +322,7 @@ def _verify_one(url: str, manifest: Optional[Manifest]) -> dict:
                 if entry is not None and field in entry and entry[field] != row[field]:
                     row["problems"].append(f"{field} {row[field]!r}, the manifest says {entry[field]!r}")
     except (WdsCloudError, OSError) as exc:
-        row["problems"].append(str(exc))
+        row["problems"].append(for_cli(str(exc), "verify"))
     row["ok"] = not row["problems"]
     return row
 
@@ -326,24 +339,25 @@ def _verify(args: argparse.Namespace) -> int:
     # the shards given are checked: a manifest's other entries (a subset verified) are not failures
     given = {manifest.name_of(u) for u in urls} if manifest is not None else set()
     not_given = len(manifest.shards.keys() - given) if manifest is not None else 0
-    if args.write_manifest:
-        bad = [r for r in rows if not r["ok"]]
-        if bad:
-            raise IntegrityError(
-                f"not writing {redact(args.write_manifest)}: {len(bad)} shard(s) failed (first: "
-                f"{redact(bad[0]['url'])}: {bad[0]['problems'][0]})",
-                url=args.write_manifest,
-                expected="every shard readable",
-                actual=f"{len(bad)} failed",
-            )
-        out = Manifest()
-        for r in rows:
-            out.shards[r["url"]] = {k: r[k] for k in ("size", "samples", "sha256", "md5")}
-        out.write(args.write_manifest)
     ok = all(r["ok"] for r in rows)
-    result = {"ok": ok, "shards": [dict(r, url=redact(r["url"])) for r in rows]}
+    result: dict[str, Any] = {"ok": ok, "shards": [dict(r, url=redact(r["url"])) for r in rows]}
     if manifest is not None:
         result["manifest_entries_not_given"] = not_given
+    refused = None
+    if args.write_manifest:
+        bad = [r for r in rows if not r["ok"]]
+        if bad:  # the rows are still printed (as JSON with --json): the refusal is one more fact of the result
+            refused = (
+                f"not writing {redact(args.write_manifest)}: {_plural(len(bad), 'shard')} failed (first: "
+                f"{bad[0]['problems'][0]}); fix or leave out the failed shards"
+            )
+            result["error"] = refused
+        else:
+            out = Manifest()
+            for r in rows:
+                out.shards[r["url"]] = {k: r[k] for k in ("size", "samples", "sha256", "md5")}
+            out.write(args.write_manifest)
+        result["manifest_written"] = not bad
     emit(
         args,
         result,
@@ -355,10 +369,12 @@ def _verify(args: argparse.Namespace) -> int:
             + [
                 f"{sum(r['ok'] for r in d['shards'])} of {len(d['shards'])} shards passed"
                 + (f" ({not_given} more in the manifest, not given)" if not_given else "")
-                + (f"; wrote {redact(args.write_manifest)}" if args.write_manifest else "")
+                + (f"; wrote {redact(args.write_manifest)}" if d.get("manifest_written") else "")
             ]
         ),
     )
+    if refused is not None:
+        print(f"wds-cloud verify: error: {refused}", file=sys.stderr)
     return EXIT_OK if ok else EXIT_PROBLEM
 
 
@@ -367,15 +383,10 @@ def _reshard(args: argparse.Namespace) -> int:
     from ..compat import WebDataset
     from ..writer import TarWriter
 
-    urls = _urls(args.source)
-    if "%" not in args.dest:
-        raise UsageError(
-            f"the destination {args.dest!r} needs a %d-style field for the shard number, such as 'out/train-%06d.tar'"
-        )
-    choices: dict[str, Union[bool, str, None]] = {"none": False, "gz": "gz", "keep": None}
+    urls = _urls(args.source)  # DEST, --maxcount and --maxsize were checked when the command line was parsed
+    choices: dict[str, Union[bool, str, None]] = {"none": False, "keep": None, "gz": "gz", "bz2": "bz2", "xz": "xz"}
+    choices["zstd"] = "zstd"
     compress = choices[args.compress]
-    if args.maxcount < 1 or not args.maxsize > 0:
-        raise UsageError("--maxcount must be at least 1 and --maxsize more than 0")
     if getattr(args, "scheduler", None) or getattr(args, "workers", None):
         return _reshard_on_dask(args, urls)
     record = JobRecord(
@@ -422,7 +433,7 @@ def _reshard(args: argparse.Namespace) -> int:
         args,
         result,
         lambda r: (
-            f"{r['samples']} samples into {r['shards']} shards ({r['written']} written, "
+            f"{_plural(r['samples'], 'sample')} into {_plural(r['shards'], 'shard')} ({r['written']} written, "
             f"{r['kept']} already complete and kept)"
         ),
     )
@@ -434,7 +445,10 @@ def _map(args: argparse.Namespace) -> int:
     from ..tools.dask import distributed_module, load_function, map_shards
 
     distributed_module()  # without the extra: at once, with the install line
-    fn = load_function(args.function)
+    try:
+        fn = load_function(args.function)
+    except ConfigError as exc:  # the FUNCTION typed names nothing importable: a bad argument
+        raise UsageError(f"FUNCTION: {exc}") from None
     chosen = {
         "reraise": handlers.reraise_exception,
         "warn": handlers.warn_and_continue,
@@ -505,12 +519,6 @@ def _reshard_on_dask(args: argparse.Namespace, urls: list[str]) -> int:
 def _convert_mmc4(args: argparse.Namespace) -> int:
     from ..tools.interleaved import convert_mmc4
 
-    if args.maxcount < 1:
-        raise UsageError("--maxcount must be at least 1")
-    if "%" not in args.dest:
-        raise UsageError(
-            f"--dest {args.dest!r} needs a %d-style field for the shard number, such as 'out/mmc4-%06d.tar'"
-        )
     if getattr(args, "scheduler", None) or getattr(args, "workers", None):
         counts = _convert_on_dask(args, _urls(args.docs))
     else:
@@ -526,10 +534,10 @@ def _convert_mmc4(args: argparse.Namespace) -> int:
         args,
         counts,
         lambda c: (
-            f"{c['documents']} documents, {c['images']} images into {c['shards']} shards "
-            f"({c['written']} written, {c['kept']} already complete and kept); "
-            f"{c['dropped_images']} missing images dropped, {c['skipped_documents']} "
-            "documents skipped"
+            f"{_plural(c['documents'], 'document')}, {_plural(c['images'], 'image')} into "
+            f"{_plural(c['shards'], 'shard')} ({c['written']} written, {c['kept']} already complete and kept); "
+            f"{_plural(c['dropped_images'], 'missing image')} dropped, "
+            f"{_plural(c['skipped_documents'], 'document')} skipped"
         ),
     )
     return EXIT_OK
@@ -622,23 +630,27 @@ def add_parsers(commands: Any) -> None:
 
     def jobs(sub: argparse.ArgumentParser, what: str, local: str = "1 for local ones") -> None:
         sub.add_argument(
-            "--jobs", type=int, default=None, help=f"shards {what} at once (default: 8 for remote shards, {local})"
+            "--jobs",
+            type=count(1, MAX_PARALLEL),
+            default=None,
+            help=f"shards {what} at once, 1 to {MAX_PARALLEL} (default: 8 for remote shards, {local})",
         )
 
     def on_dask(sub: argparse.ArgumentParser, extra: str = "") -> None:
         where = sub.add_mutually_exclusive_group()
         where.add_argument(
             "--scheduler",
+            type=scheduler,
             help="run on the Dask cluster of this scheduler (tcp://host:8786; needs wds_cloud[dask])" + extra,
         )
         where.add_argument(
             "--workers",
-            type=int,
+            type=count(1, MAX_PARALLEL),
             help="run on a local Dask cluster of this many worker processes (needs wds_cloud[dask])" + extra,
         )
 
     ls = add("ls", "list a shard's members (or samples) with their sizes", "wds-cloud ls s3://bucket/train-0000.tar")
-    ls.add_argument("url", help="the shard (any URL)")
+    ls.add_argument("url", type=text("shard URL"), help="the shard (any URL)")
     ls.add_argument("--samples", action="store_true", help="one line per sample, with its fields")
     ls.set_defaults(func=_ls)
 
@@ -647,9 +659,9 @@ def add_parsers(commands: Any) -> None:
         "write a shard, one sample (as a tar) or one field of it to stdout",
         "wds-cloud cat s3://bucket/train-0000.tar --key 000123 --field jpg > 000123.jpg",
     )
-    cat.add_argument("url", help="the shard (any URL)")
-    cat.add_argument("--key", help="the sample's key")
-    cat.add_argument("--field", help="one field of the sample (its extension, such as jpg)")
+    cat.add_argument("url", type=text("shard URL"), help="the shard (any URL)")
+    cat.add_argument("--key", type=text("sample key"), help="the sample's key")
+    cat.add_argument("--field", type=text("field name"), help="one field of the sample (its extension, such as jpg)")
     cat.set_defaults(func=_cat)
 
     stat = add(
@@ -673,8 +685,10 @@ def add_parsers(commands: Any) -> None:
         default="json",
         help="json: ours (SHARD.index.json); dali: SHARD.idx; wids: one dataset description",
     )
-    index.add_argument("--output", help="where to write (one shard's index, or the wids description)")
-    index.add_argument("--name", help="the dataset's name in a wids description")
+    index.add_argument(
+        "--output", type=text("URL or path"), help="where to write (one shard's index, or the wids description)"
+    )
+    index.add_argument("--name", type=text("name"), help="the dataset's name in a wids description")
     jobs(index, "indexed", "one process per core for local ones")
     on_dask(index)
     index.set_defaults(func=_index)
@@ -685,14 +699,18 @@ def add_parsers(commands: Any) -> None:
         "wds-cloud verify 'data/train-{0000..0099}.tar' --write-manifest data/manifest.json",
     )
     verify.add_argument("spec", nargs="+", help="shards: URLs, paths or brace specs")
-    verify.add_argument("--manifest", help="check against this manifest (URL or path)")
+    verify.add_argument("--manifest", type=text("URL or path"), help="check against this manifest (URL or path)")
     verify.add_argument(
         "--allow-missing",
         action="store_true",
         help="shards given that the manifest does not list are not errors (the shards it lists "
         "are checked; its entries not given are never errors)",
     )
-    verify.add_argument("--write-manifest", help="write a manifest of the shards (only when every one passes)")
+    verify.add_argument(
+        "--write-manifest",
+        type=text("URL or path"),
+        help="write a manifest of the shards (only when every one passes)",
+    )
     jobs(verify, "read")
     on_dask(verify)
     verify.set_defaults(func=_verify)
@@ -703,14 +721,24 @@ def add_parsers(commands: Any) -> None:
         "wds-cloud reshard 'data/train-{0000..0099}.tar' 's3://bucket/big/train-%04d.tar' --maxcount 10000",
     )
     reshard.add_argument("source", nargs="+", help="input shards: URLs, paths or brace specs")
-    reshard.add_argument("dest", help="output pattern with a %%d field, such as out/train-%%06d.tar")
-    reshard.add_argument("--maxcount", type=int, default=10000, help="samples per output shard (default 10000)")
-    reshard.add_argument("--maxsize", type=float, default=3e9, help="bytes per output shard (default 3e9)")
+    reshard.add_argument(
+        "dest",
+        metavar="DEST",
+        type=output_pattern,
+        help="output pattern with one %%d (or %%06d) field for the shard number, such as out/train-%%06d.tar",
+    )
+    reshard.add_argument(
+        "--maxcount", type=count(1), default=10000, help="samples per output shard, 1 or more (default 10000)"
+    )
+    reshard.add_argument(
+        "--maxsize", type=flags.size, default=3e9, help="bytes per output shard, above 0 (default 3e9)"
+    )
     reshard.add_argument(
         "--compress",
-        choices=["keep", "none", "gz"],
+        choices=["keep", "none", "gz", "bz2", "xz", "zstd"],
         default="keep",
-        help="keep: from the output name (.tar.gz compresses); none; gz",
+        help="keep (default): as the output name says (.tar.gz/.tgz gzip, .tar.bz2 bzip2, .tar.xz xz, .tar.zst "
+        "zstd; else none); none; or gz, bz2, xz, zstd whatever the name",
     )
     on_dask(reshard, " (outputs are then numbered by input: input i gives dest %% i, then -001, -002, ...)")
     reshard.set_defaults(func=_reshard)
@@ -721,9 +749,19 @@ def add_parsers(commands: Any) -> None:
         "wds-cloud map mypkg.filters:keep_long 's3://bucket/train-{0000..0999}.tar' "
         "'s3://bucket/long/train-%04d.tar' --workers 8",
     )
-    mapper.add_argument("function", help="MODULE:FUNCTION, importable here and on every Dask worker")
+    mapper.add_argument(
+        "function",
+        metavar="FUNCTION",
+        type=text("MODULE:FUNCTION"),
+        help="MODULE:FUNCTION, importable here and on every Dask worker",
+    )
     mapper.add_argument("source", nargs="+", help="input shards: URLs, paths or brace specs")
-    mapper.add_argument("dest", help="output pattern with a %%d field (input shard i gives output i)")
+    mapper.add_argument(
+        "dest",
+        metavar="DEST",
+        type=output_pattern,
+        help="output pattern with one %%d (or %%06d) field (input shard i gives output i)",
+    )
     mapper.add_argument(
         "--per",
         choices=["sample", "shard"],
@@ -732,8 +770,10 @@ def add_parsers(commands: Any) -> None:
         "takes the shard's sample iterator and yields samples (default: sample)",
     )
     on_dask(mapper, " (default: a local cluster, one worker per core)")
-    mapper.add_argument("--maxcount", type=int, help="samples per output shard (an input then gives several)")
-    mapper.add_argument("--maxsize", type=float, help="bytes per output shard")
+    mapper.add_argument(
+        "--maxcount", type=count(1), help="samples per output shard, 1 or more (an input then gives several)"
+    )
+    mapper.add_argument("--maxsize", type=flags.size, help="bytes per output shard, above 0")
     mapper.add_argument(
         "--handler",
         choices=["reraise", "warn", "ignore"],
@@ -741,9 +781,12 @@ def add_parsers(commands: Any) -> None:
         help="a sample the function raises on: fail its shard (default), or skip it (warn: with a "
         "warning) and name it in the summary",
     )
-    mapper.add_argument("--retries", type=int, default=2, help="times a failed shard is run again (default 2)")
+    mapper.add_argument(
+        "--retries", type=count(0, 100), default=2, help="times a failed shard is run again, 0 to 100 (default 2)"
+    )
     mapper.add_argument(
         "--profile",
+        type=text("profile name"),
         help="the storage profile (WDS_CLOUD_CONFIG) the workers use: credentials never travel in the task graph",
     )
     mapper.set_defaults(func=_map)
@@ -767,9 +810,19 @@ def add_parsers(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     mmc4.add_argument("docs", nargs="+", help="the documents: JSON-lines files (any URL, brace specs, .gz read too)")
-    mmc4.add_argument("--images", required=True, help="where the image files are (a directory or URL prefix)")
-    mmc4.add_argument("--dest", required=True, help="output pattern with a %%d field, such as out/mmc4-%%06d.tar")
-    mmc4.add_argument("--maxcount", type=int, default=1000, help="documents per shard (default 1000)")
+    mmc4.add_argument(
+        "--images",
+        required=True,
+        type=text("directory or URL prefix"),
+        help="where the image files are (a directory or URL prefix)",
+    )
+    mmc4.add_argument(
+        "--dest",
+        required=True,
+        type=output_pattern,
+        help="output pattern with one %%d (or %%06d) field, such as out/mmc4-%%06d.tar",
+    )
+    mmc4.add_argument("--maxcount", type=count(1), default=1000, help="documents per shard, 1 or more (default 1000)")
     mmc4.add_argument(
         "--missing",
         choices=["drop", "skip", "error"],

@@ -157,7 +157,7 @@ class Registry:
         if fallback is not None:
             return fallback
         known = ", ".join(self._describe(s) for s in self.schemes()) or "(none: no plugin is loaded)"
-        known += " (and the protocols fsspec knows: see wds-cloud backends)"
+        known += " (and the protocols fsspec knows: see `wds-cloud backends --all`)"
         hint = ""
         if scheme in self.skipped:
             hint = f"; the plugin {scheme!r} is disabled by WDS_PLUGINS/WDS_DISABLE_PLUGINS"

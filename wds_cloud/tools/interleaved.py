@@ -31,10 +31,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, Optional, cast
 
 from ..autodecode import IMAGE_EXTENSIONS, imagehandler
-from ..errors import MalformedDataError, SampleError, redact
+from ..errors import ConfigError, MalformedDataError, SampleError, redact
 from ..filters import pipelinefilter
 from ..handlers import reraise_exception
 from ..io import datafile
+from ..io.patterns import check_output_pattern
 from ..io.security import confined
 
 __all__ = [
@@ -396,8 +397,8 @@ def _mmc4_sample(
         except FileNotFoundError:
             if missing == "error":
                 raise SampleError(
-                    f"document {number}: image {info['image_name']!r} is not under {images}; "
-                    "pass --missing drop (or skip) to go on without it"
+                    f"document {number}: image {info['image_name']!r} does not exist (no file {redact(path)}); "
+                    "pass missing='drop' (or 'skip') to go on without it"
                 ) from None
             if missing == "skip":
                 skip = True
@@ -438,6 +439,7 @@ def mmc4_shard(docs: list[str], images: str, dest: str, shard: int, start: tuple
     from ..io.open import gopen
     from ..writer import TarWriter
 
+    check_output_pattern(dest, "dest")
     counts = {"documents": 0, "images": 0, "dropped_images": 0, "skipped_documents": 0}
     number, index, first_line = start
     base = images.rstrip("/")
@@ -487,12 +489,11 @@ def convert_mmc4(
     """
     from ..writer import TarWriter
 
-    if "%" not in dest:
-        raise SampleError(
-            f"the destination {dest!r} needs a %d-style field for the shard number, such as 'out/mmc4-%06d.tar'"
-        )
+    check_output_pattern(dest, "dest")  # one number field, names that never repeat: before the job record
     if missing not in ("drop", "skip", "error"):
         raise SampleError(f"missing={missing!r} is not one of drop, skip, error")
+    if isinstance(maxcount, bool) or not isinstance(maxcount, int) or maxcount < 1:
+        raise ConfigError(f"maxcount={maxcount!r}: give the number of documents per shard, 1 or more")
     from ..io.jobrecord import HashingWriter, JobRecord
 
     record = JobRecord(
