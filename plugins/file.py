@@ -10,11 +10,12 @@ import errno
 import glob
 import io
 import os
+import stat
 import sys
 from collections.abc import Iterator
 from typing import Optional
 
-from wds_cloud.errors import ShardNotFoundError
+from wds_cloud.errors import ObjectChangedError, ShardNotFoundError
 from wds_cloud.io import AtomicFile, Backend, InStream, ObjectInfo, OutStream, hookimpl, local_path, local_version
 
 
@@ -51,6 +52,94 @@ class _Stdio(io.RawIOBase):
             self._stream().flush()
 
 
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def _not_a_file(url: str, mode: int) -> ShardNotFoundError:
+    kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return ShardNotFoundError(
+        f"{url[:200]}: is {kind}, not a regular file; a shard or data file read from a path must be a regular "
+        "file (its size known when opened); name the file itself, or read a stream with '-' (stdin) or "
+        "'pipe:cat PATH'",
+        url=url,
+    )
+
+
+def _open_regular(path: str, url: str) -> tuple[int, os.stat_result]:
+    """A descriptor of the regular file at ``path`` and its ``stat``: anything else (a device such as /dev/zero,
+    a FIFO, a socket, a directory) is refused before a byte is read.  It is checked before opening (opening
+    some devices acts on them) and again on the descriptor (the path may be replaced in between); a FIFO is
+    opened without waiting for a writer."""
+    before = os.stat(path)
+    if not stat.S_ISREG(before.st_mode):
+        raise _not_a_file(url, before.st_mode)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_a_file(url, st.st_mode)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+class _SizedFile(io.FileIO):
+    """A regular file's descriptor read no further than the size it had when opened (``size``): a file that
+    grows while it is read (a writer still appending, a file swapped) is an error, never an endless read."""
+
+    def __init__(self, fd: int, url: str, size: int) -> None:
+        super().__init__(fd, "rb", closefd=True)
+        self.url = url
+        self.size = size
+
+    def _grew(self, n: int) -> None:
+        if n and self.tell() > self.size:
+            raise ObjectChangedError(
+                f"{self.url[:200]}: the file grew while it was read (it had {self.size} bytes when opened); a "
+                "shard must not change while it is read: read it when its writer has finished",
+                url=self.url,
+            )
+
+    def readinto(self, buffer) -> int:
+        n = super().readinto(buffer)
+        self._grew(n or 0)
+        return n
+
+    def read(self, size: Optional[int] = -1) -> bytes:
+        if size is None or size < 0:
+            return self.readall()
+        data = super().read(size)
+        self._grew(len(data or b""))
+        return data
+
+    def readall(self) -> bytes:
+        chunks: list[bytes] = []
+        while True:
+            chunk = self.read(max(1 << 16, self.size - self.tell() + 1))
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+
+
+class LocalFile(io.BufferedReader):
+    """A local file open for reading, with the backend contract's ``size`` and ``version`` (its modification
+    time and size when opened)."""
+
+    def __init__(self, raw: _SizedFile, bufsize: int, st: os.stat_result) -> None:
+        super().__init__(raw, bufsize)
+        self.size = st.st_size
+        self.version = local_version(st)
+
+
 class FileBackend(Backend):
     scheme = "file"
 
@@ -62,15 +151,15 @@ class FileBackend(Backend):
             return stdin
         path = local_path(url)
         try:
-            stream = open(path, "rb", buffering=bufsize or self.settings.bufsize)
+            fd, st = _open_regular(path, url)
+        except ShardNotFoundError:
+            raise
         except FileNotFoundError as exc:
             raise ShardNotFoundError(
                 f"{url}: no such file (looked for {os.path.abspath(path)!r}); "
                 "check the path and the shard spec's brace ranges",
                 url=url,
             ) from exc
-        except IsADirectoryError as exc:
-            raise ShardNotFoundError(f"{url}: is a directory, not a shard file", url=url) from exc
         except ValueError as exc:  # a NUL in the path: no file can have that name
             raise ShardNotFoundError(
                 f"{url!r:.200}: no such file (a path cannot hold a NUL character)", url=url
@@ -81,6 +170,7 @@ class FileBackend(Backend):
                     f"{url[:200]}: no such file ({os.strerror(exc.errno).lower()}); check the path", url=url
                 ) from exc
             raise
+        stream = LocalFile(_SizedFile(fd, url, st.st_size), bufsize or self.settings.bufsize, st)
         if offset:
             try:
                 stream.seek(offset)
@@ -99,6 +189,8 @@ class FileBackend(Backend):
             st = os.stat(local_path(url))
         except FileNotFoundError as exc:
             raise ShardNotFoundError(f"{url}: no such file", url=url) from exc
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_a_file(url, st.st_mode)
         return ObjectInfo(url, st.st_size, local_version(st))
 
     def list(self, prefix: str) -> Iterator[str]:

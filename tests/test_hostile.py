@@ -455,3 +455,85 @@ def test_fuzz_compressed_streams(seed, compression):
             assert {k: v for k, v in sample.items() if not k.startswith("__")} == EXPECTED[sample["__key__"]]
         else:  # a flipped bit may change bytes unnoticed (zstd keeps no checksum by default), never the shape
             assert set(sample) - {"__key__", "__url__"} <= {"txt", "bin"}
+
+
+# local paths that are not regular files: a device, a FIFO, a socket, a directory, a file that grows
+
+
+def _hostile_path(kind, tmp_path):
+    import os
+    import socket
+
+    if kind == "device":
+        return "/dev/zero", None
+    if kind == "fifo":
+        path = tmp_path / "fifo.tar"
+        os.mkfifo(path)
+        return str(path), os.open(path, os.O_RDWR | os.O_NONBLOCK)  # a writer: opening it never blocks
+    if kind == "socket":
+        path = tmp_path / "socket.tar"
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+        return str(path), sock
+    path = tmp_path / "folder.tar"
+    path.mkdir()
+    return str(path), None
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "socket", "directory"])
+def test_a_local_path_that_is_not_a_regular_file_is_refused_by_every_reader(kind, tmp_path):
+    """/dev/zero used to be read for ever (index building drained it; ShardListDataset over a description naming
+    it hung), a FIFO waited for a writer: each is refused, naming the path, before a byte is read."""
+    import json
+    import os
+
+    from wds_cloud.errors import ShardNotFoundError
+    from wds_cloud.index import ShardListDataset, build_index
+    from wds_cloud.io import datafile
+    from wds_cloud.io.manifest import load_manifest
+
+    path, holder = _hostile_path(kind, tmp_path)
+    try:
+        for attempt in (
+            lambda: wds.gopen(path).read(1),
+            lambda: wds.gopen("file:" + path).read(1),
+            lambda: build_index(path),
+            lambda: datafile.load(path, "description"),
+            lambda: load_manifest(path),
+            lambda: list(wds.WebDataset(path, shardshuffle=False)),
+        ):
+            with pytest.raises(ShardNotFoundError, match="not a regular file") as info:
+                attempt()
+            assert path in str(info.value)
+        description = tmp_path / "d.json"
+        description.write_text(
+            json.dumps(
+                {"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": [{"url": path, "nsamples": 3}]}
+            )
+        )
+        with pytest.raises(ShardNotFoundError, match="not a regular file"):
+            ShardListDataset(str(description))[0]
+    finally:
+        if isinstance(holder, int):
+            os.close(holder)
+        elif holder is not None:
+            holder.close()
+
+
+def test_a_local_file_that_grows_while_read_is_an_error_not_an_endless_read(tmp_path):
+    """A read (or a drain to the end, as index building and manifest checks do) stops at the size the file had
+    when opened: more bytes mean it is being written or was swapped, ObjectChangedError."""
+    from wds_cloud.errors import ObjectChangedError
+    from wds_cloud.io.integrity import Hashing
+
+    path = tmp_path / "growing.tar"
+    for finish in (lambda s: s.read(), lambda s: Hashing(s).drain(), lambda s: s.read(1 << 20)):
+        path.write_bytes(bytes(2048))
+        with wds.gopen(str(path)) as stream:
+            assert stream.size == 2048 and stream.read(10) == bytes(10)
+            with open(path, "ab") as more:
+                more.write(bytes(1 << 16))
+            with pytest.raises(ObjectChangedError, match="grew while it was read"):
+                finish(stream)
+    with wds.gopen(str(path), offset=100) as stream:  # opened after it grew: its new size is the bound
+        assert len(stream.read()) == 2048 + (1 << 16) - 100

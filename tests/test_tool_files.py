@@ -90,3 +90,70 @@ def test_a_manifest_written_with_relative_names_verifies_from_anywhere(project, 
 def test_name_in_file(url, at, named):
     """Relative where the target lies in or below the file's folder, absolute otherwise."""
     assert name_in_file(url, at) == named
+
+
+@pytest.fixture
+def linked(project, monkeypatch):
+    """project/link -> project/data (a linked folder); the working directory is project/cwd."""
+    (project / "project" / "link").symlink_to(project / "project" / "data", target_is_directory=True)
+    (project / "project" / "cwd").mkdir()
+    monkeypatch.chdir(project / "project" / "cwd")
+    return project / "project"
+
+
+def _copy_and_replace(folder, to):
+    """``folder`` copied to ``to``; the copy's shards hold other samples (a read of the original shows)."""
+    import shutil
+
+    shutil.copytree(folder, to, symlinks=True)
+    make_shards(to, nshards=2, per_shard=3)
+
+
+def test_shards_reached_through_a_link_to_the_manifest_folder_are_named_relative(linked, monkeypatch):
+    """`verify ../link/... --write-manifest <data>/manifest.json`: the shards are in the manifest's folder (through
+    a link), so they are named "shard-000.tar" (they were written as absolute paths through the link, and a copy
+    of the folder then failed verify against its own manifest)."""
+    data = linked / "data"
+    assert main(["verify", "../link/shard-{000..001}.tar", "--write-manifest", str(data / "manifest.json")]) == 0
+    assert sorted(load_manifest(str(data / "manifest.json")).shards) == ["shard-000.tar", "shard-001.tar"]
+    assert main(["verify", "../link/shard-{000..001}.tar", "--write-manifest", "../link/m2.json"]) == 0
+    assert sorted(json.loads((data / "m2.json").read_text())["shards"]) == ["shard-000.tar", "shard-001.tar"]
+    import shutil
+
+    shutil.copytree(data, linked / "copy", symlinks=True)
+    monkeypatch.chdir(linked)
+    assert main(["verify", "copy/shard-{000..001}.tar", "--manifest", "copy/manifest.json"]) == 0
+
+
+def test_a_manifest_finds_its_shards_through_any_spelling_of_their_folder(linked):
+    """A manifest written with data/... names the same files given through link/... or with .. (it refused them:
+    "not in the manifest"); a file only spelled alike elsewhere is still not in it."""
+    data = linked / "data"
+    assert main(["verify", str(data / "shard-{000..001}.tar"), "--write-manifest", str(data / "manifest.json")]) == 0
+    manifest = str(data / "manifest.json")
+    for spec in (
+        str(linked / "link" / "shard-{000..001}.tar"),
+        "../link/shard-{000..001}.tar",
+        "../link/../data/shard-{000..001}.tar",
+        "file:" + str(linked / "link" / "shard-{000..001}.tar"),
+    ):
+        assert sorted(s["__key__"] for s in wds.WebDataset(spec, shardshuffle=False, manifest=manifest)) == KEYS
+    assert load_manifest(manifest).find(str(linked / "cwd" / "shard-000.tar")) is None
+
+
+def test_a_wids_description_in_its_shards_folder_reached_through_a_link_names_them_relative(linked):
+    """`index ../link/... --format wids --output <data>/d.json` names the shards "shard-000.tar", so a copy of the
+    folder reads its own shards (it named the originals absolutely and a copy silently read them)."""
+    data = linked / "data"
+    out = str(data / "d.json")
+    assert main(["index", "../link/shard-{000..001}.tar", "--format", "wids", "--output", out]) == 0
+    assert [row["url"] for row in json.loads((data / "d.json").read_text())["shardlist"]] == [
+        "shard-000.tar",
+        "shard-001.tar",
+    ]
+    _copy_and_replace(data, linked / "copy")
+    copied = sorted(s["__key__"] for s in wds.WebDataset(str(linked / "copy" / "d.json"), shardshuffle=False))
+    assert copied == sorted(f"s{s}_{i:04d}" for s in range(2) for i in range(3))
+    assert name_in_file("../link/shard-000.tar", "../data/x.json") == "shard-000.tar"
+    assert name_in_file("../data/sub/../shard-000.tar", "../link/x.json") == "shard-000.tar"
+    assert name_in_file("../data/shard-000.tar", "../cwd/x.json").startswith("/")  # outside: absolute

@@ -20,6 +20,7 @@ import gc
 import json
 import os
 import re
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, Optional, cast
 
@@ -387,13 +388,16 @@ _META = re.compile(SKIP_META)
 def _walk_local(path: str, url: str, split: Callable[[str], tuple]) -> Optional[ShardIndex]:
     """The index of a local plain tar from its headers alone, or None (compressed, GNU/PAX records, links,
     damage: the tar reader then reads it and says what is wrong)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+    try:  # not waiting for a FIFO's writer; anything but a regular file is left to gopen, which refuses it
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError):
         return None  # gopen gives the error, with the fix
     try:
-        total = os.fstat(fd).st_size
-        if total < 1024 or detect_compression(os.pread(fd, 6, 0)) is not None:
+        st = os.fstat(fd)
+        total = st.st_size
+        if not stat.S_ISREG(st.st_mode) or total < 1024 or detect_compression(os.pread(fd, 6, 0)) is not None:
             return None
         samples: list[SampleEntry] = []
         last = None

@@ -21,7 +21,7 @@ from ..errors import IntegrityError, MalformedDataError, redact
 from . import datafile
 from .integrity import Verifying, mismatch
 from .open import gopen
-from .urls import folder_of, location_of, relative_to_folder
+from .urls import folder_of, location_of, relative_to_folder, resolved
 
 __all__ = ["Manifest", "load_manifest", "Verifying", "check_index", "FORMAT"]
 
@@ -47,14 +47,15 @@ class Manifest:
 
     def name_of(self, url: str) -> Optional[str]:
         """The manifest's name for the shard at ``url`` (None: it has none): the same name, or one that is the
-        same place once relative names are read from the manifest's folder."""
+        same file once relative names are read from the manifest's folder and links are followed (a shard given
+        through a linked folder, or spelled with ``..``, is the shard the manifest names)."""
         if url in self.shards:
             return url
         if self._where is None or self._indexed != len(self.shards):
             folder = folder_of(self.base) if self.base is not None else None
-            self._where = {location_of(name, folder): name for name in self.shards}
+            self._where = {resolved(location_of(name, folder)): name for name in self.shards}
             self._indexed = len(self.shards)
-        return self._where.get(location_of(url, None))
+        return self._where.get(resolved(location_of(url, None)))
 
     def find(self, url: str) -> Optional[dict]:
         """The entry for the shard at ``url``, or None."""

@@ -17,6 +17,7 @@ __all__ = [
     "is_local",
     "local_path",
     "same_location",
+    "resolved",
     "local_version",
     "pipe_cleaner",
     "url_to_cache_name",
@@ -61,8 +62,21 @@ def local_path(url: str) -> str:
 def same_location(a: str, b: str) -> bool:
     """Whether two URLs name one object: local ones compared as real paths (links and ``file:`` resolved)."""
     if is_local(a) and is_local(b):
-        return os.path.realpath(local_path(a)) == os.path.realpath(local_path(b))
+        return resolved(local_path(a)) == resolved(local_path(b))
     return a == b
+
+
+def resolved(location: str) -> str:
+    """What ``location`` names once the file system has followed it: a local path made absolute with its links
+    resolved (``os.path.realpath``; a name no file can have, holding a NUL, only normalized); any other URL as
+    it is.  Two spellings of one local file (through a linked folder, with ``..``) resolve alike."""
+    if not is_local(location):
+        return location
+    path = os.path.abspath(local_path(location))
+    try:
+        return os.path.realpath(path)
+    except (OSError, ValueError):
+        return os.path.normpath(path)
 
 
 def local_version(st: os.stat_result) -> str:
@@ -150,12 +164,24 @@ def folder_of(url: str) -> str:
 
 
 def relative_to_folder(location: str, folder: str) -> str:
-    """``location`` relative to ``folder`` when it is inside it, else as it is."""
+    """``location`` relative to ``folder`` when it is inside it, else as it is.
+
+    A local location is inside when its folder, links resolved, is the folder (resolved) or below it: a shard
+    reached through a link to the folder (``../link/s0.tar`` for a file written in ``real/``) is named ``s0.tar``,
+    so the folder copied or moved elsewhere still names its own shards; a shard that is itself a link in the
+    folder keeps its name there.  Failing that, a location spelled inside the folder is named as spelled."""
     if is_local(location) != is_local(folder):
         return location
     if is_local(location):
-        inside = os.path.relpath(location, folder)
-        return location if inside.startswith("..") else inside.replace(os.sep, "/")
+        path = local_path(location)
+        parent, base = os.path.split(path)
+        for inside in (
+            os.path.relpath(os.path.join(resolved(parent or "."), base), resolved(folder)),
+            os.path.relpath(path, local_path(folder)),
+        ):
+            if inside != ".." and not inside.startswith(".." + os.sep) and not os.path.isabs(inside):
+                return inside.replace(os.sep, "/")
+        return location
     prefix = folder.rstrip("/") + "/"
     return location[len(prefix) :] if location.startswith(prefix) else location
 
