@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import wds_cloud
 from wds_cloud.cli import main
 
@@ -51,5 +53,9 @@ def test_demo_to_a_given_location(tmp_path, capsys):
 
 def test_demo_rejects_bad_numbers(capsys):
     """Nonsense counts are refused with a message."""
-    assert main(["demo", "--samples", "0"]) == 2
-    assert "at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # refused as the command line is parsed
+        main(["demo", "--samples", "0"])
+    assert refused.value.code == 2
+    assert "--samples" in capsys.readouterr().err
+    assert main(["demo", "--samples", "2", "--shards", "3"]) == 2
+    assert "at most one shard per sample" in capsys.readouterr().err

@@ -14,7 +14,10 @@ from .conftest import make_shards
 
 
 def run(capsys, *argv):
-    code = main([str(a) for a in argv])
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:  # argparse's own refusals (one line, exit 2)
+        code = exc.code
     out, err = capsys.readouterr()
     return code, out, err
 

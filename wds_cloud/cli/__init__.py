@@ -120,11 +120,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     Parser.wants_json = "--json" in argv
     try:
-        args = parser.parse_args(argv)  # argparse's own refusals: one line, exit 2 (flags.Parser)
-    except SystemExit as exc:
-        if exc.code == EXIT_USAGE:
-            return EXIT_USAGE
-        raise  # --help and --version: 0
+        args = parser.parse_args(argv)  # argparse's own refusals: one line, SystemExit(2) (flags.Parser)
     finally:
         Parser.wants_json = False
     if not getattr(args, "func", None):

@@ -79,6 +79,12 @@ def _urls(spec: list[str]) -> list[str]:
     return urls
 
 
+def _cli_failures(summary: dict) -> None:
+    """A Dask job's failures as a command line user reads them: advice in flags, not Python arguments."""
+    for failure in summary.get("failures", ()):
+        failure["error"] = for_cli(str(failure.get("error", "")))
+
+
 def _plural(n: int, what: str) -> str:
     return f"{n} {what}" + ("" if n == 1 else "s")
 
@@ -480,6 +486,7 @@ def _map(args: argparse.Namespace) -> int:
             workers=args.workers,
             on_progress=report,
         )
+    _cli_failures(summary)
     emit(
         args,
         summary,
@@ -504,6 +511,7 @@ def _reshard_on_dask(args: argparse.Namespace, urls: list[str]) -> int:
         summary = map_shards(
             passthrough, urls, args.dest, per="shard", client=client, maxcount=args.maxcount, maxsize=args.maxsize
         )
+    _cli_failures(summary)
     emit(
         args,
         summary,
