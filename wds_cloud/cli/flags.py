@@ -2,7 +2,7 @@
 
 Each is an argparse ``type=``: a malformed value stops the command before anything is created (no job
 record, no output, no cluster), with exit code 2 and one line naming the flag, the value and what is
-accepted, never a traceback.  :class:`Parser` makes argparse's own refusals that one line too (its usage
+accepted, never a traceback.  ``Parser`` makes argparse's own refusals that one line too (its usage
 block is what ``--help`` is for), and, when ``--json`` was asked for, prints them as JSON on stdout.
 """
 
@@ -32,7 +32,7 @@ def json_failure(message: str, code: int) -> None:
 class Parser(argparse.ArgumentParser):
     """argparse's parser, refusing in one line: ``wds-cloud verify: error: argument --jobs: ...``."""
 
-    #: set by :func:`wds_cloud.cli.main` for the command line it parses: whether ``--json`` is in it
+    #: set by ``wds_cloud.cli.main`` for the command line it parses: whether ``--json`` is in it
     wants_json = False
 
     def error(self, message: str) -> NoReturn:
@@ -88,7 +88,7 @@ def scheduler(text: str) -> str:
 
 
 def output_pattern(text: str) -> str:
-    """An argparse type: an output name pattern with exactly one number field (:mod:`wds_cloud.io.patterns`)."""
+    """An argparse type: an output name pattern with exactly one number field (``wds_cloud.io.patterns``)."""
     from ..io.patterns import PATTERN_RULE, output_pattern_problem
 
     problem = output_pattern_problem(text)

@@ -3,7 +3,7 @@
 A pattern names shard ``k`` as ``pattern % k``.  It holds exactly one number field, ``%d`` or a zero-padded
 ``%0Nd`` (``%06d``), in its last path segment, and no other ``%``: so the names of two shards never coincide
 (a pattern whose names repeat, such as ``out-%.0s.tar``, would publish every shard under one name and keep
-all but the first as "already complete"), the job record (:mod:`wds_cloud.io.jobrecord`) can name the job
+all but the first as "already complete"), the job record (``wds_cloud.io.jobrecord``) can name the job
 (the field replaced by ``N``) and recognise its outputs, and nothing fails half way with Python's
 ``TypeError`` (``out-%d-%d.tar``, ``out-%%d.tar``).  Other conversions (``%s``, ``%x``, ``%5d`` padded
 with spaces, ``%+d``) and a literal ``%%`` are refused: the few names they would add are not worth names
@@ -23,6 +23,7 @@ _CONVERSION = re.compile(r"%(?:\([^)]*\)?)?[-+ #0]*(?:\*|\d+)?(?:\.(?:\*|\d*))?[
 #: the number fields accepted: %d and %0Nd (as the job record's name and matching read them)
 _NUMBER = re.compile(r"%(?:0\d{1,2})?d")
 
+#: the rule, as every refusal of a pattern states it
 PATTERN_RULE = (
     "give exactly one %d field (or a zero-padded one such as %06d) for the shard number, such as out/train-%06d.tar"
 )
@@ -56,7 +57,7 @@ def output_pattern_problem(pattern: str) -> str | None:
 
 
 def check_output_pattern(pattern: str, what: str = "the output pattern") -> str:
-    """``pattern`` when it is a valid output name pattern, else :class:`ConfigError` naming it (as ``what``),
+    """``pattern`` when it is a valid output name pattern, else ``ConfigError`` naming it (as ``what``),
     what is wrong and the rule."""
     problem = output_pattern_problem(pattern)
     if problem is not None:
