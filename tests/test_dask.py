@@ -319,6 +319,13 @@ def test_numpy_counts_are_accepted_and_recorded_as_numbers(shards, tmp_path, clu
     assert record["settings"]["maxcount"] == 2
 
 
+@pytest.mark.parametrize("pattern", ["o-%d-%d.tar", "o-%%d.tar", "o-%.0s.tar", "o-%s.tar", "o.tar"])
+def test_a_destination_pattern_must_give_distinct_names(shards, tmp_path, pattern):
+    with pytest.raises(ConfigError, match="destination"):
+        map_shards(shout, shards, str(tmp_path / "out" / pattern))
+    assert not list((tmp_path / "out").iterdir())
+
+
 def test_a_sample_that_raises_goes_to_the_handler(shards, tmp_path, cluster):
     dest = str(tmp_path / "out" / "part-%03d.tar")
     summary = map_shards(bad_sample, shards, dest, client=cluster, handler=wds.ignore_and_continue)

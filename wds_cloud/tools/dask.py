@@ -44,6 +44,7 @@ from typing import IO, Any, Optional, Union, cast
 from ..errors import ConfigError, MissingExtraError, holds_credential, redact
 from ..handlers import reraise_exception
 from ..io.jobrecord import output_names
+from ..io.patterns import check_output_pattern
 
 __all__ = [
     "map_shards",
@@ -430,11 +431,9 @@ def map_shards(
             f"per={per!r}: give 'sample' (fn takes and returns samples) or 'shard' (fn takes the "
             "shard's sample iterator and yields samples)"
         )
-    if "%" not in destination:
-        raise ConfigError(
-            f"the destination {redact(destination)!r} needs a %d-style field for the shard number, such as "
-            "'out/train-%06d.tar' (input shard i gives output i)"
-        )
+    # one number field, names that never repeat (input i gives output i): a TypeError half way, or outputs
+    # published over each other, otherwise
+    check_output_pattern(destination, "the destination")
     maxcount = _number("maxcount", maxcount, 1, whole=True)
     maxsize = _number("maxsize", maxsize, 1, whole=False)
     retries = _number("retries", retries, 0, whole=True)
