@@ -499,3 +499,30 @@ def test_convert_on_dask_writes_what_one_process_writes(mmc4):  # noqa: F811
     assert {k: many[k] for k in one} == one
     for i in range(one["shards"]):
         assert (root / f"many-{i:03d}.tar").read_bytes() == (root / f"one-{i:03d}.tar").read_bytes()
+
+
+def test_the_console_script_imports_the_function_from_the_working_directory(shards, tmp_path):
+    """`wds-cloud map mypkg.filters:keep_even ...` run from the folder holding mypkg/, as docs/dask.md shows it: the
+    console script (unlike `python -m`) had only its own folder on sys.path, so `No module named 'mypkg'`; the
+    workers of the local cluster import it too."""
+    script = pathlib.Path(sys.executable).with_name("wds-cloud")
+    if not script.exists():
+        pytest.skip("the wds-cloud console script is not installed beside this interpreter")
+    work = tmp_path / "work"
+    (work / "mypkg").mkdir(parents=True)
+    (work / "mypkg" / "__init__.py").write_text("")
+    (work / "mypkg" / "filters.py").write_text(
+        "def keep_even(sample):\n    return sample if int(sample['__key__'][-1]) % 2 == 0 else None\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    dest = str(tmp_path / "out" / "even-%03d.tar")
+    out = subprocess.run(
+        [str(script), "map", "mypkg.filters:keep_even", *shards, dest, "--workers", "1", "--json"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout)["done"] == len(SIZES)

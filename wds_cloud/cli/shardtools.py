@@ -451,6 +451,10 @@ def _map(args: argparse.Namespace) -> int:
     from ..tools.dask import distributed_module, load_function, map_shards
 
     distributed_module()  # without the extra: at once, with the install line
+    # MODULE:FUNCTION is looked for in the working directory first, as `python -m` and most tools that take one do
+    # (the console script's sys.path holds only its own folder); workers of a local cluster inherit sys.path
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         fn = load_function(args.function)
     except ConfigError as exc:  # the FUNCTION typed names nothing importable: a bad argument
@@ -507,9 +511,17 @@ def _reshard_on_dask(args: argparse.Namespace, urls: list[str]) -> int:
 
     if args.compress not in ("keep",):
         raise UsageError("on Dask the compression follows the output name (.tar.gz compresses): leave out --compress")
-    with _cluster(args) as client:
+    # a local cluster is started by map_shards itself, after the job has claimed its destination
+    with _cluster(args) if args.scheduler else contextlib.nullcontext() as client:
         summary = map_shards(
-            passthrough, urls, args.dest, per="shard", client=client, maxcount=args.maxcount, maxsize=args.maxsize
+            passthrough,
+            urls,
+            args.dest,
+            per="shard",
+            client=client,
+            maxcount=args.maxcount,
+            maxsize=args.maxsize,
+            workers=args.workers,
         )
     _cli_failures(summary)
     emit(
