@@ -98,6 +98,7 @@ class _SizedFile(io.FileIO):
 
     def __init__(self, fd: int, url: str, size: int) -> None:
         super().__init__(fd, "rb", closefd=True)
+        self.name = url  # a FileIO made from a descriptor is named by the number; readers show the name
         self.url = url
         self.size = size
 

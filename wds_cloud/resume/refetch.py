@@ -65,7 +65,9 @@ def refetch(
                 field="buffer",
             ) from None
         try:
-            return [(offset, sample) for offset, sample in parse(stream, url, start, True)]
+            pairs = list(parse(stream, url, start, True))
+            _check_extents(url, pairs, end)
+            return pairs
         except CorruptShardError as exc:  # the range the state names does not hold whole tar members
             raise StateMismatchError(
                 f"{redact(url)}: the saved state's buffered samples at bytes {start}-{end} are not whole tar "
@@ -90,6 +92,27 @@ def refetch(
         finally:
             stream.close()
         return out
+
+    #: what the state says each wanted sample spans: (url, start) -> end
+    stated = {(url, start): end for url, start, end, _ in locs}
+
+    def _check_end(url: str, start: int, end: Optional[int]) -> None:
+        expected = stated.get((url, start))
+        if expected is not None and end is not None and end != expected:
+            raise StateMismatchError(
+                f"{redact(url)}: the saved state says a buffered sample spans bytes {start}-{expected}, but the "
+                f"sample read there ends at byte {end}: the state names a place inside or across samples, so it was "
+                "changed (or the shard was): load the state state_dict() returned for these shards",
+                url=url,
+                offset=start,
+                field="buffer",
+            )
+
+    def _check_extents(url: str, pairs: list, end: int) -> None:
+        """Each sample of a run spans exactly what the state says: up to the next one, the last to the run's end
+        (a range that begins inside a sample gives a part of one, which must never be yielded as a sample)."""
+        for i, (offset, _) in enumerate(pairs):
+            _check_end(url, offset, pairs[i + 1][0] if i + 1 < len(pairs) else end)
 
     if report is not None:
         report.update(

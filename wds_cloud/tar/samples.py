@@ -195,7 +195,7 @@ def tar_file_iterator(
     """
     members = TarMembers(
         fileobj,
-        url or getattr(fileobj, "name", "") or "",
+        url or _name_of(fileobj),
         select=member_filter(skip_meta, select_files, rename_files),
         max_member=config.current().max_member_size,
     )
@@ -209,6 +209,12 @@ def tar_file_iterator(
         exn_handled = handler(exn)
         if not exn_handled:
             raise _Stop() from exn
+
+
+def _name_of(fileobj: Any) -> str:
+    """What a stream calls itself (a file's path), for messages; a stream named by a descriptor number says nothing."""
+    name = getattr(fileobj, "name", "")
+    return name if isinstance(name, str) else ""
 
 
 class _Stop(Exception):
