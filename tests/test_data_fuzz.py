@@ -3,6 +3,8 @@ a state mutated at random resumes exactly or is refused with StateMismatchError.
 
 import copy
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -186,7 +188,10 @@ def test_a_mutated_map_job_record_is_refused_or_well_formed(tmp_path_factory, da
 
     def load():
         with JobRecord(dest, "map", inputs, settings) as job:
-            done = job.extra.get("done", {})
+            done = job.extra.get("done")
+            if done is None:  # a record without a done map (as reshard's) may list only DEST % k, owned, redone
+                assert all(re.fullmatch(r"o-\d{3,}\.tar", os.path.basename(name)) for name in job.outputs)
+                return job
             for key, names in done.items():
                 assert key.isdigit() and int(key) < len(inputs) and str(int(key)) == key
                 assert names == output_names(dest, int(key), len(names))

@@ -23,15 +23,24 @@ def pipeline(shards, *stages, **reader_kw):
     return wds.DataPipeline(wds.SimpleShardList(shards), wds.tarfile_to_samples(**reader_kw), *stages)
 
 
+def file_opener(opened=None):
+    """A url_opener of the kind trainers write (NeMo's shape): opens each shard itself, noting its URL."""
+
+    def opener(data, handler=reraise_exception, **kw):
+        for sample in data:
+            if opened is not None:
+                opened.append(sample["url"])
+            sample.update(stream=open(sample["url"], "rb"))
+            yield sample
+
+    return opener
+
+
 def test_a_replaced_url_opener_opens_every_shard_of_tarfile_to_samples(shards, monkeypatch):
     """NeMo's habit: ``tariterators.url_opener = mine``; tarfile_to_samples() then opens the shards through it."""
     opened = []
 
-    def nemo_opener(data, handler=reraise_exception, **kw):
-        for sample in data:
-            opened.append(sample["url"])
-            sample.update(stream=open(sample["url"], "rb"))
-            yield sample
+    nemo_opener = file_opener(opened)
 
     expected = keys_of(pipeline(shards))
     monkeypatch.setattr(tariterators, "url_opener", nemo_opener)
@@ -44,11 +53,7 @@ def test_the_override_is_looked_up_when_a_pass_begins_not_when_the_stage_is_buil
     """As in webdataset, a stage built before the assignment uses the replaced function from its next pass on."""
     opened = []
 
-    def mine(data, handler=reraise_exception, **kw):
-        for sample in data:
-            opened.append(sample["url"])
-            sample.update(stream=open(sample["url"], "rb"))
-            yield sample
+    mine = file_opener(opened)
 
     ds = pipeline(shards)
     first = keys_of(ds)
@@ -119,10 +124,7 @@ def test_state_dict_names_the_override_and_strict_refuses(shards, monkeypatch, c
     """A pass read through a replaced function has no exact state: state_dict() never raises (an inexact
     state, logged, naming the function); strict=True raises NotResumableError naming it."""
 
-    def mine(data, handler=reraise_exception, **kw):
-        for sample in data:
-            sample.update(stream=open(sample["url"], "rb"))
-            yield sample
+    mine = file_opener()
 
     monkeypatch.setattr(tariterators, "url_opener", mine)
     ds = pipeline(shards, wds.shuffle(5, seed=1))
@@ -174,10 +176,7 @@ def test_the_override_reaches_dataloader_workers(shards, monkeypatch):
     raises from resume machinery the user did not ask for)."""
     torch = pytest.importorskip("torch")  # noqa: F841
 
-    def mine(data, handler=reraise_exception, **kw):
-        for sample in data:
-            sample.update(stream=open(sample["url"], "rb"))
-            yield sample
+    mine = file_opener()
 
     monkeypatch.setattr(tariterators, "url_opener", mine)
     ds = wds.DataPipeline(

@@ -15,7 +15,7 @@ from .pytorch import IterableDataset
 from .resume.arguments import SEED_MAX, SEED_MIN, as_seed, as_weights, is_seed
 from .resume.protocol import Resumable, next_pass_state
 from .resume.rng import MAX_COUNT, CountedRandom
-from .resume.state import SEAL, check_seal, expect, seal
+from .resume.state import SEAL, check_seal, expect, refuse_unknown, seal
 
 __all__ = ["RoundRobin", "RandomMix", "round_robin_shortest", "round_robin_longest", "random_samples"]
 
@@ -193,13 +193,7 @@ class RandomMix(ReplayedSources, IterableDataset):
             )
         fresh = "fresh" in state
         allowed = {"format", "sources", SEAL} | ({"fresh"} if fresh else {"rng", "active"})
-        unknown = sorted(str(key) for key in set(state) - allowed)
-        if unknown:
-            raise StateMismatchError(
-                f"the saved RandomMix state has the field(s) {shown(unknown)}, which no state_dict() gives: "
-                "the state was changed; load the state that state_dict() returned",
-                field=unknown[0],
-            )
+        refuse_unknown(state, allowed, "RandomMix")
         n = len(self.datasets)
         if len(state["sources"]) != n:
             raise StateMismatchError(

@@ -27,7 +27,7 @@ from ..errors import StateMismatchError
 from ..io.datafile import shown
 from ..resume.arguments import as_count, as_seed, as_weights
 from ..resume.rng import MAX_COUNT, CountedRandom
-from ..resume.state import SEAL, check_seal, seal
+from ..resume.state import SEAL, check_seal, refuse_unknown, seal
 from ..stages import PipelineStage
 from ..utils import make_seed, pytorch_worker_info
 
@@ -431,13 +431,7 @@ class MixSource(ReplayedSources, PipelineStage):
                 "mix states carried one) or edited; take a new state with state_dict(), or start the pass again",
                 field=SEAL,
             )
-        unknown = sorted(str(key) for key in set(state) - _STATE_KEYS)
-        if unknown:
-            raise StateMismatchError(
-                f"the mix state has the field(s) {shown(unknown)}, which no state_dict() gives: the state was "
-                "changed; load the state that state_dict() returned",
-                field=unknown[0],
-            )
+        refuse_unknown(state, _STATE_KEYS, "mix")
         if state.get("names") != list(self.names):
             raise StateMismatchError(
                 f"the state was saved by a mix of the sources {shown(state.get('names'))}; this one "

@@ -40,6 +40,7 @@ __all__ = [
     "FORMAT",
     "StateURL",
     "check_same",
+    "refuse_unknown",
     "expect",
     "same_url",
     "shown_url",
@@ -180,6 +181,17 @@ def expect(state: Any, what: str, kind: type, **fields: Any) -> None:
                 "gives: the state was changed; load the state that state_dict() returned",
                 field=name,
             )
+
+
+def refuse_unknown(state: dict, allowed: Any, what: str) -> None:
+    """Refuse a state holding fields ``allowed`` does not name: no ``state_dict()`` gives them, so it was edited."""
+    unknown = sorted(str(key) for key in set(state) - set(allowed))
+    if unknown:
+        raise StateMismatchError(
+            f"the saved {what} state has the field(s) {shown(unknown)}, which no state_dict() gives: the state was "
+            "changed; load the state that state_dict() returned",
+            field=unknown[0],
+        )
 
 
 def check_same(what: str, saved: dict, current: dict) -> None:
