@@ -68,3 +68,31 @@ def test_az_against_azurite(tmp_path, azurite_endpoint):  # noqa: F811
 
 def test_http(tmp_path):
     assert run(section_code("http(s)://"), tmp_path).split() == ["30"]
+
+
+def extra_requirements(extra: str) -> list[str]:
+    """What ``pip install -e '.[extra]'`` asks for: the extra's requirements, with the extras of
+    ``wds_cloud[...]`` it names expanded."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    extras = tomllib.loads((PAGE.parent.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    out = []
+    for requirement in extras[extra]:
+        named = re.fullmatch(r"wds_cloud\[([\w,]+)\]", requirement.replace(" ", ""))
+        out += [r for name in named.group(1).split(",") for r in extra_requirements(name)] if named else [requirement]
+    return out
+
+
+def test_the_test_extra_holds_torch_to_the_torch_extras_range():
+    """The test extra installs torchdata and pytorch-lightning, which need torch: it asks for torch with the
+    torch extra's range, so a resolver never picks a torch outside it (it installed the newest CUDA build)."""
+    from packaging.requirements import Requirement
+
+    def torch_ranges(extra):
+        return {str(Requirement(r).specifier) for r in extra_requirements(extra) if Requirement(r).name == "torch"}
+
+    assert torch_ranges("torch") and torch_ranges("test") == torch_ranges("torch")
+    assert torch_ranges("all") in (set(), torch_ranges("torch"))
