@@ -151,124 +151,60 @@ def python_blocks(page: str) -> list[str]:
 
 def marked_blocks(page: str) -> list[tuple[str, str]]:
     """(marker, code) of every ```python block of ``page``; the marker is the HTML comment on the line
-    before (``runs: PRELUDE`` or ``illustration: why it cannot run``), or ""."""
+    before (``runs`` or ``illustration: why it cannot run``), or ""."""
     return re.findall(r"(?:<!-- (.*?) -->\n)?^```python\n(.*?)^```", (DOCS / page).read_text(), re.S | re.M)
-
-
-#: what a marked page's examples run after: shards and files named as the pages name them, in an empty
-#: folder that ``s3://bucket/`` is rewritten to (WDS_REWRITE)
-SHARDS_PRELUDE = """
-import io, json, os
-import wds_cloud as wds
-from PIL import Image
-
-def jpeg():
-    out = io.BytesIO()
-    Image.new("RGB", (8, 8), (200, 30, 30)).save(out, format="JPEG")
-    return out.getvalue()
-
-JPEG = jpeg()
-def write(path, n, prefix):
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with wds.TarWriter(path) as sink:
-        for i in range(n):
-            sink.write({"__key__": f"{prefix}_{i:04d}", "txt": f"sample number {i} of {prefix}" * 2,
-                        "cls": str(i % 10), "jpg": JPEG})
-
-for s in range(100):
-    write(f"train-{s:04d}.tar", 3 + s % 4, f"t{s}")
-for s in range(10):
-    write(f"data/train-{s:04d}.tar", 5, f"d{s}")
-for name in ("a", "b"):
-    write(f"{name}.tar", 10, name)
-json.dump({"wids_version": 1, "shardlist": [{"url": "a.tar", "nsamples": 10}, {"url": "b.tar", "nsamples": 10}]},
-          open("dataset.json", "w"))
-json.dump({"shardlist": [{"url": f"train-{s:04d}.tar", "nsamples": 3 + s % 4} for s in range(8)]},
-          open("train.json", "w"))
-def my_samples():
-    for i in range(20):
-        yield JPEG, i % 10
-
-open("train.yaml", "w").write("version: 1\\nsources:\\n  - name: a\\n    urls: train-{0000..0009}.tar\\n")
-"""
-
-
-#: the interleaved-documents page: 100 shards of one document each, and the names its fragments use
-DOCUMENTS_PRELUDE = (
-    SHARDS_PRELUDE
-    + """
-jpeg_bytes = JPEG
-urls = "docs-{000000..000009}.tar"
-
-def resize_images(sample):
-    return sample
-
-for s in range(100):
-    with wds.TarWriter(f"docs-{s:06d}.tar") as sink:
-        sink.write(wds.interleaved_sample(f"doc{s}", ["A cat.", JPEG, "It sleeps."], layout="mmc4"))
-"""
-)
-#: the Dask page: a scheduler of its own, which Client() finds (as through DASK_SCHEDULER_ADDRESS)
-CLUSTER_PRELUDE = (
-    SHARDS_PRELUDE
-    + """
-import dask
-from distributed import LocalCluster
-
-cluster = LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0")
-dask.config.set({"scheduler-address": cluster.scheduler_address})
-"""
-)
-#: the elastic page: this process is rank 0 of a one-rank gloo group, and has a model to save
-RANKS_PRELUDE = (
-    SHARDS_PRELUDE
-    + """
-import torch
-import torch.distributed as dist
-
-dist.init_process_group("gloo", init_method="file://" + os.path.abspath("group"), rank=0, world_size=1)
-model = torch.nn.Linear(2, 2)
-"""
-)
-PRELUDES = {
-    "shards": SHARDS_PRELUDE,
-    "documents": DOCUMENTS_PRELUDE,
-    "cluster": CLUSTER_PRELUDE,
-    "ranks": RANKS_PRELUDE,
-}
 
 
 def test_every_example_runs_or_says_why_not():
     """A ```python block of a page runs in a test (its page is runnable as a whole, or it is marked
-    ``runs: PRELUDE``), or is marked ``illustration:`` with the reason it cannot run here."""
+    ``runs``), or is marked ``illustration:`` with the reason it cannot run here."""
     unmarked = [
         (page.name, code.splitlines()[0])
         for page in sorted(DOCS.glob("*.md"))
         if page.name not in RUNNABLE_PAGES + ["backends.md"]
         for marker, code in marked_blocks(page.name)
-        if not (marker.startswith("illustration: ") or marker.removeprefix("runs: ") in PRELUDES)
+        if not (marker.startswith("illustration: ") or marker == "runs")
     ]
     assert not unmarked
 
 
-MARKED_PAGES = sorted(p.name for p in DOCS.glob("*.md") if "<!-- runs: " in p.read_text())
+MARKED_PAGES = sorted(p.name for p in DOCS.glob("*.md") if "<!-- runs -->" in p.read_text())
+#: the line a page shows, before its examples that name ``s3://bucket/`` or ``gs://bucket/``, mapping those
+#: onto the folder the examples run in (the reader runs them so, or against a store)
+REWRITE = re.compile(r'^export WDS_REWRITE="([^"]+)"$', re.M)
+
+
+def test_no_page_runs_after_code_it_does_not_show():
+    """The examples of a page run as printed, one after the other in an empty folder: no marker names a
+    hidden prelude (a reader would see code that cannot run: an undefined ``my_samples``, shards that
+    do not exist)."""
+    hidden = [
+        (page.name, marker)
+        for page in sorted(DOCS.glob("*.md"))
+        for marker, _ in marked_blocks(page.name)
+        if marker.startswith("runs") and marker != "runs"
+    ]
+    assert hidden == []
 
 
 @pytest.mark.parametrize("page", MARKED_PAGES)
 def test_the_marked_examples_of_a_page_run(page, tmp_path):
-    blocks = [
-        (marker.removeprefix("runs: "), code) for marker, code in marked_blocks(page) if marker.startswith("runs: ")
-    ]
-    (prelude,) = {name for name, _ in blocks}  # one prelude per page
-    code = "\n\n".join(code for _, code in blocks)
-    env = dict(os.environ, WDS_REWRITE=f"s3://bucket/={tmp_path}/;gs://bucket/={tmp_path}/")
+    """The ``runs`` blocks of a page, in order, in an empty folder, with nothing before them; a page whose
+    examples name a store's bucket shows the WDS_REWRITE line that maps it onto that folder (the test uses
+    that line), above the first such example."""
+    text = (DOCS / page).read_text()
+    blocks = [code for marker, code in marked_blocks(page) if marker == "runs"]
+    code = "\n\n".join(blocks)
+    env = dict(os.environ)
+    env.pop("WDS_REWRITE", None)
+    stores = re.compile(r"\b(?:s3|gs)://bucket/")
+    first = next((text.index(block) for block in blocks if stores.search(block)), None)
+    if first is not None:
+        rewrite = REWRITE.search(text)
+        assert rewrite and rewrite.start() < first, f"{page}: no visible WDS_REWRITE line above its examples"
+        env["WDS_REWRITE"] = rewrite.group(1).replace("$PWD", str(tmp_path))
     run = subprocess.run(
-        [sys.executable, "-c", PRELUDES[prelude] + "\n\n" + code],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env
     )
     assert run.returncode == 0, run.stderr[-3000:]
 
@@ -280,3 +216,32 @@ def test_the_examples_of_a_page_run(page, tmp_path):
     code = "\n\n".join(blocks)
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+#: what a reader types at a shell: a bash block, or pip, the CLI, the emulators or mkdocs in the prose
+COMMAND = re.compile(r"```(?:bash|sh|console)\n|`(?:pip install|wds-cloud |moto_server|mkdocs |gcp-storage-emulator )")
+
+
+def test_pages_with_commands_say_to_activate_the_venv_first():
+    """The README makes a virtual environment it never activates (it types .venv/bin/pip): a page whose
+    commands say bare ``pip``, ``wds-cloud`` or ``moto_server`` says first to activate it (outside it pip
+    cannot find wds_cloud, and moto_server is not found)."""
+    missing = []
+    for page in sorted(DOCS.glob("*.md")):
+        text = page.read_text()
+        first = COMMAND.search(text)
+        if first and "<!-- generated:" not in text:
+            activate = text.find("`. .venv/bin/activate`")
+            if not 0 <= activate < first.start():
+                missing.append(page.name)
+    assert missing == []
+
+
+def test_the_readme_says_which_pages_are_generated():
+    """The pages that hold only a ``<!-- generated: ... -->`` marker are not offered as "readable here": the
+    README says they are generated into the site, and where else to read them."""
+    readme = (ROOT / "README.md").read_text()
+    generated = [p.name for p in sorted(DOCS.glob("*.md")) if "<!-- generated:" in p.read_text()]
+    sentence = re.search(r"generated into the site, not readable here:(.*?)\.\s", readme, re.S)
+    assert generated and sentence and all(f"`docs/{name}`" in sentence.group(1) for name in generated)
+    assert "wds-cloud --help" in readme
