@@ -29,8 +29,8 @@ from wds_cloud.io import FsspecBackend, HTTPReadStream, InStream, ReadStream, ho
 REQUIRES = ("adlfs",)
 CREDENTIALS_HINT = (
     "set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with "
-    "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN, or pass them in storage_options "
-    "(connection_string=..., account_name=..., account_key=...)"
+    "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN (in Python: storage_options={'connection_string': ...} "
+    "or {'account_name': ..., 'account_key': ...})"
 )
 
 
@@ -112,7 +112,13 @@ def translate(exc: BaseException, url: str) -> BaseException:
     if isinstance(exc, azure.HttpResponseError) and "payload is not completed" in str(exc):
         return TransferError(f"{shown}: the download was cut short ({exc})", url=url, cause=exc)
     if isinstance(exc, ValueError) and "credential" in str(exc).lower():
-        return CredentialsError(f"{shown}: {exc}; {CREDENTIALS_HINT}", url=url)
+        # adlfs's own words ("Must provide either a connection_string or account_name with credentials") name
+        # its Python arguments: said here as what is missing
+        return CredentialsError(
+            f"{shown}: no Azure credentials were found (adlfs needs an account and a key, a SAS token or a "
+            f"connection string); {CREDENTIALS_HINT}",
+            url=url,
+        )
     return exc
 
 

@@ -32,9 +32,10 @@ from wds_cloud.io import (
 
 REQUIRES = ("gcsfs",)
 CREDENTIALS_HINT = (
-    "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, run "
-    "'gcloud auth application-default login', or pass storage_options={'token': ...}; "
-    "for a public bucket pass {'token': 'anon'}"
+    "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file or run "
+    "'gcloud auth application-default login' (in Python: storage_options={'token': ...}); for a public bucket "
+    'put token = "anon" in its table of the profiles file (WDS_CLOUD_CONFIG) (in Python: '
+    "storage_options={'token': 'anon'})"
 )
 
 try:  # google-auth comes with gcsfs; without it no such error can arise

@@ -28,8 +28,9 @@ from wds_cloud.io import FsspecBackend, HTTPReadStream, InStream, hookimpl, requ
 
 REQUIRES = ("s3fs", "botocore")
 CREDENTIALS_HINT = (
-    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
-    "storage_options={'key': ..., 'secret': ...}; for a public bucket pass {'anon': True}"
+    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) (in Python: storage_options={'key': ..., "
+    "'secret': ...}); for a public bucket put anon = true in its table of the profiles file (WDS_CLOUD_CONFIG) (in Python: "
+    "storage_options={'anon': True})"
 )
 
 

@@ -503,7 +503,7 @@ def test_backends_all_tells_ready_from_not_installed(capsys):
     assert not_ready  # some protocol's driver is always missing (git's pygit2, box's boxfs, ...)
     code, text, _ = run(capsys, "backends", "--all")
     line = next(line for line in text.splitlines() if line.startswith(f"{not_ready[0]}:"))
-    assert "needs" in line and "ready" not in line
+    assert ("needs `" in line or "unavailable: " in line) and "ready" not in line
 
 
 def test_an_unknown_scheme_points_at_backends_all(capsys):

@@ -454,7 +454,7 @@ def test_reshard_rerun_with_other_settings_is_refused_and_the_same_job_keeps_its
     again = cli("reshard", spec, dest, "--maxcount", "6", "--json")
     assert again.returncode == 0 and json.loads(again.stdout)["kept"] == 4
     other = cli("reshard", spec, dest, "--maxcount", "4")
-    assert other.returncode == 1 and "another job" in other.stderr
+    assert other.returncode == 2 and "another job" in other.stderr
     assert sum(1 for _ in wds.WebDataset(str(tmp_path / "out" / "o-{000..003}.tar"), shardshuffle=False)) == 20
 
 

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from typing import Optional
 
 from .. import __version__, config
-from ..errors import UnknownSchemeError, WdsCloudError
+from ..errors import ConfigError, UnknownSchemeError, WdsCloudError
 from ..io.fsbackend import fsspec_protocols
 from ..io.registry import get_registry
-from .console import EXIT_CODES, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, emit, for_cli
+from .console import EXIT_CODES, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, emit, for_cli, job_conflict
 from .demo import add_parser as add_demo
 from .flags import Parser, json_failure
 from .shardtools import add_parsers as add_tools
@@ -36,6 +36,24 @@ def _import_problem(path: str) -> Optional[str]:
     except Exception as exc:  # ImportError, or a driver that fails as it loads: either way not usable here
         return f"{path} does not import ({type(exc).__name__}: {exc})"
     return None
+
+
+def _status(install: Optional[str]) -> str:
+    """A scheme that is not ready, as the STATUS column says it: the install line where one is known, else why
+    (fsspec's own reasons, such as "LibArchive requires to be installed", are not install lines)."""
+    text = (install or "").strip()
+    if text.startswith("pip install") or text.startswith("conda install"):
+        return f"needs `{text}`"
+    match = re.search(r"(?:pip|conda) install [\w.\[\]'\"=<>-]+(?: [\w.\[\]'\"=<>-]+)*", text)
+    if match:
+        return f"needs `{match.group(0).rstrip('.')}`"
+    # fsspec's "Install X to access ...", "Please install X ...", 'requires "X" to be installed'
+    named = re.match(r"(?:please )?install '?([A-Za-z][\w.\[\]-]*)'?(?: |$)", text, re.IGNORECASE) or re.search(
+        r'requires "([A-Za-z][\w.-]*)"', text
+    )
+    if named:
+        return f"needs `pip install {named.group(1)}`"
+    return f"unavailable: {text or 'its driver does not import here'}"
 
 
 def _backends(args: argparse.Namespace) -> int:
@@ -70,7 +88,7 @@ def _backends(args: argparse.Namespace) -> int:
                 f"{r['scheme']}:",
                 r["plugin"],
                 r["distribution"] or "-",
-                "ready" if r["ready"] else f"needs {r['install']}",
+                "ready" if r["ready"] else _status(r["install"]),
             )
             for r in data["backends"]
         ]
@@ -100,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="list the URL schemes, the plugin providing each, and whether it is ready",
         description="List every URL scheme the installed plugins provide, the plugin and distribution "
         "behind it, and whether it is ready or which extra it needs.",
+        epilog="examples:\n  wds-cloud backends\n  wds-cloud backends --all --json\n\n"
+        "exit codes: 0 listed, 2 bad arguments (a flag, a WDS_* environment variable)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     backends.add_argument(
         "--all", action="store_true", help="also list the schemes fsspec opens without a plugin of ours (its fallbacks)"
@@ -138,6 +159,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return code
 
     try:
+        config.current()  # every command reads and checks the WDS_* settings once, before anything else
+    except ConfigError as exc:
+        return fail(f"{name}: error: {_one_line(str(exc))}", EXIT_USAGE)
+    try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return fail("interrupted", 130)
@@ -146,6 +171,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_OK
     except (UsageError, UnknownSchemeError) as exc:  # the value typed is the problem: exit 2
         return fail(f"{name}: error: {_one_line(for_cli(str(exc)))} (see '{name} --help')", EXIT_USAGE)
+    except ConfigError as exc:
+        if getattr(exc, "conflict", None) is None:
+            return fail(f"{name}: error: {_one_line(for_cli(str(exc)))}", EXIT_PROBLEM)
+        # the destination holds another job's outputs: the command line given is the problem (exit 2)
+        return fail(f"{name}: error: {_one_line(job_conflict(exc))}", EXIT_USAGE)
     except Exception as exc:  # a CLI user gets the message, not a traceback
         if not isinstance(exc, (WdsCloudError, OSError)):
             if wants_json:

@@ -4,7 +4,8 @@
 - Progress goes to stderr: a bar when stderr is a terminal, else a line every ``WDS_PROGRESS_INTERVAL``
   seconds (``verify: 120/1000 shards, 12.5 shards/s``) and one at the end, so that a job's log shows it.
 - Exit codes: 0 done, 1 a problem with the data or the store (the message names the URL and the fix),
-  2 bad arguments (:class:`UsageError`, or argparse's own refusals), 130 interrupted.
+  2 bad arguments (:class:`UsageError`, argparse's own refusals, a malformed ``WDS_*`` setting, or a destination
+  holding another job's outputs: :func:`job_conflict`), 130 interrupted.
 - Messages of the library that advise a Python argument name the command's flag instead (:func:`for_cli`).
 """
 
@@ -21,10 +22,23 @@ from typing import Any, Optional
 from .. import config
 from ..errors import ConfigError
 
-__all__ = ["UsageError", "EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "EXIT_CODES", "progress", "emit", "for_cli"]
+__all__ = [
+    "UsageError",
+    "EXIT_OK",
+    "EXIT_PROBLEM",
+    "EXIT_USAGE",
+    "EXIT_CODES",
+    "progress",
+    "emit",
+    "for_cli",
+    "job_conflict",
+]
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
-EXIT_CODES = "exit codes: 0 done (every shard passed), 1 a shard could not be read or failed a check, 2 bad arguments"
+EXIT_CODES = (
+    "exit codes: 0 done (every shard passed), 1 a shard could not be read or failed a check, 2 bad arguments "
+    "(a flag, a WDS_* environment variable, or flags other than those recorded at the destination)"
+)
 
 
 class UsageError(ConfigError):
@@ -77,6 +91,9 @@ _CLI_WORDS = (
     (re.compile(r" or WebDataset\(\.\.\., max_sample_size=\)"), ""),
     (re.compile(r" or WebDataset\(\.\.\., max_member_size=\)"), ""),
     (re.compile(r"pass allow_missing=True"), "pass --allow-missing"),
+    # shared messages lead with the environment variable and put the Python argument in "(in Python: ...)"
+    (re.compile(r" \(in Python:[^()]*(?:\([^()]*\)[^()]*)*\)"), ""),
+    (re.compile(r" \(webdataset: [^()]*\)"), ""),
     (re.compile(r",? ?or pass empty_check=False[^.;)]*"), ""),
     (re.compile(r"pass missing='drop' \(or 'skip'\)"), "pass --missing drop (or skip)"),
 )
@@ -90,3 +107,38 @@ def for_cli(message: str, command: str = "") -> str:
     for pattern, words in (_IN_VERIFY if command == "verify" else ()) + _CLI_WORDS:
         message = pattern.sub(words, message)
     return message
+
+
+#: a job record's setting, as the flag (or argument) of the command line that sets it
+_FLAG_OF = {"function": "FUNCTION", "inputs": "the input shards", "tool": "the command"}
+
+
+def _flag_value(key: str, value: Any) -> str:
+    if key == "tool":
+        return f"`wds-cloud {value}`"
+    if key == "inputs":
+        return f"{len(value)} shards" if isinstance(value, list) else "something else"
+    flag = _FLAG_OF.get(key, "--" + key.replace("_", "-"))
+    if value is None or value is False:
+        return f"no {flag}"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e18:
+        value = int(value)
+    shown = str(value) if isinstance(value, (int, float, str)) else type(value).__name__
+    return f"{flag} {shown[:80]}" if value is not True else flag
+
+
+def job_conflict(exc: Exception) -> str:
+    """A job record's conflict (``ConfigError.conflict``: ``(setting, recorded, now)`` rows) in flags: what was
+    recorded, what was given now, and the two ways on."""
+    said = []
+    for key, then, now in getattr(exc, "conflict", ()):
+        if key == "inputs" and isinstance(then, list) and isinstance(now, list) and len(then) == len(now):
+            said.append("other input shards were recorded than those given now")
+        else:
+            said.append(f"{_flag_value(key, then)} was recorded, {_flag_value(key, now)} given now")
+    where = getattr(exc, "destination", "the destination")
+    record = getattr(exc, "record", "its job record")
+    return (
+        f"{where} holds the outputs of another job: {'; '.join(said)}; rerun with the recorded flags or write to a "
+        f"new destination (or remove {record} and the outputs it lists)"
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import shutil
 import sys
 import tarfile
@@ -23,7 +24,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import WebDataset, WebLoader
-from ..errors import MissingExtraError
+from ..errors import MissingExtraError, redact
 from ..io.open import gopen
 from ..pytorch import HAVE_TORCH
 from .flags import MAX_PARALLEL, count, text
@@ -179,6 +180,26 @@ def run_demo(
             print(f"kept the dataset in {location}", file=out)
 
 
+def _check_folder(url: str, error: type) -> None:
+    """A local ``--url`` is a folder this process can write (made when absent), checked before a shard is begun:
+    one line naming the flag, not an OSError after a progress bar."""
+    from ..io.urls import is_local, local_path
+
+    if not is_local(url):
+        return
+    path = local_path(url)
+    try:
+        os.makedirs(path, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError("not writable")
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise error(
+            f"--url {redact(url)}: cannot write there ({reason.lower()}); give a folder you can write to, or leave "
+            "out --url for a temporary one"
+        ) from None
+
+
 def _main(args: argparse.Namespace) -> int:
     from .console import UsageError, emit
 
@@ -186,6 +207,8 @@ def _main(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--shards {args.shards} is more than --samples {args.samples}: give at most one shard per sample"
         )
+    if args.url is not None:
+        _check_folder(args.url, UsageError)
     # with --json the narrative goes to stderr and stdout carries only the figures
     figures = run_demo(
         args.url, args.samples, args.workers, args.shards, keep=args.keep, out=sys.stderr if args.json else None
@@ -202,6 +225,10 @@ def add_parser(commands: Any) -> None:
         description="Write a synthetic image dataset (JPEG and PNG with .json and .cls) and stream it back "
         "through WebDataset -> shuffle -> decode -> to_tuple -> DataLoader, showing progress and "
         "throughput.  By default it uses a temporary directory, removed afterwards.",
+        epilog="examples:\n  wds-cloud demo\n  wds-cloud demo --url data --samples 200 --shards 2 --workers 0\n\n"
+        "exit codes: 0 done (every sample written and read back), 1 a shard could not be written or read, 2 bad "
+        "arguments (a flag, a WDS_* environment variable)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--url",

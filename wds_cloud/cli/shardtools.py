@@ -91,7 +91,12 @@ def _plural(n: int, what: str) -> str:
 
 # ls
 def _ls(args: argparse.Namespace) -> int:
-    index = build_index(args.url, storage_options=None)
+    try:
+        index = build_index(args.url, storage_options=None)
+    except ShardNotFoundError as exc:
+        if is_local(args.url):  # its message names the path looked for
+            raise
+        raise ShardNotFoundError(f"{exc}; {_look_beside(args.url)}", url=args.url) from None
     if args.samples:
         data = [
             {
@@ -116,15 +121,15 @@ def _ls(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _look_beside(url: str) -> str:
+    """The fix for a remote shard that is not there: list its folder (or bucket) to check the name."""
+    folder = url.rstrip("/").rpartition("/")[0] + "/"
+    return f"check the name with `wds-cloud ls {redact(folder)}`"
+
+
 # cat
 def _cat(args: argparse.Namespace) -> int:
-    if args.json:
-        raise UsageError(
-            "cat writes bytes (a shard, a sample as a tar, or one field), not JSON: for a shard's "
-            "members and samples as JSON use `wds-cloud ls --json URL` or `wds-cloud ls --samples --json "
-            "URL`"
-        )
-    out = sys.stdout.buffer
+    out = sys.stdout.buffer  # bytes, never JSON: cat has no --json (`wds-cloud ls --json` lists a shard)
     if args.key is None:
         if args.field is not None:
             raise UsageError("--field needs --key: name the sample whose field to print")
@@ -335,7 +340,16 @@ def _verify_one(url: str, manifest: Optional[Manifest]) -> dict:
 
 def _verify(args: argparse.Namespace) -> int:
     urls = _urls(args.spec)
-    manifest = load_manifest(args.manifest, allow_missing=args.allow_missing) if args.manifest else None
+    manifest = None
+    if args.manifest:
+        try:
+            manifest = load_manifest(args.manifest, allow_missing=args.allow_missing)
+        except ShardNotFoundError:
+            raise ShardNotFoundError(
+                f"--manifest {redact(args.manifest)}: no such file; check the path (a manifest is written by "
+                "`wds-cloud verify SPEC --write-manifest PATH`)",
+                url=args.manifest,
+            ) from None
     with _cluster(args) as client:
         pool: Executor = (
             client.get_executor() if client is not None else ThreadPoolExecutor(max_workers=_jobs(args, urls))
@@ -637,7 +651,7 @@ class _Plan:
 def add_parsers(commands: Any) -> None:
     """Add the shard tools to the ``wds-cloud`` subcommands."""
 
-    def add(name: str, help: str, example: str) -> argparse.ArgumentParser:
+    def add(name: str, help: str, example: str, json: bool = True) -> argparse.ArgumentParser:
         sub = commands.add_parser(
             name,
             help=help,
@@ -645,7 +659,8 @@ def add_parsers(commands: Any) -> None:
             epilog=f"example:\n  {example}\n\n{EXIT_CODES}",
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        sub.add_argument("--json", action="store_true", help="print JSON for scripts")
+        if json:
+            sub.add_argument("--json", action="store_true", help="print JSON for scripts")
         return sub
 
     def jobs(sub: argparse.ArgumentParser, what: str, local: str = "1 for local ones") -> None:
@@ -678,6 +693,7 @@ def add_parsers(commands: Any) -> None:
         "cat",
         "write a shard, one sample (as a tar) or one field of it to stdout",
         "wds-cloud cat s3://bucket/train-0000.tar --key 000123 --field jpg > 000123.jpg",
+        json=False,  # it writes bytes; `wds-cloud ls --json` lists a shard's members for scripts
     )
     cat.add_argument("url", type=text("shard URL"), help="the shard (any URL)")
     cat.add_argument("--key", type=text("sample key"), help="the sample's key")

@@ -247,7 +247,7 @@ def _samples_from_json(rows: list, shown: str, size: Optional[int]) -> list[Samp
             ):
                 _need(False, shown, f"samples[{number}]", "has an extension, offset, size or name of the wrong type")
             if offset & 511 or offset - 512 < free or length > most_member:
-                _bad_field(shown, number, offset, length, most_member)
+                _bad_field(shown, number, offset, length, most_member, size)
             free = offset + ((length + 511) & ~511)
             entries.append((ext, offset, length, cast(str, name)))
         end = offset + length
@@ -257,14 +257,27 @@ def _samples_from_json(rows: list, shown: str, size: Optional[int]) -> list[Samp
     return samples
 
 
-def _bad_field(shown: str, number: int, offset: int, length: int, most_member: int) -> None:
+def _over_limit(shown: str, number: int, what: str, length: int, variable: str, limit: int) -> None:
+    """A field or sample the index places inside its shard but larger than a limit of this configuration: the
+    limit refuses it, not the index (writing the index again gives the same one), so the fix is the limit."""
+    raise CorruptIndexError(
+        f"{shown}: samples[{number}] has {what} {length} bytes, more than the {variable} limit ({limit} bytes) "
+        f"this run reads; raise {variable} (such as 8GiB) if the shard is trusted",
+        field=f"samples[{number}]",
+    )
+
+
+def _bad_field(shown: str, number: int, offset: int, length: int, most_member: int, size: Optional[int]) -> None:
     if length > most_member:
-        _need(
-            False,
-            shown,
-            f"samples[{number}]",
-            f"claims a field of {length} bytes, more than WDS_MAX_MEMBER_SIZE ({most_member})",
-        )
+        if size is not None and offset + length > size:  # the index disagrees with its shard
+            _need(
+                False,
+                shown,
+                f"samples[{number}]",
+                f"claims a field of {length} bytes, past the end of the {size}-byte shard (and more than "
+                f"WDS_MAX_MEMBER_SIZE, {most_member})",
+            )
+        _over_limit(shown, number, "a field of", length, "WDS_MAX_MEMBER_SIZE", most_member)
     _need(
         False,
         shown,
@@ -277,7 +290,7 @@ def _bad_field(shown: str, number: int, offset: int, length: int, most_member: i
 def _bad_sample(shown: str, number: int, first: int, end: int, size: Optional[int], most_span: int) -> None:
     if size is not None and end > size:
         _need(False, shown, f"samples[{number}]", f"ends at byte {end}, past the end of the {size}-byte shard")
-    _need(False, shown, f"samples[{number}]", f"spans {end - first} bytes, more than WDS_MAX_SAMPLE_SIZE ({most_span})")
+    _over_limit(shown, number, "a sample that spans", end - first, "WDS_MAX_SAMPLE_SIZE", most_span)
 
 
 def check_layout(samples: list[SampleEntry], size: Optional[int], shown: str) -> None:
@@ -294,7 +307,7 @@ def check_layout(samples: list[SampleEntry], size: Optional[int], shown: str) ->
     for number, sample in enumerate(samples):
         for _, offset, length, _ in sample.fields:
             if offset & 511 or offset - 512 < free or length > most_member:
-                _bad_field(shown, number, offset, length, most_member)
+                _bad_field(shown, number, offset, length, most_member, size)
             free = offset + ((length + 511) & ~511)
         end = offset + length
         if end > end_of_shard or end - sample.fields[0][1] > most_span:
@@ -313,6 +326,8 @@ def index_stream(
     Members whose key is empty (hidden files, names without a dot) and ``__meta__`` files are left out,
     as the readers leave them out.  ``on_member(name, data)`` sees every member read (for checksums).
     """
+    if max_member is None:  # the limit every reader applies (WDS_MAX_MEMBER_SIZE), so the tools agree with them
+        max_member = config.current().max_member_size
     members = TarMembers(stream, url, select=member_filter(SKIP_META, None, None), max_member=max_member)
     read: list[tuple[str, int, int]] = []
     for name, data in members:
@@ -358,6 +373,7 @@ def build_index(
         with _acyclic():
             walked = _walk_local(local_path(url), url, keys or split_name)
         if walked is not None:
+            _refuse_large_members(walked, url, max_member)
             return walked
     before = None
     if is_local(url):
@@ -380,6 +396,25 @@ def build_index(
             version=before or getattr(stream, "version", None),
             compression=members.compression,
         )
+
+
+def _refuse_large_members(index: ShardIndex, url: str, max_member: Optional[int]) -> None:
+    """The member limit the tar reader applies, for a shard indexed from its headers alone (same error, same
+    advice: the shard is as it is, the limit is the setting)."""
+    limit = max_member if max_member is not None else config.current().max_member_size
+    for sample in index.samples:
+        for _, offset, length, name in sample.fields:
+            if length > limit:
+                raise CorruptShardError(
+                    f"{redact(url)}: member {name!r} at byte {offset - 512} is {length} bytes, more than the limit "
+                    f"of {limit} bytes on one member; raise it with WDS_MAX_MEMBER_SIZE (such as 8GiB) if the "
+                    "shard is trusted",
+                    url=url,
+                    offset=offset - 512,
+                    member=name,
+                    size=length,
+                    limit=limit,
+                )
 
 
 _META = re.compile(SKIP_META)

@@ -58,11 +58,22 @@ def connection_error(
     shown = redact(display_url or f"{endpoint}{parts.path}")
     return TransferError(
         f"cannot {what} {endpoint} for {shown}: {reason}; check that the server is running and that "
-        "the endpoint (endpoint_url, AWS_ENDPOINT_URL, AIS_ENDPOINT, ...) is right",
+        f"the endpoint ({_ENDPOINT_SETTINGS.get(urllib.parse.urlsplit(display_url or url).scheme, 'the URL')}) is right",
         url=display_url or url,
         endpoint=endpoint,
         cause=exc,
     )
+
+
+#: where each scheme's endpoint is set, named in the advice of a failed connection (environment first)
+_ENDPOINT_SETTINGS = {
+    "s3": "AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (in Python: storage_options={'endpoint_url': ...})",
+    "gs": "STORAGE_EMULATOR_HOST, or the network's DNS for storage.googleapis.com",
+    "gcs": "STORAGE_EMULATOR_HOST, or the network's DNS for storage.googleapis.com",
+    "ais": "AIS_ENDPOINT",
+    "az": "AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_ACCOUNT_NAME",
+    "abfs": "AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_ACCOUNT_NAME",
+}
 
 
 def _connection(parts: urllib.parse.SplitResult, timeout: float) -> http.client.HTTPConnection:

@@ -192,6 +192,24 @@ def _describe(settings: dict) -> str:
     return "; ".join(f"{k} {v}" for k, v in items)[:1000]
 
 
+def _differences(data: dict, tool: str, inputs: list[str], settings: dict) -> list[tuple[str, Any, Any]]:
+    """What a job record says that this job does not: ``(name, recorded, now)`` for the tool, the inputs and each
+    setting that differs (a command line names each as its flag)."""
+    found: list[tuple[str, Any, Any]] = []
+    if data.get("tool") != tool:
+        found.append(("tool", data.get("tool"), tool))
+    if data.get("inputs") != inputs:
+        found.append(("inputs", data.get("inputs"), inputs))
+    recorded = data.get("settings")
+    if not isinstance(recorded, dict):
+        found.append(("settings", recorded, settings))
+        return found
+    for key in sorted(set(recorded) | set(settings), key=str):
+        if recorded.get(key) != settings.get(key):
+            found.append((str(key), recorded.get(key), settings.get(key)))
+    return found
+
+
 class JobRecord:
     """The record of one job (see the module docstring).  ``destination``: the output pattern or file."""
 
@@ -281,15 +299,18 @@ class JobRecord:
             "the job record",
             f"holds fields no record has ({datafile.shown(sorted(set(data) - _FIELDS))})",
         )
-        differs = [
-            f"{key}: recorded {datafile.shown(data.get(key))}, now {datafile.shown(value)}"
-            for key, value in (("tool", self.tool), ("inputs", self.inputs), ("settings", self.settings))
-            if data.get(key) != value
-        ]
-        if differs:
+        conflict = _differences(data, self.tool, self.inputs, self.settings)
+        if conflict:
+            said = "; ".join(
+                f"{key} {datafile.shown(then)} was recorded, {datafile.shown(now)} given now"
+                for key, then, now in conflict
+            )
             raise ConfigError(
-                f"{redact(self.destination)} holds the outputs of another job ({'; '.join(differs)}); "
-                f"its outputs cannot be mixed with this one's: {fix}"
+                f"{redact(self.destination)} holds the outputs of another job ({said}); its outputs cannot be "
+                f"mixed with this one's: run again with the recorded settings, or {fix}",
+                conflict=conflict,
+                destination=redact(self.destination),
+                record=where,
             )
         outputs = data.get("outputs")
         need(isinstance(outputs, dict), "'outputs'", "must map each output to its size and sha256")

@@ -339,9 +339,9 @@ def check_pipe(url: str, settings: Settings) -> None:
     """Refuse ``url`` (a ``pipe:`` URL) when the settings forbid running it."""
     if is_secure(settings):
         raise SecurityError(
-            f"refusing to run {redact(url)!r}: pipe: URLs are forbidden while WDS_SECURE=1 "
-            "(or wds_cloud.utils.enforce_security) is set (webdataset: gopen_pipe: unsafe_gopen is False, "
-            "cannot open pipe URLs); use a storage URL such as s3:// or https:// instead",
+            f"refusing to run {redact(url)!r}: pipe: URLs are forbidden while WDS_SECURE=1 is set (in Python: "
+            "or wds_cloud.utils.enforce_security) (webdataset: gopen_pipe: unsafe_gopen is False, "
+            "cannot open pipe URLs); use a storage URL such as s3:// or https:// instead, or unset WDS_SECURE",
             url=url,
         )
     if isinstance(url, UntrustedURL) and not settings.allow_untrusted_pipes:
