@@ -526,3 +526,22 @@ def test_the_console_script_imports_the_function_from_the_working_directory(shar
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout)["done"] == len(SIZES)
+
+
+def test_a_scheduler_that_does_not_answer_is_one_line_naming_the_flag(shards, tmp_path, capsys):
+    """`verify --scheduler tcp://127.0.0.1:PORT` with nothing listening: one line naming the address and the flag
+    and what to do, exit 2; was distributed's raw "Timed out trying to connect ... after 30 s"."""
+    import socket
+
+    import dask
+
+    from wds_cloud.cli import main
+
+    with socket.socket() as probe:  # a port nothing listens on (bound, never listening)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
+            code = main(["verify", shards[0], "--scheduler", f"tcp://127.0.0.1:{port}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "no Dask scheduler answered" in err[0] and "--scheduler" in err[0] and "Traceback" not in err[0]

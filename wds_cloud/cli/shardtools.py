@@ -46,7 +46,15 @@ def _cluster(args: argparse.Namespace) -> Iterator[Any]:
         return
     from ..tools.dask import cluster_client
 
-    with cluster_client(args.scheduler, args.workers) as client:
+    manager = cluster_client(args.scheduler, args.workers)
+    try:
+        client = manager.__enter__()
+    except ConfigError as exc:
+        if getattr(exc, "field", None) == "scheduler":  # the address typed names no scheduler: a bad argument
+            raise UsageError(str(exc)) from None
+        raise
+    with contextlib.ExitStack() as stack:
+        stack.push(manager)
         yield client
 
 
@@ -486,7 +494,13 @@ def _map(args: argparse.Namespace) -> int:
         state["done"] += 1
         now = time.monotonic()
         if not args.json and now - state["last"] >= interval:
-            print(f"map: {state['done']} shards done of those to do ({len(urls)} in all)", file=sys.stderr, flush=True)
+            done = state["done"]
+            print(
+                f"map: {done} shard{'' if done == 1 else 's'} written so far, of {len(urls)} inputs (inputs a "
+                "job already completed are kept, not written again)",
+                file=sys.stderr,
+                flush=True,
+            )
             state["last"] = now
 
     with _cluster(args) if args.scheduler else contextlib.nullcontext() as client:

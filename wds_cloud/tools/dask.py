@@ -133,7 +133,15 @@ def cluster_client(scheduler: Optional[str] = None, workers: Optional[int] = Non
         scheduler = scheduler_address(scheduler)  # before the extra is needed: a typo is named either way
     distributed = distributed_module()
     if scheduler:
-        client = distributed.Client(scheduler)
+        try:
+            client = distributed.Client(scheduler)
+        except OSError as exc:  # distributed's "Timed out trying to connect to ... after 30 s"
+            raise ConfigError(
+                f"scheduler {redact(scheduler)}: no Dask scheduler answered there ({exc}); check that one runs at "
+                "that address (`dask scheduler` prints it), or leave the scheduler out (--scheduler on the "
+                "command line) to start a local cluster",
+                field="scheduler",
+            ) from None
         try:
             yield client
         finally:
@@ -170,8 +178,16 @@ def cluster_client(scheduler: Optional[str] = None, workers: Optional[int] = Non
     try:
         yield client
     finally:
-        client.close()
-        cluster.close()
+        # our own shutdown: workers told to stop may take a moment, which the nanny reports as a warning
+        # ("Worker process still alive after 4 seconds, killing") that says nothing wrong to the user
+        nanny = logging.getLogger("distributed.nanny")
+        level = nanny.level
+        nanny.setLevel(logging.ERROR)
+        try:
+            client.close()
+            cluster.close()
+        finally:
+            nanny.setLevel(level)
 
 
 def passthrough(samples: Iterator[dict]) -> Iterator[dict]:
