@@ -70,6 +70,28 @@ def test_pin_memory_keeps_the_batch_packed():
     assert jpg.pin_memory().data is cls.pin_memory().data  # one buffer per batch, pinned once
 
 
+def test_a_shared_buffer_is_pinned_once_and_forgotten_with_it():
+    """The pinned copy is kept beside the buffer (not written onto it): asked again for the same buffer, the
+    same copy; a new buffer, a new copy; the entry goes when its buffer does.  (A buffer that counts its
+    pinnings stands in for a tensor: pinning needs CUDA, which CI does not have.)"""
+    import gc
+
+    class Buffer:
+        pinnings = 0
+
+        def pin_memory(self):
+            Buffer.pinnings += 1
+            return ("pinned", Buffer.pinnings)
+
+    first, second = Buffer(), Buffer()
+    assert transport._pinned(first) is transport._pinned(first) == ("pinned", 1)
+    assert transport._pinned(second) == ("pinned", 2) and Buffer.pinnings == 2
+    before = len(transport._PINNED)
+    del first
+    gc.collect()
+    assert len(transport._PINNED) == before - 1 and transport._pinned(second) == ("pinned", 2)
+
+
 def test_the_columns_of_a_batch_share_one_buffer_and_survive_pickling_and_copies():
     batch = pack_batch(([b"abc", b"de"], [b"x", b"yz"], ["k1", "k2"]))
     assert batch[0].data is batch[1].data and batch[2] == ["k1", "k2"]

@@ -65,7 +65,7 @@ def _refused(items: Iterator, problem: StateMismatchError) -> Iterator:
 
 def add_length_method(obj: Any) -> Any:
     """Give ``obj`` (a DataPipeline with ``size`` set) a working ``len()``; returns ``obj``."""
-    obj._has_length = True
+    obj.enable_length()
     return obj
 
 
@@ -832,6 +832,10 @@ class DataPipeline(IterableDataset, PipelineStage):
             self.apply_start(state)  # a share of an elastic resume this worker had not begun
         elif state is not None:
             self._load(state)  # the loader's state it came from had its checksum checked
+
+    def enable_length(self) -> None:
+        """Make ``len()`` answer ``size`` (what :func:`add_length_method` and :meth:`with_length` do)."""
+        self._has_length = True
 
     def __len__(self) -> int:
         if not self._has_length or self.size is None:

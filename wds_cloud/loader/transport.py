@@ -20,6 +20,7 @@ pickling the batch (the figures are in bench/README.md, ``bench_gpu.py``).  ``pa
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Optional, Union, overload
 
@@ -34,6 +35,23 @@ MIN_ITEMS = 2
 #: ``pack_bytes=None`` (the default) packs a batch whose byte strings add up to at least this many bytes:
 #: below it, handing a shared-memory segment to the main process costs more than pickling the bytes
 AUTO_MIN_BYTES = 1024 * 1024
+
+
+#: id(buffer) -> (a weak reference to the buffer, its pinned copy): the columns of a batch, which share one
+#: buffer, pin it once; an entry goes when its buffer does
+_PINNED: dict[int, tuple[weakref.ref, Any]] = {}
+
+
+def _pinned(data: Any) -> Any:
+    """The pinned copy of ``data`` (a tensor), made on first use and shared by every column over it."""
+    key = id(data)
+    entry = _PINNED.get(key)
+    if entry is not None and entry[0]() is data:
+        return entry[1]
+    pinned = data.pin_memory()
+    _PINNED[key] = (weakref.ref(data), pinned)
+    weakref.finalize(data, _PINNED.pop, key, None)
+    return pinned
 
 
 class PackedBytes(Sequence):
@@ -129,12 +147,7 @@ class PackedBytes(Sequence):
 
         The columns of a batch share one buffer, and it is pinned once: the first column's pinned copy
         is kept on the buffer for the others."""
-        data = self.data
-        pinned = getattr(data, "_wds_pinned", None)
-        if pinned is None:
-            pinned = data.pin_memory()
-            data._wds_pinned = pinned
-        return PackedBytes(pinned, self.offsets)
+        return PackedBytes(_pinned(self.data), self.offsets)
 
     def tolist(self) -> list:
         return list(self)

@@ -85,11 +85,15 @@ class Shuffle(PipelineStage):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = as_count("epoch", epoch) - 1  # run() advances before use
 
+    def _forget_run(self) -> None:
+        """No source, buffer or loaded state: what a copy made for another stream starts from."""
+        self.source, self._live, self._resume = None, None, None
+
     def for_stream(self, stream: int, streams: int) -> Shuffle:
         """A shuffle of its own for virtual stream ``stream`` (see :mod:`wds_cloud.resume.streams`): a buffer of
         its own, seeded from the seed and the stream's number (a given ``rng`` is copied as it is)."""
         clone = copy.copy(self)
-        clone.source, clone._live, clone._resume = None, None, None
+        clone._forget_run()
         if self.seed is not None:
             clone.seed = make_seed(self.seed, "stream", stream)
         elif self.rng is not None:

@@ -230,10 +230,11 @@ class _Expansion:
 
     __slots__ = ("_items", "boundaries")
 
-    def __init__(self) -> None:
-        self._items: Iterator[dict] = iter(())
+    def __init__(self, expand: Callable[[_Expansion], Iterator[dict]]) -> None:
+        """``expand(expansion)`` makes the items' generator, which records shard ends in ``boundaries``."""
         #: (items yielded before the boundary, whether the shard ended in an error), oldest first
         self.boundaries: collections.deque = collections.deque()
+        self._items: Iterator[dict] = expand(self)
 
     def __iter__(self) -> Iterator[dict]:
         return self._items  # a for loop runs the generator itself: nothing added per member
@@ -251,9 +252,7 @@ def tar_file_expander(
 ) -> Iterator[dict]:
     """Expand each opened shard into its members, tagged with ``__url__``; ``eof_value`` ends each shard read
     to its end (a shard that ended in an error the handler let pass ends without it, as in webdataset)."""
-    expansion = _Expansion()
-    expansion._items = _expand(expansion, data, handler, select_files, rename_files, eof_value)
-    return expansion
+    return _Expansion(lambda expansion: _expand(expansion, data, handler, select_files, rename_files, eof_value))
 
 
 def _expand(

@@ -351,10 +351,14 @@ class TarSamples:
         the same settings and opener, a state that names the stream (not a rank and worker), and no look
         ahead (the streams of a worker read their shards side by side)."""
         clone = copy.copy(self)
-        clone.cursor, clone._resume, clone._replay, clone._elastic, clone.last_refetch = None, None, [], None, {}
-        clone.stream_identity = {"stream": stream, "streams": streams}
-        clone.lookahead = False
+        clone._start_stream(stream, streams)
         return clone
+
+    def _start_stream(self, stream: int, streams: int) -> None:
+        """Forget any pass, loaded state or replay, and name the stream (what :meth:`for_stream`'s copy does)."""
+        self.cursor, self._resume, self._replay, self._elastic, self.last_refetch = None, None, [], None, {}
+        self.stream_identity = {"stream": stream, "streams": streams}
+        self.lookahead = False
 
     def set_limit(self, limit: Any) -> None:
         """The samples each pass yields (an int, or a callable giving one when a pass begins), or None."""
