@@ -34,10 +34,12 @@ from .resume.protocol import (
 )
 from .resume.state import (
     FORMAT,
+    SEAL,
     check_same,
     expect,
     inexact_state,
     is_inexact,
+    refuse_unknown,
     restart_from,
     seal,
     seal_problem,
@@ -423,6 +425,8 @@ class DataPipeline(IterableDataset, PipelineStage):
             progress=(list, lambda v: len(v) == 2 and all(type(x) is int and x >= 0 for x in v), True),
             stages=list,
         )
+        refuse_unknown(state, ("format", "progress", "stages", "split", SEAL), "pipeline")
+        seen: set = set()
         for entry in state["stages"]:
             if not (
                 isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int and isinstance(entry[1], str)
@@ -432,10 +436,24 @@ class DataPipeline(IterableDataset, PipelineStage):
                     "state_dict() gives: the state was changed",
                     field="stages",
                 )
+            if entry[0] in seen:
+                raise StateMismatchError(
+                    f"the saved pipeline state lists stage {entry[0]} twice: no state_dict() gives that, the state "
+                    "was changed; load the state that state_dict() returned",
+                    field="stages",
+                )
+            seen.add(entry[0])
         saved = {f"stage {i}": kind for i, kind, _ in state["stages"]}
         here = {f"stage {i}": kind for i, kind, _ in self._stateful()}
         check_same("pipeline (its stages differ)", saved, here)
         self._check_pass((state.get("progress") or (0, 0))[0], "progress")
+        yielded = (state.get("progress") or (0, 0))[1]
+        if self.nsamples > 0 and yielded > self.nsamples:
+            raise StateMismatchError(
+                f"the saved state says {yielded} items of this pass were yielded, but with_epoch({self.nsamples}) "
+                "makes a pass of fewer: the state was changed (or comes from a pipeline with a longer epoch)",
+                field="progress",
+            )
         self._wire()
         for i, _, stage_state in state["stages"]:
             stage = self.pipeline[i]

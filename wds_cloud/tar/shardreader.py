@@ -22,7 +22,7 @@ from ..io.parallel import Fetcher
 from ..resume import state as resuming
 from ..resume.elastic import REPLAY_REF
 from ..resume.refetch import refetch
-from ..resume.state import MAX_OFFSET, expect, shown_url, url_id
+from ..resume.state import MAX_OFFSET, expect, refuse_unknown, shown_url, url_id
 from .reader import TarMembers
 from .samples import SKIP_META, Barren, close_quietly, key_rule, member_filter, sample_limit, shard_samples
 
@@ -119,6 +119,13 @@ class _Cursor:
     def pax(self) -> dict:
         members = self.members
         return (members.pax_global if members is not None else None) or self.base_pax
+
+
+#: every field a shard reader's state_dict() gives (a state is input: anything else was added by hand)
+_STATE_FIELDS = frozenset(
+    ("fresh", "shard", "url", "url_id", "offset", "samples", "done", "identity", "compressed", "pax", "next")
+    + ("replayed", "limit")
+)
 
 
 def _share_fields(state: dict, cursor: _Cursor) -> None:
@@ -322,13 +329,16 @@ class TarSamples:
         if state.get("fresh"):
             self._resume = None
             return
+        refuse_unknown(state, _STATE_FIELDS, "shard reader")
         replaying = "replayed" in state  # an elastic share: no shard is begun while its replays last
+        # a pass that ended before any shard began (a virtual stream given no shard: more streams than shards)
+        empty = state.get("done") is True and state.get("offset") == 0 and state.get("samples") == 0
         expect(
             state,
             "shard reader",
             dict,
             shard=(int, lambda v: v >= 0),
-            url=(str, None, replaying),
+            url=(str, None, replaying or empty),
             offset=(int, lambda v: 0 <= v < MAX_OFFSET and v % 512 == 0),
             samples=(int, lambda v: v >= 0),
             done=bool,
