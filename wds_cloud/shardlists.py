@@ -7,6 +7,7 @@ shards, and resampling (shards drawn with replacement, forever).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import numbers
@@ -93,6 +94,21 @@ def envlookup(m: re.Match, settings: Optional[config.Settings] = None) -> str:
 MAX_DATA_URLS = 1_000_000
 
 
+def _too_many_given(spec: str, n: int) -> Exception:
+    return ConfigError(
+        f"the shard spec {redact(spec)[:80]!r} expands to {n:,} URLs, more than {utils.MAX_BRACE_NAMES:,}: "
+        "check its brace range, or split the dataset into smaller specs"
+    )
+
+
+def _too_many_read(spec: str, limit: int, where: str, n: int) -> Exception:
+    return MalformedDataError(
+        f"{redact(where) or '<spec>'}: the shard spec {redact(spec)[:80]!r} names {n:,} URLs, more than {limit:,}; "
+        "split the dataset into smaller specs",
+        field="urls",
+    )
+
+
 def expand_urls(urls: Union[str, Iterable[str]], limit: Optional[int] = None, where: str = "") -> list[str]:
     """Expand ``::``-joined specs, ``${NAME}`` and brace ranges into a list of URLs.
 
@@ -107,10 +123,7 @@ def expand_urls(urls: Union[str, Iterable[str]], limit: Optional[int] = None, wh
                 result.extend(
                     utils.expand_braces(
                         spec,
-                        refuse=lambda n, spec=spec: ConfigError(
-                            f"the shard spec {redact(spec)[:80]!r} expands to {n:,} URLs, more than "
-                            f"{utils.MAX_BRACE_NAMES:,}: check its brace range, or split the dataset into smaller specs"
-                        ),
+                        refuse=functools.partial(_too_many_given, spec),
                     )
                 )
                 continue
@@ -119,11 +132,7 @@ def expand_urls(urls: Union[str, Iterable[str]], limit: Optional[int] = None, wh
                     utils.expand_braces(
                         spec,
                         limit,
-                        refuse=lambda n, spec=spec: MalformedDataError(
-                            f"{redact(where) or '<spec>'}: the shard spec {redact(spec)[:80]!r} names {n:,} URLs, "
-                            f"more than {limit:,}; split the dataset into smaller specs",
-                            field="urls",
-                        ),
+                        refuse=functools.partial(_too_many_read, spec, limit, where),
                     ),
                     limit + 1 - len(result),
                 )
