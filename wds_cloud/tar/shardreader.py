@@ -294,26 +294,15 @@ class TarSamples:
         saved = yield from self._record.resumed(cursor, resume, replay, elastic, fetch)
         if saved is None:  # the saved pass was done
             return
-        src = iter(src)
-        first = next(src, None)  # pulled before the limit: the shard list has begun its epoch
-        if first is not None:
-            src = itertools.chain([first], src)
-        ahead = self._prefetcher()
-        lookahead = _Lookahead(src) if ahead is not None else None
-        if lookahead is not None:
-            src = lookahead
+        src, ahead, lookahead = self._looking_ahead(src)
         try:
-            if elastic is not None:
-                limit = elastic[1]
-            else:
-                limit = self.limit() if callable(self.limit) else self.limit
-                cursor.limit = limit if self.limit is not None else None
+            limit = self._pass_limit(cursor, elastic)
             skip = saved["shard"] if saved else 0
             reached = -1
             barren = Barren()
             refused: list = []  # a repeated field the handler was given and did not let pass
-            on_repeat = self._repeat_handler(refused)
-            for index, source in enumerate(self._shards(src, cursor, limit, skip)):
+            on_repeat = _repeat_handler(self.handler, refused)
+            for index, source in enumerate(_shards(src, cursor, limit, skip)):
                 reached = index
                 if index < skip:
                     continue
@@ -335,7 +324,7 @@ class TarSamples:
                     before = where[2]
                     if limit is None and skipping is None:
                         yield from samples  # the common path: one generator layer per sample, not two
-                    elif (yield from self._limited(samples, cursor, limit, skipping)):
+                    elif (yield from _limited(samples, cursor, limit, skipping)):
                         return
                     verify = getattr(stream, "verify", None)
                     if verify is not None:  # checked against a manifest once its last sample was read
@@ -356,37 +345,29 @@ class TarSamples:
                     if stream is not None:
                         close_quietly(stream)
             if saved and reached < skip and limit is None:  # (equal_work passes may stop before it)
-                raise StateMismatchError(
-                    f"the saved state resumes at shard {skip} of this worker's shards, but it was given only "
-                    f"{reached + 1}: load a state saved by a dataset over the same shards and workers",
-                    field="shard",
-                    shard=skip,
-                )
+                raise _short_of(skip, reached)
             cursor.done = True
         finally:
             if ahead is not None:
                 ahead.prefetch([])  # the reader stopped: what was fetched ahead is cancelled
 
-    def _repeat_handler(self, refused: list) -> Callable[[Exception], bool]:
-        """What a member repeating a field of its sample is given to: the handler, once (webdataset's
-        ``group_by_keys`` calls it there and goes on within the shard when it returns True).
+    def _looking_ahead(self, src: Iterable[dict]) -> tuple[Iterator[dict], Any, Optional[_Lookahead]]:
+        """(the shard items, the opener that fetches ahead or None, the items' look-ahead or None)."""
+        src = iter(src)
+        first = next(src, None)  # pulled before the limit: the shard list has begun its epoch
+        if first is not None:
+            src = itertools.chain([first], src)
+        ahead = self._prefetcher()
+        lookahead = _Lookahead(src) if ahead is not None else None
+        return (lookahead if lookahead is not None else src), ahead, lookahead
 
-        A duplicate name does not damage the tar stream, so a repeat let pass costs that member only, and
-        the cursor (where the next sample begins, samples counted) is untouched by it; one not let pass
-        (False, or raised by the handler) is noted in ``refused`` so the reader does not hand it over twice.
-        """
-
-        def on_repeat(exn: Exception) -> bool:
-            try:
-                passes = self.handler(exn)
-            except Exception as raised:
-                refused.append((raised, True))
-                raise
-            if not passes:
-                refused.append((exn, False))
-            return passes
-
-        return on_repeat
+    def _pass_limit(self, cursor: ReaderCursor, elastic: Optional[tuple]) -> Optional[int]:
+        """The samples this pass yields (an elastic share's, or ``limit``'s when a pass begins), or None."""
+        if elastic is not None:
+            return elastic[1]
+        limit = self.limit() if callable(self.limit) else self.limit
+        cursor.limit = limit if self.limit is not None else None
+        return limit
 
     def _prefetcher(self) -> Any:
         """The opener, when it fetches the next shards ahead (``prefetch(urls)``) and is asked to."""
@@ -476,60 +457,93 @@ class TarSamples:
         assert self.index_sink is not None
         self.index_sink(read)
 
-    @staticmethod
-    def _limited(
-        samples: Iterator[dict], cursor: ReaderCursor, limit: Optional[int], skipping: Optional[int]
-    ) -> Generator[dict, None, bool]:
-        """``samples`` past byte ``skipping`` (when given), up to ``limit`` in the pass; True: the limit was hit."""
-        where = cursor.where
-        delivered = -1 if skipping is None else skipping
-        for sample in samples:
-            if where[0] < delivered:
-                where[2] -= 1
-                continue
-            yield sample
-            if limit is not None and where[2] >= limit:
-                cursor.done = True
-                return True
-        return False
 
-    def _shards(self, src: Iterable[dict], cursor: ReaderCursor, limit: Optional[int], skip: int = 0) -> Iterator[dict]:
-        """The shard items, and with a ``limit`` not yet reached, the same items again from the first.
+def _repeat_handler(handler: Callable, refused: list) -> Callable[[Exception], bool]:
+    """What a member repeating a field of its sample is given to: the handler, once (webdataset's
+    ``group_by_keys`` calls it there and goes on within the shard when it returns True).
 
-        ``skip`` items are passed over unread (a resumed pass), so they count for nothing.
-        """
-        seen = []
-        given = 0
-        for source in src:
-            if limit is not None:
-                seen.append(source)
-            given += 1
-            yield source
-        if limit is None or cursor.samples >= limit:
-            return
-        if not seen:
-            if cursor.elastic is not None:
-                return  # an elastic share of buffered samples only: it has no shards to go over again
-            ident = cursor.identity or {}
-            if "stream" in ident:
-                raise ValueError(
-                    f"equal_work: stream {ident['stream']} of {ident['streams']} was given no shards, so "
-                    f"it cannot produce its {limit} samples; use at least {ident['streams']} shards or "
-                    "fewer streams"
-                )
+    A duplicate name does not damage the tar stream, so a repeat let pass costs that member only, and
+    the cursor (where the next sample begins, samples counted) is untouched by it; one not let pass
+    (False, or raised by the handler) is noted in ``refused`` so the reader does not hand it over twice.
+    """
+
+    def on_repeat(exn: Exception) -> bool:
+        try:
+            passes = handler(exn)
+        except Exception as raised:
+            refused.append((raised, True))
+            raise
+        if not passes:
+            refused.append((exn, False))
+        return passes
+
+    return on_repeat
+
+
+def _limited(
+    samples: Iterator[dict], cursor: ReaderCursor, limit: Optional[int], skipping: Optional[int]
+) -> Generator[dict, None, bool]:
+    """``samples`` past byte ``skipping`` (when given), up to ``limit`` in the pass; True: the limit was hit."""
+    where = cursor.where
+    delivered = -1 if skipping is None else skipping
+    for sample in samples:
+        if where[0] < delivered:
+            where[2] -= 1
+            continue
+        yield sample
+        if limit is not None and where[2] >= limit:
+            cursor.done = True
+            return True
+    return False
+
+
+def _shards(src: Iterable[dict], cursor: ReaderCursor, limit: Optional[int], skip: int = 0) -> Iterator[dict]:
+    """The shard items, and with a ``limit`` not yet reached, the same items again from the first.
+
+    ``skip`` items are passed over unread (a resumed pass), so they count for nothing.
+    """
+    seen = []
+    given = 0
+    for source in src:
+        if limit is not None:
+            seen.append(source)
+        given += 1
+        yield source
+    if limit is None or cursor.samples >= limit:
+        return
+    if not seen:
+        if cursor.elastic is not None:
+            return  # an elastic share of buffered samples only: it has no shards to go over again
+        ident = cursor.identity or {}
+        if "stream" in ident:
             raise ValueError(
-                f"equal_work: rank {ident.get('rank')} worker {ident.get('worker')} was given no shards, so it cannot "
-                f"produce its {limit} samples; use at least "
-                f"{ident.get('world_size', 1) * ident.get('num_workers', 1)} shards (ranks x workers) or fewer "
-                "DataLoader workers"
+                f"equal_work: stream {ident['stream']} of {ident['streams']} was given no shards, so "
+                f"it cannot produce its {limit} samples; use at least {ident['streams']} shards or "
+                "fewer streams"
             )
-        while cursor.samples < limit:
-            before, first = cursor.samples, given
-            for source in seen:
-                given += 1
-                yield {k: v for k, v in source.items() if k != "stream"}
-            if cursor.samples == before and first > skip:
-                return  # a whole round of reading gave no sample: stop rather than loop forever
+        raise ValueError(
+            f"equal_work: rank {ident.get('rank')} worker {ident.get('worker')} was given no shards, so it cannot "
+            f"produce its {limit} samples; use at least "
+            f"{ident.get('world_size', 1) * ident.get('num_workers', 1)} shards (ranks x workers) or fewer "
+            "DataLoader workers"
+        )
+    while cursor.samples < limit:
+        before, first = cursor.samples, given
+        for source in seen:
+            given += 1
+            yield {k: v for k, v in source.items() if k != "stream"}
+        if cursor.samples == before and first > skip:
+            return  # a whole round of reading gave no sample: stop rather than loop forever
+
+
+def _short_of(skip: int, reached: int) -> StateMismatchError:
+    """A saved state resumes at shard ``skip`` of the worker's shards, but the pass was given ``reached + 1``."""
+    return StateMismatchError(
+        f"the saved state resumes at shard {skip} of this worker's shards, but it was given only "
+        f"{reached + 1}: load a state saved by a dataset over the same shards and workers",
+        field="shard",
+        shard=skip,
+    )
 
 
 class _Lookahead:
