@@ -186,7 +186,7 @@ class DataPipeline(IterableDataset, PipelineStage):
 
     def _pass_begun(self) -> bool:
         """Whether the pass a state taken now describes has begun (iter() alone does not begin it)."""
-        return self._resume_progress is not None or self._progress[2]
+        return self._resume_progress is not None or bool(self._progress[2])
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next iteration continue where ``state`` (from :meth:`state_dict`, or a merged state from

@@ -269,13 +269,11 @@ class PipelineResume:
             progress = share_out.apply_start(self, owner, owner.elastic_start(state, rank, world_size, worker, workers))
         if self.worker_states is not None:
             _, _, worker, _ = utils.pytorch_worker_info()
-            state = self.worker_states.get(worker)
+            own = self.worker_states.get(worker)
             self.worker_states = None  # applied once (a persistent worker starts the next epoch afresh)
-            if state is not None and "start" in state:
-                progress = share_out.apply_start(
-                    self, owner, state
-                )  # a share of an elastic resume this worker had not begun
-            elif state is not None:
-                progress = self.load(owner, state)  # the loader's state it came from had its checksum checked
+            if own is not None and "start" in own:  # a share of an elastic resume this worker had not begun
+                progress = share_out.apply_start(self, owner, own)
+            elif own is not None:
+                progress = self.load(owner, own)  # the loader's state it came from had its checksum checked
         problem, self.seal_problem = self.seal_problem, None
         return progress, problem

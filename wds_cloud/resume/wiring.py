@@ -24,7 +24,7 @@ class StageKinds:
     merged state's shards are shared out from, and our splitters (matched by identity: a wrapper of the user's,
     a ``functools.partial`` or a lambda calling ours, may split otherwise)."""
 
-    pipeline: type
+    pipeline: Any  # (Any: a class whose instances have the pipeline's methods, which resume/ cannot import)
     share_lists: tuple
     resampled: type
     simple: type
