@@ -538,3 +538,77 @@ def test_convert_messages_a_missing_image_and_count_in_words(tmp_path, capsys):
     assert "is not under" not in err
     code, out, err = run(capsys, *argv, "--dest", tmp_path / "d-%d.tar")
     assert code == 0 and "1 missing image dropped" in out and "1 document," in out and "1 shard " in out
+
+
+# adversary findings, issue 41: bad arguments that exited 1, printed a traceback or were accepted
+
+
+REFUSED_AT_ONCE = {
+    "a credential in reshard's DEST": ["reshard", "{spec}", "{folder}/out-%d.tar?token=abc"],
+    "a credential in map's DEST": ["map", "json:dumps", "{spec}", "https://u:p@127.0.0.1:1/out-%d.tar"],
+    "a credential in map's source": ["map", "json:dumps", "https://127.0.0.1:1/x.tar?X-Amz-Signature=abc", "{out}"],
+    "a credential in convert's --dest": [
+        "convert",
+        "mmc4",
+        "{folder}/docs.jsonl",
+        "--images",
+        "{folder}",
+        "--dest",
+        "{folder}/out-%d.tar?sig=abc",
+    ],
+    "a path as FUNCTION": ["map", "../mypkg:f", "{spec}", "{out}"],
+    "a relative module": ["map", ".mypkg.filters:ident", "{spec}", "{out}"],
+    "dots as FUNCTION": ["map", "..:f", "{spec}", "{out}"],
+    "an unknown scheme for map": ["map", "json:dumps", "nosuch://x/y.tar", "{out}"],
+    "an unknown scheme for map's DEST": ["map", "json:dumps", "{spec}", "nosuch://x/out-%d.tar"],
+    "an unknown scheme for reshard": ["reshard", "nosuch://x/y.tar", "{out}"],
+    "an unknown scheme for verify on Dask": ["verify", "nosuch://x/y.tar", "--workers", "1"],
+    "a profile the profiles file lacks": ["map", "json:dumps", "{spec}", "{out}", "--profile", "nonexistent"],
+    "map --maxsize 0.5": ["map", "json:dumps", "{spec}", "{out}", "--maxsize", "0.5"],
+    "reshard --maxsize 0.5": ["reshard", "{spec}", "{out}", "--maxsize", "0.5"],
+    "reshard --maxsize 1.5": ["reshard", "{spec}", "{out}", "--maxsize", "1.5"],
+    "reshard over its own input": ["reshard", "{spec}", "{folder}/shard-%03d.tar"],
+    "index --name without --format wids": ["index", "{spec}", "--name", "foo"],
+}
+
+
+@pytest.mark.parametrize("argv", REFUSED_AT_ONCE.values(), ids=REFUSED_AT_ONCE.keys())
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_bad_destinations_sources_functions_and_sizes_exit_2_before_anything(data, capsys, argv, as_json):
+    """Credentials in URLs, a relative FUNCTION, an unknown scheme, a missing --profile, a fraction of a byte, an
+    output that is an input, --name without wids: exit 2 in one line (JSON on stdout with --json), no record,
+    claim, output or cluster."""
+    folder, spec = data
+    before = sorted(p.name for p in folder.iterdir())
+    argv = [a.format(spec=spec, folder=folder, out=folder / "out-%d.tar") for a in argv]
+    if as_json and argv[0] != "convert":
+        argv.append("--json")
+    code, out, err = run(capsys, *argv)
+    assert code == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    if as_json and argv[0] != "convert":
+        assert json.loads(out)["exit_code"] == 2
+    assert sorted(p.name for p in folder.iterdir()) == before  # no record, claim or output
+
+
+@pytest.mark.parametrize(
+    "text, size", [("3e9", 3_000_000_000), ("500M", 500_000_000), ("2GiB", 2 << 30), ("1.5k", 1500), ("7", 7)]
+)
+def test_a_size_flag_takes_whole_bytes_with_a_suffix(text, size):
+    """--maxsize of reshard and map: one rule, whole bytes (1 or more) with an optional suffix."""
+    from wds_cloud.cli.flags import size as parse
+
+    assert parse(text) == size
+
+
+def test_another_patterns_record_is_another_jobs_destination_not_a_malformed_one(data, capsys):
+    """``out-%04d.tar`` and ``out-%06d.tar`` share one record name: the second job is refused (exit 2) naming the
+    first's pattern and the fix, never told to remove that job's outputs; the first job's files stay."""
+    folder, spec = data
+    assert run(capsys, "reshard", spec, folder / "out-%04d.tar", "--maxcount", "5")[0] == 0
+    kept = {p.name: p.read_bytes() for p in folder.glob("out-*")}
+    for other in ("out-%06d.tar", "out-%d.tar"):
+        code, out, err = run(capsys, "reshard", spec, folder / other, "--maxcount", "5")
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert "out-%04d.tar" in err and "another folder" in err and "remove" not in err
+    assert {p.name: p.read_bytes() for p in folder.glob("out-*")} == kept

@@ -545,3 +545,42 @@ def test_a_scheduler_that_does_not_answer_is_one_line_naming_the_flag(shards, tm
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert "no Dask scheduler answered" in err[0] and "--scheduler" in err[0] and "Traceback" not in err[0]
+
+
+# adversary findings, issue 41
+
+
+def test_a_rerun_removes_an_unlisted_file_at_a_finished_inputs_part_name(shards, tmp_path, cluster):
+    """A regular file at ``o-000-001.tar`` (a later part name of finished input 0) that the record does not list is
+    not kept: the rerun removes it and says so; the destination holds each sample once."""
+    dest = str(tmp_path / "out" / "o-%03d.tar")
+    map_shards(shout, shards, dest, client=cluster)
+    planted = tmp_path / "out" / "o-000-001.tar"
+    planted.write_bytes(pathlib.Path(dest % 1).read_bytes())
+    again = map_shards(shout, shards, dest, client=cluster)
+    assert again["skipped"] == len(SIZES) and again["removed"] == [str(planted)]
+    assert not planted.exists()
+    names = sorted(str(p) for p in (tmp_path / "out").glob("o-*.tar"))
+    keys = [s["__key__"] for s in wds.WebDataset(names, shardshuffle=False)]
+    assert len(keys) == len(set(keys)) and sorted(keys) == sorted(k for k, _ in expected(shards, shout))
+
+
+def raises_config_error(path, sample):
+    """Counts its calls in ``path``, then raises an error no retry mends."""
+    with open(path, "a") as f:
+        f.write("x")
+    raise ConfigError("a setting no retry mends")
+
+
+def test_an_error_no_retry_mends_is_not_retried(shards, tmp_path, cluster):
+    """A task failing with our ConfigError (a missing profile, an unknown scheme, a refused URL, ...) fails its
+    shard once: no retries, and the shard is not recorded as done."""
+    import functools
+
+    calls = tmp_path / "calls"
+    dest = str(tmp_path / "out" / "c-%03d.tar")
+    fn = functools.partial(raises_config_error, str(calls))
+    summary = map_shards(fn, shards[:1], dest, client=cluster, retries=2)
+    assert summary["done"] == 0 and len(summary["failures"]) == 1
+    assert "a setting no retry mends" in summary["failures"][0]["error"]
+    assert calls.read_text() == "x"

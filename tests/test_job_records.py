@@ -525,3 +525,51 @@ def test_claims_on_an_object_store(moto_endpoint, monkeypatch, tmp_path):
         JobRecord(dest, "map", urls, settings_of(quiet))
     first.release()
     JobRecord(dest, "map", urls, settings_of(quiet)).release()
+
+
+# adversary findings, issue 41
+
+
+def test_a_record_of_another_pattern_names_that_pattern_not_a_malformed_record(job):
+    """``o-%03d.tar`` and ``o-%d.tar`` share ``o-N.tar.wds-job.json``: a job of the other pattern is refused as
+    a bad argument naming the recorded pattern, its record and outputs left alone."""
+    urls, dest, out0 = job
+    os.unlink(out0)  # the fixture's output, which no record lists: this test's first job writes it
+    with JobRecord(dest, "reshard", urls, {"maxcount": 2}) as first:
+        pathlib.Path(out0).write_bytes(pathlib.Path(urls[0]).read_bytes())
+        first.begin()
+        first.written(out0)
+    before = pathlib.Path(record_url(dest)).read_bytes()
+    other = dest.replace("%03d", "%d")
+    with pytest.raises(ConfigError) as caught:
+        JobRecord(other, "reshard", urls, {"maxcount": 2})
+    assert not isinstance(caught.value, MalformedDataError) and caught.value.bad_argument
+    assert dest in str(caught.value) and "remove" not in str(caught.value)
+    assert pathlib.Path(record_url(dest)).read_bytes() == before and os.path.exists(out0)
+    assert not os.path.exists(claim_of(dest))
+
+
+def test_an_unknown_scheme_or_profile_is_refused_before_the_claim(job):
+    """A source or destination no backend serves, or a profile the profiles file lacks: refused before the job
+    claims its destination or writes its record (no cluster is started: none is given or needed)."""
+    from wds_cloud.dask import map_shards
+    from wds_cloud.errors import UnknownSchemeError
+
+    urls, dest, out0 = job
+    with pytest.raises(UnknownSchemeError):
+        JobRecord(dest, "reshard", urls + ["nosuch://x/y.tar"], {})
+    with pytest.raises(UnknownSchemeError):
+        map_shards(shout, ["nosuch://x/y.tar"], dest)
+    with pytest.raises(ConfigError, match="profile='nonexistent'") as caught:
+        map_shards(shout, urls, dest, profile="nonexistent")
+    assert caught.value.bad_argument
+    assert not os.path.exists(record_url(dest)) and not os.path.exists(claim_of(dest))
+
+
+@pytest.mark.parametrize("spec", ["../mypkg:f", ".mypkg.filters:ident", "..:f", "mypkg/filters:f", "json:du mps"])
+def test_a_relative_or_path_like_function_name_is_our_error(spec):
+    """importlib's TypeError for relative names became a traceback: now ConfigError saying what is accepted."""
+    from wds_cloud.dask import load_function
+
+    with pytest.raises(ConfigError, match="MODULE:NAME"):
+        load_function(spec)

@@ -80,11 +80,12 @@ def test_interrupt_anywhere_local(uneven, data, compressed, bufsize, shardshuffl
             bufsize, initial=bufsize // 2 + 1, seed=seed + 1
         )
 
-    full = keys_of(build())
+    samples = list(build())
+    full = keys_of(samples)
     assert sorted(full) == sorted(set(full)) and len(full) == 57
     cuts = sorted(data.draw(st.lists(st.integers(0, len(full)), max_size=4)))
     got, _ = resume_in_pieces(build, cuts)
-    assert keys_of(got) == full
+    assert got == samples  # whole samples, every field (__local_path__ included), not only their keys
 
 
 @pytest.mark.parametrize("where", ["start", "mid_shard", "buffer_full", "shard_boundary", "last_shard", "end"])
@@ -284,11 +285,11 @@ def test_interrupt_anywhere_s3(s3_shards, data, bufsize, seed):
     def build():
         return wds.WebDataset(urls, shardshuffle=True, seed=seed, storage_options=options).shuffle(bufsize, seed=seed)
 
-    full = keys_of(build())
-    assert len(full) == 40
+    samples = list(build())
+    assert len(samples) == 40
     cuts = sorted(data.draw(st.lists(st.integers(0, 40), min_size=1, max_size=3)))
     got, _ = resume_in_pieces(build, cuts)
-    assert keys_of(got) == full
+    assert got == samples
 
 
 def test_resume_rereads_only_the_buffered_samples(http_store, tmp_path):
@@ -462,10 +463,11 @@ def test_resume_through_the_shard_cache(s3_shards, tmp_path):
             urls, shardshuffle=True, seed=6, storage_options=options, cache_dir=str(tmp_path / "cache")
         ).shuffle(7, seed=1)
 
-    full = keys_of(build())  # fills the cache
+    samples = list(build())  # fills the cache
+    full = keys_of(samples)
     for cuts in ([5], [18, 33]):
         got, _ = resume_in_pieces(build, cuts)
-        assert keys_of(got) == full
+        assert got == samples  # every field: __local_path__ names the cache entry, as in the first read
     cold = tmp_path / "cold"
 
     def build_cold():

@@ -477,7 +477,8 @@ def mutate_plain(state, data):
             data.draw(st.sampled_from(buffer))[0] = ref
         elif kind == "block" and buffer:
             entry = data.draw(st.sampled_from(buffer))
-            entry[1] += data.draw(st.sampled_from([-1, 1, 2]))
+            if type(entry[1]) is int:  # an earlier "wrong" change may have made it text
+                entry[1] += data.draw(st.sampled_from([-1, 1, 2]))
         elif kind in ("huge", "wrong"):
             paths = [["shard"], ["offset"], ["samples"]] + [
                 ["buffer", i, j] for i in range(min(2, len(buffer))) for j in range(3)

@@ -170,11 +170,15 @@ class StreamingOpen(PipelineStage):
     def prefetch_depth(self) -> int:
         return self.fetcher.depth
 
+    def local_path(self, url: str) -> Optional[str]:
+        """The ``local_path`` :meth:`open` reports for ``url`` (the file itself, for a local one)."""
+        return _local_path(url)
+
     def open(self, url: str, offset: int = 0) -> dict:
         """``{"stream": ..., "local_path": ...}`` for ``url``, read from byte ``offset``."""
         stream = _verifying(self.manifest, url, offset, self.fetcher.open(url, offset))
         out: dict[str, Any] = {"stream": stream}
-        local = _local_path(url)
+        local = self.local_path(url)
         if local is not None:
             out["local_path"] = local
             _count_local(self.stats, stream, local, offset)
@@ -304,6 +308,14 @@ class FileCache(PipelineStage):
             timeout=self.timeout,
             stats=self.stats,
         )
+
+    def local_path(self, url: str) -> str:
+        """The ``local_path`` :meth:`open` reports for ``url``: the file itself where local files are read in
+        place, else its cache entry."""
+        local = _local_path(url)
+        if local is not None and not self.cache_local:
+            return local
+        return self.cache.path_for(url)
 
     def open(self, url: str, offset: int = 0) -> dict:
         """``{"stream": ..., "local_path": ...}`` for ``url`` through the cache, read from byte ``offset``.

@@ -233,10 +233,13 @@ class RandomMix(ReplayedSources, IterableDataset):
         # every draw gave a sample of a dataset (counted in its own progress) or met one that ended (once each)
         yielded = [_items_yielded(s) for s in sources]
         given = sum(y for y in yielded if y is not None)
-        if None not in yielded and rng[1] > given + n:
+        # exactly: one draw per sample given, plus one per dataset that ended (the shortest ends the mix)
+        ended = n - len(active)
+        expected = given + (ended if self.longest else min(ended, 1))
+        if None not in yielded and rng[1] != expected:
             raise StateMismatchError(
-                f"the RandomMix state counts {rng[1]} draws, more than its datasets gave samples "
-                f"({given}) plus the {n} that could end: the state was changed",
+                f"the RandomMix state counts {rng[1]} draws, but its datasets gave {given} samples and {ended} "
+                f"of them ended, which makes {expected} draws: the state was changed",
                 field="rng",
             )
 

@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any, Optional, Union
 
-import braceexpand
-
 from . import config, utils
 from .errors import ConfigError, MalformedDataError, redact
 from .io import datafile
@@ -105,10 +103,31 @@ def expand_urls(urls: Union[str, Iterable[str]], limit: Optional[int] = None, wh
         result: list[str] = []
         for spec in urls.split("::"):
             spec = envsubst(spec)
-            if limit is None:
-                result.extend(braceexpand.braceexpand(spec))
+            if limit is None:  # a spec of the user's: bounded too (a range's names are built before the first)
+                result.extend(
+                    utils.expand_braces(
+                        spec,
+                        refuse=lambda n, spec=spec: ConfigError(
+                            f"the shard spec {redact(spec)[:80]!r} expands to {n:,} URLs, more than "
+                            f"{utils.MAX_BRACE_NAMES:,}: check its brace range, or split the dataset into smaller specs"
+                        ),
+                    )
+                )
                 continue
-            result.extend(islice(braceexpand.braceexpand(spec), limit + 1 - len(result)))
+            result.extend(
+                islice(
+                    utils.expand_braces(
+                        spec,
+                        limit,
+                        refuse=lambda n, spec=spec: MalformedDataError(
+                            f"{redact(where) or '<spec>'}: the shard spec {redact(spec)[:80]!r} names {n:,} URLs, "
+                            f"more than {limit:,}; split the dataset into smaller specs",
+                            field="urls",
+                        ),
+                    ),
+                    limit + 1 - len(result),
+                )
+            )
             if len(result) > limit:
                 raise MalformedDataError(
                     f"{redact(where) or '<spec>'}: the shard spec {spec[:80]!r} names more than "

@@ -11,6 +11,7 @@ import fnmatch
 import functools
 import glob
 import itertools
+import re
 import sys
 import types
 import warnings
@@ -228,12 +229,20 @@ def repeatedly(
 
 def glob_with_braces(pattern: str) -> list[str]:
     """``glob`` after brace expansion."""
-    return [p for expanded in braceexpand.braceexpand(pattern) for p in glob.glob(expanded)]
+    return [p for expanded in expand_braces(pattern, refuse=_too_many(pattern)) for p in glob.glob(expanded)]
 
 
 def fnmatch_with_braces(filename: str, pattern: str) -> bool:
     """``fnmatch`` against any brace expansion of ``pattern``."""
-    return any(fnmatch.fnmatch(filename, p) for p in braceexpand.braceexpand(pattern))
+    return any(fnmatch.fnmatch(filename, p) for p in expand_braces(pattern, refuse=_too_many(pattern)))
+
+
+def _too_many(pattern: str) -> Callable[[int], Exception]:
+    from .errors import ConfigError
+
+    return lambda n: ConfigError(
+        f"the pattern {pattern[:80]!r} expands to {n:,} names, more than {MAX_BRACE_NAMES:,}: check its brace range"
+    )
 
 
 def guard_no_torch() -> None:
@@ -267,3 +276,98 @@ def lookup_sym(sym: str, modules: Iterable[str]) -> Any:
         if found is not None:
             return found
     return None
+
+
+#: the most names one brace spec may expand to (``braceexpand`` builds a range's values before yielding the
+#: first, so a spec is counted from its groups, without expanding, and refused beyond this)
+MAX_BRACE_NAMES = 1_000_000
+
+_INT_RANGE = re.compile(r"^([-+]?\d+)\.\.([-+]?\d+)(?:\.\.([-+]?\d+))?$")
+_CHAR_RANGE = re.compile(r"^(\w)\.\.(\w)(?:\.\.([-+]?\d+))?$")
+
+
+def _closing(spec: str, start: int) -> int:
+    """The index of the ``}`` matching the ``{`` at ``start``, or -1 (then the brace is literal)."""
+    depth, i = 0, start
+    while i < len(spec):
+        c = spec[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return -1
+
+
+def _split_top(content: str) -> list[str]:
+    parts, depth, begun, i = [], 0, 0, 0
+    while i < len(content):
+        c = content[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(content[begun:i])
+            begun = i + 1
+        i += 1
+    parts.append(content[begun:])
+    return parts
+
+
+def _range_size(first: int, last: int, step: str | None) -> int:
+    stride = abs(int(step)) if step else 1
+    return abs(last - first) // (stride or 1) + 1
+
+
+def count_braces(spec: str) -> int:
+    """How many names ``spec`` expands to (an upper bound where a group is literal text)."""
+    total, i = 1, 0
+    while i < len(spec):
+        c = spec[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            end = _closing(spec, i)
+            if end < 0:
+                i += 1
+                continue
+            content = spec[i + 1 : end]
+            parts = _split_top(content)
+            if len(parts) > 1:
+                total *= sum(count_braces(part) for part in parts)
+            else:
+                number = _INT_RANGE.match(content)
+                letter = _CHAR_RANGE.match(content)
+                if number:
+                    total *= _range_size(int(number.group(1)), int(number.group(2)), number.group(3))
+                elif letter:
+                    total *= _range_size(ord(letter.group(1)), ord(letter.group(2)), letter.group(3))
+                else:
+                    total *= count_braces(content)
+            i = end + 1
+            continue
+        i += 1
+    return total
+
+
+def expand_braces(
+    spec: str, limit: int = MAX_BRACE_NAMES, refuse: Callable[[int], Exception] | None = None
+) -> Iterator[str]:
+    """The names ``spec`` expands to; more than ``limit`` raises ``refuse(n)`` (a ValueError by default)."""
+    if "{" in spec:
+        n = count_braces(spec)
+        if n > limit:
+            if refuse is not None:
+                raise refuse(n)
+            raise ValueError(f"the brace spec {spec[:80]!r} expands to {n:,} names, more than {limit:,}")
+    return braceexpand.braceexpand(spec)

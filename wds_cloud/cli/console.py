@@ -4,8 +4,10 @@
 - Progress goes to stderr: a bar when stderr is a terminal, else a line every ``WDS_PROGRESS_INTERVAL``
   seconds (``verify: 120/1000 shards, 12.5 shards/s``) and one at the end, so that a job's log shows it.
 - Exit codes: 0 done, 1 a problem with the data or the store (the message names the URL and the fix),
-  2 bad arguments (:class:`UsageError`, argparse's own refusals, a malformed ``WDS_*`` setting, or a destination
-  holding another job's outputs: :func:`job_conflict`), 130 interrupted.
+  2 bad arguments (:class:`UsageError`, argparse's own refusals, a malformed ``WDS_*`` setting, a destination
+  holding another job's outputs: :func:`job_conflict`, or a library ``ConfigError`` raised with
+  ``bad_argument=True``: an output that is an input, a credential in a URL, a destination whose record is of
+  another output pattern), 130 interrupted.
 - Messages of the library that advise a Python argument name the command's flag instead (:func:`for_cli`).
 """
 

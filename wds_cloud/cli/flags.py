@@ -9,13 +9,14 @@ block is what ``--help`` is for), and, when ``--json`` was asked for, prints the
 from __future__ import annotations
 
 import argparse
+import decimal
 import json
-import math
+import re
 import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from ..errors import ConfigError, redact
+from ..errors import ConfigError, holds_credential, redact
 
 __all__ = ["Parser", "count", "size", "scheduler", "output_pattern", "text", "json_failure", "MAX_PARALLEL"]
 
@@ -64,17 +65,38 @@ def count(minimum: int, maximum: int = 1 << 62, what: str = "a whole number") ->
     return parse
 
 
-def size(text: str) -> float:
-    """An argparse type: a finite number of bytes above 0 (``3e9``, ``500000000``)."""
+#: the suffixes a size flag takes: decimal (k, M, G, T, P: powers of 1000) and binary (KiB, MiB, ...: of 1024)
+_SIZE_SUFFIX = {
+    "": 1,
+    **{u: 1000**i for i, u in enumerate("kmgtp", 1)},
+    **{u + "i": 1024**i for i, u in enumerate("kmgtp", 1)},
+}
+_SIZE = re.compile(
+    r"\s*([0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(e[+-]?[0-9]{1,3})?\s*([kmgtp]i?)?b?\s*", re.IGNORECASE
+)
+#: the largest size a flag takes (an exabyte): beyond it a typo
+MAX_SIZE = 10**18
+SIZE_RULE = "give a whole number of bytes, 1 or more, with an optional suffix, such as 3e9, 500M or 2GiB"
+
+
+def size(text: str) -> int:
+    """An argparse type: a whole number of bytes, 1 or more (``3e9``, ``500000000``, ``500M``, ``2GiB``); the same
+    rule for every size flag (issue 41: ``--maxsize 0.5`` was one byte to one command, refused by another)."""
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{_number_text(text)!r} is not a size: {SIZE_RULE}")
+    number, exponent, suffix = match.groups()
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{_number_text(text)!r} is not a number: give a number of bytes above 0, such as 3e9"
-        ) from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text.strip()!r}: give a finite number of bytes above 0, such as 3e9")
-    return value
+        value = decimal.Decimal(number.replace("_", "") + (exponent or "")) * _SIZE_SUFFIX[(suffix or "").lower()]
+    except decimal.InvalidOperation:
+        raise argparse.ArgumentTypeError(f"{_number_text(text)!r} is not a size: {SIZE_RULE}") from None
+    if value != value.to_integral_value() or not 1 <= value <= MAX_SIZE:
+        shown = text.strip()[:80]
+        why = "a fraction of a byte" if 1 <= value <= MAX_SIZE else f"out of range (1 to {MAX_SIZE:.0e} bytes)"
+        if value < 1:
+            why = "less than one byte"
+        raise argparse.ArgumentTypeError(f"{shown!r} is {why}: {SIZE_RULE}")
+    return int(value)
 
 
 def scheduler(text: str) -> str:
@@ -94,6 +116,11 @@ def output_pattern(text: str) -> str:
     problem = output_pattern_problem(text)
     if problem is not None:
         raise argparse.ArgumentTypeError(f"{redact(text)!r}: {problem}; {PATTERN_RULE}")
+    if holds_credential(text):  # the job record lists every output name, the claim and the summary too
+        raise argparse.ArgumentTypeError(
+            f"{redact(text)!r} carries a credential in its text; output names are written into the job record and "
+            "shown: give the credential through the environment or a storage profile (WDS_CLOUD_CONFIG) instead"
+        )
     return text
 
 

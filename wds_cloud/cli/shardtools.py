@@ -27,7 +27,7 @@ from ..index.sidecar import build_index, index_of, read_index, read_range, wids_
 from ..io.integrity import Hashing
 from ..io.jobrecord import HashingWriter, JobRecord
 from ..io.manifest import Manifest, load_manifest
-from ..io.open import gopen
+from ..io.open import check_schemes, gopen
 from ..io.urls import is_local
 from ..shardlists import expand_urls
 from . import flags
@@ -84,6 +84,7 @@ def _urls(spec: list[str]) -> list[str]:
         raise UsageError(f"an empty shard name in {' '.join(map(repr, spec))}: give URLs, paths or brace specs")
     if not urls:
         raise UsageError("no shards named: give URLs, paths or brace specs such as 'shard-{0000..0009}.tar'")
+    check_schemes(urls)  # an unknown scheme is a bad argument (exit 2), refused before a cluster or a job starts
     return urls
 
 
@@ -261,6 +262,10 @@ def _index_one(url: str, output: Optional[str], fmt: Optional[str]) -> dict:
 
 def _index(args: argparse.Namespace) -> int:
     urls = _urls(args.spec)
+    if args.name is not None and args.format != "wids":  # was silently ignored (issue 41)
+        raise UsageError(
+            "--name is the dataset's name in a wids description: give it with --format wids, or leave it out"
+        )
     if args.format == "wids" and not args.output:
         raise UsageError("--format wids writes one dataset description: give its URL or path with --output")
     if args.output and args.format != "wids" and len(urls) > 1:
@@ -481,6 +486,13 @@ def _map(args: argparse.Namespace) -> int:
         fn = load_function(args.function)
     except ConfigError as exc:  # the FUNCTION typed names nothing importable: a bad argument
         raise UsageError(f"FUNCTION: {exc}") from None
+    if args.profile is not None:  # a profile the profiles file lacks: refused before the job claims anything
+        from ..io.profiles import named_profile
+
+        try:
+            named_profile(args.profile, config.current())
+        except ConfigError as exc:
+            raise UsageError(f"--profile {args.profile}: {exc}") from None
     chosen = {
         "reraise": handlers.reraise_exception,
         "warn": handlers.warn_and_continue,
@@ -526,6 +538,11 @@ def _map(args: argparse.Namespace) -> int:
             f"{r['shards']} shards: {r['done']} done, {r['skipped']} already complete and kept; {r['samples_in']} "
             f"samples in, {r['samples_out']} out, {r['bytes']:,} bytes written in {r['outputs']} outputs, "
             f"{r['seconds']:.1f} s"
+            + (
+                f"; removed {_plural(len(r['removed']), 'file')} at output names no record listed"
+                if r["removed"]
+                else ""
+            )
             + "".join(f"\n  failed: {f.get('input')} {f.get('key') or ''}: {f['error']}" for f in r["failures"][:20])
         ),
     )
@@ -781,7 +798,10 @@ def add_parsers(commands: Any) -> None:
         "--maxcount", type=count(1), default=10000, help="samples per output shard, 1 or more (default 10000)"
     )
     reshard.add_argument(
-        "--maxsize", type=flags.size, default=3e9, help="bytes per output shard, above 0 (default 3e9)"
+        "--maxsize",
+        type=flags.size,
+        default=3_000_000_000,
+        help="bytes per output shard: whole bytes, 1 or more, suffix optional (3e9, 500M, 2GiB; default 3e9)",
     )
     reshard.add_argument(
         "--compress",
@@ -823,7 +843,11 @@ def add_parsers(commands: Any) -> None:
     mapper.add_argument(
         "--maxcount", type=count(1), help="samples per output shard, 1 or more (an input then gives several)"
     )
-    mapper.add_argument("--maxsize", type=flags.size, help="bytes per output shard, above 0")
+    mapper.add_argument(
+        "--maxsize",
+        type=flags.size,
+        help="bytes per output shard: whole bytes, 1 or more, suffix optional (500M, 2GiB)",
+    )
     mapper.add_argument(
         "--handler",
         choices=["reraise", "warn", "ignore"],

@@ -301,7 +301,14 @@ class WebDataset(DataPipeline, FluidInterface):
         if mode == "resampled":
             return shardlists.ResampledShards(urls, seed=self.seed, deterministic=True)
         if isinstance(urls, str) or isinstance(urls, (list, tuple)) or hasattr(urls, "__iter__"):
-            source = urls if isinstance(urls, str) else list(urls)
+            source = urls if isinstance(urls, str) else plain_urls(list(urls))
+            if not isinstance(source, str):
+                for number, url in enumerate(source):
+                    if not isinstance(url, (str, dict)):
+                        raise ConfigError(
+                            f"urls[{number}] is {type(url).__name__} {redact(repr(url))[:80]}: each URL is text "
+                            "(a str, or a pathlib.Path)"
+                        )
             return shardlists.SimpleShardList(source, seed=self.seed if shuffle else None)
         raise ConfigError(
             f"cannot read shards from {type(urls).__name__}: give a spec string, a list of URLs, "
@@ -412,11 +419,12 @@ def _index_sink(write_index: Any, storage_options: Optional[dict]) -> Optional[C
 
 
 def plain_urls(urls: Any) -> Any:
-    """``urls`` with paths (``pathlib.Path``, any ``os.PathLike``) as text, in a list or tuple too."""
-    if isinstance(urls, os.PathLike):
-        return os.fspath(urls)
-    if isinstance(urls, (list, tuple)) and any(isinstance(u, os.PathLike) for u in urls):
-        return [os.fspath(u) if isinstance(u, os.PathLike) else u for u in urls]
+    """``urls`` with paths (``pathlib.Path``, any ``os.PathLike``, a path as ``bytes`` as ``open()`` takes one)
+    as text, in a list or tuple too."""
+    if isinstance(urls, (os.PathLike, bytes, bytearray)):
+        return os.fsdecode(bytes(urls) if isinstance(urls, bytearray) else urls)
+    if isinstance(urls, (list, tuple)) and any(isinstance(u, (os.PathLike, bytes, bytearray)) for u in urls):
+        return [plain_urls(u) if isinstance(u, (os.PathLike, bytes, bytearray)) else u for u in urls]
     return urls
 
 

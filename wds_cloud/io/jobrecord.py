@@ -12,7 +12,12 @@ settings, and for every output finished its size and SHA-256.  With it a rerun i
   never kept or followed; once this job's record exists (it is saved before the first output is
   written), an unlisted regular file at one of its output names is the job's own, published by a run
   interrupted before its record caught up, and is written again (a link is still refused);
-- an output name that is also an input is refused before anything is written;
+- an output name that is also an input is refused before anything is written (``bad_argument``), and so is
+  a source or destination whose scheme no backend serves;
+- the record keeps the output pattern (``destination``): ``out/t-%04d.tar`` and ``out/t-%d.tar`` share the
+  record name ``out/t-N.tar.wds-job.json``, so a job of one pattern finding the other's record is refused as
+  a bad argument naming that pattern (write to another folder or name), never told the record is malformed
+  (records written before this field are checked name by name, as before);
 - one job at a time: making the record claims the destination (:mod:`wds_cloud.io.jobclaim`) before the
   job's first expensive step; a second job into it is refused naming the first, a dead job's claim is
   taken over.
@@ -45,7 +50,7 @@ from .. import config
 from ..errors import ConfigError, ShardNotFoundError, holds_credential, redact
 from . import datafile
 from .jobclaim import Claim, claim_beside, open_regular
-from .open import exists, gopen
+from .open import check_schemes, exists, gopen
 from .urls import is_local, local_path, same_location
 
 __all__ = ["JobRecord", "record_url", "claim_url", "output_names", "HashingWriter", "FORMAT"]
@@ -56,7 +61,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _INPUT = re.compile(r"0|[1-9][0-9]{0,17}")
 #: the largest output a record may claim (a petabyte)
 MAX_OUTPUT_SIZE = datafile.MAX_SHARD_BLOCKS * 512
-_FIELDS = {"format", "version", "tool", "inputs", "settings", "outputs", "done"}
+_FIELDS = {"format", "version", "tool", "inputs", "settings", "outputs", "done", "destination"}
 
 
 def record_url(destination: str) -> str:
@@ -218,7 +223,8 @@ class JobRecord:
             raise ConfigError(
                 f"{redact(destination)} carries a credential in its text; the job record would list it with "
                 "every output name: give the credential through the environment or a storage profile "
-                "(WDS_CLOUD_CONFIG) instead"
+                "(WDS_CLOUD_CONFIG) instead",
+                bad_argument=True,
             )
         self.destination = destination
         self.url = record_url(destination)
@@ -238,8 +244,11 @@ class JobRecord:
                 raise ConfigError(
                     f"{redact(url)} is both an input and an output name of this {tool} ("
                     f"{redact(destination)}): it would be overwritten while it is read; write the "
-                    "output somewhere else"
+                    "output somewhere else",
+                    bad_argument=True,
                 )
+        # a URL no backend serves can never be read or written: refused before the claim, nothing created
+        check_schemes([destination, *inputs])
         # the destination is this job's before anything expensive (a cluster, an input read): a second job
         # started meanwhile is refused naming this one (issue 41)
         self._claim = Claim(destination, self.url, tool, _describe(settings))
@@ -299,6 +308,7 @@ class JobRecord:
             "the job record",
             f"holds fields no record has ({datafile.shown(sorted(set(data) - _FIELDS))})",
         )
+        self._check_pattern(data.get("destination"), need)
         conflict = _differences(data, self.tool, self.inputs, self.settings)
         if conflict:
             said = "; ".join(
@@ -343,6 +353,37 @@ class JobRecord:
             self.outputs, self.extra["done"] = self._check_done(done, outputs, need)
         self.found = True
         self._check_strangers()
+
+    def _check_pattern(self, recorded: Any, need: Any) -> None:
+        """Refuse the record of a job with another output pattern that shares this one's record name
+        (``out/t-%04d.tar`` and ``out/t-%d.tar`` both keep ``out/t-N.tar.wds-job.json``): not a malformed
+        record, another job's destination (issue 41).  Records written before the pattern was kept have no
+        ``destination``: their outputs are checked against this job's names as before."""
+        if recorded is None:
+            return
+        need(
+            isinstance(recorded, str) and 0 < len(recorded) <= 4096,
+            "'destination'",
+            "must be the output pattern of the job that wrote the record",
+        )
+        # the folder is not compared: a destination moved (or named from another working directory) keeps its record
+        then, now = recorded.rsplit("/", 1)[-1], self.destination.rsplit("/", 1)[-1]
+        if then == now:
+            return
+        need(
+            _FIELD.sub("N", then, count=1) == _FIELD.sub("N", now, count=1),
+            "'destination'",
+            f"names {datafile.shown(recorded)}, whose job record is not this one",
+        )
+        raise ConfigError(
+            f"{redact(self.destination)}: its job record {redact(self.url)} belongs to another job, whose output "
+            f"pattern is {redact(recorded)!r} (the two patterns share one record name); write this job to "
+            "another folder or under another name",
+            bad_argument=True,
+            destination=redact(self.destination),
+            record=redact(self.url),
+            other_pattern=redact(recorded),
+        )
 
     def _check_done(self, done: Any, outputs: dict, need: Any) -> tuple[dict, dict]:
         """The ``done`` map (finished input -> its outputs) checked against this job: each key an input of the
@@ -481,6 +522,7 @@ class JobRecord:
             "tool": self.tool,
             "inputs": self.inputs,
             "settings": self.settings,
+            "destination": self.destination,
             "outputs": self.outputs,
             **self.extra,
         }

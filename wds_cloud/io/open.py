@@ -40,6 +40,7 @@ __all__ = [
     "RemoteObject",
     "remote_object",
     "exists",
+    "check_schemes",
 ]
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,28 @@ def open_backend(url: str, settings: Optional[Settings] = None, storage_options:
         else (storage_options or {})
     )
     return registry.backend(scheme, url, settings, **options)
+
+
+def check_schemes(urls: list[str], settings: Optional[Settings] = None) -> None:
+    """:class:`UnknownSchemeError` naming the first of ``urls`` whose scheme no backend serves (after rewriting,
+    as :func:`gopen` would open it), without opening anything: a job checks its sources and destination so
+    before it claims the destination or starts a cluster (issue 41)."""
+    settings = settings or config.current()
+    registry = get_registry(settings)
+    seen: set = set()
+    for given in urls:
+        url = rewrite_url(given, settings)
+        scheme = split_scheme(url)[0] or "file"
+        if scheme in seen or scheme in ("file", "pipe") or assigned_opener(url) is not None:
+            continue
+        routed = registry.route(url, scheme)
+        try:
+            registry.claim(routed or scheme, url)
+        except UnknownSchemeError as exc:
+            if url != given:
+                _annotate(exc, given, url)
+            raise
+        seen.add(scheme)
 
 
 def exists(url: str, storage_options: Optional[dict] = None) -> bool:

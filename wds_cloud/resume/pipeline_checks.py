@@ -25,7 +25,9 @@ __all__ = ["check_entries", "check_pass", "check_reader", "check_buffer", "worke
 
 
 def check_entries(entries: list) -> None:
-    """Refuse a ``stages`` list whose entries are not ``[index, kind, state]`` as ``state_dict()`` gives them."""
+    """Refuse a ``stages`` list whose entries are not ``[index, kind, state]`` as ``state_dict()`` gives them,
+    or that lists a stage twice."""
+    seen: set = set()
     for entry in entries:
         if not (isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int and isinstance(entry[1], str)):
             raise StateMismatchError(
@@ -33,6 +35,23 @@ def check_entries(entries: list) -> None:
                 "state_dict() gives: the state was changed",
                 field="stages",
             )
+        if entry[0] in seen:
+            raise StateMismatchError(
+                f"the saved pipeline state lists stage {entry[0]} twice: no state_dict() gives that, the state "
+                "was changed; load the state that state_dict() returned",
+                field="stages",
+            )
+        seen.add(entry[0])
+
+
+def check_epoch_items(nsamples: int, yielded: int) -> None:
+    """Refuse a saved count of items yielded this pass beyond what ``with_epoch(nsamples)`` makes a pass."""
+    if nsamples > 0 and yielded > nsamples:
+        raise StateMismatchError(
+            f"the saved state says {yielded} items of this pass were yielded, but with_epoch({nsamples}) "
+            "makes a pass of fewer: the state was changed (or comes from a pipeline with a longer epoch)",
+            field="progress",
+        )
 
 
 def check_pass(repetitions: int, number: int, field: str) -> None:

@@ -26,7 +26,18 @@ from ..errors import NotResumableError, StateMismatchError
 from ..io.datafile import shown
 from . import elastic, pipeline_checks, share_out, wiring
 from .protocol import SampleSource, is_buffering, is_resumable, next_pass_state, transport_state
-from .state import FORMAT, check_same, expect, inexact_state, is_inexact, restart_from, seal, seal_problem
+from .state import (
+    FORMAT,
+    SEAL,
+    check_same,
+    expect,
+    inexact_state,
+    is_inexact,
+    refuse_unknown,
+    restart_from,
+    seal,
+    seal_problem,
+)
 from .wiring import StageKinds
 
 __all__ = ["PipelineResume", "StageKinds", "refused"]
@@ -197,11 +208,13 @@ class PipelineResume:
             progress=(list, lambda v: len(v) == 2 and all(type(x) is int and x >= 0 for x in v), True),
             stages=list,
         )
+        refuse_unknown(state, ("format", "progress", "stages", "split", SEAL), "pipeline")
         pipeline_checks.check_entries(state["stages"])
         saved = {f"stage {i}": kind for i, kind, _ in state["stages"]}
         here = {f"stage {i}": kind for i, kind, _ in self.stateful(owner)}
         check_same("pipeline (its stages differ)", saved, here)
         pipeline_checks.check_pass(owner.repetitions, (state.get("progress") or (0, 0))[0], "progress")
+        pipeline_checks.check_epoch_items(owner.nsamples, (state.get("progress") or (0, 0))[1])
         self.wire(owner)
         pipeline = owner.pipeline
         for i, _, stage_state in state["stages"]:

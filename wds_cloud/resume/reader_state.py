@@ -26,7 +26,13 @@ from ..errors import NotResumableError
 from . import state as resuming
 from .elastic import REPLAY_REF
 from .refetch import refetch
-from .state import MAX_OFFSET, expect, shown_url, url_id
+from .state import MAX_OFFSET, expect, refuse_unknown, shown_url, url_id
+
+#: every field a shard reader's state_dict() gives (a state is input: anything else was added by hand)
+STATE_FIELDS = frozenset(
+    ("fresh", "shard", "url", "url_id", "offset", "samples", "done", "identity", "compressed", "pax", "next")
+    + ("replayed", "limit")
+)
 
 __all__ = ["ReaderCursor", "ReaderResume", "check_resumed_shard"]
 
@@ -213,13 +219,16 @@ class ReaderResume:
         if state.get("fresh"):
             self.loaded = None
             return
+        refuse_unknown(state, STATE_FIELDS, "shard reader")
         replaying = "replayed" in state  # an elastic share: no shard is begun while its replays last
+        # a pass that ended before any shard began (a virtual stream given no shard: more streams than shards)
+        empty = state.get("done") is True and state.get("offset") == 0 and state.get("samples") == 0
         expect(
             state,
             "shard reader",
             dict,
             shard=(int, lambda v: v >= 0),
-            url=(str, None, replaying),
+            url=(str, None, replaying or empty),
             offset=(int, lambda v: 0 <= v < MAX_OFFSET and v % 512 == 0),
             samples=(int, lambda v: v >= 0),
             done=bool,

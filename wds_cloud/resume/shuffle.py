@@ -23,7 +23,7 @@ from ..stages import PipelineStage
 from ..utils import make_seed
 from .arguments import as_count, as_seed, is_seed
 from .rng import MAX_COUNT, CountedRandom
-from .state import StateURL, check_same, expect, shown_url, url_id
+from .state import StateURL, check_same, expect, refuse_unknown, shown_url, url_id
 
 __all__ = ["Shuffle", "apply_journal", "buffer_locations"]
 
@@ -237,7 +237,8 @@ class Shuffle(PipelineStage):
             ]
         state = {
             "config": self._config(),
-            "rng": list(rng) if not isinstance(rng, list) else rng,
+            # JSON's shapes (lists, not tuples): the state loads the same in memory and after a trip through JSON
+            "rng": [list(v) if isinstance(v, tuple) else v for v in rng],
             "urls": cached,
             "block": 512,
         }
@@ -283,6 +284,7 @@ class Shuffle(PipelineStage):
     def load_state_dict(self, state: dict) -> None:
 
         expect(state, "shuffle", dict, config=dict)
+        refuse_unknown(state, ("fresh", "config", "rng", "urls", "block", "epoch", "buffer", "run"), "shuffle")
         check_same("shuffle", state.get("config") or {}, self._config())
         if not state.get("fresh"):
             expect(
@@ -311,6 +313,7 @@ class Shuffle(PipelineStage):
                     )
                 refs.add(entry[0])
             self._check_rng(state["rng"])
+            self._check_seeded(state)
             most_blocks = _most_blocks()
             for entry in state["buffer"]:
                 if not (
@@ -329,6 +332,26 @@ class Shuffle(PipelineStage):
         self._resume = None if state.get("fresh") else state
         if state.get("fresh") and "epoch" in state:
             self.epoch = state["epoch"] - 1  # run() advances before use
+
+    def _check_seeded(self, state: dict) -> None:
+        """A seeded shuffle's saved generator was seeded by this shuffle (from its seed, and the epoch where
+        each epoch draws anew): another seed would resume in another order, silently."""
+        if self.rng is not None or self.seed is None:
+            return  # a given generator, or a pass seeded at random: any seed is its own
+        if self.epoch_seeded and "epoch" not in state:
+            raise StateMismatchError(
+                "the saved shuffle state has no 'epoch', which every state_dict() of a shuffle that draws anew "
+                "each epoch holds: the state was changed; load the state that state_dict() returned",
+                field="epoch",
+            )
+        expected = make_seed(self.seed, state["epoch"]) if self.epoch_seeded else self.seed
+        if state["rng"][0] != expected:
+            raise StateMismatchError(
+                f"the saved shuffle state's generator was seeded with {shown(state['rng'][0])}, but this shuffle "
+                f"(seed={self.seed}{', epoch ' + str(state['epoch']) if self.epoch_seeded else ''}) seeds it with "
+                f"{expected}: the state was changed, or was taken from a shuffle with another seed",
+                field="rng",
+            )
 
     def _check_rng(self, saved: Any) -> None:
         """The saved RNG state has the shape this shuffle's generator gives: two whole numbers (a counted

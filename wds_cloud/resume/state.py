@@ -96,7 +96,7 @@ def _digest(state: dict) -> str:
     body = {k: v for k, v in state.items() if k != SEAL}
     try:
         text = json.dumps(body, sort_keys=True, separators=(",", ":"), check_circular=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: nested deeper than any state is
         raise StateMismatchError(
             f"the saved state holds a value that no state_dict() gives ({exc}): the state was "
             "changed; load the state that state_dict() returned",

@@ -261,6 +261,10 @@ class TarSamples:
         return self._open({"url": url}, 0)[0]
 
     def _parse(self, stream: Any, url: str, start: int, ranged: bool) -> Iterator[tuple[int, dict]]:
+        """``(offset, sample)`` for the samples of a refetched range: the same fields the first read gave them
+        (``__local_path__`` as the opener names the shard)."""
+        opener = self.opener
+        local_path = opener.local_path(url) if opener is not None and hasattr(opener, "local_path") else None
         where: list[Any] = [0, 0, 0, None]
         members = TarMembers(
             stream, url, select=self._member_filter(), start=start, ranged=ranged, max_member=self._max_member()
@@ -272,6 +276,7 @@ class TarSamples:
             lcase=self.lcase,
             suffixes=self.suffixes,
             rename_files=self.rename_files,
+            local_path=local_path,
             where=where,
             members=members,
             max_sample=self._max_sample(),

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, Optional, Union, cast
 
-from ..errors import ConfigError, MissingExtraError, holds_credential, redact
+from ..errors import ConfigError, MissingExtraError, SecurityError, UnknownSchemeError, holds_credential, redact
 from ..handlers import reraise_exception
 from ..io.jobrecord import output_names
 from ..io.patterns import check_output_pattern
@@ -200,6 +200,14 @@ def load_function(spec: str) -> Callable:
     module, sep, name = spec.partition(":")
     if not sep or not module or not name:
         raise ConfigError(f"{spec!r} does not name a function: give MODULE:FUNCTION, such as mypkg.filters:keep_long")
+    # a relative or path-like module ('.mypkg', '../mypkg') is importlib's TypeError, not an import (issue 41)
+    if not all(part.isidentifier() for part in module.split(".")):
+        raise ConfigError(
+            f"{spec!r} is not MODULE:NAME with an absolute module name: give dotted Python names, such as "
+            "mypkg.filters:keep_long (not a path or a relative name), importable here and on every Dask worker"
+        )
+    if not all(part.isidentifier() for part in name.split(".")):
+        raise ConfigError(f"{spec!r}: {name!r} is not a Python name: give MODULE:NAME, such as mypkg.filters:keep_long")
     try:
         found = importlib.import_module(module)
     except ImportError as exc:
@@ -207,6 +215,8 @@ def load_function(spec: str) -> Callable:
             f"cannot import {module!r} for {spec!r}: {exc}; it must be importable here and on every "
             "Dask worker (installed, or on PYTHONPATH)"
         ) from exc
+    except Exception as exc:  # the module itself fails as it loads: its error, named, not a traceback of ours
+        raise ConfigError(f"importing {module!r} for {spec!r} raised {type(exc).__name__}: {exc}") from exc
     fn: Any = found
     for part in name.split("."):
         fn = getattr(fn, part, None)
@@ -253,7 +263,20 @@ def _publish(writer: Any, stream: Any, count: int) -> dict:
     return {"name": stream.name, "size": stream.count, "sha256": stream.sha256.hexdigest(), "samples": count}
 
 
-def _shard_task(
+#: errors no retry of a task can mend (a scheme no backend serves, a missing extra or profile, a refused URL):
+#: a task returns them as its result, so that Dask neither runs the shard again nor logs a traceback per try
+_PERMANENT = (ConfigError, UnknownSchemeError, MissingExtraError, SecurityError)
+
+
+def _shard_task(fn: Callable, per: str, url: str, index: int, destination: str, **options: Any) -> dict:
+    """One input shard, on a worker (:func:`_shard_work`); an error no retry mends is its result, not raised."""
+    try:
+        return _shard_work(fn, per, url, index, destination, **options)
+    except _PERMANENT as exc:
+        return {"index": index, "input": redact(url), "error": f"{type(exc).__name__}: {exc}"[:1000]}
+
+
+def _shard_work(
     fn: Callable,
     per: str,
     url: str,
@@ -330,19 +353,39 @@ def _shard_task(
     }
 
 
-def _drop_extra_parts(destination: str, index: int, parts: int) -> None:
-    """Remove the parts past ``parts`` of input ``index`` that an earlier attempt of the job wrote (only a
-    function whose output varies between runs gives fewer parts the second time); local destinations."""
+def _drop_extra_parts(destination: str, index: int, parts: int) -> list[str]:
+    """Remove the parts past ``parts`` of input ``index`` (its names ``-NNN`` from ``parts`` on) that no record
+    lists: an earlier attempt of the job wrote them (a function whose output varies between runs gives fewer
+    parts the second time), or they were put there; the job owns these names, and a rerun never keeps a file
+    at them that it did not make (issue 41).  Local destinations; the names removed."""
+    import glob
+
     from ..io.urls import is_local, local_path
 
     if not is_local(destination):
-        return
-    while True:
-        path = local_path(output_names(destination, index, parts + 1)[-1])
-        if not os.path.lexists(path):
-            return
-        os.unlink(path)
-        parts += 1
+        return []
+    first = output_names(destination, index, 1)[0]
+    path = local_path(first)
+    folder, base = os.path.split(path)
+    root, dot, ext = base.rpartition(".")
+    if not dot:
+        root, ext = base, ""
+    shape = re.compile(re.escape(root) + r"-(\d{3,})" + (re.escape("." + ext) if ext else ""))
+    removed = []
+    for found in sorted(glob.glob(os.path.join(glob.escape(folder or "."), glob.escape(root) + "-*"))):
+        name = os.path.basename(found)
+        match = shape.fullmatch(name)
+        if match is None or int(match.group(1)) < parts or int(match.group(1)) == 0:
+            continue
+        part = int(match.group(1))
+        if output_names(destination, index, part + 1)[-1].rsplit("/", 1)[-1] != name:
+            continue  # another spelling (-0001): not a name this job writes
+        try:
+            os.unlink(found)
+        except FileNotFoundError:
+            continue
+        removed.append(os.path.join(os.path.dirname(first), name) if os.path.dirname(first) else name)
+    return removed
 
 
 def _record_shard(record: Any, done: dict, summary: dict, result: dict) -> None:
@@ -409,7 +452,8 @@ def _check_url(url: str) -> None:
         raise ConfigError(
             f"{redact(url)} carries a credential in its text; a task graph would show it on the Dask "
             "scheduler and dashboard: give the credential to the workers through their environment "
-            "or a named profile (profile=) instead"
+            "or a named profile (profile=) instead",
+            bad_argument=True,
         )
 
 
@@ -430,14 +474,15 @@ def map_shards(
 ) -> dict:
     """Apply ``fn`` to every shard of ``source`` on Dask, writing outputs to ``destination`` (a ``%d`` pattern).
 
-    Returns the summary: ``shards`` (inputs), ``done`` (run now), ``skipped`` (finished by an earlier run of
-    the same job), ``samples_in``, ``samples_out``, ``bytes`` (written), ``outputs``, ``failures`` (per shard
-    that failed after ``retries``: the input and the reason; per sample that ``handler`` let pass: the
-    input, the key and the reason) and ``seconds``.  ``handler`` (a webdataset handler such as
-    ``wds.warn_and_continue``) decides what a sample that ``fn`` raises on does: the default fails its shard.
-    ``client``: a ``distributed.Client``; None starts a ``LocalCluster`` of ``workers`` processes (default:
-    the machine's cores) and closes it.  ``profile``: the storage profile the workers use for ``source`` and
-    ``destination``.  ``on_progress``: called with each finished shard's result.
+        Returns the summary: ``shards`` (inputs), ``done`` (run now), ``skipped`` (finished by an earlier run of
+        the same job), ``samples_in``, ``samples_out``, ``bytes`` (written), ``outputs``, ``failures`` (per shard
+        that failed after ``retries``: the input and the reason; per sample that ``handler`` let pass: the
+        input, the key and the reason), ``removed`` (files at later part names of finished inputs that the record
+    did not list, removed: the destination never holds a sample twice) and ``seconds``.  ``handler`` (a webdataset handler such as
+        ``wds.warn_and_continue``) decides what a sample that ``fn`` raises on does: the default fails its shard.
+        ``client``: a ``distributed.Client``; None starts a ``LocalCluster`` of ``workers`` processes (default:
+        the machine's cores) and closes it.  ``profile``: the storage profile the workers use for ``source`` and
+        ``destination``.  ``on_progress``: called with each finished shard's result.
     """
     from ..io.jobrecord import JobRecord
     from ..shardlists import expand_source
@@ -459,6 +504,14 @@ def map_shards(
         raise ConfigError(f"{redact(source)!r} names no shards")
     for url in urls + [destination]:
         _check_url(url)
+    if profile is not None:  # refused before the claim and the cluster, not once per task on the workers
+        from .. import config
+        from ..io.profiles import named_profile
+
+        try:
+            named_profile(profile, config.current())
+        except ConfigError as exc:
+            raise ConfigError(f"profile={profile!r}: {exc}", bad_argument=True) from None
     name = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
     # the record claims the destination before anything expensive: a second job started while this one starts
     # its cluster is refused, naming this one (issue 41); the claim is given back however the job ends
@@ -504,10 +557,14 @@ def _run(
     finished_outputs = [name for names in done.values() for name in names]
     with ThreadPoolExecutor(max_workers=16) as pool:  # a rerun reads back what it keeps: many at once
         kept = dict(zip(finished_outputs, pool.map(record.keep, finished_outputs)))
+    removed: list[str] = []
     for index, url in enumerate(urls):
         finished = done.get(str(index))
         if finished and all(kept[output] for output in finished):
             skipped += 1
+            # a file at one of its later part names that the record does not list is not kept (issue 41): the
+            # destination would hold those samples twice
+            removed += _drop_extra_parts(destination, index, len(finished))
         else:
             # what an earlier, interrupted run of this job wrote for it goes, and the input is no longer done:
             # a record saved before it finishes again must not list it as finished with outputs it dropped
@@ -526,6 +583,7 @@ def _run(
         "bytes": 0,
         "outputs": 0,
         "failures": [],
+        "removed": [redact(name) for name in removed],
         "seconds": 0.0,
     }
     if todo:
@@ -559,6 +617,9 @@ def _run(
             for batch in distributed.as_completed(futures).batches():  # results fetched a batch at a time
                 finished = [future for future in batch if future.status == "finished"]
                 for result in client.gather(finished, errors="skip"):
+                    if "error" in result:  # failed in a way no retry mends (see _shard_task): not done
+                        summary["failures"].append({"input": result["input"], "error": result["error"]})
+                        continue
                     _record_shard(record, done, summary, result)
                     if on_progress is not None:
                         on_progress(result)
