@@ -227,6 +227,7 @@ def check_merged(state: Any) -> None:
 
 
 def _check_level(level: Any, depth: int, epoch: int, world_size: int, workers: int) -> None:
+    """Refuse a merged level (or a mix's source, ``depth`` down) whose fields are not what merge_states() gives."""
     if depth > 2:
         raise StateMismatchError("the merged state nests mixes deeper than a mix of datasets", field="mix")
     expect(level, "merged", dict, epoch=(int, lambda n: n == epoch), fresh=(bool, lambda v: v, True))
@@ -247,6 +248,20 @@ def _check_level(level: Any, depth: int, epoch: int, world_size: int, workers: i
         mix=(dict, None, True),
         streams=(dict, None, True),
     )
+    _check_kinds(level)
+    streams = level.get("streams")
+    if streams is not None:
+        _check_streams(streams)
+        return
+    mix = level.get("mix")
+    if mix is not None:
+        _check_mix(mix, depth, epoch, world_size, workers)
+        return
+    _check_shards_level(level, world_size, workers)
+
+
+def _check_kinds(level: dict) -> None:
+    """Refuse a level's ``kinds`` and ``configs`` that are not the stages' labels and settings."""
     for kind in level["kinds"]:
         if not (isinstance(kind, list) and len(kind) == 2 and type(kind[0]) is int and isinstance(kind[1], str)):
             raise StateMismatchError(
@@ -259,44 +274,50 @@ def _check_level(level: Any, depth: int, epoch: int, world_size: int, workers: i
             "the merged state's 'configs' are not the stages' settings merge_states() gives: the state was changed",
             field="configs",
         )
-    streams = level.get("streams")
-    if streams is not None:
-        _only(streams, "merged streams", _FIELDS["streams"])
-        expect(streams, "merged streams", dict, count=(int, lambda n: 1 <= n <= 65536), states=list)
-        streams_seen: set = set()
-        for entry in streams["states"]:
-            if not (
-                isinstance(entry, list)
-                and len(entry) == 2
-                and type(entry[0]) is int
-                and 0 <= entry[0] < streams["count"]
-                and entry[0] not in streams_seen
-                and isinstance(entry[1], dict)
-            ):
-                raise StateMismatchError(
-                    f"the merged state's streams hold {shown(entry)}, which merge_states() does "
-                    "not give: the state was changed",
-                    field="streams",
-                )
-            streams_seen.add(entry[0])
-        return
-    mix = level.get("mix")
-    if mix is not None:
-        _only(mix, "merged mix", _FIELDS["mix"])
-        expect(
-            mix,
-            "merged mix",
-            dict,
-            names=list,
-            count=(int, lambda n: n >= 0),
-            taken=list,
-            quota=(int, lambda n: n >= 0, True),
-            **{"pass": (int, lambda n: n >= 0)},
-            sources=(list, lambda v: len(v) == len(mix["names"])),
-        )
-        for sub in mix["sources"]:
-            _check_level(sub, depth + 1, epoch, world_size, workers)
-        return
+
+
+def _check_streams(streams: Any) -> None:
+    """Refuse a level's virtual streams part that is not what merge_states() gives."""
+    _only(streams, "merged streams", _FIELDS["streams"])
+    expect(streams, "merged streams", dict, count=(int, lambda n: 1 <= n <= 65536), states=list)
+    streams_seen: set = set()
+    for entry in streams["states"]:
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and type(entry[0]) is int
+            and 0 <= entry[0] < streams["count"]
+            and entry[0] not in streams_seen
+            and isinstance(entry[1], dict)
+        ):
+            raise StateMismatchError(
+                f"the merged state's streams hold {shown(entry)}, which merge_states() does "
+                "not give: the state was changed",
+                field="streams",
+            )
+        streams_seen.add(entry[0])
+
+
+def _check_mix(mix: Any, depth: int, epoch: int, world_size: int, workers: int) -> None:
+    """Refuse a level's mix part that is not what merge_states() gives; each source is a level of its own."""
+    _only(mix, "merged mix", _FIELDS["mix"])
+    expect(
+        mix,
+        "merged mix",
+        dict,
+        names=list,
+        count=(int, lambda n: n >= 0),
+        taken=list,
+        quota=(int, lambda n: n >= 0, True),
+        **{"pass": (int, lambda n: n >= 0)},
+        sources=(list, lambda v: len(v) == len(mix["names"])),
+    )
+    for sub in mix["sources"]:
+        _check_level(sub, depth + 1, epoch, world_size, workers)
+
+
+def _check_shards_level(level: dict, world_size: int, workers: int) -> None:
+    """Refuse a level of shards (pending, partly read, buffered) that is not what merge_states() gives."""
     expect(
         level,
         "merged",

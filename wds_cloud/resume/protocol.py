@@ -24,6 +24,25 @@ a :class:`SampleSource` knows the shard and byte range of each sample it
 yields and can yield given ranges again; a :class:`BufferingStage` keeps
 samples across steps and saves them as such ranges, so it must be fed by a
 ``SampleSource`` of the same pipeline.
+
+How resume is laid out (the pipeline and the shard reader read like webdataset's; each owns a resume
+side that it calls when a pass starts and when a state is taken or loaded, never per sample):
+
+- :mod:`~wds_cloud.resume.pipeline_state`: a ``DataPipeline``'s resume side, ``PipelineResume``: what a
+  pipeline's state holds (the states of its resumable stages by position), loading one, and what waits
+  for the next pass (a DataLoader worker's state, a merged state's share, a checksum problem);
+- :mod:`~wds_cloud.resume.wiring`: which sample source feeds each buffering stage, what blocks resume,
+  how the shards reach the reader, read from the stage list alone;
+- :mod:`~wds_cloud.resume.pipeline_checks`: a loaded state checked against its pipeline (issue 41);
+- :mod:`~wds_cloud.resume.reader_state`: the shard reader's resume side, ``ReaderResume``, and the cursor
+  that says where its pass stands; :mod:`~wds_cloud.resume.refetch` fetches buffered samples again;
+- :mod:`~wds_cloud.resume.shuffle` and :mod:`~wds_cloud.resume.rng`: the resumable shuffle, the counted RNG;
+- :mod:`~wds_cloud.resume.state`: the state format, the checksum, field checks;
+  :mod:`~wds_cloud.resume.consistency`: a state's fields proven consistent with each other;
+- :mod:`~wds_cloud.resume.merge` (states of every rank merged into one), :mod:`~wds_cloud.resume.elastic`
+  (the share-out rules) and :mod:`~wds_cloud.resume.share_out` (a merged state checked and shared out on a
+  pipeline of another shape); :mod:`~wds_cloud.resume.streams`: virtual streams (order kept on any shape);
+- :mod:`~wds_cloud.resume.loader`: a ``WebLoader``'s per-worker states.
 """
 
 from __future__ import annotations

@@ -10,19 +10,15 @@ from __future__ import annotations
 import collections
 import copy
 import itertools
-import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any, Optional, Union
 
-from .. import config, utils
-from ..errors import NotResumableError, StateMismatchError
+from .. import config
+from ..errors import StateMismatchError
 from ..handlers import reraise_exception
 from ..io.open import gopen
 from ..io.parallel import Fetcher
-from ..resume import state as resuming
-from ..resume.elastic import REPLAY_REF
-from ..resume.refetch import refetch
-from ..resume.state import MAX_OFFSET, expect, refuse_unknown, shown_url, url_id
+from ..resume.reader_state import ReaderCursor, ReaderResume, check_resumed_shard
 from .reader import TarMembers
 from .samples import SKIP_META, Barren, close_quietly, key_rule, member_filter, sample_limit, shard_samples
 
@@ -61,86 +57,6 @@ def tarfile_samples(
     ).run(src)
 
 
-def _shown(url: Optional[str]) -> Optional[str]:
-    return shown_url(url) if url is not None else None
-
-
-def _ident(url: Optional[str]) -> Optional[str]:
-    return url_id(url) if url is not None else None
-
-
-class _Cursor:
-    """Where one pass of a :class:`TarSamples` reader stands (read by ``state_dict`` and by the shuffle).
-
-    ``where`` is ``[start, end, samples]``: the byte range of the sample last yielded (``end`` is
-    where the next one begins) and the samples read in this pass, kept up to date by
-    :func:`shard_samples` itself, so the reader adds no work per sample.
-    """
-
-    __slots__ = (
-        "shard",
-        "url",
-        "compressed",
-        "done",
-        "where",
-        "identity",
-        "members",
-        "base_pax",
-        "recorded",
-        "elastic",
-        "limit",
-    )
-
-    def __init__(self) -> None:
-        self.shard = 0  # index of the current shard among the shards this worker was given
-        self.url: Optional[str] = None
-        self.compressed = False
-        self.done = False
-        #: [start, end, samples] (ints) and the name of the member that begins the next sample (str or None)
-        self.where: list[Any] = [0, 0, 0, None]
-        self.identity: Optional[dict] = None
-        self.members: Optional[TarMembers] = None  # of the current shard
-        self.base_pax: dict = {}  # global PAX records in force where the current read began
-        self.recorded: Optional[list] = None  # (name, data offset, size) of the members read (index_sink)
-        #: after an elastic resume: [samples of the share's replay list yielded, its length]
-        self.elastic: Optional[list] = None
-        self.limit: Optional[int] = None  # the samples this pass yields (equal_work), when limited
-
-    @property
-    def offset(self) -> int:
-        """Where the next sample of the current shard begins."""
-        return self.where[1]
-
-    @property
-    def samples(self) -> int:
-        return self.where[2]
-
-    @property
-    def pax(self) -> dict:
-        members = self.members
-        return (members.pax_global if members is not None else None) or self.base_pax
-
-
-#: every field a shard reader's state_dict() gives (a state is input: anything else was added by hand)
-_STATE_FIELDS = frozenset(
-    ("fresh", "shard", "url", "url_id", "offset", "samples", "done", "identity", "compressed", "pax", "next")
-    + ("replayed", "limit")
-)
-
-
-def _share_fields(state: dict, cursor: _Cursor) -> None:
-    """The fields of a reader's state that an elastic share and equal_work add: the replays yielded, the limit."""
-    progress = cursor.elastic
-    if progress is not None:
-        state["replayed"] = progress[0]
-        if progress[0] < progress[1] and not cursor.done:  # still replaying: no shard begun
-            state.update(shard=0, url=None, url_id=None, offset=0, next=None)
-            state.pop("compressed", None)
-            state.pop("pax", None)
-    if cursor.limit is not None:
-        state["limit"] = cursor.limit
-
-
 class TarSamples:
     """The shard reader stage: ``{"url": ...}`` items in, samples out; resumable mid-shard.
 
@@ -153,7 +69,10 @@ class TarSamples:
     first when they run short.
 
     ``state_dict()`` is where the most recent pass stands, ``load_state_dict(state)``
-    makes the next pass continue from there (see :mod:`wds_cloud.resume`).
+    makes the next pass continue from there: the reader plays the ``SampleSource`` role
+    (:mod:`wds_cloud.resume.protocol`) through its resume side, a
+    :class:`~wds_cloud.resume.reader_state.ReaderResume`, which it calls when a pass starts
+    and when a state is taken or loaded.
 
     ``replaced``, called when a pass begins, tells whether user code replaced webdataset's module-level
     functions (``tariterators.url_opener = mine``): None, or an object whose ``samples(src, handler,
@@ -195,19 +114,12 @@ class TarSamples:
         self.opener = opener
         self.limit = limit
         self.open_kw = open_kw
-        self.cursor: Optional[_Cursor] = None
+        self.cursor: Optional[ReaderCursor] = None
         #: opens shards when no opener is given: parallel ranged parts for remote ones, nothing fetched
         #: ahead (the stages before this one may hold state that a look ahead would disturb)
         self.fetcher = Fetcher(prefetch=0) if opener is None and not open_kw else None
-        self._resume: Optional[dict] = None
-        self._replay: list = []
-        self._elastic: Optional[tuple] = None  # (samples to replay, limit) of an elastic resume's share
-        #: the identity a state records (None: this rank and DataLoader worker; a stream's, see for_stream)
-        self.stream_identity: Optional[dict] = None
+        self._record = ReaderResume()  # what a state records, and what waits for the next pass
         self.lookahead = True  # ask the opener to fetch the next shards ahead, when it can
-        #: what the last resume fetched again: samples, requests, bytes (compressed shards: bytes
-        #: decompressed), seconds
-        self.last_refetch: dict = {}
 
     def __call__(self, src: Iterable[dict]) -> Iterator[dict]:
         return self.run(src)
@@ -217,15 +129,14 @@ class TarSamples:
         self.replaced_now = replaced
         if replaced is not None:
             return self._through(replaced, src)
-        cursor = _Cursor()
+        cursor = ReaderCursor()
         self.cursor = cursor
-        resume, replay, elastic = self._resume, self._replay, self._elastic
-        self._resume, self._replay, self._elastic = None, [], None
+        resume, replay, elastic = self._record.take()
         return self._samples(src, cursor, resume, replay, elastic)
 
     def _through(self, replaced: Any, src: Iterable[dict]) -> Iterator[dict]:
         """A pass through the module-level functions user code replaced, called as webdataset calls them."""
-        if self._resume is not None or self._replay or self._elastic is not None:
+        if self._record.pending:
             raise StateMismatchError(
                 f"a saved state was loaded, but {replaced} was replaced, so the shards are no longer read by the "
                 "resumable reader and the state cannot be continued exactly: restore the library's function before "
@@ -260,101 +171,42 @@ class TarSamples:
                 item["local_path"] = local
             yield item
 
-    def _refuse_replaced(self) -> None:
-        if self.replaced_now is not None:
-            raise NotResumableError(
-                f"the shards of this pass were read through {self.replaced_now}, which user code replaced (as "
-                "webdataset allows), so where the pass stands is not known: restore the library's function "
-                "to take exact states"
-            )
-
-    # state
+    # resume: the reader's resume side (wds_cloud.resume.reader_state) records and replays
     def state_dict(self) -> dict:
-        if self._resume is not None:  # loaded, not yet iterated: still that state
-            return dict(self._resume)
-        self._refuse_replaced()
-        c = self.cursor
-        if c is None:
-            return {"fresh": True}
-        state = {
-            "shard": c.shard,
-            "url": _shown(c.url),
-            "url_id": _ident(c.url),
-            "offset": c.offset,
-            "samples": c.samples,
-            "done": c.done,
-            "identity": dict(c.identity) if c.identity is not None else None,
-            "next": c.where[3],
-        }
-        if c.compressed:
-            state["compressed"] = True
-        if c.pax:
-            state["pax"] = dict(c.pax)
-        if c.elastic is not None or c.limit is not None:
-            _share_fields(state, c)
-        return state
+        return self._record.state_dict(self.cursor, self.replaced_now)
 
     def transport_state(self) -> dict:
         """:meth:`state_dict` for a loader that asks with every batch: the same, without defensive copies."""
-        self._refuse_replaced()
-        c = self.cursor
-        if self._resume is not None or c is None:
-            return self.state_dict()
-        where = c.where
-        state = {
-            "shard": c.shard,
-            "url": _shown(c.url),
-            "url_id": _ident(c.url),
-            "offset": where[1],
-            "samples": where[2],
-            "done": c.done,
-            "identity": c.identity,
-            "next": where[3],
-        }
-        if c.compressed:
-            state["compressed"] = True
-        pax = c.pax
-        if pax:
-            state["pax"] = dict(pax)
-        if c.elastic is not None or c.limit is not None:
-            _share_fields(state, c)
-        return state
+        return self._record.transport_state(self.cursor, self.replaced_now)
 
     def next_pass_state(self) -> dict:
-        return dict(self._resume) if self._resume is not None else {"fresh": True}
+        return self._record.next_pass_state()
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` on the next pass (checked field by field: a state is input)."""
-        expect(state, "shard reader", dict)
-        if state.get("fresh"):
-            self._resume = None
-            return
-        refuse_unknown(state, _STATE_FIELDS, "shard reader")
-        replaying = "replayed" in state  # an elastic share: no shard is begun while its replays last
-        # a pass that ended before any shard began (a virtual stream given no shard: more streams than shards)
-        empty = state.get("done") is True and state.get("offset") == 0 and state.get("samples") == 0
-        expect(
-            state,
-            "shard reader",
-            dict,
-            shard=(int, lambda v: v >= 0),
-            url=(str, None, replaying or empty),
-            offset=(int, lambda v: 0 <= v < MAX_OFFSET and v % 512 == 0),
-            samples=(int, lambda v: v >= 0),
-            done=bool,
-            identity=(dict, None, True),
-            compressed=(bool, None, True),
-            pax=(dict, None, True),
-            next=(str, None, True),
-            url_id=(str, None, True),
-            replayed=(int, lambda v: v >= 0, True),
-            limit=(int, lambda v: v >= 0, True),
-        )
-        self._resume = dict(state)
+        self._record.load(state)
 
     def set_replay(self, replay: Sequence[tuple]) -> None:
         """First yield the samples at ``replay`` (``(url, start, end, compressed, ref)``) on the next pass."""
-        self._replay = list(replay)
+        self._record.set_replay(replay)
+
+    def set_elastic(self, replay: Sequence[tuple], limit: Optional[int]) -> None:
+        """Begin the next pass with this rank and worker's share of an elastic resume: the buffered samples at
+        ``replay`` (``(url, start, end, compressed)``, yielded after those of :meth:`set_replay`, from the count a
+        loaded state says were), then the shards the shard list gives; ``limit``: the samples the pass yields
+        (``equal_work``), or None."""
+        self._record.set_elastic(replay, limit)
+
+    @property
+    def stream_identity(self) -> Optional[dict]:
+        """The identity a state records (None: this rank and DataLoader worker; a stream's, see for_stream)."""
+        return self._record.stream_identity
+
+    @property
+    def last_refetch(self) -> dict:
+        """What the last resume fetched again: samples, requests, bytes (compressed shards: bytes decompressed),
+        seconds."""
+        return self._record.last_refetch
 
     def for_stream(self, stream: int, streams: int) -> TarSamples:
         """A reader of its own for virtual stream ``stream`` of ``streams`` (see :mod:`wds_cloud.resume.streams`):
@@ -366,20 +218,13 @@ class TarSamples:
 
     def _start_stream(self, stream: int, streams: int) -> None:
         """Forget any pass, loaded state or replay, and name the stream (what :meth:`for_stream`'s copy does)."""
-        self.cursor, self._resume, self._replay, self._elastic, self.last_refetch = None, None, [], None, {}
-        self.stream_identity = {"stream": stream, "streams": streams}
+        self.cursor = None
+        self._record = ReaderResume(stream_identity={"stream": stream, "streams": streams})
         self.lookahead = False
 
     def set_limit(self, limit: Any) -> None:
         """The samples each pass yields (an int, or a callable giving one when a pass begins), or None."""
         self.limit = limit
-
-    def set_elastic(self, replay: Sequence[tuple], limit: Optional[int]) -> None:
-        """Begin the next pass with this rank and worker's share of an elastic resume: the buffered samples at
-        ``replay`` (``(url, start, end, compressed)``, yielded after those of :meth:`set_replay`, from the count a
-        loaded state says were), then the shards the shard list gives; ``limit``: the samples the pass yields
-        (``equal_work``), or None."""
-        self._elastic = (list(replay), limit)
 
     def _max_member(self) -> int:
         return config.parse_positive_size("max_member_size", self.max_member_size, config.current().max_member_size)
@@ -443,52 +288,26 @@ class TarSamples:
     def _samples(
         self,
         src: Iterable[dict],
-        cursor: _Cursor,
+        cursor: ReaderCursor,
         resume: Optional[dict],
         replay: list,
         elastic: Optional[tuple] = None,
     ) -> Iterator[dict]:
         """One pass: the replayed samples of a resumed shuffle, then the shards from where ``resume`` stood."""
         where = cursor.where
-        self._identify(cursor, resume)
-        if replay:
-            yield from self._replayed(cursor, replay)
-        saved: dict = resume if resume is not None else {}
-        if elastic is not None:
-            cursor.limit = elastic[1]
-            cursor.elastic = [saved.get("replayed", 0), len(elastic[0])]
-            if saved.get("done"):
-                cursor.done = True
-                return
-            yield from self._shared(cursor, elastic[0])
-            if saved.get("url") is None:  # the state was taken while replaying: no shard had begun
-                saved = {}
-        if saved:
-            cursor.shard, cursor.url, where[1] = saved["shard"], saved["url"], saved["offset"]
-            cursor.compressed, cursor.base_pax = bool(saved.get("compressed")), dict(saved.get("pax") or {})
-            if saved.get("done"):
-                cursor.done = True
-                return
-        src = iter(src)
-        first = next(src, None)  # pulled before the limit: the shard list has begun its epoch
-        if first is not None:
-            src = itertools.chain([first], src)
-        ahead = self._prefetcher()
-        lookahead = _Lookahead(src) if ahead is not None else None
-        if lookahead is not None:
-            src = lookahead
+        fetch = (self._range, self._whole, self._parse)
+        saved = yield from self._record.resumed(cursor, resume, replay, elastic, fetch)
+        if saved is None:  # the saved pass was done
+            return
+        src, ahead, lookahead = self._looking_ahead(src)
         try:
-            if elastic is not None:
-                limit = elastic[1]
-            else:
-                limit = self.limit() if callable(self.limit) else self.limit
-                cursor.limit = limit if self.limit is not None else None
+            limit = self._pass_limit(cursor, elastic)
             skip = saved["shard"] if saved else 0
             reached = -1
             barren = Barren()
             refused: list = []  # a repeated field the handler was given and did not let pass
-            on_repeat = self._repeat_handler(refused)
-            for index, source in enumerate(self._shards(src, cursor, limit, skip)):
+            on_repeat = _repeat_handler(self.handler, refused)
+            for index, source in enumerate(_shards(src, cursor, limit, skip)):
                 reached = index
                 if index < skip:
                     continue
@@ -510,7 +329,7 @@ class TarSamples:
                     before = where[2]
                     if limit is None and skipping is None:
                         yield from samples  # the common path: one generator layer per sample, not two
-                    elif (yield from self._limited(samples, cursor, limit, skipping)):
+                    elif (yield from _limited(samples, cursor, limit, skipping)):
                         return
                     verify = getattr(stream, "verify", None)
                     if verify is not None:  # checked against a manifest once its last sample was read
@@ -531,37 +350,29 @@ class TarSamples:
                     if stream is not None:
                         close_quietly(stream)
             if saved and reached < skip and limit is None:  # (equal_work passes may stop before it)
-                raise StateMismatchError(
-                    f"the saved state resumes at shard {skip} of this worker's shards, but it was given only "
-                    f"{reached + 1}: load a state saved by a dataset over the same shards and workers",
-                    field="shard",
-                    shard=skip,
-                )
+                raise _short_of(skip, reached)
             cursor.done = True
         finally:
             if ahead is not None:
                 ahead.prefetch([])  # the reader stopped: what was fetched ahead is cancelled
 
-    def _repeat_handler(self, refused: list) -> Callable[[Exception], bool]:
-        """What a member repeating a field of its sample is given to: the handler, once (webdataset's
-        ``group_by_keys`` calls it there and goes on within the shard when it returns True).
+    def _looking_ahead(self, src: Iterable[dict]) -> tuple[Iterator[dict], Any, Optional[_Lookahead]]:
+        """(the shard items, the opener that fetches ahead or None, the items' look-ahead or None)."""
+        src = iter(src)
+        first = next(src, None)  # pulled before the limit: the shard list has begun its epoch
+        if first is not None:
+            src = itertools.chain([first], src)
+        ahead = self._prefetcher()
+        lookahead = _Lookahead(src) if ahead is not None else None
+        return (lookahead if lookahead is not None else src), ahead, lookahead
 
-        A duplicate name does not damage the tar stream, so a repeat let pass costs that member only, and
-        the cursor (where the next sample begins, samples counted) is untouched by it; one not let pass
-        (False, or raised by the handler) is noted in ``refused`` so the reader does not hand it over twice.
-        """
-
-        def on_repeat(exn: Exception) -> bool:
-            try:
-                passes = self.handler(exn)
-            except Exception as raised:
-                refused.append((raised, True))
-                raise
-            if not passes:
-                refused.append((exn, False))
-            return passes
-
-        return on_repeat
+    def _pass_limit(self, cursor: ReaderCursor, elastic: Optional[tuple]) -> Optional[int]:
+        """The samples this pass yields (an elastic share's, or ``limit``'s when a pass begins), or None."""
+        if elastic is not None:
+            return elastic[1]
+        limit = self.limit() if callable(self.limit) else self.limit
+        cursor.limit = limit if self.limit is not None else None
+        return limit
 
     def _prefetcher(self) -> Any:
         """The opener, when it fetches the next shards ahead (``prefetch(urls)``) and is asked to."""
@@ -575,53 +386,11 @@ class TarSamples:
             return None
         return opener
 
-    def _identify(self, cursor: _Cursor, resume: Optional[dict]) -> None:
-        """Record which rank and worker reads; a resumed pass must be the same one, at the saved count."""
-        if self.stream_identity is not None:
-            cursor.identity = dict(self.stream_identity)
-        else:
-            rank, world_size, worker, num_workers = utils.pytorch_worker_info()
-            cursor.identity = {"rank": rank, "world_size": world_size, "worker": worker, "num_workers": num_workers}
-        if resume is not None:
-            resuming.check_same("dataset (rank and DataLoader worker)", resume.get("identity") or {}, cursor.identity)
-            cursor.where[2] = resume.get("samples", 0)
-
-    def _replayed(self, cursor: _Cursor, replay: list) -> Iterator[dict]:
-        """The samples a resumed shuffle had buffered, fetched again with ranged reads, in buffer order."""
-        where = cursor.where
-        started = time.perf_counter()
-        report: dict = {}
-        samples = refetch([loc[:4] for loc in replay], self._range, self._whole, self._parse, report=report)
-        report["seconds"] = time.perf_counter() - started
-        self.last_refetch = report
-        for (url, start, end, compressed, ref), sample in zip(replay, samples):
-            cursor.shard, cursor.url, cursor.compressed = ref, url, compressed
-            where[0], where[1] = start, end
-            yield sample
-
-    def _shared(self, cursor: _Cursor, replay: list) -> Iterator[dict]:
-        """The buffered samples an elastic resume gave this share, fetched again in runs (bounded memory), from
-        the count already yielded; each counts as a sample of the pass."""
-        where, progress = cursor.where, cursor.elastic
-        assert progress is not None
-        batch = 256
-        while progress[0] < len(replay):
-            first = progress[0]
-            chunk = replay[first : first + batch]
-            samples = refetch([loc[:4] for loc in chunk], self._range, self._whole, self._parse)
-            for number, ((url, start, end, compressed), sample) in enumerate(zip(chunk, samples), first):
-                cursor.shard, cursor.url, cursor.compressed = REPLAY_REF + number, url, compressed
-                where[0], where[1] = start, end
-                where[2] += 1
-                progress[0] = number + 1
-                yield sample
-        cursor.shard, cursor.url, cursor.compressed, where[0], where[1] = 0, None, False, 0, 0
-
     def _begin_shard(
         self,
         source: dict,
         index: int,
-        cursor: _Cursor,
+        cursor: ReaderCursor,
         saved: Optional[dict],
         on_repeat: Optional[Callable[[Exception], bool]] = None,
     ) -> tuple[Any, Iterator[dict], Optional[int]]:
@@ -634,10 +403,7 @@ class TarSamples:
         url = source["url"]
         offset, pax = 0, {}
         if saved is not None:
-            if not resuming.same_url(url, saved["url"], saved.get("url_id")):
-                resuming.check_same(
-                    "dataset (the shard order differs)", {"shard": saved["url"]}, {"shard": resuming.shown_url(url)}
-                )
+            check_resumed_shard(url, saved)
             offset, pax = saved["offset"], dict(saved.get("pax") or {})
         compressed = bool(saved is not None and saved.get("compressed"))
         cursor.shard, cursor.url, cursor.members, cursor.base_pax = index, url, None, pax
@@ -681,7 +447,7 @@ class TarSamples:
         )
         return stream, samples, None if seekable else offset
 
-    def _indexed(self, url: str, cursor: _Cursor, stream: Any) -> None:
+    def _indexed(self, url: str, cursor: ReaderCursor, stream: Any) -> None:
         """Hand what the index of the shard just read whole needs to ``index_sink`` (by-product of the pass):
         the URL, its members as ``(name, data offset, size)``, its size, version and compression."""
         members = cursor.members
@@ -696,60 +462,93 @@ class TarSamples:
         assert self.index_sink is not None
         self.index_sink(read)
 
-    @staticmethod
-    def _limited(
-        samples: Iterator[dict], cursor: _Cursor, limit: Optional[int], skipping: Optional[int]
-    ) -> Generator[dict, None, bool]:
-        """``samples`` past byte ``skipping`` (when given), up to ``limit`` in the pass; True: the limit was hit."""
-        where = cursor.where
-        delivered = -1 if skipping is None else skipping
-        for sample in samples:
-            if where[0] < delivered:
-                where[2] -= 1
-                continue
-            yield sample
-            if limit is not None and where[2] >= limit:
-                cursor.done = True
-                return True
-        return False
 
-    def _shards(self, src: Iterable[dict], cursor: _Cursor, limit: Optional[int], skip: int = 0) -> Iterator[dict]:
-        """The shard items, and with a ``limit`` not yet reached, the same items again from the first.
+def _repeat_handler(handler: Callable, refused: list) -> Callable[[Exception], bool]:
+    """What a member repeating a field of its sample is given to: the handler, once (webdataset's
+    ``group_by_keys`` calls it there and goes on within the shard when it returns True).
 
-        ``skip`` items are passed over unread (a resumed pass), so they count for nothing.
-        """
-        seen = []
-        given = 0
-        for source in src:
-            if limit is not None:
-                seen.append(source)
-            given += 1
-            yield source
-        if limit is None or cursor.samples >= limit:
-            return
-        if not seen:
-            if cursor.elastic is not None:
-                return  # an elastic share of buffered samples only: it has no shards to go over again
-            ident = cursor.identity or {}
-            if "stream" in ident:
-                raise ValueError(
-                    f"equal_work: stream {ident['stream']} of {ident['streams']} was given no shards, so "
-                    f"it cannot produce its {limit} samples; use at least {ident['streams']} shards or "
-                    "fewer streams"
-                )
+    A duplicate name does not damage the tar stream, so a repeat let pass costs that member only, and
+    the cursor (where the next sample begins, samples counted) is untouched by it; one not let pass
+    (False, or raised by the handler) is noted in ``refused`` so the reader does not hand it over twice.
+    """
+
+    def on_repeat(exn: Exception) -> bool:
+        try:
+            passes = handler(exn)
+        except Exception as raised:
+            refused.append((raised, True))
+            raise
+        if not passes:
+            refused.append((exn, False))
+        return passes
+
+    return on_repeat
+
+
+def _limited(
+    samples: Iterator[dict], cursor: ReaderCursor, limit: Optional[int], skipping: Optional[int]
+) -> Generator[dict, None, bool]:
+    """``samples`` past byte ``skipping`` (when given), up to ``limit`` in the pass; True: the limit was hit."""
+    where = cursor.where
+    delivered = -1 if skipping is None else skipping
+    for sample in samples:
+        if where[0] < delivered:
+            where[2] -= 1
+            continue
+        yield sample
+        if limit is not None and where[2] >= limit:
+            cursor.done = True
+            return True
+    return False
+
+
+def _shards(src: Iterable[dict], cursor: ReaderCursor, limit: Optional[int], skip: int = 0) -> Iterator[dict]:
+    """The shard items, and with a ``limit`` not yet reached, the same items again from the first.
+
+    ``skip`` items are passed over unread (a resumed pass), so they count for nothing.
+    """
+    seen = []
+    given = 0
+    for source in src:
+        if limit is not None:
+            seen.append(source)
+        given += 1
+        yield source
+    if limit is None or cursor.samples >= limit:
+        return
+    if not seen:
+        if cursor.elastic is not None:
+            return  # an elastic share of buffered samples only: it has no shards to go over again
+        ident = cursor.identity or {}
+        if "stream" in ident:
             raise ValueError(
-                f"equal_work: rank {ident.get('rank')} worker {ident.get('worker')} was given no shards, so it cannot "
-                f"produce its {limit} samples; use at least "
-                f"{ident.get('world_size', 1) * ident.get('num_workers', 1)} shards (ranks x workers) or fewer "
-                "DataLoader workers"
+                f"equal_work: stream {ident['stream']} of {ident['streams']} was given no shards, so "
+                f"it cannot produce its {limit} samples; use at least {ident['streams']} shards or "
+                "fewer streams"
             )
-        while cursor.samples < limit:
-            before, first = cursor.samples, given
-            for source in seen:
-                given += 1
-                yield {k: v for k, v in source.items() if k != "stream"}
-            if cursor.samples == before and first > skip:
-                return  # a whole round of reading gave no sample: stop rather than loop forever
+        raise ValueError(
+            f"equal_work: rank {ident.get('rank')} worker {ident.get('worker')} was given no shards, so it cannot "
+            f"produce its {limit} samples; use at least "
+            f"{ident.get('world_size', 1) * ident.get('num_workers', 1)} shards (ranks x workers) or fewer "
+            "DataLoader workers"
+        )
+    while cursor.samples < limit:
+        before, first = cursor.samples, given
+        for source in seen:
+            given += 1
+            yield {k: v for k, v in source.items() if k != "stream"}
+        if cursor.samples == before and first > skip:
+            return  # a whole round of reading gave no sample: stop rather than loop forever
+
+
+def _short_of(skip: int, reached: int) -> StateMismatchError:
+    """A saved state resumes at shard ``skip`` of the worker's shards, but the pass was given ``reached + 1``."""
+    return StateMismatchError(
+        f"the saved state resumes at shard {skip} of this worker's shards, but it was given only "
+        f"{reached + 1}: load a state saved by a dataset over the same shards and workers",
+        field="shard",
+        shard=skip,
+    )
 
 
 class _Lookahead:

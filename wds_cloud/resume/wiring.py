@@ -1,0 +1,150 @@
+"""How a pipeline's stages take part in resume, read from the stage list alone (never by iterating).
+
+Which sample source feeds each buffering stage (:func:`feeding`), what keeps a pipeline's state from being
+resumed (:func:`resume_blocker`), and how the shards of its shard list reach its reader (:func:`splitting`).
+The stages are told apart by the roles they implement (:mod:`wds_cloud.resume.protocol`); the shard lists
+and splitters, which live above ``resume/`` on the data path, by identity with those in ``kinds``
+(:class:`StageKinds`, given by :mod:`wds_cloud.pipeline`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .protocol import SampleSource, declines_resume, is_buffering, is_source
+
+__all__ = ["StageKinds", "stage_name", "feeding", "resume_blocker", "splitting", "reader_index", "shard_urls"]
+
+
+@dataclass(frozen=True)
+class StageKinds:
+    """The stages of the layers above ``resume/`` that resume tells apart: a nested pipeline, the shard lists a
+    merged state's shards are shared out from, and our splitters (matched by identity: a wrapper of the user's,
+    a ``functools.partial`` or a lambda calling ours, may split otherwise)."""
+
+    pipeline: Any  # (Any: a class whose instances have the pipeline's methods, which resume/ cannot import)
+    share_lists: tuple
+    resampled: type
+    simple: type
+    split_by_node: Callable
+    split_by_worker: Callable
+    single_node_only: Callable
+
+
+def stage_name(stage: Any) -> str:
+    """A short human name for a pipeline stage (for messages)."""
+    f = getattr(stage, "f", None)
+    if f is not None and callable(f):  # a curried filter: name the function it runs
+        name = getattr(f, "__name__", None) or type(f).__name__
+        return name.lstrip("_")
+    if isinstance(stage, type) or callable(stage) and hasattr(stage, "__name__"):
+        return f"function {stage.__name__}" if not isinstance(stage, type) else stage.__name__
+    return type(stage).__name__
+
+
+def feeding(stages: Sequence, kinds: StageKinds) -> tuple[dict, Optional[SampleSource]]:
+    """({index of each buffering stage: the sample source feeding it, or None}, the source feeding the output).
+
+    The one walk over the stages that wiring, ``feeding_source``, :func:`resume_blocker` and loading share: a
+    buffering stage's items are no reader's latest, so it ends a source's reach; a nested pipeline passes on
+    the source feeding its output.
+    """
+    feeders: dict[int, Optional[SampleSource]] = {}
+    source = None
+    for i, stage in enumerate(stages):
+        if is_buffering(stage):
+            feeders[i], source = source, None
+        elif isinstance(stage, kinds.pipeline):
+            source = stage.feeding_source()
+        elif is_source(stage):
+            source = stage if getattr(stage, "replayable", True) else None
+    return feeders, source
+
+
+def resume_blocker(stages: Sequence, kinds: StageKinds) -> Optional[str]:
+    """Why a state of a pipeline of ``stages`` could not be resumed (the stage and the fix), or None.
+
+    A buffering stage (a sample shuffle) must be fed by a sample source of this pipeline
+    (``tarfile_to_samples()``, or ``WebDataset``), since its buffered samples are saved as
+    byte ranges of their shards; a stage that sets ``resumable = False`` blocks it too.
+    """
+    feeders = feeding(stages, kinds)[0]
+    for i, stage in enumerate(stages):
+        if declines_resume(stage):
+            return (
+                f"stage {i} ({stage_name(stage)}) declares that it cannot be resumed (resumable = False); "
+                "implement state_dict()/load_state_dict() on it (see wds_cloud.Resumable) or leave it out"
+            )
+        if i in feeders and feeders[i] is None:
+            return _unfed(stages, i)
+        if isinstance(stage, kinds.pipeline):
+            inner = stage.resume_blocker()
+            if inner is not None:
+                return f"stage {i} (a nested DataPipeline): {inner}"
+    return None
+
+
+def _unfed(stages: Sequence, i: int) -> str:
+    """Why buffering stage ``i``, fed by no sample source, blocks resume."""
+    stage = stages[i]
+    if i == 0:
+        feeder = "it is the source"
+    elif is_buffering(stages[i - 1]):
+        feeder = f"it takes its items from another shuffle (stage {i - 1})"
+    else:
+        feeder = f"it takes its items from stage {i - 1} ({stage_name(stages[i - 1])})"
+    fix = getattr(stages[i - 1], "shuffle_after_fix", None) if i > 0 else None
+    if fix:  # the stage before knows the fix that fits it (a mix: a shuffle per source)
+        return (
+            f"stage {i} ({stage_name(stage)}): {feeder}, so the items in its buffer could not be "
+            f"fetched again on resume. To make the pipeline resumable, {fix}"
+        )
+    return f"stage {i} {stage.resume_blocker(feeder)}"
+
+
+def reader_index(stages: Sequence) -> Optional[int]:
+    """The index of the shard reader (the stage an elastic share is given to), or None."""
+    return next((i for i, stage in enumerate(stages) if callable(getattr(stage, "set_elastic", None))), None)
+
+
+def splitting(stages: Sequence, kinds: StageKinds) -> tuple[Optional[str], Any]:
+    """(how the shards of the shard list reach the reader, the first stage of the user's in between or None).
+
+    The first is ``"nodes+workers"``, ``"nodes"``, ``"workers"``, ``"none"`` (every worker reads every shard),
+    ``"custom"`` (a stage of the user's in between), or None (no shard list and reader).
+    """
+    start = next((i for i, s in enumerate(stages) if isinstance(s, kinds.share_lists)), None)
+    if start is None:
+        return None, None
+    end = next((i for i in range(start + 1, len(stages)) if callable(getattr(stages[i], "set_elastic", None))), None)
+    if end is None:
+        return None, None
+    nodes = workers = False
+    for stage in stages[start + 1 : end]:
+        # identity, not equality: a wrapper (functools.partial, a lambda calling ours) may split otherwise
+        if stage is kinds.split_by_node:
+            nodes = True
+        elif stage is kinds.split_by_worker:
+            workers = True
+        elif stage is not kinds.single_node_only and not getattr(stage, "keeps_shards", False):
+            return "custom", stage
+    kind = {(True, True): "nodes+workers", (True, False): "nodes", (False, True): "workers"}.get(
+        (nodes, workers), "none"
+    )
+    return kind, None
+
+
+def shard_urls(stages: Sequence, kinds: StageKinds) -> dict:
+    """The shard URLs the shard lists among ``stages`` name (as the program gave them), by text: the only URLs
+    a state's buffered samples may name (see :func:`wds_cloud.resume.pipeline_checks.trusted_replay`)."""
+    urls: dict = {}
+    for stage in stages:
+        if isinstance(stage, kinds.pipeline):
+            urls.update(stage.shard_urls())
+        elif isinstance(getattr(stage, "urls", None), list):
+            urls.update((str(u), u) for u in stage.urls)
+        elif callable(getattr(stage, "shard_urls", None)):  # a stage over datasets of its own (a mix)
+            urls.update(stage.shard_urls())
+    return urls
