@@ -557,6 +557,53 @@ def test_a_header_ending_in_a_newline_is_refused_without_its_value():
         server.stop()
 
 
+def _small_tar(n=3):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(n):
+            data = f"sample {i}".encode()
+            info = tarfile.TarInfo(f"k{i}.txt")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_a_shard_named_beyond_ascii_is_read_over_http():
+    """A shard whose name is not ASCII (日本.tar), named in a URL or by a wids description served over HTTP, is
+    requested percent-encoded as UTF-8, as browsers and curl do, and read; a name already percent-encoded goes as
+    given, never encoded twice (adversary finding, issue 41: a bare UnicodeEncodeError naming nothing)."""
+    server, store = http_server()
+    try:
+        store.put("/d/日本.tar", _small_tar())
+        store.put("/d/100%.tar", _small_tar())
+        description = {"wids_version": 1, "shardlist": [{"url": "日本.tar", "nsamples": 3}]}
+        store.put("/d/desc.json", json.dumps(description).encode())
+        for url in (f"{server.url}/d/日本.tar", f"{server.url}/d/%E6%97%A5%E6%9C%AC.tar", f"{server.url}/d/100%25.tar"):
+            keys = [s["__key__"] for s in wds.WebDataset(url, shardshuffle=False)]
+            assert keys == ["k0", "k1", "k2"], url
+        assert wds.ShardListDataset(f"{server.url}/d/desc.json", transformations=[])[2]["__key__"] == "k2"
+    finally:
+        server.stop()
+
+
+def test_a_url_or_header_http_cannot_carry_is_our_error_naming_it():
+    """A URL holding a lone surrogate (not text) and a header that is not Latin-1 are ConfigErrors naming the URL
+    (or the header, never its value), before any request; not a bare UnicodeEncodeError."""
+    server, store = http_server()
+    try:
+        store.put("/a.tar", b"x")
+        with pytest.raises(ConfigError, match="not text") as info:
+            wds.gopen(f"{server.url}/a\ud800.tar?sig=SECRET").read()
+        assert "/a" in str(info.value) and "SECRET" not in str(info.value)
+        with pytest.raises(ConfigError) as info:
+            headers = {"Authorization": "Bearer \u201cTOKEN\u201d"}
+            wds.gopen(f"{server.url}/a.tar", storage_options={"headers": headers}).read()
+        assert "Authorization" in str(info.value) and "TOKEN" not in str(info.value)
+        assert store.requests == []
+    finally:
+        server.stop()
+
+
 class _Recording(HTTPObjectHandler):
     def do_GET(self):
         self.store.requests.append(("AUTH", self.headers.get("Authorization")))

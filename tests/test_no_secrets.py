@@ -260,3 +260,83 @@ def test_new_spellings_reach_no_state_log_or_error(tmp_path, caplog):
         assert not found, found
     finally:
         server.stop()
+
+
+# Credentials in pipe: commands and in URL spellings a browser or proxy reads leniently (adversary findings,
+# issue 41): each is hidden by redact(), to the end of its shell word, and refused by map_shards before anything
+# runs, with the refusal showing it as ***.
+SECRET_COMMANDS = [
+    f"pipe:wget -qO- --http-password={VALUE} http://h.invalid/x.tar",
+    f"pipe:wget -qO- --http-password {VALUE} http://h.invalid/x.tar",
+    f"pipe:curl -s --oauth2-bearer {VALUE} http://h.invalid/x.tar",
+    f"pipe:curl -s --oauth2-bearer={VALUE} http://h.invalid/x.tar",
+    f"pipe:curl -s -b session={VALUE} http://h.invalid/x.tar",
+    f"pipe:curl -s -bsession={VALUE} http://h.invalid/x.tar",
+    f"pipe:curl -sb session={VALUE} http://h.invalid/x.tar",
+    f"pipe:curl -s --cookie 'sid=1; session={VALUE}' http://h.invalid/x.tar",
+    f"pipe:curl -s --cookie=sid={VALUE} http://h.invalid/x.tar",
+    f"pipe:env API_TOKEN={VALUE} curl -s http://h.invalid/x.tar",
+    f"pipe:API_TOKEN={VALUE} curl -s http://h.invalid/x.tar",
+    f"pipe:export AWS_SECRET_ACCESS_KEY={VALUE}; aws s3 cp s3://b/x.tar -",
+    f"pipe:sh -c 'MY_PASSWORD={VALUE} fetch x.tar'",
+    f"pipe:curl -s -HAuthorization:Bearer\\ {VALUE} http://h.invalid/x.tar",
+    f"pipe:curl -s -H Authorization:Bearer\\ {VALUE} http://h.invalid/x.tar",
+    f"pipe:curl -s --header=Cookie:a=b\\;session={VALUE} http://h.invalid/x.tar",
+    f"pipe:curl -s -u user:pass\\ {VALUE} http://h.invalid/x.tar",
+    f"pipe:curl -s -d password={VALUE} http://h.invalid/x.tar",
+    f"pipe:curl -s --api-key '{VALUE} more' http://h.invalid/x.tar",
+]
+SECRET_URLS = [
+    f"https:\\\\u:{VALUE}@h.invalid/x.tar",
+    f"https:\\/u:{VALUE}@h.invalid/x.tar",
+    f"https:///u:{VALUE}@h.invalid/x.tar",
+    f"https:u:{VALUE}@h.invalid/x.tar",
+    f"HTTPS:////{VALUE}@h.invalid/x.tar",
+    f"s3:///KEY:{VALUE}@bucket/x.tar",
+    f"http://h.invalid/x.tar?token\t={VALUE}",
+    f"http://h.invalid/x.tar?token ={VALUE}",
+    f"http://h.invalid/x.tar?\ttoken={VALUE}",
+    f"http://h.invalid/x.tar?to\x00ken={VALUE}",
+    f"http://h.invalid/x.tar?n=1&token=\t{VALUE}",
+]
+PLAIN_COMMANDS = [
+    "pipe:curl -s -L http://h.invalid/x.tar",
+    "pipe:wget -qO- http://h.invalid/x.tar",
+    "pipe:curl -s --anyauth http://h.invalid/x.tar",
+    "pipe:curl -s -b cookies.txt http://h.invalid/x.tar",
+    "pipe:aws s3 cp s3://b/session=3/x.tar -",
+    "pipe:ffmpeg -i in.mp4 -b:v 1M -f tar -",
+    "pipe:env LANG=C curl -s http://h.invalid/x.tar?n=1&m=2",
+    "sftp:user@h.invalid/x.tar",
+]
+
+
+@pytest.mark.parametrize("text", SECRET_COMMANDS + SECRET_URLS)
+def test_redact_hides_credentials_in_commands_and_lenient_url_spellings(text):
+    """Credential options (--opt=v, --opt v, -bv, -b v), environment assignments (env TOKEN=v cmd), header values
+    to the end of the shell word, and userinfo or parameters hidden by backslashes, extra slashes, tabs or control
+    characters: hidden whole, in the URL and in any message quoting it."""
+    for shown in (redact(text), redact(f"opening {text} failed"), redact(f"opening '{text}' failed")):
+        assert VALUE not in shown and "***" in shown, shown
+        assert not any(part in shown for part in ("secret42", "Vsecret", "42xyz")), shown
+
+
+@pytest.mark.parametrize("text", PLAIN_COMMANDS)
+def test_redact_keeps_commands_that_hold_no_credential(text):
+    """A flag taking no value (--anyauth), a cookie file (-b file), a partition path (session=3 inside a URL), a
+    bitrate (-b:v) and a harmless variable stay as written: errors stay useful and map_shards accepts them."""
+    assert redact(text) == text
+
+
+@pytest.mark.parametrize("text", SECRET_COMMANDS[::3] + SECRET_URLS[::2])
+def test_map_shards_refuses_credentials_in_commands_and_lenient_urls(tmp_path, text):
+    """map_shards refuses an input whose command or lenient URL spelling carries a credential, before a cluster
+    starts or a job record is written, and its message shows the value as ***."""
+    pytest.importorskip("distributed")
+    from wds_cloud.dask import map_shards
+    from wds_cloud.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        map_shards(lambda s: s, [text], str(tmp_path / "out-%d.tar"), client=object())
+    assert VALUE not in str(info.value) and "***" in str(info.value)
+    assert list(tmp_path.iterdir()) == []

@@ -90,22 +90,52 @@ _CREDENTIAL_NAMES = frozenset({"awsaccesskeyid", "googleaccessid", "code", "sv",
 _NOT_AUTH = re.compile(r"author(?!i[sz])")  # author, authored, authority: people, not authorization
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
+# what a browser or proxy reads as the start of an authority (WHATWG URL standard): a backslash counts as a slash,
+# and after a special scheme (http, https, ws, wss, ftp) any number of slashes, none included, comes before it, so
+# https:\\user:pass@host, https:///user:pass@host and https:user:pass@host all send user:pass to host
+_AUTHORITY_START = (
+    r"(?:(?<![a-zA-Z0-9+.-])(?i:https?|wss?|ftp):[/\\]*|[a-zA-Z][a-zA-Z0-9+.-]*:[/\\]{2,}|(?:^|(?<=[\s'\"(<=,\[]))//)"
+)
 # userinfo runs to the last "@" before the path, so a password holding "@" is covered whole; a scheme-relative
-# URL (//user:pass@host) counts where it starts a word
-_USERINFO = re.compile(r"(?P<scheme>(?:[a-zA-Z][a-zA-Z0-9+.-]*:|(?:^|(?<=[\s'\"(<=,\[])))//)(?P<info>[^/?#\s]*)@")
-# a query, fragment or path parameter; the name may be percent-encoded,
-# and so may its "=" (X-Auth-Token%3Dvalue), which a server decodes
-_PARAMETER = re.compile(r"(?P<lead>[?&;#])(?P<name>[^=&;#?\s'\"]+)(?:=(?P<value>[^&;#\s'\"]*))?")
-# a header a command sends (curl -H 'X-Auth-Token: v', --header "Authorization: Bearer v"), a credential option
-# (--password v, --token=v) and curl's --user name:password
+# URL (//user:pass@host) counts where it starts a word; a tab or control character inside it (which browsers
+# drop) does not end it
+_USERINFO = re.compile(rf"(?P<scheme>{_AUTHORITY_START})(?P<info>(?:[^/\\?#\s]|[\t\r\x00-\x08\x0b-\x1f\x7f])*)@")
+# a query, fragment or path parameter; the name may be percent-encoded, and so may its "=" (X-Auth-Token%3Dvalue),
+# which a server decodes.  Spaces, tabs and control characters inside or around a name (?token\t=v) do not end
+# it: browsers drop tabs and many servers strip the rest, so is_credential_name() judges the name without them
+_CONTROL = "\t\r\x00-\x08\x0b-\x1f\x7f"
+_PARAMETER = re.compile(
+    rf"(?P<lead>[?&;#])(?P<name>[^=&;#?'\"\n]+)(?:=(?P<value>[{_CONTROL} ]*(?:[^&;#\s'\"]|[{_CONTROL}])*))?"
+)
+# the rest of a shell word from where a value starts: backslash escapes, quoted runs and plain characters, up to
+# the first unquoted, unescaped blank (-HAuthorization:Bearer\ TOKEN and --cookie='a=b; c=d' are one word each)
+_WORD_REST = r"(?:\\.|'[^'\n]*'|\"(?:\\.|[^\"\\\n])*\"|[^\s'\"\\])*"
+# where a shell word (an option, an assignment) may begin: the start, a blank, a quote, "(" or "pipe:" (not "&" or
+# ";", which part a URL's query)
+_WORD_START = r"(?:(?<![^\s'\"(])|(?<=pipe:))"
+# a header a command sends (curl -H 'X-Auth-Token: v', --header "Authorization: Bearer v", -HCookie:a=b)
 _HEADER = re.compile(
-    r"(?P<head>(?:-H|--header)(?:=|\s*)(?P<q>['\"])?(?P<name>[A-Za-z0-9_.-]+)\s*:\s*)"
-    r"(?P<value>(?(q)[^'\"\n]*|\S*))"
+    rf"(?P<head>{_WORD_START}(?:-[A-Za-z]*H|--header)(?:=|\s*)(?P<q>['\"])?(?P<name>[A-Za-z0-9_.-]+)\s*:\s*)"
+    rf"(?P<value>(?(q)[^'\"\n]*|{_WORD_REST}))"
 )
+# an option with its value, --name=value, -name=value, --name value (the value a word not starting with "-")
 _OPTION = re.compile(
-    r"(?P<head>(?<![\w-])--?(?P<name>[A-Za-z][\w-]*)(?:=|\s+)(?P<q>['\"])?)(?P<value>(?(q)[^'\"\n]*|\S*))"
+    rf"(?P<head>{_WORD_START}--?(?P<name>[A-Za-z][\w-]*)(?:=|(?P<blank>\s+)(?=[^\s-])))(?P<value>{_WORD_REST})"
 )
-_USER_OPTION = re.compile(r"(?P<head>(?<![\w-])(?:-u|--user)(?:=|\s*)['\"]?[^:\s'\"]*:)(?P<value>[^\s'\"]*)")
+# options named like a credential that take no value: the word after them is the next argument (the URL)
+_VALUELESS = frozenset(
+    {"anyauth", "proxy-anyauth", "junk-session-cookies", "keep-session-cookies", "auth-no-challenge", "ask-password"}
+)
+# curl's -b/--cookie given inline (name=value; a value without "=" names a cookie file), bundled or attached too
+_COOKIE_OPTION = re.compile(rf"(?P<head>{_WORD_START}-[A-Za-z]*b(?:\s+|(?=\S)))(?P<value>(?=[^\s-]){_WORD_REST})")
+# curl's --user/-u and --proxy-user/-U name:password: the password goes
+_USER_OPTION = re.compile(
+    rf"(?P<head>{_WORD_START}(?:-[A-Za-z]*[uU]|--user|--proxy-user)(?:=|\s*)['\"]?[^:\s'\"]*:)"
+    rf"(?P<value>{_WORD_REST})"
+)
+# a shell assignment of a credential variable (env API_TOKEN=v cmd, API_TOKEN=v cmd, export SECRET=v; also a
+# form field given as a word, -d password=v): the value goes, to the end of the word
+_ASSIGNMENT = re.compile(rf"(?P<head>{_WORD_START}(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)=)(?P<value>{_WORD_REST})")
 
 
 def _unquoted(text: str) -> str:
@@ -152,13 +182,29 @@ def _parameter(m: re.Match) -> str:
 
 
 def _named(m: re.Match) -> str:
-    return f"{m.group('head')}***" if is_credential_name(m.group("name")) else m.group(0)
+    return f"{m.group('head')}***" if is_credential_name(m.group("name")) and m.group("value") else m.group(0)
+
+
+def _option(m: re.Match) -> str:
+    name = m.group("name")
+    if not m.group("value") or not is_credential_name(name):
+        return m.group(0)
+    if m.group("blank") and (name in _VALUELESS or name.startswith("no-")):
+        return m.group(0)  # --anyauth URL: a flag; the word after it is not its value
+    return f"{m.group('head')}***"
+
+
+def _cookie(m: re.Match) -> str:
+    return f"{m.group('head')}***" if "=" in m.group("value") else m.group(0)
 
 
 def redact(url: object) -> str:
     """``url`` (or any text holding URLs or commands) with its credentials as ``***``: userinfo passwords and
-    tokens, the values of query, fragment and path parameters that :func:`is_credential_name` recognises
-    (percent-encoded or not), and credential headers and options in a command.
+    tokens (backslashes and extra slashes after the scheme read as a browser reads them), the values of query,
+    fragment and path parameters that :func:`is_credential_name` recognises (percent-encoded or not, spaces and
+    control characters in the name ignored), and in a command, to the end of the shell word, the values of
+    credential headers and options (``--opt=v``, ``--opt v``, ``-b v``), of ``-u user:password`` and of
+    credential assignments (``env API_TOKEN=v cmd``).
 
     The one redaction function: every URL wds_cloud prints, logs, stores in a state, a job record or a task, or
     puts into an error message goes through it.
@@ -168,10 +214,13 @@ def redact(url: object) -> str:
         text = _USERINFO.sub(_userinfo, text)
     if "=" in text or "%" in text:
         text = _PARAMETER.sub(_parameter, text)
-    if " -" in text or "\t-" in text or text.startswith("-"):  # options stand after a space
+    if "-" in text:  # options
         text = _HEADER.sub(_named, text)
-        text = _OPTION.sub(_named, text)
-        text = _USER_OPTION.sub(r"\g<head>***", text)
+        text = _OPTION.sub(_option, text)
+        text = _COOKIE_OPTION.sub(_cookie, text)
+        text = _USER_OPTION.sub(lambda m: f"{m.group('head')}***" if m.group("value") else m.group(0), text)
+    if "=" in text:  # shell assignments (env TOKEN=v cmd)
+        text = _ASSIGNMENT.sub(_named, text)
     return text
 
 

@@ -14,6 +14,7 @@ import binascii
 import contextlib
 import http.client
 import io
+import re
 import socket
 import ssl
 import struct
@@ -99,6 +100,18 @@ def _where(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname or ''}" if parts.scheme else "the URL"
 
 
+def _sendable_header(text: str) -> bool:
+    """Whether a header's name and value can be sent: no newline or NUL, and Latin-1 (what ``http.client`` encodes
+    header values with; a token pasted with a typographic quote is not)."""
+    if any(c in text for c in "\r\n\0"):
+        return False
+    try:
+        text.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _check_request(url: str, headers: Mapping[str, str]) -> None:
     """Refuse, before any byte is sent, a URL holding a space or control character and a header (a token) holding
     a newline or NUL: HTTP cannot carry them, and ``http.client``'s own error would print the value."""
@@ -117,6 +130,25 @@ def _check_request(url: str, headers: Mapping[str, str]) -> None:
                 "credential that ends in a newline, often from a file read whole), which HTTP does not "
                 "allow; strip it from storage_options['headers'] or the variable it came from"
             )
+
+
+_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
+
+
+def _request_target(parts: urllib.parse.SplitResult, display_url: str) -> str:
+    """The path and query a request sends: characters beyond ASCII percent-encoded as UTF-8, as browsers and curl
+    send them (``日本.tar`` is ``%E6%97%A5%E6%9C%AC.tar``; a file name that is not UTF-8, decoded with
+    surrogateescape, as its own bytes); ASCII, ``%XX`` escapes included, goes as given.  ``http.client`` would
+    otherwise fail with a bare UnicodeEncodeError naming nothing (issue 41)."""
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        return _NON_ASCII.sub(lambda m: urllib.parse.quote(m.group(0), safe="", errors="surrogateescape"), target)
+    except UnicodeEncodeError as exc:  # a lone surrogate that no file name produced (from JSON's \ud800)
+        raise ConfigError(
+            f"{redact(display_url)}: the URL holds {exc.object[exc.start : exc.end]!a} at position {exc.start} of its "
+            "path, which is not text and cannot be sent over HTTP; fix the URL (or the file that named it)",
+            url=display_url,
+        ) from None
 
 
 def request(
@@ -147,9 +179,7 @@ def request(
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https"):
             raise TransferError(f"{redact(display_url)}: cannot follow a redirect to {redact(url)}", url=display_url)
-        path = parts.path or "/"
-        if parts.query:
-            path += "?" + parts.query
+        path = _request_target(parts, display_url)
         key = POOL.key(parts.scheme, parts.hostname or "", parts.port)
         kept = POOL.take(key, timeout) if method in ("GET", "HEAD") else None
         conn = kept or _connection(parts, timeout)
@@ -177,8 +207,14 @@ def request(
             raise connection_error(url, exc, display_url=display_url) from None
         except ValueError as exc:  # http.client refuses a header holding a newline: never show its value
             conn.close()
-            bad = [k for k, v in (headers or {}).items() if any(c in f"{k}{v}" for c in "\r\n\0")]
+            bad = [k for k, v in (headers or {}).items() if not _sendable_header(f"{k}{v}")]
             if not bad and not str(exc).startswith("Invalid header"):
+                if isinstance(exc, UnicodeError):  # a host name IDNA cannot encode (an empty or too long label)
+                    raise ConfigError(
+                        f"{redact(display_url)}: the URL cannot be sent over HTTP ({redact(str(exc))}); fix its "
+                        "host name",
+                        url=display_url,
+                    ) from None
                 # not a header (a timeout the socket refuses, ...): calling it one sends the user to the wrong
                 # place (issue 41); settings are range-checked where they are read, so this is a bug of ours
                 raise
