@@ -442,7 +442,7 @@ def test_malformed_sidecars_give_our_errors_and_no_tracebacks(tmp_path, content)
 def test_reshard_refuses_an_output_that_is_its_input(tmp_path):
     make_shards(tmp_path, nshards=2, per_shard=5)
     run = cli("reshard", tmp_path / "shard-{000..001}.tar", tmp_path / "shard-%03d.tar")
-    assert run.returncode == 1 and "both an input and an output" in run.stderr
+    assert run.returncode == 2 and "both an input and an output" in run.stderr  # a bad argument: exit 2
 
 
 def test_reshard_rerun_with_other_settings_is_refused_and_the_same_job_keeps_its_outputs(tmp_path):

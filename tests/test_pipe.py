@@ -64,6 +64,21 @@ def test_failing_command_reports_status_and_stderr():
     assert info.value.status == 3 and isinstance(info.value, OSError)
 
 
+def test_a_failing_commands_stderr_is_shown_without_credentials():
+    """A verbose download prints the headers it sent on stderr: the tail shown in the error hides a credential
+    header's value, and redacts URLs as every message does (adversary finding, issue 41)."""
+    command = (
+        "pipe:printf '> Authori''zation: Bearer SEKRIT1\\n< X-Auth-''Token: SEKRIT2\\n' >&2; "
+        "printf 'GET https://h/x.tar?to''ken=SEKRIT3\\nCoo''kie: session=SEKRIT4\\nplain line\\n' >&2; exit 4"
+    )
+    with pytest.raises(PipeError) as info:
+        with gopen(command) as f:
+            f.read()
+    tail = str(info.value).split("its stderr ended with:", 1)[1]  # (the command itself is the user's own text)
+    for shown in (tail, info.value.stderr):
+        assert "SEKRIT" not in shown and "Authorization: ***" in shown and "plain line" in shown
+
+
 def test_failing_command_without_stderr():
     """Even a silent failure says so instead of a bare exit code."""
     with pytest.raises(PipeError, match="status 1 and printed nothing"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import time
 import weakref
 from typing import IO, Any, Optional
 
-from ..errors import ConfigError, PipeError, redact
+from ..errors import ConfigError, PipeError, is_credential_name, redact
 
 __all__ = ["Pipe"]
 
@@ -176,8 +177,22 @@ def _stderr_tail(stderr) -> str:
         text = stderr.read().decode("utf-8", "replace")
     except (OSError, ValueError):
         return ""
-    lines = [line for line in text.splitlines() if line.strip()]
+    lines = [_hidden(line) for line in text.splitlines() if line.strip()]
     return "\n".join(lines[-STDERR_TAIL_LINES:])
+
+
+#: a header as a command prints it (``curl -v``: ``> Authorization: Bearer ...``)
+_HEADER_LINE = re.compile(r"^(\W*)([A-Za-z][\w-]*)(\s*:\s*)(\S.*)$")
+
+
+def _hidden(line: str) -> str:
+    """A line of a command's stderr as it may be shown: URLs and options redacted, and the value of a header
+    whose name is a credential's (a verbose download prints the headers it sent)."""
+    line = redact(line)
+    header = _HEADER_LINE.match(line)
+    if header and is_credential_name(header.group(2)):
+        return f"{header.group(1)}{header.group(2)}{header.group(3)}***"
+    return line
 
 
 class Pipe:
