@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import itertools
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any, Optional, Union
@@ -260,30 +261,6 @@ class TarSamples:
     def _whole(self, url: str) -> Any:
         return self._open({"url": url}, 0)[0]
 
-    def _parse(self, stream: Any, url: str, start: int, ranged: bool) -> Iterator[tuple[int, dict]]:
-        """``(offset, sample)`` for the samples of a refetched range: the same fields the first read gave them
-        (``__local_path__`` as the opener names the shard)."""
-        opener = self.opener
-        local_path = opener.local_path(url) if opener is not None and hasattr(opener, "local_path") else None
-        where: list[Any] = [0, 0, 0, None]
-        members = TarMembers(
-            stream, url, select=self._member_filter(), start=start, ranged=ranged, max_member=self._max_member()
-        )
-        for sample in shard_samples(
-            url,
-            stream,
-            keys=key_rule(self.keys),
-            lcase=self.lcase,
-            suffixes=self.suffixes,
-            rename_files=self.rename_files,
-            local_path=local_path,
-            where=where,
-            members=members,
-            max_sample=self._max_sample(),
-            on_repeat=_skip_quietly,  # as the first read did; its handler saw the repeat then
-        ):
-            yield where[0], sample
-
     # reading
     def _samples(
         self,
@@ -295,7 +272,7 @@ class TarSamples:
     ) -> Iterator[dict]:
         """One pass: the replayed samples of a resumed shuffle, then the shards from where ``resume`` stood."""
         where = cursor.where
-        fetch = (self._range, self._whole, self._parse)
+        fetch = (self._range, self._whole, functools.partial(_parse_range, self))
         saved = yield from self._record.resumed(cursor, resume, replay, elastic, fetch)
         if saved is None:  # the saved pass was done
             return
@@ -571,6 +548,34 @@ class _Lookahead:
             except StopIteration:
                 break
         return list(itertools.islice(self._ahead, n))
+
+
+def _parse_range(reader: TarSamples, stream: Any, url: str, start: int, ranged: bool) -> Iterator[tuple[int, dict]]:
+    """``(offset, sample)`` of a range ``reader`` fetches again, with the fields its first read gave them
+    (``__local_path__`` as the opener names the shard)."""
+    where: list[Any] = [0, 0, 0, None]
+    members = TarMembers(
+        stream, url, select=reader._member_filter(), start=start, ranged=ranged, max_member=reader._max_member()
+    )
+    for sample in shard_samples(
+        url,
+        stream,
+        keys=key_rule(reader.keys),
+        lcase=reader.lcase,
+        suffixes=reader.suffixes,
+        rename_files=reader.rename_files,
+        local_path=_local_path_of(reader.opener, url),
+        where=where,
+        members=members,
+        max_sample=reader._max_sample(),
+        on_repeat=_skip_quietly,  # as the first read did; its handler saw the repeat then
+    ):
+        yield where[0], sample
+
+
+def _local_path_of(opener: Any, url: str) -> Optional[str]:
+    """The ``local_path`` the opener reports for ``url`` when it opens it (None without an opener that says)."""
+    return opener.local_path(url) if opener is not None and hasattr(opener, "local_path") else None
 
 
 def _skip_quietly(exn: Exception) -> bool:
