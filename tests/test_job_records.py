@@ -573,3 +573,47 @@ def test_a_relative_or_path_like_function_name_is_our_error(spec):
 
     with pytest.raises(ConfigError, match="MODULE:NAME"):
         load_function(spec)
+
+
+def test_a_dropped_remote_claim_is_given_back_without_reentering_locks(moto_endpoint, monkeypatch, tmp_path):
+    """A claim nothing refers to is given back by the garbage collector, which may run while this thread holds
+    the plugin registry's lock (seen in a full run: a later test building the registry hung forever). A remote
+    claim is given back on a thread of its own, which waits for the lock instead of re-entering it."""
+    import faulthandler
+    import gc
+    import threading
+
+    import boto3
+
+    from wds_cloud.io import registry
+
+    from .cloud import unique
+
+    bucket = unique("claimgc")
+    boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    ).create_bucket(Bucket=bucket)
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text(
+        f'["s3://{bucket}/"]\nendpoint_url = "{moto_endpoint}"\nkey = "testing"\n'
+        'secret = "testing"\nclient_kwargs = {region_name = "us-east-1"}\n'
+    )
+    monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profiles))
+    dest = f"s3://{bucket}/out/o-%03d.tar"
+    urls = [f"s3://{bucket}/in/a.tar"]
+    dropped = JobRecord(dest, "map", urls, settings_of(shout))
+    faulthandler.dump_traceback_later(300, exit=True)  # the old code deadlocked here: end the run, not hang it
+    try:
+        with registry._lock:  # as while a registry is being built
+            del dropped
+            gc.collect()
+        for thread in threading.enumerate():
+            if thread.name == "wds_cloud job claim release":
+                thread.join()
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    JobRecord(dest, "map", urls, settings_of(quiet)).release()  # the dropped claim was given back

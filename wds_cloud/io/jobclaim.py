@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 #: tokens of the claims this process holds now (a claim naming this pid whose token is not here is stale)
 _HELD: set[str] = set()
-_HELD_LOCK = threading.Lock()
+_HELD_LOCK = threading.RLock()  # re-entered when a finalizer runs while this thread holds it
 
 
 def claim_beside(record: str) -> str:
@@ -214,7 +214,7 @@ class Claim:
         """Take the claim (see the module docstring), or raise ConfigError naming the job that holds it."""
         for _ in range(8):  # each turn ends a stale claim or wins; a claim taken over by others meanwhile: again
             if self._try_create():
-                self._finalizer = weakref.finalize(self, _release, self.url, self.token, os.getpid())
+                self._finalizer = weakref.finalize(self, _release_unreferenced, self.url, self.token, os.getpid())
                 self.held = True
                 with _HELD_LOCK:
                     _HELD.add(self.token)
@@ -362,6 +362,17 @@ class Claim:
         if self._finalizer is not None:
             self._finalizer.detach()
         _release(self.url, self.token, os.getpid())
+
+
+def _release_unreferenced(url: str, token: str, pid: int) -> None:
+    """:func:`_release` for a claim nothing refers to any more, called by the garbage collector at any point of
+    this thread (it may hold the plugin registry's lock, or a connection pool's): a local claim is removed with
+    plain file calls, a remote one on a thread of its own, which waits for those locks instead of re-entering
+    them."""
+    if is_local(url):
+        _release(url, token, pid)
+    else:
+        threading.Thread(target=_release, args=(url, token, pid), name="wds_cloud job claim release").start()
 
 
 def _release(url: str, token: str, pid: int) -> None:
