@@ -497,27 +497,23 @@ def test_the_cli_refuses_a_second_job_in_flag_terms(free):
     assert not os.path.exists(dest % 1)
 
 
-def test_claims_on_an_object_store(moto_endpoint, monkeypatch, tmp_path):
-    """An object store has no create-if-absent here: the claim is written, read back and released by marking
-    it; a second job is refused while the first holds it."""
-    import boto3
-
-    from .cloud import unique
-
-    bucket = unique("claim")
-    boto3.client(
-        "s3",
-        endpoint_url=moto_endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    ).create_bucket(Bucket=bucket)
+@pytest.fixture
+def profiled_bucket(s3_bucket, moto_endpoint, monkeypatch, tmp_path):
+    """A fresh moto bucket whose credentials come from a profiles file (as a job's workers would read them)."""
+    bucket, _ = s3_bucket
     profiles = tmp_path / "profiles.toml"
     profiles.write_text(
         f'["s3://{bucket}/"]\nendpoint_url = "{moto_endpoint}"\nkey = "testing"\n'
         'secret = "testing"\nclient_kwargs = {region_name = "us-east-1"}\n'
     )
     monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profiles))
+    return bucket
+
+
+def test_claims_on_an_object_store(profiled_bucket):
+    """An object store has no create-if-absent here: the claim is written, read back and released by marking
+    it; a second job is refused while the first holds it."""
+    bucket = profiled_bucket
     dest = f"s3://{bucket}/out/o-%03d.tar"
     urls = [f"s3://{bucket}/in/a.tar"]
     first = JobRecord(dest, "map", urls, settings_of(shout))
@@ -575,7 +571,7 @@ def test_a_relative_or_path_like_function_name_is_our_error(spec):
         load_function(spec)
 
 
-def test_a_dropped_remote_claim_is_given_back_without_reentering_locks(moto_endpoint, monkeypatch, tmp_path):
+def test_a_dropped_remote_claim_is_given_back_without_reentering_locks(profiled_bucket):
     """A claim nothing refers to is given back by the garbage collector, which may run while this thread holds
     the plugin registry's lock (seen in a full run: a later test building the registry hung forever). A remote
     claim is given back on a thread of its own, which waits for the lock instead of re-entering it."""
@@ -583,26 +579,9 @@ def test_a_dropped_remote_claim_is_given_back_without_reentering_locks(moto_endp
     import gc
     import threading
 
-    import boto3
-
     from wds_cloud.io import registry
 
-    from .cloud import unique
-
-    bucket = unique("claimgc")
-    boto3.client(
-        "s3",
-        endpoint_url=moto_endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    ).create_bucket(Bucket=bucket)
-    profiles = tmp_path / "profiles.toml"
-    profiles.write_text(
-        f'["s3://{bucket}/"]\nendpoint_url = "{moto_endpoint}"\nkey = "testing"\n'
-        'secret = "testing"\nclient_kwargs = {region_name = "us-east-1"}\n'
-    )
-    monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profiles))
+    bucket = profiled_bucket
     dest = f"s3://{bucket}/out/o-%03d.tar"
     urls = [f"s3://{bucket}/in/a.tar"]
     dropped = JobRecord(dest, "map", urls, settings_of(shout))

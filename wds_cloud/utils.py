@@ -286,41 +286,29 @@ _INT_RANGE = re.compile(r"^([-+]?\d+)\.\.([-+]?\d+)(?:\.\.([-+]?\d+))?$")
 _CHAR_RANGE = re.compile(r"^(\w)\.\.(\w)(?:\.\.([-+]?\d+))?$")
 
 
-def _closing(spec: str, start: int) -> int:
-    """The index of the ``}`` matching the ``{`` at ``start``, or -1 (then the brace is literal)."""
+def _unescaped(text: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
+    """``(index, character, depth)`` of the characters of ``text`` from ``start`` that a backslash does not escape,
+    with the brace depth after each."""
     depth, i = 0, start
-    while i < len(spec):
-        c = spec[i]
+    while i < len(text):
+        c = text[i]
         if c == "\\":
             i += 2
             continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return i
+        depth += 1 if c == "{" else -1 if c == "}" else 0
+        yield i, c, depth
         i += 1
-    return -1
+
+
+def _closing(spec: str, start: int) -> int:
+    """The index of the ``}`` matching the ``{`` at ``start``, or -1 (then the brace is literal)."""
+    return next((i for i, c, depth in _unescaped(spec, start) if c == "}" and depth == 0), -1)
 
 
 def _split_top(content: str) -> list[str]:
-    parts, depth, begun, i = [], 0, 0, 0
-    while i < len(content):
-        c = content[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-        elif c == "," and depth == 0:
-            parts.append(content[begun:i])
-            begun = i + 1
-        i += 1
-    parts.append(content[begun:])
-    return parts
+    """``content`` split at the commas outside nested braces."""
+    cuts = [i for i, c, depth in _unescaped(content) if c == "," and depth == 0]
+    return [content[a + 1 : b] for a, b in zip([-1] + cuts, cuts + [len(content)])]
 
 
 def _range_size(first: int, last: int, step: str | None) -> int:
@@ -330,33 +318,24 @@ def _range_size(first: int, last: int, step: str | None) -> int:
 
 def count_braces(spec: str) -> int:
     """How many names ``spec`` expands to (an upper bound where a group is literal text)."""
-    total, i = 1, 0
-    while i < len(spec):
-        c = spec[i]
-        if c == "\\":
-            i += 2
+    total, after = 1, 0
+    for i, c, _ in _unescaped(spec):
+        if c != "{" or i < after:
             continue
-        if c == "{":
-            end = _closing(spec, i)
-            if end < 0:
-                i += 1
-                continue
-            content = spec[i + 1 : end]
-            parts = _split_top(content)
-            if len(parts) > 1:
-                total *= sum(count_braces(part) for part in parts)
-            else:
-                number = _INT_RANGE.match(content)
-                letter = _CHAR_RANGE.match(content)
-                if number:
-                    total *= _range_size(int(number.group(1)), int(number.group(2)), number.group(3))
-                elif letter:
-                    total *= _range_size(ord(letter.group(1)), ord(letter.group(2)), letter.group(3))
-                else:
-                    total *= count_braces(content)
-            i = end + 1
+        end = _closing(spec, i)
+        if end < 0:
             continue
-        i += 1
+        content, after = spec[i + 1 : end], end + 1
+        parts = _split_top(content)
+        number, letter = _INT_RANGE.match(content), _CHAR_RANGE.match(content)
+        if len(parts) > 1:
+            total *= sum(count_braces(part) for part in parts)
+        elif number:
+            total *= _range_size(int(number.group(1)), int(number.group(2)), number.group(3))
+        elif letter:
+            total *= _range_size(ord(letter.group(1)), ord(letter.group(2)), letter.group(3))
+        else:
+            total *= count_braces(content)
     return total
 
 
