@@ -36,6 +36,7 @@ import math
 import numbers
 import os
 import re
+import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -125,6 +126,22 @@ def scheduler_address(address: str) -> str:
     return address.strip()
 
 
+def _refused(address: str) -> bool:
+    """Whether a TCP scheduler address refuses a connection right away (other schemes, or a host that does not
+    answer at once, are left to distributed and its timeout)."""
+    scheme, _, rest = address.rpartition("://")
+    if scheme not in ("", "tcp"):
+        return False
+    host, _, port = rest.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return False
+
+
 @contextlib.contextmanager
 def cluster_client(scheduler: Optional[str] = None, workers: Optional[int] = None) -> Iterator[Any]:
     """A ``distributed.Client`` of the scheduler at ``scheduler``, or of a ``LocalCluster`` of ``workers``
@@ -133,6 +150,13 @@ def cluster_client(scheduler: Optional[str] = None, workers: Optional[int] = Non
         scheduler = scheduler_address(scheduler)  # before the extra is needed: a typo is named either way
     distributed = distributed_module()
     if scheduler:
+        if _refused(scheduler):  # answered at once: distributed would retry for its whole connect timeout (30 s)
+            raise ConfigError(
+                f"scheduler {redact(scheduler)}: nothing listens there (the connection was refused); check that a "
+                "Dask scheduler runs at that address (`dask scheduler` prints it), or leave the scheduler out "
+                "(--scheduler on the command line) to start a local cluster",
+                field="scheduler",
+            )
         try:
             client = distributed.Client(scheduler)
         except OSError as exc:  # distributed's "Timed out trying to connect to ... after 30 s"
