@@ -327,7 +327,7 @@ class FileCache(PipelineStage):
         if local is not None and not self.cache_local:  # local files are read in place
             return {
                 "stream": _verifying(self.manifest, url, offset, gopen(url, "rb", offset=offset)),
-                "local_path": local,
+                "local_path": self.local_path(url),
             }
         os.makedirs(self.cache.directory, exist_ok=True)
         stream = self.cache.open(url, functools.partial(self._remote, url))
@@ -342,7 +342,7 @@ class FileCache(PipelineStage):
             except BaseException:
                 stream.close()
                 raise
-        return {"stream": _verifying(self.manifest, url, offset, stream), "local_path": self.cache.path_for(url)}
+        return {"stream": _verifying(self.manifest, url, offset, stream), "local_path": self.local_path(url)}
 
     def open_range(self, url: str, start: int, end: int) -> Any:
         """Bytes ``[start, end)`` of ``url``: from the cached copy when there is one, else a ranged read."""
