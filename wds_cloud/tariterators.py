@@ -215,16 +215,10 @@ def tarfile_to_samples(handler: Callable = reraise_exception, **kw: Any) -> TarS
 trace = False
 
 
-def _too_many(spec: str) -> Callable[[int], Exception]:
-    return lambda n: ConfigError(
-        f"the pattern {spec[:80]!r} expands to {n:,} names, more than {_utils.MAX_BRACE_NAMES:,}: check its brace range"
-    )
-
-
 def shardlist(urls: Union[str, Iterable[str]], *, shuffle: bool = False) -> Iterator[dict]:
     """``{"url": ...}`` items for ``urls`` (a brace pattern or a list), in a random order if ``shuffle``
     (webdataset's helper)."""
-    listed = list(_utils.expand_braces(urls, refuse=_too_many(urls))) if isinstance(urls, str) else list(urls)
+    listed = list(_utils.expand_braces(urls)) if isinstance(urls, str) else list(urls)
     if shuffle:
         random.shuffle(listed)
     for url in listed:

@@ -229,20 +229,12 @@ def repeatedly(
 
 def glob_with_braces(pattern: str) -> list[str]:
     """``glob`` after brace expansion."""
-    return [p for expanded in expand_braces(pattern, refuse=_too_many(pattern)) for p in glob.glob(expanded)]
+    return [p for expanded in expand_braces(pattern) for p in glob.glob(expanded)]
 
 
 def fnmatch_with_braces(filename: str, pattern: str) -> bool:
     """``fnmatch`` against any brace expansion of ``pattern``."""
-    return any(fnmatch.fnmatch(filename, p) for p in expand_braces(pattern, refuse=_too_many(pattern)))
-
-
-def _too_many(pattern: str) -> Callable[[int], Exception]:
-    from .errors import ConfigError
-
-    return lambda n: ConfigError(
-        f"the pattern {pattern[:80]!r} expands to {n:,} names, more than {MAX_BRACE_NAMES:,}: check its brace range"
-    )
+    return any(fnmatch.fnmatch(filename, p) for p in expand_braces(pattern))
 
 
 def guard_no_torch() -> None:
@@ -342,11 +334,16 @@ def count_braces(spec: str) -> int:
 def expand_braces(
     spec: str, limit: int = MAX_BRACE_NAMES, refuse: Callable[[int], Exception] | None = None
 ) -> Iterator[str]:
-    """The names ``spec`` expands to; more than ``limit`` raises ``refuse(n)`` (a ValueError by default)."""
+    """The names ``spec`` expands to; more than ``limit`` raises ``refuse(n)`` (by default a ConfigError naming the
+    pattern: a spec of the user's)."""
     if "{" in spec:
         n = count_braces(spec)
         if n > limit:
             if refuse is not None:
                 raise refuse(n)
-            raise ValueError(f"the brace spec {spec[:80]!r} expands to {n:,} names, more than {limit:,}")
+            from .errors import ConfigError
+
+            raise ConfigError(
+                f"the pattern {spec[:80]!r} expands to {n:,} names, more than {limit:,}: check its brace range"
+            )
     return braceexpand.braceexpand(spec)
