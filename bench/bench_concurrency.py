@@ -179,7 +179,7 @@ def main() -> None:
 
     if args.only == "suffering":
         return report_rows(
-            [("suffering host: 30 ms, 6 MB/s per connection, 1 MB/s past 4", *suffering(1, args.levels))]
+            [("suffering host: 30 ms, 6 MB/s per connection, 1 MB/s past 4", *suffering(args.repeat, args.levels))]
         )
     panels = []
     spec, _ = common.dataset("wan", 8, 64, bench_wan.sample)

@@ -12,7 +12,7 @@ import pytest
 import wds_cloud as wds
 from wds_cloud.io import concurrency
 from wds_cloud.io.concurrency import REPROBE, Controller, worker_share
-from wds_cloud.io.parallel import CHUNK, FIRST_SAMPLE_BYTES, Fetcher, part_step
+from wds_cloud.io.parallel import BIG_CHUNK, CHUNK, FIRST_PIECE, FIRST_SAMPLE_BYTES, Fetcher, part_step
 from wds_cloud.testing.link import EmulatedLink
 from wds_cloud.testing.objects import HTTPObjectHandler, Server, Store, http_server
 
@@ -204,6 +204,7 @@ class SimulatedReader:
                         ahead = -(-(p["pos"] + int(self.per_connection(len(parts), self.now) * self.latency)) // CHUNK)
                         if p["end"] - ahead * CHUNK >= 1 << 20:
                             p["end"], p["streamed"], cursor = ahead * CHUNK, False, ahead * CHUNK
+                            p["ticket"] = Controller.CUT
             while paused and len(parts) < level:
                 self._send(controller, paused.pop(0), parts)
             while len(parts) < level and shard < len(self.sizes):
@@ -231,7 +232,9 @@ class SimulatedReader:
                 p["pos"] += n
                 arrived += n
                 p["held"] += n
-                if not self.piece or p["held"] >= self.piece or p["pos"] >= p["end"]:
+                # the fetcher reads small pieces while a level above a measured one is on trial
+                piece = min(self.piece, FIRST_PIECE) if self.piece and controller.trying_more else self.piece
+                if not piece or p["held"] >= piece or p["pos"] >= p["end"]:
                     controller.received(p["held"], self.now, p["ticket"])
                     p["held"] = 0
             left -= arrived
@@ -351,6 +354,19 @@ def test_in_a_short_pass_the_search_above_a_good_level_costs_little(host, best_l
     assert best == best_level
     assert seconds <= 1.3 * best_seconds, (seconds, best_seconds, controller.report())
     assert abs(controller.level - best_level) <= 1, controller.report()
+
+
+@pytest.mark.parametrize("n", [3, 4, 6])
+def test_a_trial_above_a_good_level_ends_soon_when_pieces_are_large(n):
+    """The fetcher reads 1 MB pieces once it is ahead of its reader; at 1 MB/s per connection (a crowded host)
+    a trial judged on such pieces lasted seconds.  While a level above a measured one is on trial it reads small
+    pieces (``Controller.trying_more``), so the trial ends as soon as it is sure to be slower."""
+    seconds, controller, simulated, best, best_seconds = learned_against_fixed(
+        crowded(n), levels=sorted({1, 2, 4, 8, n}), shards=8, shard_size=22_000_000, piece=BIG_CHUNK
+    )
+    assert best == n
+    assert seconds <= 1.3 * best_seconds, (seconds, best_seconds, controller.report())
+    assert abs(controller.level - n) <= 1, controller.report()
 
 
 def test_a_host_whose_ceiling_changes_mid_read_is_followed():

@@ -42,6 +42,9 @@ each other), counted in it.
 A level is judged on what arrived at it: every part carries the level it was sent at (:meth:`Controller.ticket`),
 and while a part sent at a higher level still brings bytes, no window of a lower level is measured (its
 connection is one more than the level; on a host that suffers from connections it slows the others too).
+The same holds for the request a climb from one connection cut short (:data:`Controller.CUT`), and a
+trial above a measured level is read in small pieces (:attr:`Controller.trying_more`) so that its window can
+end as soon as it is sure to be slower.
 
 Pure logic, with the clock passed in: the fetcher reports bytes, waits, first bytes and parts in flight.
 """
@@ -151,6 +154,18 @@ class Controller:
             self._busy += self._in_flight * max(0.0, now - self._busy_at)
         self._busy_at = now
 
+    @property
+    def trying_more(self) -> bool:
+        """Whether a level above a measured one is on trial now: its window may end early once it is sure to be
+        slower (see :meth:`due`), which takes pieces, so the fetcher reads smaller ones meanwhile."""
+        return self._trial == "up"
+
+    #: the ticket of a request cut short when more connections were chosen (it streamed the rest of a shard on
+    #: one): while a climb from one connection is on trial its last bytes are no level's (its connection is one
+    #: more than the new level's parts), and the window starts a first byte after them; in a climb from several
+    #: they count (the trial is judged with it, as the host carries it)
+    CUT = sys.maxsize
+
     def ticket(self) -> int:
         """What a part sent now carries, to be handed back with its bytes (:meth:`received`): the level it
         was sent at."""
@@ -225,6 +240,8 @@ class Controller:
         """``nbytes`` arrived on one of the host's connections, for a part that carries ``ticket`` (from
         :meth:`ticket` when it was sent; None: a part of the current level)."""
         with self._lock:
+            if ticket == Controller.CUT and not (self._trial == "up" and self._from == 1):
+                ticket = None  # a cut request counts in a level of several (see CUT)
             if ticket is not None and ticket > self.level:
                 # A part sent at a higher level is still arriving: its connection is one more than the level
                 # being judged (on a host that suffers from connections, it slows the others too), so nothing

@@ -677,6 +677,7 @@ class Fetcher:
         if obj.size - at < MIN_PART:
             return  # too little left to be worth new requests
         first.end = at
+        first.ticket = Controller.CUT  # its last bytes come while the new parts start: no level's
         self._reserve(first)
         obj.plan(*obj.steps(at, controller.level))
         log.debug("%s: %d connections chosen; parts from byte %d", redact(obj.url), controller.level, at)
@@ -767,6 +768,10 @@ class Fetcher:
                         break
                     # pieces grow from FIRST_PIECE to CHUNK, and to BIG_CHUNK while the reader has bytes to take
                     want = min(CHUNK if at - part.taken < CHUNK else BIG_CHUNK, max(FIRST_PIECE, at))
+                    if controller.trying_more:
+                        # a trial level is judged on pieces: small ones end it soon when it is slower (on a host
+                        # that suffers from connections, a 1 MB piece at 1 MB/s held a trial for seconds)
+                        want = min(want, FIRST_PIECE)
                     if length is not None:
                         want = min(want, length - at)
                     if part.limit is not None:
