@@ -13,10 +13,20 @@ import os
 import stat
 import sys
 from collections.abc import Iterator
-from typing import Optional
+from typing import Any, Optional
 
 from wds_cloud.errors import ObjectChangedError, ShardNotFoundError
-from wds_cloud.io import AtomicFile, Backend, InStream, ObjectInfo, OutStream, hookimpl, local_path, local_version
+from wds_cloud.io import (
+    AtomicFile,
+    Backend,
+    InStream,
+    ObjectInfo,
+    OutStream,
+    hookimpl,
+    local_path,
+    local_version,
+    map_file,
+)
 
 
 class _Stdio(io.RawIOBase):
@@ -139,6 +149,11 @@ class LocalFile(io.BufferedReader):
         super().__init__(raw, bufsize)
         self.size = st.st_size
         self.version = local_version(st)
+
+    def mapping(self) -> Optional[tuple[Any, int]]:
+        """A read-only mapping of the file as it was when opened and the position this stream is at (the tar
+        reader's buffer, see :mod:`wds_cloud.io.mapped`), or None: read it as a stream."""
+        return map_file(self.fileno(), self.size, self.tell())
 
 
 class FileBackend(Backend):

@@ -508,10 +508,14 @@ class Decoder:
                     if plan is _NOTHING:
                         result[field] = value
                         continue
+                    if type(value) is memoryview:  # a view (zero_copy=True): decoders are given bytes
+                        value = value.tobytes()
                     if plan is not None:
                         decoded = plan("." + field, value)
                         result[field] = value if decoded is None else decoded
                         continue
+                elif type(value) is memoryview:
+                    value = value.tobytes()
                 result[field] = self.decode1("." + field, value)
             except SecurityError as exc:
                 raise _decoding_error(sample, field, exc, str(exc)) from exc

@@ -58,6 +58,7 @@ ENV_VARS = (
     "WDS_PLUGINS",
     "WDS_DISABLE_PLUGINS",
     "WDS_SECURE",
+    "WDS_MMAP",
     "WDS_ALLOW_UNTRUSTED_PIPES",
     "WDS_ALLOW_PICKLE",
     "WDS_ALLOW_UNTRUSTED_LOCAL",
@@ -112,6 +113,13 @@ _ENV_ROWS = (
         "`0`",
         "`1`",
         "forbid `pipe:` URLs, local paths and `file:` URLs (stdin `-` stays allowed), rewrite rules, and unsafe decoders (pickle, `torch_loads`); refusals are `SecurityError`, also a `ValueError`",
+    ),
+    (
+        "`WDS_MMAP`",
+        "boolean",
+        "`1`",
+        "`0`",
+        "read plain tar shards on local disk (and complete in the shard cache) through a read-only memory mapping, members sliced out of the page cache; `0` reads them as streams (a file system where mapping is slow or unsafe). A mapped shard must not be truncated in place while read (the kernel stops the reader with `SIGBUS`)",
     ),
     (
         "`WDS_MAX_MEMBER_SIZE`",
@@ -668,6 +676,8 @@ class Settings:
     secure: bool = False
     allow_untrusted_pipes: bool = False
     allow_pickle: bool = False
+    #: plain local shards are read through a memory mapping (see :mod:`wds_cloud.io.mapped`)
+    mmap: bool = True
     rewrites: tuple[tuple[str, str], ...] = ()
     verbose: bool = False
     bufsize: int = 1 << 20
@@ -738,6 +748,7 @@ class Settings:
             secure=parse_bool("WDS_SECURE", get("WDS_SECURE")),
             allow_untrusted_pipes=parse_bool("WDS_ALLOW_UNTRUSTED_PIPES", get("WDS_ALLOW_UNTRUSTED_PIPES")),
             allow_pickle=parse_bool("WDS_ALLOW_PICKLE", get("WDS_ALLOW_PICKLE")),
+            mmap=parse_bool("WDS_MMAP", get("WDS_MMAP"), True),
             # WDS_REWRITE rules come first, so where both variables match a URL WDS_REWRITE wins.
             rewrites=parse_rewrites("WDS_REWRITE", get("WDS_REWRITE"))
             + parse_rewrites("GOPEN_REWRITE", get("GOPEN_REWRITE")),

@@ -121,6 +121,13 @@ class WebDataset(DataPipeline, FluidInterface):
     (``storage_options``, ``retries``, ``timeout``, ``part_size``, ``concurrency``, ``max_concurrency``,
     ``prefetch``, ``max_member_size``, ``max_sample_size``, ``manifest``); the keywords feed it, and
     ``dataset.options`` is what the dataset uses.
+
+    Plain tar shards on local disk (and complete in the shard cache) are read through a memory mapping:
+    each member is sliced out of the page cache as ``bytes`` (one copy).  ``zero_copy=True`` hands out
+    read-only ``memoryview`` objects instead (into the mapping, or into the bytes a streamed shard brought): no
+    copy at all, and the mapping lives as long as any view of it.  A view is not ``bytes``: call
+    ``bytes(view)`` before ``.decode()``, ``json.loads`` or pickling; through ``WebLoader`` workers, batches
+    of views travel in shared memory (one copy, from the page cache) and single samples as ``bytes``.
     """
 
     def __new__(cls, urls: Any = None, *args: Any, **kwargs: Any) -> WebDataset:
@@ -169,6 +176,7 @@ class WebDataset(DataPipeline, FluidInterface):
         max_sample_size: Union[int, str, None] = None,
         streams: Optional[int] = None,
         options: Optional[ReadOptions] = None,
+        zero_copy: bool = False,
     ) -> None:
         super().__init__()
         settings = config.current()
@@ -279,6 +287,7 @@ class WebDataset(DataPipeline, FluidInterface):
             # what webdataset 1.0.2's WebDataset would call of what user code replaced (tar_file_iterator,
             # valid_sample; compat.group_by_keys, compat.tar_file_expander), looked up when each pass begins
             replaced=tariterators.replaced_for_webdataset,
+            zero_copy=_flag("zero_copy", zero_copy),
         )
         self._streams: Optional[Streams] = None
         if streams is not None:
@@ -566,3 +575,10 @@ def from_spec(spec: Any, **kwargs: Any) -> MixedDataset:
     ``kwargs`` are WebDataset's (``handler``, ``seed``, ``cache_dir``, ``storage_options``, ...).
     """
     return MixedDataset(spec, **kwargs)
+
+
+def _flag(name: str, value: Any) -> bool:
+    """A switch given as True or False (numpy's booleans too), or our error naming it."""
+    if is_flag(value):
+        return bool(value)
+    raise ConfigError(f"{name}={value!r:.80}: give True or False")

@@ -17,6 +17,7 @@ from .backend import Backend, InStream, ObjectInfo, OutStream, ReadStream, missi
 from .fsbackend import FsspecBackend
 from .hookspecs import hookimpl, hookspec
 from .httpstream import HTTPReadStream, connection_error, exchange, raise_for_status, request
+from .mapped import map_file
 from .open import gopen, open_backend, rewrite_url
 from .pipes import Pipe
 from .publishing import Publishing
@@ -65,4 +66,5 @@ __all__ = [
     "is_local",
     "local_path",
     "local_version",
+    "map_file",
 ]

@@ -30,6 +30,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import io
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ from typing import Any, Optional
 
 from ..errors import ConfigError, ObjectChangedError, TransferError, redact
 from .backend import read_to_end
+from .mapped import map_file
 from .resilient import StatsSink, TransferStats
 from .urls import url_to_cache_name
 
@@ -315,7 +317,7 @@ class ShardCache:
                 raise
             self._discard(path, "it is a symbolic link, not a file this cache made")
             return None
-        f = os.fdopen(fd, "rb")
+        f = _Entry(fd)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             f.close()
             self._discard(path, "it is not a regular file")
@@ -345,6 +347,7 @@ class ShardCache:
                 _write_meta(path, meta)
             os.utime(f.fileno(), ns=(time.time_ns(), st.st_mtime_ns))  # last access, for LRU
             f.seek(0)
+            f.size = st.st_size
             return f
         except BaseException:
             f.close()
@@ -687,3 +690,18 @@ class CachedShard:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class _Entry(io.BufferedReader):
+    """A complete cache entry open for reading (held against eviction by its shared lock): once checked, its
+    ``size`` is known and the tar reader may map it (see :mod:`wds_cloud.io.mapped`)."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(io.FileIO(fd, "rb", closefd=True))
+        self.size: Optional[int] = None  # set once the entry was found complete
+
+    def mapping(self) -> Optional[tuple[Any, int]]:
+        """A read-only mapping of the entry and this stream's position in it, or None (read it as a stream)."""
+        if self.size is None:
+            return None
+        return map_file(self.fileno(), self.size, self.tell())

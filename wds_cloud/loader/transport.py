@@ -279,7 +279,7 @@ def _pack_into_one(columns: list, shared: bool) -> list:
     for items in columns:
         offsets = [end]
         for item in items:
-            end += len(item)
+            end += _nbytes(item)
             offsets.append(end)
         spans.append(offsets)
     global _MEMFD
@@ -298,18 +298,45 @@ def _pack_into_one(columns: list, shared: bool) -> list:
     if end:
         for items, offsets in zip(columns, spans):
             for item, start, stop in zip(items, offsets, offsets[1:]):
+                # a view of a mapped shard goes straight from the page cache into the shared buffer
                 array[start:stop] = item if type(item) is bytes else memoryview(item).cast("B")
     return [(data, offsets) for offsets in spans]
 
 
-_BYTE_TYPES = frozenset((bytes, bytearray))
+_BYTE_TYPES = frozenset((bytes, bytearray, memoryview))
 
 
 def _byte_size(value: Any) -> int:
-    """How many bytes the list of byte strings ``value`` holds; -1 where it is not one (or too short)."""
-    if type(value) is not list or len(value) < MIN_ITEMS or not _BYTE_TYPES.issuperset(map(type, value)):
+    """How many bytes the list of byte strings ``value`` holds; -1 where it is not one (or too short).  A list of
+    views (``WebDataset(zero_copy=True)``) is one however short: a view cannot be pickled."""
+    if type(value) is not list or not value or not _BYTE_TYPES.issuperset(map(type, value)):
         return -1
-    return sum(map(len, value))
+    if len(value) < MIN_ITEMS and type(value[0]) is not memoryview:
+        return -1
+    return sum(map(_nbytes, value))
+
+
+def _nbytes(item: Any) -> int:
+    return item.nbytes if type(item) is memoryview else len(item)
+
+
+def _holds_views(columns: list) -> bool:
+    return any(type(item) is memoryview for column in columns for item in column)
+
+
+def _unviewed(value: Any) -> Any:
+    """``value`` with a view that is not in a packed column made ``bytes`` (a view cannot be pickled): a
+    single sample's fields, or a field of a batch that is not a list of byte strings."""
+    if type(value) is memoryview:
+        return value.tobytes()
+    if type(value) is dict:
+        return (
+            {k: _unviewed(v) for k, v in value.items()} if any(type(v) is memoryview for v in value.values()) else value
+        )
+    if type(value) in (tuple, list) and any(type(v) is memoryview for v in value):
+        out = [_unviewed(v) for v in value]
+        return tuple(out) if type(value) is tuple else out
+    return value
 
 
 def pack_batch(batch: Any, min_bytes: int = 0) -> Any:
@@ -317,6 +344,7 @@ def pack_batch(batch: Any, min_bytes: int = 0) -> Any:
     batch itself) packed into a :class:`PackedBytes`, all in one shared-memory buffer; anything else as it
     is.  Nothing is packed when the byte strings add up to fewer than ``min_bytes``."""
     keys: list
+    batch = _unviewed(batch) if type(batch) is not list else batch
     whole = _byte_size(batch)
     if whole >= 0:
         keys, total = [None], whole
@@ -333,7 +361,7 @@ def pack_batch(batch: Any, min_bytes: int = 0) -> Any:
         columns = [batch[i] for i in keys]
     else:
         return batch
-    if not columns or total < min_bytes:
+    if not columns or (total < min_bytes and not _holds_views(columns)):
         return batch
     packed = [PackedBytes(data, offsets) for data, offsets in _pack_into_one(columns, shared=True)]
     if keys == [None]:

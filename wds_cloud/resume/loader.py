@@ -229,10 +229,44 @@ def default_collate(per_item: bool) -> Callable[[Any], Any]:
         except ImportError:
             _torch_collate = ()
         else:
-            _torch_collate = (default_convert, collate)
+            _torch_collate = (keeping_views(default_convert, True), keeping_views(collate, False))
     if not _torch_collate:
         return _unchanged
     return _torch_collate[0] if per_item else _torch_collate[1]
+
+
+def _views(value: Any) -> bool:
+    """Whether ``value`` is a view, or a list of them (what ``WebDataset(zero_copy=True)`` batches hold)."""
+    return type(value) is memoryview or (type(value) is list and bool(value) and type(value[0]) is memoryview)
+
+
+def keeping_views(collate: Callable[[Any], Any], per_item: bool) -> Callable[[Any], Any]:
+    """``collate`` (torch's ``default_convert`` or ``default_collate``) that leaves views as they are, to be packed:
+    torch reads a ``memoryview`` as a sequence of ints.  A field of views becomes a list of them, as one of
+    ``bytes`` does; everything else is ``collate``'s."""
+
+    def convert(data: Any) -> Any:
+        if per_item:
+            if _views(data):
+                return data
+            if type(data) is dict and any(_views(v) for v in data.values()):
+                return {k: v if _views(v) else collate(v) for k, v in data.items()}
+            if type(data) in (tuple, list) and any(_views(v) for v in data):
+                out = [v if _views(v) else collate(v) for v in data]
+                return tuple(out) if type(data) is tuple else out
+            return collate(data)
+        first = data[0] if type(data) is list and data else None
+        if type(first) is dict and any(type(v) is memoryview for v in first.values()):
+            return {
+                k: [s[k] for s in data] if type(v) is memoryview else collate([s[k] for s in data])
+                for k, v in first.items()
+            }
+        if type(first) in (tuple, list) and any(type(v) is memoryview for v in first):
+            columns = [list(c) for c in zip(*data)]
+            return [c if type(c[0]) is memoryview else collate(c) for c in columns]
+        return collate(data)
+
+    return convert
 
 
 def _unchanged(data: Any) -> Any:

@@ -24,6 +24,7 @@ from typing import IO, Any, Optional, Protocol, cast
 
 from ..errors import CorruptShardError, MissingExtraError, redact
 from ..io.backend import WrappedStream
+from ..io.mapped import drop
 
 __all__ = ["TarMembers", "open_decompressed", "detect_compression", "sample_too_large", "CHUNK", "MAX_META_SIZE"]
 
@@ -44,6 +45,19 @@ _PIPE_TRAILER_SIZE = 16 << 20
 _REGULAR = (48, 0, 55)  # b"0", b"\0", b"7" (contiguous file)
 _GNU_LONGNAME, _GNU_LONGLINK, _PAX, _PAX_GLOBAL = 76, 75, 120, 103  # L K x g
 _END = object()
+
+
+class _Drained:
+    """The stream of a mapped shard: every byte is in the buffer already."""
+
+    def read(self, size: int = -1) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        pass
+
+
+_DRAINED = _Drained()
 
 _MAGICS = (
     (b"\x1f\x8b", "gzip"),
@@ -301,8 +315,16 @@ class TarMembers:
         pax_global: Optional[dict] = None,
         ranged: bool = False,
         max_member: Optional[int] = None,
+        views: bool = False,
     ) -> None:
         self.url = url
+        #: members come out as read-only memoryviews (of the mapping, or of the bytes read), not bytes
+        self.views = views
+        #: the shard is read through a mapping of the file (see :mod:`wds_cloud.io.mapped`), not streamed
+        self.mapped = False
+        self._mapping: Any = None
+        self._dropped = 0  # the mapping's pages before this offset were given back
+        self._begun = False
         self.max_member = max_member
         self.chunk = chunk
         #: small members are read ``FIRST_READ`` bytes at a time (or what the member needs) over the first
@@ -362,16 +384,21 @@ class TarMembers:
                 raise self._fail(f"the {self.compression} stream is damaged ({exc})") from exc
             raise
 
+    def _check_sample(self) -> None:
+        """The sample limit, checked as the stream is read on (every MiB or large member), not per member."""
+        if self.max_sample is not None and self.member_offset - self.sample_start > self.max_sample:
+            raise sample_too_large(self.url, self.sample_start, self.member_offset, self.max_sample)
+
     def _fill(self, need: int) -> bool:
         """Make ``need`` bytes available at ``_pos``; False if the stream ends first.
 
         A damaged or cut compressed stream raises only once the bytes decompressed before
         the damage are used up, so the complete samples before it are still delivered.
         """
-        if self.max_sample is not None and self.member_offset - self.sample_start > self.max_sample:
-            # checked as the stream is read on (every MiB or large member), not per member
-            raise sample_too_large(self.url, self.sample_start, self.member_offset, self.max_sample)
+        self._check_sample()
         have = len(self._buf) - self._pos
+        if have >= need:
+            return True  # already there (a mapped shard, or what the last read brought)
         parts = [self._buf[self._pos :]] if have else []
         failure = None
         while have < need:
@@ -509,9 +536,17 @@ class TarMembers:
         return dict(self._pax_global)
 
     def begin(self) -> None:
-        """Detect the compression and read the first block (done by iteration when not called)."""
-        if self._stream is None:
+        """Map the shard where its stream offers it (a plain tar on local disk), else detect the compression;
+        read the first block (done by iteration when not called)."""
+        if self._begun:
+            return
+        self._begun = True
+        fresh = self._stream is None
+        if not self._ranged and self._map(fresh):
+            pass
+        elif fresh:
             self._stream, self.compression = open_decompressed(self._source)
+        if fresh:
             if not self._fill(512):
                 got = len(self._buf)
                 raise self._fail(
@@ -520,18 +555,50 @@ class TarMembers:
                     else f"the stream has only {got} bytes (not a tar archive)"
                 )
 
-    def __iter__(self) -> Iterator[tuple[str, bytes]]:
-        if self._stream is None:
+    def _map(self, fresh: bool) -> bool:
+        """Take the mapping the source stream offers as the buffer (True), unless it holds a compressed
+        stream (then it is read as one); a resumed read (not ``fresh``) is of a plain tar."""
+        mapping = getattr(self._source, "mapping", None)
+        found = mapping() if mapping is not None else None
+        if found is None:
+            return False
+        buf, at = found
+        if fresh and detect_compression(buf[at : at + 6]) is not None:
+            buf.close()
+            return False
+        self._mapping = buf
+        self._buf, self._base, self._pos = buf, self._base - at, at
+        self._dropped = at
+        self._stream = _DRAINED  # every byte is in the buffer: a read past it finds the end
+        self.mapped = True
+        return True
+
+    def _window(self, pos: int) -> int:
+        """Where the fast path stops in a mapped shard (a window of ``chunk`` bytes past ``pos``): the sample
+        limit is checked once per window, and the pages read before the last window are given back."""
+        self._check_sample()
+        if pos - self._dropped >= 8 * self.chunk and self._buf is self._mapping:
+            drop(self._mapping, self._dropped, pos - self.chunk)
+            self._dropped = pos - self.chunk
+        return min(len(self._buf), pos + self.chunk)
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        if not self._begun:
             self.begin()
         select = self.select
         adler32 = zlib.adler32
         max_member = self.max_member if self.max_member is not None else 1 << 62
+        views = self.views
+        # a filter that only drops __meta__ members is asked only about names that begin as they do
+        meta_only = getattr(select, "meta_only", False)
         while True:
             # Fast path: plain ustar/GNU headers of regular members lying wholly in the buffer.
-            buf, pos = self._buf, self._pos
+            buf, pos, base = self._buf, self._pos, self._base
             mv = memoryview(buf)
-            end = len(buf)
-            while pos + 512 <= end and not self._special:
+            end = self._window(pos) if self.mapped else len(buf)
+            if self._special:
+                end = 0  # a long name or PAX records apply to the next header: the slow path reads it
+            while pos + 512 <= end:
                 try:
                     # all twelve digits when the field has no terminator, as tarfile reads it
                     size = int(buf[pos + 124 : pos + 136] if buf[pos + 135] > 32 else buf[pos + 124 : pos + 135], 8)
@@ -551,14 +618,14 @@ class TarMembers:
                 nxt = start + ((size + 511) & ~511)
                 if nxt > end:
                     break
-                name_end = buf.find(0, pos, pos + 100)
+                name_end = buf.find(b"\0", pos, pos + 100)
                 name = buf[pos : name_end if name_end >= 0 else pos + 100].decode("utf-8", "surrogateescape")
                 header_pos = pos
                 pos = self._pos = nxt
-                if select is not None and not select(name):
+                if select is not None and (not meta_only or name[:2] == "__") and not select(name):
                     continue
-                self.member_offset = self.record_start = self._base + header_pos
-                yield name, buf[start : start + size]
+                self.member_offset = self.record_start = base + header_pos
+                yield name, mv[start : start + size] if views else buf[start : start + size]
             mv.release()
             self._pos = pos
             item = self._next_slow()
@@ -627,10 +694,18 @@ class TarMembers:
             data = self._take(size, name, header_offset)
             self.member_offset = header_offset
             self.record_start = self._record_begin
-            return name, data
+            return name, self._view(data, size) if self.views else data
         if typeflag not in (49, 50, 51, 52, 53, 54):  # links, devices, dirs, fifos carry no data
             self._skip(size, name, header_offset)
         return None
+
+    def _view(self, data: bytes, size: int) -> memoryview:
+        """A member just taken (``size`` bytes ending where its padding begins), as a read-only view: of the
+        mapping itself when it came from there (no copy), else of ``data``."""
+        if self._buf is self._mapping and self._mapping is not None:
+            begin = self._pos - (size + (-size) % 512)
+            return memoryview(self._mapping)[begin : begin + size]
+        return memoryview(data).toreadonly()
 
     def _header_size(self, header: bytes, header_offset: int) -> int:
         """The member size a header gives (a pending PAX ``size`` record overrides it), checked."""
@@ -740,6 +815,12 @@ class TarMembers:
             left -= len(data)
 
     def close(self) -> None:
+        if self._mapping is not None:
+            mapping, self._mapping, self._buf = self._mapping, None, b""
+            try:
+                mapping.close()
+            except BufferError:
+                pass  # views of it live on (zero_copy): it is unmapped when the last of them is gone
         for stream in (self._stream, self._source):
             if stream is not None:
                 try:

@@ -104,15 +104,22 @@ def _is_meta(name: str, skip_meta: Optional[str]) -> bool:
 
 def member_filter(skip_meta, select_files, rename_files) -> Optional[Callable[[str], bool]]:
     if skip_meta is None and select_files is None:
-        return lambda name: not (name.startswith(meta_prefix) and "/" not in name and name.endswith(meta_suffix))
 
-    def select(name: str) -> bool:
-        if _is_meta(name, skip_meta):
-            return False
-        if select_files is not None:
-            return bool(select_files(rename_files(name) if rename_files else name))
-        return True
+        def select(name: str) -> bool:
+            return not (name.startswith(meta_prefix) and "/" not in name and name.endswith(meta_suffix))
 
+    else:
+
+        def select(name: str) -> bool:
+            if _is_meta(name, skip_meta):
+                return False
+            if select_files is not None:
+                return bool(select_files(rename_files(name) if rename_files else name))
+            return True
+
+    # without select_files, only names that begin with meta_prefix can be dropped: the tar reader asks about
+    # those alone (a call per member saved)
+    select.meta_only = select_files is None and meta_prefix == "__" and skip_meta in (None, SKIP_META)  # type: ignore[attr-defined]
     return select
 
 

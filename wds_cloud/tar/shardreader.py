@@ -95,9 +95,12 @@ class TarSamples:
         index_sink: Optional[Callable[[Any], None]] = None,
         max_sample_size: Optional[int] = None,
         replaced: Optional[Callable[[], Any]] = None,
+        zero_copy: bool = False,
         **open_kw: Any,
     ) -> None:
         self.handler = handler
+        #: members come out as read-only memoryviews (into the mapping of a local shard), not bytes
+        self.zero_copy = bool(zero_copy)
         self.replaced = replaced
         #: the replaced functions the current pass reads through (see ``replaced``), or None
         self.replaced_now: Any = None
@@ -395,6 +398,7 @@ class TarSamples:
                 start=offset if seekable else 0,
                 pax_global=pax if seekable else None,
                 max_member=self._max_member(),
+                views=self.zero_copy,
             )
             members.begin()
         except BaseException:
@@ -555,7 +559,13 @@ def _parse_range(reader: TarSamples, stream: Any, url: str, start: int, ranged: 
     (``__local_path__`` as the opener names the shard)."""
     where: list[Any] = [0, 0, 0, None]
     members = TarMembers(
-        stream, url, select=reader._member_filter(), start=start, ranged=ranged, max_member=reader._max_member()
+        stream,
+        url,
+        select=reader._member_filter(),
+        start=start,
+        ranged=ranged,
+        max_member=reader._max_member(),
+        views=reader.zero_copy,
     )
     for sample in shard_samples(
         url,

@@ -1,0 +1,229 @@
+"""Issue 44: plain local shards read through a memory mapping, and ``zero_copy=True`` views.
+
+The mapped reader must behave exactly as the streamed one (the same samples, the same errors naming the same
+offsets), so most tests here are differential: one shard, read both ways."""
+
+from __future__ import annotations
+
+import gc
+import io
+import json
+import pickle
+import re
+import tarfile
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import wds_cloud as wds
+from wds_cloud.errors import CorruptShardError
+from wds_cloud.io.open import gopen
+from wds_cloud.tar.reader import TarMembers
+from wds_cloud.tariterators import shard_samples
+
+from .strategies import FORMATS, sample_lists, write_tar
+
+
+def _read(stream, url, chunk, views=False, max_sample=None):
+    """(samples as plain dicts of bytes, the error's text and offset or None, whether it was mapped)."""
+    members = TarMembers(stream, url, chunk=chunk, views=views)
+    out, error = [], None
+    try:
+        members.begin()
+        for sample in shard_samples(url, stream, members=members, max_sample=max_sample):
+            out.append({k: bytes(v) if isinstance(v, memoryview) else v for k, v in sample.items()})
+    except CorruptShardError as exc:
+        error = (str(exc), exc.offset)
+    finally:
+        mapped = members.mapped
+        members.close()
+    return out, error, mapped
+
+
+def _both(tmp_path, data, chunk=4096, **kw):
+    path = tmp_path / "s.tar"
+    path.write_bytes(data)
+    url = str(path)
+    streamed = _read(io.BytesIO(data), url, chunk, **kw)
+    mapped = _read(gopen(url), url, chunk, **kw)
+    return streamed, mapped
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    items=sample_lists(max_size=12),
+    fmt=st.sampled_from(sorted(FORMATS)),
+    cut=st.one_of(st.none(), st.floats(0, 1)),
+    flip=st.one_of(st.none(), st.tuples(st.floats(0, 1), st.integers(1, 255))),
+    views=st.booleans(),
+)
+def test_a_mapped_shard_reads_exactly_as_a_streamed_one(tmp_path_factory, items, fmt, cut, flip, views):
+    """Any shard (every tar format, long names, PAX records, links and directories mixed in), cut anywhere or
+    with a byte changed anywhere: the same samples and the same error, at the same offset, mapped or streamed;
+    windows of 4 KiB make members cross them."""
+    data = bytearray(write_tar(items, fmt))
+    if flip is not None:
+        at = int(flip[0] * (len(data) - 1))
+        data[at] ^= flip[1]
+    if cut is not None:
+        data = data[: int(len(data) * cut)]
+    tmp_path = tmp_path_factory.mktemp("m")
+    (samples, error, was_mapped), (samples2, error2, mapped) = _both(tmp_path, bytes(data), views=views)
+    assert not was_mapped
+    assert mapped == bool(data)  # an empty file is read as a stream (nothing to map)
+    assert samples2 == samples
+    assert error2 == error
+
+
+@pytest.mark.parametrize("size", [0, 1, 511, 512, 4095, 4096, 4097, 3 << 20])
+def test_members_of_every_size_and_a_sample_limit(tmp_path, size):
+    """Members smaller and larger than a window (and than the reader's chunk); the sample limit is enforced on
+    a mapped shard as on a streamed one (members sharing one key)."""
+    items = [("a", {"bin": b"x" * size, "txt": b"t"}), ("b", {"bin": bytes(range(256)) * 3})]
+    (samples, error, _), (samples2, error2, mapped) = _both(tmp_path, write_tar(items, extras=False))
+    assert mapped and error is None and samples2 == samples and len(samples) == 2
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(200):
+            info = tarfile.TarInfo(f"k.f{i}")
+            info.size = 1000
+            tar.addfile(info, io.BytesIO(b"y" * 1000))
+    (s1, e1, _), (s2, e2, mapped) = _both(tmp_path, raw.getvalue(), max_sample=50_000)
+    assert mapped and e1 is not None and e2 is not None and "grows past the limit" in e1[0]
+    # where the limit is noticed (checked once per window or chunk read, not per member) may differ
+    assert re.sub(r"runs on to byte \d+", "", e2[0]) == re.sub(r"runs on to byte \d+", "", e1[0]) and e2[1] == e1[1]
+    assert int(re.search(r"runs on to byte (\d+)", e2[0]).group(1)) <= 50_000 + 2 * 4096 + 1536
+
+
+def _shards(tmp_path, n=3, per=40, size=3000):
+    urls = []
+    for s in range(n):
+        path = tmp_path / f"d-{s}.tar"
+        with wds.TarWriter(str(path)) as sink:
+            for i in range(per):
+                sink.write({"__key__": f"{s}-{i:04d}", "bin": bytes([i % 251]) * size, "json": {"i": i}})
+        urls.append(str(path))
+    return urls
+
+
+def test_dataset_reads_local_shards_mapped_and_the_same_as_streamed(tmp_path, monkeypatch):
+    urls = _shards(tmp_path)
+    mapped = list(wds.WebDataset(urls, shardshuffle=False))
+    monkeypatch.setenv("WDS_MMAP", "0")
+    streamed = list(wds.WebDataset(urls, shardshuffle=False))
+    assert mapped == streamed and len(mapped) == 120
+    assert all(type(s["bin"]) is bytes for s in mapped)
+
+
+def test_a_manifest_checked_compressed_or_ranged_read_is_streamed(tmp_path):
+    """Only a whole local plain tar is mapped: a stream wrapped to be checked while read, a compressed shard,
+    and a byte range keep the streaming path."""
+    import gzip
+
+    from wds_cloud.io.integrity import Hashing
+
+    (url,) = _shards(tmp_path, n=1)
+    members = TarMembers(Hashing(gopen(url)), url)
+    members.begin()
+    assert not members.mapped
+    members.close()
+    gz = tmp_path / "c.tar.gz"
+    with open(url, "rb") as f:
+        gz.write_bytes(gzip.compress(f.read()))
+    members = TarMembers(gopen(str(gz)), str(gz))
+    members.begin()
+    assert not members.mapped and members.compression == "gzip"
+    assert sum(1 for _ in members) == 80
+    members.close()
+    members = TarMembers(gopen(url), url, ranged=True)
+    members.begin()
+    assert not members.mapped
+    members.close()
+
+
+def test_zero_copy_views_outlive_their_shard(tmp_path):
+    """zero_copy=True: read-only memoryviews, valid after their shard (and the dataset) is finished, with no
+    BufferError; bytes(view) is the member."""
+    urls = _shards(tmp_path)
+    views = list(wds.WebDataset(urls, shardshuffle=False, zero_copy=True))
+    plain = list(wds.WebDataset(urls, shardshuffle=False))
+    gc.collect()
+    assert len(views) == len(plain) == 120
+    for v, p in zip(views, plain):
+        assert type(v["bin"]) is memoryview and v["bin"].readonly
+        assert bytes(v["bin"]) == p["bin"] and json.loads(bytes(v["json"])) == json.loads(p["json"])
+    with pytest.raises(TypeError):
+        v["bin"][0] = 1  # read-only
+    with pytest.raises(TypeError):
+        pickle.dumps(v["bin"])  # what the docs say: bytes(view) before pickling
+
+
+def test_zero_copy_streamed_shards_give_views_too(tmp_path, monkeypatch):
+    """The type does not depend on where a shard is: a streamed (or compressed) shard gives views as well."""
+    monkeypatch.setenv("WDS_MMAP", "0")
+    urls = _shards(tmp_path, n=1)
+    (first,) = list(wds.WebDataset(urls, shardshuffle=False, zero_copy=True))[:1]
+    assert type(first["bin"]) is memoryview and first["bin"].readonly
+
+
+def test_zero_copy_decodes_as_bytes(tmp_path):
+    urls = _shards(tmp_path, n=1)
+    sample = next(iter(wds.WebDataset(urls, shardshuffle=False, zero_copy=True).decode()))
+    assert sample["json"] == {"i": 0}
+
+
+def test_zero_copy_refused_unless_a_flag(tmp_path):
+    urls = _shards(tmp_path, n=1)
+    with pytest.raises(wds.ConfigError, match="zero_copy"):
+        wds.WebDataset(urls, zero_copy="yes")
+
+
+def test_zero_copy_resume_is_exact(tmp_path):
+    """A state taken mid-shard with zero_copy=True (buffered samples in a shuffle) resumes to the same samples."""
+    urls = _shards(tmp_path)
+
+    def make():
+        return wds.WebDataset(urls, shardshuffle=False, zero_copy=True, seed=3).shuffle(20, seed=5)
+
+    full = [s["__key__"] for s in make()]
+    ds = make()
+    it = iter(ds)
+    head = [next(it)["__key__"] for _ in range(50)]
+    state = ds.state_dict()
+    again = make()
+    again.load_state_dict(state)
+    rest = [s for s in again]
+    assert head + [s["__key__"] for s in rest] == full
+    assert all(type(s["bin"]) is memoryview for s in rest)
+
+
+def test_zero_copy_batches_cross_webloader_workers_in_shared_memory(tmp_path):
+    """Through WebLoader workers a batch of views travels packed in shared memory (views cannot be pickled), and
+    single samples as bytes; what arrives is the members' bytes."""
+    pytest.importorskip("torch")
+    from wds_cloud.transport import PackedBytes
+
+    urls = _shards(tmp_path, n=2, per=30, size=100)  # small: packed even below the automatic threshold
+    expected = {s["__key__"]: s["bin"] for s in wds.WebDataset(urls, shardshuffle=False)}
+    ds = wds.WebDataset(urls, shardshuffle=False, zero_copy=True).to_tuple("__key__", "bin").batched(8)
+    got = {}
+    for keys, column in wds.WebLoader(ds, batch_size=None, num_workers=2):
+        assert isinstance(column, PackedBytes)
+        got.update(zip(keys, column))
+    assert got == expected
+    single = wds.WebDataset(urls, shardshuffle=False, zero_copy=True)
+    samples = list(wds.WebLoader(single, batch_size=None, num_workers=2))
+    assert {s["__key__"]: s["bin"] for s in samples} == expected
+    assert all(type(s["bin"]) is bytes for s in samples)
+
+
+def test_pack_batch_takes_views_and_single_views():
+    pytest.importorskip("torch")
+    from wds_cloud.transport import PackedBytes, pack_batch
+
+    data = memoryview(b"abcdefgh").toreadonly()
+    packed = pack_batch(([data[:3]], [b"x", b"y"]), min_bytes=1 << 20)
+    assert isinstance(packed[0], PackedBytes) and list(packed[0]) == [b"abc"]
+    assert packed[1] == [b"x", b"y"]  # bytes below the threshold stay a list
+    assert pack_batch({"a": data[2:4], "n": 1}) == {"a": b"cd", "n": 1}

@@ -1,0 +1,66 @@
+"""Local shard files mapped into memory, for the tar reader to take as its buffer.
+
+A plain tar on local disk (or complete in the shard cache) is read through a read-only mapping of the bytes
+it had when it was opened: the reader slices members out of the page cache (one copy, into the ``bytes``
+handed to the user; none with ``zero_copy=True``), with no reads into chunks and no joins.  The kernel is
+told the mapping is read in order (``MADV_SEQUENTIAL``: read ahead, pages dropped behind), and the reader
+gives back what it passed (:func:`drop`), so a mapped epoch holds no more memory than a streamed one.
+
+Only streams that say they are a whole local file offer a mapping (:meth:`LocalFile.mapping` of the file
+plugin, the cache's entries): a stream wrapped to be checked while read (a manifest) or cut to a byte
+range never is, and reads as it did.  ``WDS_MMAP=0`` turns mapping off (a file system where mapping is
+slow or unsafe).
+
+A mapped file that is cut short *in place* while it is read (truncated by another process) makes the
+kernel stop the reader with ``SIGBUS`` on the first page past the new end: shards must not be rewritten in
+place while read (write a new file and rename it over the old, as every writer of this library does).  The
+size is checked when the mapping is made: a file already shorter than when it was opened is read as a
+stream (and its truncation reported as usual).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Optional
+
+from .. import config
+
+__all__ = ["map_file", "drop", "PAGE"]
+
+#: the unit the kernel maps and drops in
+PAGE = mmap.PAGESIZE
+
+
+def map_file(fd: int, size: int, position: int) -> Optional[tuple[mmap.mmap, int]]:
+    """``(mapping, position)``: a read-only mapping of the first ``size`` bytes of the file open as ``fd`` (the
+    size it had when opened) and where in it the stream stands; None where the file is better read as a
+    stream (empty, shorter than ``size`` now, mapping turned off or refused by the system)."""
+    if size <= 0 or not 0 <= position <= size or not config.current().mmap:
+        return None
+    try:
+        if os.fstat(fd).st_size < size:
+            return None
+        mapping = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+    except (OSError, ValueError, OverflowError):
+        return None
+    advise = getattr(mapping, "madvise", None)
+    if advise is not None and hasattr(mmap, "MADV_SEQUENTIAL"):
+        try:
+            advise(mmap.MADV_SEQUENTIAL)
+        except OSError:
+            pass
+    return mapping, position
+
+
+def drop(mapping: mmap.mmap, start: int, end: int) -> None:
+    """Give back the pages of ``mapping`` wholly within ``[start, end)`` (read already): they stay in the page
+    cache, and a view still pointing into them reads them again from there."""
+    first = -(-start // PAGE) * PAGE
+    last = end // PAGE * PAGE
+    if last <= first or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    try:
+        mapping.madvise(mmap.MADV_DONTNEED, first, last - first)
+    except (OSError, ValueError):
+        pass
