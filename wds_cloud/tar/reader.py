@@ -26,7 +26,7 @@ from ..errors import CorruptShardError, MissingExtraError, redact
 from ..io.backend import WrappedStream
 from ..io.mapped import drop
 
-__all__ = ["TarMembers", "open_decompressed", "detect_compression", "sample_too_large", "CHUNK", "MAX_META_SIZE"]
+__all__ = ["TarMembers", "END", "open_decompressed", "detect_compression", "sample_too_large", "CHUNK", "MAX_META_SIZE"]
 
 CHUNK = 1 << 20
 FIRST_READ = 64 << 10
@@ -58,6 +58,9 @@ class _Drained:
 
 
 _DRAINED = _Drained()
+
+#: what :meth:`TarMembers.next_member` returns at the end of the archive
+END = _END
 
 _MAGICS = (
     (b"\x1f\x8b", "gzip"),
@@ -577,10 +580,11 @@ class TarMembers:
         """Where the fast path stops in a mapped shard (a window of ``chunk`` bytes past ``pos``): the sample
         limit is checked once per window, and the pages read before the last window are given back."""
         self._check_sample()
-        if pos - self._dropped >= 8 * self.chunk and self._buf is self._mapping:
-            drop(self._mapping, self._dropped, pos - self.chunk)
-            self._dropped = pos - self.chunk
-        return min(len(self._buf), pos + self.chunk)
+        window = self.chunk
+        if pos - self._dropped >= 8 * window and self._buf is self._mapping:
+            drop(self._mapping, self._dropped, pos - window)
+            self._dropped = pos - window
+        return min(len(self._buf), pos + window)
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
         if not self._begun:
@@ -633,6 +637,83 @@ class TarMembers:
                 return
             if item is not None:
                 yield item
+
+    def plain_run(self) -> Optional[tuple[list, list, list]]:
+        """The next run of plain members of a mapped shard, read in one tight pass over their headers: ``(names,
+        header positions in the buffer, sizes)``, each header checked as the fast path checks it, the members the
+        filter drops left out; the read position moves past them.  None where the next header needs the general
+        reader (:meth:`next_member`): not mapped, a long name or PAX record pending, another type of member, a
+        ustar prefix, an unusual size or checksum field, a member past the window, the end blocks, damage.
+
+        A run spans at most one window (``chunk`` bytes, or one member): the sample limit is checked and the
+        pages behind are given back between runs, as the fast path does."""
+        if not self.mapped or self._special or self._buf is not self._mapping:
+            return None
+        buf, pos = self._buf, self._pos
+        end = self._window(pos)
+        max_member = self.max_member if self.max_member is not None else 1 << 62
+        find = buf.find
+        view = memoryview(buf)
+        adler32 = zlib.adler32
+        names: list = []
+        heads: list = []
+        sizes: list = []
+        try:
+            while pos + 512 <= end:
+                try:
+                    # all twelve digits when the field has no terminator, as tarfile reads it
+                    size = int(buf[pos + 124 : pos + 136] if buf[pos + 135] > 32 else buf[pos + 124 : pos + 135], 8)
+                    stored = int(buf[pos + 148 : pos + 154], 8)
+                except ValueError:
+                    break
+                if not 0 <= size <= max_member:
+                    break
+                total = ((adler32(view[pos + 156 : pos + 512], adler32(view[pos : pos + 148])) & 0xFFFF) - 1) % 65521
+                if (
+                    (stored != total + 256 and stored != total + 65777)
+                    or buf[pos + 156] not in (48, 0)
+                    or (buf[pos + 345] and buf[pos + 257 : pos + 262] == b"ustar")
+                ):
+                    break
+                nxt = pos + 512 + ((size + 511) & ~511)
+                if nxt > end:
+                    break
+                name_end = find(b"\0", pos, pos + 100)
+                names.append(buf[pos : name_end if name_end >= 0 else pos + 100].decode("utf-8", "surrogateescape"))
+                heads.append(pos)
+                sizes.append(size)
+                pos = nxt
+        finally:
+            view.release()
+        if not heads:
+            return None
+        self._pos = pos
+        self.member_offset = self.record_start = self._base + heads[-1]
+        select = self.select
+        if select is not None:
+            meta_only = getattr(select, "meta_only", False)
+            keep = [i for i, name in enumerate(names) if (meta_only and name[:2] != "__") or select(name)]
+            if len(keep) < len(names):
+                names, heads, sizes = [names[i] for i in keep], [heads[i] for i in keep], [sizes[i] for i in keep]
+        return names, heads, sizes
+
+    def next_member(self) -> Any:
+        """The next member through the general reader: ``(name, data)``, None (nothing to yield: metadata, a
+        member of another type, one the filter drops), or :data:`END` at the end of the archive."""
+        item = self._next_slow()
+        if item is not None and item is not _END and self.views:
+            return item  # _next_slow made it a view already
+        return item
+
+    @property
+    def buffer(self) -> Any:
+        """What the read position indexes (the mapping of a mapped shard)."""
+        return self._buf
+
+    @property
+    def base(self) -> int:
+        """The tar-stream offset of the buffer's first byte."""
+        return self._base
 
     def _next_slow(self):
         """Handle one header in full generality: returns (name, data), None (nothing to yield), or _END."""

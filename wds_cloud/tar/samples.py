@@ -24,7 +24,7 @@ from .. import config
 from ..errors import ConfigError, CorruptShardError, SampleError, StateMismatchError, redact
 from ..handlers import reraise_exception
 from ..io.open import gopen
-from .reader import TarMembers, sample_too_large
+from .reader import END, TarMembers, sample_too_large
 
 __all__ = [
     "base_plus_ext",
@@ -498,6 +498,20 @@ def shard_samples(
         source = _recorded(source, members, record)
     # the grouping generator itself is returned: no generator layer of our own per sample
     members.max_sample = sample_limit(max_sample, members.max_member)
+    if source is members and members.mapped and members.views:
+        # views of a mapped shard read from a sample's start: runs of members (with bytes, the copy of each
+        # member is faster right after its header is read, as the member-by-member loop does)
+        return _grouped_mapped(
+            members,
+            url,
+            keys=keys,
+            lcase=lcase,
+            suffixes=suffixes,
+            local_path=local_path,
+            where=where,
+            rename_files=rename_files,
+            on_repeat=on_repeat,
+        )
     return _grouped(
         source,
         url,
@@ -610,6 +624,99 @@ def _grouped(
             where[3] = None
         yield current
     members.finish()  # after the last sample: what trails the archive never delays it
+
+
+def _grouped_mapped(
+    members: TarMembers,
+    url: Any,
+    *,
+    keys: Callable,
+    lcase: bool,
+    suffixes: Optional[Iterable[str]],
+    local_path: Optional[str],
+    where: Optional[list],
+    rename_files: Optional[Callable],
+    on_repeat: Optional[Callable],
+) -> Iterator[dict]:
+    """:func:`_grouped` over a mapped shard: the members come in runs (:meth:`TarMembers.plain_run`: their
+    headers read in one tight pass, checksums checked together), and what is left per member is the key,
+    the slice and the dict; a member the runs do not take goes through the general reader.  The same
+    samples, offsets (``where``), limits and errors as :func:`_grouped` (the mapped-read tests compare them)."""
+    suffixes = set(suffixes) if suffixes is not None else None
+    fast_keys = keys is base_plus_ext
+    buf = members.buffer
+    view = memoryview(buf) if members.views else None
+    source = view if view is not None else buf
+    base = members.base
+    current: Optional[dict] = None
+    key = None
+    start = 0
+    given: Any = None  # a member the general reader gave: (name, data)
+    run_heads: Any = None
+    try:
+        while True:
+            run = members.plain_run()
+            if run is None:
+                item = members.next_member()
+                if item is END:
+                    break
+                if item is None:
+                    continue
+                given, run_heads = item, None
+                names, heads, sizes = [item[0]], [-1], [0]
+            else:
+                names, heads, sizes = run
+                given, run_heads = None, heads
+            for name, head, size in zip(names, heads, sizes):
+                if rename_files is not None:
+                    name = rename_files(name)
+                if fast_keys:
+                    slash = name.rfind("/")
+                    dot = name.find(".", slash + 1)
+                    if dot <= slash + 1:
+                        continue
+                    prefix, suffix = name[:dot], name[dot + 1 :]
+                else:
+                    prefix, suffix = keys(name)
+                    if prefix is None:
+                        continue
+                if lcase:
+                    suffix = suffix.lower()
+                if prefix != key or current is None:
+                    record = base + head if run_heads is not None else members.record_start
+                    if current is not None:
+                        if where is not None:
+                            where[0], where[1], where[3] = start, record, name
+                            where[2] += 1
+                        yield current
+                    current = {"__key__": prefix, "__url__": url}
+                    if local_path is not None:
+                        current["__local_path__"] = local_path
+                    key = prefix
+                    start = members.sample_start = record  # once per sample: the limit's base
+                if suffixes is not None and suffix not in suffixes:
+                    continue
+                if suffix in current:
+                    offset = base + head if run_heads is not None else members.member_offset
+                    exn = repeated_field(url, name, offset, prefix, suffix)
+                    if on_repeat is None or not on_repeat(exn):
+                        raise exn
+                    continue
+                if given is not None:
+                    current[suffix] = given[1]
+                else:
+                    begin = head + 512
+                    current[suffix] = source[begin : begin + size]
+    finally:
+        if view is not None:
+            view.release()  # the views handed out stay valid (each holds the mapping)
+    if current is not None and len(current) > 2 + (local_path is not None):
+        if where is not None:
+            where[0], where[1] = start, members.archive_end if members.archive_end is not None else members.offset
+            where[2] += 1
+            where[3] = None
+        yield current
+    members.finish()
 
 
 def repeated_field(url: Any, name: str, offset: Optional[int], key: str, field: str) -> SampleError:
