@@ -150,9 +150,9 @@ class LocalFile(io.BufferedReader):
         self.size = st.st_size
         self.version = local_version(st)
 
-    def mapping(self) -> Optional[tuple[Any, int]]:
-        """A read-only mapping of the file as it was when opened and the position this stream is at (the tar
-        reader's buffer, see :mod:`wds_cloud.io.mapped`), or None: read it as a stream."""
+    def mapping(self) -> Optional[tuple[Any, int, tuple]]:
+        """A read-only mapping of the file as it was when opened, the position this stream is at, and the file's
+        identity (the tar reader's buffer, see :mod:`wds_cloud.io.mapped`), or None: read it as a stream."""
         return map_file(self.fileno(), self.size, self.tell())
 
 

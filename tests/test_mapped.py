@@ -227,3 +227,119 @@ def test_pack_batch_takes_views_and_single_views():
     assert isinstance(packed[0], PackedBytes) and list(packed[0]) == [b"abc"]
     assert packed[1] == [b"x", b"y"]  # bytes below the threshold stay a list
     assert pack_batch({"a": data[2:4], "n": 1}) == {"a": b"cd", "n": 1}
+
+
+@pytest.fixture
+def no_tables():
+    from wds_cloud.tar import table
+
+    table.forget()
+    yield table
+    table.forget()
+
+
+def _twice(url, chunk=4096, views=False):
+    """Two passes over a mapped shard (the second from the table the first kept), as plain dicts, with whether the
+    second had a table."""
+    out = []
+    for _ in range(2):
+        stream = gopen(url)
+        members = TarMembers(stream, url, chunk=chunk, views=views)
+        members.begin()
+        had = members.table is not None
+        samples = [
+            {k: bytes(v) if isinstance(v, memoryview) else v for k, v in s.items()}
+            for s in shard_samples(url, stream, members=members)
+        ]
+        members.close()
+        out.append((samples, had))
+    return out
+
+
+@settings(max_examples=50, deadline=None)
+@given(items=sample_lists(max_size=12), fmt=st.sampled_from(sorted(FORMATS)), views=st.booleans())
+def test_a_second_pass_reads_from_the_member_table_exactly(tmp_path_factory, items, fmt, views):
+    """Any shard (long names, PAX records, links and directories: the members the table does not hold are read
+    from the shard): the second pass takes its members from the table the first kept, with the same samples."""
+    from wds_cloud.tar import table
+
+    table.forget()
+    path = tmp_path_factory.mktemp("t") / "s.tar"
+    data = write_tar(items, fmt)
+    path.write_bytes(data)
+    (first, had_first), (second, had_second) = _twice(str(path), views=views)
+    expected, error, _ = _read(io.BytesIO(data), str(path), 4096)
+    assert error is None and first == expected and second == expected
+    assert not had_first  # (the second has one unless every member needed the general reader)
+
+
+def test_a_table_is_never_used_for_another_version_of_the_file(tmp_path, no_tables):
+    """Replaced (a new inode), rewritten in place (new times), or rewritten in place within the same clock tick (the
+    times the same, faked here): the samples are always the file's own."""
+    import os
+
+    path = tmp_path / "s.tar"
+    a = write_tar([("a", {"txt": b"1" * 700}), ("b", {"txt": b"2"})], extras=False)
+    b = write_tar([("c", {"txt": b"3"}), ("d", {"txt": b"4" * 700})], extras=False)
+    assert len(a) == len(b)
+    path.write_bytes(a)
+    assert _twice(str(path))[1][1]
+    tmp = tmp_path / "new.tar"
+    tmp.write_bytes(b)
+    os.replace(tmp, path)
+    (samples, had), _ = _twice(str(path))
+    assert not had and [s["__key__"] for s in samples] == ["c", "d"]
+    st_before = os.stat(path)
+    with open(path, "r+b") as f:
+        f.write(a)
+    os.utime(path, ns=(st_before.st_atime_ns, st_before.st_mtime_ns))  # same modification time
+    (samples, had), _ = _twice(str(path))
+    assert [s["__key__"] for s in samples] == ["a", "b"]
+
+
+def test_the_tables_stay_within_their_bound(tmp_path, no_tables, monkeypatch):
+    urls = _shards(tmp_path, n=4, per=50, size=10)
+    monkeypatch.setenv("WDS_TABLE_CACHE", "0")
+    list(wds.WebDataset(urls, shardshuffle=False))
+    assert not no_tables._tables
+    monkeypatch.setenv("WDS_TABLE_CACHE", "6000")
+    list(wds.WebDataset(urls, shardshuffle=False))
+    assert 0 < no_tables._held <= 6000 and len(no_tables._tables) < 4
+    monkeypatch.setenv("WDS_TABLE_CACHE", "1e999")
+    with pytest.raises(wds.ConfigError, match="WDS_TABLE_CACHE"):
+        list(wds.WebDataset(urls, shardshuffle=False))
+
+
+def test_resume_is_exact_in_a_pass_read_from_the_tables(tmp_path, no_tables):
+    urls = _shards(tmp_path)
+
+    def make():
+        return wds.WebDataset(urls, shardshuffle=False, seed=3).shuffle(20, seed=5)
+
+    full = [s["__key__"] for s in make()]  # this pass keeps the tables
+    assert len(no_tables._tables) == 3
+    for at in (1, 39, 40, 77):
+        ds = make()
+        it = iter(ds)
+        head = [next(it)["__key__"] for _ in range(at)]
+        state = ds.state_dict()
+        again = make()
+        again.load_state_dict(state)
+        assert head + [s["__key__"] for s in again] == full
+
+
+def test_a_table_that_does_not_match_its_file_is_dropped(tmp_path, no_tables):
+    """The guard for a file rewritten in place within its clock's tick (device, inode, size and times all the same,
+    forged here): each run's first header is checked against the table, a mismatch drops the table, and the
+    samples are the file's own."""
+    import os
+
+    a_path, b_path = tmp_path / "a.tar", tmp_path / "b.tar"
+    a_path.write_bytes(write_tar([("a", {"txt": b"1" * 700}), ("b", {"txt": b"2"})], extras=False))
+    b_path.write_bytes(write_tar([("c", {"txt": b"3"}), ("d", {"txt": b"4" * 700})], extras=False))
+    _twice(str(a_path))
+    ((identity, table),) = no_tables._tables.items()
+    st = os.stat(b_path)
+    no_tables._tables[(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)] = table
+    (samples, had), _ = _twice(str(b_path))
+    assert had and [s["__key__"] for s in samples] == ["c", "d"]

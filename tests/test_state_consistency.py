@@ -361,7 +361,19 @@ def _level_paths(level):
     out += [["partial", i, j] for i in range(min(2, len(level["partial"]))) for j in range(6)]
     out += [["buffered", i, j] for i in range(min(2, len(level["buffered"]))) for j in range(4)]
     out += [["buffered", i, 3, j] for i in range(min(2, len(level["buffered"]))) for j in range(2)]
-    return out
+    # an earlier edit may have made a list a scalar: only paths that still lead somewhere
+    return [path for path in out if _leads(level, path)]
+
+
+def _leads(node, path):
+    for step in path[:-1]:
+        if not isinstance(node, (list, dict)) or (isinstance(node, list) and not -len(node) <= step < len(node)):
+            return False
+        if isinstance(node, dict) and step not in node:
+            return False
+        node = node[step]
+    last = path[-1]
+    return isinstance(node, dict) or (isinstance(node, list) and -len(node) <= last < len(node))
 
 
 def _set(node, path, value):

@@ -59,6 +59,7 @@ ENV_VARS = (
     "WDS_DISABLE_PLUGINS",
     "WDS_SECURE",
     "WDS_MMAP",
+    "WDS_TABLE_CACHE",
     "WDS_ALLOW_UNTRUSTED_PIPES",
     "WDS_ALLOW_PICKLE",
     "WDS_ALLOW_UNTRUSTED_LOCAL",
@@ -120,6 +121,13 @@ _ENV_ROWS = (
         "`1`",
         "`0`",
         "read plain tar shards on local disk (and complete in the shard cache) through a read-only memory mapping, members sliced out of the page cache; `0` reads them as streams (a file system where mapping is slow or unsafe). A mapped shard must not be truncated in place while read (the kernel stops the reader with `SIGBUS`)",
+    ),
+    (
+        "`WDS_TABLE_CACHE`",
+        "size",
+        "`32MiB`",
+        "`256MiB`",
+        "the most memory the member tables of mapped shards may hold (where each member lies, recorded by a pass that read the shard to its end, so that the next pass over the unchanged file reads no header); `0` keeps none",
     ),
     (
         "`WDS_MAX_MEMBER_SIZE`",
@@ -464,6 +472,7 @@ BOUNDS: dict[str, Bound] = {
     "WDS_PART_SIZE": Bound("size", 1, 4 << 30, "part_size", "part_size"),
     "GOPEN_BUFFER": Bound("size", 1, 1 << 30, "bufsize"),
     "WDS_CACHE_SIZE": Bound("size", 0, 1 << 50, "cache_size", "cache_size", "0: no cache"),
+    "WDS_TABLE_CACHE": Bound("size", 0, 1 << 40, "table_cache", None, "0: no member tables kept"),
     "WDS_CONCURRENCY": Bound("count", 1, 1024, "concurrency", "concurrency", "1: one stream per shard"),
     "WDS_MAX_CONCURRENCY": Bound("count", 1, 1024, "max_concurrency", "max_concurrency"),
     "WDS_PREFETCH": Bound("count", 0, 64, "prefetch", "prefetch", "0: none"),
@@ -678,6 +687,8 @@ class Settings:
     allow_pickle: bool = False
     #: plain local shards are read through a memory mapping (see :mod:`wds_cloud.io.mapped`)
     mmap: bool = True
+    #: bytes the member tables of mapped shards may hold (see :mod:`wds_cloud.tar.table`)
+    table_cache: int = 32 << 20
     rewrites: tuple[tuple[str, str], ...] = ()
     verbose: bool = False
     bufsize: int = 1 << 20
@@ -749,6 +760,7 @@ class Settings:
             allow_untrusted_pipes=parse_bool("WDS_ALLOW_UNTRUSTED_PIPES", get("WDS_ALLOW_UNTRUSTED_PIPES")),
             allow_pickle=parse_bool("WDS_ALLOW_PICKLE", get("WDS_ALLOW_PICKLE")),
             mmap=parse_bool("WDS_MMAP", get("WDS_MMAP"), True),
+            table_cache=number("WDS_TABLE_CACHE", 32 << 20),
             # WDS_REWRITE rules come first, so where both variables match a URL WDS_REWRITE wins.
             rewrites=parse_rewrites("WDS_REWRITE", get("WDS_REWRITE"))
             + parse_rewrites("GOPEN_REWRITE", get("GOPEN_REWRITE")),

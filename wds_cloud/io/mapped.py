@@ -32,15 +32,19 @@ __all__ = ["map_file", "drop", "PAGE"]
 PAGE = mmap.PAGESIZE
 
 
-def map_file(fd: int, size: int, position: int) -> Optional[tuple[mmap.mmap, int]]:
-    """``(mapping, position)``: a read-only mapping of the first ``size`` bytes of the file open as ``fd`` (the
-    size it had when opened) and where in it the stream stands; None where the file is better read as a
-    stream (empty, shorter than ``size`` now, mapping turned off or refused by the system)."""
+def map_file(fd: int, size: int, position: int) -> Optional[tuple[mmap.mmap, int, tuple]]:
+    """``(mapping, position, identity)``: a read-only mapping of the first ``size`` bytes of the file open as
+    ``fd`` (the size it had when opened), where in it the stream stands, and what identifies this version of
+    the file (device, inode, size, modification and change times: any write or replacement changes them); None
+    where the file is better read as a stream (empty, shorter than ``size`` now, mapping turned off or refused
+    by the system)."""
     if size <= 0 or not 0 <= position <= size or not config.current().mmap:
         return None
     try:
-        if os.fstat(fd).st_size < size:
-            return None
+        st = os.fstat(fd)
+        if st.st_size != size:
+            return None  # changed since it was opened: read as a stream, which reports it
+        identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         mapping = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
     except (OSError, ValueError, OverflowError):
         return None
@@ -50,7 +54,7 @@ def map_file(fd: int, size: int, position: int) -> Optional[tuple[mmap.mmap, int
             advise(mmap.MADV_SEQUENTIAL)
         except OSError:
             pass
-    return mapping, position
+    return mapping, position, identity
 
 
 def drop(mapping: mmap.mmap, start: int, end: int) -> None:

@@ -700,8 +700,9 @@ class _Entry(io.BufferedReader):
         super().__init__(io.FileIO(fd, "rb", closefd=True))
         self.size: Optional[int] = None  # set once the entry was found complete
 
-    def mapping(self) -> Optional[tuple[Any, int]]:
-        """A read-only mapping of the entry and this stream's position in it, or None (read it as a stream)."""
+    def mapping(self) -> Optional[tuple[Any, int, tuple]]:
+        """A read-only mapping of the entry, this stream's position in it and the file's identity, or None (read
+        it as a stream)."""
         if self.size is None:
             return None
         return map_file(self.fileno(), self.size, self.tell())

@@ -25,6 +25,8 @@ from typing import IO, Any, Optional, Protocol, cast
 from ..errors import CorruptShardError, MissingExtraError, redact
 from ..io.backend import WrappedStream
 from ..io.mapped import drop
+from . import table as tables
+from .table import MemberTable, Recorder
 
 __all__ = ["TarMembers", "END", "open_decompressed", "detect_compression", "sample_too_large", "CHUNK", "MAX_META_SIZE"]
 
@@ -58,6 +60,23 @@ class _Drained:
 
 
 _DRAINED = _Drained()
+
+
+def _same_header(buf: Any, head: int, name: str, size: int) -> bool:
+    """Whether the header at ``head`` is still a plain member's named ``name`` of ``size`` bytes (a member table's
+    entry, checked once per run)."""
+    encoded = name.encode("utf-8", "surrogateescape")
+    try:
+        stored = int(buf[head + 124 : head + 136] if buf[head + 135] > 32 else buf[head + 124 : head + 135], 8)
+    except ValueError:
+        return False
+    return (
+        stored == size
+        and buf[head : head + len(encoded)] == encoded
+        and (len(encoded) == 100 or buf[head + len(encoded)] == 0)
+        and buf[head + 156] in (48, 0)
+    )
+
 
 #: what :meth:`TarMembers.next_member` returns at the end of the archive
 END = _END
@@ -328,6 +347,10 @@ class TarMembers:
         self._mapping: Any = None
         self._dropped = 0  # the mapping's pages before this offset were given back
         self._begun = False
+        #: the member table of this version of the file, kept from an earlier pass (see wds_cloud.tar.table)
+        self.table: Optional[MemberTable] = None
+        self._identity: Any = None
+        self._recorder: Optional[Recorder] = None  # this pass's table, while it reads from the start
         self.max_member = max_member
         self.chunk = chunk
         #: small members are read ``FIRST_READ`` bytes at a time (or what the member needs) over the first
@@ -565,10 +588,16 @@ class TarMembers:
         found = mapping() if mapping is not None else None
         if found is None:
             return False
-        buf, at = found
+        buf, at, identity = found
         if fresh and detect_compression(buf[at : at + 6]) is not None:
             buf.close()
             return False
+        self._identity = identity
+        table = tables.lookup(identity)
+        if table is not None and table.largest <= (self.max_member if self.max_member is not None else 1 << 62):
+            self.table = table
+        elif at == 0:
+            self._recorder = Recorder()
         self._mapping = buf
         self._buf, self._base, self._pos = buf, self._base - at, at
         self._dropped = at
@@ -595,6 +624,7 @@ class TarMembers:
         views = self.views
         # a filter that only drops __meta__ members is asked only about names that begin as they do
         meta_only = getattr(select, "meta_only", False)
+        recorder = self._recorder
         while True:
             # Fast path: plain ustar/GNU headers of regular members lying wholly in the buffer.
             buf, pos, base = self._buf, self._pos, self._base
@@ -626,6 +656,10 @@ class TarMembers:
                 name = buf[pos : name_end if name_end >= 0 else pos + 100].decode("utf-8", "surrogateescape")
                 header_pos = pos
                 pos = self._pos = nxt
+                if recorder is not None:
+                    recorder.names.append(name)
+                    recorder.heads.append(header_pos)
+                    recorder.sizes.append(size)
                 if select is not None and (not meta_only or name[:2] == "__") and not select(name):
                     continue
                 self.member_offset = self.record_start = base + header_pos
@@ -634,6 +668,7 @@ class TarMembers:
             self._pos = pos
             item = self._next_slow()
             if item is _END:
+                self._ended()
                 return
             if item is not None:
                 yield item
@@ -649,6 +684,8 @@ class TarMembers:
         pages behind are given back between runs, as the fast path does."""
         if not self.mapped or self._special or self._buf is not self._mapping:
             return None
+        if self.table is not None:
+            return self._table_run()
         buf, pos = self._buf, self._pos
         end = self._window(pos)
         max_member = self.max_member if self.max_member is not None else 1 << 62
@@ -688,6 +725,32 @@ class TarMembers:
         if not heads:
             return None
         self._pos = pos
+        recorder = self._recorder
+        if recorder is not None:
+            recorder.names += names
+            recorder.heads += heads
+            recorder.sizes += sizes
+        return self._taken(names, heads, sizes)
+
+    def _table_run(self) -> Optional[tuple[list, list, list]]:
+        """The next run from the member table (see :meth:`plain_run`)."""
+        assert self.table is not None
+        pos = self._pos
+        run = self.table.run(pos, self._window(pos))
+        if run is None:
+            return None
+        names, heads, sizes, end = run
+        if not _same_header(self._buf, heads[0], names[0], sizes[0]):
+            # the file is not what the table was made of (rewritten in place within its clock's tick): the
+            # table is dropped and the shard read header by header
+            tables.drop(self._identity)
+            self.table = None
+            return None
+        self._pos = end
+        return self._taken(names, heads, sizes)
+
+    def _taken(self, names: list, heads: list, sizes: list) -> tuple[list, list, list]:
+        """A run taken: the offsets it ends at, and the members the filter keeps."""
         self.member_offset = self.record_start = self._base + heads[-1]
         select = self.select
         if select is not None:
@@ -701,9 +764,15 @@ class TarMembers:
         """The next member through the general reader: ``(name, data)``, None (nothing to yield: metadata, a
         member of another type, one the filter drops), or :data:`END` at the end of the archive."""
         item = self._next_slow()
-        if item is not None and item is not _END and self.views:
-            return item  # _next_slow made it a view already
+        if item is _END:
+            self._ended()
         return item
+
+    def _ended(self) -> None:
+        """The end of the archive was reached: the table this pass recorded is kept (see wds_cloud.tar.table)."""
+        recorder, self._recorder = self._recorder, None
+        if recorder is not None:
+            tables.keep(self._identity, recorder)
 
     @property
     def buffer(self) -> Any:

@@ -498,9 +498,10 @@ def shard_samples(
         source = _recorded(source, members, record)
     # the grouping generator itself is returned: no generator layer of our own per sample
     members.max_sample = sample_limit(max_sample, members.max_member)
-    if source is members and members.mapped and members.views:
-        # views of a mapped shard read from a sample's start: runs of members (with bytes, the copy of each
-        # member is faster right after its header is read, as the member-by-member loop does)
+    if source is members and members.mapped and (members.views or members.table is not None):
+        # a mapped shard read from a sample's start, with views or with its member table: runs of members (with
+        # bytes and no table, the copy of each member is faster right after its header is read, as the
+        # member-by-member loop does)
         return _grouped_mapped(
             members,
             url,

@@ -1,0 +1,149 @@
+"""Member tables of mapped shards, kept for the life of the process: a second pass over a shard reads no header.
+
+A pass over a mapped shard (see :mod:`wds_cloud.io.mapped`) from its start records where each plain member lies
+(its name, its header's offset, its size) as the reader checks its header.  When the pass reaches the end of the
+archive, the table is kept, keyed by the identity of the file it was read from (device, inode, size, modification
+and change times, as ``fstat`` gave them when the file was mapped): a file rewritten or replaced has another
+identity, so a table is never used for a version of a shard it was not read from.  The next pass over the same
+file takes its members from the table, in runs (what is left per member is the slice and the dict); what the
+table does not hold (members the general reader read: long names, PAX records, links, a member larger than a
+window) is read from the shard as before, so a table only ever saves work.
+
+The tables are compact (the names in one string, the offsets in arrays: about 25 bytes and the name per member)
+and bounded: ``WDS_TABLE_CACHE`` bytes in all (default 32 MiB, the least recently used dropped first; ``0`` keeps
+none).  DataLoader workers keep theirs while they live (``persistent_workers=True`` keeps them across epochs).
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import sys
+import threading
+from array import array
+from typing import Any, Optional
+
+from .. import config
+
+__all__ = ["MemberTable", "Recorder", "lookup", "keep", "drop", "forget"]
+
+
+class MemberTable:
+    """Where the plain members of one shard lie: names, header offsets and sizes, in order."""
+
+    __slots__ = ("names", "name_starts", "heads", "sizes", "gaps", "largest", "nbytes")
+
+    def __init__(self, names: list, heads: list, sizes: list) -> None:
+        self.names = "\0".join(names)  # no name holds a NUL: a tar name ends at its first one
+        starts = array("q", [0])
+        at = 0
+        for name in names:
+            at += len(name) + 1
+            starts.append(at)
+        self.name_starts = starts
+        self.heads = array("q", heads)
+        self.sizes = array("q", sizes)
+        #: the entries after which the next entry does not follow at once (a member the table does not hold)
+        self.gaps = [i for i in range(len(heads) - 1) if heads[i + 1] != _end(heads[i], sizes[i])]
+        self.largest = max(sizes, default=0)
+        self.nbytes = sum(map(sys.getsizeof, (self.names, starts, self.heads, self.sizes, self.gaps))) + 8 * len(
+            self.gaps
+        )
+
+    def __len__(self) -> int:
+        return len(self.heads)
+
+    def run(self, pos: int, window_end: int) -> Optional[tuple[list, list, list, int]]:
+        """``(names, header offsets, sizes, where the run ends)`` of the entries from the one whose header is at
+        ``pos`` on, while each follows the last at once and ends by ``window_end``; None when no entry is at
+        ``pos`` (or the first is larger than the window)."""
+        heads = self.heads
+        i = bisect.bisect_left(heads, pos)
+        if i >= len(heads) or heads[i] != pos:
+            return None
+        gap = bisect.bisect_left(self.gaps, i)
+        last = self.gaps[gap] if gap < len(self.gaps) else len(heads) - 1
+        fits = bisect.bisect_right(heads, window_end - 512, i, last + 1) - 1
+        while fits >= i and _end(heads[fits], self.sizes[fits]) > window_end:
+            fits -= 1
+        if fits < i:
+            return None
+        starts = self.name_starts
+        names = self.names[starts[i] : starts[fits + 1] - 1].split("\0")
+        return (
+            names,
+            heads[i : fits + 1].tolist(),
+            self.sizes[i : fits + 1].tolist(),
+            _end(heads[fits], self.sizes[fits]),
+        )
+
+
+def _end(head: int, size: int) -> int:
+    return head + 512 + ((size + 511) & ~511)
+
+
+class Recorder:
+    """The table of a pass, entry by entry (``add``), kept (:func:`keep`) only if the pass reaches the end."""
+
+    __slots__ = ("names", "heads", "sizes")
+
+    def __init__(self) -> None:
+        self.names: list = []
+        self.heads: list = []
+        self.sizes: list = []
+
+    def table(self) -> MemberTable:
+        return MemberTable(self.names, self.heads, self.sizes)
+
+
+_tables: collections.OrderedDict = collections.OrderedDict()
+_held = 0
+_lock = threading.Lock()
+
+
+def lookup(identity: Any) -> Optional[MemberTable]:
+    """The table kept for the file of ``identity``, or None."""
+    if identity is None:
+        return None
+    with _lock:
+        table = _tables.get(identity)
+        if table is not None:
+            _tables.move_to_end(identity)
+        return table
+
+
+def keep(identity: Any, recorder: Recorder) -> None:
+    """Keep the table ``recorder`` made of the file of ``identity``, within the bound (``WDS_TABLE_CACHE``)."""
+    global _held
+    limit = config.current().table_cache
+    if identity is None or not limit or not recorder.heads:
+        return
+    table = recorder.table()
+    if table.nbytes > limit:
+        return
+    with _lock:
+        old = _tables.pop(identity, None)
+        if old is not None:
+            _held -= old.nbytes
+        _tables[identity] = table
+        _held += table.nbytes
+        while _held > limit and _tables:
+            _, dropped = _tables.popitem(last=False)
+            _held -= dropped.nbytes
+
+
+def drop(identity: Any) -> None:
+    """Drop the table of the file of ``identity`` (found not to match it)."""
+    global _held
+    with _lock:
+        table = _tables.pop(identity, None)
+        if table is not None:
+            _held -= table.nbytes
+
+
+def forget() -> None:
+    """Drop every table (tests, or to give the memory back)."""
+    global _held
+    with _lock:
+        _tables.clear()
+        _held = 0
