@@ -255,7 +255,7 @@ def keeping_views(collate: Callable[[Any], Any], per_item: bool) -> Callable[[An
                 out = [v if _views(v) else collate(v) for v in data]
                 return tuple(out) if type(data) is tuple else out
             return collate(data)
-        first = data[0] if type(data) is list and data else None
+        first: Any = data[0] if type(data) is list and data else None
         if type(first) is dict and any(type(v) is memoryview for v in first.values()):
             return {
                 k: [s[k] for s in data] if type(v) is memoryview else collate([s[k] for s in data])

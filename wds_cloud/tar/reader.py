@@ -362,7 +362,7 @@ class TarMembers:
         self._source = stream
         self._stream: Optional[_Readable] = None if not start and not ranged else _Prefixed(b"", stream)
         self._ranged = ranged
-        self._buf = b""
+        self._buf: Any = b""  # bytes read, or the mapping of a mapped shard
         self._pos = 0
         self._base = start  # tar-stream offset of _buf[0]
         self.member_offset = start
