@@ -343,3 +343,16 @@ def test_a_table_that_does_not_match_its_file_is_dropped(tmp_path, no_tables):
     no_tables._tables[(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)] = table
     (samples, had), _ = _twice(str(b_path))
     assert had and [s["__key__"] for s in samples] == ["c", "d"]
+
+
+def test_webloader_workers_hand_their_tables_to_the_main_process(tmp_path, no_tables):
+    """The tables DataLoader workers keep go to the main process as each ends its pass, so the next epoch's
+    workers (forked again) start with them; the samples are the same."""
+    pytest.importorskip("torch")
+    urls = _shards(tmp_path, n=4, per=20, size=50)
+    ds = wds.WebDataset(urls, shardshuffle=False).to_tuple("__key__", "bin").batched(8)
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=2)
+    first = sorted(k for keys, _ in loader for k in keys)
+    assert len(no_tables._tables) == 4  # two from each worker
+    second = sorted(k for keys, _ in loader for k in keys)
+    assert first == second and len(first) == 80

@@ -21,6 +21,7 @@ from ..resume.elastic import LOADER_FORMAT, check_merged, is_merged, items_share
 from ..resume.merge import merge_states
 from ..resume.protocol import Resumable, is_buffering
 from ..resume.state import check_same, check_seal, expect, inexact_state, is_inexact, restart_from, seal
+from ..tar import table as tables
 from . import transport
 
 __all__ = ["WebLoader", "gather_states"]
@@ -68,10 +69,14 @@ class WebLoader(DataPipeline, FluidInterface):
             else:
                 kw["dataset"] = ended
             if len(args) > 6:  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, workers, collate_fn)
-                args[6] = loaderstate.StateCollate(args[6], batch_size is None, ended, pack)
+                args[6] = loaderstate.StateCollate(args[6], batch_size is None, ended, pack, tables.handed)
             else:
-                kw["collate_fn"] = loaderstate.StateCollate(kw.get("collate_fn"), batch_size is None, ended, pack)
-            self._untag = loaderstate.Untag(num_workers or 0)
+                kw["collate_fn"] = loaderstate.StateCollate(
+                    kw.get("collate_fn"), batch_size is None, ended, pack, tables.handed
+                )
+            # the member tables a worker kept go to the main process as it ends: the next epoch's workers start
+            # with them (see wds_cloud.tar.table)
+            self._untag = loaderstate.Untag(num_workers or 0, welcome=tables.adopt)
             self._untag.dataset = dataset
         elif pack is not None:
             batch_size = args[1] if len(args) > 1 else kw.get("batch_size", 1)

@@ -146,7 +146,7 @@ def _has_journal(state: Any) -> bool:
 
 
 def tagged(x: Any) -> bool:
-    return type(x) is list and len(x) == 6 and x[0] == TAG
+    return type(x) is list and 6 <= len(x) <= 7 and x[0] == TAG
 
 
 class Ended(IterableDataset):
@@ -179,12 +179,28 @@ class StateCollate:
     """
 
     def __init__(
-        self, collate: Optional[Callable], per_item: bool, ended: Ended, pack: Optional[Callable[[Any], Any]] = None
+        self,
+        collate: Optional[Callable],
+        per_item: bool,
+        ended: Ended,
+        pack: Optional[Callable[[Any], Any]] = None,
+        farewell: Optional[Callable[[], Any]] = None,
     ) -> None:
         self.collate = collate
         self.per_item = per_item
         self.ended = ended
         self.pack = pack  # run on each batch in a worker (wds_cloud.transport.pack_batch), or None
+        #: called in a worker as it ends its pass: what it hands the main process (``Untag(welcome=)`` takes it)
+        self.farewell = farewell
+
+    def _last(self, tagged: list, info: Any) -> list:
+        """A worker's last item, with what it hands the main process (see ``farewell``)."""
+        if info is not None and self.farewell is not None:
+            try:
+                tagged.append(self.farewell())
+            except Exception:  # never from iteration: what a worker learned is only a saving
+                pass
+        return tagged
 
     def _default(self, data: Any) -> Any:
         return default_collate(self.per_item)(data)
@@ -207,15 +223,16 @@ class StateCollate:
         pack = self.pack if info is not None else None
         if self.per_item:
             if isinstance(data, EndMark):
-                return [TAG, None, worker, state, whole, True]
+                return self._last([TAG, None, worker, state, whole, True], info)
             out = self.collate(data) if self.collate else self._default(data)
             return [TAG, pack(out) if pack is not None else out, worker, state, whole, False]
         items = [x for x in data if not isinstance(x, EndMark)]
         end = len(items) != len(data)
         if not items:
-            return [TAG, None, worker, state, whole, True]
+            return self._last([TAG, None, worker, state, whole, True], info)
         out = self.collate(items) if self.collate else self._default(items)
-        return [TAG, pack(out) if pack is not None else out, worker, state, whole, end]
+        tagged = [TAG, pack(out) if pack is not None else out, worker, state, whole, end]
+        return self._last(tagged, info) if end else tagged
 
 
 def default_collate(per_item: bool) -> Callable[[Any], Any]:
@@ -300,8 +317,10 @@ class Untag(PipelineStage):
     out in the saved order, so the sequence is the one the uninterrupted run would have made.
     """
 
-    def __init__(self, num_workers: int) -> None:
+    def __init__(self, num_workers: int, welcome: Optional[Callable[[Any], None]] = None) -> None:
         self.num_workers = num_workers
+        #: given what a worker handed over as it ended its pass (``StateCollate(farewell=)``)
+        self.welcome = welcome
         self.next: Optional[int] = 0
         self.exhausted: set = set()
         self.states: dict = {}
@@ -345,6 +364,13 @@ class Untag(PipelineStage):
         self._mirrors, self._sealed = {}, {}
         return self._reorder(src, max(1, self.num_workers))
 
+    def _welcome(self, parting: list) -> None:
+        if parting and self.welcome is not None:
+            try:
+                self.welcome(parting[0])
+            except Exception:  # what a worker learned is only a saving: never an error of the pass
+                pass
+
     def _after(self, worker: int, n: int) -> Optional[int]:
         for step in range(1, n + 1):
             candidate = (worker + step) % n
@@ -363,8 +389,9 @@ class Untag(PipelineStage):
             queues[t[2]].append(t)
             while self.next is not None and queues[self.next]:
                 worker = self.next
-                _, item, _, state, whole, end = queues[worker].popleft()
+                _, item, _, state, whole, end, *parting = queues[worker].popleft()
                 self._keep(worker, state, whole)
+                self._welcome(parting)
                 if end:
                     self.exhausted.add(worker)
                 self.next = self._after(worker, n)
@@ -372,7 +399,8 @@ class Untag(PipelineStage):
                     yield item
         for queue in queues:  # the loader ended: anything still held goes out in worker order
             while queue:
-                _, item, worker, state, whole, end = queue.popleft()
+                _, item, worker, state, whole, end, *parting = queue.popleft()
                 self._keep(worker, state, whole)
+                self._welcome(parting)
                 if not (end and item is None):
                     yield item

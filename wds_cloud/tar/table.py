@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import os
 import sys
 import threading
 from array import array
@@ -25,7 +26,7 @@ from typing import Any, Optional
 
 from .. import config
 
-__all__ = ["MemberTable", "Recorder", "lookup", "keep", "drop", "forget"]
+__all__ = ["MemberTable", "Recorder", "lookup", "keep", "drop", "forget", "handed", "adopt"]
 
 
 class MemberTable:
@@ -99,6 +100,8 @@ class Recorder:
 _tables: collections.OrderedDict = collections.OrderedDict()
 _held = 0
 _lock = threading.Lock()
+#: identity -> the process that kept the table (a DataLoader worker hands its own to the main process)
+_kept_by: dict = {}
 
 
 def lookup(identity: Any) -> Optional[MemberTable]:
@@ -126,7 +129,36 @@ def keep(identity: Any, recorder: Recorder) -> None:
         if old is not None:
             _held -= old.nbytes
         _tables[identity] = table
+        _kept_by[identity] = os.getpid()
         _held += table.nbytes
+        while _held > limit and _tables:
+            _, dropped = _tables.popitem(last=False)
+            _held -= dropped.nbytes
+
+
+def handed() -> dict:
+    """The tables this process kept since it last handed them over (a DataLoader worker ending its pass hands
+    them to the main process, whose next workers start with them: see :func:`adopt`)."""
+    me = os.getpid()
+    with _lock:
+        mine = [identity for identity, pid in _kept_by.items() if pid == me]
+        for identity in mine:
+            del _kept_by[identity]
+        return {identity: _tables[identity] for identity in mine if identity in _tables}
+
+
+def adopt(tables: Any) -> None:
+    """Keep the tables a worker handed over (:func:`handed`), within the bound; anything else is ignored."""
+    global _held
+    if not isinstance(tables, dict):
+        return
+    limit = config.current().table_cache
+    with _lock:
+        for identity, table in tables.items():
+            if not isinstance(table, MemberTable) or not isinstance(identity, tuple) or identity in _tables:
+                continue
+            _tables[identity] = table
+            _held += table.nbytes
         while _held > limit and _tables:
             _, dropped = _tables.popitem(last=False)
             _held -= dropped.nbytes
@@ -146,4 +178,5 @@ def forget() -> None:
     global _held
     with _lock:
         _tables.clear()
+        _kept_by.clear()
         _held = 0
