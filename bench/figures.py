@@ -284,8 +284,15 @@ def draw(results: dict, command: str) -> None:
     }
     for name, caption in captions.items():
         lines += [f"## {titles[name]}", "", f"![{titles[name]}](img/{name}.png)", "", f"*{caption}*", ""]
+    kept = ""
+    if os.path.exists(PAGE):  # the section bench_peers.py writes (between its markers) stays
+        with open(PAGE) as f:
+            old = f.read()
+        begin, end = "<!-- peers: begin -->", "<!-- peers: end -->"
+        if begin in old and end in old:
+            kept = old[old.index(begin) : old.index(end) + len(end)] + "\n"
     with open(PAGE, "w") as f:
-        f.write("\n".join(lines))
+        f.write("\n".join(lines) + ("\n" + kept if kept else ""))
 
 
 def main() -> None:

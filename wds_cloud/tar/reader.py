@@ -24,7 +24,7 @@ from typing import IO, Any, Optional, Protocol, cast
 
 from ..errors import CorruptShardError, MissingExtraError, redact
 from ..io.backend import WrappedStream
-from ..io.mapped import drop
+from ..io.mapped import drop, populate
 from . import table as tables
 from .table import MemberTable, Recorder
 
@@ -610,9 +610,11 @@ class TarMembers:
         limit is checked once per window, and the pages read before the last window are given back."""
         self._check_sample()
         window = self.chunk
-        if pos - self._dropped >= 8 * window and self._buf is self._mapping:
-            drop(self._mapping, self._dropped, pos - window)
-            self._dropped = pos - window
+        if self._buf is self._mapping:
+            if pos - self._dropped >= 8 * window:
+                drop(self._mapping, self._dropped, pos - window)
+                self._dropped = pos - window
+            populate(self._mapping, pos, pos + window)
         return min(len(self._buf), pos + window)
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:

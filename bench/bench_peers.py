@@ -1,0 +1,445 @@
+"""Local disk, side by side with the peers: wds_cloud, webdataset 1.0.2 and LitData, samples/s, in one run.
+
+The same shards (bench/_data, made by ``common.dataset``) for every reader; LitData reads its ``optimize``d
+chunks converted once from those shards (bench/_data/litdata/<name>; the conversion is not timed).  Each round
+runs every peer once in turn (alternating), each with one untimed epoch first (the page cache warm, and
+whatever a reader keeps for its next pass); the table gives the best of ``--repeat`` rounds, and every peer's
+samples are checked against the others' (a digest of the field's bytes, whatever the order).
+
+Rows (``--rows``):
+
+- ``raw``: 8,000 samples (8 shards of ~22 KB JPEG + json + cls), touch the jpg bytes (its length and first
+  byte), one process;
+- ``views``: the same, wds_cloud with ``zero_copy=True`` (read-only memoryviews) against LitData's loop (its raw
+  bytes fields come out as what ``StreamingDataset`` gives: see the ``litdata`` column's note);
+- ``decode``: the same, every JPEG decoded by PIL to RGB in user code (the same code for every peer);
+- ``loader``: a DataLoader with 2 workers, batches of 64, the jpg bytes crossing to the main process;
+- ``tiny``: 200,000 tiny samples (txt + cls), touch the txt bytes, one process;
+- ``large``: 64 members of 8 MB, wds_cloud against reading each member into its own new buffer
+  (``readinto`` a fresh ``bytearray`` at the offsets ``tarfile`` lists: the limit of handing out one object
+  per member).
+
+LitData is installed only in its own environment (it pulls in another torch), never a dependency::
+
+    python3 -m venv bench/.venv-litdata
+    bench/.venv-litdata/bin/pip install torch==2.13.0 && bench/.venv-litdata/bin/pip install litdata==0.2.76
+    bench/.venv/bin/python bench/bench_peers.py [--repeat 3] [--rows raw,views,decode,loader,tiny,large]
+
+Without it the LitData column says ``-``.  ``--json PATH`` writes the figures; ``--page`` puts the table in
+docs/performance.md (its section between the markers) and the figure in docs/img/peers.svg.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+import zlib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+LITDATA_PYTHON = os.path.join(HERE, ".venv-litdata", "bin", "python")
+ROWS = ("raw", "views", "decode", "loader", "tiny", "large")
+TITLES = {
+    "raw": "local, touch the jpg bytes, warm epoch, 1 process",
+    "views": "local, touch the jpg bytes, views (zero_copy=True)",
+    "decode": "local, PIL decode + RGB, 1 process",
+    "loader": "local, DataLoader 2 workers, batch 64, warm",
+    "tiny": "local, tiny samples, warm, 1 process",
+    "large": "local, 8 MB members (against readinto a new buffer)",
+}
+#: the field each row reads, and the dataset it reads
+FIELD = {"raw": "jpg", "views": "jpg", "decode": "jpg", "loader": "jpg", "tiny": "txt", "large": "npy"}
+DATA = {"raw": "medium", "views": "medium", "decode": "medium", "loader": "medium", "tiny": "tiny", "large": "large"}
+SHAPES = {"medium": (8, 1000), "tiny": (8, 25000), "large": (4, 16)}
+PAGE = os.path.join(ROOT, "docs", "performance.md")
+BEGIN, END = "<!-- peers: begin -->", "<!-- peers: end -->"
+
+
+def shards(name: str) -> list:
+    sys.path.insert(0, HERE)
+    import common
+
+    nshards, per_shard = SHAPES[name]
+    make = {"medium": common.medium, "tiny": common.tiny, "large": common.large}[name]
+    spec, _ = common.dataset(name, nshards, per_shard, make)
+    directory = os.path.dirname(spec)
+    return [os.path.join(directory, f"{name}-{i:04d}.tar") for i in range(nshards)]
+
+
+class Digest:
+    """An order-free digest of the bytes a reader delivered: how many, and the sum of their CRCs."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0
+
+    def add(self, data) -> None:
+        self.count += 1
+        self.total = (self.total + zlib.crc32(data)) % (1 << 61)
+
+    def value(self) -> str:
+        return f"{self.count}:{self.total}"
+
+
+def decode(data) -> int:
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(data))
+    image = image.convert("RGB")
+    image.load()
+    return image.size[0]
+
+
+# one pass of each row, for the readers of this environment: (samples, seconds, digest or None)
+def _touch(samples, field, digest):
+    n = 0
+    if digest is None:
+        for sample in samples:
+            value = sample[field]
+            len(value)
+            value[0]
+            n += 1
+    else:
+        for sample in samples:
+            digest.add(sample[field])
+            n += 1
+    return n
+
+
+def _run_pass(make, row, digest):
+    field = FIELD[row]
+    started = time.perf_counter()
+    if row == "decode":
+        n = 0
+        for sample in make():
+            decode(sample[field])
+            if digest is not None:
+                digest.add(sample[field])
+            n += 1
+    elif row == "loader":
+        n = 0
+        for batch in make():
+            column = batch[0] if isinstance(batch, (tuple, list)) else batch[field]
+            items = column.views() if hasattr(column, "views") else column
+            for value in items:
+                if digest is not None:
+                    digest.add(value)
+                else:
+                    value[0]
+                n += 1
+    else:
+        n = _touch(make(), field, digest)
+    return n, time.perf_counter() - started
+
+
+def ours(row: str, files: list):
+    import wds_cloud as wds
+
+    if row == "loader":
+        return lambda: wds.WebLoader(
+            wds.WebDataset(files, shardshuffle=False).to_tuple("jpg", "cls").batched(64),
+            batch_size=None,
+            num_workers=2,
+        )
+    views = row == "views"
+    return lambda: wds.WebDataset(files, shardshuffle=False, zero_copy=views)
+
+
+def webdataset(row: str, files: list):
+    import webdataset as wds
+
+    if row == "loader":
+        return lambda: wds.WebLoader(
+            wds.WebDataset(files, shardshuffle=False).to_tuple("jpg", "cls").batched(64),
+            batch_size=None,
+            num_workers=2,
+        )
+    return lambda: wds.WebDataset(files, shardshuffle=False)
+
+
+def one(make, row):
+    """A warm-up pass (with the digest), then the timed pass: (rate, digest)."""
+    digest = Digest()
+    _run_pass(make, row, digest)
+    n, seconds = _run_pass(make, row, None)
+    return n / seconds, digest.value()
+
+
+def large_baseline(files: list):
+    """Every member read into its own new buffer at the offsets tarfile lists: (rate, digest)."""
+    offsets = []
+    for path in files:
+        with tarfile.open(path) as tar:
+            offsets += [(path, m.offset_data, m.size) for m in tar.getmembers() if m.isfile()]
+
+    def run(digest):
+        n = 0
+        handles = {path: open(path, "rb", buffering=0) for path in files}
+        try:
+            for path, offset, size in offsets:
+                f = handles[path]
+                f.seek(offset)
+                buf = bytearray(size)
+                f.readinto(buf)
+                if digest is not None:
+                    digest.add(buf)
+                n += 1
+        finally:
+            for f in handles.values():
+                f.close()
+        return n
+
+    digest = Digest()
+    run(digest)
+    started = time.perf_counter()
+    n = run(None)
+    return n / (time.perf_counter() - started), digest.value()
+
+
+# LitData, in its own environment
+def litdata_dir(name: str) -> str:
+    return os.path.join(HERE, "_data", "litdata", name)
+
+
+def litdata_worker(row: str) -> None:
+    """Run in bench/.venv-litdata: convert the shards once, then one warm-up and one timed pass; print JSON."""
+    os.environ.setdefault("DATA_OPTIMIZER_CACHE_FOLDER", os.path.join(HERE, "_data", "litdata", ".cache"))
+    os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
+    name = DATA[row]
+    files = [os.path.join(HERE, "_data", name, f"{name}-{i:04d}.tar") for i in range(SHAPES[name][0])]
+    output = litdata_dir(name)
+    if not os.path.exists(os.path.join(output, "index.json")):
+        convert(files, output)
+    from litdata import StreamingDataLoader, StreamingDataset
+
+    if row == "loader":
+
+        def make():
+            return StreamingDataLoader(
+                StreamingDataset(output), batch_size=64, num_workers=2, collate_fn=_collate_bytes
+            )
+    else:
+
+        def make():
+            return StreamingDataset(output)
+
+    rate, digest = one(make, row)
+    sample = next(iter(StreamingDataset(output)))
+    print(json.dumps({"rate": rate, "digest": digest, "type": type(sample[FIELD[row]]).__name__}))
+
+
+def _collate_bytes(items):
+    """LitData hands out its raw bytes fields as memoryviews, which cannot cross to the main process: its users
+    make them bytes (the copy this row pays)."""
+    return {"jpg": [bytes(item["jpg"]) for item in items], "cls": [bytes(item["cls"]) for item in items]}
+
+
+def _samples_of(path: str):
+    """The samples of one shard as dicts of bytes (keys as the tar names them), read with tarfile."""
+    current, key = None, None
+    with tarfile.open(path) as tar:
+        for member in tar:
+            if not member.isfile():
+                continue
+            base, _, ext = member.name.partition(".")
+            if base != key:
+                if current is not None:
+                    yield current
+                current, key = {"__key__": base}, base
+            current[ext] = tar.extractfile(member).read()
+    if current is not None:
+        yield current
+
+
+def convert(files: list, output: str) -> None:
+    from litdata import optimize
+
+    started = time.perf_counter()
+    optimize(fn=_samples_of, inputs=files, output_dir=output, chunk_bytes="64MB", num_workers=1)
+    print(f"converted {len(files)} shards for LitData in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+
+
+def litdata(row: str):
+    """(rate, digest, type of the field) from the LitData environment, or None where it is not installed."""
+    if not os.path.exists(LITDATA_PYTHON) or row == "large":
+        return None
+    done = subprocess.run(  # against views, LitData's own loop (what it hands out is its own: see --help)
+        [LITDATA_PYTHON, os.path.abspath(__file__), "--litdata-worker", "raw" if row == "views" else row],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    if done.returncode:
+        raise SystemExit(f"LitData's run of {row!r} failed:\n{done.stderr[-3000:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return out["rate"], out["digest"], out["type"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated: " + ", ".join(ROWS))
+    parser.add_argument("--json", help="write the figures here")
+    parser.add_argument(
+        "--page", action="store_true", help="put the table in docs/performance.md, the figure in docs/img"
+    )
+    parser.add_argument("--litdata-worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.litdata_worker:
+        litdata_worker(args.litdata_worker)
+        return
+    rows = [r for r in args.rows.split(",") if r]
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        parser.error(f"--rows: no row {', '.join(unknown)} (choose from {', '.join(ROWS)})")
+    import warnings
+
+    warnings.simplefilter("ignore")
+    sys.path.insert(0, HERE)
+    import common
+
+    common.peer()
+    if not os.path.exists(LITDATA_PYTHON):
+        print(f"note: LitData is not installed in {LITDATA_PYTHON}: its column stays empty (see --help)")
+    results = {}
+    for row in rows:
+        files = shards(DATA[row])
+        best: dict = {}
+        digests: dict = {}
+        kinds: dict = {}
+        for _ in range(args.repeat):
+            runs = {"wds_cloud": lambda: one(ours(row, files), row)}
+            if row == "large":
+                runs["readinto"] = lambda: large_baseline(files)
+            elif row != "views":
+                runs["webdataset"] = lambda: one(webdataset(row, files), row)
+            for peer, run in runs.items():
+                rate, digest = run()
+                best[peer] = max(best.get(peer, 0.0), rate)
+                digests.setdefault(peer, digest)
+            got = litdata(row)
+            if got is not None:
+                rate, digest, kind = got
+                best["LitData"] = max(best.get("LitData", 0.0), rate)
+                digests.setdefault("LitData", digest)
+                kinds["LitData"] = kind
+        if len(set(digests.values())) > 1:
+            raise SystemExit(f"{row}: the peers delivered different bytes: {digests}")
+        results[row] = {"rates": best, "digest": next(iter(digests.values())), "litdata_type": kinds.get("LitData")}
+        print(f"{row}: " + ", ".join(f"{p} {r:,.0f}/s" for p, r in best.items()), flush=True)
+    print()
+    print(render(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if args.page:
+        page(results, " ".join(["bench/.venv/bin/python bench/bench_peers.py"] + sys.argv[1:]))
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def render(results: dict) -> str:
+    """The table, in Markdown."""
+    lines = [
+        "| workload | webdataset | wds_cloud | LitData | wds_cloud / LitData | wds_cloud / webdataset |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row, result in results.items():
+        rates = result["rates"]
+        ours_rate = rates.get("wds_cloud", 0.0)
+        if row == "large":
+            base = rates.get("readinto", 0.0)
+            lines.append(
+                f"| {TITLES[row]} | readinto: {base:,.0f} | {ours_rate:,.0f} | - | - | {_ratio(ours_rate, base)} of readinto |"
+            )
+            continue
+        cells = [rates.get(p) for p in ("webdataset", "wds_cloud", "LitData")]
+        shown = [f"{c:,.0f}" if c else "-" for c in cells]
+        lines.append(
+            f"| {TITLES[row]} | {shown[0]} | {shown[1]} | {shown[2]} | {_ratio(ours_rate, rates.get('LitData'))} "
+            f"| {_ratio(ours_rate, rates.get('webdataset'))} |"
+        )
+    return "\n".join(lines)
+
+
+def svg(results: dict, path: str) -> None:
+    """Bars of samples/s per workload and reader, each workload scaled to its fastest reader."""
+    peers = ("webdataset", "wds_cloud", "LitData")
+    colors = {"webdataset": "#999999", "wds_cloud": "#1f77b4", "LitData": "#ff7f0e"}
+    rows = [r for r in results if r != "large"]
+    width, row_height, left = 640, 70, 250
+    height = 40 + row_height * len(rows)
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+        'font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+    ]
+    for k, peer in enumerate(peers):
+        out.append(f'<rect x="{left + 120 * k}" y="8" width="10" height="10" fill="{colors[peer]}"/>')
+        out.append(f'<text x="{left + 14 + 120 * k}" y="17">{peer}</text>')
+    for i, row in enumerate(rows):
+        rates = results[row]["rates"]
+        top = max(rates.values())
+        y = 30 + i * row_height
+        out.append(f'<text x="4" y="{y + 30}">{TITLES[row].replace("local, ", "")}</text>')
+        for k, peer in enumerate(peers):
+            rate = rates.get(peer) or rates.get("wds_cloud" if peer == "wds_cloud" else "", 0.0)
+            bar = (width - left - 90) * (rate / top if top else 0)
+            out.append(f'<rect x="{left}" y="{y + 4 + 20 * k}" width="{bar:.1f}" height="16" fill="{colors[peer]}"/>')
+            label = f"{rate:,.0f}/s" if rate else "-"
+            out.append(f'<text x="{left + bar + 4:.1f}" y="{y + 16 + 20 * k}">{label}</text>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
+def page(results: dict, command: str) -> None:
+    """The table and figure in docs/performance.md, between its markers (the rest of the page is figures.py's)."""
+    svg(results, os.path.join(ROOT, "docs", "img", "peers.svg"))
+    sys.path.insert(0, HERE)
+    import figures
+
+    note = ""
+    kind = next((r["litdata_type"] for r in results.values() if r.get("litdata_type")), None)
+    if kind:
+        note = f" LitData's raw bytes fields come out as `{kind}`."
+    section = peers_section(render(results), f"{figures.machine()}; `{command}`.{note}")
+    with open(PAGE) as f:
+        text = f.read()
+    if BEGIN in text and END in text:
+        text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) :]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    with open(PAGE, "w") as f:
+        f.write(text)
+    print(f"wrote {PAGE} and docs/img/peers.svg")
+
+
+def peers_section(table: str, where: str) -> str:
+    return "\n".join(
+        [
+            BEGIN,
+            "## Local disk: wds_cloud, webdataset 1.0.2 and LitData",
+            "",
+            "![samples/s on local disk, wds_cloud, webdataset and LitData](img/peers.svg)",
+            "",
+            table,
+            "",
+            "*The same shards for every reader (LitData: its `optimize`d chunks of them), best of the rounds, "
+            "each reader after one untimed epoch, alternating; every reader's bytes checked against the others'. "
+            f"Written by `bench/bench_peers.py` (see `bench/README.md`). {where}*",
+            END,
+        ]
+    )
+
+
+if __name__ == "__main__":
+    main()
