@@ -73,8 +73,8 @@ def drop(mapping: mmap.mmap, start: int, end: int) -> None:
 
 
 #: ``MADV_POPULATE_READ`` (Linux 5.14): map a range's pages now, in one call (Python names it from 3.13 on)
-_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22 if sys.platform.startswith("linux") else None)
-_populate_works = _POPULATE_READ is not None
+_POPULATE_READ: int = getattr(mmap, "MADV_POPULATE_READ", 22)
+_populate_works = sys.platform.startswith("linux")
 
 
 def populate(mapping: mmap.mmap, start: int, end: int) -> None:
