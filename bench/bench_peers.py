@@ -289,10 +289,20 @@ def main() -> None:
     parser.add_argument(
         "--page", action="store_true", help="put the table in docs/performance.md, the figure in docs/img"
     )
+    parser.add_argument(
+        "--from-json", metavar="PATH", help="print (and with --page, write) the figures of an earlier run"
+    )
     parser.add_argument("--litdata-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.litdata_worker:
         litdata_worker(args.litdata_worker)
+        return
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        print(render(saved))
+        if args.page:
+            page(saved, saved.get("_command", "bench/.venv/bin/python bench/bench_peers.py"))
         return
     rows = [r for r in args.rows.split(",") if r]
     unknown = [r for r in rows if r not in ROWS]
@@ -335,11 +345,12 @@ def main() -> None:
         print(f"{row}: " + ", ".join(f"{p} {r:,.0f}/s" for p, r in best.items()), flush=True)
     print()
     print(render(results))
+    command = " ".join(["bench/.venv/bin/python bench/bench_peers.py"] + sys.argv[1:])
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump({**results, "_command": command}, f, indent=1)
     if args.page:
-        page(results, " ".join(["bench/.venv/bin/python bench/bench_peers.py"] + sys.argv[1:]))
+        page(results, command)
 
 
 def _ratio(a, b) -> str:
@@ -353,6 +364,8 @@ def render(results: dict) -> str:
         "|---|---|---|---|---|---|",
     ]
     for row, result in results.items():
+        if row.startswith("_"):
+            continue
         rates = result["rates"]
         ours_rate = rates.get("wds_cloud", 0.0)
         if row == "large":
@@ -374,7 +387,7 @@ def svg(results: dict, path: str) -> None:
     """Bars of samples/s per workload and reader, each workload scaled to its fastest reader."""
     peers = ("webdataset", "wds_cloud", "LitData")
     colors = {"webdataset": "#999999", "wds_cloud": "#1f77b4", "LitData": "#ff7f0e"}
-    rows = [r for r in results if r != "large"]
+    rows = [r for r in results if r != "large" and not r.startswith("_")]
     width, row_height, left = 640, 70, 250
     height = 40 + row_height * len(rows)
     out = [
@@ -391,7 +404,7 @@ def svg(results: dict, path: str) -> None:
         y = 30 + i * row_height
         out.append(f'<text x="4" y="{y + 30}">{TITLES[row].replace("local, ", "")}</text>')
         for k, peer in enumerate(peers):
-            rate = rates.get(peer) or rates.get("wds_cloud" if peer == "wds_cloud" else "", 0.0)
+            rate = rates.get(peer) or 0.0
             bar = (width - left - 90) * (rate / top if top else 0)
             out.append(f'<rect x="{left}" y="{y + 4 + 20 * k}" width="{bar:.1f}" height="16" fill="{colors[peer]}"/>')
             label = f"{rate:,.0f}/s" if rate else "-"
@@ -403,15 +416,16 @@ def svg(results: dict, path: str) -> None:
 
 def page(results: dict, command: str) -> None:
     """The table and figure in docs/performance.md, between its markers (the rest of the page is figures.py's)."""
-    svg(results, os.path.join(ROOT, "docs", "img", "peers.svg"))
+    svg({k: v for k, v in results.items() if not k.startswith("_")}, os.path.join(ROOT, "docs", "img", "peers.svg"))
     sys.path.insert(0, HERE)
     import figures
 
     note = ""
-    kind = next((r["litdata_type"] for r in results.values() if r.get("litdata_type")), None)
+    kind = next((r["litdata_type"] for r in results.values() if isinstance(r, dict) and r.get("litdata_type")), None)
     if kind:
         note = f" LitData's raw bytes fields come out as `{kind}`."
-    section = peers_section(render(results), f"{figures.machine()}; `{command}`.{note}")
+    shown = {k: v for k, v in results.items() if not k.startswith("_")}
+    section = peers_section(render(shown), f"{figures.machine()}; `{command}`.{note}")
     with open(PAGE) as f:
         text = f.read()
     if BEGIN in text and END in text:

@@ -654,6 +654,7 @@ def _grouped_mapped(
     start = 0
     given: Any = None  # a member the general reader gave: (name, data)
     run_heads: Any = None
+    plain = rename_files is None and fast_keys and lcase and suffixes is None
     try:
         while True:
             run = members.plain_run()
@@ -668,6 +669,34 @@ def _grouped_mapped(
             else:
                 names, heads, sizes = run
                 given, run_heads = None, heads
+                if plain:  # the usual rules: the same steps as below, without the checks they need not
+                    for name, head, size in zip(names, heads, sizes):
+                        slash = name.rfind("/")
+                        dot = name.find(".", slash + 1)
+                        if dot <= slash + 1:
+                            continue
+                        prefix = name[:dot]
+                        if prefix != key:
+                            record = base + head
+                            if current is not None:
+                                if where is not None:
+                                    where[0], where[1], where[3] = start, record, name
+                                    where[2] += 1
+                                yield current
+                            current = {"__key__": prefix, "__url__": url}
+                            if local_path is not None:
+                                current["__local_path__"] = local_path
+                            key = prefix
+                            start = members.sample_start = record
+                        suffix = name[dot + 1 :].lower()
+                        if suffix in current:
+                            exn = repeated_field(url, name, base + head, prefix, suffix)
+                            if on_repeat is None or not on_repeat(exn):
+                                raise exn
+                            continue
+                        begin = head + 512
+                        current[suffix] = source[begin : begin + size]
+                    continue
             for name, head, size in zip(names, heads, sizes):
                 if rename_files is not None:
                     name = rename_files(name)
