@@ -356,3 +356,32 @@ def test_webloader_workers_hand_their_tables_to_the_main_process(tmp_path, no_ta
     assert len(no_tables._tables) == 4  # two from each worker
     second = sorted(k for keys, _ in loader for k in keys)
     assert first == second and len(first) == 80
+
+
+def test_a_shard_cut_short_in_place_while_read_is_an_error_not_a_crash(tmp_path):
+    """Truncated in place between two windows of the read: ObjectChangedError naming the file and the sizes, not
+    SIGBUS (a child process, so that a crash would fail the test rather than end the run)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "s.tar"
+    path.write_bytes(write_tar([(f"k{i}", {"bin": bytes([i]) * 3000}) for i in range(40)], extras=False))
+    child = f"""
+import os
+from wds_cloud.errors import ObjectChangedError
+from wds_cloud.io.open import gopen
+from wds_cloud.tar.reader import TarMembers
+path = {str(path)!r}
+members = TarMembers(gopen(path), path, chunk=4096)
+members.begin()
+assert members.mapped
+try:
+    for i, (name, data) in enumerate(members):
+        if i == 2:
+            os.truncate(path, os.path.getsize(path) // 2)
+except ObjectChangedError as exc:
+    print("refused:", exc)
+"""
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "refused:" in done.stdout and "cut short while it was read" in done.stdout and "s.tar" in done.stdout

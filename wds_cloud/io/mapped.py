@@ -11,11 +11,12 @@ plugin, the cache's entries): a stream wrapped to be checked while read (a manif
 range never is, and reads as it did.  ``WDS_MMAP=0`` turns mapping off (a file system where mapping is
 slow or unsafe).
 
-A mapped file that is cut short *in place* while it is read (truncated by another process) makes the
-kernel stop the reader with ``SIGBUS`` on the first page past the new end: shards must not be rewritten in
-place while read (write a new file and rename it over the old, as every writer of this library does).  The
-size is checked when the mapping is made: a file already shorter than when it was opened is read as a
-stream (and its truncation reported as usual).
+A mapped file that is cut short *in place* while it is read (truncated by another process) would make the
+kernel stop the reader with ``SIGBUS`` on the first page past the new end: the reader checks the size before
+each window it reads (``ObjectChangedError``), but a cut inside the window being read still does; shards must
+not be rewritten in place while read (write a new file and rename it over the old, as every writer of this
+library does).  The size is checked when the mapping is made too: a file shorter than when it was opened is
+read as a stream (and its truncation reported as usual).
 """
 
 from __future__ import annotations

@@ -18,11 +18,12 @@ from __future__ import annotations
 import bz2
 import io
 import lzma
+import os
 import zlib
 from collections.abc import Callable, Iterator
 from typing import IO, Any, Optional, Protocol, cast
 
-from ..errors import CorruptShardError, MissingExtraError, redact
+from ..errors import CorruptShardError, MissingExtraError, ObjectChangedError, redact
 from ..io.backend import WrappedStream
 from ..io.mapped import drop, populate
 from . import table as tables
@@ -611,11 +612,29 @@ class TarMembers:
         self._check_sample()
         window = self.chunk
         if self._buf is self._mapping:
+            self._check_size()
             if pos - self._dropped >= 8 * window:
                 drop(self._mapping, self._dropped, pos - window)
                 self._dropped = pos - window
             populate(self._mapping, pos, pos + window)
         return min(len(self._buf), pos + window)
+
+    def _check_size(self) -> None:
+        """A mapped file cut short in place since it was opened would stop the reader with SIGBUS on its first
+        page past the new end: its size is checked before each window is read (a cut between two checks still
+        can; shards must not be rewritten in place while read, see wds_cloud.io.mapped)."""
+        try:
+            size = os.fstat(self._source.fileno()).st_size
+        except (AttributeError, OSError, ValueError):
+            return
+        if size < len(self._buf):
+            raise ObjectChangedError(
+                f"{redact(self.url) or '<stream>'}: the file was cut short while it was read (it had "
+                f"{len(self._buf)} bytes when opened, {size} now, at byte {self.offset}); a shard must not be "
+                "rewritten in place while it is read: write a new file and rename it over the old one",
+                url=self.url,
+                offset=self.offset,
+            )
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
         if not self._begun:
