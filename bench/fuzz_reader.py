@@ -3,7 +3,10 @@
 Each case takes a valid shard, then mutates tar headers with recomputed checksums, inserts PAX
 headers with wrong records, or cuts / flips bits in a compressed stream, and reads it.  A case
 fails if the reader raises anything but CorruptShardError, takes longer than --limit seconds,
-allocates more than 64 MiB, or (for a cut compressed stream) delivers a sample that is not whole.
+allocates more than 64 MiB, or (for a cut compressed stream) delivers a sample that is not whole.  A plain
+tar case is read a second and a third time from a file, mapped (the third pass from the member table the
+second kept, if it read to the end), with views: each must give the same samples and the same error as the
+streamed read.
 
     python bench/fuzz_reader.py [--cases 20000] [--seed 0] [--limit 10]
 """
@@ -24,8 +27,50 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.hostile import bounded, damage, insert_pax, mutate_header, tar_of  # noqa: E402
+from wds_cloud import config  # noqa: E402
 from wds_cloud.errors import CorruptShardError  # noqa: E402
+from wds_cloud.io.open import gopen  # noqa: E402
+from wds_cloud.tar import table  # noqa: E402
+from wds_cloud.tar.reader import TarMembers  # noqa: E402
+from wds_cloud.tar.samples import SKIP_META, member_filter  # noqa: E402
 from wds_cloud.tariterators import shard_samples  # noqa: E402
+
+
+def result_of(out: dict) -> tuple:
+    """What a read gave, comparable across readers: the samples (views as bytes, no URL) and the error's text."""
+    samples = [
+        {k: bytes(v) if isinstance(v, memoryview) else v for k, v in s.items() if k != "__url__"}
+        for s in out.get("value", ())
+    ]
+    error = out.get("error")
+    return samples, (type(error).__name__, str(error).replace(out.get("url", ""), "URL")) if error else None
+
+
+def mapped_reads(path: str, data: bytes, seconds: float) -> list:
+    """Two passes over ``data`` written to ``path``, mapped, with views (the second from the table, if any)."""
+    with open(path, "wb") as f:
+        f.write(data)
+    outs = []
+    for _ in range(2):
+
+        def read():
+            members = TarMembers(  # as shard_samples makes it, but over the mapped file
+                gopen(path),
+                path,
+                select=member_filter(SKIP_META, None, None),
+                max_member=config.current().max_member_size,
+                views=True,
+            )
+            try:
+                members.begin()
+                return list(shard_samples(path, None, members=members))
+            finally:
+                members.close()
+
+        out = bounded(read, seconds=seconds)
+        out["url"] = path
+        outs.append(out)
+    return outs
 
 
 def main() -> None:
@@ -33,7 +78,11 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=20000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=float, default=10.0, help="seconds one case may take")
+    parser.add_argument("--no-mapped", action="store_true", help="do not read plain cases again mapped")
     args = parser.parse_args()
+    import tempfile
+
+    scratch = tempfile.mkdtemp(prefix="fuzz-reader-")
     rng = random.Random(args.seed)
     expected = {f"s{i}": {"txt": f"text {i}".encode(), "bin": bytes([i]) * (i * 300)} for i in range(6)}
     valid = tar_of([(k, v) for k, v in expected.items()])
@@ -78,6 +127,14 @@ def main() -> None:
             for s in out.get("value", ())
         ):
             problem = "a sample that is not whole"
+        if problem is None and not args.no_mapped and kind != "compressed" and data:
+            out["url"] = url
+            streamed = result_of(out)
+            for n, again in enumerate(mapped_reads(os.path.join(scratch, "fuzz.tar"), data, max(args.limit, 60))):
+                if result_of(again) != streamed:
+                    problem = f"read mapped ({'from the table' if n else 'first pass'}) differs from the stream"
+                    break
+            table.forget()
         outcomes[(kind, "error" if error is not None else "read")] += 1
         if problem:
             failures.append((case, kind, problem))

@@ -385,3 +385,16 @@ except ObjectChangedError as exc:
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "refused:" in done.stdout and "cut short while it was read" in done.stdout and "s.tar" in done.stdout
+
+
+@pytest.mark.parametrize("claimed", [20_000, 3 << 20, 1_121_644_593])
+def test_a_member_claiming_more_than_the_file_holds_is_reported_as_the_stream_reports_it(tmp_path, claimed):
+    """Found by bench/fuzz_reader.py: a header claiming more bytes than the file holds (more than a window, or a
+    chunk) was reported as "expected a further N bytes, got 0" when mapped; it is the streamed read's message."""
+    data = bytearray(write_tar([("a", {"bin": b"x" * 2000}), ("b", {"txt": b"y"})], extras=False))
+    field = b"%011o" % claimed
+    data[124:135] = field
+    data[148:156] = b" " * 8
+    data[148:156] = b"%06o\0 " % sum(data[:512])
+    (samples, error, _), (samples2, error2, mapped) = _both(tmp_path, bytes(data))
+    assert mapped and error is not None and error2 == error and "expected" in error[0]

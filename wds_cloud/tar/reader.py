@@ -456,6 +456,11 @@ class TarMembers:
         if len(buf) - pos >= padded:
             self._pos = pos + padded
             return buf[pos : pos + size]
+        if buf is self._mapping and self._mapping is not None:  # the whole file is here: it ends before the member
+            got = len(buf) - pos
+            if got >= size:
+                raise self._fail(_cut_in_padding(size, got - size), name, header_offset)
+            raise self._fail(_cut_in_data(size, got), name, header_offset)
         if size > self.chunk:  # large member: the rest goes straight from the stream into the payload
             head = buf[pos:]
             data = self._read_payload(head, size, name, header_offset)
