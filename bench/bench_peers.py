@@ -138,29 +138,27 @@ def _run_pass(make, row, digest):
     return n, time.perf_counter() - started
 
 
-def ours(row: str, files: list):
-    import wds_cloud as wds
-
+def reader(wds, row: str, files: list, **options):
+    """How ``wds`` (wds_cloud or webdataset, the same API) reads ``row``: a function that makes the iterable."""
     if row == "loader":
         return lambda: wds.WebLoader(
             wds.WebDataset(files, shardshuffle=False).to_tuple("jpg", "cls").batched(64),
             batch_size=None,
             num_workers=2,
         )
-    views = row == "views"
-    return lambda: wds.WebDataset(files, shardshuffle=False, zero_copy=views)
+    return lambda: wds.WebDataset(files, shardshuffle=False, **options)
+
+
+def ours(row: str, files: list):
+    import wds_cloud
+
+    return reader(wds_cloud, row, files, **({"zero_copy": True} if row == "views" else {}))
 
 
 def webdataset(row: str, files: list):
-    import webdataset as wds
+    import webdataset
 
-    if row == "loader":
-        return lambda: wds.WebLoader(
-            wds.WebDataset(files, shardshuffle=False).to_tuple("jpg", "cls").batched(64),
-            batch_size=None,
-            num_workers=2,
-        )
-    return lambda: wds.WebDataset(files, shardshuffle=False)
+    return reader(webdataset, row, files)
 
 
 def one(make, row):

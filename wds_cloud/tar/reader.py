@@ -721,6 +721,7 @@ class TarMembers:
         names: list = []
         heads: list = []
         sizes: list = []
+        # the header checks of __iter__'s fast path, inlined as there (a call per member would cost it)
         try:
             while pos + 512 <= end:
                 try:

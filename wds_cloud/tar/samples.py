@@ -642,7 +642,9 @@ def _grouped_mapped(
     """:func:`_grouped` over a mapped shard: the members come in runs (:meth:`TarMembers.plain_run`: their
     headers read in one tight pass, checksums checked together), and what is left per member is the key,
     the slice and the dict; a member the runs do not take goes through the general reader.  The same
-    samples, offsets (``where``), limits and errors as :func:`_grouped` (the mapped-read tests compare them)."""
+    samples, offsets (``where``), limits and errors as :func:`_grouped` (the mapped-read tests compare them).
+    Its steps per member repeat :func:`_grouped`'s, and its loop for the usual key rules repeats its own general
+    loop without the checks those rules need not: inlined on purpose, as a call per member would cost them."""
     suffixes = set(suffixes) if suffixes is not None else None
     fast_keys = keys is base_plus_ext
     buf = members.buffer
