@@ -398,3 +398,20 @@ def test_a_member_claiming_more_than_the_file_holds_is_reported_as_the_stream_re
     data[148:156] = b"%06o\0 " % sum(data[:512])
     (samples, error, _), (samples2, error2, mapped) = _both(tmp_path, bytes(data))
     assert mapped and error is not None and error2 == error and "expected" in error[0]
+
+
+def test_the_documented_packing_collate_takes_views_through_torchs_own_loader(tmp_path):
+    """reading.md's way for torch's own DataLoader (a new user found `wds.transport` missing after a plain
+    `import wds_cloud as wds`): views packed, bytes out, nothing read as numbers."""
+    import subprocess
+    import sys
+
+    torch = pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, "-c", "import wds_cloud as wds; wds.transport.PackingCollate"], timeout=120)
+    assert done.returncode == 0
+    urls = _shards(tmp_path, n=2, per=10, size=30)
+    expected = {s["__key__"]: s["bin"] for s in wds.WebDataset(urls, shardshuffle=False)}
+    ds = wds.WebDataset(urls, shardshuffle=False, zero_copy=True).to_tuple("__key__", "bin").batched(4)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, collate_fn=wds.transport.PackingCollate())
+    got = {k: v for keys, column in loader for k, v in zip(keys, column)}
+    assert got == expected

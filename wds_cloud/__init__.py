@@ -7,7 +7,7 @@ the package does no I/O and loads no plugin; plugins load on first use.
 __version__ = "0.1.0"
 
 
-from . import errors, tenbin, utils
+from . import errors, tenbin, transport, utils
 from .autodecode import (
     Continue,
     Decoder,
