@@ -198,6 +198,7 @@ __all__ = [
     # modules
     "errors",
     "tenbin",
+    "transport",
     "utils",
     # errors
     "WdsCloudError",
