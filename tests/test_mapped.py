@@ -415,3 +415,24 @@ def test_the_documented_packing_collate_takes_views_through_torchs_own_loader(tm
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, collate_fn=wds.transport.PackingCollate())
     got = {k: v for keys, column in loader for k, v in zip(keys, column)}
     assert got == expected
+
+
+def test_views_through_webloader_workers_with_packing_off_arrive_as_bytes(tmp_path):
+    """A new user's finding: WebLoader(pack_bytes=False) over zero_copy=True hung for ever (the workers could not
+    pickle the views; torch's loader waited).  Views now cross as bytes; run in a child with a timeout."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    urls = _shards(tmp_path, n=2, per=10, size=30)
+    child = f"""
+import wds_cloud as wds
+urls = {urls!r}
+ds = wds.WebDataset(urls, shardshuffle=False, zero_copy=True).to_tuple("__key__", "bin").batched(4)
+got = {{k: v for keys, col in wds.WebLoader(ds, batch_size=None, num_workers=2, pack_bytes=False) for k, v in zip(keys, col)}}
+assert len(got) == 20 and all(type(v) is bytes for v in got.values()), got
+own = wds.DataPipeline(lambda: iter(list(wds.WebDataset(urls, shardshuffle=False, zero_copy=True))))
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]

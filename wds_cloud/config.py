@@ -120,14 +120,14 @@ _ENV_ROWS = (
         "boolean",
         "`1`",
         "`0`",
-        "read plain tar shards on local disk (and complete in the shard cache) through a read-only memory mapping, members sliced out of the page cache; `0` reads them as streams (a file system where mapping is slow or unsafe). A mapped shard must not be truncated in place while read (the kernel stops the reader with `SIGBUS`)",
+        "read plain tar shards on local disk (and complete in the shard cache) through a read-only memory mapping, members sliced out of the page cache; `0` reads them as streams (a file system where mapping is slow or unsafe). A mapped shard must not be truncated in place while read: the size is checked before each MiB (`ObjectChangedError`), but a cut inside the MiB being read stops the reader with `SIGBUS`",
     ),
     (
         "`WDS_TABLE_CACHE`",
         "size",
         "`32MiB`",
         "`256MiB`",
-        "the most memory the member tables of mapped shards may hold (where each member lies, recorded by a pass that read the shard to its end, so that the next pass over the unchanged file reads no header); `0` keeps none",
+        "the most memory the member tables of mapped shards may hold (where each member lies, recorded by a pass that read the shard to its end, so that the next pass over the unchanged file reads no header): about 25 bytes and the name per member; a table larger than the bound is not kept, and `wds_cloud.tar.table.held()` says how many are kept and their bytes; `0` keeps none",
     ),
     (
         "`WDS_MAX_MEMBER_SIZE`",

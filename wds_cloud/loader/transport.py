@@ -27,7 +27,7 @@ from typing import Any, Optional, Union, overload
 from ..errors import MalformedDataError
 from ..io.datafile import shown
 
-__all__ = ["PackedBytes", "pack_batch", "PackingCollate", "AUTO_MIN_BYTES"]
+__all__ = ["PackedBytes", "pack_batch", "PackingCollate", "AUTO_MIN_BYTES", "as_bytes", "BytesCollate"]
 
 #: lists of byte strings shorter than this stay lists (packing two items saves nothing)
 MIN_ITEMS = 2
@@ -372,6 +372,32 @@ def pack_batch(batch: Any, min_bytes: int = 0) -> Any:
     for i, column in zip(keys, packed):
         out[i] = column
     return tuple(out) if isinstance(batch, tuple) else out
+
+
+def as_bytes(batch: Any) -> Any:
+    """``batch`` with every view in it (a field, a column's item, a dict's value) made ``bytes``: what a worker
+    sends when batches are not packed (``WebLoader(pack_bytes=False)``), since a view cannot be pickled."""
+    kind = type(batch)
+    if kind is memoryview:
+        return batch.tobytes()
+    if kind is dict:
+        return {k: as_bytes(v) for k, v in batch.items()}
+    if kind is list or kind is tuple:
+        if not any(type(v) in (memoryview, list, tuple, dict) for v in batch):
+            return batch
+        out = [as_bytes(v) for v in batch]
+        return tuple(out) if kind is tuple else out
+    return batch
+
+
+class BytesCollate:
+    """A DataLoader ``collate_fn``: ``inner``'s result with its views made ``bytes`` (see :func:`as_bytes`)."""
+
+    def __init__(self, inner: Callable) -> None:
+        self.inner = inner
+
+    def __call__(self, data: Any) -> Any:
+        return as_bytes(self.inner(data))
 
 
 class PackingCollate:

@@ -58,6 +58,8 @@ class WebLoader(DataPipeline, FluidInterface):
         min_bytes = transport.AUTO_MIN_BYTES if pack_bytes is None else 0
         if pack_bytes is not False and num_workers and HAVE_TORCH:
             pack = functools.partial(transport.pack_batch, min_bytes=min_bytes)
+        elif num_workers and HAVE_TORCH:  # not packed: views (zero_copy=True) cross as bytes, never unpicklable
+            pack = transport.as_bytes
         # Why state_dict() cannot work here (None: it can).  Decided from the stages alone; a
         # pipeline that cannot be resumed is iterated exactly as torch's DataLoader would.
         self._blocker = _resume_blocker(dataset, args, kw)
@@ -82,10 +84,13 @@ class WebLoader(DataPipeline, FluidInterface):
             batch_size = args[1] if len(args) > 1 else kw.get("batch_size", 1)
             index = 6 if len(args) > 6 else None
             inner = (args[6] if index else kw.get("collate_fn")) or loaderstate.default_collate(batch_size is None)
+            made = (
+                transport.PackingCollate(inner, min_bytes) if pack_bytes is not False else transport.BytesCollate(inner)
+            )
             if index:
-                args[6] = transport.PackingCollate(inner, min_bytes)
+                args[6] = made
             else:
-                kw["collate_fn"] = transport.PackingCollate(inner, min_bytes)
+                kw["collate_fn"] = made
         super().__init__(DataLoader(*args, **kw))
         if self._untag is not None:
             self.append(self._untag)

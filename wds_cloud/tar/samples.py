@@ -651,7 +651,7 @@ def _grouped_mapped(
     view = memoryview(buf) if members.views else None
     source = view if view is not None else buf
     base = members.base
-    current: Optional[dict] = None
+    current: Any = None  # the sample being grouped (None before the first)
     key = None
     start = 0
     given: Any = None  # a member the general reader gave: (name, data)

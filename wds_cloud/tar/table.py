@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 from .. import config
 
-__all__ = ["MemberTable", "Recorder", "lookup", "keep", "drop", "forget", "handed", "adopt"]
+__all__ = ["MemberTable", "Recorder", "lookup", "keep", "drop", "forget", "handed", "adopt", "held"]
 
 
 class MemberTable:
@@ -102,6 +102,12 @@ _held = 0
 _lock = threading.Lock()
 #: identity -> the process that kept the table (a DataLoader worker hands its own to the main process)
 _kept_by: dict = {}
+
+
+def held() -> tuple[int, int]:
+    """``(tables, bytes)``: how many member tables this process keeps, and the memory they take."""
+    with _lock:
+        return len(_tables), _held
 
 
 def lookup(identity: Any) -> Optional[MemberTable]:
