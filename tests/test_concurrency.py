@@ -590,3 +590,40 @@ def test_a_lower_ceiling_brings_the_level_down_through_the_public_method():
         assert concurrency.controller_for("h", 2) is controller and controller.level == 2 and controller.cap == 2
     finally:
         concurrency.forget()
+
+
+def test_a_host_that_becomes_crowded_mid_read_is_measured_again_at_once():
+    """The connection-controller adversary's finding (issue 41): 10 MB/s per connection, until from 1.5 s on more
+    than 2 connections are each held to 0.3 MB/s (from 0.5 s here).  The level had climbed to 8-16 and stayed there until the
+    10 s re-probe, then came down a halving at a time past levels that looked worse still: the read took 2-3x as
+    long as 2 connections pinned.  A rate that falls to a third of what the held level brought, while the reader
+    waits, starts the search again from one connection."""
+
+    def host(open_, t):
+        return 10 * MB if t < 0.5 or open_ <= 2 else 0.3 * MB
+
+    seconds, controller, simulated, best, best_seconds = learned_against_fixed(
+        host, levels=(1, 2, 4, 8, 16), shards=8, shard_size=64 << 20, piece=CHUNK
+    )
+    assert best == 2
+    assert seconds <= 1.6 * best_seconds, (seconds, best_seconds, controller.report())
+
+
+def test_a_pinned_level_above_the_ceiling_is_refused_naming_both():
+    """The adversary's finding: concurrency=8 with max_concurrency=2 ran at 8 without a word."""
+    with pytest.raises(wds.ConfigError, match="concurrency=8 is above max_concurrency=2"):
+        wds.WebDataset("a.tar", concurrency=8, max_concurrency=2)
+    wds.WebDataset("a.tar", concurrency=2, max_concurrency=2)
+
+
+def test_a_read_that_times_out_says_so_and_what_to_change():
+    """The adversary's finding: a read past the socket timeout was reported as "[Errno 11] Resource temporarily
+    unavailable; check that the server is running"."""
+    import errno
+
+    from wds_cloud.io.httpstream import connection_error
+
+    error = connection_error(
+        "http://127.0.0.1:9/s.tar", BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable"), "read from"
+    )
+    assert "timed out" in str(error) and "WDS_RETRY_TIMEOUT" in str(error) and "Errno" not in str(error)

@@ -58,6 +58,16 @@ class ReadOptions:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, check(name, value))  # frozen: the one place values are set
+        if (
+            self.concurrency is not None
+            and self.max_concurrency is not None
+            and self.concurrency > self.max_concurrency
+        ):
+            raise ConfigError(
+                f"concurrency={self.concurrency} is above max_concurrency={self.max_concurrency}: concurrency pins "
+                "the connections per host, max_concurrency bounds the level measured when it is not pinned; give "
+                "one of them (or a concurrency within the bound)"
+            )
 
     def with_keywords(self, **given: Any) -> ReadOptions:
         """These options with the keyword arguments a dataset was given (None: not given) filled in; a setting

@@ -23,6 +23,10 @@ first-byte latencies:
   measured again on a fresh window first; the climb stops at the first level
   that did not pay, which is remembered (not tried again, nor the levels above it) until the next re-probe,
   and only when it was more than a step above is the step between tried;
+- a level held whose rate falls below a third of what it brought while the reader waits (:data:`FELL`: the host
+  became crowded or throttled) starts the search again from one connection: on a host that slows every
+  connection past N, the levels between the held one and N look worse than both, so stepping down would not
+  find N;
 - after :data:`REPROBE` seconds at one level it measures again: one step down (kept when the reader
   still does not wait, or gets no less), and up again while the reader waits;
 - ``concurrency=N`` pins the level: nothing is measured or changed.
@@ -85,6 +89,8 @@ MIN_WINDOW = 0.05
 USED = 0.7
 #: a window holds at least this many pieces per connection (a few pieces are a burst, not a rate)
 ARRIVALS = 4
+#: a held level whose rate falls below 1/FELL of what it brought (the reader waiting) is searched again from one
+FELL = 3.0
 
 
 class Controller:
@@ -308,8 +314,12 @@ class Controller:
             self.waiting = share
             self.decisions += 1
             level = self.level
+            held = self.rates.get(level) if self._trial is None else None
             self.rates[level] = rate
-            new = self._next(level, rate, share, used, remaining, now, connection_rate, part_size)
+            if held is not None and level > 1 and share >= WAIT_SHARE and rate * FELL < held:
+                new = self._fell(level, held, rate)
+            else:
+                new = self._next(level, rate, share, used, remaining, now, connection_rate, part_size)
             if self._held_since is None or new != level:
                 self._held_since = now
             if new != level:
@@ -447,6 +457,19 @@ class Controller:
         self._trial, self._from = "up", level
         self.reason = f"the reader waited {share:.0%} of the time at {level} connections ({mb:.0f} MB/s): trying {up}"
         return up
+
+    def _fell(self, level: int, held: float, rate: float) -> int:
+        """The rate at the level held fell to a fraction of what it brought while the reader waits: the host
+        changed (crowded, throttled), and the levels between may now look worse than both ends (a host that
+        slows every connection past N), so the search starts again from one connection."""
+        self._trial = self._from = self._ceiling = None
+        self._confirmed = False
+        self.rates = {}
+        self.reason = (
+            f"{level} connections fell from {held / 1e6:.0f} to {rate / 1e6:.0f} MB/s while the reader waited: "
+            "measuring again from one connection"
+        )
+        return 1
 
     def _up(self, level: int, far: bool = False) -> Optional[int]:
         """The next level to try above ``level``, or None.  From one connection it quadruples (``far``: the

@@ -49,17 +49,25 @@ def connection_error(
     user gave, such as ``s3://bucket/key``), never a signed request URL."""
     parts = urllib.parse.urlsplit(url)
     endpoint = f"{parts.scheme}://{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+    # a read past the socket's timeout (SO_RCVTIMEO) surfaces as EAGAIN, "Resource temporarily unavailable"
+    timed_out = isinstance(exc, (socket.timeout, TimeoutError, BlockingIOError))
     reason = (
         "connection refused"
         if isinstance(exc, ConnectionRefusedError)
-        else (
-            "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else redact(str(exc)) or type(exc).__name__
-        )
+        else "timed out"
+        if timed_out
+        else redact(str(exc)) or type(exc).__name__
     )
     shown = redact(display_url or f"{endpoint}{parts.path}")
+    advice = (
+        "the server sent nothing for the read timeout; if it is slow rather than stuck, raise it "
+        "(WebDataset(..., timeout=) or WDS_RETRY_TIMEOUT)"
+        if timed_out and what != "connect"
+        else "check that the server is running and that the endpoint "
+        f"({_ENDPOINT_SETTINGS.get(urllib.parse.urlsplit(display_url or url).scheme, 'the URL')}) is right"
+    )
     return TransferError(
-        f"cannot {what} {endpoint} for {shown}: {reason}; check that the server is running and that "
-        f"the endpoint ({_ENDPOINT_SETTINGS.get(urllib.parse.urlsplit(display_url or url).scheme, 'the URL')}) is right",
+        f"cannot {what} {endpoint} for {shown}: {reason}; {advice}",
         url=display_url or url,
         endpoint=endpoint,
         cause=exc,
