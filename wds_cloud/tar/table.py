@@ -21,6 +21,7 @@ import collections
 import os
 import sys
 import threading
+import time
 from array import array
 from typing import Any, Optional
 
@@ -97,6 +98,11 @@ class Recorder:
         return MemberTable(self.names, self.heads, self.sizes)
 
 
+#: a file modified less than this many seconds ago keeps no table: on a file system whose clock has a coarse tick
+#: (a second, two on FAT), a rewrite in place of the same size within the tick of the write would leave its
+#: identity (times included) as it was
+SETTLED = 5.0
+
 _tables: collections.OrderedDict = collections.OrderedDict()
 _held = 0
 _lock = threading.Lock()
@@ -122,10 +128,11 @@ def lookup(identity: Any) -> Optional[MemberTable]:
 
 
 def keep(identity: Any, recorder: Recorder) -> None:
-    """Keep the table ``recorder`` made of the file of ``identity``, within the bound (``WDS_TABLE_CACHE``)."""
+    """Keep the table ``recorder`` made of the file of ``identity``, within the bound (``WDS_TABLE_CACHE``); not for
+    a file modified in the last :data:`SETTLED` seconds (see there)."""
     global _held
     limit = config.current().table_cache
-    if identity is None or not limit or not recorder.heads:
+    if identity is None or not limit or not recorder.heads or time.time() - identity[3] / 1e9 < SETTLED:
         return
     table = recorder.table()
     if table.nbytes > limit:
