@@ -10,8 +10,10 @@ Rows (``--rows``):
 
 - ``raw``: 8,000 samples (8 shards of ~22 KB JPEG + json + cls), touch the jpg bytes (its length and first
   byte), one process;
-- ``views``: the same, wds_cloud with ``zero_copy=True`` (read-only memoryviews) against LitData's loop (its raw
-  bytes fields come out as what ``StreamingDataset`` gives: see the ``litdata`` column's note);
+- ``views``: the same, wds_cloud with ``zero_copy=True`` (read-only memoryviews; ``n/a`` where this wds_cloud
+  refuses the keyword) against LitData's own loop: LitData 0.2.76 hands out a raw ``bytes`` field as a
+  ``memoryview`` of its chunk (indexing and iterating ``StreamingDataset`` alike; ``__key__``, a str, stays a
+  str), so its plain loop already copies nothing;
 - ``decode``: the same, every JPEG decoded by PIL to RGB in user code (the same code for every peer);
 - ``loader``: a DataLoader with 2 workers, batches of 64, the jpg bytes crossing to the main process;
 - ``tiny``: 200,000 tiny samples (txt + cls), touch the txt bytes, one process;
@@ -19,14 +21,19 @@ Rows (``--rows``):
   (``readinto`` a fresh ``bytearray`` at the offsets ``tarfile`` lists: the limit of handing out one object
   per member).
 
-LitData is installed only in its own environment (it pulls in another torch), never a dependency::
+LitData is installed only in its own environment, never a dependency.  Its declared torchvision (0.29) pulls in
+a CUDA torch 2.14; it imports torchvision only if present, so it goes in without its dependencies, next to the
+same CPU torch 2.13.0 as bench/.venv::
 
     python3 -m venv bench/.venv-litdata
-    bench/.venv-litdata/bin/pip install torch==2.13.0 && bench/.venv-litdata/bin/pip install litdata==0.2.76
-    bench/.venv/bin/python bench/bench_peers.py [--repeat 3] [--rows raw,views,decode,loader,tiny,large]
+    bench/.venv-litdata/bin/pip install torch==2.13.0
+    bench/.venv-litdata/bin/pip install --no-deps litdata==0.2.76
+    bench/.venv-litdata/bin/pip install lightning-utilities filelock numpy boto3 requests urllib3 tifffile obstore pillow
+    bench/.venv/bin/python bench/bench_peers.py [--repeat 3] [--rows raw,views,decode,loader,tiny,large] [--svg]
 
-Without it the LitData column says ``-``.  ``--json PATH`` writes the figures; ``--page`` puts the table in
-docs/performance.md (its section between the markers) and the figure in docs/img/peers.svg.
+Without it the LitData column says ``-``.  ``--json PATH`` writes the figures; ``--svg [PATH]`` the bar chart
+(default docs/img/peers.svg); ``--page`` puts the table in docs/performance.md (its section between the markers)
+and the figure in docs/img/peers.svg.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ FIELD = {"raw": "jpg", "views": "jpg", "decode": "jpg", "loader": "jpg", "tiny":
 DATA = {"raw": "medium", "views": "medium", "decode": "medium", "loader": "medium", "tiny": "tiny", "large": "large"}
 SHAPES = {"medium": (8, 1000), "tiny": (8, 25000), "large": (4, 16)}
 PAGE = os.path.join(ROOT, "docs", "performance.md")
+FIGURE = os.path.join(ROOT, "docs", "img", "peers.svg")
 BEGIN, END = "<!-- peers: begin -->", "<!-- peers: end -->"
 
 
@@ -288,7 +296,10 @@ def main() -> None:
         "--page", action="store_true", help="put the table in docs/performance.md, the figure in docs/img"
     )
     parser.add_argument(
-        "--from-json", metavar="PATH", help="print (and with --page, write) the figures of an earlier run"
+        "--svg", nargs="?", const=FIGURE, metavar="PATH", help="write the bar chart (default: docs/img/peers.svg)"
+    )
+    parser.add_argument(
+        "--from-json", metavar="PATH", help="print (and with --page or --svg, write) the figures of an earlier run"
     )
     parser.add_argument("--litdata-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -299,6 +310,8 @@ def main() -> None:
         with open(args.from_json) as f:
             saved = json.load(f)
         print(render(saved))
+        if args.svg:
+            svg({k: v for k, v in saved.items() if not k.startswith("_")}, args.svg)
         if args.page:
             page(saved, saved.get("_command", "bench/.venv/bin/python bench/bench_peers.py"))
         return
@@ -328,8 +341,14 @@ def main() -> None:
             elif row != "views":
                 runs["webdataset"] = lambda: one(webdataset(row, files), row)
             for peer, run in runs.items():
-                rate, digest = run()
-                best[peer] = max(best.get(peer, 0.0), rate)
+                try:
+                    rate, digest = run()
+                except TypeError as error:  # a wds_cloud without zero_copy: the row says n/a
+                    if row != "views" or "zero_copy" not in str(error):
+                        raise
+                    best.setdefault(peer, None)
+                    continue
+                best[peer] = max(best.get(peer) or 0.0, rate)
                 digests.setdefault(peer, digest)
             got = litdata(row)
             if got is not None:
@@ -340,15 +359,25 @@ def main() -> None:
         if len(set(digests.values())) > 1:
             raise SystemExit(f"{row}: the peers delivered different bytes: {digests}")
         results[row] = {"rates": best, "digest": next(iter(digests.values())), "litdata_type": kinds.get("LitData")}
-        print(f"{row}: " + ", ".join(f"{p} {r:,.0f}/s" for p, r in best.items()), flush=True)
+        print(
+            f"{row}: " + ", ".join(f"{p} {_rate(r)}" + ("/s" if r is not None else "") for p, r in best.items()),
+            flush=True,
+        )
     print()
     print(render(results))
     command = " ".join(["bench/.venv/bin/python bench/bench_peers.py"] + sys.argv[1:])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**results, "_command": command}, f, indent=1)
+    if args.svg:
+        svg(results, args.svg)
+        print(f"wrote {args.svg}")
     if args.page:
         page(results, command)
+
+
+def _rate(rate) -> str:
+    return "n/a" if rate is None else f"{rate:,.0f}"
 
 
 def _ratio(a, b) -> str:
@@ -372,8 +401,8 @@ def render(results: dict) -> str:
                 f"| {TITLES[row]} | readinto: {base:,.0f} | {ours_rate:,.0f} | - | - | {_ratio(ours_rate, base)} of readinto |"
             )
             continue
-        cells = [rates.get(p) for p in ("webdataset", "wds_cloud", "LitData")]
-        shown = [f"{c:,.0f}" if c else "-" for c in cells]
+        cells = [rates.get(p, 0.0) for p in ("webdataset", "wds_cloud", "LitData")]
+        shown = [_rate(c) if c is None or c else "-" for c in cells]
         lines.append(
             f"| {TITLES[row]} | {shown[0]} | {shown[1]} | {shown[2]} | {_ratio(ours_rate, rates.get('LitData'))} "
             f"| {_ratio(ours_rate, rates.get('webdataset'))} |"
@@ -398,7 +427,7 @@ def svg(results: dict, path: str) -> None:
         out.append(f'<text x="{left + 14 + 120 * k}" y="17">{peer}</text>')
     for i, row in enumerate(rows):
         rates = results[row]["rates"]
-        top = max(rates.values())
+        top = max((r or 0.0 for r in rates.values()), default=0.0)
         y = 30 + i * row_height
         out.append(f'<text x="4" y="{y + 30}">{TITLES[row].replace("local, ", "")}</text>')
         for k, peer in enumerate(peers):
