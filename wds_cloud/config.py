@@ -759,7 +759,7 @@ class Settings:
             secure=parse_bool("WDS_SECURE", get("WDS_SECURE")),
             allow_untrusted_pipes=parse_bool("WDS_ALLOW_UNTRUSTED_PIPES", get("WDS_ALLOW_UNTRUSTED_PIPES")),
             allow_pickle=parse_bool("WDS_ALLOW_PICKLE", get("WDS_ALLOW_PICKLE")),
-            mmap=parse_bool("WDS_MMAP", get("WDS_MMAP"), True),
+            mmap=parse_bool("WDS_MMAP", get("WDS_MMAP") or None, True),  # empty: the default, as for every variable
             table_cache=number("WDS_TABLE_CACHE", 32 << 20),
             # WDS_REWRITE rules come first, so where both variables match a URL WDS_REWRITE wins.
             rewrites=parse_rewrites("WDS_REWRITE", get("WDS_REWRITE"))

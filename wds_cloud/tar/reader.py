@@ -239,7 +239,8 @@ def sample_too_large(url: Any, start: int, end: int, limit: int, member: Optiona
     about = f" with the member {member[:200]!r}" if member is not None else ""
     return CorruptShardError(
         f"{redact(url) or '<stream>'}: the sample beginning at byte {start} grows past the limit of {limit} bytes on "
-        f"one sample{about} (it runs on to byte {end}): a shard whose members share one key would fill memory. "
+        f"one sample{about} (it runs on past byte {start + limit}): a shard whose members share one key would fill "
+        "memory. "
         "Raise the limit with WDS_MAX_SAMPLE_SIZE (such as 8GiB) or WebDataset(..., max_sample_size=) if the shard "
         "is trusted; to skip such shards pass handler=warn_and_continue",
         url=url,
@@ -767,7 +768,10 @@ class TarMembers:
         if run is None:
             return None
         names, heads, sizes, end = run
-        if not _same_header(self._buf, heads[0], names[0], sizes[0]):
+        if not (
+            _same_header(self._buf, heads[0], names[0], sizes[0])
+            and _same_header(self._buf, heads[-1], names[-1], sizes[-1])
+        ):
             # the file is not what the table was made of (rewritten in place within its clock's tick): the
             # table is dropped and the shard read header by header
             tables.drop(self._identity)

@@ -46,11 +46,9 @@ class MemberTable:
         self.heads = array("q", heads)
         self.sizes = array("q", sizes)
         #: the entries after which the next entry does not follow at once (a member the table does not hold)
-        self.gaps = [i for i in range(len(heads) - 1) if heads[i + 1] != _end(heads[i], sizes[i])]
+        self.gaps = array("q", (i for i in range(len(heads) - 1) if heads[i + 1] != _end(heads[i], sizes[i])))
         self.largest = max(sizes, default=0)
-        self.nbytes = sum(map(sys.getsizeof, (self.names, starts, self.heads, self.sizes, self.gaps))) + 8 * len(
-            self.gaps
-        )
+        self.nbytes = sum(map(sys.getsizeof, (self.names, starts, self.heads, self.sizes, self.gaps)))
 
     def __len__(self) -> int:
         return len(self.heads)
@@ -98,9 +96,10 @@ class Recorder:
         return MemberTable(self.names, self.heads, self.sizes)
 
 
-#: a file modified less than this many seconds ago keeps no table: on a file system whose clock has a coarse tick
-#: (a second, two on FAT), a rewrite in place of the same size within the tick of the write would leave its
-#: identity (times included) as it was
+#: a file modified or changed less than this many seconds ago keeps no table: on a file system whose clock has a
+#: coarse tick (a second, two on FAT), a rewrite in place of the same size within the tick of the write would leave
+#: its identity (times included) as it was.  The change time counts too: a writer may set the modification time
+#: back (``cp -p``, ``rsync -t``, ``touch -d``), never the change time
 SETTLED = 5.0
 
 _tables: collections.OrderedDict = collections.OrderedDict()
@@ -132,7 +131,7 @@ def keep(identity: Any, recorder: Recorder) -> None:
     a file modified in the last :data:`SETTLED` seconds (see there)."""
     global _held
     limit = config.current().table_cache
-    if identity is None or not limit or not recorder.heads or time.time() - identity[3] / 1e9 < SETTLED:
+    if identity is None or not limit or not recorder.heads or time.time() - max(identity[3:5]) / 1e9 < SETTLED:
         return
     table = recorder.table()
     if table.nbytes > limit:
