@@ -627,3 +627,33 @@ def test_a_read_that_times_out_says_so_and_what_to_change():
         "http://127.0.0.1:9/s.tar", BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable"), "read from"
     )
     assert "timed out" in str(error) and "WDS_RETRY_TIMEOUT" in str(error) and "Errno" not in str(error)
+
+
+def test_the_requests_a_process_has_open_stay_within_max_concurrency(fresh_hosts, monkeypatch):
+    """The controller adversary counted 3 responses in flight at a server with max_concurrency=2 while the level
+    rose from one connection: the request the rise cut short had been closed by the client and the server had not
+    seen it yet.  What the process holds open (every place taken in the level, forced or not) never passes the
+    ceiling while one dataset reads: counted here at the controller, over a paced link through the rise."""
+    peak = {"now": 0, "max": 0, "forced": 0}
+    take, give = Controller.take, Controller.give
+
+    def counted_take(self, now, force=False):
+        ticket = take(self, now, force)
+        if ticket is not None:
+            peak["now"] += 1
+            peak["max"] = max(peak["max"], peak["now"])
+            peak["forced"] += bool(force and self.in_flight > self.level)
+        return ticket
+
+    def counted_give(self, now):
+        peak["now"] -= 1
+        give(self, now)
+
+    monkeypatch.setattr(Controller, "take", counted_take)
+    monkeypatch.setattr(Controller, "give", counted_give)
+    with EmulatedLink(latency=0.02, rate=2e6) as link:
+        for i in range(3):
+            link.put(f"/b/s{i}.tar", shard_bytes(f"s{i}-", samples=20, size=100_000))
+        urls = [f"{link.url}/b/s{i}.tar" for i in range(3)]
+        n = sum(1 for _ in wds.WebDataset(urls, shardshuffle=False, max_concurrency=2))
+    assert n == 60 and peak["max"] <= 2 and not peak["forced"], peak
