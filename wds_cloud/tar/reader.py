@@ -603,7 +603,7 @@ class TarMembers:
         table = tables.lookup(identity)
         if table is not None and table.largest <= (self.max_member if self.max_member is not None else 1 << 62):
             self.table = table
-        elif at == 0:
+        elif at == 0 and tables.worth_recording(identity):
             self._recorder = Recorder()
         self._mapping = buf
         self._buf, self._base, self._pos = buf, self._base - at, at

@@ -640,7 +640,8 @@ def _grouped_mapped(
     on_repeat: Optional[Callable],
 ) -> Iterator[dict]:
     """:func:`_grouped` over a mapped shard: the members come in runs (:meth:`TarMembers.plain_run`: their
-    headers read in one tight pass, checksums checked together), and what is left per member is the key,
+    headers read in one tight pass, each checked as the fast path checks it, or taken from the member table), and
+    what is left per member is the key,
     the slice and the dict; a member the runs do not take goes through the general reader.  The same
     samples, offsets (``where``), limits and errors as :func:`_grouped` (the mapped-read tests compare them).
     Its steps per member repeat :func:`_grouped`'s, and its loop for the usual key rules repeats its own general

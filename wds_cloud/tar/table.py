@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from .. import config
 
-__all__ = ["MemberTable", "Recorder", "lookup", "keep", "drop", "forget", "handed", "adopt", "held"]
+__all__ = ["MemberTable", "Recorder", "lookup", "keep", "drop", "forget", "handed", "adopt", "held", "worth_recording"]
 
 
 class MemberTable:
@@ -126,12 +126,23 @@ def lookup(identity: Any) -> Optional[MemberTable]:
         return table
 
 
+def worth_recording(identity: Any) -> bool:
+    """Whether a pass over the file of ``identity`` may keep its table: tables kept at all, and the file not
+    modified or changed in the last :data:`SETTLED` seconds (asked when the file is mapped, so that a pass whose
+    table would not be kept records nothing)."""
+    return (
+        identity is not None
+        and bool(config.current().table_cache)
+        and time.time() - max(identity[3:5]) / 1e9 >= SETTLED
+    )
+
+
 def keep(identity: Any, recorder: Recorder) -> None:
     """Keep the table ``recorder`` made of the file of ``identity``, within the bound (``WDS_TABLE_CACHE``); not for
     a file modified in the last :data:`SETTLED` seconds (see there)."""
     global _held
     limit = config.current().table_cache
-    if identity is None or not limit or not recorder.heads or time.time() - max(identity[3:5]) / 1e9 < SETTLED:
+    if not recorder.heads or not worth_recording(identity):
         return
     table = recorder.table()
     if table.nbytes > limit:
