@@ -495,3 +495,87 @@ def test_the_table_time_rule_reads_the_change_time_and_an_empty_mmap_setting_is_
         members.close()
     finally:
         del os.environ["WDS_MMAP"]
+
+
+# any member names: upper-case fields, names without a key, metadata names, slashes, dots after slashes, a field
+# repeated in its sample, keys that come back after another
+def _names_from(stems, tails):
+    return st.lists(st.tuples(st.sampled_from(stems), st.sampled_from(tails), st.integers(0, 1500)), max_size=14)
+
+
+# half of them names the table can split (it splits a table's names only when it can split every one)
+_member_names = st.one_of(
+    _names_from(["a", "b", "B", "d/x", "d.e/y", "k"], [".txt", ".jpg", ".seg.png", ".7"]),
+    _names_from(
+        ["a", "b", "B", "d/x", "d.e/y", "__m", "k"], [".txt", ".TXT", ".Jpg", ".seg.png", "", ".", "/.hid", "__"]
+    ),
+)
+
+
+def _where_read(stream, url, chunk, select, on_repeat):
+    """(each sample with the cursor's (start, end, count, next name) as it is yielded, the error or None)."""
+    from wds_cloud.tar.samples import member_filter
+
+    members = TarMembers(stream, url, chunk=chunk, select=member_filter(*select) if select else None)
+    where = [0, 0, 0, None]
+    out, error = [], None
+    try:
+        members.begin()
+        for sample in shard_samples(url, stream, members=members, where=where, on_repeat=on_repeat):
+            out.append((sample, tuple(where)))
+    except (CorruptShardError, ValueError) as exc:
+        error = str(exc)
+    finally:
+        members.close()
+    return out, error
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    names=_member_names,
+    select=st.sampled_from([None, ("__[^/]*__", None, None), (None, None, None), ("xx", None, None)]),
+    skip=st.booleans(),
+    chunk=st.sampled_from([1024, 4096, 1 << 20]),
+)
+def test_a_pass_from_a_kept_table_keeps_every_offset_name_and_error(tmp_path_factory, names, select, skip, chunk):
+    """Passes over an unchanged shard (the first keeps its table, the later ones read keys and fields from it)
+    give the streamed read's samples, the same cursor (start, end, count and the next sample's first name) at each
+    sample, and the same errors, whatever the names (those the table cannot split go through the names)."""
+    from wds_cloud.tar import table
+
+    table.forget()
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for stem, tail, size in names:
+            info = tarfile.TarInfo(stem + tail)
+            info.size = size
+            tar.addfile(info, io.BytesIO(bytes([size % 251]) * size))
+    data = raw.getvalue()
+    path = tmp_path_factory.mktemp("k") / "s.tar"
+    path.write_bytes(data)
+    _settled(path)
+    url = str(path)
+    on_repeat = (lambda exn: True) if skip else None
+    expected = _where_read(io.BytesIO(data), url, chunk, select, on_repeat)
+    for _ in range(3):
+        assert _where_read(gopen(url), url, chunk, select, on_repeat) == expected
+
+
+def test_a_kept_table_splits_its_names_once_and_counts_that_in_its_bound(tmp_path, no_tables, monkeypatch):
+    """The keys and fields a table keeps for the default rule are split once, when the table is kept, and counted
+    in WDS_TABLE_CACHE; with no room for them, a pass reads the names as before (the same samples)."""
+    urls = _shards(tmp_path, n=2, per=30, size=10)
+    first = list(wds.WebDataset(urls, shardshuffle=False))
+    tables = list(no_tables._tables.values())
+    assert len(tables) == 2 and all(t._keyed for t in tables)
+    assert no_tables._held == sum(t.nbytes for t in tables)
+    bare = sum(pickle.loads(pickle.dumps(t)).nbytes for t in tables)  # the tables without their keyed parts
+    assert bare < no_tables._held
+    assert list(wds.WebDataset(urls, shardshuffle=False)) == first
+    no_tables.forget()
+    monkeypatch.setenv("WDS_TABLE_CACHE", str(bare + 100))  # room for the tables, not for their keyed parts
+    assert list(wds.WebDataset(urls, shardshuffle=False)) == first
+    assert len(no_tables._tables) == 2 and not any(t._keyed for t in no_tables._tables.values())
+    assert list(wds.WebDataset(urls, shardshuffle=False)) == first
+    moved = pickle.loads(pickle.dumps(tables[0]))  # a worker hands its tables over without the keyed part
+    assert moved._keyed is None and moved.nbytes < tables[0].nbytes and len(moved) == len(tables[0])

@@ -19,6 +19,7 @@ import bz2
 import io
 import lzma
 import os
+import sys
 import zlib
 from collections.abc import Callable, Iterator
 from typing import IO, Any, Optional, Protocol, cast
@@ -224,13 +225,12 @@ def open_decompressed(stream: IO[bytes], head_size: int = 6) -> tuple[_Readable,
 
 
 def _decompression_errors() -> tuple[type[BaseException], ...]:
+    """What a decompressor raises on damage: zstandard's error only once that module is loaded (a zstd shard was
+    opened; a reader of plain shards never imports it: a DataLoader worker would, each epoch)."""
     errors: list[type[BaseException]] = [EOFError, zlib.error, lzma.LZMAError]
-    try:
-        import zstandard
-
+    zstandard = sys.modules.get("zstandard")
+    if zstandard is not None:
         errors.append(zstandard.ZstdError)
-    except ImportError:
-        pass
     return tuple(errors)
 
 
@@ -372,7 +372,6 @@ class TarMembers:
         self.archive_end: Optional[int] = None
         self._extended = False  # a long name or local PAX header began the current record
         self._record_begin = start
-        self._errors = _decompression_errors()
         self._failure: Optional[CorruptShardError] = None  # a stream error held until the bytes before it are used
         self._special = False  # a long name or PAX records apply to the next header
         self._long_name: Optional[str] = None
@@ -405,7 +404,7 @@ class TarMembers:
     def _read(self, size: int) -> bytes:
         try:
             return self._stream.read(size)  # type: ignore[union-attr]  # only after begin(): per chunk, no check
-        except self._errors as exc:
+        except _decompression_errors() as exc:
             raise self._fail(f"the {self.compression} stream is damaged or ended early ({exc})") from exc
         except OSError as exc:
             if "Invalid data stream" in str(exc):  # bz2 reports corruption as a bare OSError
@@ -508,7 +507,7 @@ class TarMembers:
                 while have < capacity:
                     try:
                         n = readinto(view[have:capacity])
-                    except self._errors as exc:
+                    except _decompression_errors() as exc:
                         raise self._fail(
                             f"the {self.compression} stream is damaged or ended early ({exc})", name, header_offset
                         ) from exc
@@ -779,6 +778,38 @@ class TarMembers:
             return None
         self._pos = end
         return self._taken(names, heads, sizes)
+
+    def keyed_run(self) -> Optional[tuple[list, list, Any, Any]]:
+        """The next run from the member table with each member's key and field already split out (the default
+        key rule, field names lower-cased: :meth:`MemberTable.keyed`): ``(keys, field names, header positions in
+        the buffer, sizes)``.  None where :meth:`plain_run` must be asked instead: no table, a table
+        whose names need the rule run on them, a filter other than the metadata one, or no run at the position."""
+        table = self.table
+        if table is None or self._special or self._buf is not self._mapping:
+            return None
+        select = self.select
+        if select is not None and not getattr(select, "meta_only", False):
+            return None
+        keyed = table.keyed()
+        if keyed is None:
+            return None
+        pos = self._pos
+        span = table.span(pos, self._window(pos))
+        if span is None:
+            return None
+        i, j, end = span
+        heads, sizes = table.heads, table.sizes
+        if not (
+            _same_header(self._buf, heads[i], table.name(i), sizes[i])
+            and _same_header(self._buf, heads[j - 1], table.name(j - 1), sizes[j - 1])
+        ):
+            tables.drop(self._identity)  # as in _table_run
+            self.table = None
+            return None
+        self._pos = end
+        self.member_offset = self.record_start = self._base + heads[j - 1]
+        keys, fields = keyed
+        return keys[i:j], fields[i:j], heads[i:j], sizes[i:j]
 
     def _taken(self, names: list, heads: list, sizes: list) -> tuple[list, list, list]:
         """A run taken: the offsets it ends at, and the members the filter keeps."""

@@ -660,6 +660,31 @@ def _grouped_mapped(
     plain = rename_files is None and fast_keys and lcase and suffixes is None
     try:
         while True:
+            if plain and members.table is not None:
+                keyed = members.keyed_run()
+                if keyed is not None:  # the usual rules over a kept table: keys and field names split already
+                    for prefix, suffix, head, size in zip(*keyed):
+                        if prefix != key:
+                            record = base + head
+                            if current is not None:
+                                if where is not None:
+                                    where[0], where[1] = start, record
+                                    where[3] = prefix + "." + suffix
+                                    where[2] += 1
+                                yield current
+                            current = {"__key__": prefix, "__url__": url}
+                            if local_path is not None:
+                                current["__local_path__"] = local_path
+                            key = prefix
+                            start = members.sample_start = record
+                        if suffix in current:
+                            exn = repeated_field(url, prefix + "." + suffix, base + head, prefix, suffix)
+                            if on_repeat is None or not on_repeat(exn):
+                                raise exn
+                            continue
+                        begin = head + 512
+                        current[suffix] = source[begin : begin + size]
+                    continue
             run = members.plain_run()
             if run is None:
                 item = members.next_member()

@@ -9,8 +9,14 @@ file takes its members from the table, in runs (what is left per member is the s
 table does not hold (members the general reader read: long names, PAX records, links, a member larger than a
 window) is read from the shard as before, so a table only ever saves work.
 
-The tables are compact (the names in one string, the offsets in arrays: about 25 bytes and the name per member)
-and bounded: ``WDS_TABLE_CACHE`` bytes in all (default 32 MiB, the least recently used dropped first; ``0`` keeps
+For the default key rule (:func:`~wds_cloud.tar.samples.base_plus_ext`, field names lower-cased, no renaming or
+selection), a table also keeps each member's key and field name (:meth:`MemberTable.keyed`), split once when the
+table is kept: a pass over an unchanged shard then does no work per member but the slice and the dict.  That part
+is made in the process that keeps the table (it does not cross to another process: the main process splits the
+tables its DataLoader workers hand over) and only while it fits in the bound beside the tables held.
+
+The tables are compact (the names in one string, the offsets in arrays: about 25 bytes and the name per member;
+their keyed part 16 bytes per member, a key per sample and a field name per table) and bounded: ``WDS_TABLE_CACHE`` bytes in all (default 32 MiB, the least recently used dropped first; ``0`` keeps
 none).  DataLoader workers keep theirs while they live (``persistent_workers=True`` keeps them across epochs).
 """
 
@@ -23,6 +29,8 @@ import sys
 import threading
 import time
 from array import array
+from itertools import repeat
+from operator import add, itemgetter
 from typing import Any, Optional
 
 from .. import config
@@ -33,7 +41,7 @@ __all__ = ["MemberTable", "Recorder", "lookup", "keep", "drop", "forget", "hande
 class MemberTable:
     """Where the plain members of one shard lie: names, header offsets and sizes, in order."""
 
-    __slots__ = ("names", "name_starts", "heads", "sizes", "gaps", "largest", "nbytes")
+    __slots__ = ("names", "name_starts", "heads", "sizes", "gaps", "largest", "nbytes", "_keyed")
 
     def __init__(self, names: list, heads: list, sizes: list) -> None:
         self.names = "\0".join(names)  # no name holds a NUL: a tar name ends at its first one
@@ -49,14 +57,70 @@ class MemberTable:
         self.gaps = array("q", (i for i in range(len(heads) - 1) if heads[i + 1] != _end(heads[i], sizes[i])))
         self.largest = max(sizes, default=0)
         self.nbytes = sum(map(sys.getsizeof, (self.names, starts, self.heads, self.sizes, self.gaps)))
+        self._keyed: Any = None  # not made yet; False: the names do not allow it (see keyed)
 
     def __len__(self) -> int:
         return len(self.heads)
 
-    def run(self, pos: int, window_end: int) -> Optional[tuple[list, list, list, int]]:
-        """``(names, header offsets, sizes, where the run ends)`` of the entries from the one whose header is at
-        ``pos`` on, while each follows the last at once and ends by ``window_end``; None when no entry is at
-        ``pos`` (or the first is larger than the window)."""
+    def __getstate__(self) -> tuple:
+        # the keyed part stays in the process that made it (a worker hands its tables over: see handed)
+        return (self.names, self.name_starts, self.heads, self.sizes, self.gaps, self.largest)
+
+    def __setstate__(self, state: tuple) -> None:
+        self.names, self.name_starts, self.heads, self.sizes, self.gaps, self.largest = state
+        self.nbytes = sum(map(sys.getsizeof, (self.names, self.name_starts, self.heads, self.sizes, self.gaps)))
+        self._keyed = None
+
+    def keyed(self) -> Optional[tuple[list, list]]:
+        """``(keys, field names)``, one entry per member, for the default key rule with
+        lower-cased field names (a key is the name up to the first dot after its last slash, the field what
+        follows it): made once, on the first call, and kept with the table while it fits the bound.  None where
+        a name has no key (no dot, or a dot right after its last slash), a field name is not in lower case (every
+        name is its key, a dot and its field name), a name begins with ``__`` (what a metadata filter may drop),
+        or the bound leaves no room: the caller reads the names instead."""
+        keyed = self._keyed
+        if keyed is not None:
+            return keyed or None
+        # made with C-level maps, not a Python loop per member: a table is split when a pass first asks (a
+        # DataLoader's main process, when a worker hands the table over)
+        names = self.names.split("\0") if self.heads else []
+        if self.names.startswith("__") or "\0__" in self.names:
+            self._keyed = False
+            return None
+        # what the keyed part may take at most (a key per member), asked before it is made: no room, nothing made
+        if not _room(self, len(names) * (16 + 49) + len(self.names)):
+            return None
+        tails = names
+        if "/" in self.names:
+            parts = list(map(str.rpartition, names, repeat("/")))
+            tails = list(map(itemgetter(2), parts))
+        split = list(map(str.partition, tails, repeat(".")))
+        stems = list(map(itemgetter(0), split))
+        if "" in stems or "" in map(itemgetter(1), split):  # a dot right after the last slash, or none after it
+            self._keyed = False
+            return None
+        fields = list(map(itemgetter(2), split))
+        joined = "\0".join(fields)
+        if not joined.islower() and joined != joined.lower():
+            self._keyed = False  # every name is its key, a dot and its field name: a resumed read checks it
+            return None
+        keys = stems
+        if tails is not names:  # what comes before the last slash, and the slash
+            keys = list(map(add, map(add, map(itemgetter(0), parts), map(itemgetter(1), parts)), stems))
+        interned: dict = {}  # one string per key and per field name, however many members share it
+        keys = list(map(interned.setdefault, keys, keys))
+        fields = list(map(interned.setdefault, fields, fields))
+        keyed = (keys, fields)
+        extra = sys.getsizeof(keys) + sys.getsizeof(fields) + sum(map(sys.getsizeof, interned))
+        if not _grow(self, extra):
+            return None
+        self._keyed = keyed
+        return keyed
+
+    def span(self, pos: int, window_end: int) -> Optional[tuple[int, int, int]]:
+        """``(first entry, entry past the last, where the last ends)`` of the entries from the one whose header
+        is at ``pos`` on, while each follows the last at once and ends by ``window_end``; None when no entry is
+        at ``pos`` (or the first is larger than the window)."""
         heads = self.heads
         i = bisect.bisect_left(heads, pos)
         if i >= len(heads) or heads[i] != pos:
@@ -68,14 +132,21 @@ class MemberTable:
             fits -= 1
         if fits < i:
             return None
+        return i, fits + 1, _end(heads[fits], self.sizes[fits])
+
+    def run(self, pos: int, window_end: int) -> Optional[tuple[list, list, list, int]]:
+        """``(names, header offsets, sizes, where the run ends)`` of the entries :meth:`span` gives."""
+        span = self.span(pos, window_end)
+        if span is None:
+            return None
+        i, j, end = span
         starts = self.name_starts
-        names = self.names[starts[i] : starts[fits + 1] - 1].split("\0")
-        return (
-            names,
-            heads[i : fits + 1].tolist(),
-            self.sizes[i : fits + 1].tolist(),
-            _end(heads[fits], self.sizes[fits]),
-        )
+        names = self.names[starts[i] : starts[j] - 1].split("\0")
+        return names, self.heads[i:j].tolist(), self.sizes[i:j].tolist(), end
+
+    def name(self, i: int) -> str:
+        """The name of entry ``i``."""
+        return self.names[self.name_starts[i] : self.name_starts[i + 1] - 1]
 
 
 def _end(head: int, size: int) -> int:
@@ -157,6 +228,8 @@ def keep(identity: Any, recorder: Recorder) -> None:
         while _held > limit and _tables:
             _, dropped = _tables.popitem(last=False)
             _held -= dropped.nbytes
+    # its names are split once, now (about 0.3 us a member): the next pass does no work per member but the slice
+    table.keyed()
 
 
 def handed() -> dict:
@@ -176,15 +249,41 @@ def adopt(tables: Any) -> None:
     if not isinstance(tables, dict):
         return
     limit = config.current().table_cache
+    taken: list = []
     with _lock:
         for identity, table in tables.items():
             if not isinstance(table, MemberTable) or not isinstance(identity, tuple) or identity in _tables:
                 continue
             _tables[identity] = table
             _held += table.nbytes
+            taken.append(table)
         while _held > limit and _tables:
             _, dropped = _tables.popitem(last=False)
             _held -= dropped.nbytes
+    # the keyed parts are made here, once: the next workers are forked with them (a worker would make them again
+    # each epoch, before its first batch)
+    for table in taken:
+        table.keyed()
+
+
+def _room(table: MemberTable, extra: int) -> bool:
+    """Whether ``extra`` more bytes for ``table`` fit the bound beside the tables held (none is dropped for it)."""
+    with _lock:
+        return _held + extra <= config.current().table_cache
+
+
+def _grow(table: MemberTable, extra: int) -> bool:
+    """Count ``extra`` more bytes of ``table`` (its keyed part) if they fit the bound; a table no longer held
+    (dropped meanwhile) counts nothing, and is used by the pass that has it."""
+    global _held
+    with _lock:
+        if not any(held is table for held in _tables.values()):
+            return True
+        if _held + extra > config.current().table_cache:
+            return False
+        table.nbytes += extra
+        _held += extra
+        return True
 
 
 def drop(identity: Any) -> None:
