@@ -22,7 +22,7 @@ from ..resume.merge import merge_states
 from ..resume.protocol import Resumable, is_buffering
 from ..resume.state import check_same, check_seal, expect, inexact_state, is_inexact, restart_from, seal
 from ..tar import table as tables
-from . import transport
+from . import pipes, transport
 
 __all__ = ["WebLoader", "gather_states"]
 
@@ -53,6 +53,12 @@ class WebLoader(DataPipeline, FluidInterface):
         num_workers = kw.get("num_workers", 0) if len(args) < 6 else args[5]
         if device is not None and str(device).startswith("cuda") and "pin_memory" not in kw:
             kw["pin_memory"] = True
+        if num_workers and HAVE_TORCH and len(args) < 12 and kw.get("multiprocessing_context") is None:
+            # a batch crosses the workers' result pipe in one write (wds_cloud.loader.pipes); a context the
+            # program gave is used as it is
+            wide = pipes.context()
+            if wide is not None:
+                kw["multiprocessing_context"] = wide
         # byte strings batched in workers travel as shared-memory tensors (wds_cloud.transport)
         pack: Optional[Callable[[Any], Any]] = None
         min_bytes = transport.AUTO_MIN_BYTES if pack_bytes is None else 0

@@ -1,0 +1,92 @@
+"""wds_cloud.loader.pipes: a DataLoader worker's result pipe holds a whole batch of about 1 MiB."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import wds_cloud as wds
+from wds_cloud.loader import pipes
+
+pytestmark = pytest.mark.skipif(pipes.context() is None, reason="pipes are widened on Linux only")
+
+
+def _put_one(queue) -> None:
+    queue.put(b"x" * 1000)
+
+
+def test_a_queue_is_widened_when_a_worker_puts_into_it_not_when_the_main_process_does():
+    ctx = pipes.context()
+    results, tasks = ctx.Queue(), ctx.Queue()
+    tasks.put(1)  # the main process puts (a DataLoader's index queues): left as it is
+    assert tasks.capacity() == 65536 and tasks.get() == 1
+    worker = ctx.Process(target=_put_one, args=(results,))
+    worker.start()
+    assert results.get(timeout=60) == b"x" * 1000
+    worker.join(60)
+    assert results.capacity() == pipes.PIPE_BYTES
+
+
+def test_a_refused_widening_raises_nothing():
+    import os
+
+    reader, writer = os.pipe()
+    other = os.open(os.devnull, os.O_RDONLY)
+    try:
+        assert pipes.widen(writer, 1 << 17)
+        assert not pipes.widen(other, 1 << 17)  # not a pipe: refused by the kernel, False
+        assert not pipes.widen(-1)
+    finally:
+        for fd in (reader, writer, other):
+            os.close(fd)
+
+
+def _tiny_shards(tmp_path) -> list:
+    urls = []
+    for s in range(2):
+        path = tmp_path / f"s{s}.tar"
+        with wds.TarWriter(str(path)) as sink:
+            for i in range(20 * s, 20 * s + 20):
+                sink.write({"__key__": f"{i:03d}", "bin": bytes([i]) * 30000})
+        urls.append(str(path))
+    return urls
+
+
+def test_webloader_gives_its_workers_the_wide_context_unless_the_program_chose_one(tmp_path):
+    pytest.importorskip("torch")
+    url = _tiny_shards(tmp_path)
+    ds = wds.WebDataset(url, shardshuffle=False).to_tuple("__key__", "bin").batched(8)
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=2)
+    assert loader.pipeline[0].multiprocessing_context is pipes.context()
+    assert sorted(k for keys, _ in loader for k in keys) == [f"{i:03d}" for i in range(40)]
+    chosen = wds.WebLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    assert chosen.pipeline[0].multiprocessing_context.get_start_method() == "fork"
+    assert not isinstance(chosen.pipeline[0].multiprocessing_context, type(pipes.context()))
+    assert wds.WebLoader(ds, batch_size=None).pipeline[0].multiprocessing_context is None  # no workers
+
+
+def test_the_wide_context_follows_the_programs_start_method_spawn_included(tmp_path):
+    """A program that sets the spawn start method (after making the loader, even) gets spawned workers, whose
+    queue crosses to them pickled."""
+    pytest.importorskip("torch")
+    url = _tiny_shards(tmp_path)
+    script = textwrap.dedent(
+        f"""
+        import multiprocessing
+        import wds_cloud as wds
+
+        if __name__ == "__main__":
+            ds = wds.WebDataset({url!r}, shardshuffle=False).to_tuple("__key__", "bin").batched(8)
+            loader = wds.WebLoader(ds, batch_size=None, num_workers=2)
+            multiprocessing.set_start_method("spawn")
+            keys = sorted(k for keys, _ in loader for k in keys)
+            assert keys == [f"{{i:03d}}" for i in range(40)], keys
+            assert loader.pipeline[0].multiprocessing_context.get_start_method() == "spawn"
+            print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

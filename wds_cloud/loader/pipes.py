@@ -1,0 +1,112 @@
+"""Wide result pipes for DataLoader workers: a batch of about 1 MiB crosses in one write, not sixteen.
+
+A DataLoader worker sends each batch it pickled through a pipe, and a Linux pipe holds 64 KiB: a 1 MiB batch
+(64 JPEGs) goes across in sixteen pieces, the worker and the main process taking turns for each, which on a
+machine with few cores costs more than the bytes (bench/README.md, ``bench_peers.py``'s DataLoader row).
+:func:`context` gives the multiprocessing context :class:`~wds_cloud.WebLoader` hands its DataLoader when the
+program gave none: it is the program's default context (the start method it set, as torch would use it) whose
+queues, once a worker process first puts into one, ask the kernel for a pipe of :data:`PIPE_BYTES`
+(``F_SETPIPE_SZ``).  Only the queue that workers put into (the results) is widened, so a loader takes at most
+one wide pipe of the per-user allowance (``/proc/sys/fs/pipe-user-pages-soft``).  Where the kernel refuses (the
+allowance spent, an older kernel, another system) the pipe stays as it was: nothing else changes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.context
+import multiprocessing.queues
+import os
+from typing import Any, Optional
+
+__all__ = ["PIPE_BYTES", "context", "WideQueue"]
+
+#: the size asked for a worker result pipe: a batch of up to this many pickled bytes crosses in one write (the
+#: unprivileged ceiling of Linux, ``/proc/sys/fs/pipe-max-size``, is 1 MiB by default)
+PIPE_BYTES = 1 << 20
+
+try:
+    import fcntl
+
+    _SETPIPE = getattr(fcntl, "F_SETPIPE_SZ", None)
+except ImportError:  # not a POSIX system
+    fcntl = None  # type: ignore[assignment]
+    _SETPIPE = None
+
+
+class WideQueue(multiprocessing.queues.Queue):
+    """A ``multiprocessing`` queue whose pipe is widened to :data:`PIPE_BYTES` the first time a process other
+    than the one that made it puts into it (a worker sending results).  As a subclass, it reaches the pipe of
+    its own base class."""
+
+    def __init__(self, maxsize: int = 0, *, ctx: Any) -> None:
+        super().__init__(maxsize, ctx=ctx)
+        self._made_in = os.getpid()
+        self._widened = False
+
+    def __getstate__(self) -> Any:
+        return (super().__getstate__(), self._made_in)
+
+    def __setstate__(self, state: Any) -> None:
+        base, self._made_in = state
+        super().__setstate__(base)
+        self._widened = False
+
+    def put(self, obj: Any, block: bool = True, timeout: Optional[float] = None) -> None:
+        if not self._widened and os.getpid() != self._made_in:
+            self._widened = True
+            widen(self._writer.fileno())  # type: ignore[attr-defined]  # (its base class's pipe, not in the stubs)
+        super().put(obj, block, timeout)
+
+    def capacity(self) -> Optional[int]:
+        """How many bytes the queue's pipe holds (``F_GETPIPE_SZ``), None where that cannot be asked."""
+        getpipe = getattr(fcntl, "F_GETPIPE_SZ", None) if fcntl is not None else None
+        if getpipe is None:
+            return None
+        try:
+            return fcntl.fcntl(self._reader.fileno(), getpipe)  # type: ignore[attr-defined]  # (as in put)
+        except OSError:
+            return None
+
+
+def widen(fd: int, size: int = PIPE_BYTES) -> bool:
+    """Ask for a pipe of ``size`` bytes behind ``fd``; False where the kernel or the system says no."""
+    if _SETPIPE is None or fcntl is None:
+        return False
+    try:
+        fcntl.fcntl(fd, _SETPIPE, size)
+    except (OSError, ValueError):  # EPERM past the per-user allowance, EBUSY, not a pipe, a closed one: as it was
+        return False
+    return True
+
+
+class _WideContext(multiprocessing.context.BaseContext):
+    """The program's default multiprocessing context, resolved when used (``multiprocessing.set_start_method``
+    after the loader was made still counts), with :class:`WideQueue` queues."""
+
+    Process = multiprocessing.Process  # the default context's: started with the program's start method
+
+    def get_context(self, method: Optional[str] = None) -> Any:
+        return multiprocessing.get_context(method)
+
+    def get_start_method(self, allow_none: bool = False) -> Any:
+        return multiprocessing.get_start_method(allow_none)
+
+    def Queue(self, maxsize: int = 0) -> Any:  # noqa: N802 (multiprocessing's name)
+        return WideQueue(maxsize, ctx=self.get_context())
+
+    def __reduce__(self) -> Any:
+        return (context, ())
+
+
+_CONTEXT: Optional[_WideContext] = None
+
+
+def context() -> Optional[Any]:
+    """The context for a DataLoader's workers, or None where pipes cannot be widened here (not Linux)."""
+    global _CONTEXT
+    if _SETPIPE is None:
+        return None
+    if _CONTEXT is None:
+        _CONTEXT = _WideContext()
+    return _CONTEXT
