@@ -1,6 +1,8 @@
 """Real DataLoader workers: forked and spawned, each reading its own shards."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import wds_cloud as wds
 
@@ -29,3 +31,33 @@ def test_webloader_fluent_and_epoch(shards):
     loader.set_epoch(3)
     assert ds.pipeline[0].epoch == 3
     assert sorted(int(x) for b in loader for x in b[0]) == list(range(30))
+
+
+_leaves = st.one_of(
+    st.binary(max_size=4), st.text(max_size=3), st.integers(), st.floats(allow_nan=False), st.booleans(), st.none()
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.recursive(
+        _leaves,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4),
+            st.lists(inner, max_size=4).map(tuple),
+            st.dictionaries(st.text(max_size=3), inner, max_size=3),
+        ),
+        max_leaves=12,
+    )
+)
+def test_the_item_conversion_of_workers_is_torchs_default_convert(data):
+    """A batch made in a worker (``batch_size=None``) is converted as torch's ``default_convert`` converts it: the
+    shortcut for columns of byte strings, texts and numbers gives what torch's walk gives (a tuple becomes a
+    list, lists are copied), whatever the batch holds."""
+    torch = pytest.importorskip("torch")
+    from wds_cloud.resume.loader import default_collate
+
+    ours, theirs = default_collate(True)(data), torch.utils.data.default_convert(data)
+    assert repr(ours) == repr(theirs) and type(ours) is type(theirs)
+    if isinstance(data, (list, tuple)) and data:
+        assert ours is not data  # a new container, as torch's

@@ -264,6 +264,12 @@ def keeping_views(collate: Callable[[Any], Any], per_item: bool) -> Callable[[An
 
     def convert(data: Any) -> Any:
         if per_item:
+            kind = type(data)
+            if kind is tuple or kind is list:
+                if all(map(_unconverted, data)):  # what torch makes of it, without its walk over every item
+                    return [v.copy() if type(v) is list else v for v in data]
+            elif kind is dict and all(map(_unconverted, data.values())):
+                return {k: v.copy() if type(v) is list else v for k, v in data.items()}
             if _views(data):
                 return data
             if type(data) is dict and any(_views(v) for v in data.values()):
@@ -284,6 +290,17 @@ def keeping_views(collate: Callable[[Any], Any], per_item: bool) -> Callable[[An
         return collate(data)
 
     return convert
+
+
+#: what torch's ``default_convert`` gives back as it is (it converts numpy arrays, and walks containers)
+_PLAIN = frozenset((bytes, str, int, float, bool, type(None)))
+
+
+def _unconverted(value: Any) -> bool:
+    """Whether ``default_convert`` leaves ``value`` as it is, or (a list) makes a list of the same items: a
+    batched column of byte strings, texts or numbers."""
+    kind = type(value)
+    return kind in _PLAIN or (kind is list and _PLAIN.issuperset(map(type, value)))
 
 
 def _unchanged(data: Any) -> Any:
