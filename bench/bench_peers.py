@@ -2,8 +2,8 @@
 
 The same shards (bench/_data, made by ``common.dataset``) for every reader; LitData reads its ``optimize``d
 chunks converted once from those shards (bench/_data/litdata/<name>; the conversion is not timed).  Each round
-runs every peer once in turn (alternating), each with one untimed epoch first (the page cache warm, and
-whatever a reader keeps for its next pass); the table gives the best of ``--repeat`` rounds, and every peer's
+runs every peer once in turn (alternating), each in a fresh process of its environment with one untimed epoch
+first (the page cache warm, and whatever a reader keeps for its next pass); the table gives the best of ``--repeat`` rounds, and every peer's
 samples are checked against the others' (a digest of the field's bytes, whatever the order).
 
 Rows (``--rows``):
@@ -208,6 +208,36 @@ def large_baseline(files: list):
     return n / (time.perf_counter() - started), digest.value()
 
 
+def peer_worker(peer: str, row: str) -> None:
+    """Run in a fresh process of this environment: one warm-up and one timed pass of ``peer``; print JSON."""
+    files = shards(DATA[row])
+    try:
+        if peer == "readinto":
+            rate, digest = large_baseline(files)
+        else:
+            rate, digest = one((ours if peer == "wds_cloud" else webdataset)(row, files), row)
+    except TypeError as error:  # a wds_cloud without zero_copy
+        if row != "views" or "zero_copy" not in str(error):
+            raise
+        rate, digest = None, None
+    print(json.dumps({"rate": rate, "digest": digest}))
+
+
+def fresh(peer: str, row: str):
+    """(rate, digest) of ``peer`` on ``row``, measured in a fresh process (as LitData's are: no peer runs in a
+    process another has run in, whose memory makes its DataLoader workers slower to fork); None for n/a."""
+    done = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--peer-worker", f"{peer},{row}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    if done.returncode:
+        raise SystemExit(f"{peer}'s run of {row!r} failed:\n{done.stderr[-3000:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return None if out["rate"] is None else (out["rate"], out["digest"])
+
+
 # LitData, in its own environment
 def litdata_dir(name: str) -> str:
     return os.path.join(HERE, "_data", "litdata", name)
@@ -302,9 +332,16 @@ def main() -> None:
         "--from-json", metavar="PATH", help="print (and with --page or --svg, write) the figures of an earlier run"
     )
     parser.add_argument("--litdata-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--peer-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.litdata_worker:
         litdata_worker(args.litdata_worker)
+        return
+    if args.peer_worker:
+        import warnings
+
+        warnings.simplefilter("ignore")
+        peer_worker(*args.peer_worker.split(","))
         return
     if args.from_json:
         with open(args.from_json) as f:
@@ -330,24 +367,18 @@ def main() -> None:
         print(f"note: LitData is not installed in {LITDATA_PYTHON}: its column stays empty (see --help)")
     results = {}
     for row in rows:
-        files = shards(DATA[row])
+        shards(DATA[row])  # made here once, before the processes that read them
         best: dict = {}
         digests: dict = {}
         kinds: dict = {}
         for _ in range(args.repeat):
-            runs = {"wds_cloud": lambda: one(ours(row, files), row)}
-            if row == "large":
-                runs["readinto"] = lambda: large_baseline(files)
-            elif row != "views":
-                runs["webdataset"] = lambda: one(webdataset(row, files), row)
-            for peer, run in runs.items():
-                try:
-                    rate, digest = run()
-                except TypeError as error:  # a wds_cloud without zero_copy: the row says n/a
-                    if row != "views" or "zero_copy" not in str(error):
-                        raise
+            peers = ["wds_cloud", "readinto" if row == "large" else "webdataset"] if row != "views" else ["wds_cloud"]
+            for peer in peers:
+                got = fresh(peer, row)
+                if got is None:  # a wds_cloud without zero_copy: the row says n/a
                     best.setdefault(peer, None)
                     continue
+                rate, digest = got
                 best[peer] = max(best.get(peer) or 0.0, rate)
                 digests.setdefault(peer, digest)
             got = litdata(row)
@@ -475,7 +506,7 @@ def peers_section(table: str, where: str) -> str:
             table,
             "",
             "*The same shards for every reader (LitData: its `optimize`d chunks of them), best of the rounds, "
-            "each reader after one untimed epoch, alternating; every reader's bytes checked against the others'. "
+            "each reader in a fresh process after one untimed epoch, alternating; every reader's bytes checked against the others'. "
             f"Written by `bench/bench_peers.py` (see `bench/README.md`). {where}*",
             END,
         ]
