@@ -360,3 +360,64 @@ def test_resume_is_exact_across_a_skipped_repeat(repeat_shards, after, bufsize):
     resumed = build()
     resumed.load_state_dict(state)
     assert _shown(head + list(resumed)) == _shown(whole)
+
+
+class _TrickleRead:
+    """A stream giving at most ``most`` bytes a read, with ``read`` only (as some streams have)."""
+
+    def __init__(self, data: bytes, most: int) -> None:
+        self._data, self._at, self._most = data, 0, most
+
+    def read(self, size: int = -1) -> bytes:
+        size = self._most if size is None or size < 0 else min(size, self._most)
+        out = self._data[self._at : self._at + size]
+        self._at += len(out)
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class _Trickle(_TrickleRead):
+    """The same, with ``readinto``."""
+
+    def readinto(self, buffer) -> int:
+        out = self.read(len(buffer))
+        buffer[: len(out)] = out
+        return len(out)
+
+
+def _samples_and_error(stream, chunk, views):
+    members = TarMembers(stream, "mem.tar", chunk=chunk, views=views)
+    where = [0, 0, 0, None]
+    out, error = [], None
+    try:
+        for sample in shard_samples("mem.tar", stream, members=members, where=where):
+            out.append(({k: bytes(v) if isinstance(v, memoryview) else v for k, v in sample.items()}, tuple(where)))
+    except CorruptShardError as exc:
+        error = (str(exc), exc.offset)
+    return out, error
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    items=sample_lists(max_size=10),
+    fmt=st.sampled_from(sorted(FORMATS)),
+    compress=st.sampled_from([None, "gzip"]),
+    cut=st.one_of(st.none(), st.floats(0, 1)),
+    most=st.sampled_from([1, 7, 512, 1000, 70_000]),
+    chunk=st.sampled_from([1024, 4096, 1 << 20]),
+    readinto=st.booleans(),
+    views=st.booleans(),
+)
+def test_a_streamed_read_in_any_pieces_is_the_same_read(items, fmt, compress, cut, most, chunk, readinto, views):
+    """The streamed reader reads into one buffer it reuses (views: joins what it reads): a stream that gives a
+    few bytes at a time, with or without readinto, is read to the same samples, cursor and error (offset and
+    message) as the same bytes at once.  (It found the compression's magic bytes read with one read: a stream
+    giving one byte was taken for a plain tar.)"""
+    data = write_tar(items, fmt, compress=compress)
+    if cut is not None:
+        data = data[: int(len(data) * cut)]
+    whole = _samples_and_error(io.BytesIO(data), 1 << 20, False)
+    stream = _Trickle(data, most) if readinto else _TrickleRead(data, most)
+    assert _samples_and_error(stream, chunk, views) == whole

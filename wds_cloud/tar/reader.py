@@ -18,6 +18,7 @@ from __future__ import annotations
 import bz2
 import io
 import lzma
+import mmap
 import os
 import sys
 import zlib
@@ -119,7 +120,7 @@ class _Prefixed(WrappedStream):
         return self._stream.read(size)
 
     def readinto(self, buffer) -> int:
-        if not self._prefix and hasattr(self._stream, "readinto"):
+        if not self._prefix and getattr(self._stream, "readinto", None) is not None:
             return self._stream.readinto(buffer)  # straight into the caller's buffer
         data = self.read(len(buffer))
         buffer[: len(data)] = data
@@ -202,8 +203,14 @@ class _Readable(Protocol):
 
 
 def open_decompressed(stream: IO[bytes], head_size: int = 6) -> tuple[_Readable, Optional[str]]:
-    """Wrap ``stream`` in the decompressor its magic bytes ask for."""
+    """Wrap ``stream`` in the decompressor its magic bytes ask for (read until they are all there: a pipe or a
+    network stream may give fewer bytes than asked)."""
     head = stream.read(head_size)
+    while len(head) < head_size:
+        more = stream.read(head_size - len(head))
+        if not more:
+            break
+        head += more
     kind = detect_compression(head)
     raw = _Prefixed(head, stream)
     if kind is None:
@@ -364,7 +371,11 @@ class TarMembers:
         self._source = stream
         self._stream: Optional[_Readable] = None if not start and not ranged else _Prefixed(b"", stream)
         self._ranged = ranged
-        self._buf: Any = b""  # bytes read, or the mapping of a mapped shard
+        self._buf: Any = b""  # bytes read, the reused read buffer (_store), or the mapping of a mapped shard
+        self._end = 0  # where the bytes in _buf end (the read buffer is larger than what it holds)
+        #: the buffer a streamed shard is read into, reused from chunk to chunk (members are sliced out of it as
+        #: bytes, so nothing points into it); None until the first read, and with views (which do point into it)
+        self._store: Any = None
         self._pos = 0
         self._base = start  # tar-stream offset of _buf[0]
         self.member_offset = start
@@ -411,6 +422,22 @@ class TarMembers:
                 raise self._fail(f"the {self.compression} stream is damaged ({exc})") from exc
             raise
 
+    def _read_into(self, view: memoryview) -> int:
+        """Read into ``view`` (straight from the stream where it reads into a buffer): how many bytes came."""
+        readinto = getattr(self._stream, "readinto", None)
+        if readinto is None:
+            data = self._read(len(view))
+            view[: len(data)] = data
+            return len(data)
+        try:
+            return readinto(view) or 0
+        except _decompression_errors() as exc:
+            raise self._fail(f"the {self.compression} stream is damaged or ended early ({exc})") from exc
+        except OSError as exc:
+            if "Invalid data stream" in str(exc):  # bz2 reports corruption as a bare OSError
+                raise self._fail(f"the {self.compression} stream is damaged ({exc})") from exc
+            raise
+
     def _check_sample(self) -> None:
         """The sample limit, checked as the stream is read on (every MiB or large member), not per member."""
         if self.max_sample is not None and self.member_offset - self.sample_start > self.max_sample:
@@ -423,10 +450,57 @@ class TarMembers:
         the damage are used up, so the complete samples before it are still delivered.
         """
         self._check_sample()
-        have = len(self._buf) - self._pos
+        have = self._end - self._pos
         if have >= need:
             return True  # already there (a mapped shard, or what the last read brought)
-        parts = [self._buf[self._pos :]] if have else []
+        store = self._reading_buffer(need)
+        if store is None:
+            return self._fill_joined(need, have)
+        # the bytes not yet used go to the front of the read buffer, and the stream is read in after them: the
+        # buffer is reused, nothing is joined (the members are copied out of it once, as bytes)
+        if have and self._buf is store:
+            store.move(0, self._pos, have)
+        elif have:
+            store[0:have] = self._buf[self._pos : self._end]
+        self._base += self._pos
+        self._buf, self._pos, self._end = store, 0, have
+        failure = None
+        view = memoryview(store)
+        try:
+            while have < need:
+                if self._failure is not None:
+                    failure = self._failure
+                    break
+                step = self.chunk if self._base + have >= self._small_until else FIRST_READ
+                try:
+                    got = self._read_into(view[have : have + min(max(step, need - have), len(store) - have)])
+                except CorruptShardError as exc:
+                    self._failure = exc
+                    continue
+                if not got:
+                    break
+                have += got
+                self._end = have
+        finally:
+            view.release()
+        if failure is not None and have < need:
+            raise failure
+        return have >= need
+
+    def _reading_buffer(self, need: int) -> Any:
+        """The reused read buffer (made on first use: room for a chunk and a read after it), or None where a
+        streamed read keeps joining what it reads: members handed out as views point into what was read, and a
+        need larger than the buffer."""
+        store = self._store
+        if store is None:
+            if self.views or self.mapped:
+                return None
+            store = self._store = mmap.mmap(-1, 2 * max(self.chunk, FIRST_READ) + 2 * _BLOCK)
+        return store if need <= len(store) - max(self.chunk, FIRST_READ) else None
+
+    def _fill_joined(self, need: int, have: int) -> bool:
+        """:meth:`_fill` by joining the bytes not yet used with those read after them (views, or a large need)."""
+        parts = [self._buf[self._pos : self._end]] if have else []
         failure = None
         while have < need:
             if self._failure is not None:
@@ -444,7 +518,7 @@ class TarMembers:
             have += len(data)
         self._base += self._pos
         self._buf = parts[0] if len(parts) == 1 else b"".join(parts) if parts else b""
-        self._pos = 0
+        self._pos, self._end = 0, len(self._buf)
         if failure is not None and have < need:
             raise failure
         return have >= need
@@ -453,27 +527,27 @@ class TarMembers:
         """The next ``size`` bytes (a member's payload), then skip its padding."""
         buf, pos = self._buf, self._pos
         padded = size + (-size) % 512
-        if len(buf) - pos >= padded:
+        if self._end - pos >= padded:
             self._pos = pos + padded
             return buf[pos : pos + size]
         if buf is self._mapping and self._mapping is not None:  # the whole file is here: it ends before the member
-            got = len(buf) - pos
+            got = self._end - pos
             if got >= size:
                 raise self._fail(_cut_in_padding(size, got - size), name, header_offset)
             raise self._fail(_cut_in_data(size, got), name, header_offset)
         if size > self.chunk:  # large member: the rest goes straight from the stream into the payload
-            head = buf[pos:]
+            head = buf[pos : self._end]
             data = self._read_payload(head, size, name, header_offset)
-            self._base += len(buf) + size - len(head)
-            self._buf, self._pos = b"", 0
+            self._base += self._end + size - len(head)
+            self._pos = self._end = 0
             pad = (-size) % 512
             if pad:
                 if not self._fill(pad):
-                    raise self._fail(_cut_in_padding(size, len(self._buf) - self._pos), name, header_offset)
+                    raise self._fail(_cut_in_padding(size, self._end - self._pos), name, header_offset)
                 self._pos = pad
             return data
         if not self._fill(padded):
-            got = len(self._buf) - self._pos
+            got = self._end - self._pos
             if got >= size:  # the data is whole: the cut is in the zero bytes that pad it to a 512-byte block
                 raise self._fail(_cut_in_padding(size, got - size), name, header_offset)
             raise self._fail(_cut_in_data(size, got), name, header_offset)
@@ -533,15 +607,15 @@ class TarMembers:
     def _skip(self, size: int, name: str, header_offset: int) -> None:
         padded = size + (-size) % 512
         while padded > 0:
-            available = len(self._buf) - self._pos
+            available = self._end - self._pos
             if available >= padded:
                 self._pos += padded
                 return
             padded -= available
-            self._base += len(self._buf)
-            self._buf, self._pos = b"", 0
+            self._base += self._end
+            self._pos = self._end = 0
             if not self._fill(min(padded, self.chunk)):
-                arrived = size + (-size) % 512 - padded + len(self._buf) - self._pos
+                arrived = size + (-size) % 512 - padded + self._end - self._pos
                 cut = _cut_in_padding(size, arrived - size) if arrived >= size else _cut_in_data(size, arrived)
                 raise self._fail(cut, name, header_offset)
 
@@ -580,7 +654,7 @@ class TarMembers:
             self._stream, self.compression = open_decompressed(self._source)
         if fresh:
             if not self._fill(512):
-                got = len(self._buf)
+                got = self._end
                 raise self._fail(
                     "the stream is empty (not a tar archive)"
                     if not got
@@ -605,7 +679,7 @@ class TarMembers:
         elif at == 0 and tables.worth_recording(identity):
             self._recorder = Recorder()
         self._mapping = buf
-        self._buf, self._base, self._pos = buf, self._base - at, at
+        self._buf, self._base, self._pos, self._end = buf, self._base - at, at, len(buf)
         self._dropped = at
         self._stream = _DRAINED  # every byte is in the buffer: a read past it finds the end
         self.mapped = True
@@ -622,7 +696,7 @@ class TarMembers:
                 drop(self._mapping, self._dropped, pos - window)
                 self._dropped = pos - window
             populate(self._mapping, pos, pos + window)
-        return min(len(self._buf), pos + window)
+        return min(self._end, pos + window)
 
     def _check_size(self) -> None:
         """A mapped file cut short in place since it was opened would stop the reader with SIGBUS on its first
@@ -655,7 +729,7 @@ class TarMembers:
             # Fast path: plain ustar/GNU headers of regular members lying wholly in the buffer.
             buf, pos, base = self._buf, self._pos, self._base
             mv = memoryview(buf)
-            end = self._window(pos) if self.mapped else len(buf)
+            end = self._window(pos) if self.mapped else self._end
             if self._special:
                 end = 0  # a long name or PAX records apply to the next header: the slow path reads it
             while pos + 512 <= end:
@@ -848,11 +922,11 @@ class TarMembers:
 
     def _next_slow(self):
         """Handle one header in full generality: returns (name, data), None (nothing to yield), or _END."""
-        if len(self._buf) - self._pos < 512 and not self._fill(512):
-            got = len(self._buf) - self._pos
+        if self._end - self._pos < 512 and not self._fill(512):
+            got = self._end - self._pos
             if self._ranged and not got and not self._extended:
                 return _END
-            if got and not self._buf[self._pos :].strip(b"\0"):
+            if got and not self._buf[self._pos : self._end].strip(b"\0"):
                 what = f"inside the end-of-archive marker: expected 1024 zero bytes, got {_bytes(got)}"
             elif got:
                 what = f"inside a member's header: expected a {_BLOCK}-byte header block, got {_bytes(got)}"
@@ -1028,7 +1102,7 @@ class TarMembers:
 
     def close(self) -> None:
         if self._mapping is not None:
-            mapping, self._mapping, self._buf = self._mapping, None, b""
+            mapping, self._mapping, self._buf, self._end = self._mapping, None, b"", 0
             try:
                 mapping.close()
             except BufferError:
