@@ -217,19 +217,22 @@ def test_zero_copy_resume_is_exact(tmp_path):
 
 
 def test_zero_copy_batches_cross_webloader_workers_in_shared_memory(tmp_path):
-    """Through WebLoader workers a batch of views travels packed in shared memory (views cannot be pickled), and
-    single samples as bytes; what arrives is the members' bytes."""
+    """Through WebLoader workers a batch of views travels as any batch of bytes does: packed in shared memory when
+    it holds 1 MiB or more (or pack_bytes=True), else as bytes (the new user found small batches of views, always
+    packed, twice as slow as bytes); single samples as bytes; what arrives is the members' bytes."""
     pytest.importorskip("torch")
     from wds_cloud.transport import PackedBytes
 
-    urls = _shards(tmp_path, n=2, per=30, size=100)  # small: packed even below the automatic threshold
-    expected = {s["__key__"]: s["bin"] for s in wds.WebDataset(urls, shardshuffle=False)}
-    ds = wds.WebDataset(urls, shardshuffle=False, zero_copy=True).to_tuple("__key__", "bin").batched(8)
-    got = {}
-    for keys, column in wds.WebLoader(ds, batch_size=None, num_workers=2):
-        assert isinstance(column, PackedBytes)
-        got.update(zip(keys, column))
-    assert got == expected
+    for size, pack, packed in ((100, None, False), (100, True, True), (300_000, None, True)):
+        (tmp_path / f"{size}{pack}").mkdir()
+        urls = _shards(tmp_path / f"{size}{pack}", n=2, per=12, size=size)
+        expected = {s["__key__"]: s["bin"] for s in wds.WebDataset(urls, shardshuffle=False)}
+        ds = wds.WebDataset(urls, shardshuffle=False, zero_copy=True).to_tuple("__key__", "bin").batched(4)
+        got = {}
+        for keys, column in wds.WebLoader(ds, batch_size=None, num_workers=2, pack_bytes=pack):
+            assert isinstance(column, PackedBytes) if packed else type(column) is list and type(column[0]) is bytes
+            got.update(zip(keys, column))
+        assert got == expected
     single = wds.WebDataset(urls, shardshuffle=False, zero_copy=True)
     samples = list(wds.WebLoader(single, batch_size=None, num_workers=2))
     assert {s["__key__"]: s["bin"] for s in samples} == expected
@@ -241,9 +244,11 @@ def test_pack_batch_takes_views_and_single_views():
     from wds_cloud.transport import PackedBytes, pack_batch
 
     data = memoryview(b"abcdefgh").toreadonly()
-    packed = pack_batch(([data[:3]], [b"x", b"y"]), min_bytes=1 << 20)
+    packed = pack_batch(([data[:3]], [b"x", b"y"]))
     assert isinstance(packed[0], PackedBytes) and list(packed[0]) == [b"abc"]
-    assert packed[1] == [b"x", b"y"]  # bytes below the threshold stay a list
+    assert isinstance(packed[1], PackedBytes)
+    small = pack_batch(([data[:3]], [b"x", b"y"]), min_bytes=1 << 20)  # below the threshold: bytes, a list
+    assert small == ([b"abc"], [b"x", b"y"]) and type(small[0][0]) is bytes
     assert pack_batch({"a": data[2:4], "n": 1}) == {"a": b"cd", "n": 1}
 
 

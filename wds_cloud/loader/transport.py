@@ -342,7 +342,8 @@ def _unviewed(value: Any) -> Any:
 def pack_batch(batch: Any, min_bytes: int = 0) -> Any:
     """``batch`` with every list of byte strings (a column of a tuple or list, a value of a dict, or the
     batch itself) packed into a :class:`PackedBytes`, all in one shared-memory buffer; anything else as it
-    is.  Nothing is packed when the byte strings add up to fewer than ``min_bytes``."""
+    is.  Nothing is packed when the byte strings add up to fewer than ``min_bytes``: the views in such a batch
+    (``WebDataset(zero_copy=True)``) are made ``bytes``, which pickle."""
     keys: list
     batch = _unviewed(batch) if type(batch) is not list else batch
     whole = _byte_size(batch)
@@ -361,8 +362,10 @@ def pack_batch(batch: Any, min_bytes: int = 0) -> Any:
         columns = [batch[i] for i in keys]
     else:
         return batch
-    if not columns or (total < min_bytes and not _holds_views(columns)):
+    if not columns:
         return batch
+    if total < min_bytes:  # views too: below the threshold a shared segment costs more than the bytes it saves
+        return as_bytes(batch) if _holds_views(columns) else batch
     packed = [PackedBytes(data, offsets) for data, offsets in _pack_into_one(columns, shared=True)]
     if keys == [None]:
         return packed[0]
