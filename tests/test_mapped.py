@@ -584,3 +584,32 @@ def test_a_kept_table_splits_its_names_once_and_counts_that_in_its_bound(tmp_pat
     assert list(wds.WebDataset(urls, shardshuffle=False)) == first
     moved = pickle.loads(pickle.dumps(tables[0]))  # a worker hands its tables over without the keyed part
     assert moved._keyed is None and moved.nbytes < tables[0].nbytes and len(moved) == len(tables[0])
+
+
+def test_a_table_without_room_for_its_split_names_is_asked_once_a_pass(tmp_path, no_tables, monkeypatch):
+    """The 44 adversary's finding: a table that fits the bound while its split names do not was asked for them
+    (and split all its names) once per run: a pass over it cost quadratic time in its members."""
+    from wds_cloud.tar.table import MemberTable
+
+    urls = _shards(tmp_path, n=1, per=400, size=1)
+    list(wds.WebDataset(urls, shardshuffle=False))
+    (table,) = no_tables._tables.values()
+    bare = pickle.loads(pickle.dumps(table)).nbytes
+    no_tables.forget()
+    monkeypatch.setenv("WDS_TABLE_CACHE", str(bare + 100))
+    expected = list(wds.WebDataset(urls, shardshuffle=False))  # keeps the table, without its split names
+    asked = []
+    keyed = MemberTable.keyed
+
+    def counting(self):
+        asked.append(1)
+        return keyed(self)
+
+    monkeypatch.setattr(MemberTable, "keyed", counting)
+    stream = gopen(urls[0])
+    members = TarMembers(stream, urls[0], chunk=1024)  # a run per KiB: hundreds of runs
+    members.begin()
+    assert members.table is not None
+    got = list(shard_samples(urls[0], stream, members=members))
+    members.close()
+    assert len(asked) == 1 and len(got) == len(expected) == 400

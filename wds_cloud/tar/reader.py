@@ -360,6 +360,7 @@ class TarMembers:
         self.table: Optional[MemberTable] = None
         self._identity: Any = None
         self._recorder: Optional[Recorder] = None  # this pass's table, while it reads from the start
+        self._unkeyed = False  # the table has no split names for this pass (see keyed_run)
         self.max_member = max_member
         self.chunk = chunk
         #: small members are read ``FIRST_READ`` bytes at a time (or what the member needs) over the first
@@ -862,10 +863,11 @@ class TarMembers:
         if table is None or self._special or self._buf is not self._mapping:
             return None
         select = self.select
-        if select is not None and not getattr(select, "meta_only", False):
+        if self._unkeyed or (select is not None and not getattr(select, "meta_only", False)):
             return None
         keyed = table.keyed()
         if keyed is None:
+            self._unkeyed = True  # asked once per pass (no room now, or names the rule cannot split)
             return None
         pos = self._pos
         span = table.span(pos, self._window(pos))

@@ -83,13 +83,14 @@ class MemberTable:
             return keyed or None
         # made with C-level maps, not a Python loop per member: a table is split when a pass first asks (a
         # DataLoader's main process, when a worker hands the table over)
-        names = self.names.split("\0") if self.heads else []
         if self.names.startswith("__") or "\0__" in self.names:
             self._keyed = False
             return None
-        # what the keyed part may take at most (a key per member), asked before it is made: no room, nothing made
-        if not _room(self, len(names) * (16 + 49) + len(self.names)):
+        # what the keyed part may take at most (a key per member), asked before anything is split: no room,
+        # nothing made (the reader asks once per pass)
+        if not _room(self, len(self) * (16 + 49) + len(self.names)):
             return None
+        names = self.names.split("\0") if self.heads else []
         tails = names
         if "/" in self.names:
             parts = list(map(str.rpartition, names, repeat("/")))
