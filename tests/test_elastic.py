@@ -104,7 +104,8 @@ def assert_exactly_once(before, after, everything=EVERYTHING):
 )
 def test_stopped_on_2x2_resumed_on_any_shape(shards, steps, new, bufsize, shuffle, again):
     """Property: 2 ranks x 2 workers stopped anywhere, merged, resumed on 3x1, 1x4 or 4x2 (and, with ``again``,
-    stopped once more on that shape, merged again and finished on 1x1): every sample exactly once."""
+    stopped once more on that shape, merged again and finished on 1x1): every sample exactly once; where a rank's
+    share ran out before the second stop, the merge is refused with the reason."""
 
     def build(workers):
         return make_loader(shards, workers, bufsize=bufsize, shuffle=shuffle)
@@ -115,6 +116,11 @@ def test_stopped_on_2x2_resumed_on_any_shape(shards, steps, new, bufsize, shuffl
     if again:
         more, states = stop(lambda w: _loaded(build(w), merged), new, [2] * new[0])
         before += more
+        if len({state["epoch"] for state in states}) > 1:
+            # a rank's share ran out within its steps (uneven shares): refused, saying so (found by this test)
+            with pytest.raises(StateMismatchError, match="end of their share of epoch 0"):
+                wds.merge_states(states)
+            return
         merged = wds.merge_states(states)
         new = (1, 1)
     after, _ = finish(build, new, merged)
@@ -597,3 +603,16 @@ def test_resampled_with_epoch_keeps_ranks_in_step(tmp_path):
             loader.load_state_dict(merged)
             per_rank.append(sum(1 for _ in loader))
     assert len(set(per_rank)) == 1 and 24 - 3 < 10 + sum(per_rank) <= 24, per_rank
+
+
+def test_states_of_a_rank_whose_share_ran_out_are_refused_with_the_reason(shards):
+    """Resumed on 4 x 2, rank 3's share of the epoch is one sample: its state after two steps is at the start of
+    epoch 1, the others' in epoch 0; merging them is refused, saying that rank ran out (it said to take every
+    rank's state at the same step, which the job had done)."""
+    build = lambda w: make_loader(shards, w, bufsize=0, shuffle=False)  # noqa: E731
+    _, states = stop(build, (2, 2), [8, 8])
+    merged = wds.merge_states(states)
+    _, states = stop(lambda w: _loaded(build(w), merged), (4, 2), [2] * 4)
+    assert [s["epoch"] for s in states] == [0, 0, 0, 1]
+    with pytest.raises(StateMismatchError, match=r"rank\(s\) 3 had come to the end of their share of epoch 0"):
+        wds.merge_states(states)

@@ -67,6 +67,11 @@ def merge_states(states: Sequence[dict]) -> dict:
     return seal(merged)
 
 
+def _nothing_read(progress: Any) -> bool:
+    """Whether a loader state's progress (``[repetition, items]``) says its pass has read nothing."""
+    return isinstance(progress, list) and len(progress) == 2 and progress[1] == 0
+
+
 def _slots(states: Sequence[Any]) -> tuple[list, int, int, int, Optional[dict]]:
     """(pipeline state or None of every slot ``rank * workers + worker``, world size, workers, epoch, loader part)."""
     per: dict[int, list] = {}  # rank -> [world size, workers, epoch, {worker: state}, loader progress or None]
@@ -137,10 +142,23 @@ def _slots(states: Sequence[Any]) -> tuple[list, int, int, int, Optional[dict]]:
         )
     epochs = {rank: entry[0] for rank, entry in per.items() if entry[0] is not None}
     if len(set(epochs.values())) > 1:
+        first = min(epochs.values())
+        # a rank whose share of the epoch ran out stands at the start of its next pass, nothing read
+        ended = [r for r, e in sorted(epochs.items()) if e == first + 1 and _nothing_read(per[r][2])]
+        later = [r for r, e in epochs.items() if e != first and r not in ended]
+        why = (
+            f": rank(s) {_few(ended)} had come to the end of their share of epoch {first} (a state taken after "
+            f"that is at the start of epoch {first + 1}) while the others were within it. States merge within one "
+            "epoch: take them before a rank's share runs out (give every rank the same number of samples, "
+            "with_epoch(n)), or after every rank has finished the epoch"
+            if ended and not later
+            else ": take every rank's state at the same step"
+        )
         raise StateMismatchError(
             "the ranks' states are in different epochs ("
             + ", ".join(f"rank {r}: {e}" for r, e in sorted(epochs.items())[:8])
-            + "): take every rank's state at the same step",
+            + ")"
+            + why,
             field="epoch",
         )
     epoch = next(iter(epochs.values()), 0)
