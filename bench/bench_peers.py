@@ -8,7 +8,7 @@ samples are checked against the others' (a digest of the field's bytes, whatever
 
 Rows (``--rows``):
 
-- ``raw``: 8,000 samples (8 shards of ~22 KB JPEG + json + cls), touch the jpg bytes (its length and first
+- ``raw``: 8,000 samples (8 shards of ~15.5 KB JPEG + json + cls, ~23 KB of tar each), touch the jpg bytes (its length and first
   byte), one process;
 - ``views``: the same, wds_cloud with ``zero_copy=True`` (read-only memoryviews; ``n/a`` where this wds_cloud
   refuses the keyword) against LitData's own loop: LitData 0.2.76 hands out a raw ``bytes`` field as a

@@ -23,7 +23,7 @@ import common  # noqa: E402
 
 WORKLOADS = {
     "tiny": (8, 25000, common.tiny),  # 200,000 samples of (100-byte txt, cls)
-    "medium": (8, 1000, common.medium),  # 8,000 samples of (~22 KB jpg, json, cls)
+    "medium": (8, 1000, common.medium),  # 8,000 samples of (~15.5 KB jpg, json, cls: ~23 KB of tar each)
     "large": (4, 16, common.large),  # 64 samples of 8 MB npy
 }
 

@@ -2,7 +2,7 @@
 
 Writes the same samples to memory (io.BytesIO, so the disk does not decide)
 with both writers, best of ``--repeat`` runs each, and prints samples/s, MB/s
-and the ratio for tiny (100,000 x 100-byte txt + cls), medium (8,000 x ~22 KB
+and the ratio for tiny (100,000 x 100-byte txt + cls), medium (8,000 x ~23 KB
 jpg bytes + json + cls) and large (64 x 8 MB npy bytes) samples.
 
     python bench/bench_write.py [--repeat 3]

@@ -219,7 +219,7 @@ def draw(results: dict, command: str) -> None:
     ax.legend()
     save(fig, "throughput")
     captions["throughput"] = (
-        "Reading local shards, samples/s per workload (tiny: 100-byte samples; medium: ~22 KB "
+        "Reading local shards, samples/s per workload (tiny: 100-byte samples; medium: ~15.5 KB "
         "JPEGs; large: 8 MB arrays; decode: medium decoded to arrays), best of the runs. " + where
     )
 
@@ -250,7 +250,7 @@ def draw(results: dict, command: str) -> None:
     ax.set_ylabel("MB/s")
     save(fig, "faults")
     captions["faults"] = (
-        "The medium workload (8 shards of ~22 KB JPEGs) over HTTP through a proxy that resets every connection "
+        "The medium workload (8 shards of ~15.5 KB JPEGs) over HTTP through a proxy that resets every connection "
         "after the given bytes, one connection per shard; each read delivered every sample exactly once "
         "(checked). " + where
     )
@@ -262,7 +262,7 @@ def draw(results: dict, command: str) -> None:
     ax.set_ylabel("MB fetched")
     save(fig, "random_access")
     captions["random_access"] = (
-        "Reading 50 random samples (of 8,000 ~22 KB JPEG samples in 8 shards) over HTTP: the MB the server sent, "
+        "Reading 50 random samples (of 8,000 samples of ~15.5 KB JPEGs in 8 shards) over HTTP: the MB the server sent, "
         "counted by a proxy; ours reads each shard's index file and the samples' byte ranges, wids downloads "
         "every shard it touches. " + where
     )
