@@ -59,3 +59,24 @@ def test_demo_rejects_bad_numbers(capsys):
     assert "--samples" in capsys.readouterr().err
     assert main(["demo", "--samples", "2", "--shards", "3"]) == 2
     assert "at most one shard per sample" in capsys.readouterr().err
+
+
+def test_settings_lists_every_variable_and_marks_those_set_without_their_values(capsys, monkeypatch):
+    """A wheel's user has no site: ``wds-cloud settings`` lists the variables config reads (the new user of issue
+    44 found no way to see them), marks those set, and never prints a value (a rewrite may hold a password)."""
+    import json
+
+    from wds_cloud import config
+
+    monkeypatch.setenv("WDS_REWRITE", "s3://b/=https://user:hunter2@host/")
+    assert main(["settings", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["settings"]
+    listed = {name for row in rows for name in row["names"]}
+    assert {"WDS_MMAP", "WDS_TABLE_CACHE", "WDS_REWRITE"} <= listed and len(rows) == len(config.ENV_DOCS)
+    assert [row["set"] for row in rows if "WDS_REWRITE" in row["names"]] == [["WDS_REWRITE"]]
+    assert main(["settings", "table"]) == 0
+    out = capsys.readouterr().out
+    assert "WDS_TABLE_CACHE" in out and "WDS_MMAP" not in out
+    assert main(["settings"]) == 0
+    out = capsys.readouterr().out
+    assert "hunter2" not in out and "(set: WDS_REWRITE)" in out

@@ -244,6 +244,7 @@ def tree(tmp_path):
 #: a valid command line of every subcommand (a bad value of one flag is added to it)
 BASE = {
     "backends": [],
+    "settings": [],
     "demo": ["--url", "{folder}/demo"],
     "ls": ["{folder}/shard-000.tar"],
     "cat": ["{folder}/shard-000.tar"],

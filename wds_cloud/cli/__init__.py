@@ -1,4 +1,5 @@
-"""The ``wds-cloud`` command line: ``backends``, ``demo`` and the shard tools (:mod:`wds_cloud.cli.shardtools`)."""
+"""The ``wds-cloud`` command line: ``backends``, ``demo``, ``settings`` and the shard tools
+(:mod:`wds_cloud.cli.shardtools`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ..io.registry import get_registry
 from .console import EXIT_CODES, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, emit, for_cli, job_conflict
 from .demo import add_parser as add_demo
 from .flags import Parser, json_failure
+from .settings import add_parser as add_settings
 from .shardtools import add_parsers as add_tools
 
 __all__ = ["main"]
@@ -128,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     backends.add_argument("--json", action="store_true", help="print JSON for scripts")
     backends.set_defaults(func=_backends)
     add_demo(commands)
+    add_settings(commands)
     add_tools(commands)
     return parser
 
