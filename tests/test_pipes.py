@@ -1,4 +1,5 @@
-"""wds_cloud.loader.pipes: a DataLoader worker's result pipe holds a whole batch of about 1 MiB."""
+"""wds_cloud.loader.pipes: a DataLoader worker's result pipe holds a quarter of a 1 MiB batch, within the user's
+pipe allowance."""
 
 from __future__ import annotations
 
@@ -90,3 +91,25 @@ def test_the_wide_context_follows_the_programs_start_method_spawn_included(tmp_p
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_no_pipe_is_widened_where_the_users_allowance_is_small(tmp_path, monkeypatch):
+    """The 44 adversary's finding: wide pipes spend the per-user allowance, past which the kernel gives every new
+    pipe of the user 2 pages.  Each takes 64 pages (not 256), and where the allowance is below the floor none is
+    widened."""
+    import os
+
+    assert pipes.PIPE_BYTES == 64 * 4096
+    small = tmp_path / "soft"
+    small.write_text(f"{pipes.ALLOWANCE_FLOOR - 1}\n")
+    monkeypatch.setattr(pipes, "_ALLOWANCE", str(small))
+    reader, writer = os.pipe()
+    try:
+        assert not pipes.widen(writer)
+        small.write_text("0\n")  # no allowance at all (unlimited)
+        assert pipes.widen(writer)
+    finally:
+        os.close(reader)
+        os.close(writer)
+    monkeypatch.setattr(pipes, "_ALLOWANCE", str(tmp_path / "absent"))
+    assert pipes.allowance() == 16384

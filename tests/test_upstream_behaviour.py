@@ -11,6 +11,8 @@ import tarfile
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import wds_cloud as wds
 from wds_cloud import autodecode, cache, filters, shardlists, tenbin, utils
@@ -423,3 +425,47 @@ def test_the_pickle_refusal_under_enforce_security_carries_webdatasets_sentence(
     monkeypatch.setattr(utils, "enforce_security", True)
     with pytest.raises(ValueError, match="Unpickling is not allowed for security reasons when enforce_security"):
         autodecode.Decoder([])({"__key__": "k", "pyd": pickle.dumps(1)})
+
+
+def _first_dot_key(name):
+    """webdataset 1.0.2's key rule, as its documentation states it: the key is a run of characters without a dot,
+    after a folder prefix ending in a slash (the longest one that works, or none), then a dot, and the field is
+    the rest, which holds no slash."""
+    for start in [i + 1 for i in reversed(range(len(name))) if name[i] == "/"] + [0]:
+        dot = name.find(".", start)
+        if dot <= start or "/" in name[dot + 1 :]:
+            continue
+        return name[:dot], name[dot + 1 :]
+    return None, None
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="ab./", max_size=9))
+def test_the_key_rule_is_webdatasets_for_any_name(name):
+    """The 44 adversary found ``d/.hidden`` skipped where webdataset makes it key ``d/``, field ``hidden``."""
+    from wds_cloud.tar.samples import base_plus_ext
+
+    assert base_plus_ext(name) == _first_dot_key(name)
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_dot_name_in_a_folder_is_a_field_of_the_folders_key_in_every_reader(tmp_path, mapped, monkeypatch):
+    import io
+    import tarfile
+
+    from wds_cloud.tar import table
+
+    monkeypatch.setattr(table, "SETTLED", -1.0)
+    monkeypatch.setenv("WDS_MMAP", "1" if mapped else "0")
+    path = tmp_path / "d.tar"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name in ("d/.hidden", "d/..x", "e.f/.g", "k.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"1"))
+    for _ in range(3):  # the first pass, and (mapped) those from the member table
+        got = [
+            {k: v for k, v in s.items() if k[:2] != "__" or k == "__key__"}
+            for s in wds.WebDataset(str(path), shardshuffle=False)
+        ]
+        assert got == [{"__key__": "d/", "hidden": b"1", ".x": b"1"}, {"__key__": "k", "txt": b"1"}]

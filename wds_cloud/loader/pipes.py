@@ -1,4 +1,4 @@
-"""Wide result pipes for DataLoader workers: a batch of about 1 MiB crosses in one write, not sixteen.
+"""Wide result pipes for DataLoader workers: a batch of about 1 MiB crosses in four writes, not sixteen.
 
 A DataLoader worker sends each batch it pickled through a pipe, and a Linux pipe holds 64 KiB: a 1 MiB batch
 (64 JPEGs) goes across in sixteen pieces, the worker and the main process taking turns for each, which on a
@@ -6,9 +6,11 @@ machine with few cores costs more than the bytes (bench/README.md, ``bench_peers
 :func:`context` gives the multiprocessing context :class:`~wds_cloud.WebLoader` hands its DataLoader when the
 program gave none: it is the program's default context (the start method it set, as torch would use it) whose
 queues, once a worker process first puts into one, ask the kernel for a pipe of :data:`PIPE_BYTES`
-(``F_SETPIPE_SZ``).  Only the queue that workers put into (the results) is widened, so a loader takes at most
-one wide pipe of the per-user allowance (``/proc/sys/fs/pipe-user-pages-soft``).  Where the kernel refuses (the
-allowance spent, an older kernel, another system) the pipe stays as it was: nothing else changes.
+(``F_SETPIPE_SZ``).  Only the queue that workers put into (the results) is widened, so a loader iterator with
+workers takes one pipe of 64 pages of the user's allowance (``/proc/sys/fs/pipe-user-pages-soft``, 16384 pages
+by default; a plain pipe takes 16) while it lives; below :data:`ALLOWANCE_FLOOR` pages none is widened (past the
+allowance the kernel would give every new pipe of the user 2 pages).  Where the kernel refuses (an older kernel,
+another system) the pipe stays as it was: nothing else changes.
 """
 
 from __future__ import annotations
@@ -19,11 +21,18 @@ import multiprocessing.queues
 import os
 from typing import Any, Optional
 
-__all__ = ["PIPE_BYTES", "context", "WideQueue"]
+__all__ = ["PIPE_BYTES", "ALLOWANCE_FLOOR", "allowance", "context", "widen", "WideQueue"]
 
-#: the size asked for a worker result pipe: a batch of up to this many pickled bytes crosses in one write (the
-#: unprivileged ceiling of Linux, ``/proc/sys/fs/pipe-max-size``, is 1 MiB by default)
-PIPE_BYTES = 1 << 20
+#: the size asked for a worker result pipe (64 pages): a 1 MiB batch crosses in four writes, not sixteen, which
+#: measured as fast as one (bench/README.md), while a loader takes a quarter of what a 1 MiB pipe would of the
+#: user's allowance
+PIPE_BYTES = 256 << 10
+
+#: the per-user allowance of pipe pages (``pipe-user-pages-soft``) below which no pipe is widened: past the
+#: allowance, the kernel gives every new pipe of the user 2 pages instead of 16, so widening must leave it room
+#: (the default, 16384 pages, holds 256 wide pipes)
+ALLOWANCE_FLOOR = 4096
+_ALLOWANCE = "/proc/sys/fs/pipe-user-pages-soft"
 
 try:
     import fcntl
@@ -69,10 +78,24 @@ class WideQueue(multiprocessing.queues.Queue):
             return None
 
 
-def widen(fd: int, size: int = PIPE_BYTES) -> bool:
-    """Ask for a pipe of ``size`` bytes behind ``fd``; False where the kernel or the system says no."""
+def allowance() -> int:
+    """The per-user allowance of pipe pages (0: none), as the kernel says (16384 where it cannot be read)."""
+    try:
+        with open(_ALLOWANCE) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return 16384
+
+
+def widen(fd: int, size: Optional[int] = None) -> bool:
+    """Ask for a pipe of ``size`` bytes (:data:`PIPE_BYTES`) behind ``fd``; False where the kernel or the system
+    says no, or the user's pipe allowance is too small to spare it (see :data:`ALLOWANCE_FLOOR`)."""
     if _SETPIPE is None or fcntl is None:
         return False
+    pages = allowance()
+    if 0 < pages < ALLOWANCE_FLOOR:
+        return False
+    size = PIPE_BYTES if size is None else size
     try:
         fcntl.fcntl(fd, _SETPIPE, size)
     except (OSError, ValueError):  # EPERM past the per-user allowance, EBUSY, not a pipe, a closed one: as it was

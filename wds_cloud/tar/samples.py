@@ -54,13 +54,21 @@ SKIP_META = r"__[^/]*__($|/)"
 def base_plus_ext(path: str) -> tuple[Optional[str], Optional[str]]:
     """Split at the first dot of the basename: ``a/b.seg.png`` -> ``("a/b", "seg.png")``.
 
-    A basename without a dot, or starting with one, gives ``(None, None)``.
+    A basename without a dot gives ``(None, None)``, and so does one starting with a dot, except under a folder
+    whose name has no dot, as webdataset 1.0.2 splits it: ``d/.hidden`` -> ``("d/", "hidden")``.
     """
     slash = path.rfind("/")
     dot = path.find(".", slash + 1)
-    if dot <= slash + 1:
+    if dot <= slash + 1 and _keyless(path, slash, dot):
         return None, None
     return path[:dot], path[dot + 1 :]
+
+
+def _keyless(path: str, slash: int, dot: int) -> bool:
+    """For a name whose basename has no dot or starts with one (``dot <= slash + 1``): whether it has no key.  A
+    basename starting with a dot under a folder whose name has none (``d/.hidden``) is webdataset 1.0.2's key
+    ``d/`` and field ``hidden`` (its pattern lets the key end at the folder's slash)."""
+    return dot < 0 or slash < 0 or "." in path[path.rfind("/", 0, slash) + 1 : slash]
 
 
 def last_dot_split(path: str) -> tuple[Optional[str], Optional[str]]:
@@ -590,7 +598,7 @@ def _grouped(
         if fast_keys:
             slash = name.rfind("/")
             dot = name.find(".", slash + 1)
-            if dot <= slash + 1:
+            if dot <= slash + 1 and _keyless(name, slash, dot):
                 continue
             prefix, suffix = name[:dot], name[dot + 1 :]
         else:
@@ -701,7 +709,7 @@ def _grouped_mapped(
                     for name, head, size in zip(names, heads, sizes):
                         slash = name.rfind("/")
                         dot = name.find(".", slash + 1)
-                        if dot <= slash + 1:
+                        if dot <= slash + 1 and _keyless(name, slash, dot):
                             continue
                         prefix = name[:dot]
                         if prefix != key:
@@ -731,7 +739,7 @@ def _grouped_mapped(
                 if fast_keys:
                     slash = name.rfind("/")
                     dot = name.find(".", slash + 1)
-                    if dot <= slash + 1:
+                    if dot <= slash + 1 and _keyless(name, slash, dot):
                         continue
                     prefix, suffix = name[:dot], name[dot + 1 :]
                 else:
