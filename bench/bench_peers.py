@@ -226,16 +226,16 @@ def peer_worker(peer: str, row: str) -> None:
 def fresh(peer: str, row: str):
     """(rate, digest) of ``peer`` on ``row``, measured in a fresh process (as LitData's are: no peer runs in a
     process another has run in, whose memory makes its DataLoader workers slower to fork); None for n/a."""
-    done = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--peer-worker", f"{peer},{row}"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    if done.returncode:
-        raise SystemExit(f"{peer}'s run of {row!r} failed:\n{done.stderr[-3000:]}")
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = _child(sys.executable, ["--peer-worker", f"{peer},{row}"], f"{peer}'s run of {row!r}")
     return None if out["rate"] is None else (out["rate"], out["digest"])
+
+
+def _child(python: str, args: list, what: str) -> dict:
+    """The JSON line a run of this script (``args``) under ``python`` printed last."""
+    done = subprocess.run([python, os.path.abspath(__file__), *args], capture_output=True, text=True, cwd=ROOT)
+    if done.returncode:
+        raise SystemExit(f"{what} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 # LitData, in its own environment
@@ -305,15 +305,8 @@ def litdata(row: str):
     """(rate, digest, type of the field) from the LitData environment, or None where it is not installed."""
     if not os.path.exists(LITDATA_PYTHON) or row == "large":
         return None
-    done = subprocess.run(  # against views, LitData's own loop (what it hands out is its own: see --help)
-        [LITDATA_PYTHON, os.path.abspath(__file__), "--litdata-worker", "raw" if row == "views" else row],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    if done.returncode:
-        raise SystemExit(f"LitData's run of {row!r} failed:\n{done.stderr[-3000:]}")
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    # against views, LitData's own loop (what it hands out is its own: see --help)
+    out = _child(LITDATA_PYTHON, ["--litdata-worker", "raw" if row == "views" else row], f"LitData's run of {row!r}")
     return out["rate"], out["digest"], out["type"]
 
 

@@ -416,12 +416,11 @@ class TarMembers:
     def _read(self, size: int) -> bytes:
         try:
             return self._stream.read(size)  # type: ignore[union-attr]  # only after begin(): per chunk, no check
-        except _decompression_errors() as exc:
-            raise self._fail(f"the {self.compression} stream is damaged or ended early ({exc})") from exc
-        except OSError as exc:
-            if "Invalid data stream" in str(exc):  # bz2 reports corruption as a bare OSError
-                raise self._fail(f"the {self.compression} stream is damaged ({exc})") from exc
-            raise
+        except Exception as exc:
+            damage = self._damage(exc)
+            if damage is None:
+                raise
+            raise damage from exc
 
     def _read_into(self, view: memoryview) -> int:
         """Read into ``view`` (straight from the stream where it reads into a buffer): how many bytes came."""
@@ -432,12 +431,19 @@ class TarMembers:
             return len(data)
         try:
             return readinto(view) or 0
-        except _decompression_errors() as exc:
-            raise self._fail(f"the {self.compression} stream is damaged or ended early ({exc})") from exc
-        except OSError as exc:
-            if "Invalid data stream" in str(exc):  # bz2 reports corruption as a bare OSError
-                raise self._fail(f"the {self.compression} stream is damaged ({exc})") from exc
-            raise
+        except Exception as exc:
+            damage = self._damage(exc)
+            if damage is None:
+                raise
+            raise damage from exc
+
+    def _damage(self, exc: Exception) -> Optional[CorruptShardError]:
+        """The shard's corruption a read's error ``exc`` reports (a decompressor's), or None: raised as it is."""
+        if isinstance(exc, _decompression_errors()):
+            return self._fail(f"the {self.compression} stream is damaged or ended early ({exc})")
+        if isinstance(exc, OSError) and "Invalid data stream" in str(exc):  # bz2 reports corruption so
+            return self._fail(f"the {self.compression} stream is damaged ({exc})")
+        return None
 
     def _check_sample(self) -> None:
         """The sample limit, checked as the stream is read on (every MiB or large member), not per member."""
