@@ -80,3 +80,36 @@ def test_settings_lists_every_variable_and_marks_those_set_without_their_values(
     assert main(["settings"]) == 0
     out = capsys.readouterr().out
     assert "hunter2" not in out and "(set: WDS_REWRITE)" in out
+
+
+def test_settings_lists_a_refused_environment_and_masks_a_credential_in_it(capsys, monkeypatch):
+    """The second 44 adversary: a malformed rewrite rule holding a password was printed whole (by every command
+    and by the library's ConfigError), and settings, which is where a user looks, refused to run at all."""
+    import json
+
+    import wds_cloud as wds
+
+    monkeypatch.setenv("WDS_REWRITE", "https://user:SECRETPW@mirror/")
+    assert main(["settings", "rewrite"]) == 2
+    out, err = capsys.readouterr()
+    assert "WDS_REWRITE  (set: WDS_REWRITE)" in out and "has no '='" in out and "SECRETPW" not in out + err
+    assert main(["settings", "--json"]) == 2
+    problem = json.loads(capsys.readouterr().out)["problem"]
+    assert "user:***@mirror" in problem and "SECRETPW" not in problem
+    assert main(["backends"]) == 2
+    assert "SECRETPW" not in "".join(capsys.readouterr())
+    with pytest.raises(wds.ConfigError) as caught:
+        wds.WebDataset("x.tar", shardshuffle=False)
+    assert "SECRETPW" not in str(caught.value) and "***" in str(caught.value)
+
+
+def test_settings_marks_a_family_member_set_and_an_empty_value_not(capsys, monkeypatch):
+    """The second 44 adversary: WDS_BUCKET (a WDS_<NAME> substitution) was never marked, and WDS_MMAP= (empty: the
+    default) was marked as set."""
+    import json
+
+    monkeypatch.setenv("WDS_BUCKET", "my-bucket")
+    monkeypatch.setenv("WDS_MMAP", "")
+    assert main(["settings", "--json"]) == 0
+    rows = {row["names"][0]: row["set"] for row in json.loads(capsys.readouterr().out)["settings"]}
+    assert rows["WDS_<NAME>"] == ["WDS_BUCKET"] and rows["WDS_MMAP"] == []

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Optional, overload
 
-from .errors import ConfigError
+from .errors import ConfigError, redact
 
 __all__ = [
     "Settings",
@@ -650,7 +650,9 @@ def parse_rewrites(name: str, value: Optional[str]) -> tuple[tuple[str, str], ..
         if not part.strip():
             continue
         if "=" not in part:
-            raise ConfigError(f"{name} rule {part!r} has no '=': write rules as prefix=replacement, separated by ';'")
+            raise ConfigError(  # a rule names URLs: a credential in one is masked
+                f"{name} rule {redact(part.strip())!r} has no '=': write rules as prefix=replacement, separated by ';'"
+            )
         prefix, replacement = part.split("=", 1)
         rules.append((prefix.strip(), replacement))  # the replacement is exact: 'pipe:echo ' keeps its space
     return tuple(rules)

@@ -164,7 +164,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         config.current()  # every command reads and checks the WDS_* settings once, before anything else
     except ConfigError as exc:
-        return fail(f"{name}: error: {_one_line(str(exc))}", EXIT_USAGE)
+        if args.command != "settings":  # which lists them, and says what is wrong (to mend the environment)
+            return fail(f"{name}: error: {_one_line(str(exc))}", EXIT_USAGE)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

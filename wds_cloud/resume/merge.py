@@ -148,9 +148,10 @@ def _slots(states: Sequence[Any]) -> tuple[list, int, int, int, Optional[dict]]:
         later = [r for r, e in epochs.items() if e != first and r not in ended]
         why = (
             f": rank(s) {_few(ended)} had come to the end of their share of epoch {first} (a state taken after "
-            f"that is at the start of epoch {first + 1}) while the others were within it. States merge within one "
-            "epoch: take them before a rank's share runs out (give every rank the same number of samples, "
-            "with_epoch(n)), or after every rank has finished the epoch"
+            f"the iterator ended is at the start of epoch {first + 1}) while the others' states are still in epoch "
+            f"{first}. States merge within one epoch: take them before a rank's share runs out (give every rank "
+            "the same number of samples, with_epoch(n)); where every rank has read its whole share, take each "
+            f"state after its iterator has ended, all then at the start of epoch {first + 1}"
             if ended and not later
             else ": take every rank's state at the same step"
         )

@@ -127,6 +127,43 @@ class _Prefixed(WrappedStream):
         return len(data)
 
 
+class _Whole:
+    """A read stream whose reads give all the bytes asked for, short only at the end of the stream."""
+
+    def __init__(self, raw: _Prefixed) -> None:
+        self._raw = raw
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._raw.read(size)
+        if size is None or size < 0 or len(data) >= size or not data:
+            return data
+        parts = [data]
+        have = len(data)
+        while have < size:
+            more = self._raw.read(size - have)
+            if not more:
+                break
+            parts.append(more)
+            have += len(more)
+        return b"".join(parts)
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        have = 0
+        while have < len(view):
+            got = self._raw.readinto(view[have:])
+            if not got:
+                break
+            have += got
+        return have
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._raw.close()
+
+
 class _Zlib:
     """Streaming gzip (multi-member) decompression with zlib, without GzipFile's overhead."""
 
@@ -136,13 +173,29 @@ class _Zlib:
         self._pending = b""
         self._eof = False
         self._truncated = False  # the input ended early; what came before it was returned first
+        self._held = b""  # output the decompressor gave at once when the input ended early, not yet read
+        self._flushed = False
 
     def read(self, size: int) -> bytes:
-        if self._truncated:
-            raise EOFError("the gzip stream ended before its end-of-stream marker")
         out: list[bytes] = []
         need = size
+        if self._held:  # what a flush at the end of a cut stream gave, beyond what was asked then
+            out.append(self._held[:need])
+            self._held = self._held[need:]
+            need -= len(out[0])
+            if need <= 0 or self._held:
+                return out[0]
+        if self._truncated:
+            if out:
+                return out[0]
+            raise EOFError("the gzip stream ended before its end-of-stream marker")
         while need > 0 and not self._eof:
+            if self._held:
+                take = self._held[:need]
+                self._held = self._held[need:]
+                out.append(take)
+                need -= len(take)
+                continue
             if self._d.eof:
                 rest = self._d.unused_data
                 if not rest:
@@ -156,6 +209,13 @@ class _Zlib:
                 self._pending = self._d.unconsumed_tail or self._raw.read(CHUNK)
                 if not self._pending:
                     if not self._d.eof:
+                        # the input ended early: what the decompressor still holds comes out first, whatever
+                        # sizes were asked for before (the same bytes, then the same error, for any reader)
+                        held = b"" if self._flushed else self._d.flush()
+                        self._flushed = True
+                        if held:
+                            self._held = held
+                            continue
                         if out:  # deliver what was decompressed; the next read raises
                             self._truncated = True
                             break
@@ -215,6 +275,9 @@ def open_decompressed(stream: IO[bytes], head_size: int = 6) -> tuple[_Readable,
     raw = _Prefixed(head, stream)
     if kind is None:
         return raw, None
+    # a decompressor is given whole pieces of what it asks for, however the source hands its bytes over: what a
+    # damaged stream yields before its error (and which error) is the same for every delivery
+    raw = _Whole(raw)
     if kind == "gzip":
         return _Zlib(raw), kind
     if kind == "bz2":
@@ -542,7 +605,8 @@ class TarMembers:
             if got >= size:
                 raise self._fail(_cut_in_padding(size, got - size), name, header_offset)
             raise self._fail(_cut_in_data(size, got), name, header_offset)
-        if size > self.chunk:  # large member: the rest goes straight from the stream into the payload
+        if size > self.chunk and self._end - pos < size:  # large member: the rest goes straight into the payload
+            # (a member whose data is all here already, as a first read larger than a small chunk brings, is not)
             head = buf[pos : self._end]
             data = self._read_payload(head, size, name, header_offset)
             self._base += self._end + size - len(head)
