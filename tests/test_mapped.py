@@ -613,3 +613,31 @@ def test_a_table_without_room_for_its_split_names_is_asked_once_a_pass(tmp_path,
     got = list(shard_samples(urls[0], stream, members=members))
     members.close()
     assert len(asked) == 1 and len(got) == len(expected) == 400
+
+
+def test_no_shard_stays_mapped_after_its_pass_or_an_abandoned_iterator(tmp_path):
+    """The second 44 new user: after an epoch the last shard stayed mapped (and open) until the dataset was
+    deleted, and the current one after an iterator was dropped."""
+    import os
+
+    if not os.path.exists("/proc/self/maps"):
+        pytest.skip("needs /proc")
+    urls = _shards(tmp_path, n=2, per=5, size=10)
+
+    def mapped() -> int:
+        with open("/proc/self/maps") as f:
+            return sum(1 for line in f if str(tmp_path) in line)
+
+    ds = wds.WebDataset(urls, shardshuffle=False)
+    assert len(list(ds)) == 10 and mapped() == 0
+    it = iter(ds)
+    next(it)
+    assert mapped() == 1
+    del it
+    gc.collect()
+    assert mapped() == 0
+    views = list(wds.WebDataset(urls, shardshuffle=False, zero_copy=True))
+    assert mapped() == 2  # views keep their shards' mappings while they live
+    del views
+    gc.collect()
+    assert mapped() == 0

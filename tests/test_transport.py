@@ -166,3 +166,13 @@ def test_without_memfd_batches_travel_in_torchs_shared_memory(shards, monkeypatc
     packed = list(wds.WebLoader(ds, batch_size=None, num_workers=2, pack_bytes=True))
     assert all(isinstance(b[0], PackedBytes) for b in packed)
     assert [(list(a), list(b)) for a, b in packed] == [(a, b) for a, b in plain]
+
+
+def test_packed_bytes_rebuilt_from_a_buffer_of_bytes_reads_its_items():
+    """The second 44 new user: PackedBytes(b"abcde", [0, 2, 5]) was accepted, and raised AttributeError on its
+    first item (only a uint8 tensor worked, which docs/gpu.md did not say)."""
+    from wds_cloud.transport import PackedBytes
+
+    for data in (b"abcde", bytearray(b"abcde"), memoryview(b"abcde")):
+        packed = PackedBytes(data, [0, 2, 5])
+        assert list(packed) == [b"ab", b"cde"] and packed[1] == b"cde" and packed.view(0).tobytes() == b"ab"

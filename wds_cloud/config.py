@@ -31,6 +31,7 @@ __all__ = [
     "BOUNDS",
     "ENV_VARS",
     "ENV_DOCS",
+    "variables_set",
 ]
 
 #: AWS variables that change where or how botocore addresses S3: the s3 plugin presigns a GET itself only
@@ -127,7 +128,7 @@ _ENV_ROWS = (
         "size",
         "`32MiB`",
         "`256MiB`",
-        "the most memory the member tables of mapped shards may hold (where each member lies, recorded by a pass that read the shard to its end, so that the next pass over the unchanged file reads no header): about 25 bytes and the name per member; a table larger than the bound is not kept, and `wds_cloud.tar.table.held()` says how many are kept and their bytes; `0` keeps none",
+        "the most memory the member tables of mapped shards may hold (where each member lies, recorded by a pass that read the shard to its end, so that the next pass over the unchanged file reads no header; none for a file changed in the last 5 seconds): about 25 bytes and the name per member, and for the default key rule about 16 more per member and a key (about 50 bytes and its length) per sample, the split names, made only while they fit; a table larger than the bound is not kept, and `wds_cloud.tar.table.held()` says how many are kept and their bytes; `0` keeps none",
     ),
     (
         "`WDS_MAX_MEMBER_SIZE`",
@@ -279,8 +280,8 @@ _ENV_ROWS = (
     (
         "`XDG_CONFIG_HOME`, `HOME`",
         "directory",
-        "",
-        "",
+        "the system's",
+        "`/home/me/.config`",
         "the default profiles file is `$XDG_CONFIG_HOME/wds_cloud/config.toml`, else `$HOME/.config/wds_cloud/config.toml`",
     ),
     (
@@ -374,7 +375,7 @@ _ENV_ROWS = (
         "botocore's",
         "none",
         "`AWS_USE_FIPS_ENDPOINT=true`",
-        "botocore's own variables; with any of them set, `s3://` reads are presigned by a botocore client instead of by the plugin itself (see below)",
+        "botocore's own variables; with any of them set, `s3://` reads are presigned by a botocore client instead of by the plugin itself (`docs/cloud.md` says why)",
     ),
 )
 
@@ -806,6 +807,13 @@ class Settings:
 
 
 _last: Optional[tuple[dict, Settings]] = None
+
+
+def variables_set(environ: Optional[Mapping[str, str]] = None) -> frozenset:
+    """The names of the environment's variables that hold something (an empty value is the default): what
+    ``wds-cloud settings`` marks as set, never their values."""
+    environ = os.environ if environ is None else environ
+    return frozenset(name for name, value in environ.items() if value.strip())
 
 
 def current() -> Settings:

@@ -224,7 +224,9 @@ def add_parser(commands: Any) -> None:
         help="write a small image dataset and stream it back through a DataLoader",
         description="Write a synthetic image dataset (JPEG and PNG with .json and .cls) and stream it back "
         "through WebDataset -> shuffle -> decode -> to_tuple -> DataLoader, showing progress and "
-        "throughput.  By default it uses a temporary directory, removed afterwards.",
+        "throughput.  By default it uses a temporary directory, removed afterwards.  It needs Pillow to make and "
+        "decode the images (pip install 'wds_cloud[image]'; the README's install line has it) and uses torch's "
+        "DataLoader where torch is installed.",
         epilog="examples:\n  wds-cloud demo\n  wds-cloud demo --url data --samples 200 --shards 2 --workers 0\n\n"
         "exit codes: 0 done (every sample written and read back), 1 a shard could not be written or read, 2 bad "
         "arguments (a flag, a WDS_* environment variable)",

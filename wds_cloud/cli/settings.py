@@ -9,7 +9,6 @@ with what is wrong, as every other command words it (a credential in a URL maske
 from __future__ import annotations
 
 import argparse
-import os
 import re
 from typing import Any
 
@@ -28,21 +27,17 @@ def _plain(cell: str) -> str:
     return cell.replace("`", "")
 
 
-def _set(name: str) -> bool:
-    """Whether ``name`` is set to something (empty is the default, as config reads it)."""
-    return bool(os.environ.get(name, "").strip())
-
-
 def _settings(args: argparse.Namespace) -> int:
     listed = {name for row in config.ENV_DOCS for name in _names(row[0])}
+    given_names = config.variables_set()
     rows = []
     for names, form, default, example, meaning in config.ENV_DOCS:
         plain = _plain(names)
         if "<" in plain:  # a family (WDS_<NAME>): the variables of its prefix that no other row names
             prefix = plain.split("<", 1)[0]
-            given = sorted(n for n in os.environ if n.startswith(prefix) and n not in listed and _set(n))
+            given = sorted(n for n in given_names if n.startswith(prefix) and n not in listed)
         else:
-            given = [name for name in _names(names) if _set(name)]
+            given = [name for name in _names(names) if name in given_names]
         rows.append(
             {
                 "names": _names(names) or [plain],

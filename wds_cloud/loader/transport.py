@@ -72,6 +72,8 @@ class PackedBytes(Sequence):
         else:
             if isinstance(data, _Segment):  # packed in a worker, about to be sent
                 segment, data = data, data.tensor
+            elif isinstance(data, (bytes, bytearray, memoryview)):  # a buffer of bytes: as a uint8 tensor (a copy)
+                data = _unpickle_tensor(bytes(data))
             _check_offsets(offsets, data)
         self.data = data
         self.offsets = offsets

@@ -167,7 +167,7 @@ class _Whole:
 class _Zlib:
     """Streaming gzip (multi-member) decompression with zlib, without GzipFile's overhead."""
 
-    def __init__(self, raw: _Prefixed) -> None:
+    def __init__(self, raw: Any) -> None:
         self._raw = raw
         self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         self._pending = b""
@@ -277,13 +277,13 @@ def open_decompressed(stream: IO[bytes], head_size: int = 6) -> tuple[_Readable,
         return raw, None
     # a decompressor is given whole pieces of what it asks for, however the source hands its bytes over: what a
     # damaged stream yields before its error (and which error) is the same for every delivery
-    raw = _Whole(raw)
+    whole = _Whole(raw)
     if kind == "gzip":
-        return _Zlib(raw), kind
+        return _Zlib(whole), kind
     if kind == "bz2":
-        return _Read1(bz2.BZ2File(cast(IO[bytes], raw))), kind  # _Prefixed reads as a file does
+        return _Read1(bz2.BZ2File(cast(IO[bytes], whole))), kind  # _Whole reads as a file does
     if kind == "xz":
-        return _Read1(lzma.LZMAFile(cast(IO[bytes], raw))), kind
+        return _Read1(lzma.LZMAFile(cast(IO[bytes], whole))), kind
     try:
         import zstandard
     except ImportError:
@@ -291,7 +291,10 @@ def open_decompressed(stream: IO[bytes], head_size: int = 6) -> tuple[_Readable,
             "this shard is zstd-compressed and reading it needs the zstandard module: "
             "pip install zstandard (or pip install 'wds_cloud[all]')"
         ) from None
-    return zstandard.ZstdDecompressor().stream_reader(cast(IO[bytes], raw), read_across_frames=True, closefd=True), kind
+    return (
+        zstandard.ZstdDecompressor().stream_reader(cast(IO[bytes], whole), read_across_frames=True, closefd=True),
+        kind,
+    )
 
 
 def _decompression_errors() -> tuple[type[BaseException], ...]:

@@ -329,6 +329,8 @@ class TarSamples:
                 finally:
                     if stream is not None:
                         close_quietly(stream)
+                        if cursor.members is not None:  # its mapping too (views of it keep it while they live)
+                            cursor.members.close()
             if saved and reached < skip and limit is None:  # (equal_work passes may stop before it)
                 raise _short_of(skip, reached)
             cursor.done = True
