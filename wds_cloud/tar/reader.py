@@ -165,7 +165,9 @@ class _Whole:
 
 
 class _Zlib:
-    """Streaming gzip (multi-member) decompression with zlib, without GzipFile's overhead."""
+    """Streaming gzip (multi-member) decompression with zlib, without GzipFile's overhead.  The compressed stream is
+    read ``FIRST_READ`` bytes at a time (whole pieces, see :class:`_Whole`): the first sample of a shard over a
+    slow link waits for that much, not for a chunk."""
 
     def __init__(self, raw: Any) -> None:
         self._raw = raw
@@ -199,14 +201,14 @@ class _Zlib:
             if self._d.eof:
                 rest = self._d.unused_data
                 if not rest:
-                    rest = self._raw.read(CHUNK)
+                    rest = self._raw.read(FIRST_READ)
                     if not rest:
                         self._eof = True
                         break
                 self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
                 self._pending = rest
             if not self._pending:
-                self._pending = self._d.unconsumed_tail or self._raw.read(CHUNK)
+                self._pending = self._d.unconsumed_tail or self._raw.read(FIRST_READ)
                 if not self._pending:
                     if not self._d.eof:
                         # the input ended early: what the decompressor still holds comes out first, whatever
