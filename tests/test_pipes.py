@@ -113,3 +113,41 @@ def test_no_pipe_is_widened_where_the_users_allowance_is_small(tmp_path, monkeyp
         os.close(writer)
     monkeypatch.setattr(pipes, "_ALLOWANCE", str(tmp_path / "absent"))
     assert pipes.allowance() == 16384
+
+
+def _put_many(queue, sizes) -> None:
+    for size in sizes:
+        queue.put((size, bytes([size % 251]) * size, [b"x" * 100] * 3))
+
+
+def test_messages_of_any_size_cross_whole_into_one_buffer():
+    """The main process reads each message straight into one buffer of its size (multiprocessing's own receive
+    copies it in pieces into a growing buffer): every size arrives whole, in order."""
+    ctx = pipes.context()
+    queue = ctx.Queue()
+    sizes = [0, 1, 511, 65_536, 262_144, 262_145, 3_000_000, 7]
+    worker = ctx.Process(target=_put_many, args=(queue, sizes))
+    worker.start()
+    for size in sizes:
+        got = queue.get(timeout=120)
+        assert got == (size, bytes([size % 251]) * size, [b"x" * 100] * 3)
+    worker.join(60)
+
+
+def test_a_message_cut_short_is_an_error_not_a_short_read():
+    import os
+    import struct
+
+    reader, writer = os.pipe()
+    try:
+        os.write(writer, struct.pack("!i", 10) + b"abc")
+        os.close(writer)
+        writer = -1
+        with pytest.raises(OSError, match="end of file during message"):
+            pipes._read_exactly(reader, 4, True) and pipes._read_exactly(reader, 10, False)
+        with pytest.raises(EOFError):
+            pipes._read_exactly(reader, 4, True)
+    finally:
+        os.close(reader)
+        if writer >= 0:
+            os.close(writer)

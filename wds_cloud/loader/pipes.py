@@ -10,7 +10,9 @@ queues, once a worker process first puts into one, ask the kernel for a pipe of 
 workers takes one pipe of 64 pages of the user's allowance (``/proc/sys/fs/pipe-user-pages-soft``, 16384 pages
 by default; a plain pipe takes 16) while it lives; below :data:`ALLOWANCE_FLOOR` pages none is widened (past the
 allowance the kernel would give every new pipe of the user 2 pages).  Where the kernel refuses (an older kernel,
-another system) the pipe stays as it was: nothing else changes.
+another system) the pipe stays as it was: nothing else changes.  Its queues also receive each message straight
+into one buffer of the message's size, where ``multiprocessing``'s connections read it in pieces copied into a
+growing buffer.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import multiprocessing
 import multiprocessing.context
 import multiprocessing.queues
 import os
+import struct
 from typing import Any, Optional
 
 __all__ = ["PIPE_BYTES", "ALLOWANCE_FLOOR", "allowance", "context", "widen", "WideQueue"]
@@ -61,6 +64,21 @@ class WideQueue(multiprocessing.queues.Queue):
         super().__setstate__(base)
         self._widened = False
 
+    def _reset(self, after_fork: bool = False) -> None:
+        # the base class's own hook: messages are then received by _recv_whole (see there)
+        super()._reset(after_fork)  # type: ignore[misc]
+        self._recv_bytes = self._recv_whole
+
+    def _recv_whole(self) -> bytearray:
+        """One message of the pipe (``multiprocessing``'s framing: a 4-byte big-endian length, -1 then an 8-byte
+        one for 2 GiB and more), read straight into one buffer of its size: the connection's own receive reads
+        it in pieces it copies into a growing buffer, a copy of every batch more in the main process."""
+        fd = self._reader.fileno()  # type: ignore[attr-defined]  # (as in put)
+        (size,) = struct.unpack("!i", _read_exactly(fd, 4, True))
+        if size == -1:
+            (size,) = struct.unpack("!Q", _read_exactly(fd, 8, False))
+        return _read_exactly(fd, size, False)
+
     def put(self, obj: Any, block: bool = True, timeout: Optional[float] = None) -> None:
         if not self._widened and os.getpid() != self._made_in:
             self._widened = True
@@ -76,6 +94,25 @@ class WideQueue(multiprocessing.queues.Queue):
             return fcntl.fcntl(self._reader.fileno(), getpipe)  # type: ignore[attr-defined]  # (as in put)
         except OSError:
             return None
+
+
+def _read_exactly(fd: int, size: int, first: bool) -> bytearray:
+    """``size`` bytes of ``fd``; EOFError where it ends before the first of a message (``first``), OSError inside
+    one (as ``multiprocessing``'s connections say it)."""
+    out = bytearray(size)
+    view = memoryview(out)
+    got = 0
+    try:
+        while got < size:
+            n = os.readv(fd, [view[got:]])
+            if not n:
+                if first and not got:
+                    raise EOFError
+                raise OSError("got end of file during message")
+            got += n
+    finally:
+        view.release()
+    return out
 
 
 def allowance() -> int:
