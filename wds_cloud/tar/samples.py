@@ -652,8 +652,9 @@ def _grouped_mapped(
     what is left per member is the key,
     the slice and the dict; a member the runs do not take goes through the general reader.  The same
     samples, offsets (``where``), limits and errors as :func:`_grouped` (the mapped-read tests compare them).
-    Its steps per member repeat :func:`_grouped`'s, and its loop for the usual key rules repeats its own general
-    loop without the checks those rules need not: inlined on purpose, as a call per member would cost them."""
+    Under the usual key rules a kept table's split names (:meth:`TarMembers.keyed_run`) leave only the slice and
+    the dict.  Its steps per member repeat :func:`_grouped`'s, and the keyed loop repeats its general loop without
+    the name splitting: inlined on purpose, as a call per member would cost them."""
     suffixes = set(suffixes) if suffixes is not None else None
     fast_keys = keys is base_plus_ext
     buf = members.buffer
@@ -705,34 +706,6 @@ def _grouped_mapped(
             else:
                 names, heads, sizes = run
                 given, run_heads = None, heads
-                if plain:  # the usual rules: the same steps as below, without the checks they need not
-                    for name, head, size in zip(names, heads, sizes):
-                        slash = name.rfind("/")
-                        dot = name.find(".", slash + 1)
-                        if dot <= slash + 1 and _keyless(name, slash, dot):
-                            continue
-                        prefix = name[:dot]
-                        if prefix != key:
-                            record = base + head
-                            if current is not None:
-                                if where is not None:
-                                    where[0], where[1], where[3] = start, record, name
-                                    where[2] += 1
-                                yield current
-                            current = {"__key__": prefix, "__url__": url}
-                            if local_path is not None:
-                                current["__local_path__"] = local_path
-                            key = prefix
-                            start = members.sample_start = record
-                        suffix = name[dot + 1 :].lower()
-                        if suffix in current:
-                            exn = repeated_field(url, name, base + head, prefix, suffix)
-                            if on_repeat is None or not on_repeat(exn):
-                                raise exn
-                            continue
-                        begin = head + 512
-                        current[suffix] = source[begin : begin + size]
-                    continue
             for name, head, size in zip(names, heads, sizes):
                 if rename_files is not None:
                     name = rename_files(name)
