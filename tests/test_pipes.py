@@ -151,3 +151,95 @@ def test_a_message_cut_short_is_an_error_not_a_short_read():
         os.close(reader)
         if writer >= 0:
             os.close(writer)
+
+
+def _pause() -> str:
+    import time
+
+    time.sleep(0.002)  # lets another thread run while this message is being unpickled
+    return "paused"
+
+
+class _Pausing:
+    """Unpickled by running Python code that gives up the GIL, in the middle of its message."""
+
+    def __reduce__(self):
+        return (_pause, ())
+
+
+def _put_numbered(queue, count: int, size: int) -> None:
+    for i in range(count):
+        queue.put((i, _Pausing(), bytes([i % 251]) * (size + i), bytearray([i % 7]) * 100))
+
+
+def test_what_a_message_unpickled_to_survives_the_next_one_read_into_the_kept_buffer():
+    """A message of up to KEPT_BYTES is read into a buffer the receiving thread keeps: the objects of one
+    message stay as they were after the next messages are read into that buffer, larger ones (a buffer of
+    their own) and smaller ones alike."""
+    ctx = pipes.context()
+    queue = ctx.Queue()
+    sizes = [300_000, 1000, pipes.KEPT_BYTES, pipes.KEPT_BYTES + 1, 200_000, 5]
+    worker = ctx.Process(target=_put_many, args=(queue, sizes))
+    worker.start()
+    got = [queue.get(timeout=120) for _ in sizes]
+    worker.join(60)
+    assert got == [(size, bytes([size % 251]) * size, [b"x" * 100] * 3) for size in sizes]
+
+
+def test_threads_receiving_from_one_queue_each_read_into_their_own_buffer():
+    """Two threads of one process take messages from the same queue: a message is unpickled after the queue's
+    lock is let go, and unpickling may run Python code (here code that gives up the GIL half way), so each thread
+    reads into its own kept buffer: neither overwrites the message the other is still unpickling."""
+    import threading
+
+    ctx = pipes.context()
+    queue = ctx.Queue()
+    count, size = 200, 150_000
+    worker = ctx.Process(target=_put_numbered, args=(queue, count, size))
+    worker.start()
+    received: list = []
+    bad: list = []
+
+    def take(n: int) -> None:
+        for _ in range(n):
+            try:
+                i, paused, data, tail = queue.get(timeout=120)
+            except Exception as exc:  # a message unpickled from bytes overwritten under it (each get takes one)
+                bad.append(repr(exc))
+                continue
+            if paused != "paused" or data != bytes([i % 251]) * (size + i) or tail != bytearray([i % 7]) * 100:
+                bad.append(i)
+            received.append(i)
+
+    threads = [threading.Thread(target=take, args=(count // 2,)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    worker.join(60)
+    assert not bad
+    assert sorted(received) == list(range(count))
+
+
+def test_a_webloader_with_workers_imports_what_their_seeding_needs_once_before_forking_them(tmp_path):
+    """torch's worker loop seeds numpy's global generator, importing numpy.random in every forked worker of every
+    epoch unless the main process has: a WebLoader with workers imports it before its first workers start; one
+    without workers imports nothing for them."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            import wds_cloud as wds
+            none = wds.WebLoader([1, 2, 3], batch_size=None, num_workers=0)
+            assert list(none) == [1, 2, 3]
+            print("numpy.random" in sys.modules)
+            loader = wds.WebLoader(wds.DataPipeline(lambda: iter(range(4))), batch_size=None, num_workers=1)
+            print("numpy.random" in sys.modules)
+            print(sorted(loader), "numpy.random" in sys.modules)
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["False", "False", "[0, 1, 2, 3] True"]

@@ -11,8 +11,9 @@ workers takes one pipe of 64 pages of the user's allowance (``/proc/sys/fs/pipe-
 by default; a plain pipe takes 16) while it lives; below :data:`ALLOWANCE_FLOOR` pages none is widened (past the
 allowance the kernel would give every new pipe of the user 2 pages).  Where the kernel refuses (an older kernel,
 another system) the pipe stays as it was: nothing else changes.  Its queues also receive each message straight
-into one buffer of the message's size, where ``multiprocessing``'s connections read it in pieces copied into a
-growing buffer.
+into one buffer, where ``multiprocessing``'s connections read it in pieces copied into a growing buffer; a
+message of up to :data:`KEPT_BYTES` goes into a buffer each receiving thread keeps for its next one (a fresh
+1 MiB buffer per batch cost the main process its allocation, zero-filling and page faults every time).
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ import multiprocessing.context
 import multiprocessing.queues
 import os
 import struct
+import threading
 from typing import Any, Optional
 
-__all__ = ["PIPE_BYTES", "ALLOWANCE_FLOOR", "allowance", "context", "widen", "WideQueue"]
+__all__ = ["PIPE_BYTES", "ALLOWANCE_FLOOR", "KEPT_BYTES", "allowance", "context", "widen", "WideQueue"]
 
 #: the size asked for a worker result pipe (64 pages): a 1 MiB batch crosses in four writes, not sixteen, which
 #: measured as fast as one (bench/README.md), while a loader takes a quarter of what a 1 MiB pipe would of the
@@ -35,6 +37,11 @@ PIPE_BYTES = 256 << 10
 #: allowance, the kernel gives every new pipe of the user 2 pages instead of 16, so widening must leave it room
 #: (the default, 16384 pages, holds 256 wide pipes)
 ALLOWANCE_FLOOR = 4096
+
+#: the largest message read into the buffer a receiving thread keeps between messages (a larger one gets a
+#: buffer of its own, freed with it): what a kept buffer may hold on to
+KEPT_BYTES = 4 << 20
+
 _ALLOWANCE = "/proc/sys/fs/pipe-user-pages-soft"
 
 try:
@@ -68,16 +75,24 @@ class WideQueue(multiprocessing.queues.Queue):
         # the base class's own hook: messages are then received by _recv_whole (see there)
         super()._reset(after_fork)  # type: ignore[misc]
         self._recv_bytes = self._recv_whole
+        self._kept = threading.local()  # each receiving thread's buffer (see _recv_whole)
 
-    def _recv_whole(self) -> bytearray:
+    def _recv_whole(self) -> Any:
         """One message of the pipe (``multiprocessing``'s framing: a 4-byte big-endian length, -1 then an 8-byte
-        one for 2 GiB and more), read straight into one buffer of its size: the connection's own receive reads
-        it in pieces it copies into a growing buffer, a copy of every batch more in the main process."""
+        one for 2 GiB and more), read straight into one buffer: the connection's own receive reads it in pieces
+        it copies into a growing buffer, a copy of every batch more in the main process.  A message of up to
+        :data:`KEPT_BYTES` is read into the buffer this thread keeps (the queue unpickles what it is given
+        before its thread can ask for the next message, and unpickled objects hold no reference to it)."""
         fd = self._reader.fileno()  # type: ignore[attr-defined]  # (as in put)
         (size,) = struct.unpack("!i", _read_exactly(fd, 4, True))
         if size == -1:
             (size,) = struct.unpack("!Q", _read_exactly(fd, 8, False))
-        return _read_exactly(fd, size, False)
+        if size > KEPT_BYTES:
+            return _read_exactly(fd, size, False)
+        kept = getattr(self._kept, "buffer", None)
+        if kept is None or len(kept) < size:  # the next power of two: batches of about one size share it
+            kept = self._kept.buffer = bytearray(1 << (max(size, 1 << 16) - 1).bit_length())
+        return _read_exactly(fd, size, False, kept)
 
     def put(self, obj: Any, block: bool = True, timeout: Optional[float] = None) -> None:
         if not self._widened and os.getpid() != self._made_in:
@@ -96,15 +111,16 @@ class WideQueue(multiprocessing.queues.Queue):
             return None
 
 
-def _read_exactly(fd: int, size: int, first: bool) -> bytearray:
-    """``size`` bytes of ``fd``; EOFError where it ends before the first of a message (``first``), OSError inside
-    one (as ``multiprocessing``'s connections say it)."""
-    out = bytearray(size)
+def _read_exactly(fd: int, size: int, first: bool, into: Optional[bytearray] = None) -> Any:
+    """``size`` bytes of ``fd``: a new ``bytearray``, or a ``memoryview`` of the first ``size`` bytes of ``into``;
+    EOFError where it ends before the first of a message (``first``), OSError inside one (as
+    ``multiprocessing``'s connections say it)."""
+    out = bytearray(size) if into is None else into
     view = memoryview(out)
     got = 0
     try:
         while got < size:
-            n = os.readv(fd, [view[got:]])
+            n = os.readv(fd, [view[got:size]])
             if not n:
                 if first and not got:
                     raise EOFError
@@ -112,7 +128,7 @@ def _read_exactly(fd: int, size: int, first: bool) -> bytearray:
             got += n
     finally:
         view.release()
-    return out
+    return out if into is None else memoryview(into)[:size]
 
 
 def allowance() -> int:
