@@ -6,6 +6,14 @@ runs every peer once in turn (alternating), each in a fresh process of its envir
 first (the page cache warm, and whatever a reader keeps for its next pass); the table gives the best of ``--repeat`` rounds, and every peer's
 samples are checked against the others' (a digest of the field's bytes, whatever the order).
 
+Where the warm page cache comes from (``--cache``): ``disk`` (the default) takes the files a peer reads out of
+the page cache (``fsync`` and ``POSIX_FADV_DONTNEED``) at the start of its process, so its untimed epoch reads
+them from disk, as a training job's first epoch does, and its timed epoch reads what that epoch left in the
+page cache; ``as-is`` leaves the cache as the run found it (the shards in it as they were written or last read,
+by whichever program).  The two differ for readers that map files: the kernel maps pages that came in through
+a mapping asking for huge pages (wds_cloud's) 2 MiB at a time, and pages written, or read by ``read``, 4 KiB at
+a time.
+
 Rows (``--rows``):
 
 - ``raw``: 8,000 samples (8 shards of ~15.5 KB JPEG + json + cls, ~23 KB of tar each), touch the jpg bytes (its length and first
@@ -30,6 +38,7 @@ same CPU torch 2.13.0 as bench/.venv::
     bench/.venv-litdata/bin/pip install --no-deps litdata==0.2.76
     bench/.venv-litdata/bin/pip install lightning-utilities filelock numpy boto3 requests urllib3 tifffile obstore pillow
     bench/.venv/bin/python bench/bench_peers.py [--repeat 3] [--rows raw,views,decode,loader,tiny,large] [--svg]
+        [--cache disk|as-is]
 
 Without it the LitData column says ``-``.  ``--json PATH`` writes the figures; ``--svg [PATH]`` the bar chart
 (default docs/img/peers.svg); ``--page`` puts the table in docs/performance.md (its section between the markers)
@@ -208,9 +217,32 @@ def large_baseline(files: list):
     return n / (time.perf_counter() - started), digest.value()
 
 
-def peer_worker(peer: str, row: str) -> None:
+CACHES = ("disk", "as-is")
+
+
+def evict(paths: list) -> None:
+    """Take ``paths`` (files, or folders: every file under them) out of the page cache: written back first, then
+    dropped, so the next read of them comes from disk."""
+    files = []
+    for path in paths:
+        if os.path.isdir(path):
+            files += [os.path.join(d, name) for d, _, names in os.walk(path) for name in names]
+        else:
+            files.append(path)
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def peer_worker(peer: str, row: str, cache: str = "as-is") -> None:
     """Run in a fresh process of this environment: one warm-up and one timed pass of ``peer``; print JSON."""
     files = shards(DATA[row])
+    if cache == "disk":
+        evict(files)
     try:
         if peer == "readinto":
             rate, digest = large_baseline(files)
@@ -223,10 +255,10 @@ def peer_worker(peer: str, row: str) -> None:
     print(json.dumps({"rate": rate, "digest": digest}))
 
 
-def fresh(peer: str, row: str):
+def fresh(peer: str, row: str, cache: str):
     """(rate, digest) of ``peer`` on ``row``, measured in a fresh process (as LitData's are: no peer runs in a
     process another has run in, whose memory makes its DataLoader workers slower to fork); None for n/a."""
-    out = _child(sys.executable, ["--peer-worker", f"{peer},{row}"], f"{peer}'s run of {row!r}")
+    out = _child(sys.executable, ["--peer-worker", f"{peer},{row},{cache}"], f"{peer}'s run of {row!r}")
     return None if out["rate"] is None else (out["rate"], out["digest"])
 
 
@@ -243,7 +275,7 @@ def litdata_dir(name: str) -> str:
     return os.path.join(HERE, "_data", "litdata", name)
 
 
-def litdata_worker(row: str) -> None:
+def litdata_worker(row: str, cache: str = "as-is") -> None:
     """Run in bench/.venv-litdata: convert the shards once, then one warm-up and one timed pass; print JSON."""
     os.environ.setdefault("DATA_OPTIMIZER_CACHE_FOLDER", os.path.join(HERE, "_data", "litdata", ".cache"))
     os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
@@ -252,6 +284,8 @@ def litdata_worker(row: str) -> None:
     output = litdata_dir(name)
     if not os.path.exists(os.path.join(output, "index.json")):
         convert(files, output)
+    if cache == "disk":
+        evict([output])
     from litdata import StreamingDataLoader, StreamingDataset
 
     if row == "loader":
@@ -301,18 +335,26 @@ def convert(files: list, output: str) -> None:
     print(f"converted {len(files)} shards for LitData in {time.perf_counter() - started:.1f} s", file=sys.stderr)
 
 
-def litdata(row: str):
+def litdata(row: str, cache: str):
     """(rate, digest, type of the field) from the LitData environment, or None where it is not installed."""
     if not os.path.exists(LITDATA_PYTHON) or row == "large":
         return None
     # against views, LitData's own loop (what it hands out is its own: see --help)
-    out = _child(LITDATA_PYTHON, ["--litdata-worker", "raw" if row == "views" else row], f"LitData's run of {row!r}")
+    what = "raw" if row == "views" else row
+    out = _child(LITDATA_PYTHON, ["--litdata-worker", f"{what},{cache}"], f"LitData's run of {row!r}")
     return out["rate"], out["digest"], out["type"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--cache",
+        choices=CACHES,
+        default="disk",
+        help="disk: each peer's files leave the page cache before its run, so its untimed epoch reads them from "
+        "disk (default); as-is: the page cache as the run finds it",
+    )
     parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated: " + ", ".join(ROWS))
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument(
@@ -328,7 +370,7 @@ def main() -> None:
     parser.add_argument("--peer-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.litdata_worker:
-        litdata_worker(args.litdata_worker)
+        litdata_worker(*args.litdata_worker.split(","))
         return
     if args.peer_worker:
         import warnings
@@ -367,14 +409,14 @@ def main() -> None:
         for _ in range(args.repeat):
             peers = ["wds_cloud", "readinto" if row == "large" else "webdataset"] if row != "views" else ["wds_cloud"]
             for peer in peers:
-                got = fresh(peer, row)
+                got = fresh(peer, row, args.cache)
                 if got is None:  # a wds_cloud without zero_copy: the row says n/a
                     best.setdefault(peer, None)
                     continue
                 rate, digest = got
                 best[peer] = max(best.get(peer) or 0.0, rate)
                 digests.setdefault(peer, digest)
-            got = litdata(row)
+            got = litdata(row, args.cache)
             if got is not None:
                 rate, digest, kind = got
                 best["LitData"] = max(best.get("LitData", 0.0), rate)
