@@ -641,3 +641,47 @@ def test_no_shard_stays_mapped_after_its_pass_or_an_abandoned_iterator(tmp_path)
     del views
     gc.collect()
     assert mapped() == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 9000), min_size=1, max_size=40),
+    chunk=st.sampled_from([1024, 4096, 8192]),
+    views=st.booleans(),
+)
+def test_a_first_pass_records_every_plain_member_and_maps_each_page_once(tmp_path_factory, sizes, chunk, views):
+    """Plain members of any size, across window ends or larger than a window: the table the first pass keeps
+    holds every member (a member running past a window's end starts the next window; it was read by the general
+    reader and left out of the table, which sent every later pass to the general reader once a window), and no
+    page of the shard is asked to be mapped twice in a pass (each window maps what the one before did not)."""
+    import wds_cloud.tar.reader as reader_module
+    from wds_cloud.tar import table
+
+    table.forget()
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i, size in enumerate(sizes):
+            info = tarfile.TarInfo(f"{i:05d}.bin")
+            info.size = size
+            tar.addfile(info, io.BytesIO(bytes([i % 251]) * size))
+    path = tmp_path_factory.mktemp("w") / "s.tar"
+    path.write_bytes(raw.getvalue())
+    _settled(path)
+    asked: list = []
+    real = reader_module.populate
+    reader_module.populate = lambda mapping, start, end: (asked.append((start, end)), real(mapping, start, end))
+    try:
+        (first, _), (second, had) = _twice(str(path), chunk=chunk, views=views)
+    finally:
+        reader_module.populate = real
+    assert first == second and [int(s["__key__"]) for s in first] == list(range(len(sizes)))
+    fits = [size for size in sizes if 512 + (size + 511) // 512 * 512 <= chunk]
+    assert had == bool(fits)
+    if fits:  # a member larger than a window is read by the general reader, in every pass
+        kept = next(iter(table._tables.values()))
+        assert list(kept.sizes) == fits
+        kinds = "".join("f" if size in fits else "L" for size in sizes).strip("L")
+        assert len(kept.gaps) == len([run for run in kinds.split("f") if run])  # only where a large one lies
+    for one_pass in (asked[: len(asked) // 2], asked[len(asked) // 2 :]):
+        ends = sorted(one_pass)
+        assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:]))  # no range asked twice

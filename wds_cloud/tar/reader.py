@@ -423,6 +423,7 @@ class TarMembers:
         self.mapped = False
         self._mapping: Any = None
         self._dropped = 0  # the mapping's pages before this offset were given back
+        self._populated = 0  # the mapping's pages from the last window's start to this offset were mapped
         self._begun = False
         #: the member table of this version of the file, kept from an earlier pass (see wds_cloud.tar.table)
         self.table: Optional[MemberTable] = None
@@ -756,23 +757,27 @@ class TarMembers:
             self._recorder = Recorder()
         self._mapping = buf
         self._buf, self._base, self._pos, self._end = buf, self._base - at, at, len(buf)
-        self._dropped = at
+        self._dropped = self._populated = at
         self._stream = _DRAINED  # every byte is in the buffer: a read past it finds the end
         self.mapped = True
         return True
 
     def _window(self, pos: int) -> int:
         """Where the fast path stops in a mapped shard (a window of ``chunk`` bytes past ``pos``): the sample
-        limit is checked once per window, and the pages read before the last window are given back."""
+        limit is checked once per window, the pages read before the last window are given back, and those of
+        the window not mapped for the one before are mapped."""
         self._check_sample()
         window = self.chunk
+        end = pos + window
         if self._buf is self._mapping:
             self._check_size()
             if pos - self._dropped >= 8 * window:
                 drop(self._mapping, self._dropped, pos - window)
                 self._dropped = pos - window
-            populate(self._mapping, pos, pos + window)
-        return min(self._end, pos + window)
+            if end > self._populated:
+                populate(self._mapping, max(pos, self._populated), end)
+                self._populated = end
+        return min(self._end, end)
 
     def _check_size(self) -> None:
         """A mapped file cut short in place since it was opened would stop the reader with SIGBUS on its first
@@ -808,6 +813,8 @@ class TarMembers:
             end = self._window(pos) if self.mapped else self._end
             if self._special:
                 end = 0  # a long name or PAX records apply to the next header: the slow path reads it
+            first = pos
+            straddles = False  # a plain member runs past the window's end (not the buffer's)
             while pos + 512 <= end:
                 try:
                     # all twelve digits when the field has no terminator, as tarfile reads it
@@ -827,6 +834,7 @@ class TarMembers:
                 start = pos + 512
                 nxt = start + ((size + 511) & ~511)
                 if nxt > end:
+                    straddles = pos > first and end < self._end
                     break
                 name_end = buf.find(b"\0", pos, pos + 100)
                 name = buf[pos : name_end if name_end >= 0 else pos + 100].decode("utf-8", "surrogateescape")
@@ -840,8 +848,12 @@ class TarMembers:
                     continue
                 self.member_offset = self.record_start = base + header_pos
                 yield name, mv[start : start + size] if views else buf[start : start + size]
+            else:  # the next header runs past the window's end
+                straddles = pos > first and end < self._end
             mv.release()
             self._pos = pos
+            if straddles:  # a mapped shard: the next window starts at its header (and the table records it)
+                continue
             item = self._next_slow()
             if item is _END:
                 self._ended()
