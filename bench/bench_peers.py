@@ -218,6 +218,11 @@ def large_baseline(files: list):
 
 
 CACHES = ("disk", "as-is")
+CACHE_NOTE = {
+    "disk": "Each reader's files left the page cache as its process began: its untimed epoch read them from disk, "
+    "its timed epoch what that left in the page cache (`--cache disk`).",
+    "as-is": "The page cache as the run found it (`--cache as-is`).",
+}
 
 
 def evict(paths: list) -> None:
@@ -434,12 +439,12 @@ def main() -> None:
     command = " ".join(["bench/.venv/bin/python bench/bench_peers.py"] + sys.argv[1:])
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**results, "_command": command}, f, indent=1)
+            json.dump({**results, "_command": command, "_cache": args.cache}, f, indent=1)
     if args.svg:
         svg(results, args.svg)
         print(f"wrote {args.svg}")
     if args.page:
-        page(results, command)
+        page({**results, "_cache": args.cache}, command)
 
 
 def _rate(rate) -> str:
@@ -518,7 +523,8 @@ def page(results: dict, command: str) -> None:
     if kind:
         note = f" LitData's raw bytes fields come out as `{kind}`."
     shown = {k: v for k, v in results.items() if not k.startswith("_")}
-    section = peers_section(render(shown), f"{figures.machine()}; `{command}`.{note}")
+    cache = CACHE_NOTE[results.get("_cache", "disk")]
+    section = peers_section(render(shown), f"{cache} {figures.machine()}; `{command}`.{note}")
     with open(PAGE) as f:
         text = f.read()
     if BEGIN in text and END in text:
