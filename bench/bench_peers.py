@@ -6,13 +6,17 @@ runs every peer once in turn (alternating), each in a fresh process of its envir
 first (the page cache warm, and whatever a reader keeps for its next pass); the table gives the best of ``--repeat`` rounds, and every peer's
 samples are checked against the others' (a digest of the field's bytes, whatever the order).
 
-Where the warm page cache comes from (``--cache``): ``disk`` (the default) takes the files a peer reads out of
-the page cache (``fsync`` and ``POSIX_FADV_DONTNEED``) at the start of its process, so its untimed epoch reads
-them from disk, as a training job's first epoch does, and its timed epoch reads what that epoch left in the
-page cache; ``as-is`` leaves the cache as the run found it (the shards in it as they were written or last read,
-by whichever program).  The two differ for readers that map files: the kernel maps pages that came in through
-a mapping asking for huge pages (wds_cloud's) 2 MiB at a time, and pages written, or read by ``read``, 4 KiB at
-a time.
+Where the warm page cache comes from (``--cache``): ``disk`` (the default, and what docs/performance.md shows)
+takes the files a peer reads out of the page cache (``fsync`` and ``POSIX_FADV_DONTNEED``) at the start of its
+process, so its untimed epoch reads them from disk, as a training job's first epoch does, and its timed epoch
+reads what that epoch left in the page cache; ``as-is`` leaves the cache as the run found it (the shards in it
+as they were written or last read, by whichever program: in one round webdataset reads the same tar files after
+wds_cloud).  The two differ for readers that map files, wds_cloud and LitData: how the pages came into the
+page cache sets the size of the pieces the kernel holds them in (on Linux 6.x: larger when they were read with
+``read`` in modest pieces than when written in small pieces or brought in by faults on a mapping), and a
+mapping's cost per pass is the kernel filling and clearing a page table entry for every piece.  On the 2-core
+machine of bench/README.md, wds_cloud's raw row ran 1.1x-1.2x LitData's with ``disk`` and up to 1.5x with
+``as-is`` after a webdataset run had read the shards; runs before ``--cache`` existed were ``as-is``.
 
 Rows (``--rows``):
 
@@ -357,8 +361,9 @@ def main() -> None:
         "--cache",
         choices=CACHES,
         default="disk",
-        help="disk: each peer's files leave the page cache before its run, so its untimed epoch reads them from "
-        "disk (default); as-is: the page cache as the run finds it",
+        help="disk (default; the published figures): each peer's files leave the page cache before its run, so its "
+        "untimed epoch reads them from disk and its timed epoch what that left; as-is: the page cache as the run "
+        "finds it (faster or slower for the readers that map files, by how the pages came in: see above)",
     )
     parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated: " + ", ".join(ROWS))
     parser.add_argument("--json", help="write the figures here")
@@ -386,6 +391,7 @@ def main() -> None:
     if args.from_json:
         with open(args.from_json) as f:
             saved = json.load(f)
+        print(f"--cache {saved.get('_cache', 'as-is')}: {CACHE_NOTE[saved.get('_cache', 'as-is')]}")
         print(render(saved))
         if args.svg:
             svg({k: v for k, v in saved.items() if not k.startswith("_")}, args.svg)
@@ -435,6 +441,7 @@ def main() -> None:
             flush=True,
         )
     print()
+    print(f"--cache {args.cache}: {CACHE_NOTE[args.cache]}")
     print(render(results))
     command = " ".join(["bench/.venv/bin/python bench/bench_peers.py"] + sys.argv[1:])
     if args.json:
@@ -523,7 +530,7 @@ def page(results: dict, command: str) -> None:
     if kind:
         note = f" LitData's raw bytes fields come out as `{kind}`."
     shown = {k: v for k, v in results.items() if not k.startswith("_")}
-    cache = CACHE_NOTE[results.get("_cache", "disk")]
+    cache = CACHE_NOTE[results.get("_cache", "as-is")]  # runs written before --cache left the page cache as it was
     section = peers_section(render(shown), f"{cache} {figures.machine()}; `{command}`.{note}")
     with open(PAGE) as f:
         text = f.read()
