@@ -144,9 +144,9 @@ def test_a_message_cut_short_is_an_error_not_a_short_read():
         os.close(writer)
         writer = -1
         with pytest.raises(OSError, match="end of file during message"):
-            pipes._read_exactly(reader, 4, True) and pipes._read_exactly(reader, 10, False)
+            pipes._read_exactly(reader, 4) and pipes._read_exactly(reader, 10)
         with pytest.raises(EOFError):
-            pipes._read_exactly(reader, 4, True)
+            pipes._read_exactly(reader, 4)
     finally:
         os.close(reader)
         if writer >= 0:
@@ -243,3 +243,109 @@ def test_a_webloader_with_workers_imports_what_their_seeding_needs_once_before_f
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:3] == ["False", "False", "[0, 1, 2, 3] True"]
+
+
+def _frame(obj) -> bytes:
+    import pickle
+    import struct
+
+    data = pickle.dumps(obj)
+    return struct.pack("!i", len(data)) + data
+
+
+def _queues():
+    import multiprocessing
+
+    return [("multiprocessing", multiprocessing.get_context("fork").Queue()), ("wide", pipes.context().Queue())]
+
+
+def _outcome(call):
+    try:
+        return ("value", call())
+    except Exception as exc:  # what each queue raises, compared by type and message
+        return (type(exc).__name__, str(exc))
+
+
+def test_a_negative_length_reads_as_multiprocessing_reads_it_not_as_the_last_message_again():
+    """A length below -1 is nothing to multiprocessing (its unpickling fails: EOFError); the kept buffer's last
+    message was returned a second time (adversary finding)."""
+    import os
+    import struct
+
+    got = {}
+    for name, queue in _queues():
+        for frame in (_frame(("batch", b"A" * 1000)), struct.pack("!i", -5)):
+            queue._sem.acquire()  # as put() counts a message
+            os.write(queue._writer.fileno(), frame)
+        first = queue.get(timeout=60)
+        got[name] = (first, _outcome(lambda q=queue: q.get(timeout=60)))
+    assert got["wide"] == got["multiprocessing"]
+    assert got["wide"][1][0] == "EOFError"
+
+
+@pytest.mark.parametrize("head", [b"\x00\x00\x00\x64", b"\xff\xff\xff\xff", b"\xff\xff\xff\xff" + bytes(7) + b"\x0a"])
+def test_the_end_of_the_pipe_right_after_a_length_is_eoferror_as_in_multiprocessing(head):
+    """No byte of what the length announces arrived: EOFError, as multiprocessing says (it was OSError)."""
+    import os
+
+    got = {}
+    for name, queue in _queues():
+        os.write(queue._writer.fileno(), head)
+        queue._writer.close()
+        got[name] = _outcome(queue.get)
+    assert got["wide"] == got["multiprocessing"] == ("EOFError", "")
+
+
+_NESTED_QUEUE: list = []
+
+
+def _nested_get():
+    return _NESTED_QUEUE[0].get(timeout=60)
+
+
+class _Nesting:
+    """Unpickled by taking the next message from the same queue, in the same thread."""
+
+    def __reduce__(self):
+        return (_nested_get, ())
+
+
+def test_a_get_asked_while_a_message_is_unpickled_does_not_read_into_the_buffer_under_it():
+    """An object whose unpickling takes the next message from the same queue: that message goes into a buffer
+    of its own, not the kept one the outer message is still being read from (it failed to unpickle)."""
+    queue = pipes.context().Queue()
+    _NESTED_QUEUE[:] = [queue]
+    try:
+        queue.put([_Nesting(), b"outer" * 200, {"k": list(range(50))}])
+        queue.put(b"Z" * 5000 + b"inner")
+        outer = queue.get(timeout=60)
+    finally:
+        _NESTED_QUEUE.clear()
+    assert outer == [b"Z" * 5000 + b"inner", b"outer" * 200, {"k": list(range(50))}]
+
+
+def test_a_numpy_random_that_fails_to_import_is_left_to_the_workers(tmp_path):
+    """The import before forking never raises in the main process, whatever numpy.random raises (SystemExit
+    included): the workers meet it as they would without it (adversary finding)."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            import numpy
+            from wds_cloud.loader import webloader
+
+            class Refuse:
+                def find_spec(self, name, path=None, target=None):
+                    if name == "numpy.random":
+                        raise SystemExit(3)
+
+            sys.modules.pop("numpy.random", None)
+            sys.meta_path.insert(0, Refuse())
+            webloader._imported_for_workers()
+            print("ok")
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr

@@ -82,17 +82,31 @@ class WideQueue(multiprocessing.queues.Queue):
         one for 2 GiB and more), read straight into one buffer: the connection's own receive reads it in pieces
         it copies into a growing buffer, a copy of every batch more in the main process.  A message of up to
         :data:`KEPT_BYTES` is read into the buffer this thread keeps (the queue unpickles what it is given
-        before its thread can ask for the next message, and unpickled objects hold no reference to it)."""
+        before its thread can ask for the next message, unless an object being unpickled asks, which :meth:`get`
+        sees; and unpickled objects hold no reference to it)."""
         fd = self._reader.fileno()  # type: ignore[attr-defined]  # (as in put)
-        (size,) = struct.unpack("!i", _read_exactly(fd, 4, True))
+        (size,) = struct.unpack("!i", _read_exactly(fd, 4))
         if size == -1:
-            (size,) = struct.unpack("!Q", _read_exactly(fd, 8, False))
-        if size > KEPT_BYTES:
-            return _read_exactly(fd, size, False)
-        kept = getattr(self._kept, "buffer", None)
-        if kept is None or len(kept) < size:  # the next power of two: batches of about one size share it
-            kept = self._kept.buffer = bytearray(1 << (max(size, 1 << 16) - 1).bit_length())
-        return _read_exactly(fd, size, False, kept)
+            (size,) = struct.unpack("!Q", _read_exactly(fd, 8))
+        if size < 0:
+            return b""  # as multiprocessing reads a negative length: nothing, which unpickles as EOFError
+        kept = self._kept
+        if size > KEPT_BYTES or getattr(kept, "depth", 1) > 1:  # (a get within the unpickling of another)
+            return _read_exactly(fd, size)
+        buffer = getattr(kept, "buffer", None)
+        if buffer is None or len(buffer) < size:  # the next power of two: batches of about one size share it
+            buffer = kept.buffer = bytearray(1 << (max(size, 1 << 16) - 1).bit_length())
+        return _read_exactly(fd, size, buffer)
+
+    def get(self, block: bool = True, timeout: Optional[float] = None) -> Any:
+        # how deep this thread is in gets: one asked while another's message is unpickled (by an object's
+        # __reduce__) reads into a buffer of its own, not the kept one under that unpickling
+        kept = self._kept
+        kept.depth = getattr(kept, "depth", 0) + 1
+        try:
+            return super().get(block, timeout)
+        finally:
+            kept.depth -= 1
 
     def put(self, obj: Any, block: bool = True, timeout: Optional[float] = None) -> None:
         if not self._widened and os.getpid() != self._made_in:
@@ -111,10 +125,10 @@ class WideQueue(multiprocessing.queues.Queue):
             return None
 
 
-def _read_exactly(fd: int, size: int, first: bool, into: Optional[bytearray] = None) -> Any:
+def _read_exactly(fd: int, size: int, into: Optional[bytearray] = None) -> Any:
     """``size`` bytes of ``fd``: a new ``bytearray``, or a ``memoryview`` of the first ``size`` bytes of ``into``;
-    EOFError where it ends before the first of a message (``first``), OSError inside one (as
-    ``multiprocessing``'s connections say it)."""
+    EOFError where it ends before the first of them, OSError after some (as ``multiprocessing``'s connections
+    say it, for a length and for the bytes it announces alike)."""
     out = bytearray(size) if into is None else into
     view = memoryview(out)
     got = 0
@@ -122,7 +136,7 @@ def _read_exactly(fd: int, size: int, first: bool, into: Optional[bytearray] = N
         while got < size:
             n = os.readv(fd, [view[got:size]])
             if not n:
-                if first and not got:
+                if not got:
                     raise EOFError
                 raise OSError("got end of file during message")
             got += n

@@ -331,7 +331,7 @@ def _imported_for_workers() -> None:
     if "numpy" in sys.modules and "numpy.random" not in sys.modules:
         try:
             import numpy.random  # noqa: F401
-        except Exception:  # a broken numpy: the workers would meet it as they do without this
+        except (Exception, SystemExit):  # a broken numpy: the workers meet it as they do without this
             pass
 
 
