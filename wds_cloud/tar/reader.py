@@ -819,9 +819,13 @@ class TarMembers:
                 try:
                     # all twelve digits when the field has no terminator, as tarfile reads it
                     size = int(buf[pos + 124 : pos + 136] if buf[pos + 135] > 32 else buf[pos + 124 : pos + 135], 8)
-                    # the checksum up to its first NUL, as tarfile reads it (digits after the usual six count)
-                    nul = buf.find(b"\0", pos + 148, pos + 156)
-                    stored = int(buf[pos + 148 : nul if nul >= 0 else pos + 156], 8)
+                    # the checksum up to its first NUL, as tarfile reads it (digits after the usual six count;
+                    # a NUL among the six is not octal: the general reader reads such a field)
+                    if buf[pos + 154] == 0:
+                        stored = int(buf[pos + 148 : pos + 154], 8)
+                    else:
+                        nul = buf.find(b"\0", pos + 148, pos + 156)
+                        stored = int(buf[pos + 148 : nul if nul >= 0 else pos + 156], 8)
                 except ValueError:
                     break
                 if not 0 <= size <= max_member:
@@ -891,9 +895,13 @@ class TarMembers:
                 try:
                     # all twelve digits when the field has no terminator, as tarfile reads it
                     size = int(buf[pos + 124 : pos + 136] if buf[pos + 135] > 32 else buf[pos + 124 : pos + 135], 8)
-                    # the checksum up to its first NUL, as tarfile reads it (digits after the usual six count)
-                    nul = buf.find(b"\0", pos + 148, pos + 156)
-                    stored = int(buf[pos + 148 : nul if nul >= 0 else pos + 156], 8)
+                    # the checksum up to its first NUL, as tarfile reads it (digits after the usual six count;
+                    # a NUL among the six is not octal: the general reader reads such a field)
+                    if buf[pos + 154] == 0:
+                        stored = int(buf[pos + 148 : pos + 154], 8)
+                    else:
+                        nul = buf.find(b"\0", pos + 148, pos + 156)
+                        stored = int(buf[pos + 148 : nul if nul >= 0 else pos + 156], 8)
                 except ValueError:
                     break
                 if not 0 <= size <= max_member:
