@@ -31,10 +31,21 @@ def sample_lists(max_size=8):
 def write_tar(items, fmt="ustar", extras=True, compress=None) -> bytes:
     """A tar archive of ``items`` ([(key, {field: bytes})]) written by Python's tarfile.
 
-    With ``extras``, directories and symlinks are mixed in (the reader must skip them).
+    With ``extras``, directories and symlinks are mixed in (the reader must skip them).  A ustar archive cannot
+    hold a name of more than 100 bytes that no slash splits into 155 and 100: such items are written as GNU
+    (long-name records), as a writer of ustar would have to.
     """
+    try:
+        return _write_tar(items, FORMATS[fmt], extras, compress)
+    except ValueError as exc:
+        if fmt != "ustar" or "too long" not in str(exc):
+            raise
+        return _write_tar(items, FORMATS["gnu"], extras, compress)
+
+
+def _write_tar(items, format, extras, compress) -> bytes:
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=FORMATS[fmt]) as tar:
+    with tarfile.open(fileobj=buf, mode="w", format=format) as tar:
         if extras:
             d = tarfile.TarInfo("somedir")
             d.type = tarfile.DIRTYPE

@@ -592,6 +592,9 @@ def _grouped(
     current: Optional[dict] = None
     key = None
     start = 0
+    # the sample limit, checked at every member (the reader checks it only each window or chunk, and where those
+    # fall differs between reads); a member-dict run checks its own
+    limit = members.max_sample if isinstance(members, TarMembers) else None
     for name, data in source:
         if rename_files is not None:
             name = rename_files(name)
@@ -599,11 +602,13 @@ def _grouped(
             slash = name.rfind("/")
             dot = name.find(".", slash + 1)
             if dot <= slash + 1 and _keyless(name, slash, dot):
+                _within(members, limit)
                 continue
             prefix, suffix = name[:dot], name[dot + 1 :]
         else:
             prefix, suffix = keys(name)
             if prefix is None:
+                _within(members, limit)
                 continue
         if lcase:
             suffix = suffix.lower()
@@ -618,6 +623,8 @@ def _grouped(
                 current["__local_path__"] = local_path
             key = prefix
             start = members.sample_start = members.record_start  # once per sample: the limit's base
+        if limit is not None and members.member_offset - start > limit:
+            raise sample_too_large(url, start, members.member_offset, limit)
         if suffixes is not None and suffix not in suffixes:
             continue
         if suffix in current:
@@ -633,6 +640,16 @@ def _grouped(
             where[3] = None
         yield current
     members.finish()  # after the last sample: what trails the archive never delays it
+
+
+def _within(members: Any, limit: Optional[int], offset: Optional[int] = None) -> None:
+    """The sample limit at a member no sample takes (no key): it still lies within the sample being grouped, as
+    the reader counts it."""
+    if limit is None:
+        return
+    offset = members.member_offset if offset is None else offset
+    if offset - members.sample_start > limit:
+        raise sample_too_large(members.url, members.sample_start, offset, limit)
 
 
 def _grouped_mapped(
@@ -667,6 +684,10 @@ def _grouped_mapped(
     given: Any = None  # a member the general reader gave: (name, data)
     run_heads: Any = None
     plain = rename_files is None and fast_keys and lcase and suffixes is None
+    limit = members.max_sample if members.max_sample is not None else 1 << 62  # checked at every member
+    # a member whose header lies past this position in the buffer runs its sample past the limit (set wherever a
+    # sample begins: in a keyed run or in the general loop, either of which may go on with it)
+    over = limit
     try:
         while True:
             if plain and members.table is not None:
@@ -686,6 +707,9 @@ def _grouped_mapped(
                                 current["__local_path__"] = local_path
                             key = prefix
                             start = members.sample_start = record
+                            over = head + limit
+                        if head > over:
+                            raise sample_too_large(url, start, base + head, limit)
                         if suffix in current:
                             exn = repeated_field(url, prefix + "." + suffix, base + head, prefix, suffix)
                             if on_repeat is None or not on_repeat(exn):
@@ -713,11 +737,13 @@ def _grouped_mapped(
                     slash = name.rfind("/")
                     dot = name.find(".", slash + 1)
                     if dot <= slash + 1 and _keyless(name, slash, dot):
+                        _within(members, limit, base + head if run_heads is not None else None)
                         continue
                     prefix, suffix = name[:dot], name[dot + 1 :]
                 else:
                     prefix, suffix = keys(name)
                     if prefix is None:
+                        _within(members, limit, base + head if run_heads is not None else None)
                         continue
                 if lcase:
                     suffix = suffix.lower()
@@ -733,10 +759,13 @@ def _grouped_mapped(
                         current["__local_path__"] = local_path
                     key = prefix
                     start = members.sample_start = record  # once per sample: the limit's base
+                    over = start - base + limit
+                offset = base + head if run_heads is not None else members.member_offset
+                if offset - start > limit:
+                    raise sample_too_large(url, start, offset, limit)
                 if suffixes is not None and suffix not in suffixes:
                     continue
                 if suffix in current:
-                    offset = base + head if run_heads is not None else members.member_offset
                     exn = repeated_field(url, name, offset, prefix, suffix)
                     if on_repeat is None or not on_repeat(exn):
                         raise exn
