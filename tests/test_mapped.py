@@ -12,7 +12,7 @@ import pickle
 import tarfile
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import wds_cloud as wds
@@ -111,6 +111,34 @@ def _settled(path) -> None:
 
     old = time.time() - 3600
     os.utime(path, (old, old))
+
+
+def _plain_tar(members, fmt=tarfile.USTAR_FORMAT) -> tuple[bytes, list]:
+    """A tar of ``members``: ``(name, size)`` for a file of ``size`` bytes (each byte the member's number), or a
+    name ending in ``/`` for a folder; with the offset of each member's header."""
+    raw = io.BytesIO()
+    heads = []
+    with tarfile.open(fileobj=raw, mode="w", format=fmt) as tar:
+        for i, member in enumerate(members):
+            heads.append(raw.tell())
+            if isinstance(member, str):
+                folder = tarfile.TarInfo(member.rstrip("/"))
+                folder.type = tarfile.DIRTYPE
+                tar.addfile(folder)
+                continue
+            name, size = member
+            info = tarfile.TarInfo(name)
+            info.size = size
+            tar.addfile(info, io.BytesIO(bytes([i % 251]) * size))
+    return raw.getvalue(), heads
+
+
+def _settled_file(factory, data: bytes, folder: str) -> str:
+    """``data`` saved as a settled file (see _settled) in a new folder: its path."""
+    path = factory.mktemp(folder) / "s.tar"
+    path.write_bytes(data)
+    _settled(path)
+    return str(path)
 
 
 def _shards(tmp_path, n=3, per=40, size=3000):
@@ -658,20 +686,12 @@ def test_a_first_pass_records_every_plain_member_and_maps_each_page_once(tmp_pat
     from wds_cloud.tar import table
 
     table.forget()
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for i, size in enumerate(sizes):
-            info = tarfile.TarInfo(f"{i:05d}.bin")
-            info.size = size
-            tar.addfile(info, io.BytesIO(bytes([i % 251]) * size))
-    path = tmp_path_factory.mktemp("w") / "s.tar"
-    path.write_bytes(raw.getvalue())
-    _settled(path)
+    path = _settled_file(tmp_path_factory, _plain_tar([(f"{i:05d}.bin", size) for i, size in enumerate(sizes)])[0], "w")
     asked: list = []
     real = reader_module.populate
     reader_module.populate = lambda mapping, start, end: (asked.append((start, end)), real(mapping, start, end))
     try:
-        (first, _), (second, had) = _twice(str(path), chunk=chunk, views=views)
+        (first, _), (second, had) = _twice(path, chunk=chunk, views=views)
     finally:
         reader_module.populate = real
     assert first == second and [int(s["__key__"]) for s in first] == list(range(len(sizes)))
@@ -700,15 +720,8 @@ def test_a_checksum_field_with_more_than_six_digits_reads_alike_mapped_and_strea
     """The header checksum is read up to its first NUL, as tarfile reads it, by every path: digits where the NUL
     and the space usually stand were ignored by the fast path and counted by the general reader, so a read
     refused or took the header by where a window or a read ended (adversary finding)."""
-    raw = io.BytesIO()
-    heads = []
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for i, size in enumerate(sizes):
-            heads.append(raw.tell())
-            info = tarfile.TarInfo(f"k{i}.bin")
-            info.size = size
-            tar.addfile(info, io.BytesIO(bytes([i % 251]) * size))
-    data = bytearray(raw.getvalue())
+    written, heads = _plain_tar([(f"k{i}.bin", size) for i, size in enumerate(sizes)])
+    data = bytearray(written)
     head = heads[bad % len(sizes)]
     data[head + 154 : head + 156] = tail
     (s1, e1, _), (s2, e2, mapped) = _both(tmp_path_factory.mktemp("c"), bytes(data), chunk=chunk)
@@ -726,6 +739,8 @@ def test_a_checksum_field_with_more_than_six_digits_reads_alike_mapped_and_strea
     chunk=st.sampled_from([1024, 3000, 4096, 1 << 20]),
     views=st.booleans(),
 )
+# a sample begun by the general reader (members larger than a window) going on in a table run
+@example(samples=[[0, 6000], [6000, 6000, 0]], keyless=set(), dirs=set(), limit=20000, chunk=1024, views=False)
 def test_the_sample_limit_refuses_the_same_sample_in_every_read(
     tmp_path_factory, samples, keyless, dirs, limit, chunk, views
 ):
@@ -736,26 +751,17 @@ def test_the_sample_limit_refuses_the_same_sample_in_every_read(
     from wds_cloud.tar import table
 
     table.forget()
-    raw = io.BytesIO()
-    n = 0
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for s, sizes in enumerate(samples):
-            for f, size in enumerate(sizes):
-                if n in dirs:  # a member the table leaves out: a sample may begin in the general reader and go on
-                    folder = tarfile.TarInfo(f"d{n}")
-                    folder.type = tarfile.DIRTYPE
-                    tar.addfile(folder)
-                name = f".hidden{n}" if n in keyless else f"s{s:03d}.f{f}"
-                n += 1
-                info = tarfile.TarInfo(name)
-                info.size = size
-                tar.addfile(info, io.BytesIO(bytes([n % 251]) * size))
-    data = raw.getvalue()
-    path = tmp_path_factory.mktemp("l") / "s.tar"
-    path.write_bytes(data)
-    _settled(path)
-    expected = _read(io.BytesIO(data), str(path), chunk, views=views, max_sample=limit)[:2]
+    members: list = []
+    for s, sizes in enumerate(samples):
+        for f, size in enumerate(sizes):
+            n = len([m for m in members if not isinstance(m, str)])
+            if n in dirs:  # a member the table leaves out: a sample may begin in the general reader and go on
+                members.append(f"d{n}/")
+            members.append((f".hidden{n}" if n in keyless else f"s{s:03d}.f{f}", size))
+    data = _plain_tar(members)[0]
+    path = _settled_file(tmp_path_factory, data, "l")
+    expected = _read(io.BytesIO(data), path, chunk, views=views, max_sample=limit)[:2]
     for _ in range(3):  # the first pass keeps the table the next two read from
-        assert _read(gopen(str(path)), str(path), chunk, views=views, max_sample=limit)[:2] == expected
-    streamed_large_chunk = _read(io.BytesIO(data), str(path), 1 << 20, views=views, max_sample=limit)[:2]
+        assert _read(gopen(path), path, chunk, views=views, max_sample=limit)[:2] == expected
+    streamed_large_chunk = _read(io.BytesIO(data), path, 1 << 20, views=views, max_sample=limit)[:2]
     assert streamed_large_chunk == expected
