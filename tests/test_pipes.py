@@ -349,3 +349,30 @@ def test_a_numpy_random_that_fails_to_import_is_left_to_the_workers(tmp_path):
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr
+
+
+def test_a_length_claiming_more_than_arrives_takes_memory_only_as_bytes_arrive(tmp_path):
+    """A frame claiming 1.5 GiB, then 3 bytes and the end of the pipe: the error multiprocessing gives, with memory
+    taken as bytes arrive (the whole claim was allocated and zero-filled first; adversary finding)."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, resource, struct
+            from wds_cloud.loader import pipes
+            queue = pipes.context().Queue()
+            os.write(queue._writer.fileno(), struct.pack("!iQ", -1, 1536 << 20) + b"abc")
+            queue._writer.close()
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            try:
+                queue.get(timeout=60)
+                print("no error")
+            except OSError as exc:
+                print(exc)
+            print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    message, grew = done.stdout.split("\n")[:2]
+    assert message == "got end of file during message" and int(grew) < 64, done.stderr

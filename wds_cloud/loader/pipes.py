@@ -129,19 +129,23 @@ def _read_exactly(fd: int, size: int, into: Optional[bytearray] = None) -> Any:
     """``size`` bytes of ``fd``: a new ``bytearray``, or a ``memoryview`` of the first ``size`` bytes of ``into``;
     EOFError where it ends before the first of them, OSError after some (as ``multiprocessing``'s connections
     say it, for a length and for the bytes it announces alike)."""
-    out = bytearray(size) if into is None else into
-    view = memoryview(out)
+    # a length claims what it likes: memory is taken as the bytes arrive (doubling, from KEPT_BYTES), never all
+    # of a claim before any of it came
+    out = bytearray(min(size, KEPT_BYTES)) if into is None else into
     got = 0
-    try:
-        while got < size:
-            n = os.readv(fd, [view[got:size]])
-            if not n:
-                if not got:
-                    raise EOFError
-                raise OSError("got end of file during message")
-            got += n
-    finally:
-        view.release()
+    while got < size:
+        if got == len(out):
+            out.extend(bytes(min(len(out), size - len(out))))
+        view = memoryview(out)
+        try:
+            n = os.readv(fd, [view[got : min(size, len(out))]])
+        finally:
+            view.release()
+        if not n:
+            if not got:
+                raise EOFError
+            raise OSError("got end of file during message")
+        got += n
     return out if into is None else memoryview(into)[:size]
 
 

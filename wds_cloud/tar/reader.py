@@ -371,10 +371,11 @@ def _cut_in_padding(size: int, got: int) -> str:
 def _octal(field: bytes) -> int:
     """A numeric header field read as ``tarfile`` reads it: octal text up to the first NUL (all
     twelve digits when there is none), or GNU base-256 for very large values; may be negative."""
-    if field and field[0] & 0x80:
+    if field and field[0] in (0x80, 0xFF):  # the two lead bytes tarfile takes (another is not a number)
         value = int.from_bytes(field[1:], "big")
-        return value - (1 << (8 * len(field) - 8)) if field[0] & 0x40 else value
-    text = field.split(b"\0", 1)[0].strip()
+        return value - (1 << (8 * len(field) - 8)) if field[0] == 0xFF else value
+    # stripped as a str, as tarfile strips it (\x1c-\x1f count as white space there, not in bytes.strip)
+    text = field.split(b"\0", 1)[0].decode("ascii", "strict").strip()
     return int(text, 8) if text else 0
 
 
@@ -702,8 +703,10 @@ class TarMembers:
         except ValueError:
             return False
         view = memoryview(header)
-        # adler32's first half is 1 + the byte sum modulo 65521, computed in C; the true sum
-        # (checksum field counted as spaces) is below 2 * 65521, so this is an exact test.
+        # adler32's first half is 1 + the byte sum modulo 65521, computed in C; the true sum (checksum field
+        # counted as spaces) is below 2 * 65521, so the stored value is one of two: exact for a header summing
+        # below 65521 (any with fewer than a dozen bytes over 127), and for a crafted one a checksum 65521 off
+        # is taken, by every read path alike (a checksum is not a signature)
         rest = ((zlib.adler32(view[156:], zlib.adler32(view[:148])) & 0xFFFF) - 1) % 65521 + 256
         if stored == rest or stored == rest + 65521:
             return True
@@ -817,8 +820,11 @@ class TarMembers:
             straddles = False  # a plain member runs past the window's end (not the buffer's)
             while pos + 512 <= end:
                 try:
-                    # all twelve digits when the field has no terminator, as tarfile reads it
-                    size = int(buf[pos + 124 : pos + 136] if buf[pos + 135] > 32 else buf[pos + 124 : pos + 135], 8)
+                    # all twelve digits unless the last is a NUL or a space, as tarfile reads it (another byte
+                    # there makes int() refuse, and the general reader says what is wrong)
+                    size = int(
+                        buf[pos + 124 : pos + 136] if buf[pos + 135] not in (0, 32) else buf[pos + 124 : pos + 135], 8
+                    )
                     # the checksum up to its first NUL, as tarfile reads it (digits after the usual six count;
                     # a NUL among the six is not octal: the general reader reads such a field)
                     if buf[pos + 154] == 0:
@@ -893,8 +899,11 @@ class TarMembers:
         try:
             while pos + 512 <= end:
                 try:
-                    # all twelve digits when the field has no terminator, as tarfile reads it
-                    size = int(buf[pos + 124 : pos + 136] if buf[pos + 135] > 32 else buf[pos + 124 : pos + 135], 8)
+                    # all twelve digits unless the last is a NUL or a space, as tarfile reads it (another byte
+                    # there makes int() refuse, and the general reader says what is wrong)
+                    size = int(
+                        buf[pos + 124 : pos + 136] if buf[pos + 135] not in (0, 32) else buf[pos + 124 : pos + 135], 8
+                    )
                     # the checksum up to its first NUL, as tarfile reads it (digits after the usual six count;
                     # a NUL among the six is not octal: the general reader reads such a field)
                     if buf[pos + 154] == 0:
@@ -987,14 +996,16 @@ class TarMembers:
         return keys[i:j], fields[i:j], heads[i:j], sizes[i:j]
 
     def _taken(self, names: list, heads: list, sizes: list) -> tuple[list, list, list]:
-        """A run taken: the offsets it ends at, and the members the filter keeps."""
-        self.member_offset = self.record_start = self._base + heads[-1]
+        """A run taken: the members the filter keeps, and the offsets of the last of them (a member the filter
+        drops moves no offset, as in the member-by-member read: the sample limit never counts it)."""
         select = self.select
         if select is not None:
             meta_only = getattr(select, "meta_only", False)
             keep = [i for i, name in enumerate(names) if (meta_only and name[:2] != "__") or select(name)]
             if len(keep) < len(names):
                 names, heads, sizes = [names[i] for i in keep], [heads[i] for i in keep], [sizes[i] for i in keep]
+        if heads:
+            self.member_offset = self.record_start = self._base + heads[-1]
         return names, heads, sizes
 
     def next_member(self) -> Any:
