@@ -760,12 +760,15 @@ def _grouped_mapped(
                     key = prefix
                     start = members.sample_start = record  # once per sample: the limit's base
                     over = start - base + limit
-                offset = base + head if run_heads is not None else members.member_offset
-                if offset - start > limit:
-                    raise sample_too_large(url, start, offset, limit)
+                if given is None:
+                    if head > over:
+                        raise sample_too_large(url, start, base + head, limit)
+                elif members.member_offset - start > limit:
+                    raise sample_too_large(url, start, members.member_offset, limit)
                 if suffixes is not None and suffix not in suffixes:
                     continue
                 if suffix in current:
+                    offset = base + head if run_heads is not None else members.member_offset
                     exn = repeated_field(url, name, offset, prefix, suffix)
                     if on_repeat is None or not on_repeat(exn):
                         raise exn
