@@ -368,6 +368,14 @@ def _cut_in_padding(size: int, got: int) -> str:
     )
 
 
+def _checksum_field(buf: Any, pos: int) -> int:
+    """The checksum field of the header at ``pos`` read up to its first NUL, as tarfile reads it (digits after
+    the usual six count), where the fast path did not find the usual NUL after six digits; ValueError if it is
+    not a number (the general reader then says what is wrong)."""
+    nul = buf.find(b"\0", pos + 148, pos + 156)
+    return int(buf[pos + 148 : nul if nul >= 0 else pos + 156], 8)
+
+
 def _octal(field: bytes) -> int:
     """A numeric header field read as ``tarfile`` reads it: octal text up to the first NUL (all
     twelve digits when there is none), or GNU base-256 for very large values; may be negative."""
@@ -820,18 +828,11 @@ class TarMembers:
             straddles = False  # a plain member runs past the window's end (not the buffer's)
             while pos + 512 <= end:
                 try:
-                    # all twelve digits unless the last is a NUL or a space, as tarfile reads it (another byte
-                    # there makes int() refuse, and the general reader says what is wrong)
-                    size = int(
-                        buf[pos + 124 : pos + 136] if buf[pos + 135] not in (0, 32) else buf[pos + 124 : pos + 135], 8
-                    )
-                    # the checksum up to its first NUL, as tarfile reads it (digits after the usual six count;
-                    # a NUL among the six is not octal: the general reader reads such a field)
-                    if buf[pos + 154] == 0:
-                        stored = int(buf[pos + 148 : pos + 154], 8)
-                    else:
-                        nul = buf.find(b"\0", pos + 148, pos + 156)
-                        stored = int(buf[pos + 148 : nul if nul >= 0 else pos + 156], 8)
+                    # the size: all twelve digits unless the last is a NUL or a space, as tarfile reads it (another
+                    # byte there makes int() refuse: the general reader says what is wrong); the checksum up to its
+                    # first NUL (see _checksum_field)
+                    size = int(buf[pos + 124 : pos + (136 if buf[pos + 135] not in (0, 32) else 135)], 8)
+                    stored = int(buf[pos + 148 : pos + 154], 8) if buf[pos + 154] == 0 else _checksum_field(buf, pos)
                 except ValueError:
                     break
                 if not 0 <= size <= max_member:
@@ -898,19 +899,9 @@ class TarMembers:
         # the header checks of __iter__'s fast path, inlined as there (a call per member would cost it)
         try:
             while pos + 512 <= end:
-                try:
-                    # all twelve digits unless the last is a NUL or a space, as tarfile reads it (another byte
-                    # there makes int() refuse, and the general reader says what is wrong)
-                    size = int(
-                        buf[pos + 124 : pos + 136] if buf[pos + 135] not in (0, 32) else buf[pos + 124 : pos + 135], 8
-                    )
-                    # the checksum up to its first NUL, as tarfile reads it (digits after the usual six count;
-                    # a NUL among the six is not octal: the general reader reads such a field)
-                    if buf[pos + 154] == 0:
-                        stored = int(buf[pos + 148 : pos + 154], 8)
-                    else:
-                        nul = buf.find(b"\0", pos + 148, pos + 156)
-                        stored = int(buf[pos + 148 : nul if nul >= 0 else pos + 156], 8)
+                try:  # the size and checksum fields read as __iter__ reads them (see there)
+                    size = int(buf[pos + 124 : pos + (136 if buf[pos + 135] not in (0, 32) else 135)], 8)
+                    stored = int(buf[pos + 148 : pos + 154], 8) if buf[pos + 154] == 0 else _checksum_field(buf, pos)
                 except ValueError:
                     break
                 if not 0 <= size <= max_member:
