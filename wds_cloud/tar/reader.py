@@ -181,18 +181,10 @@ class _Zlib:
     def read(self, size: int) -> bytes:
         out: list[bytes] = []
         need = size
-        if self._held:  # what a flush at the end of a cut stream gave, beyond what was asked then
-            out.append(self._held[:need])
-            self._held = self._held[need:]
-            need -= len(out[0])
-            if need <= 0 or self._held:
-                return out[0]
-        if self._truncated:
-            if out:
-                return out[0]
+        if self._truncated:  # (only once what the flush gave is read: it is set when nothing is held)
             raise EOFError("the gzip stream ended before its end-of-stream marker")
         while need > 0 and not self._eof:
-            if self._held:
+            if self._held:  # what a flush at the end of a cut stream gave, beyond what was asked then
                 take = self._held[:need]
                 self._held = self._held[need:]
                 out.append(take)
@@ -524,7 +516,8 @@ class TarMembers:
         return None
 
     def _check_sample(self) -> None:
-        """The sample limit, checked as the stream is read on (every MiB or large member), not per member."""
+        """The sample limit, checked as the stream is read on (every MiB or large member): the bound on what one
+        sample makes the reader hold; the grouping loops check it exactly, at every member."""
         if self.max_sample is not None and self.member_offset - self.sample_start > self.max_sample:
             raise sample_too_large(self.url, self.sample_start, self.member_offset, self.max_sample)
 
