@@ -18,11 +18,14 @@ theirs to know.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
 import re
 import reprlib
+import zlib
+from collections.abc import Iterator
 from typing import Any, Optional
 
 from .. import config
@@ -32,6 +35,8 @@ __all__ = [
     "MAX_SHARD_BLOCKS",
     "read_bytes",
     "load",
+    "first_line",
+    "iter_lines",
     "parse_json",
     "parse_yaml",
     "shown",
@@ -92,6 +97,61 @@ def read_bytes(url: str, what: str, storage_options: Optional[dict] = None, max_
             limit=limit,
         )
     return data
+
+
+@contextlib.contextmanager
+def _stream(url: str, storage_options: Optional[dict]) -> Iterator[Any]:
+    from .open import gopen
+
+    with gopen(url, "rb", storage_options=storage_options) as raw:
+        if not url.endswith(".gz"):
+            yield raw
+            return
+        with gzip.GzipFile(fileobj=raw, mode="rb") as plain:
+            yield plain
+
+
+def _line_too_long(url: str, what: str, number: int, limit: int) -> MalformedDataError:
+    return MalformedDataError(
+        f"{redact(url)}: line {number} of the {what} is longer than {limit} bytes, the most read for one record; "
+        "if it is genuine, raise WDS_MAX_DATA_FILE_SIZE",
+        url=url,
+        limit=limit,
+    )
+
+
+def iter_lines(
+    url: str, what: str, storage_options: Optional[dict] = None, max_record: Optional[int] = None
+) -> Iterator[tuple[int, bytes]]:
+    """``(line number, line)`` for each line of ``url`` that is not blank (decompressed when it ends in ``.gz``),
+    read as a stream: memory stays within one record however long the file.  A line longer than ``max_record``
+    (default ``WDS_MAX_DATA_FILE_SIZE``: for a file of one record a line the cap applies to a record, not to the
+    file) is refused before more of it is read."""
+    limit = max_record if max_record is not None else config.current().max_data_file_size
+    try:
+        with _stream(url, storage_options) as stream:
+            number = 0
+            while True:
+                line = stream.readline(limit + 2)
+                if not line:
+                    return
+                number += 1
+                if len(line) > limit + 1 or (len(line) == limit + 1 and not line.endswith(b"\n")):
+                    raise _line_too_long(url, what, number, limit)
+                if line.strip():
+                    yield number, line
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise MalformedDataError(
+            f"{redact(url)}: the {what} is not valid gzip ({type(exc).__name__}); write it again", url=url
+        ) from None
+
+
+def first_line(url: str, what: str, storage_options: Optional[dict] = None, max_record: Optional[int] = None) -> bytes:
+    """The first line of ``url`` that is not blank (``b""`` for an empty file), bounded as :func:`iter_lines`
+    bounds a record: how a reader tells a file of one record a line from one JSON document without reading it."""
+    for _, line in iter_lines(url, what, storage_options, max_record):
+        return line
+    return b""
 
 
 def _text(data: Any, where: str, what: str) -> str:
