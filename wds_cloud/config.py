@@ -61,6 +61,7 @@ ENV_VARS = (
     "WDS_SECURE",
     "WDS_MMAP",
     "WDS_TABLE_CACHE",
+    "WDS_INDEX_CACHE",
     "WDS_ALLOW_UNTRUSTED_PIPES",
     "WDS_ALLOW_PICKLE",
     "WDS_ALLOW_UNTRUSTED_LOCAL",
@@ -129,6 +130,13 @@ _ENV_ROWS = (
         "`32MiB`",
         "`256MiB`",
         "the most memory the member tables of mapped shards may hold (where each member lies, recorded by a pass that read the shard to its end, so that the next pass over the unchanged file reads no header; none for a file changed in the last 5 seconds): about 25 bytes and the name per member, and for the default key rule about 16 more per member and a key (about 50 bytes and its length) per sample, the split names, made only while they fit; a table larger than the bound is not kept, and `wds_cloud.tar.table.held()` says how many are kept and their bytes; `0` keeps none",
+    ),
+    (
+        "`WDS_INDEX_CACHE`",
+        "size",
+        "`128MiB`",
+        "`1GiB`",
+        "the most memory the member indexes a `ShardListDataset` loaded may hold in one process (each DataLoader worker has its own): about 250 bytes a sample and 225 a field; past it the least recently used are dropped (read again when needed), the one used last is always kept; `0` keeps only that one",
     ),
     (
         "`WDS_MAX_MEMBER_SIZE`",
@@ -474,6 +482,7 @@ BOUNDS: dict[str, Bound] = {
     "GOPEN_BUFFER": Bound("size", 1, 1 << 30, "bufsize"),
     "WDS_CACHE_SIZE": Bound("size", 0, 1 << 50, "cache_size", "cache_size", "0: no cache"),
     "WDS_TABLE_CACHE": Bound("size", 0, 1 << 40, "table_cache", None, "0: no member tables kept"),
+    "WDS_INDEX_CACHE": Bound("size", 0, 1 << 44, "index_cache", None, "0: only the index used last"),
     "WDS_CONCURRENCY": Bound("count", 1, 1024, "concurrency", "concurrency", "1: one stream per shard"),
     "WDS_MAX_CONCURRENCY": Bound("count", 1, 1024, "max_concurrency", "max_concurrency"),
     "WDS_PREFETCH": Bound("count", 0, 64, "prefetch", "prefetch", "0: none"),
@@ -692,6 +701,8 @@ class Settings:
     mmap: bool = True
     #: bytes the member tables of mapped shards may hold (see :mod:`wds_cloud.tar.table`)
     table_cache: int = 32 << 20
+    #: bytes the member indexes loaded by a ``ShardListDataset`` may hold (see :mod:`wds_cloud.index.held`)
+    index_cache: int = 128 << 20
     rewrites: tuple[tuple[str, str], ...] = ()
     verbose: bool = False
     bufsize: int = 1 << 20
@@ -764,6 +775,7 @@ class Settings:
             allow_pickle=parse_bool("WDS_ALLOW_PICKLE", get("WDS_ALLOW_PICKLE")),
             mmap=parse_bool("WDS_MMAP", get("WDS_MMAP") or None, True),  # empty: the default, as for every variable
             table_cache=number("WDS_TABLE_CACHE", 32 << 20),
+            index_cache=number("WDS_INDEX_CACHE", 128 << 20),
             # WDS_REWRITE rules come first, so where both variables match a URL WDS_REWRITE wins.
             rewrites=parse_rewrites("WDS_REWRITE", get("WDS_REWRITE"))
             + parse_rewrites("GOPEN_REWRITE", get("GOPEN_REWRITE")),
