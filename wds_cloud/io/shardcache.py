@@ -19,8 +19,10 @@ For an entry named ``N`` (see :func:`wds_cloud.io.urls.url_to_cache_name`) the c
 A hit checks the entry's size and modification time against ``N.meta``: an entry written to since
 it was published is fetched again (with ``verify=True`` every entry carries a CRC-32, every hit is
 checked against it, and a modified entry whose bytes still match is kept).  Eviction is
-least-recently-used by last access, never takes an entry another reader holds, and never deletes
-a file that has no ``.meta`` of ours.  Locks are ``flock`` locks: the cache directory must be on a
+least-recently-used by last access (a clock: an entry read since it was queued gets a second chance),
+never takes an entry another reader holds, and never deletes a file that has no ``.meta`` of ours.
+A bounded cache keeps what eviction needs in ``.evict.ledger`` (see :mod:`wds_cloud.io.cacheledger`), so
+that a miss costs the same whether the cache holds ten entries or a hundred thousand.  Locks are ``flock`` locks: the cache directory must be on a
 local filesystem (not NFS).  POSIX only.
 """
 
@@ -44,6 +46,7 @@ from typing import Any, Optional
 
 from ..errors import ConfigError, ObjectChangedError, TransferError, redact
 from .backend import read_to_end
+from .cacheledger import Held, Ledger
 from .mapped import map_file
 from .resilient import StatsSink, TransferStats
 from .urls import url_to_cache_name
@@ -56,15 +59,55 @@ POLL_MIN, POLL_MAX = 0.002, 0.05  # how often a reader waiting for a filler look
 BUFFER, BUFFERS = 1 << 20, 32  # a fill hands its bytes to the writer thread through 32 MB of reused buffers
 
 
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+MAX_META = 1 << 16  # a record of ours is a few hundred bytes; anything larger is not one
+
+
 def _read_meta(path: str) -> Optional[dict]:
+    """The record ``N.meta`` of the entry ``path``, or None: absent, a link, too large, or not a JSON object."""
     try:
-        with open(path + ".meta", "rb") as f:
-            return json.loads(f.read())
+        fd = os.open(path + ".meta", os.O_RDONLY | _NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_META + 1)
+        meta = json.loads(data) if len(data) <= MAX_META else None
     except (OSError, ValueError):
         return None
+    return meta if isinstance(meta, dict) else None
 
 
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+def _meta_size(meta: dict) -> int:
+    """The size a record claims, or 0 when it claims none (a stream of unknown length) or nonsense."""
+    size = meta.get("size")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else 0
+
+
+def _scan(directory: str) -> list[tuple[str, int, int]]:
+    """Every entry of the directory, fills included, as (name, size, last access): one walk, one read per record.
+
+    Only the ledger's rebuild walks: when it is absent (a cache an older version filled), or damaged.
+    """
+    found = []
+    for root, dirs, names in os.walk(directory):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in names:
+            if not name.endswith(".meta"):
+                continue
+            path = os.path.join(root, name[:-5])
+            meta = _read_meta(path)
+            if meta is None:
+                continue
+            try:
+                st = os.stat(path if meta.get("complete") else path + ".part", follow_symlinks=False)
+            except FileNotFoundError:
+                if meta.get("complete"):
+                    continue
+                st = None  # a fill that is about to write: counted at its announced size, looked at first
+            size = max(st.st_size if st else 0, _meta_size(meta))
+            found.append((os.path.relpath(path, directory), size, st.st_atime_ns if st else 0))
+    return found
 
 
 def _create(path: str, mode: int = 0o644, flags: int = os.O_WRONLY) -> int:
@@ -128,6 +171,20 @@ def _drop_lock_file(path: str) -> None:
     if lock is not None:
         with lock:
             _unlink(path + ".lock")
+
+
+def _inside(directory: str, name: str) -> bool:
+    """Whether every folder on the way to ``name`` is a real folder: a link among them could lead outside."""
+    parts = name.split("/")[:-1]
+    at = directory
+    for part in parts:
+        at = os.path.join(at, part)
+        try:
+            if not stat.S_ISDIR(os.stat(at, follow_symlinks=False).st_mode):
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def _unlink(*paths: str) -> None:
@@ -361,54 +418,92 @@ class ShardCache:
                 _unlink(path, path + ".meta", path + ".lock")
             finally:
                 lock.close()
+            self.forget(path)
         return None
 
     # size bound
-    def make_room(self, keep: str) -> None:
-        """Evict least-recently-used entries until the cache, fills in progress included, fits the limit."""
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_ledger", None)  # a process's view of the ledger: each process reads its own
+        return state
+
+    def _view(self) -> Ledger:
+        ledger = self.__dict__.get("_ledger")
+        if ledger is None:
+            ledger = self._ledger = Ledger(self.directory, lambda: _scan(self.directory))
+        return ledger
+
+    def _name(self, path: str) -> str:
+        return os.path.relpath(path, self.directory)
+
+    def make_room(self, keep: str, size: Optional[int] = None) -> None:
+        """Record the fill of ``keep`` (``size`` bytes, or what its record says), then evict least-recently-used
+        entries until the cache, fills in progress included, fits the limit.
+
+        Constant work in the entries held, amortized: the ledger gives the total and the queue; only the entries
+        the clock's hand passes are looked at (each evicted once, or passed once per access since it was queued).
+        """
         if self.size_limit is None:
             return
-        guard_path = os.path.join(self.directory, ".evict.lock")
-        try:
-            fd = os.open(guard_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW, 0o600)
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            _unlink(guard_path)  # a planted link: removed, never followed
-            fd = _create(guard_path, 0o600)
-        with os.fdopen(fd, "ab") as guard:
-            fcntl.flock(guard.fileno(), fcntl.LOCK_EX)
-            entries, total = [], 0
-            for root, dirs, names in os.walk(self.directory):
-                dirs[:] = [d for d in dirs if not d.startswith(".")]
-                for name in names:
-                    if not name.endswith(".meta"):
-                        continue
-                    path = os.path.join(root, name[:-5])
-                    meta = _read_meta(path)
-                    if meta is None:
-                        continue
-                    try:
-                        st = os.stat(path if meta.get("complete") else path + ".part", follow_symlinks=False)
-                    except FileNotFoundError:
-                        if not meta.get("complete"):
-                            total += int(meta.get("size") or 0)  # a fill that is about to write
-                        continue
-                    size = max(st.st_size, int(meta.get("size") or 0))
-                    total += size
-                    if path != keep:
-                        entries.append((st.st_atime_ns, size, path, bool(meta.get("complete"))))
-            for _, size, path, complete in sorted(entries):
-                if total <= self.size_limit:
+        if size is None:
+            meta = _read_meta(keep)
+            size = _meta_size(meta) if meta is not None else 0
+        name = self._name(keep)
+        with self._view().locked() as ledger:
+            ledger.add(name, size)
+            for _ in range(len(ledger)):  # each entry under the hand once at most
+                if ledger.total <= self.size_limit:
                     break
-                if self._evict(path, complete):
-                    total -= size
+                candidate, held = ledger.front()
+                if candidate == name:
+                    ledger.requeue(candidate, held.seen_ns)
+                else:
+                    self._visit(ledger, candidate, held)
+
+    def _visit(self, ledger: Ledger, name: str, held: Held) -> None:
+        """The clock's hand on ``name``: evict it, give it a second chance, or forget it (not an entry of ours).
+
+        The ledger is only a hint here: the entry's own files decide.
+        """
+        path = os.path.join(self.directory, name)
+        meta = _read_meta(path) if _inside(self.directory, name) else None
+        if meta is None:  # gone, or never ours: forgotten, never deleted
+            ledger.remove(name)
+            return
+        complete = bool(meta.get("complete"))
+        try:
+            st: Optional[os.stat_result] = os.stat(path if complete else path + ".part", follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if complete and (st is None or not stat.S_ISREG(st.st_mode)):
+            ledger.remove(name)  # a record without its entry
+            return
+        if complete and st is not None and st.st_atime_ns > held.seen_ns:
+            ledger.requeue(name, st.st_atime_ns)  # read since it was queued
+            return
+        if self._evict(path, complete):
+            ledger.remove(name)
+        else:  # in use, or a fill in progress
+            ledger.requeue(name, time.time_ns())
+
+    def usage(self) -> tuple[int, int]:
+        """(entries, bytes) a bounded cache holds by its ledger, fills in progress included; (0, 0) when unbounded."""
+        if self.size_limit is None:
+            return 0, 0
+        with self._view().locked() as ledger:
+            return len(ledger), ledger.total
+
+    def forget(self, path: str) -> None:
+        """Record that the entry ``path`` was removed other than by eviction (found damaged, or a failed fill)."""
+        if self.size_limit is not None and self.__dict__.get("_ledger") is not None:
+            with self._view().locked() as ledger:
+                ledger.remove(self._name(path))
 
     def _evict(self, path: str, complete: bool) -> bool:
         if complete:  # an entry someone reads holds a shared lock on it
             try:
-                f = open(path, "rb")
-            except FileNotFoundError:
+                f = os.fdopen(os.open(path, os.O_RDONLY | _NOFOLLOW), "rb")
+            except OSError:  # gone, or a link planted in its place (never followed)
                 return False
             with f:
                 try:
@@ -454,6 +549,7 @@ class CachedShard:
         self._local_end = 0
         self._meta: Optional[dict] = None
         self._complete = False  # following a file that is now published whole
+        self._announced = False
         self._poll = POLL_MIN
         if lock is not None:
             self._fill_holding(lock)
@@ -524,6 +620,7 @@ class CachedShard:
             _write_meta(self.path, meta)
         self._meta = meta
         self.size = size
+        self._announced = bool(size)  # the size the bound counted from the start
         self._remote = remote
         self._local_end = start
         self._sink = _Sink(
@@ -540,7 +637,7 @@ class CachedShard:
         elif self._file is not None:
             self._file.close()
             self._file = None
-        self.cache.make_room(keep=self.path)
+        self.cache.make_room(keep=self.path, size=self.size or 0)
 
     def _publish(self) -> None:
         sink, self._sink = self._sink, None
@@ -554,6 +651,7 @@ class CachedShard:
             expected = meta.get("md5")
             if expected and sink.md5 is not None and sink.md5.hexdigest() != expected:
                 _unlink(self.path + ".part", self.path + ".meta")
+                self.cache.forget(self.path)
                 raise TransferError(
                     f"{redact(self.url)}: the {self.size} bytes received do not match the store's MD5 "
                     f"{expected}; the cache entry was not kept: read the shard again",
@@ -568,6 +666,8 @@ class CachedShard:
             _write_meta(self.path, meta)
             os.replace(part, self.path)
             log.debug("cache: stored %s as %s", redact(self.url), self.path)
+            if not self._announced:  # a stream of unknown length: the bound learns its size now
+                self.cache.make_room(keep=self.path, size=self.size)
         except TransferError:
             raise
         except OSError as exc:
@@ -579,6 +679,7 @@ class CachedShard:
                 exc,
             )
             _unlink(self.path + ".part", self.path + ".meta")
+            self.cache.forget(self.path)
         finally:
             self._release()
 

@@ -1,0 +1,344 @@
+"""The ledger of a size-bounded shard cache: what it holds and how big, without reading every entry.
+
+Every process of a node that fills a bounded cache directory appends to one file there,
+``.evict.ledger``, while it holds the directory's ``.evict.lock``::
+
+    wds-cloud cache ledger 1
+    + SIZE SEEN NAME        an entry (or a fill) of SIZE bytes, in the queue since SEEN (ns)
+    - NAME                  that entry is gone
+
+``NAME`` is the entry's path relative to the directory, percent-encoded.  Each process keeps a view
+(the total of the sizes and a clock queue of the entries, least recently queued first) and, when it
+takes the lock, reads only the records added since it last looked: a miss costs constant work in
+the number of entries held, amortized.  The file is compacted (rewritten from the view) when its dead
+records outnumber its live ones, and rebuilt by one walk of the directory when it is absent, not a
+file of ours, or not a ledger.
+
+The ledger is a hint: whoever acts on a record checks the entry's own files first (a process may
+die between removing an entry and recording it).  It is also data anyone able to write into the
+directory may have forged: a line is at most 8 KiB, a name is a plain relative path inside the
+directory, a number is a number, and any other line is ignored (counted as dead, so compaction
+drops it).  A torn last line, left by a process killed while it appended, is closed with a newline
+by the next writer and so read as one ignored line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import stat
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Optional
+from urllib.parse import quote, unquote
+
+__all__ = ["Held", "Ledger", "plain_name"]
+
+log = logging.getLogger(__name__)
+
+HEADER = b"wds-cloud cache ledger 1\n"
+LEDGER, GUARD = ".evict.ledger", ".evict.lock"
+MAX_LINE = 8192  # a record longer than this is not one of ours
+MAX_NAME = 4096  # PATH_MAX: no entry of ours has a longer name
+MAX_SIZE = 1 << 62  # bytes: a size beyond any disk is a forged one
+MAX_ENTRIES = 1 << 22  # 40x the largest cache we design for; a ledger listing more is rebuilt from the directory
+MIN_COMPACT = 1024  # dead records tolerated before compaction, whatever the live count
+CHUNK = 1 << 20
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+#: what a walk of the directory gives for each entry: (name, size, last access in ns)
+Scan = Callable[[], Iterable[tuple[str, int, int]]]
+
+
+@dataclass
+class Held:
+    """One entry in a process's view: its size, and when it was queued (an access since earns it a second
+    chance from the clock)."""
+
+    size: int
+    seen_ns: int
+
+
+def plain_name(name: str) -> bool:
+    """A relative path that stays inside the directory and names no hidden file: the only names recorded."""
+    if not name or len(name) > MAX_NAME or "\0" in name or "\n" in name or name.startswith("/"):
+        return False
+    return all(part and part not in (".", "..") and not part.startswith(".") for part in name.split("/"))
+
+
+def _regular_and_ours(st: os.stat_result) -> bool:
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+
+
+def _record(name: str, size: Optional[int] = None, seen_ns: int = 0) -> bytes:
+    quoted = quote(name, safe="/").encode("ascii")
+    return b"- %s\n" % quoted if size is None else b"+ %d %d %s\n" % (size, seen_ns, quoted)
+
+
+def _number(field: bytes) -> Optional[int]:
+    if not field.isdigit() or len(field) > 19:
+        return None
+    value = int(field)
+    return value if value <= MAX_SIZE else None
+
+
+class Ledger:
+    """A process's view of the ledger of ``directory``; read and changed only inside :meth:`locked`."""
+
+    def __init__(self, directory: str, scan: Scan) -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, LEDGER)
+        self._scan = scan
+        self.entries: OrderedDict[str, Held] = OrderedDict()  # the clock's queue: its hand is at the front
+        self.total = 0
+        self.rebuilds = 0  # walks of the directory by this process (tests count them)
+        self._identity: Optional[tuple[int, int]] = None  # (device, inode) of the file the view was read from
+        self._offset = 0  # bytes of it read (or written) so far
+        self._records = 0  # record lines in it, live or dead
+        self._pending: list[bytes] = []  # what this process recorded inside the lock, appended when it lets go
+        self._warned = False
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    # the lock
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[Ledger]:
+        """Hold the directory's lock, with the view brought up to date; what was recorded is appended on the way out.
+
+        The lock file is opened anew each time: a lock inherited through ``fork`` would be shared.
+        """
+        guard_path = os.path.join(self.directory, GUARD)
+        try:
+            fd = os.open(guard_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW, 0o600)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            os.unlink(guard_path)  # a planted link: removed, never followed
+            fd = os.open(guard_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+        with os.fdopen(fd, "ab") as guard:
+            fcntl.flock(guard.fileno(), fcntl.LOCK_EX)
+            self._pending = []
+            self._sync()
+            try:
+                yield self
+            finally:
+                self._append()
+
+    # changes, inside the lock
+    def add(self, name: str, size: int, seen_ns: Optional[int] = None) -> None:
+        """Record ``name`` as held with ``size`` bytes (again, when it was: its size is replaced), at the queue's end."""
+        if not plain_name(name):
+            return  # such a name is never an entry of ours (path_for refuses it)
+        seen = time.time_ns() if seen_ns is None else seen_ns
+        self._apply_add(name, size, seen)
+        self._pending.append(_record(name, size, seen))
+
+    def remove(self, name: str) -> None:
+        """Record that ``name`` is gone."""
+        if self._apply_remove(name):
+            self._pending.append(_record(name))
+
+    def requeue(self, name: str, seen_ns: int) -> None:
+        """Move ``name`` to the end of this process's queue (its second chance); nothing is recorded."""
+        held = self.entries.get(name)
+        if held is not None:
+            held.seen_ns = seen_ns
+            self.entries.move_to_end(name)
+
+    def front(self) -> tuple[str, Held]:
+        """The entry under the clock's hand."""
+        return next(iter(self.entries.items()))
+
+    def _apply_add(self, name: str, size: int, seen_ns: int) -> None:
+        old = self.entries.pop(name, None)
+        if old is not None:
+            self.total -= old.size
+        self.entries[name] = Held(size, seen_ns)
+        self.total += size
+
+    def _apply_remove(self, name: str) -> bool:
+        old = self.entries.pop(name, None)
+        if old is None:
+            return False
+        self.total -= old.size
+        return True
+
+    # reading
+    def _sync(self) -> None:
+        """Read the records added since this process last looked, or rebuild the ledger when it cannot be trusted."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return self._rebuild("it is absent")
+        if not _regular_and_ours(st):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)  # a link or a stranger's file: removed, never followed
+            return self._rebuild("it was not a file this cache wrote")
+        if (st.st_dev, st.st_ino) != self._identity or st.st_size < self._offset:
+            self._reset()  # compacted or rebuilt by another process: read it whole, once
+        if st.st_size == self._offset:
+            return None
+        try:
+            fd = os.open(self.path, os.O_RDONLY | _NOFOLLOW)
+        except OSError:
+            return self._rebuild("it could not be opened")
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            st = os.fstat(fd)
+            if not _regular_and_ours(st):
+                return self._rebuild("it was not a file this cache wrote")
+            self._identity = (st.st_dev, st.st_ino)
+            why = self._read(f)
+        if why:
+            return self._rebuild(why)
+        if len(self.entries) > MAX_ENTRIES:
+            return self._rebuild(f"it lists more than {MAX_ENTRIES} entries")
+        return None
+
+    def _reset(self) -> None:
+        self.entries.clear()
+        self.total = self._offset = self._records = 0
+        self._identity = None
+
+    def _read(self, f) -> Optional[str]:
+        """Apply the lines from ``self._offset`` on; a reason to rebuild, or None."""
+        f.seek(self._offset)
+        if self._offset == 0:
+            if f.read(len(HEADER)) != HEADER:
+                return "it does not begin as a ledger of this version"
+            self._offset = len(HEADER)
+        rest, skipping = b"", False  # ``rest`` begins at ``self._offset``
+        while True:
+            chunk = f.read(CHUNK)
+            if not chunk:
+                break
+            rest += chunk
+            start = 0
+            while True:
+                end = rest.find(b"\n", start)
+                if end < 0:
+                    break
+                self._records += 1
+                if skipping or not self._apply_line(rest[start:end]):
+                    self._ignored()
+                skipping = False
+                self._offset += end + 1 - start
+                start = end + 1
+            rest = rest[start:]
+            if len(rest) > MAX_LINE:  # not a record of ours: skip to the next newline
+                self._offset += len(rest)
+                rest, skipping = b"", True
+        # what is left is a torn line (a writer killed mid-append): never trusted; the next writer closes it
+        return None
+
+    def _apply_line(self, line: bytes) -> bool:
+        """Apply one record; False when it is not a valid one."""
+        fields = line.split(b" ", 3)
+        try:
+            name = unquote(fields[-1].decode("ascii"), errors="strict")
+        except (UnicodeDecodeError, ValueError):
+            return False
+        if not plain_name(name):
+            return False
+        if fields[0] == b"+" and len(fields) == 4:
+            size, seen = _number(fields[1]), _number(fields[2])
+            if size is None or seen is None:
+                return False
+            self._apply_add(name, size, seen)
+            return True
+        if fields[0] == b"-" and len(fields) == 2:
+            self._apply_remove(name)
+            return True
+        return False
+
+    def _ignored(self) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("cache: %s holds lines that are not records of this cache; they are ignored", self.path)
+
+    # writing
+    def _append(self) -> None:
+        """Append what was recorded (closing a torn last line first), then compact when the dead outnumber the live.
+
+        A record that cannot be appended (a full disk) leaves the ledger behind the directory: it is removed,
+        so that every process rebuilds it rather than trust it.
+        """
+        pending, self._pending = self._pending, []
+        if pending and self._identity is not None:
+            try:
+                self._write_records(pending)
+            except OSError as exc:
+                log.warning("cache: could not append to %s (%s); it will be rebuilt", self.path, exc)
+                self._drop()
+                return
+        if self._identity is not None and self._records - len(self.entries) > max(len(self.entries), MIN_COMPACT):
+            self._write_whole()
+
+    def _write_records(self, pending: list[bytes]) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | _NOFOLLOW)
+        with os.fdopen(fd, "ab", buffering=0) as f:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != self._identity or not _regular_and_ours(st):
+                raise OSError(errno.ESTALE, "replaced while it was locked")
+            # A partial line nobody will finish: a NUL makes it invalid whatever it was cut from.
+            torn = st.st_size > self._offset
+            data = (b"\0\n" if torn else b"") + b"".join(pending)
+            if f.write(data) != len(data):
+                raise OSError(errno.ENOSPC, "short write")
+            self._records += len(pending) + torn
+            self._offset = st.st_size + len(data)
+
+    def _drop(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        self._identity = None
+
+    def _rebuild(self, why: str) -> None:
+        """One walk of the directory, the entries queued by last access (oldest first), written as a new ledger."""
+        log.info("cache: rebuilding the ledger of %s (%s)", self.directory, why)
+        self.rebuilds += 1
+        self._reset()
+        found = sorted(
+            ((atime, name, size) for name, size, atime in self._scan() if plain_name(name)), key=lambda x: x[0]
+        )
+        for atime, name, size in found:
+            self._apply_add(name, size, atime)
+        self._write_whole()
+
+    def _write_whole(self) -> None:
+        """Write the view as the ledger (compaction, or after a rebuild), replacing the file atomically.
+
+        When it cannot be written (a full disk) the view is still right for this process; the next one to take the
+        lock walks the directory again.
+        """
+        temp = f"{self.path}.{os.getpid()}.tmp"
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(HEADER)
+                batch: list[bytes] = []
+                for name, held in self.entries.items():
+                    batch.append(_record(name, held.size, held.seen_ns))
+                    if len(batch) >= 4096:
+                        f.write(b"".join(batch))
+                        batch = []
+                f.write(b"".join(batch))
+                f.flush()
+                st = os.fstat(f.fileno())
+            os.replace(temp, self.path)
+        except OSError as exc:
+            log.warning("cache: could not write %s (%s); it will be rebuilt", self.path, exc)
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            self._drop()
+            return
+        self._identity = (st.st_dev, st.st_ino)
+        self._offset = st.st_size
+        self._records = len(self.entries)
