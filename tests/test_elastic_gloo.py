@@ -23,6 +23,11 @@ RANK_SCRIPT = textwrap.dedent("""
     import torch.distributed as dist
 
     import wds_cloud as wds
+    from wds_cloud.loader import webloader
+
+    merges = []
+    merge_states = webloader.merge_states
+    webloader.merge_states = lambda states: merges.append(len(states)) or merge_states(states)  # counted
 
 
     def keys(batch):
@@ -43,7 +48,7 @@ RANK_SCRIPT = textwrap.dedent("""
         dist.barrier()
         dist.destroy_process_group()
         with open(out, "w") as f:
-            json.dump({"delivered": delivered, "merged": merged}, f)
+            json.dump({"delivered": delivered, "merged": merged, "merges": merges}, f)
 
 
     if __name__ == "__main__":
@@ -52,6 +57,8 @@ RANK_SCRIPT = textwrap.dedent("""
 
 
 def test_gather_merges_every_ranks_state(tmp_path):
+    """Two gloo ranks stop, gather and merge (once, on one rank), each gets the same merged state; jobs of other
+    shapes finish from it, every sample exactly once."""
     urls = write_shards(tmp_path, SIZES)
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
@@ -76,6 +83,7 @@ def test_gather_merges_every_ranks_state(tmp_path):
     wait_for_ranks(procs)
     results = [json.loads((tmp_path / f"r{rank}.json").read_text()) for rank in range(2)]
     assert results[0]["merged"] == results[1]["merged"]  # every rank holds the same merged state
+    assert results[0]["merges"] + results[1]["merges"] == [2]  # merged once, on one rank, from both ranks' states
     before = results[0]["delivered"] + results[1]["delivered"]
     assert len(before) == 3 * (4 + 7)
     for shape in [(3, 1), (1, 2)]:

@@ -25,7 +25,7 @@ from ..resume.state import check_same, check_seal, expect, inexact_state, is_ine
 from ..tar import table as tables
 from . import pipes, transport
 
-__all__ = ["WebLoader", "gather_states"]
+__all__ = ["WebLoader", "gather_states", "gather_merged", "merge_gathered"]
 
 
 class WebLoader(DataPipeline, FluidInterface):
@@ -146,23 +146,15 @@ class WebLoader(DataPipeline, FluidInterface):
 
         ``gather=True``: the states of every rank, gathered over ``torch.distributed`` (a collective: every
         rank calls it at the same step) and merged (:func:`wds_cloud.merge_states`): every rank gets the same
-        state, which a loader of any number of ranks and workers can load.
+        state, which a loader of any number of ranks and workers can load.  The states go to rank 0, which
+        merges them once and sends the merged state to every rank (:func:`gather_merged`).
         """
         if gather:
             try:
                 own = self._own_state(True)
             except StateMismatchError as exc:  # still gathered: the other ranks must not wait in the collective
-                own = {"format": "wds_cloud.unavailable", "reason": str(exc)[:2000]}
-            states = gather_states(own)
-            failed = [
-                (rank, s.get("reason")) for rank, s in enumerate(states) if s.get("format") == "wds_cloud.unavailable"
-            ]
-            if failed:
-                raise NotResumableError(
-                    f"state_dict(gather=True): rank {failed[0][0]} could not take its state "
-                    f"({failed[0][1]})" + (f"; and {len(failed) - 1} more rank(s)" if len(failed) > 1 else "")
-                )
-            return merge_states(states)
+                own = {"format": UNAVAILABLE, "reason": str(exc)[:2000]}
+            return gather_merged(own)
         return self._own_state(strict)
 
     def _own_state(self, strict: bool) -> dict:
@@ -340,12 +332,64 @@ def _rank() -> tuple[int, int]:
     return rank, world_size
 
 
-def gather_states(state: dict) -> list:
-    """``state`` of every rank, gathered over ``torch.distributed`` (every rank must call this at the same step);
-    ``[state]`` alone on one process."""
-    rank, world_size = _rank()
-    if world_size == 1:
-        return [state]
+#: the format of what a rank that could not take its state sends in its place, so that no rank waits for it
+UNAVAILABLE = "wds_cloud.unavailable"
+
+
+def merge_gathered(states: list) -> dict:
+    """The merged state of every rank's state (as :func:`gather_merged` collects them); NotResumableError naming
+    the rank that could not take its own."""
+    failed = [(rank, s.get("reason")) for rank, s in enumerate(states) if s.get("format") == UNAVAILABLE]
+    if failed:
+        raise NotResumableError(
+            f"state_dict(gather=True): rank {failed[0][0]} could not take its state "
+            f"({failed[0][1]})" + (f"; and {len(failed) - 1} more rank(s)" if len(failed) > 1 else "")
+        )
+    return merge_states(states)
+
+
+def gather_merged(state: dict, dist: Any = None) -> dict:
+    """The merged state of ``state`` of every rank (every rank must call this at the same step), the same on every
+    rank: the states are gathered to rank 0 (``gather_object``), merged there once, and the merged state (or why
+    it could not be made, raised then on every rank) is sent to every rank (``broadcast_object_list``).  Merging
+    is the whole job's work: with ``all_gather_object`` every one of 4,096 ranks merged the same 4,096 states, at
+    every checkpoint.  ``dist``: ``torch.distributed`` (its default group), or what stands for it (a test's ranks)."""
+    if dist is None:
+        rank, world_size = _rank()
+        if world_size == 1:
+            return merge_gathered([state])
+        dist = _distributed(rank, world_size)
+    else:
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    gathered: Optional[list] = [None] * world_size if rank == 0 else None
+    dist.gather_object(state, gathered, dst=0)
+    answer: list = [None]
+    failure: Optional[BaseException] = None
+    if rank == 0:
+        assert gathered is not None
+        try:
+            answer[0] = {"merged": merge_gathered(gathered)}
+        except Exception as exc:  # told to every rank, so that none waits in the broadcast for ever
+            failure = exc
+            answer[0] = {"error": type(exc).__name__, "message": str(exc), "field": getattr(exc, "field", None)}
+    dist.broadcast_object_list(answer, src=0)
+    if failure is not None:
+        raise failure
+    told = answer[0]
+    if not isinstance(told, dict) or "merged" not in told:
+        told = told if isinstance(told, dict) else {}
+        kind = told.get("error")
+        message = f"state_dict(gather=True): rank 0 could not merge the states: {told.get('message')}"
+        if kind == "NotResumableError":
+            raise NotResumableError(str(told.get("message")))
+        if kind == "StateMismatchError":
+            raise StateMismatchError(message, field=told.get("field"))
+        raise RuntimeError(f"{message} ({kind})")
+    return told["merged"]
+
+
+def _distributed(rank: int, world_size: int) -> Any:
+    """``torch.distributed`` with its process group, or ConfigError with the fix."""
     dist = utils.torch_distributed_module()
     if dist is None:
         raise ConfigError(
@@ -353,6 +397,16 @@ def gather_states(state: dict) -> list:
             "an initialized torch.distributed process group (torch.distributed.init_process_group); "
             "without one, save each rank's state_dict() and merge them with wds.merge_states(states)"
         )
+    return dist
+
+
+def gather_states(state: dict) -> list:
+    """``state`` of every rank, gathered over ``torch.distributed`` (every rank must call this at the same step);
+    ``[state]`` alone on one process."""
+    rank, world_size = _rank()
+    if world_size == 1:
+        return [state]
+    dist = _distributed(rank, world_size)
     gathered: list = [None] * world_size
     dist.all_gather_object(gathered, state)
     return gathered

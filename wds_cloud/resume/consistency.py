@@ -35,15 +35,25 @@ def _refuse(field: str, text: str) -> StateMismatchError:
 
 
 def check_work(
-    work: dict, urls: list, *, repeats: bool, laps: bool, buffered: str = "buffered", what: str = "merged state"
+    work: dict,
+    urls: Any,
+    *,
+    repeats: bool,
+    laps: bool,
+    buffered: str = "buffered",
+    what: str = "merged state",
+    index_of: Optional[dict] = None,
 ) -> None:
     """Refuse a merged level or an elastic share (``work``: ``pending`` shard indices, ``partial`` entries and
     buffered entries under the key ``buffered``) whose shards overlap: a shard both unstarted and partly read,
     partly read twice, buffered samples of an unstarted shard or past where its partial read stands.
 
     ``repeats``: shards are drawn with replacement; ``laps``: a share goes over its shards again (equal_work).
+    ``index_of``: URL hash -> index in ``urls``, of every shard ``work`` names at least (a share's, found from its
+    hints without hashing every URL: see :mod:`wds_cloud.resume.share_out`); else made from ``urls``.
     """
-    index_of = {url_id(u): i for i, u in enumerate(urls)}
+    if index_of is None:
+        index_of = {url_id(u): i for i, u in enumerate(urls)}
     pending = set(work.get("pending") or ())
     partial_at: dict = {}
     for entry in work.get("partial") or ():

@@ -31,6 +31,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..errors import StateMismatchError
@@ -52,6 +53,8 @@ __all__ = [
     "check_share",
     "check_start",
     "share",
+    "RankShare",
+    "rank_share",
     "shard_split",
     "shard_order",
     "items_share",
@@ -451,7 +454,11 @@ def _check_buffered(entry: Any, repeats: bool = False) -> None:
 
 
 def check_share(record: Any, n_shards: int, repeats: bool = False) -> None:
-    """Refuse a share (a shard list's ``"assigned"``, or one :func:`share` made) that does not fit ``n_shards``."""
+    """Refuse a share (a shard list's ``"assigned"``, or one :func:`share` made) that does not fit ``n_shards``.
+
+    ``partial_at`` and ``replay_at`` (optional: shares made before them lack them) give the index in the shard list
+    of each partly read shard and of each shard with buffered samples, so that a worker finds them without hashing
+    every URL of the list; they are checked against the URL hashes where they are used."""
     expect(
         record,
         "elastic share",
@@ -476,6 +483,18 @@ def check_share(record: Any, n_shards: int, repeats: bool = False) -> None:
         _check_partial(entry)
     for entry in record["replay"]:
         _check_buffered(entry, repeats)
+    for name, listed in (("partial_at", "partial"), ("replay_at", "replay")):
+        hints = record.get(name)
+        if hints is not None and not (
+            isinstance(hints, list)
+            and len(hints) == len(record[listed])
+            and all(type(i) is int and 0 <= i < n_shards for i in hints)
+        ):
+            raise StateMismatchError(
+                f"the saved share's {name!r} is {shown(hints)}, not the index of each of its {len(record[listed])} "
+                f"{listed!r} shards among the {n_shards}: the state was changed",
+                field=name,
+            )
 
 
 def check_start(state: Any) -> None:
@@ -540,48 +559,95 @@ def shard_split(split: Any, world_size: int, workers: int, rank: int, worker: in
     return (rank if nodes else 0) * per + (worker if by_worker else 0), ranks * per
 
 
-def share(level: dict, slot: int, slots: int, counts: Optional[dict] = None, limit_mode: Any = None) -> dict:
-    """The work of ``slot`` of ``slots`` from a merged level: ``{"epoch", "replay", "partial", "pending", "limit",
-    "items_left"}`` (what the shard list records as ``"assigned"``).
+@dataclass(frozen=True)
+class RankShare:
+    """The shares of one rank's ``per`` slots (its DataLoader workers) in a merged level, from which :func:`share`
+    gives each worker its own without looking at the whole level again.
 
-    Deterministic: every rank and worker computes its own share from the same state and they add up to the
-    whole.  Buffered samples are cut into ``slots`` runs of equal length (in shard order, so a run reads
-    adjacent bytes); then partly read and unstarted shards go, the biggest expected first, to the share
-    with the least expected work (``counts``: samples per shard index when an index gives them, else every
-    shard counts as the average the workers read, a partly read one as half).
-    """
+    Computing it (:func:`rank_share`) is the one pass over the whole job a load makes in a process: it deals every
+    partly read and unstarted shard of the job over all its slots; a worker's share is then taken from it in time
+    linear in that share (4,096 ranks x 8 workers each sorting and dealing the whole job cost seconds per worker)."""
+
+    #: the rank's first slot, and its number of slots
+    first: int
+    per: int
+    #: the buffered samples of the whole level (their runs are cut at ``total * slot // slots``)
+    total: int
+    #: the number of the first sample of ``buffered`` in the whole level's list
+    start: int
+    #: ``(url id, shown, compressed, first block, blocks)`` of the rank's slots' runs of buffered samples, in order
+    buffered: list
+    #: per slot of the rank: ``(kind, item, position)`` of the partly read (``"p"``: an entry of ``partial``) and
+    #: unstarted (``"i"``: a shard index) shards dealt to it; ``position``: the entry's place in the level's list
+    units: list
+
+
+def rank_share(level: dict, rank: int, ranks: int, per: int = 1, counts: Optional[dict] = None) -> RankShare:
+    """The shares of the ``per`` slots of ``rank`` of ``ranks`` in a merged level: to each slot of the job an equal
+    run of the buffered samples (in shard order, so a run reads adjacent bytes), then the partly read and unstarted
+    shards dealt, the biggest expected first, each to the slot with the least expected work (``counts``: samples
+    per shard index when an index gives them, else every shard counts as the average the workers read, a partly
+    read one as half).  Deterministic: every process computes the same."""
+    slots = ranks * per
+    first = rank * per
     entries = level.get("buffered") or []
     total = sum(len(entry[3]) // 2 for entry in entries)
-    lo, hi = total * slot // slots, total * (slot + 1) // slots
-    loads = [(total * (s + 1) // slots - total * s // slots) for s in range(slots)]
-    limit = None
-    owed = level.get("owed")
-    if owed is not None and limit_mode is not None:
-        limit = owed // slots if limit_mode != "max" else -(-owed // slots)
-    mine = _slice_buffered(entries, lo, hi)
-    if limit is not None and len(mine) > limit:  # equal_work: a share never holds more than its count
-        mine = mine[:limit]
+    lo, hi = total * first // slots, total * (first + per) // slots
     if counts:
         average = max(1.0, sum(counts.values()) / max(1, len(counts)))
     else:  # the samples of a shard, as far as the workers read
         average = max(1.0, as_count(level.get("read")) / max(1, as_count(level.get("started"))))
-    units = []
-    for number, entry in enumerate(level.get("partial") or ()):
-        units.append((-(average / 2), number, ("p", entry)))
-    for number, index in enumerate(level.get("pending") or ()):
+    partial = level.get("partial") or ()
+    # (-weight, tie, kind, item, position): the biggest first; of one weight, partly read shards before unstarted
+    # ones, each in its list's order
+    units: list = [(-(average / 2), number, "p", entry, number) for number, entry in enumerate(partial)]
+    for position, index in enumerate(level.get("pending") or ()):
         weight = float(counts.get(index, average)) if counts else average
-        units.append((-weight, len(units) + number, ("i", index)))
+        units.append((-weight, len(partial) + 2 * position, "i", index, position))
     units.sort(key=lambda u: (u[0], u[1]))
-    heap = [(float(loads[s]), s) for s in range(slots)]
+    heap = [(float(total * (s + 1) // slots - total * s // slots), s) for s in range(slots)]
     heapq.heapify(heap)
-    partial: list = []
-    pending: list = []
-    for weight, number, (kind, item) in units:
+    mine: list = [[] for _ in range(per)]
+    for weight, _, kind, item, position in units:
         load, owner = heapq.heappop(heap)
         heapq.heappush(heap, (load - weight, owner))
-        if owner == slot:
-            (partial if kind == "p" else pending).append((number, item))
-    pos = {index: p for p, index in enumerate(level.get("pending") or ())}
+        if first <= owner < first + per:
+            mine[owner - first].append((kind, item, position))
+    return RankShare(first, per, total, lo, _slice_buffered(entries, lo, hi), mine)
+
+
+def share(
+    level: dict,
+    slot: int,
+    slots: int,
+    counts: Optional[dict] = None,
+    limit_mode: Any = None,
+    per: int = 1,
+    part: Optional[RankShare] = None,
+) -> dict:
+    """The work of ``slot`` of ``slots`` from a merged level: ``{"epoch", "replay", "partial", "pending", "limit",
+    "done"}`` (what the shard list records as ``"assigned"``).
+
+    Deterministic: every rank and worker computes its own share from the same state and they add up to the
+    whole.  Buffered samples are cut into ``slots`` runs of equal length; then partly read and unstarted shards
+    go, the biggest expected first, to the share with the least expected work (see :func:`rank_share`, which
+    deals them for the ``per`` slots of one rank at once; ``part``: what it gave for this slot's rank).
+    """
+    if part is None:
+        part = rank_share(level, slot // per, slots // per, per, counts)
+    total = part.total
+    lo, hi = total * slot // slots - part.start, total * (slot + 1) // slots - part.start
+    limit = None
+    owed = level.get("owed")
+    if owed is not None and limit_mode is not None:
+        limit = owed // slots if limit_mode != "max" else -(-owed // slots)
+    mine = part.buffered[lo:hi]
+    if limit is not None and len(mine) > limit:  # equal_work: a share never holds more than its count
+        mine = mine[:limit]
+    partial: list = []
+    pending: list = []
+    for kind, item, position in part.units[slot - part.first]:
+        (partial if kind == "p" else pending).append((position, item))
     replay: dict = {}
     for url_id, text, compressed, first, blocks in mine:
         replay.setdefault(url_id, [text, compressed, []])[2].append((first, blocks))
@@ -590,7 +656,7 @@ def share(level: dict, slot: int, slots: int, counts: Optional[dict] = None, lim
         "epoch": level["epoch"],
         "replay": encode_buffered(replay, repeats),
         "partial": [item for _, item in sorted(partial, key=lambda p: p[0])],
-        "pending": sorted((item for _, item in pending), key=pos.__getitem__),
+        "pending": [item for _, item in sorted(pending, key=lambda p: p[0])],
         "limit": limit,
         "done": level.get("done", 0),  # the shards done before the shares: a later merge_states adds them up
     }

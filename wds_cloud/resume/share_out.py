@@ -9,11 +9,25 @@ samples (:func:`wds_cloud.resume.elastic.share`) to the shard list and the reade
 
 ``resume`` is the pipeline's :class:`~wds_cloud.resume.pipeline_state.PipelineResume`; the share-out rules
 themselves are :mod:`wds_cloud.resume.elastic`'s.
+
+What a load costs at 4,096 ranks x 8 workers: the whole job is looked at once per process.  The process that
+loads a merged state checks it (:func:`check_level`: every URL of the shard list hashed once, to match the
+state's shards) and keeps where the level's shards are in the shard list (:func:`level_plan`); the first start
+it computes deals the job's shards over every slot once and keeps the shares of this rank's slots
+(:func:`rank_part`, :func:`elastic.rank_share`).  Each worker's start is then taken from them in time linear in
+it, and names the index in the shard list of each shard it holds (``partial_at``, ``replay_at``), so the worker
+that applies it hashes only its own shards' URLs.  A ``WebLoader`` computes its workers' starts in the main
+process, and they travel to the workers (forked or spawned) with the dataset.  A dataset loaded outside a
+``WebLoader`` learns its number of DataLoader workers only in them, so there each worker deals the job once.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 from ..errors import StateMismatchError
 from ..io.datafile import shown
@@ -23,7 +37,17 @@ from .protocol import next_pass_state
 from .state import check_same, shown_url, url_id
 from .wiring import stage_name
 
-__all__ = ["check_level", "elastic_start", "start_of_level", "apply_start", "apply_level_start", "assign_share"]
+__all__ = [
+    "check_level",
+    "elastic_start",
+    "start_of_level",
+    "apply_start",
+    "apply_level_start",
+    "assign_share",
+    "level_plan",
+    "rank_part",
+    "LevelPlan",
+]
 
 
 def check_level(resume: Any, owner: Any, level: dict) -> None:
@@ -70,9 +94,12 @@ def check_level(resume: Any, owner: Any, level: dict) -> None:
         repeats = isinstance(shard_list, resume.kinds.resampled)
         equal_work = getattr(owner, "equal_work", None)
         laps = level.get("owed") is not None and equal_work != "min"
-        consistency.check_work(level, urls, repeats=repeats, laps=repeats or laps)
+        index_of = _index_of(urls)  # the one hash of every URL this process makes for this state
+        consistency.check_work(level, urls, repeats=repeats, laps=repeats or laps, index_of=index_of)
         consistency.check_owed(level, equal_work, owner.shard_counts(), len(urls))
         consistency.check_counts(level, repeats)
+        # where the level's shards are in the shard list, kept for the starts this process computes (see level_plan)
+        level_plan(resume, owner, level, index_of)
 
 
 def share_list(resume: Any, owner: Any) -> Any:
@@ -161,9 +188,111 @@ def start_of_level(resume: Any, owner: Any, level: dict, rank: int, world_size: 
         }
     split = share_split(resume, owner, world_size, workers)
     slot, slots = elastic.shard_split(split, world_size, workers, rank, worker)
-    counts = owner.shard_counts() if level.get("owed") is not None else None
+    rank_slot, ranks = elastic.shard_split(split, world_size, 1, rank, 0)  # the rank's place among those split over
+    part, at = rank_part(resume, owner, level, rank_slot, ranks, slots // ranks)
     mode = getattr(owner, "equal_work", None) if level.get("owed") is not None else None
-    return {"share": elastic.share(level, slot, slots, counts, mode), **head}
+    record = elastic.share(level, slot, slots, None, mode, per=slots // ranks, part=part)
+    record["partial_at"] = _indices(record["partial"], at, "partial")
+    record["replay_at"] = _indices(record["replay"], at, "buffered")
+    return {"share": record, **head}
+
+
+@dataclass
+class LevelPlan:
+    """What this process worked out of one merged level for one pipeline, once (see :func:`rank_part`)."""
+
+    #: the pipeline it was worked out for (its shard list and shard counts), weakly
+    owner: Any
+    #: facts of the level, checked on each use beside its identity (see :func:`_fingerprint`)
+    fingerprint: tuple
+    #: url id -> index in the shard list, of each partly read shard and each shard with buffered samples
+    at: dict
+    #: the shares of a rank's slots (:func:`elastic.rank_share`), by (rank, ranks, slots per rank)
+    parts: dict = field(default_factory=dict)
+
+
+#: the plans of this process, by (level identity, pipeline identity); the newest last
+_PLANS: OrderedDict = OrderedDict()
+#: how many are kept: one per level of a state (a mix has one per source) of the few states a process loads
+_PLANS_HELD = 64
+_PLANS_LOCK = threading.Lock()
+
+
+def level_plan(resume: Any, owner: Any, level: dict, index_of: Optional[dict] = None) -> LevelPlan:
+    """This process's plan of a merged level for this pipeline: made once (``index_of``: URL hash -> index of the
+    shard list, when made already; else every URL is hashed once here) and kept by the level's identity and a
+    fingerprint of it (a merged state is not changed once loaded; the fingerprint catches another state given the
+    same address) and by the pipeline's."""
+    key = (id(level), id(owner))
+    fingerprint = _fingerprint(level)
+    with _PLANS_LOCK:
+        plan = _PLANS.get(key)
+        if plan is not None and plan.owner() is owner and plan.fingerprint == fingerprint:
+            _PLANS.move_to_end(key)
+            return plan
+    if index_of is None:
+        index_of = _index_of(share_list(resume, owner).urls)
+    ids = [entry[0] for entry in level.get("partial") or ()] + [entry[0] for entry in level.get("buffered") or ()]
+    plan = LevelPlan(_weak(owner), fingerprint, {i: index_of[i] for i in ids if i in index_of})
+    if plan.owner is not None:
+        with _PLANS_LOCK:
+            _PLANS[key] = plan
+            while len(_PLANS) > _PLANS_HELD:
+                _PLANS.popitem(last=False)
+    return plan
+
+
+def rank_part(resume: Any, owner: Any, level: dict, rank: int, ranks: int, per: int) -> tuple[elastic.RankShare, dict]:
+    """(the shares of the ``per`` slots of ``rank`` of ``ranks``, dealt once per process: the one pass over the
+    whole job a load makes; the plan's ``at``)."""
+    plan = level_plan(resume, owner, level)
+    part = plan.parts.get((rank, ranks, per))
+    if part is None:
+        counts = owner.shard_counts() if level.get("owed") is not None else None
+        part = plan.parts[(rank, ranks, per)] = elastic.rank_share(level, rank, ranks, per, counts)
+    return part, plan.at
+
+
+def _weak(owner: Any) -> Any:
+    """A weak reference to ``owner`` (a pipeline that cannot have one is never kept: see :func:`rank_part`)."""
+    try:
+        return weakref.ref(owner)
+    except TypeError:
+        return None
+
+
+def _fingerprint(level: dict) -> tuple:
+    """What tells two merged levels apart in constant time: their counts, the sizes of their lists, and the first
+    and last entry of each (two states of one job differ in what was read and delivered)."""
+    facts: list = [level.get(k) for k in ("epoch", "pass", "items", "slots", "read", "started", "done", "owed")]
+    facts += [level.get(k) for k in ("delivered", "replays", "split")]
+    for name in ("pending", "partial", "buffered"):
+        listed = level.get(name) or ()
+        facts.append(len(listed))
+        if listed:
+            facts += [repr(listed[0])[:200], repr(listed[-1])[:200]]
+    return tuple(facts)
+
+
+def _index_of(urls: Any) -> dict:
+    """URL hash -> index of every shard of a shard list: one hash per URL."""
+    return {url_id(u): i for i, u in enumerate(urls)}
+
+
+def _indices(entries: list, at: dict, what: str) -> list:
+    """The index in the shard list of each entry's shard (the rank part's ``at``), refused when the list has none."""
+    out = []
+    for entry in entries:
+        index = at.get(entry[0])
+        if index is None:
+            raise StateMismatchError(
+                f"the merged state names the shard {entry[1]!r}, which this dataset's shard list does not ({what}): "
+                "load a state merged from a job over the same shards",
+                url=entry[1],
+                field=what,
+            )
+        out.append(index)
+    return out
 
 
 def apply_start(resume: Any, owner: Any, state: dict) -> list:
@@ -201,6 +330,7 @@ def assign_share(resume: Any, owner: Any, record: dict) -> None:
     urls = shard_list.urls
     repeats = isinstance(shard_list, resume.kinds.resampled)
     elastic.check_share(record, len(urls), repeats=repeats)
+    index_of = _share_index(record, urls)
     consistency.check_work(
         record,
         urls,
@@ -208,14 +338,36 @@ def assign_share(resume: Any, owner: Any, record: dict) -> None:
         laps=repeats or (record.get("limit") is not None and getattr(owner, "equal_work", None) != "min"),
         buffered="replay",
         what="saved elastic share",
+        index_of=index_of,
     )
-    by_id = {url_id(u): u for u in urls}
+    by_id = {uid: urls[index] for uid, index in index_of.items()}
     items, replays = _share_items(record, urls, by_id), _share_replays(record, by_id)  # both checked, then given
     shard_list.assign(record, items)
     reader.set_elastic(replays, record.get("limit"))
     for stage in pipeline:
         if callable(getattr(stage, "on_elastic_resume", None)):
             stage.on_elastic_resume()
+
+
+def _share_index(record: dict, urls: Any) -> dict:
+    """URL hash -> index in the shard list of the shards a share names, from its ``partial_at`` and ``replay_at``
+    (each checked: the URL there has that hash), hashing only those URLs; a share made before them: every URL's."""
+    partial_at, replay_at = record.get("partial_at"), record.get("replay_at")
+    if partial_at is None or replay_at is None:
+        return _index_of(urls)
+    out: dict = {}
+    for entries, at in ((record["partial"], partial_at), (record["replay"], replay_at)):
+        for entry, index in zip(entries, at):
+            if url_id(urls[index]) != entry[0]:
+                raise StateMismatchError(
+                    f"the saved elastic share says the shard {entry[1]!r} is shard {index} of the shard list, which "
+                    "holds another URL there: the state was changed (or comes from another dataset); load the state "
+                    "that state_dict() returned",
+                    url=entry[1],
+                    field="partial_at" if entries is record["partial"] else "replay_at",
+                )
+            out[entry[0]] = index
+    return out
 
 
 def _share_items(record: dict, urls: list, by_id: dict) -> list:
