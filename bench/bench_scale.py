@@ -367,11 +367,14 @@ def _job_states(data: str, ranks: int, workers: int, bufsize: int) -> tuple[list
     if os.path.exists(path):
         with open(path) as f:
             return urls, json.load(f)
+    import copy
+
     states = []
+    recipe = _job_dataset(urls, bufsize)  # copied for each worker: checking the URLs again costs O(shards)
     for r in range(ranks):
         for w in range(workers):
             with _worker(r, ranks, w, workers):
-                dataset = _job_dataset(urls, bufsize)
+                dataset = copy.deepcopy(recipe)
                 next(iter(dataset))
                 states.append(dataset.state_dict())
     with open(path + ".tmp", "w") as f:
@@ -592,6 +595,7 @@ ROWS = [
         [10000, 100000, 1000000],
         [10, 100, 1000],
         ["seconds", "peak_bytes"],
+        timeout=300,
     ),
     Row(
         "shardlist-memory",
@@ -690,6 +694,36 @@ def slope(cells: list[dict], metric: str) -> Optional[float]:
     return sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else None
 
 
+def last_slope(cells: list[dict], metric: str) -> Optional[str]:
+    """The slope over the last step measured (the growth where it is largest, fixed costs mattering least), or
+    a lower bound ``"> x"`` when the next size ran past its timeout (its cost is at least the timeout)."""
+    ok = [c for c in cells if c.get("status") == "ok" and isinstance(c.get(metric), (int, float)) and c[metric] > 0]
+    late = [c for c in cells if c.get("status") == "timeout" and ok and c["size"] > ok[-1]["size"]]
+    if late and metric.endswith(("seconds", "_s")):
+        limit = float(late[0]["note"].split()[1])
+        bound = math.log(limit / ok[-1][metric]) / math.log(late[0]["size"] / ok[-1]["size"])
+        return f"> {bound:.2f}"
+    if len(ok) < 2:
+        return None
+    a, b = ok[-2], ok[-1]
+    return f"{math.log(b[metric] / a[metric]) / math.log(b['size'] / a['size']):.2f}"
+
+
+def _predicted_past(cells: list[dict], row: Row, sizes: list[int]) -> Optional[tuple[int, float]]:
+    """(next size, seconds foreseen) when the row's next size would run past its timeout at the slope so far
+    (at least linear): a cell known to time out is not run, which would only spend the timeout."""
+    done = [c for c in cells if c.get("status") == "ok" and isinstance(c.get("seconds"), (int, float))]
+    if "seconds" not in row.metrics or not done:
+        return None
+    last = done[-1]
+    larger = sorted(s for s in sizes if s > last["size"])
+    if not larger:
+        return None
+    grow = max(1.0, slope(done, "seconds") or 1.0)
+    foreseen = last["seconds"] * (larger[0] / last["size"]) ** grow
+    return (larger[0], foreseen) if foreseen > 2 * row.timeout else None
+
+
 def show(value: Any, metric: str) -> str:
     if not isinstance(value, (int, float)):
         return "-"
@@ -703,7 +737,7 @@ def show(value: Any, metric: str) -> str:
 
 
 def table(results: dict) -> str:
-    lines = ["| row | figure | " + " | ".join(["sizes and figures"]) + " | slope |", "|---|---|---|---|"]
+    lines = ["| row | figure | sizes and figures | slope | slope, last 10x |", "|---|---|---|---|---|"]
     for name, cells in results.items():
         for metric in BY_NAME[name].metrics:
             figures = []
@@ -713,7 +747,10 @@ def table(results: dict) -> str:
                     shown = "refused"
                 figures.append(f"{c['size']:,}: {shown}")
             s = slope(cells, metric)
-            lines.append(f"| {name} | {metric} | {'; '.join(figures)} | {'-' if s is None else f'{s:.2f}'} |")
+            shown_slope = "-" if s is None else f"{s:.2f}"
+            lines.append(
+                f"| {name} | {metric} | {'; '.join(figures)} | {shown_slope} | {last_slope(cells, metric) or '-'} |"
+            )
     return "\n".join(lines)
 
 
@@ -756,12 +793,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.timeout:
             row.timeout = args.timeout
         results[name] = []
-        for size in sizes or (row.quick if args.quick else row.sizes):
+        plan = sizes or (row.quick if args.quick else row.sizes)
+        for size in plan:
             cell = run_cell(row, size, args.data)
             results[name].append(cell)
             print(f"{name} {size:,}: {json.dumps(cell)}", flush=True)
             if cell["status"] in ("timeout", "error"):
                 break  # larger sizes would take longer still
+            late = _predicted_past(results[name], row, plan)
+            if late:
+                results[name].append({"size": late[0], "status": "timeout", "note": f"> {row.timeout:g} s (foreseen)"})
+                print(f"{name} {late[0]:,}: skipped, {late[1]:.0f} s foreseen at the slope so far", flush=True)
+                break
     print(table(results))
     if args.json:
         out = {
@@ -772,6 +815,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     "explain": BY_NAME[name].explain,
                     "cells": cells,
                     "slopes": {m: slope(cells, m) for m in BY_NAME[name].metrics},
+                    "last_slopes": {m: last_slope(cells, m) for m in BY_NAME[name].metrics},
                 }
                 for name, cells in results.items()
             },
