@@ -809,8 +809,11 @@ class TarMembers:
         views = self.views
         # a filter that only drops __meta__ members is asked only about names that begin as they do
         meta_only = getattr(select, "meta_only", False)
-        recorder = self._recorder
         while True:
+            # this pass's table, compacted between windows (and dropped once it outgrows the bound: see Recorder)
+            recorder = self._recorder
+            if recorder is not None and not recorder.flush():
+                recorder = self._recorder = None
             # Fast path: plain ustar/GNU headers of regular members lying wholly in the buffer.
             buf, pos, base = self._buf, self._pos, self._base
             mv = memoryview(buf)
@@ -924,6 +927,8 @@ class TarMembers:
             recorder.names += names
             recorder.heads += heads
             recorder.sizes += sizes
+            if not recorder.flush():  # a table larger than the bound: nothing more is recorded for this pass
+                self._recorder = None
         return self._taken(names, heads, sizes)
 
     def _table_run(self) -> Optional[tuple[list, list, list]]:

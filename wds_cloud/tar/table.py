@@ -18,6 +18,14 @@ tables its DataLoader workers hand over) and only while it fits in the bound bes
 The tables are compact (the names in one string, the offsets in arrays: about 25 bytes and the name per member;
 their keyed part 16 bytes per member, a key per sample and a field name per table) and bounded: ``WDS_TABLE_CACHE`` bytes in all (default 32 MiB, the least recently used dropped first; ``0`` keeps
 none).  DataLoader workers keep theirs while they live (``persistent_workers=True`` keeps them across epochs).
+
+At the sizes users run at (10^5 shards, 10^6 members in one), every cost here is per table or per member: keeping a
+table is a few lookups (no walk over the tables held), what is kept beside the tables (which this process kept and
+has not handed over) has an entry per table held at most and loses it with its table, and a table being recorded
+is held in the compact form as it grows (a window's entries at a time) and dropped, for the rest of its pass, as
+soon as it holds more than the bound: a first pass over a shard too large for the bound takes the bound and a
+window's entries, not the whole table.  When a recorded table is kept, its names are joined once more (a copy of
+them for the moment it is made).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import sys
 import threading
 import time
 from array import array
-from itertools import repeat
+from itertools import accumulate, islice, repeat
 from operator import add, itemgetter
 from typing import Any, Optional
 
@@ -41,23 +49,31 @@ __all__ = ["MemberTable", "Recorder", "lookup", "keep", "drop", "forget", "hande
 class MemberTable:
     """Where the plain members of one shard lie: names, header offsets and sizes, in order."""
 
-    __slots__ = ("names", "name_starts", "heads", "sizes", "gaps", "largest", "nbytes", "_keyed")
+    __slots__ = ("names", "name_starts", "heads", "sizes", "gaps", "largest", "nbytes", "_keyed", "_held_as")
 
     def __init__(self, names: list, heads: list, sizes: list) -> None:
-        self.names = "\0".join(names)  # no name holds a NUL: a tar name ends at its first one
-        starts = array("q", [0])
-        at = 0
-        for name in names:
-            at += len(name) + 1
-            starts.append(at)
+        # no name holds a NUL: a tar name ends at its first one
+        self._made("\0".join(names), array("q", _starts(names, 0)), array("q", heads), array("q", sizes))
+
+    @classmethod
+    def _of(cls, names: str, starts: array, heads: array, sizes: array) -> MemberTable:
+        """The table of names already joined and offsets already in arrays (what a :class:`Recorder` holds)."""
+        table = cls.__new__(cls)
+        table._made(names, starts, heads, sizes)
+        return table
+
+    def _made(self, names: str, starts: array, heads: array, sizes: array) -> None:
+        self.names = names
         self.name_starts = starts
-        self.heads = array("q", heads)
-        self.sizes = array("q", sizes)
+        self.heads = heads
+        self.sizes = sizes
         #: the entries after which the next entry does not follow at once (a member the table does not hold)
         self.gaps = array("q", (i for i in range(len(heads) - 1) if heads[i + 1] != _end(heads[i], sizes[i])))
         self.largest = max(sizes, default=0)
         self.nbytes = sum(map(sys.getsizeof, (self.names, starts, self.heads, self.sizes, self.gaps)))
         self._keyed: Any = None  # not made yet; False: the names do not allow it (see keyed)
+        #: the identity this table is held under (see keep): whether it is still held is one lookup, not a walk
+        self._held_as: Any = None
 
     def __len__(self) -> int:
         return len(self.heads)
@@ -70,6 +86,7 @@ class MemberTable:
         self.names, self.name_starts, self.heads, self.sizes, self.gaps, self.largest = state
         self.nbytes = sum(map(sys.getsizeof, (self.names, self.name_starts, self.heads, self.sizes, self.gaps)))
         self._keyed = None
+        self._held_as = None  # held under the identity the process that takes it keeps it under (adopt)
 
     def keyed(self) -> Optional[tuple[list, list]]:
         """``(keys, field names)``, one entry per member, for the default key rule with
@@ -154,18 +171,76 @@ def _end(head: int, size: int) -> int:
     return head + 512 + ((size + 511) & ~511)
 
 
+def _starts(names: list, at: int) -> Any:
+    """Where each name after the first of ``names`` begins, and where a name after the last would, in the names
+    joined with a NUL after each, the first at ``at``: ``at`` itself first unless the caller drops it."""
+    return accumulate(map(add, map(len, names), repeat(1)), initial=at)
+
+
 class Recorder:
-    """The table of a pass, entry by entry (``add``), kept (:func:`keep`) only if the pass reaches the end."""
+    """The table of a pass, kept (:func:`keep`) only if the pass reaches the end.
 
-    __slots__ = ("names", "heads", "sizes")
+    The reader appends each member's name, header offset and size to the three lists (the per-member cost of
+    recording is three appends) and calls :meth:`flush` between windows; a flush moves the entries into the form
+    the table keeps (the names joined, the offsets and sizes in arrays: about 25 bytes and the name a member,
+    where the lists take about 120).  A recorder whose table could not be kept says so as soon as it holds more
+    than the bound (``WDS_TABLE_CACHE``, read when it is made) and the reader drops it: a first pass over a
+    shard of 10^6 members takes no more memory for its table than the bound and a window's entries."""
 
-    def __init__(self) -> None:
+    __slots__ = ("names", "heads", "sizes", "_chunks", "_starts", "_heads", "_sizes", "_limit", "_name_bytes")
+
+    #: the entries a flush moves at the least (a flush of fewer keeps them in the lists: a chunk per flush costs
+    #: a string's overhead, and a shard of PAX members would flush one entry at a time)
+    FLUSH = 1024
+
+    def __init__(self, limit: Optional[int] = None) -> None:
         self.names: list = []
         self.heads: list = []
         self.sizes: list = []
+        self._chunks: list = []  # the names recorded so far, a flush's joined with NULs in each
+        self._starts = array("q", [0])
+        self._heads = array("q")
+        self._sizes = array("q")
+        self._limit = config.current().table_cache if limit is None else limit
+        self._name_bytes = 0  # what the chunks take
 
-    def table(self) -> MemberTable:
-        return MemberTable(self.names, self.heads, self.sizes)
+    def __len__(self) -> int:
+        return len(self._heads) + len(self.heads)
+
+    @property
+    def nbytes(self) -> int:
+        """The memory the recorded entries take, the lists' entries counted as the arrays will hold them."""
+        pending = len(self.heads)
+        arrays = sum(map(sys.getsizeof, (self._starts, self._heads, self._sizes)))
+        return self._name_bytes + arrays + pending * 24 + sum(map(len, self.names)) + pending
+
+    def flush(self, least: int = FLUSH) -> bool:
+        """Move the entries in the lists to the compact form (if there are ``least`` of them); False when what the
+        recorder holds could not be kept: more than the bound lets one table take (the caller drops it)."""
+        names = self.names
+        if len(names) < least:
+            return True
+        if names:
+            self._starts.extend(islice(_starts(names, self._starts[-1]), 1, None))
+            chunk = "\0".join(names)
+            self._chunks.append(chunk)
+            self._name_bytes += sys.getsizeof(chunk)
+            self._heads.extend(self.heads)
+            self._sizes.extend(self.sizes)
+            names.clear()
+            self.heads.clear()
+            self.sizes.clear()
+        held = self._name_bytes + sum(map(sys.getsizeof, (self._starts, self._heads, self._sizes)))
+        return held <= self._limit
+
+    def table(self) -> Optional[MemberTable]:
+        """The table recorded (what the lists hold flushed first), or None if it could not be kept (see flush)."""
+        if not self.flush(0):
+            return None
+        chunks, self._chunks = self._chunks, []
+        names = "\0".join(chunks)  # the chunks end where the next begins: one NUL between two, as in a chunk
+        del chunks
+        return MemberTable._of(names, self._starts, self._heads, self._sizes)
 
 
 #: a file modified or changed less than this many seconds ago keeps no table: on a file system whose clock has a
@@ -177,8 +252,21 @@ SETTLED = 5.0
 _tables: collections.OrderedDict = collections.OrderedDict()
 _held = 0
 _lock = threading.Lock()
-#: identity -> the process that kept the table (a DataLoader worker hands its own to the main process)
+#: identity -> the process that kept the table (a DataLoader worker hands its own to the main process): an entry
+#: for each table this process kept and holds still, not yet handed over (one goes when its table goes)
 _kept_by: dict = {}
+
+
+def _after_fork_in_child() -> None:
+    """A forked process (a DataLoader worker) hands over only what it keeps itself, and starts with a lock no
+    thread of the parent holds."""
+    global _lock
+    _lock = threading.Lock()
+    _kept_by.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def held() -> tuple[int, int]:
@@ -214,21 +302,20 @@ def keep(identity: Any, recorder: Recorder) -> None:
     a file modified in the last :data:`SETTLED` seconds (see there)."""
     global _held
     limit = config.current().table_cache
-    if not recorder.heads or not worth_recording(identity):
+    if not len(recorder) or not worth_recording(identity):
         return
     table = recorder.table()
-    if table.nbytes > limit:
+    if table is None or table.nbytes > limit:
         return
     with _lock:
         old = _tables.pop(identity, None)
         if old is not None:
             _held -= old.nbytes
         _tables[identity] = table
+        table._held_as = identity
         _kept_by[identity] = os.getpid()
         _held += table.nbytes
-        while _held > limit and _tables:
-            _, dropped = _tables.popitem(last=False)
-            _held -= dropped.nbytes
+        _shed(limit)
     # its names are split once, now (about 0.3 us a member): the next pass does no work per member but the slice
     table.keyed()
 
@@ -238,10 +325,10 @@ def handed() -> dict:
     them to the main process, whose next workers start with them: see :func:`adopt`)."""
     me = os.getpid()
     with _lock:
-        mine = [identity for identity, pid in _kept_by.items() if pid == me]
-        for identity in mine:
-            del _kept_by[identity]
-        return {identity: _tables[identity] for identity in mine if identity in _tables}
+        # every entry is of a table held and this process's (a forked one starts with none): O(tables handed)
+        mine = {identity: _tables[identity] for identity, pid in _kept_by.items() if pid == me and identity in _tables}
+        _kept_by.clear()
+        return mine
 
 
 def adopt(tables: Any) -> None:
@@ -250,21 +337,36 @@ def adopt(tables: Any) -> None:
     if not isinstance(tables, dict):
         return
     limit = config.current().table_cache
-    taken: list = []
+    taken: list[MemberTable] = []
     with _lock:
         for identity, table in tables.items():
             if not isinstance(table, MemberTable) or not isinstance(identity, tuple) or identity in _tables:
                 continue
             _tables[identity] = table
+            table._held_as = identity
             _held += table.nbytes
             taken.append(table)
-        while _held > limit and _tables:
-            _, dropped = _tables.popitem(last=False)
-            _held -= dropped.nbytes
+        _shed(limit)
     # the keyed parts are made here, once: the next workers are forked with them (a worker would make them again
-    # each epoch, before its first batch)
+    # each epoch, before its first batch); not for a table dropped already to make room for the others
     for table in taken:
-        table.keyed()
+        if _is_held(table):
+            table.keyed()
+
+
+def _is_held(table: MemberTable) -> bool:
+    """Whether ``table`` is held still: one lookup under the identity it was kept under, not a walk."""
+    return _tables.get(table._held_as) is table
+
+
+def _shed(limit: int) -> None:
+    """Drop the least recently used tables (with what is kept beside them) until those held fit ``limit``; the
+    caller holds the lock."""
+    global _held
+    while _held > limit and _tables:
+        identity, dropped = _tables.popitem(last=False)
+        _held -= dropped.nbytes
+        _kept_by.pop(identity, None)
 
 
 def _room(table: MemberTable, extra: int) -> bool:
@@ -278,7 +380,7 @@ def _grow(table: MemberTable, extra: int) -> bool:
     (dropped meanwhile) counts nothing, and is used by the pass that has it."""
     global _held
     with _lock:
-        if not any(held is table for held in _tables.values()):
+        if not _is_held(table):
             return True
         if _held + extra > config.current().table_cache:
             return False
@@ -292,6 +394,7 @@ def drop(identity: Any) -> None:
     global _held
     with _lock:
         table = _tables.pop(identity, None)
+        _kept_by.pop(identity, None)
         if table is not None:
             _held -= table.nbytes
 
