@@ -129,7 +129,7 @@ _ENV_ROWS = (
         "size",
         "`32MiB`",
         "`256MiB`",
-        "the most memory the member tables of mapped shards may hold (where each member lies, recorded by a pass that read the shard to its end, so that the next pass over the unchanged file reads no header; none for a file changed in the last 5 seconds): about 25 bytes and the name per member, and for the default key rule about 16 more per member and a key (about 50 bytes and its length) per sample, the split names, made only while they fit; a table larger than the bound is not kept, and `wds_cloud.tar.table.held()` says how many are kept and their bytes; `0` keeps none",
+        "the most memory the member tables of mapped shards may hold (where each member lies, recorded by a pass that read the shard to its end, so that the next pass over the unchanged file reads no header; none for a file changed in the last 5 seconds): about 25 bytes and the name per member, and for the default key rule about 16 more per member and a key (about 50 bytes and its length) per sample, the split names, made only while they fit; a table larger than the bound is not kept, and `wds_cloud.tar.table.held()` says how many are kept and their bytes; `0` keeps none. The bound covers a table while it is recorded too (a first pass stops recording, for the rest of that pass, as soon as the table holds more than the bound: a shard of 10^6 members takes the bound, not its whole table) and what is kept beside the tables (an entry per table held at most)",
     ),
     (
         "`WDS_INDEX_CACHE`",
