@@ -320,3 +320,23 @@ def test_gather_tells_every_rank_why_there_is_no_merged_state(monkeypatch):
     results = gather_on_every_rank(states)
     assert all(isinstance(r, StateMismatchError) and not isinstance(r, NotResumableError) for r in results)
     assert {r.field for r in results} == {"states"}
+
+
+def test_a_level_changed_in_place_is_dealt_again(monkeypatch):
+    """The per-process memo of a rank's part is kept by the level's identity and a fingerprint of it: a level
+    changed in place (its last unstarted shard taken out) is dealt again, not served the old part."""
+    states, urls = rank_states(4)
+    merged = wds.merge_states(states)
+    with as_rank(monkeypatch, 1, 4):
+        ds = build(urls)
+        ds.load_state_dict(merged)
+        deals = count(monkeypatch, (elastic, "rank_share"))
+        ds.elastic_start(merged, 1, 4, 0, WORKERS)
+        ds.elastic_start(merged, 1, 4, 1, WORKERS)
+        assert deals.calls == 1
+        gone = merged["pipeline"]["pending"].pop()
+        shares = [
+            ds.elastic_start(merged, rank, 4, w, WORKERS)["start"]["share"] for rank in range(4) for w in range(2)
+        ]
+        assert deals.calls == 5  # once more for rank 1, once for each other rank
+    assert all(gone not in share["pending"] for share in shares)

@@ -270,8 +270,17 @@ def _fingerprint(level: dict) -> tuple:
         listed = level.get(name) or ()
         facts.append(len(listed))
         if listed:
-            facts += [repr(listed[0])[:200], repr(listed[-1])[:200]]
+            facts += [_head(listed[0]), _head(listed[-1])]
     return tuple(facts)
+
+
+def _head(entry: Any) -> Any:
+    """An entry of a level's list as a fingerprint holds it, in constant time: a shard index, or the first fields
+    of a partly read shard or of a shard's buffered samples (and how many numbers its ranges hold)."""
+    if not isinstance(entry, list):
+        return repr(entry)[:200]
+    ranges = entry[3] if len(entry) > 3 else None
+    return repr(entry[:3])[:400], len(ranges) if isinstance(ranges, list) else repr(ranges)[:200]
 
 
 def _index_of(urls: Any) -> dict:
