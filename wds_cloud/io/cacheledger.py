@@ -30,6 +30,7 @@ import fcntl
 import logging
 import os
 import stat
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from typing import Optional
 from urllib.parse import quote, unquote
 
-__all__ = ["Held", "Ledger", "plain_name"]
+__all__ = ["Held", "Ledger", "plain_name", "view_of"]
 
 log = logging.getLogger(__name__)
 
@@ -342,3 +343,21 @@ class Ledger:
         self._identity = (st.st_dev, st.st_ino)
         self._offset = st.st_size
         self._records = len(self.entries)
+
+
+_VIEWS: dict[str, Ledger] = {}
+_VIEWS_LOCK = threading.Lock()
+
+
+def view_of(directory: str, scan: Scan) -> Ledger:
+    """This process's view of the ledger of ``directory``, one for all the caches opened on it.
+
+    A cache object made per read (or per worker) would otherwise read the whole ledger again each time.  A
+    child made by ``fork`` keeps the view: it is exact up to the offset it was read to, and the child reads on
+    from there.
+    """
+    with _VIEWS_LOCK:
+        ledger = _VIEWS.get(directory)
+        if ledger is None:
+            ledger = _VIEWS[directory] = Ledger(directory, scan)
+        return ledger

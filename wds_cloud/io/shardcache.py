@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import io
 import json
@@ -46,7 +47,7 @@ from typing import Any, Optional
 
 from ..errors import ConfigError, ObjectChangedError, TransferError, redact
 from .backend import read_to_end
-from .cacheledger import Held, Ledger
+from .cacheledger import Held, Ledger, view_of
 from .mapped import map_file
 from .resilient import StatsSink, TransferStats
 from .urls import url_to_cache_name
@@ -422,16 +423,8 @@ class ShardCache:
         return None
 
     # size bound
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state.pop("_ledger", None)  # a process's view of the ledger: each process reads its own
-        return state
-
     def _view(self) -> Ledger:
-        ledger = self.__dict__.get("_ledger")
-        if ledger is None:
-            ledger = self._ledger = Ledger(self.directory, lambda: _scan(self.directory))
-        return ledger
+        return view_of(self.directory, functools.partial(_scan, self.directory))
 
     def _name(self, path: str) -> str:
         return os.path.relpath(path, self.directory)
@@ -495,7 +488,7 @@ class ShardCache:
 
     def forget(self, path: str) -> None:
         """Record that the entry ``path`` was removed other than by eviction (found damaged, or a failed fill)."""
-        if self.size_limit is not None and self.__dict__.get("_ledger") is not None:
+        if self.size_limit is not None:
             with self._view().locked() as ledger:
                 ledger.remove(self._name(path))
 
