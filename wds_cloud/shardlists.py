@@ -16,7 +16,7 @@ import random
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any, Optional, Union
 
@@ -267,14 +267,51 @@ def _spec_urls(spec: Any, where: str) -> list[str]:
     return [u if isinstance(u, UntrustedURL) else resolve(u, where, base=base) for u in urls]
 
 
-def slot_shards(n: int, seed: Optional[int], epoch: int, world_size: int, num_workers: int) -> list[list[int]]:
+def slot_shards(n: int, seed: Optional[int], epoch: int, world_size: int, num_workers: int) -> list[Sequence[int]]:
     """The shard indices each (rank, worker) slot reads in an epoch, slot ``rank * num_workers + worker``.
 
     What ``split_by_node`` then ``split_by_worker`` give out of the (seed, epoch) order
-    (the listed order when ``seed`` is None).
+    (the listed order when ``seed`` is None); each a view of the order, computed as it is read.
     """
-    order = shard_order(n, seed, epoch) if seed is not None else list(range(n))
+    order: Sequence[int] = shard_order(n, seed, epoch) if seed is not None else range(n)
     return [order[rank::world_size][worker::num_workers] for rank in range(world_size) for worker in range(num_workers)]
+
+
+def shard_sequence(urls: Any, max_urls: Optional[int] = None) -> Sequence[str]:
+    """The URLs a shard list's source names, as a sequence that costs little per URL in every process holding
+    it: a brace spec's names computed when asked (:class:`~wds_cloud.utils.BraceNames`), a list of URLs
+    packed into one buffer (:class:`~wds_cloud.utils.PackedStrings`); URLs of a spec file, which carry
+    where they came from (:class:`~wds_cloud.io.security.UntrustedURL`), stay a list.  At most ``max_urls``."""
+    if isinstance(urls, str) and not re.search(r"\.(json|ya?ml)$", urls):
+        parts = [
+            utils.expand_braces(envsubst(spec), refuse=functools.partial(_too_many_given, spec))
+            for spec in urls.split("::")
+        ]
+        listed: Sequence[str] = parts[0] if len(parts) == 1 else utils.Chained(parts)
+    else:
+        given = expand_source(urls) if not isinstance(urls, list) else expand_urls(urls)
+        listed = utils.PackedStrings(given) if all(type(u) is str for u in given) else given
+    if max_urls is not None and len(listed) > max_urls:
+        log.warning(
+            "the shard source names %d URLs; max_urls=%d keeps the first %d: give a larger max_urls to draw from all",
+            len(listed),
+            max_urls,
+            max_urls,
+        )
+        return listed[:max_urls]
+    return listed
+
+
+def _urls_digest(urls: Sequence[str]) -> str:
+    """The SHA-256 of the URLs joined by newlines (a state's ``urls_sha256``), hashed a chunk at a time."""
+    if isinstance(urls, utils.PackedStrings) and urls.plain:
+        return hashlib.sha256(urls.data).hexdigest()[:16]
+    digest = hashlib.sha256()
+    names, separator = iter(urls), b""
+    while chunk := list(islice(names, 4096)):
+        digest.update(separator + "\n".join(chunk).encode("utf-8", "surrogateescape"))
+        separator = b"\n"
+    return digest.hexdigest()[:16]
 
 
 class Share:
@@ -353,7 +390,7 @@ class _Epochs:
 
     epoch = -1
     _epoch_set = False
-    urls: list  # of the shard list using these epochs
+    urls: Sequence  # of the shard list using these epochs
     seed: Any
 
     def set_epoch(self, epoch: int) -> None:
@@ -379,12 +416,17 @@ class _Epochs:
         key = (len(self.urls), self.seed)
         cached = self.__dict__.get("_config_cache")
         if cached is None or cached[0] != key:  # hashing every URL on every state_dict() would cost
-            digest = hashlib.sha256("\n".join(self.urls).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+            digest = _urls_digest(self.urls)
             cached = self._config_cache = (
                 key,
                 {"shards": len(self.urls), "urls_sha256": digest, "seed": self.seed, "kind": type(self).__name__},
             )
         return dict(cached[1])
+
+    def shard_urls(self) -> dict:
+        """The shard URLs by text: those a state's buffered samples may name (see
+        :func:`~wds_cloud.resume.wiring.shard_urls`)."""
+        return {str(u): u for u in self.urls}
 
     def state_dict(self) -> dict:
         """The epoch of the most recent pass (the order of the shards follows from it) and, after an elastic
@@ -438,7 +480,7 @@ class SimpleShardList(_Epochs, PipelineStage):
     """The URLs of a spec, in order, or shuffled per epoch when ``seed`` is given."""
 
     def __init__(self, urls: Any, seed: Optional[int] = None) -> None:
-        self.urls = expand_source(urls) if not isinstance(urls, list) else expand_urls(urls)
+        self.urls = shard_sequence(urls)
         if not self.urls:
             raise ValueError(f"the shard spec {urls!r} names no shards")
         self.seed = seed
@@ -457,21 +499,66 @@ class SimpleShardList(_Epochs, PipelineStage):
         self._next_epoch()
         yield from items
 
-    def _pass(self) -> Iterator[dict]:
+    def _pass(self) -> ShardPass:
+        return ShardPass(self.urls, self._order, range(len(self.urls)))
+
+    def _order(self) -> Sequence[int]:
+        """The order of the pass that begins (called when its first shard is asked for)."""
         self._next_epoch()
-        urls = self.urls
-        if self.seed is not None:
-            if config.current().show_seed:
-                log.info("shard order of %d shards seeded with %d (epoch %d)", len(urls), self.seed, self.epoch)
-            urls = [urls[i] for i in shard_order(len(urls), self.seed, self.epoch)]
-        for url in urls:
-            yield {"url": url}
+        if self.seed is None:
+            return range(len(self.urls))
+        if config.current().show_seed:
+            log.info("shard order of %d shards seeded with %d (epoch %d)", len(self.urls), self.seed, self.epoch)
+        return shard_order(len(self.urls), self.seed, self.epoch)
 
     def __iter__(self) -> Iterator[dict]:
         return self.run()
 
     def __call__(self, src: Any = None) -> Iterator[dict]:
         return self.run()
+
+
+class ShardPass:
+    """One pass of a :class:`SimpleShardList`: ``{"url": ...}`` of the URLs at ``positions`` of the pass's order
+    (``begin()`` gives it when the first is asked for: the epoch advances then, as a generator's would).
+
+    :meth:`split` is how ``split_by_node`` and ``split_by_worker`` take their share: a stride over the
+    positions, so a worker of 4,096 x 8 walks its own 1/32,768 of the order, not all of it.
+    """
+
+    __slots__ = ("_urls", "_begin", "_order", "_positions", "_given")
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        begin: Callable[[], Sequence[int]],
+        positions: range,
+        order: Optional[Sequence[int]] = None,
+    ) -> None:
+        self._urls = urls
+        self._begin = begin
+        self._order = order  # (None until the pass begins)
+        self._positions = positions
+        self._given = 0
+
+    def __iter__(self) -> ShardPass:
+        return self
+
+    def __next__(self) -> dict:
+        order = self._order
+        if order is None:
+            order = self._order = self._begin()
+        if self._given >= len(self._positions):
+            raise StopIteration
+        position = self._positions[self._given]
+        self._given += 1
+        return {"url": self._urls[order[position]]}
+
+    def split(self, first: int, step: int) -> ShardPass:
+        """Every ``step``-th of the items not given yet, from the ``first``-th (``islice(self, first, None, step)``)."""
+        rest = ShardPass(self._urls, self._begin, self._positions[self._given + first :: step], self._order)
+        self._given = len(self._positions)  # this pass is the share's now
+        return rest
 
 
 def split_by_node(src: Iterable, group: Any = None) -> Iterator:
@@ -484,7 +571,7 @@ def split_by_node(src: Iterable, group: Any = None) -> Iterator:
 def _split_by_node(src: Iterable, group: Any) -> Iterator:
     rank, world_size, _, _ = utils.pytorch_worker_info(group=group)
     if world_size > 1:
-        yield from islice(src, rank, None, world_size)
+        yield from src.split(rank, world_size) if isinstance(src, ShardPass) else islice(src, rank, None, world_size)
     else:
         yield from src
 
@@ -515,7 +602,9 @@ def split_by_worker(src: Iterable) -> Iterator:
 def _split_by_worker(src: Iterable) -> Iterator:
     _, _, worker, num_workers = utils.pytorch_worker_info()
     if num_workers > 1:
-        yield from islice(src, worker, None, num_workers)
+        yield from (
+            src.split(worker, num_workers) if isinstance(src, ShardPass) else islice(src, worker, None, num_workers)
+        )
     else:
         yield from src
 
@@ -551,7 +640,7 @@ class ResampledShards(_Epochs, PipelineStage):
         max_urls: int = int(1e6),
         empty_check: bool = True,
     ) -> None:
-        self.urls = expand_source(urls, max_urls) if not isinstance(urls, list) else expand_urls(urls)
+        self.urls = shard_sequence(urls, max_urls if not isinstance(urls, list) else None)
         if empty_check and not self.urls:
             raise ValueError(f"the shard spec {urls!r} names no shards")
         self.nshards = nshards

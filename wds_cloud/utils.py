@@ -7,6 +7,9 @@ decoders in this process (``WDS_SECURE=1`` does the same from the environment).
 
 from __future__ import annotations
 
+import array
+import bisect
+import dataclasses
 import fnmatch
 import functools
 import glob
@@ -15,7 +18,7 @@ import re
 import sys
 import types
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Optional
 
 import braceexpand
@@ -270,80 +273,344 @@ def lookup_sym(sym: str, modules: Iterable[str]) -> Any:
     return None
 
 
-#: the most names one brace spec may expand to (``braceexpand`` builds a range's values before yielding the
-#: first, so a spec is counted from its groups, without expanding, and refused beyond this)
-MAX_BRACE_NAMES = 1_000_000
+#: the most names one brace spec may expand to: a spec is expanded lazily (:class:`BraceNames` computes its i-th
+#: name from the counts of its groups), so this bounds a typo (``{0..99999999999}``), not memory; a spec read
+#: from data is bounded by its reader's own, smaller ``limit``
+MAX_BRACE_NAMES = 1_000_000_000
 
-_INT_RANGE = re.compile(r"^([-+]?\d+)\.\.([-+]?\d+)(?:\.\.([-+]?\d+))?$")
-_CHAR_RANGE = re.compile(r"^(\w)\.\.(\w)(?:\.\.([-+]?\d+))?$")
+# braceexpand's grammar, kept to the character: its ranges (a step's sign is ignored; ``\d`` is any digit
+# ``int`` reads), its alphabet of letters, and its rule for escapes (removed from the whole name at the end)
+_INT_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.-?(\d+))?$")
+_CHAR_RANGE = re.compile(r"^([A-Za-z])\.\.([A-Za-z])(?:\.\.-?(\d+))?$")
+_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_ESCAPE = re.compile(r"\\(.)")
+#: braceexpand's error for unbalanced braces (a ValueError), raised as it raises it
+_UNBALANCED: type[ValueError] = braceexpand.UnbalancedBracesError  # type: ignore[attr-defined]
 
 
-def _unescaped(text: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
-    """``(index, character, depth)`` of the characters of ``text`` from ``start`` that a backslash does not escape,
-    with the brace depth after each."""
-    depth, i = 0, start
-    while i < len(text):
-        c = text[i]
+class SequenceView(Sequence):
+    """The items of ``base`` at ``positions`` (a ``range``), computed when asked: a slice of a lazy sequence
+    (``urls[rank::world]``) that holds two references, not the items."""
+
+    __slots__ = ("base", "positions")
+
+    def __init__(self, base: Sequence, positions: range) -> None:
+        self.base = base
+        self.positions = positions
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return SequenceView(self.base, self.positions[i])
+        return self.base[self.positions[i]]
+
+    def __iter__(self) -> Iterator:
+        base = self.base
+        for p in self.positions:
+            yield base[p]
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, (Sequence, range)) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} of {len(self.base)} items>"
+
+
+class PackedStrings(Sequence):
+    """A list of strings kept as one ``"\\n"``-joined UTF-8 buffer and an array of where each ends: about a string's
+    own bytes plus 9, where a Python list of them costs some 50 bytes more a string, and copied into every
+    DataLoader worker (pickled under spawn as two buffers; under fork no page of it is written again)."""
+
+    __slots__ = ("data", "ends", "plain", "lines")
+
+    def __init__(self, strings: Sequence[str]) -> None:
+        joined = "\n".join(strings)
+        try:
+            self.data, self.plain = joined.encode("utf-8"), True
+        except UnicodeEncodeError:  # lone surrogates (names decoded with surrogateescape): kept as they are
+            self.data, self.plain = joined.encode("utf-8", "surrogatepass"), False
+        #: no string holds a newline: the buffer splits at them
+        self.lines = joined.count("\n") == len(strings) - 1
+        if joined.isascii():
+            lengths: Iterable[int] = (len(text) + 1 for text in strings)
+        else:
+            lengths = (len(text.encode("utf-8", "surrogatepass")) + 1 for text in strings)
+        self.ends = array.array("q", itertools.accumulate(lengths))  # where each string ends, plus one
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return SequenceView(self, range(len(self.ends))[i])
+        end = self.ends[i] - 1  # (IndexError as a list's)
+        i = i.__index__()
+        start = self.ends[i - 1] if i % len(self.ends) else 0
+        return self.data[start:end].decode("utf-8", "surrogatepass")
+
+    def __iter__(self) -> Iterator[str]:
+        ends, count = self.ends, len(self.ends)
+        if not self.lines:
+            yield from (self[i] for i in range(count))
+            return
+        for lo in range(0, count, _CHUNK):  # a chunk decoded at a time: never the whole buffer as one str
+            hi = min(count, lo + _CHUNK)
+            start = ends[lo - 1] if lo else 0
+            yield from self.data[start : ends[hi - 1] - 1].decode("utf-8", "surrogatepass").split("\n")
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, (Sequence, range)) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} packed strings>"
+
+
+class Chained(Sequence):
+    """The items of several sequences one after another (``a::b`` shard specs), each computed by its own."""
+
+    __slots__ = ("parts", "starts", "size")
+
+    def __init__(self, parts: Sequence[Sequence]) -> None:
+        self.parts = tuple(parts)
+        self.starts = tuple(itertools.accumulate((len(part) for part in self.parts), initial=0))
+        self.size = self.starts[-1]
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return SequenceView(self, range(self.size)[i])
+        i = i.__index__()
+        if i < 0:
+            i += self.size
+        if not 0 <= i < self.size:
+            raise IndexError(f"item {i} of {self.size}")
+        k = bisect.bisect_right(self.starts, i) - 1
+        return self.parts[k][i - self.starts[k]]
+
+    def __iter__(self) -> Iterator:
+        for part in self.parts:
+            yield from part
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, (Sequence, range)) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Group:
+    """One part of a brace pattern, as braceexpand parses it: ``kind`` is ``"text"`` (``value``: the string),
+    ``"ints"`` (``value``: a range; ``width``: the zero padding), ``"chars"`` (``value``: the letters),
+    ``"all"`` (every combination of ``parts``, the last varying fastest) or ``"any"`` (the names of each of
+    ``parts`` in turn); ``size``: how many names it gives."""
+
+    kind: str
+    size: int
+    value: Any = None
+    width: int = 0
+    parts: tuple = ()
+    starts: tuple = ()  # "any": where each part's names begin
+
+    def name(self, i: int) -> str:
+        """The i-th name (0 <= i < size), computed from the counts: mixed radix over "all", offsets over "any"."""
+        kind = self.kind
+        if kind == "text":
+            return self.value
+        if kind == "ints":
+            return "%0*d" % (self.width, self.value[i])
+        if kind == "chars":
+            return self.value[i]
+        if kind == "any":
+            k = bisect.bisect_right(self.starts, i) - 1
+            return self.parts[k].name(i - self.starts[k])
+        names = []
+        for part in reversed(self.parts):
+            i, digit = divmod(i, part.size)
+            names.append(part.name(digit))
+        name = "".join(reversed(names))
+        # braceexpand removes escapes from the names of every pattern, nested ones too (so those lose two)
+        return _ESCAPE.sub(r"\1", name) if "\\" in name else name
+
+    def names(self, lo: int, hi: int) -> list:
+        """Names ``lo`` to ``hi``, as :meth:`name` gives them; a range's in one comprehension where only one part
+        of a pattern varies (``data-{000000..999999}.tar``: the common shard spec)."""
+        kind = self.kind
+        if kind == "ints":
+            width = self.width
+            return ["%0*d" % (width, v) for v in self.value[lo:hi]]
+        if kind == "chars":
+            return list(self.value[lo:hi])
+        varying = [k for k, part in enumerate(self.parts) if part.size != 1] if kind == "all" else []
+        if len(varying) != 1:
+            return [self.name(i) for i in range(lo, hi)]
+        k = varying[0]
+        head = "".join(part.name(0) for part in self.parts[:k])
+        tail = "".join(part.name(0) for part in self.parts[k + 1 :])
+        out = [head + name + tail for name in self.parts[k].names(lo, hi)]
+        return [_ESCAPE.sub(r"\1", name) if "\\" in name else name for name in out]
+
+
+def _all(parts: list) -> _Group:
+    size = 1
+    for part in parts:
+        size *= part.size
+    return _Group("all", size, parts=tuple(parts))
+
+
+def _text(text: str) -> _Group:
+    return _Group("text", 1, text)
+
+
+def _ints(first: str, last: str, step: Optional[str]) -> _Group:
+    width = (
+        max(len(first), len(last))
+        if any(s.startswith(("0", "-0")) for s in (first, last) if s not in ("0", "-0"))
+        else 0
+    )
+    stride = (int(step) or 1) if step else 1
+    a, b = int(first), int(last)
+    values = range(a, b + 1, stride) if a < b else range(a, b - 1, -stride)
+    size = max(0, (abs(values.stop - values.start) + stride - 1) // stride)  # len() stops at sys.maxsize
+    return _Group("ints", size, values, width)
+
+
+def _chars(first: str, last: str, step: Optional[str]) -> _Group:
+    stride = (int(step) or 1) if step else 1
+    a, b = _ALPHABET.index(first), _ALPHABET.index(last)
+    letters = _ALPHABET[a : b + 1 : stride] if a < b else _ALPHABET[a : (b or -len(_ALPHABET)) - 1 : -stride]
+    return _Group("chars", len(letters), letters)
+
+
+def _parse_pattern(pattern: str) -> _Group:
+    """braceexpand's ``parse_pattern``: literal text and groups, every combination of them."""
+    start = pos = depth = 0
+    items: list = []
+    while pos < len(pattern):
+        c = pattern[pos]
         if c == "\\":
-            i += 2
+            pos += 2
             continue
-        depth += 1 if c == "{" else -1 if c == "}" else 0
-        yield i, c, depth
-        i += 1
+        if c == "{":
+            if depth == 0 and pos > start:
+                items.append(_text(pattern[start:pos]))
+                start = pos
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                expr = pattern[start + 1 : pos]
+                item = _parse_expression(expr)
+                items.extend([_text("{"), _parse_pattern(expr), _text("}")] if item is None else [item])
+                start = pos + 1
+        pos += 1
+    if depth != 0:
+        raise _UNBALANCED(f"Unbalanced braces: '{pattern}'")
+    if start < pos:
+        items.append(_text(pattern[start:]))
+    return _all(items)
 
 
-def _closing(spec: str, start: int) -> int:
-    """The index of the ``}`` matching the ``{`` at ``start``, or -1 (then the brace is literal)."""
-    return next((i for i, c, depth in _unescaped(spec, start) if c == "}" and depth == 0), -1)
+def _parse_expression(expr: str) -> Optional[_Group]:
+    number = _INT_RANGE.match(expr)
+    if number:
+        return _ints(*number.groups())
+    letter = _CHAR_RANGE.match(expr)
+    if letter:
+        return _chars(*letter.groups())
+    start = pos = depth = 0
+    items: list = []
+    while pos < len(expr):
+        c = expr[pos]
+        if c == "\\":
+            pos += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            items.append(_parse_pattern(expr[start:pos]))
+            start = pos + 1
+        pos += 1
+    if depth != 0 or not items:
+        return None  # not a list of alternatives: the braces are text
+    items.append(_parse_pattern(expr[start:]))
+    starts = tuple(itertools.accumulate((part.size for part in items[:-1]), initial=0))
+    return _Group("any", sum(part.size for part in items), parts=tuple(items), starts=starts)
 
 
-def _split_top(content: str) -> list[str]:
-    """``content`` split at the commas outside nested braces."""
-    cuts = [i for i, c, depth in _unescaped(content) if c == "," and depth == 0]
-    return [content[a + 1 : b] for a, b in zip([-1] + cuts, cuts + [len(content)])]
+class BraceNames(Sequence):
+    """The names a brace pattern expands to, exactly those ``braceexpand`` gives and in its order, computed one
+    by one: ``names[i]`` in time proportional to the pattern's groups, ``len()`` from their counts, slices
+    as views.  Holds the parsed pattern only: 10^7 shard names cost what their pattern costs."""
+
+    __slots__ = ("pattern", "size", "_root")
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self._root = _parse_pattern(pattern)
+        self.size = self._root.size  # (len() cannot say more than sys.maxsize)
+
+    def __reduce__(self) -> tuple:  # the pattern is the whole state: parsed again where it is unpickled
+        return (BraceNames, (self.pattern,))
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return SequenceView(self, range(self.size)[i])
+        i = i.__index__()
+        if i < 0:
+            i += self.size
+        if not 0 <= i < self.size:
+            raise IndexError(f"name {i} of the {self.size} of {self.pattern[:80]!r}")
+        return self._root.name(i)
+
+    def __iter__(self) -> Iterator[str]:
+        root, size = self._root, self.size
+        for lo in range(0, size, _CHUNK):
+            yield from root.names(lo, min(size, lo + _CHUNK))
+
+    def __repr__(self) -> str:
+        return f"BraceNames({self.pattern!r}: {self.size:,} names)"
 
 
-def _range_size(first: int, last: int, step: str | None) -> int:
-    stride = abs(int(step)) if step else 1
-    return abs(last - first) // (stride or 1) + 1
+#: names made at a time when a pattern is iterated
+_CHUNK = 4096
 
 
 def count_braces(spec: str) -> int:
-    """How many names ``spec`` expands to (an upper bound where a group is literal text)."""
-    total, after = 1, 0
-    for i, c, _ in _unescaped(spec):
-        if c != "{" or i < after:
-            continue
-        end = _closing(spec, i)
-        if end < 0:
-            continue
-        content, after = spec[i + 1 : end], end + 1
-        parts = _split_top(content)
-        number, letter = _INT_RANGE.match(content), _CHAR_RANGE.match(content)
-        if len(parts) > 1:
-            total *= sum(count_braces(part) for part in parts)
-        elif number:
-            total *= _range_size(int(number.group(1)), int(number.group(2)), number.group(3))
-        elif letter:
-            total *= _range_size(ord(letter.group(1)), ord(letter.group(2)), letter.group(3))
-        else:
-            total *= count_braces(content)
-    return total
+    """How many names ``spec`` expands to."""
+    return BraceNames(spec).size
 
 
 def expand_braces(
     spec: str, limit: int = MAX_BRACE_NAMES, refuse: Callable[[int], Exception] | None = None
-) -> Iterator[str]:
-    """The names ``spec`` expands to; more than ``limit`` raises ``refuse(n)`` (by default a ConfigError naming the
-    pattern: a spec of the user's)."""
-    if "{" in spec:
-        n = count_braces(spec)
-        if n > limit:
-            if refuse is not None:
-                raise refuse(n)
-            from .errors import ConfigError
+) -> BraceNames:
+    """The names ``spec`` expands to, as a lazy sequence; more than ``limit`` raises ``refuse(n)`` (by default a
+    ConfigError naming the pattern: a spec of the user's)."""
+    names = BraceNames(spec)
+    if names.size > limit:
+        if refuse is not None:
+            raise refuse(names.size)
+        from .errors import ConfigError
 
-            raise ConfigError(
-                f"the pattern {spec[:80]!r} expands to {n:,} names, more than {limit:,}: check its brace range"
-            )
-    return braceexpand.braceexpand(spec)
+        raise ConfigError(
+            f"the pattern {spec[:80]!r} expands to {names.size:,} names, more than {limit:,}: check its brace range"
+        )
+    return names

@@ -454,7 +454,7 @@ def _check_equal_work(value: Any) -> Union[int, str, None]:
     )
 
 
-def _shard_counts(source: Any, urls: list) -> list:
+def _shard_counts(source: Any, urls: Iterable) -> list:
     counts = shardlists.index_counts(source)
     if counts is None or any(url not in counts for url in urls):
         raise ValueError(

@@ -18,7 +18,7 @@ again) "started" cannot be told from "done", so only what still holds there is c
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 from ..errors import StateMismatchError
@@ -167,7 +167,7 @@ def check_owed(level: dict, equal_work: Any, counts: Optional[dict], n_shards: i
         )
 
 
-def slot_items(order: list, split: Any, identity: Any, shard_split: Callable) -> Optional[list]:
+def slot_items(order: Sequence, split: Any, identity: Any, shard_split: Callable) -> Optional[Sequence]:
     """The shard indices one rank and worker (``identity``, as a reader records it) read out of ``order`` with the
     splitting ``split``; None when that cannot be known (a splitter of the user's, a stream, no identity)."""
     if split not in ("nodes+workers", "nodes", "workers", "none") or not isinstance(identity, dict):

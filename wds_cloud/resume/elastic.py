@@ -29,14 +29,13 @@ tar blocks, buffered ranges do not overlap, counts fit the dataset.
 from __future__ import annotations
 
 import heapq
-import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..errors import StateMismatchError
 from ..io.datafile import shown
-from ..utils import make_seed
+from .order import ShardOrder
 from .state import MAX_OFFSET, SEAL, check_seal, expect
 
 __all__ = [
@@ -80,11 +79,11 @@ MAX_STATES = 1 << 16
 MAX_ENTRIES = 1 << 24
 
 
-def shard_order(n: int, seed: int, epoch: int) -> list[int]:
-    """The shuffled order of ``n`` shards for (seed, epoch): the same on every rank and worker."""
-    order = list(range(n))
-    random.Random(make_seed(seed, epoch)).shuffle(order)
-    return order
+def shard_order(n: int, seed: int, epoch: int) -> ShardOrder:
+    """The shuffled order of ``n`` shards for (seed, epoch): the same on every rank and worker.  A sequence whose
+    i-th value is computed when asked (see :mod:`wds_cloud.resume.order`): slicing it, ``order[rank::world]``,
+    gives a view, never a list of ``n`` ints."""
+    return ShardOrder(n, seed, epoch)
 
 
 def is_merged(state: Any) -> bool:

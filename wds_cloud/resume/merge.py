@@ -394,7 +394,7 @@ def _merge_level(entries: list, world_size: int, workers: int, epoch: int) -> di
         raise StateMismatchError(f"the shard list's state says {shown(n_shards)} shards", field="config")
     seed = shards_config.get("seed")
     resampled = list_kind == "ResampledShards"
-    order: Optional[list] = None
+    order: Optional[Sequence] = None
     if not resampled:
         order = shard_order(n_shards, seed, epoch) if seed is not None else list(range(n_shards))
     position = {index: pos for pos, index in enumerate(order)} if order is not None else {}
@@ -506,7 +506,7 @@ def _merge_slot(
     workers: int,
     rank: int,
     worker: int,
-    order: Optional[list],
+    order: Optional[Sequence],
     n_shards: int,
     epoch: int,
     resampled: bool,
