@@ -335,3 +335,24 @@ def test_a_damaged_entry_found_by_a_hit_leaves_the_ledger(tmp_path):
         f.write(b"more")  # no longer the size recorded
     assert fill(cache, url(0)) == DATA  # fetched again
     assert cache.usage() == newcomer(cache.directory) == (2, 2 * SIZE)
+
+
+def test_a_folder_planted_as_the_ledger_costs_no_read(tmp_path):
+    """With a folder where the ledger goes, misses still read and the bound still holds (by walking)."""
+    cache = ShardCache(str(tmp_path / "c"), size_limit=3 * SIZE)
+    fill(cache, url(0))
+    os.unlink(ledger_path(cache))
+    os.mkdir(ledger_path(cache))
+    for i in range(1, 6):
+        assert fill(cache, url(i)) == DATA
+    assert on_disk(cache.directory) <= 3 * SIZE and os.path.isdir(ledger_path(cache))
+
+
+def test_a_ledger_listing_more_entries_than_any_cache_holds_is_rebuilt(tmp_path, monkeypatch):
+    """Claims of a forged ledger bound nothing: past the most entries a view holds, the directory is walked."""
+    monkeypatch.setattr(cacheledger, "MAX_ENTRIES", 5)
+    cache = ShardCache(str(tmp_path / "c"), size_limit=3 * SIZE)
+    fill(cache, url(0))
+    with open(ledger_path(cache), "ab") as f:
+        f.write(b"".join(b"+ 1 0 forged-%d.tar\n" % i for i in range(50)))
+    assert newcomer(cache.directory) == (1, SIZE)

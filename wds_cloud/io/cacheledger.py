@@ -47,7 +47,7 @@ LEDGER, GUARD = ".evict.ledger", ".evict.lock"
 MAX_LINE = 8192  # a record longer than this is not one of ours
 MAX_NAME = 4096  # PATH_MAX: no entry of ours has a longer name
 MAX_SIZE = 1 << 62  # bytes: a size beyond any disk is a forged one
-MAX_ENTRIES = 1 << 22  # 40x the largest cache we design for; a ledger listing more is rebuilt from the directory
+MAX_ENTRIES = 1 << 20  # 10x the largest cache we design for; a ledger listing more is rebuilt from the directory
 MIN_COMPACT = 1024  # dead records tolerated before compaction, whatever the live count
 CHUNK = 1 << 20
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -178,7 +178,7 @@ class Ledger:
         except FileNotFoundError:
             return self._rebuild("it is absent")
         if not _regular_and_ours(st):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):  # a folder planted there stays, and the ledger is not written
                 os.unlink(self.path)  # a link or a stranger's file: removed, never followed
             return self._rebuild("it was not a file this cache wrote")
         if (st.st_dev, st.st_ino) != self._identity or st.st_size < self._offset:
@@ -195,11 +195,7 @@ class Ledger:
                 return self._rebuild("it was not a file this cache wrote")
             self._identity = (st.st_dev, st.st_ino)
             why = self._read(f)
-        if why:
-            return self._rebuild(why)
-        if len(self.entries) > MAX_ENTRIES:
-            return self._rebuild(f"it lists more than {MAX_ENTRIES} entries")
-        return None
+        return self._rebuild(why) if why else None
 
     def _reset(self) -> None:
         self.entries.clear()
@@ -230,6 +226,8 @@ class Ledger:
                 skipping = False
                 self._offset += end + 1 - start
                 start = end + 1
+            if len(self.entries) > MAX_ENTRIES:  # checked as it is read: memory stays bounded
+                return f"it lists more than {MAX_ENTRIES} entries"
             rest = rest[start:]
             if len(rest) > MAX_LINE:  # not a record of ours: skip to the next newline
                 self._offset += len(rest)
