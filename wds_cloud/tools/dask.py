@@ -287,6 +287,9 @@ def _publish(writer: Any, stream: Any, count: int) -> dict:
     return {"name": stream.name, "size": stream.count, "sha256": stream.sha256.hexdigest(), "samples": count}
 
 
+#: the inputs whose outputs a rerun checks at once (their reads are queued on 16 threads)
+_KEEP_BATCH = 4096
+
 #: errors no retry of a task can mend (a scheme no backend serves, a missing extra or profile, a refused URL):
 #: a task returns them as its result, so that Dask neither runs the shard again nor logs a traceback per try
 _PERMANENT = (ConfigError, UnknownSchemeError, MissingExtraError, SecurityError)
@@ -364,7 +367,6 @@ def _shard_work(
         if stream is not None:
             stream.abort()  # nothing partial appears under an output name
         raise
-    _drop_extra_parts(destination, index, len(outputs))
     return {
         "index": index,
         "input": redact(url),
@@ -377,46 +379,55 @@ def _shard_work(
     }
 
 
-def _drop_extra_parts(destination: str, index: int, parts: int) -> list[str]:
-    """Remove the parts past ``parts`` of input ``index`` (its names ``-NNN`` from ``parts`` on) that no record
-    lists: an earlier attempt of the job wrote them (a function whose output varies between runs gives fewer
-    parts the second time), or they were put there; the job owns these names, and a rerun never keeps a file
-    at them that it did not make (issue 41).  Local destinations; the names removed."""
-    import glob
+def _listing(destination: str) -> Iterator[str]:
+    """The file names in a local destination's folder, listed once (nothing when it does not exist)."""
+    from ..io.urls import local_path
 
-    from ..io.urls import is_local, local_path
+    folder = local_path(destination)[: local_path(destination).rfind("/") + 1] or "."
+    try:
+        listing = os.scandir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    with listing:
+        for item in listing:
+            yield item.name
 
-    if not is_local(destination):
+
+def _drop_extra_parts(destination: str, parts: dict[int, int]) -> list[str]:
+    """Remove the outputs of the inputs in ``parts`` (input -> how many parts it has) past their parts (its
+    names ``-NNN`` from that many on), which no record lists: an earlier attempt of the job wrote them (a
+    function whose output varies between runs gives fewer parts the second time), or they were put there; the
+    job owns these names, and a rerun never keeps a file at them that it did not make (issue 41).  One listing
+    of a local destination's folder, each name read back into its input and part once
+    (:func:`~wds_cloud.io.jobrecord.output_number`).  The names removed, in order."""
+    from ..io.jobrecord import output_number
+    from ..io.urls import is_local
+
+    if not is_local(destination) or not parts:
         return []
-    first = output_names(destination, index, 1)[0]
-    path = local_path(first)
-    folder, base = os.path.split(path)
-    root, dot, ext = base.rpartition(".")
-    if not dot:
-        root, ext = base, ""
-    shape = re.compile(re.escape(root) + r"-(\d{3,})" + (re.escape("." + ext) if ext else ""))
+    folder = destination[: destination.rfind("/") + 1]
     removed = []
-    for found in sorted(glob.glob(os.path.join(glob.escape(folder or "."), glob.escape(root) + "-*"))):
-        name = os.path.basename(found)
-        match = shape.fullmatch(name)
-        if match is None or int(match.group(1)) < parts or int(match.group(1)) == 0:
+    for name in _listing(destination):
+        found = output_number(destination, name)
+        if found is None or found[0] not in parts or found[1] < parts[found[0]]:
             continue
-        part = int(match.group(1))
-        if output_names(destination, index, part + 1)[-1].rsplit("/", 1)[-1] != name:
-            continue  # another spelling (-0001): not a name this job writes
         try:
-            os.unlink(found)
+            os.unlink(_local(folder + name))
         except FileNotFoundError:
             continue
-        removed.append(os.path.join(os.path.dirname(first), name) if os.path.dirname(first) else name)
-    return removed
+        removed.append(folder + name)
+    return sorted(removed)
 
 
-def _record_shard(record: Any, done: dict, summary: dict, result: dict) -> None:
+def _local(url: str) -> str:
+    from ..io.urls import local_path
+
+    return local_path(url)
+
+
+def _record_shard(record: Any, summary: dict, result: dict) -> None:
     """What one finished shard adds to the job record and the summary."""
-    for output in result["outputs"]:
-        record.outputs[output["name"]] = {"size": output["size"], "sha256": output["sha256"]}
-    done[str(result["index"])] = [output["name"] for output in result["outputs"]]
+    record.add_input(result["index"], [(o["name"], o["size"], o["sha256"]) for o in result["outputs"]])
     summary["done"] += 1
     for key in ("samples_in", "samples_out", "bytes"):
         summary[key] += result[key]
@@ -424,34 +435,29 @@ def _record_shard(record: Any, done: dict, summary: dict, result: dict) -> None:
     summary["failures"] += [dict(f, input=result["input"]) for f in result["failures"]]
 
 
+#: a temporary file a local output is written to before it is published (io/atomic.py's temp_name_for)
+_PARTIAL = re.compile(r"\.(.+)\.\d+\.[0-9a-f]{8}\.partial")
+
+
 def sweep_partials(destination: str, indexes: Iterable[int]) -> None:
     """Remove the hidden temporary files that workers killed while writing left beside local outputs of these
-    inputs (a write in progress is published by renaming such a file; one whose writer died is litter)."""
-    import glob
-    import re
-
-    from ..io.urls import is_local, local_path
+    inputs (a write in progress is published by renaming such a file; one whose writer died is litter).  One
+    listing of the destination's folder, each name read back into its input once."""
+    from ..io.jobrecord import output_number
+    from ..io.urls import is_local
 
     if not is_local(destination):
         return  # an object store publishes an upload only when it completes: nothing is left behind
-    for index in indexes:
-        first = local_path(output_names(destination, index, 1)[0])
-        folder, name = os.path.split(first)
-        root, dot, ext = name.rpartition(".")
-        if not dot:
-            root, ext = name, ""
-        shape = re.compile(
-            re.escape("." + root)
-            + r"(-\d{3})?"
-            + (re.escape("." + ext) if ext else "")
-            + r"\.\d+\.[0-9a-f]{8}\.partial"
-        )
-        for path in glob.glob(os.path.join(glob.escape(folder or "."), glob.escape("." + root) + "*.partial")):
-            if shape.fullmatch(os.path.basename(path)):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
+    wanted = set(indexes)
+    folder = destination[: destination.rfind("/") + 1]
+    for name in _listing(destination):
+        match = _PARTIAL.fullmatch(name) if name.endswith(".partial") else None
+        found = None if match is None else output_number(destination, match.group(1))
+        if found is not None and found[0] in wanted:
+            try:
+                os.unlink(_local(folder + name))
+            except FileNotFoundError:
+                pass
 
 
 def _number(name: str, value: Any, least: int, *, whole: bool) -> Any:
@@ -576,26 +582,27 @@ def _run(
     on_progress: Optional[Callable[[dict], None]],
 ) -> dict:
     """The job of :func:`map_shards` once its record holds the destination."""
-    done = record.extra.setdefault("done", {})
     todo, skipped = [], 0
-    finished_outputs = [name for names in done.values() for name in names]
+    kept_parts: dict[int, int] = {}  # input skipped -> its parts: a file past them at its names goes
     with ThreadPoolExecutor(max_workers=16) as pool:  # a rerun reads back what it keeps: many at once
-        kept = dict(zip(finished_outputs, pool.map(record.keep, finished_outputs)))
-    removed: list[str] = []
-    for index, url in enumerate(urls):
-        finished = done.get(str(index))
-        if finished and all(kept[output] for output in finished):
-            skipped += 1
-            # a file at one of its later part names that the record does not list is not kept (issue 41): the
-            # destination would hold those samples twice
-            removed += _drop_extra_parts(destination, index, len(finished))
-        else:
-            # what an earlier, interrupted run of this job wrote for it goes, and the input is no longer done:
-            # a record saved before it finishes again must not list it as finished with outputs it dropped
-            for output in finished or ():
-                record.outputs.pop(output, None)
-            done.pop(str(index), None)
-            todo.append((index, url))
+        for start in range(0, len(urls), _KEEP_BATCH):  # a batch at a time: pending reads stay bounded
+            batch = range(start, min(start + _KEEP_BATCH, len(urls)))
+            finished = {index: record.finished(index) for index in batch}
+            names = [name for index in batch for name in finished[index] or ()]
+            kept = dict(zip(names, pool.map(record.keep, names)))
+            for index in batch:
+                outputs = finished[index]
+                if outputs and all(kept[output] for output in outputs):
+                    skipped += 1
+                    kept_parts[index] = len(outputs)
+                else:
+                    # what an earlier, interrupted run of this job wrote for it goes, and the input is no longer
+                    # done: a record saved before it finishes again must not list it as finished
+                    record.drop_input(index)
+                    todo.append((index, urls[index]))
+    # a file at a later part name of a skipped input that the record does not list is not kept (issue 41): the
+    # destination would hold those samples twice
+    removed = _drop_extra_parts(destination, kept_parts)
     distributed = distributed_module() if todo else None
     started = time.perf_counter()
     summary: dict[str, Any] = {
@@ -614,6 +621,7 @@ def _run(
         assert distributed is not None
         record.begin()  # before the cluster and any output: what an interrupted run leaves at its names is its own
         own = None
+        written: dict[int, int] = {}  # input written now -> its parts
         try:
             if client is None:
                 own = cluster_client(None, workers)
@@ -644,7 +652,8 @@ def _run(
                     if "error" in result:  # failed in a way no retry mends (see _shard_task): not done
                         summary["failures"].append({"input": result["input"], "error": result["error"]})
                         continue
-                    _record_shard(record, done, summary, result)
+                    _record_shard(record, summary, result)
+                    written[result["index"]] = len(result["outputs"])
                     if on_progress is not None:
                         on_progress(result)
                 for future in batch:
@@ -658,6 +667,8 @@ def _run(
             record.flush()
             if own is not None:
                 own.__exit__(None, None, None)
+            # what an earlier attempt left past the parts of an input written now goes (as for one skipped)
+            summary["removed"] += [redact(name) for name in _drop_extra_parts(destination, written)]
             sweep_partials(destination, [index for index, _ in todo])
     summary["seconds"] = time.perf_counter() - started
     return summary
