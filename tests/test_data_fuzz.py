@@ -128,6 +128,50 @@ def test_a_mutated_manifest_loads_or_fails_with_our_error(corpus, data):
     ours_or_result(lambda: list(wds.WebDataset(urls, shardshuffle=False, manifest=str(path))))
 
 
+def _as_lines(records, data):
+    """``records`` (mutated: maybe not a list) one JSON a line, then maybe cut anywhere or given a non-UTF-8 byte."""
+    text = (
+        b"".join(json.dumps(r).encode() + b"\n" for r in records)
+        if isinstance(records, list)
+        else json.dumps(records).encode()
+    )
+    damage = data.draw(st.sampled_from(["none", "cut", "byte"]))
+    at = data.draw(st.integers(0, len(text)))
+    if damage == "cut":
+        return text[:at]
+    return text[:at] + b"\xff" + text[at:] if damage == "byte" else text
+
+
+@fuzz
+@given(data=st.data())
+def test_a_mutated_lines_description_opens_or_fails_with_our_error(corpus, data):
+    """A description of one shard a line, mutated, cut or garbled: it opens, or fails with our error."""
+    root, urls, docs = corpus
+    rows = docs["description"]["shardlist"]
+    header = {"format": "wds_cloud.wids-lines", "version": 1, "wids_version": 1, "records": len(rows)}
+    path = root / "desc-lines.json"
+    path.write_bytes(_as_lines(mutate([header, *rows], data), data))
+
+    def run():
+        ds = wds.ShardListDataset(str(path), transformations=[])
+        wds.shardlists.expand_source(str(path))
+        return (ds[0], ds[len(ds) - 1]) if len(ds) else None
+
+    ours_or_result(run)
+
+
+@fuzz
+@given(data=st.data())
+def test_a_mutated_lines_manifest_loads_or_fails_with_our_error(corpus, data):
+    """A manifest of one shard a line, mutated, cut or garbled: it loads and checks, or fails with our error."""
+    root, urls, docs = corpus
+    entries = docs["manifest"]["shards"]
+    header = {"format": "wds_cloud.manifest-lines", "version": 1, "records": len(entries)}
+    path = root / "manifest-lines.json"
+    path.write_bytes(_as_lines(mutate([header, *({"shard": k, **v} for k, v in entries.items())], data), data))
+    ours_or_result(lambda: list(wds.WebDataset(urls, shardshuffle=False, manifest=str(path))))
+
+
 @fuzz
 @given(data=st.data())
 def test_a_mutated_spec_loads_or_fails_with_our_error(corpus, data):

@@ -23,6 +23,7 @@ from typing import Any, Optional, Union
 from . import config, utils
 from .errors import ConfigError, MalformedDataError, redact
 from .io import datafile
+from .io.descriptions import ShardRows, read_json_spec
 from .io.security import UntrustedURL, resolve, resolve_base
 from .pytorch import IterableDataset
 from .resume.elastic import shard_order
@@ -185,8 +186,12 @@ def _spec_file_urls(url: str) -> list[str]:
 def read_spec_file(url: str, storage_options: Optional[dict] = None, fmt: Optional[str] = None) -> Any:
     """The parsed content of a ``.yaml``/``.yml``/``.json`` file at ``url`` (any URL), read as data: bounded in
     size and depth, a :class:`~wds_cloud.errors.MalformedDataError` naming the file when it is not one.  The
-    one reader of dataset spec files: ``WebDataset`` reads a spec once and hands the content on."""
-    return datafile.load(url, "dataset spec", storage_options, fmt=fmt)
+    one reader of dataset spec files: ``WebDataset`` reads a spec once and hands the content on.  A wids
+    description of one shard a line (:mod:`wds_cloud.io.descriptions`) is its header's fields, ``"shardlist"``
+    read as a stream when iterated."""
+    if (fmt or ("yaml" if re.search(r"\.ya?ml(\.gz)?$", url) else "json")) == "yaml":
+        return datafile.load(url, "dataset spec", storage_options, fmt="yaml")
+    return read_json_spec(url, storage_options)
 
 
 def index_counts(source: Any) -> Optional[dict]:
@@ -195,14 +200,17 @@ def index_counts(source: Any) -> Optional[dict]:
     Only an index whose every entry gives ``nsamples`` counts; URLs are resolved as
     :func:`expand_source` resolves them.
     """
-    if isinstance(source, str) and source.endswith(".json"):
-        spec = datafile.load(source, "dataset description")
+    if isinstance(source, str) and source.endswith((".json", ".jsonl")):
+        spec = read_json_spec(source, None, "dataset description")
         where = source
     elif isinstance(source, dict):
         spec, where = source, ""
     else:
         return None
     entries = spec.get("shardlist") if isinstance(spec, dict) else None
+    if isinstance(entries, ShardRows):  # one shard a line, every row checked: one pass over the file
+        base = resolve_base(spec["base"], where) if spec.get("base") is not None else None
+        return {str(resolve(row["url"], where, base=base)): row["nsamples"] for row in entries}
     if (
         not isinstance(entries, list)
         or not entries
@@ -220,7 +228,7 @@ def _spec_urls(spec: Any, where: str) -> list[str]:
     base: Optional[str] = None
     if isinstance(spec, dict) and "shardlist" in spec:  # wids index
         entries = spec["shardlist"]
-        datafile.need(isinstance(entries, list), shown, "'shardlist'", "must be a list of shards")
+        datafile.need(isinstance(entries, (list, ShardRows)), shown, "'shardlist'", "must be a list of shards")
         urls: list = []
         for i, e in enumerate(entries):
             u = e.get("url") if isinstance(e, dict) else e

@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import hashlib
 import io
-import json
 import multiprocessing
 import os
 import sys
@@ -24,6 +23,7 @@ from typing import IO, Any, Optional, Union, cast
 from ..errors import ConfigError, CorruptShardError, ShardNotFoundError, WdsCloudError, redact
 from ..index.formats import index_stream
 from ..index.sidecar import build_index, index_of, read_index, read_range, wids_description, write_index
+from ..io.descriptions import write_description
 from ..io.integrity import Hashing
 from ..io.jobrecord import HashingWriter, JobRecord
 from ..io.manifest import Manifest, load_manifest
@@ -297,9 +297,9 @@ def _index(args: argparse.Namespace) -> int:
             rows = list(
                 progress(pool.map(_index_one, urls, [output] * len(urls), [fmt] * len(urls)), len(urls), "index")
             )
-    if args.format == "wids":
-        with gopen(args.output, "wb") as out:
-            out.write(json.dumps(wids_description(rows, name=args.name, at=args.output), indent=1).encode("utf-8"))
+    lines = False
+    if args.format == "wids":  # the document wids reads, or one shard a line past what a document holds
+        lines = write_description(args.output, wids_description(rows, at=args.output)["shardlist"], name=args.name)
     if record is not None:
         record.written(args.output)
     emit(
@@ -311,6 +311,7 @@ def _index(args: argparse.Namespace) -> int:
                 for r in rs
             )
             + (f"\nwrote {redact(args.output)}" if args.format == "wids" else "")
+            + (" (one shard a line: wds_cloud reads it, upstream wids does not)" if lines else "")
         ),
     )
     return EXIT_OK
@@ -750,7 +751,9 @@ def add_parsers(commands: Any) -> None:
         "--format",
         choices=["json", "dali", "wids"],
         default="json",
-        help="json: ours (SHARD.index.json); dali: SHARD.idx; wids: one dataset description",
+        help="json: ours (SHARD.index.json); dali: SHARD.idx; wids: one dataset description (the JSON document "
+        "upstream wids reads; one shard a line when --output ends .jsonl or the document would be larger than "
+        "WDS_MAX_DATA_FILE_SIZE, as for 10^6 shards and more)",
     )
     index.add_argument(
         "--output", type=text("URL or path"), help="where to write (one shard's index, or the wids description)"
@@ -776,7 +779,8 @@ def add_parsers(commands: Any) -> None:
     verify.add_argument(
         "--write-manifest",
         type=text("URL or path"),
-        help="write a manifest of the shards (only when every one passes)",
+        help="write a manifest of the shards (only when every one passes); one shard a line when the name ends "
+        ".jsonl or one JSON document would be larger than WDS_MAX_DATA_FILE_SIZE",
     )
     jobs(verify, "read")
     on_dask(verify)

@@ -5,7 +5,9 @@ them with samplers that keep locality.
   its file formats (ours, DALI's ``.idx``, wids descriptions);
 - :mod:`~wds_cloud.index.sidecar`: writing and reading index files beside shards, freshness checks, ranged
   reads of one sample;
-- :mod:`~wds_cloud.index.dataset`: ``ShardListDataset`` and its samplers (webdataset's ``wids``).
+- :mod:`~wds_cloud.index.dataset`: ``ShardListDataset`` and its samplers (webdataset's ``wids``);
+- :mod:`~wds_cloud.index.held`: what a dataset keeps, bounded: its shards compactly, its loaded indexes up to
+  ``WDS_INDEX_CACHE`` bytes.
 
 ``import wds_cloud.index as index`` gives all of it."""
 

@@ -11,18 +11,20 @@ shards locally instead (the cheaper choice when most of each shard is read).
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import os
 import random
 import threading
 import urllib.parse
 import warnings
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Optional, Union
 
 from .. import config
-from ..errors import ConfigError, CorruptIndexError, ObjectChangedError, RandomAccessError, redact
-from ..io import datafile
+from ..errors import ConfigError, CorruptIndexError, MalformedDataError, ObjectChangedError, RandomAccessError, redact
+from ..io.descriptions import read_description
 from ..io.open import gopen, rewrite_url
 from ..io.resilient import StatsSink, TransferStats
 from ..io.security import resolve, resolve_base
@@ -30,7 +32,8 @@ from ..io.shardcache import ShardCache
 from ..io.urls import is_local
 from ..shardlists import expand_urls as _expand
 from ..tar.reader import open_decompressed
-from .formats import ShardIndex, parse_wids
+from .formats import ShardIndex, iter_wids, parse_wids
+from .held import IndexCache, ShardTable
 from .sidecar import check_fresh, index_of, read_range
 
 __all__ = [
@@ -61,14 +64,8 @@ def _resolve(base: Optional[str], url: str) -> str:
     )
 
 
-def _description(data: Any, where: str) -> dict:
-    datafile.need(
-        isinstance(data, dict),
-        redact(where),
-        "the description",
-        'must be a JSON object with "wids_version": 1 and a "shardlist"',
-    )
-    return data
+def _is_description(name: str) -> bool:
+    return name.endswith((".json", ".json.gz", ".jsonl", ".jsonl.gz"))
 
 
 def default_decoder(sample: dict, format: str = "PIL") -> dict:
@@ -141,38 +138,42 @@ class ShardListDataset(_Dataset):
         self.compressed = compressed
         self.spec: dict = dict(options or {})
         where = ""
-        if isinstance(shards, str) and (shards.endswith(".json") or shards.endswith(".json.gz")):
+        rows: Iterator[dict]
+        if isinstance(shards, str) and _is_description(shards):
             where = shards  # a description read from a file is data: its URLs are resolved against it, untrusted
-            self.spec = dict(
-                _description(datafile.load(shards, "dataset description", storage_options), shards), **(options or {})
-            )
-            shard_list = parse_wids(self.spec, shards)
+            spec = read_description(shards, storage_options)
+            rows = iter_wids(spec, shards)  # one row at a time: a description of one shard a line is streamed
+            # what stays is the description's own fields; its shards live compactly in self.shards
+            self.spec = dict({k: v for k, v in spec.items() if k not in ("shardlist", "datasets")}, **(options or {}))
         elif isinstance(shards, dict):
             self.spec = dict(shards, **(options or {}))
-            shard_list = parse_wids(self.spec)
+            rows = iter(parse_wids(self.spec))
         elif isinstance(shards, str):
-            shard_list = [{"url": u} for u in _expand(shards)]
+            rows = ({"url": u} for u in _expand(shards))
         else:
-            shard_list = [s if isinstance(s, dict) else {"url": os.fspath(s)} for s in shards]
-        if not shard_list:
-            raise ConfigError("ShardListDataset was given no shards")
+            rows = (s if isinstance(s, dict) else {"url": os.fspath(s)} for s in shards)
+        self.shards = ShardTable()
         if where:
             folder = (
                 resolve_base(base, where)
                 if base
-                else (resolve_base(self.spec["base"], where) if self.spec.get("base") is not None else None)
+                else (resolve_base(spec["base"], where) if spec.get("base") is not None else None)
             )
-            bases = {}
-            for s in shard_list:
-                if s.get("base") is not None and s["base"] not in bases:
-                    bases[s["base"]] = resolve_base(s["base"], where, "datasets[].base")
-            self.shards = [
-                dict(s, url=resolve(s["url"], where, base=bases.get(s.get("base"), folder))) for s in shard_list
-            ]
+            bases: dict[str, str] = {}
+            for s in rows:
+                own = s.get("base")
+                if own is not None and own not in bases:
+                    bases[own] = resolve_base(own, where, "datasets[].base")
+                self.shards.append(s, resolve(s["url"], where, base=bases.get(own, folder) if own else folder))
+            if not self.shards:
+                raise MalformedDataError(f"{redact(where)}: the dataset description lists no shards", field="shardlist")
             base = folder
         else:
             base = base or self.spec.get("base")
-            self.shards = [dict(s, url=_resolve(s.get("base", base), s["url"])) for s in shard_list]
+            for s in rows:
+                self.shards.append(s, _resolve(s.get("base", base), s["url"]))
+        if not self.shards:
+            raise ConfigError("ShardListDataset was given no shards")
         self.base = base
         self.dataset_name = dataset_name or self.spec.get("name")
         self.transformations = _transformations(transformations)
@@ -181,19 +182,21 @@ class ShardListDataset(_Dataset):
         self.cache_size = cache_size
         self.lru_size = lru_size
         self._stats = StatsSink()
-        self._indexes: dict[int, ShardIndex] = {}
+        self.index_cache = config.current().index_cache  # WDS_INDEX_CACHE, read when the dataset is made
+        self._indexes = IndexCache(self.index_cache)
         self._loaded: dict[int, bytes] = {}  # decompressed shards (compressed="load"), a few at a time
         self._held: dict[int, list] = {}  # local shards held open: [descriptor, (mtime, size) last checked]
         self._lock = threading.Lock()
         self._streamed: set[int] = set()  # shards that are not local files
-        self._cum: Optional[list[int]] = None
-        if all(isinstance(s.get("nsamples"), int) for s in self.shards):
-            self._set_lengths([s["nsamples"] for s in self.shards])
+        self._cum: Optional[array] = None
+        if self.shards.all_counted():
+            self._set_lengths(self.shards.counts["nsamples"])
 
     def __getstate__(self) -> dict:  # a spawned DataLoader worker starts without the decompressed shards
         state = dict(self.__dict__)
         state["_loaded"] = {}
         state["_held"] = {}  # descriptors stay in the process that opened them
+        state["_indexes"] = IndexCache(self.index_cache)  # a worker loads what it reads, within its own bound
         del state["_lock"]
         return state
 
@@ -203,14 +206,17 @@ class ShardListDataset(_Dataset):
 
     # lengths
     def _set_lengths(self, lengths: Sequence[int]) -> None:
-        self.lengths = list(lengths)
-        cum, total = [], 0
-        for n in self.lengths:
-            total += n
-            cum.append(total)
-        self._cum = cum
+        # 8 bytes a shard each (10^7 shards: 160 MB as lists of ints, 160 MB less as arrays)
+        self.lengths = array("q", lengths)
+        try:
+            self._cum = array("q", itertools.accumulate(self.lengths))
+        except OverflowError:
+            raise MalformedDataError(
+                "the shards' sample counts ('nsamples') add up to more than 2^63 samples; write the description again",
+                field="nsamples",
+            ) from None
 
-    def _ensure_lengths(self) -> list[int]:
+    def _ensure_lengths(self) -> array:
         if self._cum is None:
             self._set_lengths([len(self._index(i)) for i in range(len(self.shards))])
         assert self._cum is not None
@@ -234,10 +240,10 @@ class ShardListDataset(_Dataset):
         index = self._indexes.get(shard)
         if index is not None:
             return index
-        url = self.shards[shard]["url"]
+        url = self.shards.url(shard)
         index = index_of(url, self.storage_options)
-        expected = self.shards[shard].get("nsamples")
-        if isinstance(expected, int) and expected != len(index):
+        expected = self.shards.nsamples(shard)
+        if expected is not None and expected != len(index):
             raise CorruptIndexError(
                 f"{redact(url)}: the dataset description says {expected} samples ('nsamples'), "
                 f"the shard's index {len(index)}; write the description (or the index) again",
@@ -248,7 +254,7 @@ class ShardListDataset(_Dataset):
             from ..io.manifest import check_index
 
             check_index(self.manifest, index)
-        self._indexes[shard] = index
+        self._indexes.put(shard, index)
         return index
 
     def check_range(self, lo: int, hi: int) -> None:
@@ -414,10 +420,9 @@ class ShardListDataset(_Dataset):
         sample: dict = {"__key__": entry.key}
         for ext, offset, size, _ in entry.fields:
             sample["." + ext] = data[offset - start : offset - start + size]
-        desc = self.shards[shard]
-        sample["__dataset__"] = desc.get("dataset") or self.dataset_name
+        sample["__dataset__"] = self.shards.extra(shard, "dataset") or self.dataset_name
         sample["__index__"] = int(index)
-        sample["__shard__"] = desc["url"]
+        sample["__shard__"] = self.shards.url(shard)
         sample["__shardindex__"] = inner
         for transform in self.transformations:
             sample = transform(sample)

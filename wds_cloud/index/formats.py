@@ -26,8 +26,9 @@ from typing import IO, Any, Optional, cast
 
 from .. import config
 from ..errors import ConfigError, CorruptIndexError, CorruptShardError, MalformedDataError, redact
-from ..io.datafile import MAX_SHARD_BLOCKS, is_count, need
+from ..io.datafile import is_count, need
 from ..io.datafile import shown as shown_value
+from ..io.descriptions import ShardRows, check_shard
 from ..io.integrity import Hashing
 from ..io.open import gopen
 from ..io.urls import is_local, local_path, local_version, name_in_file
@@ -45,14 +46,13 @@ __all__ = [
     "parse_dali",
     "wids_description",
     "parse_wids",
+    "iter_wids",
     "split_name",
 ]
 
 FORMAT = "wds_cloud.index"
 VERSION = 1
 DALI_VERSION = "v1.2"
-#: the most samples a description may claim for one shard: each takes at least one block
-MOST_SAMPLES = MAX_SHARD_BLOCKS
 
 
 @contextlib.contextmanager
@@ -548,13 +548,20 @@ def parse_wids(data: Any, where: str = "<description>") -> list[dict]:
     """The shard list of a ``wids`` dataset description, every field checked (``url`` a string, ``nsamples`` and
     ``filesize`` whole and consistent: a sample spans at least one 512-byte tar block), with ``datasets``
     components flattened; URLs are returned as written (resolve them with :func:`wds_cloud.io.security.resolve`)."""
+    shards = list(iter_wids(data, where))
+    if not shards:
+        raise MalformedDataError(f"{redact(where)}: the dataset description lists no shards", field="shardlist")
+    return shards
+
+
+def iter_wids(data: Any, where: str = "<description>") -> Iterator[dict]:
+    """The shards of :func:`parse_wids` one at a time (a description of one shard a line is read as a stream)."""
     shown = redact(where)
     if not isinstance(data, dict) or data.get("wids_version") != 1:
         raise MalformedDataError(
             f'{shown}: not a wids dataset description (it needs "wids_version": 1 and a "shardlist")',
             field="wids_version",
         )
-    shards = list(_shardlist(data, shown, "shardlist"))
     components = data.get("datasets") or []
     need(isinstance(components, list), shown, "'datasets'", "must be a list of components")
     for c, component in enumerate(components):
@@ -566,47 +573,20 @@ def parse_wids(data: Any, where: str = "<description>") -> list[dict]:
             )
         base = component.get("base")
         need(base is None or isinstance(base, str), shown, f"datasets[{c}].base", "must be a URL or path")
-        shards.extend(_shardlist(component, shown, f"datasets[{c}].shardlist", base))
-    if not shards:
-        raise MalformedDataError(f"{shown}: the dataset description lists no shards", field="shardlist")
-    return shards
+    yield from _shardlist(data, shown, "shardlist")
+    for c, component in enumerate(components):
+        yield from _shardlist(component, shown, f"datasets[{c}].shardlist", component.get("base"))
 
 
 def _shardlist(data: dict, shown: str, field: str, base: Optional[str] = None) -> Iterator[dict]:
     entries = data.get("shardlist") or []
+    if isinstance(entries, ShardRows):  # the lines form: read as a stream, each row checked as it is read
+        for shard in entries:
+            yield dict(shard, base=base) if base else shard
+        return
     need(isinstance(entries, list), shown, f"'{field}'", "must be a list of shards")
     for i, shard in enumerate(entries):
-        name = f"{field}[{i}]"
-        need(isinstance(shard, dict), shown, name, 'must be a mapping with "url" and "nsamples"')
-        need(
-            isinstance(shard.get("url"), str) and bool(shard["url"]),
-            shown,
-            f"{name}.url",
-            "must be a URL or path (a string)",
-        )
-        need(
-            is_count(shard.get("nsamples"), MOST_SAMPLES),
-            shown,
-            f"{name}.nsamples",
-            "must be a whole number of "
-            f"samples (at most {MOST_SAMPLES}: a shard of a petabyte), not {shown_value(shard.get('nsamples'))}",
-        )
-        size = shard.get("filesize")
-        need(
-            size is None or is_count(size, MOST_SAMPLES * 512),
-            shown,
-            f"{name}.filesize",
-            f"must be a whole number of bytes, not {shown_value(size)}",
-        )
-        if size is not None:
-            need(
-                shard["nsamples"] * 512 <= size,
-                shown,
-                f"{name}.nsamples",
-                f"claims {shard['nsamples']} samples in {size} bytes (each takes at least 512)",
-            )
-        for key in ("md5sum", "dataset"):
-            need(shard.get(key) is None or isinstance(shard[key], str), shown, f"{name}.{key}", "must be a string")
+        check_shard(shard, shown, f"{field}[{i}]")
         item = dict(shard)
         if base:
             item["base"] = base

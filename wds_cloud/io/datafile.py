@@ -99,11 +99,26 @@ def read_bytes(url: str, what: str, storage_options: Optional[dict] = None, max_
     return data
 
 
+class _Raw(io.RawIOBase):
+    """A stream that has ``readinto`` (a remote one) as the raw stream of an ``io.BufferedReader``."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self._stream.readinto(buffer)
+
+
 @contextlib.contextmanager
 def _stream(url: str, storage_options: Optional[dict]) -> Iterator[Any]:
     from .open import gopen
 
     with gopen(url, "rb", storage_options=storage_options) as raw:
+        if not hasattr(raw, "readline"):  # a remote stream reads into buffers only: lines come from a buffer
+            raw = io.BufferedReader(_Raw(raw), 1 << 16)
         if not url.endswith(".gz"):
             yield raw
             return

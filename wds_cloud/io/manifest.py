@@ -10,6 +10,15 @@ A manifest is JSON (``docs/indexes.md``)::
 is read (no second read) and a mismatch raises :class:`~wds_cloud.errors.IntegrityError` (URL,
 expected, actual) when its last sample has been read; a shard missing from the manifest is an
 error unless ``allow_missing=True``.
+
+A manifest of more shards than one JSON document holds under ``WDS_MAX_DATA_FILE_SIZE`` (about 359k at the
+default 64 MiB), or written to a name ending ``.jsonl``, takes the lines form (:mod:`~wds_cloud.io.linesfile`)::
+
+    {"format": "wds_cloud.manifest-lines", "version": 1, "records": 2}
+    {"shard": "train-0000.tar", "size": 1048576, "samples": 1000, "sha256": "9f86d0..."}
+    {"shard": "train-0001.tar", ...}
+
+read as a stream, the size cap applying to a line; :func:`load_manifest` reads both forms.
 """
 
 from __future__ import annotations
@@ -17,8 +26,9 @@ from __future__ import annotations
 import json
 from typing import Any, Optional, Union
 
+from .. import config
 from ..errors import IntegrityError, MalformedDataError, redact
-from . import datafile
+from . import datafile, linesfile
 from .integrity import Verifying, mismatch
 from .open import gopen
 from .urls import folder_of, location_of, relative_to_folder, resolved
@@ -26,6 +36,7 @@ from .urls import folder_of, location_of, relative_to_folder, resolved
 __all__ = ["Manifest", "load_manifest", "Verifying", "check_index", "FORMAT"]
 
 FORMAT = "wds_cloud.manifest"
+LINES_FORMAT = "wds_cloud.manifest-lines"
 
 
 class Manifest:
@@ -88,10 +99,27 @@ class Manifest:
             shards = {relative_to_folder(location_of(name, own), folder): entry for name, entry in self.shards.items()}
         return {"format": FORMAT, "version": 1, "shards": shards}
 
-    def write(self, url: str, storage_options: Optional[dict] = None) -> None:
-        """Write the manifest to ``url``, naming the shards beside or below it relative to it."""
+    def write(self, url: str, storage_options: Optional[dict] = None, lines: Optional[bool] = None) -> bool:
+        """Write the manifest to ``url``, naming the shards beside or below it relative to it; returns whether
+        the lines form was written (``lines`` None: for a name ending ``.jsonl``, or when the document would be
+        larger than ``WDS_MAX_DATA_FILE_SIZE``, which its readers would refuse)."""
+        document = self.to_json(relative_to=url)
+        shards = document["shards"]
+        text = None
+        if not (
+            lines or (lines is None and (linesfile.lines_wanted(url) or not linesfile.fits_document(shards.values())))
+        ):
+            text = json.dumps(document, indent=1, sort_keys=True).encode("utf-8")
+            if lines is None and len(text) > config.current().max_data_file_size:
+                text = None  # the estimate was short: a document its readers would refuse is never written
+        if text is None:
+            names = sorted(shards)
+            rows = ({"shard": name, **shards[name]} for name in names)
+            linesfile.write_lines(url, {"format": LINES_FORMAT}, rows, len(names), storage_options)
+            return True
         with gopen(url, "wb", storage_options=storage_options) as out:
-            out.write(json.dumps(self.to_json(relative_to=url), indent=1, sort_keys=True).encode("utf-8"))
+            out.write(text)
+        return False
 
     def __len__(self) -> int:
         return len(self.shards)
@@ -107,7 +135,10 @@ def load_manifest(
     where = "<manifest>"
     if isinstance(source, str):
         where = source
-        source = datafile.load(source, "manifest", storage_options)
+        opened = linesfile.open_json(source, "manifest", (LINES_FORMAT,), storage_options)
+        if opened.records is not None:
+            return _from_lines(source, opened.records, allow_missing)
+        source = opened.document
     shown = redact(where)
     if not isinstance(source, dict) or source.get("format") != FORMAT or not isinstance(source.get("shards"), dict):
         raise MalformedDataError(
@@ -122,12 +153,36 @@ def load_manifest(
     return manifest
 
 
+def _from_lines(url: str, records: Any, allow_missing: bool) -> Manifest:
+    """A manifest of one shard a line, read as a stream: every line checked, a shard named twice refused."""
+    shown = redact(url)
+    shards: dict[str, dict] = {}
+    for number, record in records:
+        name = record.pop("shard", None)
+        datafile.need(
+            isinstance(name, str) and bool(name),
+            shown,
+            f"line {number} 'shard'",
+            "must be the shard's URL or path (a string)",
+            _FIX,
+        )
+        _check_entry(name, record, shown, f"line {number}")
+        datafile.need(
+            name not in shards, shown, f"line {number}", f"names the shard {datafile.shown(name)} again", _FIX
+        )
+        shards[name] = record
+    manifest = Manifest(None, allow_missing, base=url)
+    manifest.shards = shards
+    return manifest
+
+
 _HEX = {"sha256": 64, "md5": 32}
+_FIX = "write the manifest again with `wds-cloud verify SPEC --write-manifest FILE`"
 
 
-def _check_entry(url: str, entry: Any, shown: str) -> None:
-    fix = "write the manifest again with `wds-cloud verify SPEC --write-manifest FILE`"
-    field = f"shards[{datafile.shown(url)}]"
+def _check_entry(url: str, entry: Any, shown: str, field: Optional[str] = None) -> None:
+    fix = _FIX
+    field = field or f"shards[{datafile.shown(url)}]"
     datafile.need(
         isinstance(entry, dict),
         shown,
