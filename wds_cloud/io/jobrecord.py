@@ -66,8 +66,8 @@ import os
 import re
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Optional
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from typing import Any, Optional, cast
 
 from .. import config
 from ..errors import ConfigError, ShardNotFoundError, holds_credential, redact
@@ -486,13 +486,13 @@ class JobRecord:
 
     # -- reading it
 
-    def _lines(self) -> Iterator[tuple[int, bytes]]:
+    def _lines(self) -> Generator[tuple[int, bytes], None, None]:
         """The record's lines, read as a stream; ShardNotFoundError when there is none.  A local record is read
         only when it is a regular file (a FIFO, a device or a link there is refused, never read; the file
         backend refuses one put there in between)."""
         if is_local(self.url):
             open_regular(local_path(self.url), "the job record").close()
-        lines = datafile.iter_lines(self.url, "job record")
+        lines = cast(Generator[tuple[int, bytes], None, None], datafile.iter_lines(self.url, "job record"))
         try:
             yield from lines
         except ShardNotFoundError as exc:
@@ -622,7 +622,7 @@ class JobRecord:
     def _entry(self, doc: dict, index: Optional[int], number: int) -> Output:
         size, digest = doc["size"], doc["sha256"]
         datafile.need(
-            datafile.is_count(size, MAX_OUTPUT_SIZE) and isinstance(digest, str) and _SHA256.fullmatch(digest),
+            datafile.is_count(size, MAX_OUTPUT_SIZE) and isinstance(digest, str) and bool(_SHA256.fullmatch(digest)),
             f"{redact(self.url)} line {number}",
             "'size' and 'sha256'",
             f"must be the output's size (0 to {MAX_OUTPUT_SIZE}) and SHA-256 (64 hex digits), not "
@@ -676,7 +676,7 @@ class JobRecord:
         done = self._done if self._done is not None else {}
         datafile.need(index not in done, where, "'done'", f"lists input {index} a second time", fix)
         datafile.need(
-            isinstance(outputs, list) and outputs and self._names.pattern,
+            isinstance(outputs, list) and bool(outputs) and self._names.pattern,
             where,
             "'outputs'",
             f"must list the outputs of input {index} (one or more)",

@@ -587,11 +587,11 @@ def _run(
     with ThreadPoolExecutor(max_workers=16) as pool:  # a rerun reads back what it keeps: many at once
         for start in range(0, len(urls), _KEEP_BATCH):  # a batch at a time: pending reads stay bounded
             batch = range(start, min(start + _KEEP_BATCH, len(urls)))
-            finished = {index: record.finished(index) for index in batch}
-            names = [name for index in batch for name in finished[index] or ()]
+            listed = {index: record.finished(index) for index in batch}
+            names = [name for index in batch for name in listed[index] or ()]
             kept = dict(zip(names, pool.map(record.keep, names)))
             for index in batch:
-                outputs = finished[index]
+                outputs = listed[index]
                 if outputs and all(kept[output] for output in outputs):
                     skipped += 1
                     kept_parts[index] = len(outputs)
