@@ -654,7 +654,7 @@ def _convert_on_dask(args: argparse.Namespace, docs: list[str]) -> dict:
             }
             for future in progress(distributed.as_completed(futures), len(todo), "convert"):
                 result = future.result()
-                record.outputs[result["name"]] = {"size": result["size"], "sha256": result["sha256"]}
+                record.add(result["name"], result["size"], result["sha256"])
                 record.save_soon()
                 for key in ("images", "dropped_images", "skipped_documents"):
                     counts[key] += result[key]
