@@ -25,7 +25,7 @@ HUGE = "s3://bucket/train/shard-{0000000..9999999}.tar"
 
 def _share(shards, rank, world, worker, workers):
     """The URLs one rank and worker read of one pass, split as split_by_node and split_by_worker split it."""
-    return shards.run().split(rank, world).split(worker, workers)
+    return shards.run().split(lambda: (rank, world)).split(lambda: (worker, workers))
 
 
 def test_a_worker_of_ten_million_shards_holds_a_few_kilobytes():
@@ -42,7 +42,7 @@ def test_a_worker_of_ten_million_shards_holds_a_few_kilobytes():
 
 
 def test_a_worker_computes_only_its_own_positions(monkeypatch):
-    """A worker's share of a pass computes one order position and one name per shard it yields, no more."""
+    """split_by_node then split_by_worker compute one order position and one name per shard the worker yields."""
     calls = {"order": 0, "name": 0}
     at, name = ShardOrder._at, BraceNames.__getitem__
 
@@ -56,13 +56,14 @@ def test_a_worker_computes_only_its_own_positions(monkeypatch):
 
     monkeypatch.setattr(ShardOrder, "_at", counted_at)
     monkeypatch.setattr(BraceNames, "__getitem__", counted_name)
+    monkeypatch.setattr(wds.utils, "pytorch_worker_info", lambda group=None: (3, 16, 1, 4))
     shards = SimpleShardList("t-{00000..99999}.tar", seed=3)
-    mine = list(_share(shards, 3, 16, 1, 4))
+    mine = list(wds.split_by_worker(wds.split_by_node(shards.run())))
     assert len(mine) == len(range(100_000)[3::16][1::4]) and calls == {"order": len(mine), "name": len(mine)}
 
 
 def test_a_split_pass_gives_what_islice_gives():
-    """ShardPass.split(first, step) yields exactly islice(pass, first, None, step), also after items were taken."""
+    """ShardPass.split yields exactly what islice(pass, first, None, step) would; a pass under way is islice()d."""
     for seed in (None, 5):
         shards = SimpleShardList("t-{000..122}.tar", seed=seed)
         shards.set_epoch(2)
@@ -76,7 +77,7 @@ def test_a_split_pass_gives_what_islice_gives():
         shards.set_epoch(2)
         started = shards.run()
         first = [next(started)["url"] for _ in range(4)]
-        assert first + [u["url"] for u in islice(started.split(0, 1), 3)] == whole[:7]
+        assert first + [u["url"] for u in wds.split_by_node(started)] == whole
     assert isinstance(SimpleShardList(["a", "b"]).run(), ShardPass)
 
 

@@ -531,23 +531,25 @@ class ShardPass:
     (``begin()`` gives it when the first is asked for: the epoch advances then, as a generator's would).
 
     :meth:`split` is how ``split_by_node`` and ``split_by_worker`` take their share: a stride over the
-    positions, so a worker of 4,096 x 8 walks its own 1/32,768 of the order, not all of it.
+    positions, decided when the pass begins (as a generator asks who it runs in at its first item), so a
+    worker of 4,096 x 8 walks its own 1/32,768 of the order, not all of it.
     """
 
-    __slots__ = ("_urls", "_begin", "_order", "_positions", "_given")
+    __slots__ = ("_urls", "_begin", "_order", "_positions", "_given", "_splits")
 
     def __init__(
         self,
         urls: Sequence[str],
         begin: Callable[[], Sequence[int]],
         positions: range,
-        order: Optional[Sequence[int]] = None,
+        splits: tuple = (),
     ) -> None:
         self._urls = urls
         self._begin = begin
-        self._order = order  # (None until the pass begins)
+        self._order: Optional[Sequence[int]] = None  # (None until the pass begins)
         self._positions = positions
         self._given = 0
+        self._splits = splits  # functions giving (first, step) of the share, asked when the pass begins
 
     def __iter__(self) -> ShardPass:
         return self
@@ -556,16 +558,26 @@ class ShardPass:
         order = self._order
         if order is None:
             order = self._order = self._begin()
+            for share in self._splits:
+                first, step = share()
+                self._positions = self._positions[first::step]
         if self._given >= len(self._positions):
             raise StopIteration
         position = self._positions[self._given]
         self._given += 1
         return {"url": self._urls[order[position]]}
 
-    def split(self, first: int, step: int) -> ShardPass:
-        """Every ``step``-th of the items not given yet, from the ``first``-th (``islice(self, first, None, step)``)."""
-        rest = ShardPass(self._urls, self._begin, self._positions[self._given + first :: step], self._order)
-        self._given = len(self._positions)  # this pass is the share's now
+    @property
+    def begun(self) -> bool:
+        return self._order is not None
+
+    def split(self, share: Callable[[], tuple[int, int]]) -> ShardPass:
+        """The pass of every ``step``-th item from the ``first``-th, ``(first, step) = share()`` asked when it begins
+        (what ``islice(self, first, None, step)`` gives); for a pass not begun (see :attr:`begun`)."""
+        if self.begun:
+            raise ValueError("a shard pass is split before its first item; islice() a pass under way")
+        rest = ShardPass(self._urls, self._begin, self._positions, self._splits + (share,))
+        self._positions = range(0)  # this pass is the share's now
         return rest
 
 
@@ -573,13 +585,25 @@ def split_by_node(src: Iterable, group: Any = None) -> Iterator:
     """Every ``world_size``-th item starting at ``rank`` (torch.distributed, or RANK/WORLD_SIZE)."""
     if isinstance(src, Share):
         return src  # an elastic resume's share: split already
+    if isinstance(src, ShardPass) and not src.begun:
+        return src.split(functools.partial(_node_share, group))
     return _split_by_node(src, group)
+
+
+def _node_share(group: Any) -> tuple[int, int]:
+    rank, world_size, _, _ = utils.pytorch_worker_info(group=group)
+    return (rank, world_size) if world_size > 1 else (0, 1)
+
+
+def _worker_share() -> tuple[int, int]:
+    _, _, worker, num_workers = utils.pytorch_worker_info()
+    return (worker, num_workers) if num_workers > 1 else (0, 1)
 
 
 def _split_by_node(src: Iterable, group: Any) -> Iterator:
     rank, world_size, _, _ = utils.pytorch_worker_info(group=group)
     if world_size > 1:
-        yield from src.split(rank, world_size) if isinstance(src, ShardPass) else islice(src, rank, None, world_size)
+        yield from islice(src, rank, None, world_size)
     else:
         yield from src
 
@@ -604,15 +628,15 @@ def split_by_worker(src: Iterable) -> Iterator:
     """Every ``num_workers``-th item starting at this DataLoader worker's id."""
     if isinstance(src, Share):
         return src
+    if isinstance(src, ShardPass) and not src.begun:
+        return src.split(_worker_share)
     return _split_by_worker(src)
 
 
 def _split_by_worker(src: Iterable) -> Iterator:
     _, _, worker, num_workers = utils.pytorch_worker_info()
     if num_workers > 1:
-        yield from (
-            src.split(worker, num_workers) if isinstance(src, ShardPass) else islice(src, worker, None, num_workers)
-        )
+        yield from islice(src, worker, None, num_workers)
     else:
         yield from src
 
