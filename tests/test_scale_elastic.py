@@ -340,3 +340,27 @@ def test_a_level_changed_in_place_is_dealt_again(monkeypatch):
         ]
         assert deals.calls == 5  # once more for rank 1, once for each other rank
     assert all(gone not in share["pending"] for share in shares)
+
+
+@pytest.mark.parametrize(
+    "flat",
+    [
+        [0, True],
+        [0, 1, -1, 1],
+        [0, 0],
+        [0, 1.0],
+        [2**41, 1],
+        [0, 2**42],
+        [2**40, 2**40, 1, 1],
+        [0, 1, "1", 1],
+        [0, 1, 5],
+    ],
+)
+def test_buffered_ranges_checked_in_bulk_refuse_what_the_loop_refuses(flat):
+    """The bulk check of a shard's buffered ranges (taken when every pair is valid) lets nothing through that the
+    pair-by-pair check refuses: a bool, a negative gap, an empty or fractional length, samples past any shard."""
+    with pytest.raises(StateMismatchError) as refused:
+        elastic._check_buffered(["id", "s3://b/x.tar", False, flat])
+    assert refused.value.field == "buffered"
+    elastic._check_buffered(["id", "s3://b/x.tar", False, [0, 1, 3, 2]])  # and takes a valid one
+    assert consistency._end([0, 1, 3, 2]) == 6

@@ -101,6 +101,9 @@ def check_work(
 
 
 def _end(flat: list) -> int:
+    """The block after the last buffered sample of a shard's ranges (gaps and lengths, see ``encode_buffered``)."""
+    if flat and min(flat[0::2]) >= 0:  # no repeat: each sample ends after the one before, so the ends add up
+        return sum(flat)
     ranges = decode_ranges(flat)
     return max((first + blocks for first, blocks in ranges), default=0)
 
