@@ -403,6 +403,7 @@ class JobRecord:
             )
         self.destination = destination
         self.url = record_url(destination)
+        self._where = redact(self.url)
         self.tool = tool
         self.inputs = [redact(u) for u in inputs]
         self.settings = dict(settings)
@@ -519,7 +520,7 @@ class JobRecord:
         return datafile.parse_json(data, redact(self.url), "job record")
 
     def _fix(self) -> str:
-        return f"remove {redact(self.url)} and the outputs it lists, or choose another destination"
+        return f"remove {self._where} and the outputs it lists, or choose another destination"
 
     def _load(self) -> None:
         try:
@@ -619,16 +620,20 @@ class JobRecord:
                     number,
                 )
 
+    def _bad(self, number: int, field: str, problem: str) -> None:
+        """Our error naming the record, line ``number`` and ``field`` (built only when a check fails: a record of
+        10^7 lines is checked without composing 10^7 messages)."""
+        datafile.need(False, f"{self._where} line {number}", field, problem, self._fix())
+
     def _entry(self, doc: dict, index: Optional[int], number: int) -> Output:
         size, digest = doc["size"], doc["sha256"]
-        datafile.need(
-            datafile.is_count(size, MAX_OUTPUT_SIZE) and isinstance(digest, str) and bool(_SHA256.fullmatch(digest)),
-            f"{redact(self.url)} line {number}",
-            "'size' and 'sha256'",
-            f"must be the output's size (0 to {MAX_OUTPUT_SIZE}) and SHA-256 (64 hex digits), not "
-            f"{datafile.shown(size)} and {datafile.shown(digest)}",
-            self._fix(),
-        )
+        if not (datafile.is_count(size, MAX_OUTPUT_SIZE) and isinstance(digest, str) and _SHA256.fullmatch(digest)):
+            self._bad(
+                number,
+                "'size' and 'sha256'",
+                f"must be the output's size (0 to {MAX_OUTPUT_SIZE}) and SHA-256 (64 hex digits), not "
+                f"{datafile.shown(size)} and {datafile.shown(digest)}",
+            )
         return Output(size, digest, index)
 
     def _own_base(self, base: Any, index: Optional[int], part: int, number: int) -> str:
@@ -642,54 +647,37 @@ class JobRecord:
         else:
             found = names.number(base)
             ok = found is not None and found[1] == part and (index is None or found[0] == index)
-        if index is None:
-            wanted = f"one of this job's output names ({redact(names.base)} with a number, in its folder)"
-        else:
-            wanted = f"output {part} of input {index}: {_part_name(names.base % index, part)}"
-        datafile.need(
-            ok,
-            f"{redact(self.url)} line {number}",
-            "'output'",
-            f"names {datafile.shown(base)}, which is not {wanted}",
-            self._fix(),
-        )
-        datafile.need(
-            base not in self._entries,
-            f"{redact(self.url)} line {number}",
-            "'output'",
-            f"lists {datafile.shown(base)} a second time (each output is listed once)",
-            self._fix(),
-        )
+        if not ok:
+            if index is None:
+                wanted = f"one of this job's output names ({redact(names.base)} with a number, in its folder)"
+            else:
+                wanted = f"output {part} of input {index}: {_part_name(names.base % index, part)}"
+            self._bad(number, "'output'", f"names {datafile.shown(base)}, which is not {wanted}")
+        if base in self._entries:
+            self._bad(number, "'output'", f"lists {datafile.shown(base)} a second time (each output is listed once)")
         return base
 
     def _load_done(self, doc: dict, number: int) -> None:
-        where, fix = f"{redact(self.url)} line {number}", self._fix()
         index, outputs = doc["done"], doc["outputs"]
-        datafile.need(
-            datafile.is_count(index) and index < len(self.inputs),
-            where,
-            "'done'",
-            f"names input {datafile.shown(index)}, which this job of {len(self.inputs)} inputs does not have "
-            "(inputs are numbered 0, 1, ... as given)",
-            fix,
-        )
-        done = self._done if self._done is not None else {}
-        datafile.need(index not in done, where, "'done'", f"lists input {index} a second time", fix)
-        datafile.need(
-            isinstance(outputs, list) and bool(outputs) and self._names.pattern,
-            where,
-            "'outputs'",
-            f"must list the outputs of input {index} (one or more)",
-            fix,
-        )
-        for part, item in enumerate(outputs):
-            datafile.need(
-                isinstance(item, dict) and set(item) == {"output", "size", "sha256"},
-                where,
-                "'outputs'",
-                f'must list each output as {{"output", "size", "sha256"}}, not {datafile.shown(item)}',
-                fix,
+        if not (datafile.is_count(index) and index < len(self.inputs)):
+            self._bad(
+                number,
+                "'done'",
+                f"names input {datafile.shown(index)}, which this job of {len(self.inputs)} inputs does not have "
+                "(inputs are numbered 0, 1, ... as given)",
             )
+        done = self._done if self._done is not None else {}
+        if index in done:
+            self._bad(number, "'done'", f"lists input {index} a second time")
+        if not (isinstance(outputs, list) and outputs and self._names.pattern):
+            self._bad(number, "'outputs'", f"must list the outputs of input {index} (one or more)")
+        for part, item in enumerate(outputs):
+            if not (isinstance(item, dict) and set(item) == {"output", "size", "sha256"}):
+                self._bad(
+                    number,
+                    "'outputs'",
+                    f'must list each output as {{"output", "size", "sha256"}}, not {datafile.shown(item)}',
+                )
             base = self._own_base(item["output"], index, part, number)
             self._entries[base] = self._entry(item, index, number)
         done[index] = len(outputs)
