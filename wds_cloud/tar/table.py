@@ -240,7 +240,18 @@ class Recorder:
         chunks, self._chunks = self._chunks, []
         names = "\0".join(chunks)  # the chunks end where the next begins: one NUL between two, as in a chunk
         del chunks
-        return MemberTable._of(names, self._starts, self._heads, self._sizes)
+        # the arrays as long as they are (extended a flush at a time, they hold room for more): a table takes the
+        # bytes it took when made at once, so that as many fit the bound
+        starts, self._starts = _exact(self._starts), array("q")
+        heads, self._heads = _exact(self._heads), array("q")
+        sizes, self._sizes = _exact(self._sizes), array("q")
+        return MemberTable._of(names, starts, heads, sizes)
+
+
+def _exact(values: array) -> array:
+    """``values``, or a copy without room for more (one array at a time: the copy of one is all that is made)."""
+    exact = array(values.typecode, values)
+    return exact if sys.getsizeof(exact) < sys.getsizeof(values) else values
 
 
 #: a file modified or changed less than this many seconds ago keeps no table: on a file system whose clock has a
