@@ -285,12 +285,13 @@ def draw(results: dict, command: str) -> None:
     for name, caption in captions.items():
         lines += [f"## {titles[name]}", "", f"![{titles[name]}](img/{name}.png)", "", f"*{caption}*", ""]
     kept = ""
-    if os.path.exists(PAGE):  # the section bench_peers.py writes (between its markers) stays
+    if os.path.exists(PAGE):  # the sections other benchmarks write (between their markers) stay
         with open(PAGE) as f:
             old = f.read()
-        begin, end = "<!-- peers: begin -->", "<!-- peers: end -->"
-        if begin in old and end in old:
-            kept = old[old.index(begin) : old.index(end) + len(end)] + "\n"
+        for section in ("peers", "scale"):  # bench_peers.py, bench_scale.py
+            begin, end = f"<!-- {section}: begin -->", f"<!-- {section}: end -->"
+            if begin in old and end in old:
+                kept += ("\n" if kept else "") + old[old.index(begin) : old.index(end) + len(end)] + "\n"
     with open(PAGE, "w") as f:
         f.write("\n".join(lines) + ("\n" + kept if kept else ""))
 
