@@ -93,6 +93,7 @@ def _scan(directory: str) -> list[tuple[str, int, int]]:
     found = []
     for root, dirs, names in os.walk(directory):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
+        prefix = root[len(directory) + 1 :] + "/" if root != directory else ""  # no relpath per entry: the walk is long
         for name in names:
             if not name.endswith(".meta"):
                 continue
@@ -107,7 +108,7 @@ def _scan(directory: str) -> list[tuple[str, int, int]]:
                     continue
                 st = None  # a fill that is about to write: counted at its announced size, looked at first
             size = max(st.st_size if st else 0, _meta_size(meta))
-            found.append((os.path.relpath(path, directory), size, st.st_atime_ns if st else 0))
+            found.append((prefix + name[:-5], size, st.st_atime_ns if st else 0))
     return found
 
 
