@@ -49,7 +49,7 @@ __all__ = ["MemberTable", "Recorder", "lookup", "keep", "drop", "forget", "hande
 class MemberTable:
     """Where the plain members of one shard lie: names, header offsets and sizes, in order."""
 
-    __slots__ = ("names", "name_starts", "heads", "sizes", "gaps", "largest", "nbytes", "_keyed", "_held_as")
+    __slots__ = ("names", "name_starts", "heads", "sizes", "gaps", "largest", "nbytes", "_keyed", "held_as")
 
     def __init__(self, names: list, heads: list, sizes: list) -> None:
         # no name holds a NUL: a tar name ends at its first one
@@ -73,7 +73,7 @@ class MemberTable:
         self.nbytes = sum(map(sys.getsizeof, (self.names, starts, self.heads, self.sizes, self.gaps)))
         self._keyed: Any = None  # not made yet; False: the names do not allow it (see keyed)
         #: the identity this table is held under (see keep): whether it is still held is one lookup, not a walk
-        self._held_as: Any = None
+        self.held_as: Any = None
 
     def __len__(self) -> int:
         return len(self.heads)
@@ -86,7 +86,7 @@ class MemberTable:
         self.names, self.name_starts, self.heads, self.sizes, self.gaps, self.largest = state
         self.nbytes = sum(map(sys.getsizeof, (self.names, self.name_starts, self.heads, self.sizes, self.gaps)))
         self._keyed = None
-        self._held_as = None  # held under the identity the process that takes it keeps it under (adopt)
+        self.held_as = None  # held under the identity the process that takes it keeps it under (adopt)
 
     def keyed(self) -> Optional[tuple[list, list]]:
         """``(keys, field names)``, one entry per member, for the default key rule with
@@ -323,7 +323,7 @@ def keep(identity: Any, recorder: Recorder) -> None:
         if old is not None:
             _held -= old.nbytes
         _tables[identity] = table
-        table._held_as = identity
+        table.held_as = identity
         _kept_by[identity] = os.getpid()
         _held += table.nbytes
         _shed(limit)
@@ -354,7 +354,7 @@ def adopt(tables: Any) -> None:
             if not isinstance(table, MemberTable) or not isinstance(identity, tuple) or identity in _tables:
                 continue
             _tables[identity] = table
-            table._held_as = identity
+            table.held_as = identity
             _held += table.nbytes
             taken.append(table)
         _shed(limit)
@@ -367,7 +367,7 @@ def adopt(tables: Any) -> None:
 
 def _is_held(table: MemberTable) -> bool:
     """Whether ``table`` is held still: one lookup under the identity it was kept under, not a walk."""
-    return _tables.get(table._held_as) is table
+    return _tables.get(table.held_as) is table
 
 
 def _shed(limit: int) -> None:
