@@ -51,3 +51,27 @@ def test_damaged_gzip_is_named(tmp_path):
     path.write_bytes(b"not gzip at all")
     with pytest.raises(MalformedDataError, match="not valid gzip"):
         list(datafile.iter_lines(str(path), "job record"))
+
+
+def test_reading_a_small_data_file_sets_aside_a_piece_not_the_cap(tmp_path):
+    """A 10-byte file read under the 64 MiB cap costs a piece of a MiB or two, not the cap (it cost 67 MB)."""
+    import tracemalloc
+
+    path = tmp_path / "i.json"
+    path.write_text('{"a": 1}')
+    tracemalloc.start()
+    try:
+        assert datafile.read_bytes(str(path), "index") == b'{"a": 1}'
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20
+
+
+def test_a_gz_name_is_written_gzipped_and_reads_back(tmp_path):
+    """datafile.writing gzips a .gz name, as every reader of data files reads one."""
+    path = str(tmp_path / "d.jsonl.gz")
+    with datafile.writing(path) as out:
+        out.write(b'{"a":1}\n{"b":2}\n')
+    assert gzip.decompress((tmp_path / "d.jsonl.gz").read_bytes()) == b'{"a":1}\n{"b":2}\n'
+    assert [n for n, _ in datafile.iter_lines(path, "record")] == [1, 2]

@@ -223,3 +223,14 @@ def test_every_line_of_a_lines_manifest_is_checked(tmp_path, body, words):
     with pytest.raises(MalformedDataError) as caught:
         load_manifest(str(path))
     assert words in str(caught.value) and "m.json" in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["d.jsonl", "d.json", "d.jsonl.gz"])
+def test_webdataset_reads_a_description_of_any_spelling(tmp_path, name):
+    """WebDataset and the shard lists take a description named .jsonl (or gzipped) as a spec, not as a shard."""
+    _shards(tmp_path, 3)
+    out = str(tmp_path / name)
+    with redirect_stdout(io.StringIO()):
+        assert cli(["index", str(tmp_path / "s-{0000..0002}.tar"), "--format", "wids", "--output", out]) == 0
+    assert len(list(wds.WebDataset(out, shardshuffle=False))) == 6
+    assert len(wds.SimpleShardList(out)) == 3

@@ -162,12 +162,21 @@ def expand_urls(urls: Union[str, Iterable[str]], limit: Optional[int] = None, wh
     return out
 
 
+#: the names of dataset spec files (a wids description, one document or one shard a line; a YAML spec), gzipped or not
+_SPEC_FILE = re.compile(r"\.(json|jsonl|ya?ml)(\.gz)?$")
+
+
+def is_spec_file(source: Any) -> bool:
+    """Whether ``source`` names a dataset spec file rather than shards: the one rule, for every reader."""
+    return isinstance(source, str) and _SPEC_FILE.search(source) is not None
+
+
 def expand_source(source: Any, max_urls: int = int(1e9)) -> list[str]:
     """The URLs a dataset source names: a spec string, a list of URLs, or a ``.json``/``.yaml`` spec file."""
     if isinstance(source, (list, tuple)):
         return expand_urls(list(source))[:max_urls]
     if isinstance(source, str):
-        if re.search(r"\.(json|ya?ml)$", source):
+        if is_spec_file(source):
             return _spec_file_urls(source)[:max_urls]
         return expand_urls(source)[:max_urls]
     if isinstance(source, dict):
@@ -290,7 +299,7 @@ def shard_sequence(urls: Any, max_urls: Optional[int] = None) -> Sequence[str]:
     it: a brace spec's names computed when asked (:class:`~wds_cloud.utils.BraceNames`), a list of URLs
     packed into one buffer (:class:`~wds_cloud.utils.PackedStrings`); URLs of a spec file, which carry
     where they came from (:class:`~wds_cloud.io.security.UntrustedURL`), stay a list.  At most ``max_urls``."""
-    if isinstance(urls, str) and not re.search(r"\.(json|ya?ml)$", urls):
+    if isinstance(urls, str) and not is_spec_file(urls):
         parts = [
             utils.expand_braces(envsubst(spec), refuse=functools.partial(_too_many_given, spec))
             for spec in urls.split("::")

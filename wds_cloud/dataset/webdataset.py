@@ -89,7 +89,7 @@ def check_empty(source: Iterable) -> Iterator:
 def _read_spec(urls: Any, storage_options: Optional[dict]) -> Optional[Any]:
     """The parsed content of ``urls`` when it names a .yaml/.yml/.json spec file (read here, once: what decides
     the dataset's class is what the dataset then uses), else None."""
-    if isinstance(urls, str) and re.search(r"\.(ya?ml|json)$", urls):
+    if shardlists.is_spec_file(urls):
         return shardlists.read_spec_file(urls, storage_options)
     return None
 

@@ -37,6 +37,7 @@ __all__ = [
     "load",
     "first_line",
     "iter_lines",
+    "writing",
     "parse_json",
     "parse_yaml",
     "shown",
@@ -73,6 +74,19 @@ def shown(value: Any, limit: int = SHOWN) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _read_upto(stream: Any, most: int) -> bytes:
+    """At most ``most`` bytes of ``stream``, a MiB at a time: ``read(most)`` sets aside ``most`` bytes at once (the
+    whole cap, 64 MiB, for a 1 kB index)."""
+    pieces, got = [], 0
+    while got < most:
+        piece = stream.read(min(1 << 20, most - got))
+        if not piece:
+            break
+        pieces.append(piece)
+        got += len(piece)
+    return b"".join(pieces)
+
+
 def read_bytes(url: str, what: str, storage_options: Optional[dict] = None, max_size: Optional[int] = None) -> bytes:
     """The bytes of ``url`` (decompressed when it ends in ``.gz``), refused past ``max_size`` (default
     ``WDS_MAX_DATA_FILE_SIZE``) before more is read."""
@@ -80,11 +94,11 @@ def read_bytes(url: str, what: str, storage_options: Optional[dict] = None, max_
 
     limit = max_size if max_size is not None else config.current().max_data_file_size
     with gopen(url, "rb", storage_options=storage_options) as stream:
-        data = stream.read(limit + 1)
+        data = _read_upto(stream, limit + 1)
     if url.endswith(".gz"):
         try:
             with gzip.GzipFile(fileobj=io.BytesIO(data)) as plain:
-                data = plain.read(limit + 1)
+                data = _read_upto(plain, limit + 1)
         except (OSError, EOFError) as exc:
             raise MalformedDataError(
                 f"{redact(url)}: the {what} is not valid gzip ({type(exc).__name__}); write it again", url=url
@@ -124,6 +138,20 @@ def _stream(url: str, storage_options: Optional[dict]) -> Iterator[Any]:
             return
         with gzip.GzipFile(fileobj=raw, mode="rb") as plain:
             yield plain
+
+
+@contextlib.contextmanager
+def writing(url: str, storage_options: Optional[dict] = None) -> Iterator[Any]:
+    """A binary stream that writes the data file at ``url``, gzipped when its name ends in ``.gz`` (as every reader
+    here reads such a name): a description, manifest or index written under a ``.gz`` name reads back."""
+    from .open import gopen
+
+    with gopen(url, "wb", storage_options=storage_options) as raw:
+        if not url.endswith(".gz"):
+            yield raw
+            return
+        with gzip.GzipFile(fileobj=raw, mode="wb") as packed:
+            yield packed
 
 
 def _line_too_long(url: str, what: str, number: int, limit: int) -> MalformedDataError:

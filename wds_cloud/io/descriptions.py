@@ -158,8 +158,6 @@ def write_description(
             url, {"format": LINES_FORMAT, "wids_version": 1, **extra}, rows, len(rows), storage_options
         )
         return True
-    from .open import gopen
-
-    with gopen(url, "wb", storage_options=storage_options) as out:
+    with datafile.writing(url, storage_options) as out:
         out.write(text)
     return False

@@ -142,10 +142,9 @@ def write_lines(
     url: str, header: dict, records: Iterable[dict], count: int, storage_options: Optional[dict] = None
 ) -> None:
     """Write ``header`` (with ``"version"`` and ``"records": count``) and ``count`` records, one a line."""
-    from .open import gopen
 
     written = 0
-    with gopen(url, "wb", storage_options=storage_options) as out:
+    with datafile.writing(url, storage_options) as out:
         parts = [json.dumps({**header, "version": VERSION, "records": count}, separators=(",", ":")), "\n"]
         size = 0
         for record in records:

@@ -30,7 +30,6 @@ from .. import config
 from ..errors import IntegrityError, MalformedDataError, redact
 from . import datafile, linesfile
 from .integrity import Verifying, mismatch
-from .open import gopen
 from .urls import folder_of, location_of, relative_to_folder, resolved
 
 __all__ = ["Manifest", "load_manifest", "Verifying", "check_index", "FORMAT"]
@@ -117,7 +116,7 @@ class Manifest:
             rows = ({"shard": name, **shards[name]} for name in names)
             linesfile.write_lines(url, {"format": LINES_FORMAT}, rows, len(names), storage_options)
             return True
-        with gopen(url, "wb", storage_options=storage_options) as out:
+        with datafile.writing(url, storage_options) as out:
             out.write(text)
         return False
 
