@@ -507,9 +507,10 @@ class Fetcher:
         first request included, takes a place in the level (the controller's count, shared with the process's
         other readers of the host); only a part its reader is blocked on goes out at a full level."""
         full: set[int] = set()  # the controllers with no place left
+        held_back = False  # a shard opened cold holds back the shards fetched ahead, not another one opened
         for obj in self._objects:
             controller = obj.controller
-            if obj.state == _CLOSED or id(controller) in full:
+            if obj.state == _CLOSED or id(controller) in full or (held_back and obj.state != _ACTIVE):
                 continue
             budget = controller.level * obj.options.part_size
             for part in obj.parts[obj.reading : obj.dispatched] if obj.paused else ():
@@ -540,7 +541,9 @@ class Fetcher:
                     break
                 self._start(part, ticket)
             if obj.deferred:
-                return  # nothing after it starts before its first sample's bytes are in
+                # nothing fetched ahead starts before its first sample's bytes are in; a shard its reader opened
+                # still does (a stream left unread and unclosed must not block every later open forever)
+                held_back = True
 
     def _take(self, controller: Controller, force: bool) -> Optional[int]:
         """A place in ``controller``'s level (its ticket), or None: this reader is woken when one is free."""

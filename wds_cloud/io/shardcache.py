@@ -675,6 +675,10 @@ class CachedShard:
             _unlink(self.path + ".part", self.path + ".meta")
             self.cache.forget(self.path)
         finally:
+            # read to its end: the connection and its place in the host's level go back now, not at close()
+            # (a reader that never closes must not hold them while it opens the next shard)
+            if self._remote is not None:
+                self._remote.close()
             self._release()
 
     def _release(self) -> None:
