@@ -6,6 +6,7 @@ import threading
 import pytest
 
 import wds_cloud as wds
+from wds_cloud.errors import ConfigError
 from wds_cloud.io.parallel import Fetcher
 from wds_cloud.testing.objects import http_server
 
@@ -67,3 +68,20 @@ def test_an_unread_unclosed_stream_does_not_block_opening_another(served):
     assert bounded(second.read) == data[1]
     assert bounded(first.read) == data[0]
 
+
+@pytest.mark.parametrize(
+    "given, bound", [("50KB", 50_000), ("1.5KiB", 1536), ("1e5", 100_000), (4096, 4096), (-1, None), (0, None)]
+)
+def test_file_cache_reads_sizes_as_webdataset_does(tmp_path, given, bound):
+    """F3: FileCache(cache_size=) takes the documented size strings; -1 and 0 leave it unbounded (webdataset's)."""
+    assert wds.cache.FileCache(str(tmp_path), cache_size=given).cache.size_limit == bound
+
+
+@pytest.mark.parametrize("given", [float("nan"), float("inf"), 1e999, -5, 2**70, True, "", "lots"])
+def test_file_cache_refuses_sizes_webdataset_refuses(tmp_path, given):
+    """F3: a size WebDataset(cache_size=) refuses is refused by FileCache too, with a ConfigError naming cache_size."""
+    with pytest.raises(ConfigError, match="cache_size"):
+        wds.cache.FileCache(str(tmp_path), cache_size=given)
+    if given != "":  # WebDataset's "" is "no cache" (WDS_CACHE_SIZE's unset)
+        with pytest.raises(ConfigError, match="cache_size"):
+            wds.WebDataset(str(tmp_path / "a.tar"), cache_dir=str(tmp_path), cache_size=given)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Optional
 
 from . import config
-from .errors import redact
+from .errors import ConfigError, redact
 from .handlers import reraise_exception
 from .io.atomic import AtomicFile
 from .io.backend import skip
@@ -26,6 +26,7 @@ from .io.parallel import Fetcher
 from .io.resilient import StatsSink, TransferStats
 from .io.shardcache import ShardCache
 from .io.urls import is_local, local_path, pipe_cleaner, url_to_cache_name
+from .resume.arguments import as_size
 from .stages import PipelineStage
 from .utils import obsolete
 
@@ -249,7 +250,7 @@ class FileCache(PipelineStage):
         verbose: bool = False,
         validator: Callable[[str], bool] = check_tar_format,
         handler: Callable = reraise_exception,
-        cache_size: int = -1,
+        cache_size: Any = -1,
         cache_cleanup_interval: float = 30,
         storage_options: Optional[dict] = None,
         retries: Optional[int] = None,
@@ -271,7 +272,10 @@ class FileCache(PipelineStage):
         self.handler = handler
         self.storage_options = storage_options
         self.cache_local = cache_local
-        self.cache = ShardCache(self.cache_dir, cache_size, url_to_name=url_to_name, stats=self.stats, verify=verify)
+        self.cache_size = _cache_size(cache_size)
+        self.cache = ShardCache(
+            self.cache_dir, self.cache_size, url_to_name=url_to_name, stats=self.stats, verify=verify
+        )
         self.fetcher = Fetcher(storage_options, retries, timeout, self.stats, **(transfer or {}))
         os.makedirs(self.cache_dir, exist_ok=True)
 
@@ -357,6 +361,20 @@ class FileCache(PipelineStage):
 
     def run(self, src: Iterable[Any]) -> Iterator[dict]:
         return _open_each(self, src)
+
+
+def _cache_size(value: Any) -> int:
+    """``FileCache``'s ``cache_size`` in bytes, parsed as ``WebDataset(cache_size=...)`` parses it (``50GB``, ``1e10``,
+    ``1.5TiB``; the range of ``WDS_CACHE_SIZE``); -1 (the default), None and 0 leave the directory unbounded, as
+    webdataset's ``FileCache`` does (it cleans up only for a size above 0; "no cache" is ``url_opener``)."""
+    if isinstance(value, str) and not value.strip():
+        raise ConfigError(
+            f"cache_size={value!r} is empty: give a size in bytes (4096, 50GB, 1.5TiB), or -1 for no bound"
+        )
+    value = as_size("cache_size", value, least=-1)
+    if value is None or value == -1:
+        return -1
+    return config.parse_size("cache_size", value)
 
 
 def _verifying(manifest: Any, url: str, offset: int, stream: Any) -> Any:
