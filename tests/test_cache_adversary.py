@@ -1,13 +1,18 @@
 """What an adversary found in the shard cache: each test failed before its fix (hangs are caught by bounded waits)."""
 
+import io
+import logging
 import os
+import stat
 import threading
 
 import pytest
 
 import wds_cloud as wds
 from wds_cloud.errors import ConfigError
+from wds_cloud.io import cacheledger
 from wds_cloud.io.parallel import Fetcher
+from wds_cloud.io.shardcache import ShardCache
 from wds_cloud.testing.objects import http_server
 
 WAIT = 60  # seconds a step may take before it counts as a hang (each step takes well under one)
@@ -85,3 +90,78 @@ def test_file_cache_refuses_sizes_webdataset_refuses(tmp_path, given):
     if given != "":  # WebDataset's "" is "no cache" (WDS_CACHE_SIZE's unset)
         with pytest.raises(ConfigError, match="cache_size"):
             wds.WebDataset(str(tmp_path / "a.tar"), cache_dir=str(tmp_path), cache_size=given)
+
+
+class Remote(io.RawIOBase):
+    """A remote object as the cache's opener returns it (size, version, readinto from an offset)."""
+
+    def __init__(self, data: bytes, offset: int = 0) -> None:
+        self.data, self.pos, self.size, self.version, self.md5 = data, offset, len(data), "v1", None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        chunk = self.data[self.pos : self.pos + len(buffer)]
+        buffer[: len(chunk)] = chunk
+        self.pos += len(chunk)
+        return len(chunk)
+
+
+DATA = os.urandom(100_000)
+
+
+def read_through(cache: ShardCache, url: str) -> bytes:
+    with cache.open(url, lambda offset: Remote(DATA, offset)) as stream:
+        return stream.read()
+
+
+def plant(path: str, kind: str) -> None:
+    """Put a FIFO, an empty folder or a folder with a file in it at ``path``."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        os.mkdir(path)
+        if kind == "full folder":
+            with open(os.path.join(path, "keep"), "wb") as f:
+                f.write(b"precious")
+
+
+@pytest.mark.parametrize("where", ["ledger lock", "entry lock", "ledger", "meta", "part"])
+@pytest.mark.parametrize("kind", ["fifo", "folder", "full folder"])
+def test_things_planted_in_the_cache_never_block_nor_fail_a_read(tmp_path, caplog, where, kind):
+    """F2/F5: a FIFO or folder planted as a lock, the ledger, a record or a part file costs no read and no hang."""
+    cache = ShardCache(str(tmp_path / "c"), size_limit=10 * len(DATA))
+    url = "https://host/data/shard-0.tar"
+    path = cache.path_for(url)
+    target = {
+        "ledger lock": os.path.join(cache.directory, ".evict.lock"),
+        "ledger": os.path.join(cache.directory, ".evict.ledger"),
+        "entry lock": path + ".lock",
+        "meta": path + ".meta",
+        "part": path + ".part",
+    }[where]
+    plant(target, kind)
+    caplog.set_level(logging.WARNING)
+    for _ in range(3):
+        assert bounded(read_through, cache, url) == DATA
+    if kind == "full folder":  # not removed (it holds a file), said once however many reads it costs
+        assert os.path.exists(os.path.join(target, "keep"))
+        planted = [r for r in caplog.records if target in r.getMessage() and "remove it" in r.getMessage()]
+        assert len(planted) <= 1
+    else:  # removed and made anew: the shard is cached
+        assert os.path.isfile(path) and not stat.S_ISFIFO(os.stat(target).st_mode if os.path.exists(target) else 0)
+
+
+def test_a_full_folder_as_the_ledger_is_reported_once_and_costs_no_walk_per_miss(tmp_path, caplog):
+    """F5: a folder with files in it where the ledger goes: one warning naming it, reads uncached, no walk per miss."""
+    cache = ShardCache(str(tmp_path / "c"), size_limit=10 * len(DATA))
+    ledger = os.path.join(cache.directory, ".evict.ledger")
+    plant(ledger, "full folder")
+    caplog.set_level(logging.INFO)
+    for i in range(5):
+        assert bounded(read_through, cache, f"https://host/data/shard-{i}.tar") == DATA
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING and ledger in r.getMessage()]
+    assert len(warned) == 1 and "remove it" in warned[0].getMessage()
+    assert cacheledger.view_of(cache.directory, lambda: []).rebuilds == 0

@@ -338,14 +338,14 @@ def test_a_damaged_entry_found_by_a_hit_leaves_the_ledger(tmp_path):
 
 
 def test_a_folder_planted_as_the_ledger_costs_no_read(tmp_path):
-    """With a folder where the ledger goes, misses still read and the bound still holds (by walking)."""
+    """With an empty folder where the ledger goes, misses still read, the folder is replaced and the bound holds."""
     cache = ShardCache(str(tmp_path / "c"), size_limit=3 * SIZE)
     fill(cache, url(0))
     os.unlink(ledger_path(cache))
     os.mkdir(ledger_path(cache))
     for i in range(1, 6):
         assert fill(cache, url(i)) == DATA
-    assert on_disk(cache.directory) <= 3 * SIZE and os.path.isdir(ledger_path(cache))
+    assert on_disk(cache.directory) <= 3 * SIZE and os.path.isfile(ledger_path(cache))
 
 
 def test_a_ledger_listing_more_entries_than_any_cache_holds_is_rebuilt(tmp_path, monkeypatch):

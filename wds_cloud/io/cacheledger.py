@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Optional
 from urllib.parse import quote, unquote
 
-__all__ = ["Held", "Ledger", "plain_name", "view_of"]
+__all__ = ["Held", "Ledger", "Planted", "open_lock", "open_regular", "plain_name", "view_of"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,9 @@ MAX_ENTRIES = 1 << 20  # 10x the largest cache we design for; a ledger listing m
 MIN_COMPACT = 1024  # dead records tolerated before compaction, whatever the live count
 CHUNK = 1 << 20
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+#: every open of a file in the cache directory: never through a link, never blocking (a FIFO planted there would
+#: block an open forever), never inherited by a child process
+SAFE = _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 #: what a walk of the directory gives for each entry: (name, size, last access in ns)
 Scan = Callable[[], Iterable[tuple[str, int, int]]]
@@ -63,6 +66,63 @@ class Held:
 
     size: int
     seen_ns: int
+
+
+class Planted(OSError):
+    """Something planted in the cache directory where the cache keeps a file of its own, that it cannot replace (a
+    folder with files in it, a file it may not remove): the cache is not used for that entry, the shard is read."""
+
+
+def open_regular(path: str, flags: int, mode: int = 0o600) -> int:
+    """``os.open(path, flags)`` that never follows a link and never blocks: the descriptor of a regular file, or
+    OSError (ELOOP: a link; EISDIR: a folder; EINVAL: something else, a FIFO or a device; ENXIO: a FIFO)."""
+    fd = os.open(path, flags | SAFE, mode)
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not regular:
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{path} is not a regular file")
+    return fd
+
+
+def remove_planted(path: str) -> None:
+    """Remove what is planted at ``path`` (a link, a FIFO, a device node, an empty folder: never what a link points
+    to); :class:`Planted` when it cannot be removed."""
+    try:
+        os.unlink(path)
+        return
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EISDIR, errno.EPERM):  # Linux says EISDIR for a folder, POSIX EPERM
+            raise Planted(exc.errno, f"{path} cannot be removed ({exc.strerror}): remove it from the cache directory")
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise Planted(
+            exc.errno,
+            f"{path} is a folder (or a file the cache may not remove) where the cache keeps a file of its own: "
+            "remove it from the cache directory",
+        ) from None
+
+
+def open_lock(path: str) -> int:
+    """The lock file ``path`` opened for ``flock`` (made when absent); a link, FIFO, device node or empty folder
+    planted there is removed (never followed, never blocked on) and the file made anew; :class:`Planted` when what
+    is there cannot be removed."""
+    for _ in range(5):
+        try:
+            return open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        except FileNotFoundError:
+            raise  # the directory itself is gone
+        except OSError:
+            remove_planted(path)
+    raise Planted(errno.EEXIST, f"{path} keeps being replaced by something that is not a lock file")
 
 
 def plain_name(name: str) -> bool:
@@ -114,14 +174,7 @@ class Ledger:
 
         The lock file is opened anew each time: a lock inherited through ``fork`` would be shared.
         """
-        guard_path = os.path.join(self.directory, GUARD)
-        try:
-            fd = os.open(guard_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW, 0o600)
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            os.unlink(guard_path)  # a planted link: removed, never followed
-            fd = os.open(guard_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+        fd = open_lock(os.path.join(self.directory, GUARD))
         with os.fdopen(fd, "ab") as guard:
             fcntl.flock(guard.fileno(), fcntl.LOCK_EX)
             self._pending = []
@@ -178,15 +231,14 @@ class Ledger:
         except FileNotFoundError:
             return self._rebuild("it is absent")
         if not _regular_and_ours(st):
-            with contextlib.suppress(OSError):  # a folder planted there stays, and the ledger is not written
-                os.unlink(self.path)  # a link or a stranger's file: removed, never followed
+            remove_planted(self.path)  # a link, a FIFO, a stranger's file, an empty folder: removed, never followed
             return self._rebuild("it was not a file this cache wrote")
         if (st.st_dev, st.st_ino) != self._identity or st.st_size < self._offset:
             self._reset()  # compacted or rebuilt by another process: read it whole, once
         if st.st_size == self._offset:
             return None
         try:
-            fd = os.open(self.path, os.O_RDONLY | _NOFOLLOW)
+            fd = open_regular(self.path, os.O_RDONLY)
         except OSError:
             return self._rebuild("it could not be opened")
         with os.fdopen(fd, "rb", buffering=0) as f:
@@ -279,7 +331,7 @@ class Ledger:
             self._write_whole()
 
     def _write_records(self, pending: list[bytes]) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | _NOFOLLOW)
+        fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND)
         with os.fdopen(fd, "ab", buffering=0) as f:
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino) != self._identity or not _regular_and_ours(st):
@@ -319,7 +371,7 @@ class Ledger:
         try:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | SAFE, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(HEADER)
                 batch: list[bytes] = []

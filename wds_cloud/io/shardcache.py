@@ -47,7 +47,7 @@ from typing import Any, Optional
 
 from ..errors import ConfigError, ObjectChangedError, TransferError, redact
 from .backend import read_to_end
-from .cacheledger import Held, Ledger, view_of
+from .cacheledger import SAFE, Held, Ledger, Planted, open_lock, open_regular, remove_planted, view_of
 from .mapped import map_file
 from .resilient import StatsSink, TransferStats
 from .urls import url_to_cache_name
@@ -67,8 +67,8 @@ MAX_META = 1 << 16  # a record of ours is a few hundred bytes; anything larger i
 def _read_meta(path: str) -> Optional[dict]:
     """The record ``N.meta`` of the entry ``path``, or None: absent, a link, too large, or not a JSON object."""
     try:
-        fd = os.open(path + ".meta", os.O_RDONLY | _NOFOLLOW)
-    except OSError:
+        fd = open_regular(path + ".meta", os.O_RDONLY)
+    except OSError:  # absent, or a link, a FIFO, a folder: no record of ours
         return None
     try:
         with os.fdopen(fd, "rb") as f:
@@ -116,9 +116,9 @@ def _create(path: str, mode: int = 0o644, flags: int = os.O_WRONLY) -> int:
     """A new file at ``path``, never through a link planted there (one in the way is removed, not followed)."""
     for _ in range(3):
         try:
-            return os.open(path, flags | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode)
+            return os.open(path, flags | os.O_CREAT | os.O_EXCL | SAFE, mode)
         except FileExistsError:
-            _unlink(path)  # unlinking a symlink leaves what it points to alone
+            remove_planted(path)  # unlinking a symlink leaves what it points to alone
     raise OSError(errno.EEXIST, f"{path} keeps being re-created by someone else")
 
 
@@ -126,7 +126,15 @@ def _write_meta(path: str, meta: dict) -> None:
     temp = f"{path}.meta.{os.getpid()}.{threading.get_ident()}.tmp"
     with os.fdopen(_create(temp), "w") as f:
         json.dump(meta, f)
-    os.replace(temp, path + ".meta")
+    try:
+        os.replace(temp, path + ".meta")
+    except OSError:  # a folder planted as the record: removed when empty, else the entry is not cached (Planted)
+        try:
+            remove_planted(path + ".meta")
+            os.replace(temp, path + ".meta")
+        except BaseException:
+            _unlink(temp)
+            raise
 
 
 def _regular_and_ours(st: os.stat_result) -> bool:
@@ -137,21 +145,13 @@ def _regular_and_ours(st: os.stat_result) -> bool:
 def _try_lock(path: str, mode: int = fcntl.LOCK_EX):
     """The open lock file ``path`` with ``mode`` taken without waiting, or None when someone holds it.
 
-    A link planted at ``path`` is removed, never followed; the lock counts only while ``path``
-    is still the file locked (another process may remove a stale lock file while holding it).
+    Whatever else is planted at ``path`` (a link, a FIFO, an empty folder) is removed, never followed nor blocked
+    on (:class:`Planted` when it cannot be); the lock counts only while ``path`` is still the file locked (another
+    process may remove a stale lock file while holding it).
     """
     for _ in range(5):
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW, 0o600)
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            _unlink(path)
-            continue
+        fd = open_lock(path)
         f = os.fdopen(fd, "ab")
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            f.close()
-            raise OSError(errno.EINVAL, f"{path} is not a regular file: remove it from the cache directory")
         try:
             fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -169,7 +169,10 @@ def _try_lock(path: str, mode: int = fcntl.LOCK_EX):
 
 def _drop_lock_file(path: str) -> None:
     """Remove ``N.lock`` when nobody holds it (entries leave no lock files behind)."""
-    lock = _try_lock(path + ".lock")
+    try:
+        lock = _try_lock(path + ".lock")
+    except Planted:
+        return  # the entry is gone; what is planted in its lock's place is for whoever wants the entry again
     if lock is not None:
         with lock:
             _unlink(path + ".lock")
@@ -187,6 +190,15 @@ def _inside(directory: str, name: str) -> bool:
         except OSError:
             return False
     return True
+
+
+_WARNED: set[str] = set()  # the directories whose planted files were reported (once a process)
+
+
+def _warn_planted(directory: str, exc: OSError) -> None:
+    if directory not in _WARNED:
+        _WARNED.add(directory)
+        log.warning("cache: %s; until then the shards it blocks are read uncached", exc.strerror or exc)
 
 
 def _unlink(*paths: str) -> None:
@@ -224,7 +236,7 @@ class _Sink:
         # never world-readable when the URL carried a credential (the umask applies on top)
         mode = 0o600 if private else 0o644
         if start:  # resuming a part file: only one this user made, a regular file, never through a link
-            fd = os.open(part, os.O_RDWR | _NOFOLLOW)
+            fd = open_regular(part, os.O_RDWR)
             st = os.fstat(fd)
             if not _regular_and_ours(st) or st.st_size < start:
                 os.close(fd)
@@ -334,8 +346,18 @@ class ShardCache:
         """A read stream for ``url``: the cached copy, the fill in progress, or a new fill.
 
         ``opener(offset)`` opens the remote object at a byte offset (a resumable stream with
-        ``size``, ``version`` and, when the store gives one, ``md5``).
+        ``size``, ``version`` and, when the store gives one, ``md5``).  Something planted in the directory that
+        the cache cannot replace (a folder with files in it as a lock or the ledger) costs the cache, not the read:
+        the shard is read uncached, with one warning per directory naming the path and the fix.
         """
+        try:
+            return self._open_cached(url, opener)
+        except Planted as exc:
+            _warn_planted(self.directory, exc)
+            self._count(cache_misses=1)
+            return opener(0)
+
+    def _open_cached(self, url: str, opener: Callable[[int], Any]) -> Any:
         path = self.path_for(url)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         poll = POLL_MIN
@@ -368,7 +390,7 @@ class ShardCache:
         is removed (the link, not what it points to) and the shard fetched again.
         """
         try:
-            fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+            fd = os.open(path, os.O_RDONLY | SAFE)  # a FIFO planted here opens at once, and is found not a file
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -417,7 +439,8 @@ class ShardCache:
         lock = _try_lock(path + ".lock")
         if lock is not None:
             try:
-                _unlink(path, path + ".meta", path + ".lock")
+                remove_planted(path)  # a file, or what was planted: a FIFO, an empty folder (Planted: a full one)
+                _unlink(path + ".meta", path + ".lock")
             finally:
                 lock.close()
             self.forget(path)
@@ -490,14 +513,17 @@ class ShardCache:
     def forget(self, path: str) -> None:
         """Record that the entry ``path`` was removed other than by eviction (found damaged, or a failed fill)."""
         if self.size_limit is not None:
-            with self._view().locked() as ledger:
-                ledger.remove(self._name(path))
+            try:
+                with self._view().locked() as ledger:
+                    ledger.remove(self._name(path))
+            except Planted as exc:  # the ledger's lock or file cannot be used: nothing to record it in
+                _warn_planted(self.directory, exc)
 
     def _evict(self, path: str, complete: bool) -> bool:
         if complete:  # an entry someone reads holds a shared lock on it
             try:
-                f = os.fdopen(os.open(path, os.O_RDONLY | _NOFOLLOW), "rb")
-            except OSError:  # gone, or a link planted in its place (never followed)
+                f = os.fdopen(open_regular(path, os.O_RDONLY), "rb")
+            except OSError:  # gone, or a link, FIFO or folder planted in its place (never followed nor opened)
                 return False
             with f:
                 try:
@@ -507,7 +533,10 @@ class ShardCache:
                 _unlink(path, path + ".meta")
             _drop_lock_file(path)
         else:  # an abandoned fill (nobody holds its lock)
-            lock = _try_lock(path + ".lock")
+            try:
+                lock = _try_lock(path + ".lock")
+            except Planted:
+                lock = None  # left for whoever wants that entry: it reads it uncached
             if lock is None:
                 return False
             with lock:
@@ -555,8 +584,8 @@ class CachedShard:
         if meta is None or meta.get("complete"):
             return None
         try:
-            f = open(path + ".part", "rb")
-        except FileNotFoundError:
+            f = os.fdopen(open_regular(path + ".part", os.O_RDONLY), "rb")
+        except OSError:  # not begun yet (or a link or FIFO planted: the filler's own replaces it)
             return None
         self = cls(cache, url, path, opener)
         self._file, self.size = f, meta.get("size")
@@ -569,6 +598,8 @@ class CachedShard:
         try:
             self._start_fill(lock)
         except BaseException:
+            self._lock = lock
+            self.close()  # the writer thread, the remote and the lock, all let go
             self._release()
             lock.close()
             raise
@@ -586,8 +617,8 @@ class CachedShard:
                 st = None
             if st is not None and _regular_and_ours(st):
                 start = st.st_size
-            elif st is not None:  # a link or a stranger's file: never resumed from, removed
-                _unlink(part)
+            elif st is not None:  # a link, a FIFO, a folder or a stranger's file: never resumed from, removed
+                remove_planted(part)
         remote = self._opener(start)
         version, size = getattr(remote, "version", None), getattr(remote, "size", None)
         if start and meta is not None and (str(version) != str(meta.get("version")) or size != meta.get("size")):
@@ -626,7 +657,7 @@ class CachedShard:
         )
         if start > self.position:  # the bytes up to ``start`` are read from the part file first
             if self._file is None:
-                self._file = open(part, "rb")
+                self._file = os.fdopen(open_regular(part, os.O_RDONLY), "rb")
             self._file.seek(self.position)
         elif self._file is not None:
             self._file.close()
