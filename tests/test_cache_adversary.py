@@ -2,6 +2,7 @@
 
 import io
 import logging
+import multiprocessing
 import os
 import stat
 import threading
@@ -165,3 +166,45 @@ def test_a_full_folder_as_the_ledger_is_reported_once_and_costs_no_walk_per_miss
     warned = [r for r in caplog.records if r.levelno >= logging.WARNING and ledger in r.getMessage()]
     assert len(warned) == 1 and "remove it" in warned[0].getMessage()
     assert cacheledger.view_of(cache.directory, lambda: []).rebuilds == 0
+
+
+def test_a_ledger_that_omits_entries_still_converges_to_the_bound(tmp_path, monkeypatch):
+    """F4: entries a truncated ledger no longer lists are found by the periodic walk, and the bound holds again."""
+    monkeypatch.setattr(cacheledger, "REWALK_MIN", 4)
+    size = len(DATA)
+    directory = str(tmp_path / "c")
+    for i in range(3):
+        assert read_through(ShardCache(directory, size_limit=3 * size), f"https://host/old-{i}.tar") == DATA
+    with open(os.path.join(directory, cacheledger.LEDGER), "r+b") as f:
+        f.truncate(len(cacheledger.HEADER))  # the ledger forgets every entry
+    for i in range(12):
+        assert read_through(ShardCache(directory, size_limit=3 * size), f"https://host/new-{i}.tar") == DATA
+    held = sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory) if n.endswith(".tar"))
+    assert held <= 3 * size
+
+
+def test_a_killed_compactions_temporary_file_is_swept(tmp_path):
+    """Smaller: the .evict.ledger.PID.tmp of a process that died is removed when the ledger is next rebuilt."""
+    directory = tmp_path / "c"
+    directory.mkdir()
+    dead = multiprocessing.Process(target=int)
+    dead.start()
+    dead.join()
+    stale = directory / f"{cacheledger.LEDGER}.{dead.pid}.tmp"
+    stale.write_bytes(cacheledger.HEADER)
+    assert read_through(ShardCache(str(directory), size_limit=10 * len(DATA)), "https://host/a.tar") == DATA
+    assert not stale.exists()
+
+
+def test_the_periodic_walk_costs_one_walk_per_as_many_misses_as_entries(tmp_path, monkeypatch):
+    """F4's rule counted: over 100 misses of a full 20-entry cache, one walk per 20 misses at most (O(1) amortized)."""
+    monkeypatch.setattr(cacheledger, "REWALK_MIN", 4)
+    directory = str(tmp_path / "c")
+    bound = 20 * len(DATA)
+    for i in range(20):
+        read_through(ShardCache(directory, size_limit=bound), f"https://host/first-{i}.tar")
+    view = cacheledger.view_of(os.path.abspath(directory), lambda: [])
+    before = view.rebuilds
+    for i in range(100):
+        read_through(ShardCache(directory, size_limit=bound), f"https://host/next-{i}.tar")
+    assert 1 <= view.rebuilds - before <= 100 // 20

@@ -12,7 +12,9 @@ Every process of a node that fills a bounded cache directory appends to one file
 takes the lock, reads only the records added since it last looked: a miss costs constant work in
 the number of entries held, amortized.  The file is compacted (rewritten from the view) when its dead
 records outnumber its live ones, and rebuilt by one walk of the directory when it is absent, not a
-file of ours, or not a ledger.
+file of ours, or not a ledger, and again by each process once it has recorded more fills than its last walk
+found entries (:data:`REWALK_MIN` at least): a ledger that omits entries (truncated, forged) would otherwise let
+the directory stay over its bound for good; this way a walk costs constant work per miss, amortized.
 
 The ledger is a hint: whoever acts on a record checks the entry's own files first (a process may
 die between removing an entry and recording it).  It is also data anyone able to write into the
@@ -49,6 +51,10 @@ MAX_NAME = 4096  # PATH_MAX: no entry of ours has a longer name
 MAX_SIZE = 1 << 62  # bytes: a size beyond any disk is a forged one
 MAX_ENTRIES = 1 << 20  # 10x the largest cache we design for; a ledger listing more is rebuilt from the directory
 MIN_COMPACT = 1024  # dead records tolerated before compaction, whatever the live count
+#: a process walks the directory again once it recorded more fills than this and than the entries its last walk
+#: found: a ledger that omits entries (truncated, or forged) bounds nothing, and this brings the directory back to
+#: its bound with a walk's cost spread over as many misses as the walk visits entries (constant per miss, amortized)
+REWALK_MIN = 1024
 CHUNK = 1 << 20
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 #: every open of a file in the cache directory: never through a link, never blocking (a FIFO planted there would
@@ -163,6 +169,8 @@ class Ledger:
         self._records = 0  # record lines in it, live or dead
         self._pending: list[bytes] = []  # what this process recorded inside the lock, appended when it lets go
         self._warned = False
+        self._added = 0  # fills this process recorded since its last walk
+        self._walked = 0  # entries its last walk found
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -179,6 +187,8 @@ class Ledger:
             fcntl.flock(guard.fileno(), fcntl.LOCK_EX)
             self._pending = []
             self._sync()
+            if self._added > max(self._walked, REWALK_MIN):
+                self._rebuild(f"{self._added} fills recorded since this process last walked it: checked")
             try:
                 yield self
             finally:
@@ -190,6 +200,7 @@ class Ledger:
         if not plain_name(name):
             return  # such a name is never an entry of ours (path_for refuses it)
         seen = time.time_ns() if seen_ns is None else seen_ns
+        self._added += 1
         self._apply_add(name, size, seen)
         self._pending.append(_record(name, size, seen))
 
@@ -359,7 +370,22 @@ class Ledger:
         )
         for atime, name, size in found:
             self._apply_add(name, size, atime)
+        self._added, self._walked = 0, len(found)
+        self._sweep_temps()
         self._write_whole()
+
+    def _sweep_temps(self) -> None:
+        """Remove the ``.evict.ledger.PID.tmp`` a compaction killed midway left (its process is gone)."""
+        prefix = LEDGER + "."
+        with contextlib.suppress(OSError), os.scandir(self.directory) as found:
+            for item in found:
+                if not (item.name.startswith(prefix) and item.name.endswith(".tmp")):
+                    continue
+                pid = item.name[len(prefix) : -4]
+                if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+                    continue
+                with contextlib.suppress(OSError):
+                    os.unlink(item.path)
 
     def _write_whole(self) -> None:
         """Write the view as the ledger (compaction, or after a rebuild), replacing the file atomically.
@@ -393,6 +419,16 @@ class Ledger:
         self._identity = (st.st_dev, st.st_ino)
         self._offset = st.st_size
         self._records = len(self.entries)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
 
 
 _VIEWS: dict[str, Ledger] = {}
