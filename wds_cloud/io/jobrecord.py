@@ -370,6 +370,16 @@ def _loads(text: bytes) -> Any:
         return None
 
 
+def _not_json(text: bytes) -> str:
+    """Why a line :func:`_loads` refused is refused: not UTF-8 (the byte named, as the description reader says
+    it), or not JSON.  Composed only when a check fails."""
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"is not UTF-8 text (byte {exc.start})"
+    return "is not JSON"
+
+
 class _OutputsView(Mapping):
     """The outputs a record lists, by the job's own spelling of their names, each ``{"size": ..., "sha256":
     ...}``: a read-only view (a record changes through its methods, which save what they change)."""
@@ -587,6 +597,8 @@ class JobRecord:
             for position, url in enumerate(self.inputs):
                 number, text = next(lines, (0, b""))
                 doc = _loads(text)
+                if doc is None and number:
+                    need(False, "the line", _not_json(text), number)
                 need(
                     isinstance(doc, dict) and set(doc) == {"input"} and isinstance(doc["input"], str),
                     "'input'",
@@ -606,7 +618,8 @@ class JobRecord:
                 self._rewrite = True
                 if doc is None:
                     continue  # its output is not listed: a rerun writes it again
-            need(doc is not None, "the line", "is not JSON", number)
+            if doc is None:
+                need(False, "the line", _not_json(text), number)
             if isinstance(doc, dict) and set(doc) == {"output", "size", "sha256"}:
                 base = self._own_base(doc["output"], None, 0, number)
                 self._entries[base] = self._entry(doc, None, number)
