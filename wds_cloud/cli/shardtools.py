@@ -462,13 +462,16 @@ def _reshard(args: argparse.Namespace) -> int:
         raise
     finally:
         record.flush()
-    result = {"samples": samples, "shards": shard_no + 1, "written": written, "kept": skipped}
+    result: dict[str, Any] = {"samples": samples, "shards": shard_no + 1, "written": written, "kept": skipped}
+    result["removed"] = [redact(name) for name in record.removed]  # unlisted files at output names, litter
     emit(
         args,
         result,
         lambda r: (
             f"{_plural(r['samples'], 'sample')} into {_plural(r['shards'], 'shard')} ({r['written']} written, "
-            f"{r['kept']} already complete and kept)"
+            f"{r['kept']} already complete and kept"
+            + (f"; removed {_plural(len(r['removed']), 'file')} no record listed" if r["removed"] else "")
+            + ")"
         ),
     )
     return EXIT_OK

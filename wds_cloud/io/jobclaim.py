@@ -41,7 +41,7 @@ from ..errors import ConfigError, MalformedDataError, ShardNotFoundError, redact
 from . import datafile
 from .urls import is_local, local_path
 
-__all__ = ["Claim", "claim_beside", "open_regular", "read_regular", "FORMAT"]
+__all__ = ["Claim", "claim_beside", "open_regular", "read_regular", "process_gone", "FORMAT"]
 
 FORMAT = "wds_cloud.job-claim"
 _SUFFIX = ".wds-job.json"
@@ -143,6 +143,12 @@ def _alive(pid: int, start: Optional[int]) -> bool:
     except OSError:
         return True  # another user's process: alive
     return True
+
+
+def process_gone(pid: int) -> bool:
+    """Whether no process ``pid`` runs on this host (a pid below 1, or this process's, is never gone): what
+    lets a job remove the temporary file of a writer that died (its name carries the writer's pid)."""
+    return pid >= 1 and pid != os.getpid() and not _alive(pid, None)
 
 
 def _is_text(value: Any, most: int) -> bool:

@@ -12,7 +12,9 @@ SHA-256.  With it a rerun is safe:
 - a file at an output name that no record lists (left by another run, a planted link) is refused, named,
   never kept or followed; once this job's record exists (it is saved before the first output is
   written), an unlisted regular file at one of its output names is the job's own, published by a run
-  interrupted before its record caught up, and is written again (a link is still refused);
+  interrupted before its record caught up, and is removed when the record is loaded (then written again
+  when an output of this run takes its name; a link is still refused), and so is the temporary file of an
+  output or the record whose writer's process is gone (:attr:`JobRecord.removed` lists both);
 - an output name that is also an input is refused before anything is written (``bad_argument``), and so is
   a source or destination whose scheme no backend serves;
 - the record keeps the output pattern (``destination``): ``out/t-%04d.tar`` and ``out/t-%d.tar`` share the
@@ -72,7 +74,7 @@ from typing import Any, Optional, cast
 from .. import config
 from ..errors import ConfigError, ShardNotFoundError, holds_credential, redact
 from . import datafile
-from .jobclaim import Claim, claim_beside, open_regular
+from .jobclaim import Claim, claim_beside, open_regular, process_gone
 from .open import check_schemes, exists, gopen
 from .urls import is_local, local_path, resolved, same_location
 
@@ -93,6 +95,9 @@ FORMAT = "wds_cloud.job"
 VERSION = 2
 _FIELD = re.compile(r"%[-+ #0]*\d*d")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+#: the temporary file a local output or record is written to before it is published (io/atomic.py's
+#: temp_name_for): the name it will have, the writer's pid, a random tag
+_PARTIAL = re.compile(r"\.(.+)\.(\d{1,10})\.[0-9a-f]{8}\.partial")
 _INPUT = re.compile(r"0|[1-9][0-9]{0,17}")
 #: the largest output a record may claim (a petabyte)
 MAX_OUTPUT_SIZE = datafile.MAX_SHARD_BLOCKS * 512
@@ -419,6 +424,8 @@ class JobRecord:
         self.settings = dict(settings)
         #: whether a record of this job was found (then unlisted files at its output names are its own)
         self.found = False
+        #: files removed from a local destination when the record was loaded (see :meth:`_check_strangers`)
+        self.removed: list[str] = []
         self._names = _names(destination)
         #: what is known of each output, by its file name (the destination's folder is the same for all)
         self._entries: dict[str, Output] = {}
@@ -834,23 +841,34 @@ class JobRecord:
     def _check_strangers(self) -> None:
         """Refuse local files at output names that this job's record does not list, before anything is written
         (with a record of this job found, only what is not a regular file: regular files there are its own,
-        see the module docstring).  One listing of the destination's folder, each name looked up once."""
+        see the module docstring), and remove what the job owns but must not keep: a regular file at one of
+        its exact output names that the record does not list (with the record found: it is written again or,
+        when no output of this run takes its name, would hold samples twice), and the temporary file of an
+        output or of the record whose writer's process is gone (a killed run's litter, possibly gigabytes).
+        Nothing is removed when something is refused.  One listing of the destination's folder, each name
+        looked up once; what is removed is in :attr:`removed`."""
         names = self._names
-        if not is_local(self.destination) or names.loose is None:
+        if not is_local(self.destination):
             return
         try:
             listing = os.scandir(local_path(names.folder) or ".")
         except (FileNotFoundError, NotADirectoryError):
             return
-        first = None
+        first, litter = None, []
         with listing:
             for item in listing:
                 name = item.name
-                if name in self._entries or names.loose.fullmatch(name) is None:
+                if name.endswith(".partial"):
+                    if self._litter(name):
+                        litter.append(name)
+                    continue
+                if names.loose is None or name in self._entries or names.loose.fullmatch(name) is None:
                     continue
                 if self.found:
                     try:
                         if item.is_file(follow_symlinks=False):
+                            if names.number(name) is not None:
+                                litter.append(name)
                             continue
                     except OSError:  # gone meanwhile
                         continue
@@ -858,6 +876,24 @@ class JobRecord:
                     first = name
         if first is not None:
             raise self._stranger(names.folder + first)
+        for name in sorted(litter):
+            try:
+                os.unlink(local_path(names.folder + name))
+            except FileNotFoundError:  # gone meanwhile
+                continue
+            self.removed.append(names.folder + name)
+
+    def _litter(self, name: str) -> bool:
+        """Whether ``name`` is the temporary file of one of this job's outputs or of its record, left by a
+        writer whose process is gone (a live writer's, or a file of another naming, is never litter)."""
+        match = _PARTIAL.fullmatch(name)
+        if match is None:
+            return False
+        target, names = match.group(1), self._names
+        ours = target == self.url[self.url.rfind("/") + 1 :] or (
+            names.number(target) is not None if names.pattern else target == names.base
+        )
+        return ours and process_gone(int(match.group(2)))
 
     def _stranger(self, url: str) -> ConfigError:
         return ConfigError(

@@ -507,8 +507,8 @@ def map_shards(
         Returns the summary: ``shards`` (inputs), ``done`` (run now), ``skipped`` (finished by an earlier run of
         the same job), ``samples_in``, ``samples_out``, ``bytes`` (written), ``outputs``, ``failures`` (per shard
         that failed after ``retries``: the input and the reason; per sample that ``handler`` let pass: the
-        input, the key and the reason), ``removed`` (files at later part names of finished inputs that the record
-    did not list, removed: the destination never holds a sample twice) and ``seconds``.  ``handler`` (a webdataset handler such as
+        input, the key and the reason), ``removed`` (files at output names that the record
+    did not list, and temporary files of writers that died, removed: the destination never holds a sample twice) and ``seconds``.  ``handler`` (a webdataset handler such as
         ``wds.warn_and_continue``) decides what a sample that ``fn`` raises on does: the default fails its shard.
         ``client``: a ``distributed.Client``; None starts a ``LocalCluster`` of ``workers`` processes (default:
         the machine's cores) and closes it.  ``profile``: the storage profile the workers use for ``source`` and
@@ -614,7 +614,9 @@ def _run(
         "bytes": 0,
         "outputs": 0,
         "failures": [],
-        "removed": [redact(name) for name in removed],
+        # what the record removed when it was loaded (unlisted files at output names, a dead writer's
+        # temporary files), then what is past a kept input's parts
+        "removed": [redact(name) for name in sorted([*record.removed, *removed])],
         "seconds": 0.0,
     }
     if todo:
