@@ -326,3 +326,30 @@ def test_a_data_file_named_without_a_folder_confines_its_names_to_the_working_fo
     (tmp_path / "list.json").write_text(json.dumps(["%2e%2e/private/secret.tar"]))
     with pytest.raises(SecurityError, match="list.json"):
         list(wds.WebDataset("list.json", shardshuffle=False))
+
+
+def test_a_local_name_leaving_its_folder_through_a_link_is_refused_however_often_the_folder_is_read(tmp_path):
+    """Links out of a description's folder are refused for a name, its last part and a sub-folder, also after the
+    folder's real path was remembered and a sub-folder was then replaced by a link (checked by inode)."""
+    import os
+
+    from wds_cloud.io import security
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    folder = tmp_path / "data"
+    (folder / "sub").mkdir(parents=True)
+    origin = str(folder / "d.json")
+    assert security.resolve("a.tar", origin) == str(folder / "a.tar")
+    assert security.resolve("sub/b.tar", origin) == str(folder / "sub" / "b.tar")
+    (folder / "c.tar").symlink_to(outside / "c.tar")
+    with pytest.raises(SecurityError):
+        security.resolve("c.tar", origin)
+    (folder / "sub").rmdir()
+    (folder / "sub").symlink_to(outside)  # the sub-folder remembered above is now a link out
+    with pytest.raises(SecurityError):
+        security.resolve("sub/b.tar", origin)
+    os.unlink(folder / "sub")
+    (folder / "inside").mkdir()
+    (folder / "sub").symlink_to(folder / "inside")  # a link that stays inside is followed
+    assert security.resolve("sub/b.tar", origin) == str(folder / "sub" / "b.tar")

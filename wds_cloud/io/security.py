@@ -10,8 +10,11 @@ set ``WDS_ALLOW_UNTRUSTED_PIPES=1``.  ``WDS_SECURE=1`` (or
 
 from __future__ import annotations
 
+import collections
 import os
 import posixpath
+import stat
+import threading
 import urllib.parse
 from typing import Any, Optional
 
@@ -235,6 +238,48 @@ def resolve(
     return untrusted(_join(folder, url, origin, field, settings))
 
 
+#: folders whose real path was found, with the (device, inode) they had: a description of 10^7 shards in one folder
+#: costs a stat or two a name, not a realpath (an lstat per component) twice a name
+_FOLDERS: collections.OrderedDict = collections.OrderedDict()
+_FOLDERS_KEPT = 256
+_FOLDERS_LOCK = threading.Lock()
+
+
+def _real_folder(folder: str) -> str:
+    """``os.path.realpath(folder)``, remembered while the folder is the same one (checked by one ``stat``: a folder
+    replaced by a link elsewhere has another inode, and is looked up again)."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return os.path.realpath(folder)
+    with _FOLDERS_LOCK:
+        known = _FOLDERS.get(folder)
+        if known is not None and known[0] == (st.st_dev, st.st_ino):
+            _FOLDERS.move_to_end(folder)
+            return known[1]
+    real = os.path.realpath(folder)
+    with _FOLDERS_LOCK:
+        _FOLDERS[folder] = ((st.st_dev, st.st_ino), real)
+        if len(_FOLDERS) > _FOLDERS_KEPT:
+            _FOLDERS.popitem(last=False)
+    return real
+
+
+def _real(path: str, root: str, real_root: str) -> str:
+    """``os.path.realpath(path)`` for a normalised path: its folder's real path (``real_root`` when that folder is
+    ``root``, else :func:`_real_folder`) and its last part, followed when it is a link."""
+    folder, name = os.path.split(path)
+    if not folder or not name or name in (os.curdir, os.pardir):
+        return os.path.realpath(path)
+    candidate = os.path.join(real_root if folder == root else _real_folder(folder), name)
+    try:
+        if not stat.S_ISLNK(os.lstat(candidate).st_mode):
+            return candidate
+    except OSError:
+        return candidate  # absent: realpath gives the same join
+    return os.path.realpath(candidate)
+
+
 def _join(
     folder: str,
     name: str,
@@ -258,8 +303,8 @@ def _join(
             rel = os.path.relpath(joined, root)
             if rel == os.pardir or rel.startswith(os.pardir + os.sep):
                 raise _climbs(name, origin, folder, field, fix)
-            real_root = os.path.realpath(root)
-            real = os.path.realpath(joined)
+            real_root = _real_folder(root)
+            real = _real(joined, root, real_root)
             if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
                 raise _climbs(
                     name,
