@@ -1,6 +1,7 @@
 """Growth benchmark: each cost of a job at cluster size, at sizes spaced by 10x, each size in a fresh process.
 
-A test runs at the size of a test; our users run at the sizes of ``../shared/SCALE.md``.  This script runs
+A test runs at the size of a test; our users run at cluster size (10^5-10^7 shards, 4,096 ranks x 8 workers,
+10^4 shards in a node's cache, 10^5-10^6 outputs of a tool job: docs/performance.md, "Scale").  This script runs
 each row below at three or more sizes, every cell in its own child process (``--child ROW SIZE``, the same
 file), and prints the figures with the slope of log(cost) on log(size): about 1 is linear, 2 quadratic, 0 a
 cost that does not grow (a bound).  A cell that runs past its row's timeout prints ``> T s`` and the larger
@@ -17,7 +18,7 @@ first time, then read by every later run, as a checkpoint would be).
 
     python bench/bench_scale.py                       # every row, default sizes
     python bench/bench_scale.py --rows rerun,cache-miss --sizes 10,100,1000
-    python bench/bench_scale.py --quick               # small sizes: a smoke test in seconds
+    python bench/bench_scale.py --quick               # small sizes: a smoke test (a few minutes on 2 cores)
     python bench/bench_scale.py --json bench/_data/scale-after.json
 """
 
@@ -574,7 +575,7 @@ ROWS = [
     ),
     Row(
         "gather-merge",
-        "merge_states of R rank states, 100 samples buffered each (what state_dict(gather=True) merges on every rank)",
+        "merge_states of R rank states, 100 samples buffered each (what every rank merged at state_dict(gather=True) before; now rank 0 alone, once)",
         row_gather_merge,
         [64, 512, 4096],
         [4, 16, 64],
@@ -772,7 +773,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     parser.add_argument("--rows", help="comma-separated rows (default: all)")
     parser.add_argument("--sizes", help="comma-separated sizes for every row chosen (default: each row's own)")
-    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test that runs in seconds")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes: a smoke test (a few minutes on 2 cores, inputs made included)",
+    )
     parser.add_argument("--timeout", type=float, help="seconds a cell may measure for (default: each row's own)")
     parser.add_argument("--json", help="also write the figures as JSON to this path")
     parser.add_argument("--data", default=DATA, help=f"where inputs are made and kept (default {DATA})")
