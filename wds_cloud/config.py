@@ -171,7 +171,7 @@ _ENV_ROWS = (
         "size",
         "`64MiB`",
         "`512MiB`",
-        "the largest structured file read from data (an index, a wids description, a manifest, a dataset spec, a saved state, a job record); a larger one is a `MalformedDataError` before it is parsed",
+        "the largest structured file read from data (an index, a wids description, a manifest, a dataset spec, a saved state, a job record); a larger one is a `MalformedDataError` before it is parsed. For the files of one record a line (job records, and descriptions and manifests in their lines form, which the tools write past this size) it bounds each line, not the file",
     ),
     (
         "`WDS_ALLOW_PICKLE`",
