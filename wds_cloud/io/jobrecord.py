@@ -855,11 +855,12 @@ class JobRecord:
         except (FileNotFoundError, NotADirectoryError):
             return
         first, litter = None, []
+        gone: dict[int, bool] = {}  # pid -> whether it is gone: asked once per writer, not once per file
         with listing:
             for item in listing:
                 name = item.name
                 if name.endswith(".partial"):
-                    if self._litter(name):
+                    if self._litter(name, gone):
                         litter.append(name)
                     continue
                 if names.loose is None or name in self._entries or names.loose.fullmatch(name) is None:
@@ -883,7 +884,7 @@ class JobRecord:
                 continue
             self.removed.append(names.folder + name)
 
-    def _litter(self, name: str) -> bool:
+    def _litter(self, name: str, gone: dict[int, bool]) -> bool:
         """Whether ``name`` is the temporary file of one of this job's outputs or of its record, left by a
         writer whose process is gone (a live writer's, or a file of another naming, is never litter)."""
         match = _PARTIAL.fullmatch(name)
@@ -893,7 +894,12 @@ class JobRecord:
         ours = target == self.url[self.url.rfind("/") + 1 :] or (
             names.number(target) is not None if names.pattern else target == names.base
         )
-        return ours and process_gone(int(match.group(2)))
+        if not ours:
+            return False
+        pid = int(match.group(2))
+        if pid not in gone:
+            gone[pid] = process_gone(pid)
+        return gone[pid]
 
     def _stranger(self, url: str) -> ConfigError:
         return ConfigError(
