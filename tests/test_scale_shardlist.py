@@ -237,3 +237,19 @@ def test_the_urls_behave_as_a_sequence():
     assert list(urls[2:5]) == ["d/t-2.tar", "d/t-3.tar", "d/t-4.tar"] and list(urls)[0] == "d/t-0.tar"
     with pytest.raises(IndexError):
         urls[10]
+
+
+def test_lazy_url_sequences_index_as_lists_do():
+    """A brace spec's names, a packed list and a shard order refuse a float index with TypeError and an index out of
+    range with an IndexError naming the index given (a negative one was quoted as normalised)."""
+    names = wds.SimpleShardList("a-{0000000..9999999}.tar").urls
+    packed = wds.SimpleShardList(["a.tar", "b.tar"]).urls
+    for seq, size in ((names, 10**7), (packed, 2), (ShardOrder(10, 1, 0), 10)):
+        with pytest.raises(TypeError, match="not float"):
+            seq[2.0]
+        with pytest.raises(IndexError, match=f" {-size - 1} out of range"):
+            seq[-size - 1]
+        with pytest.raises(IndexError, match=f" {size} out of range"):
+            seq[size]
+        assert seq[-1] == seq[size - 1]
+    assert "view of 3 items" in repr(names[3:6])

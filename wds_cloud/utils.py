@@ -14,6 +14,7 @@ import fnmatch
 import functools
 import glob
 import itertools
+import operator
 import re
 import sys
 import types
@@ -288,6 +289,20 @@ _ESCAPE = re.compile(r"\\(.)")
 _UNBALANCED: type[ValueError] = braceexpand.UnbalancedBracesError  # type: ignore[attr-defined]
 
 
+def position(i: Any, size: int, what: str = "item") -> int:
+    """``i`` as an index of a sequence of ``size`` (a negative one from the end), as a list takes it: a
+    ``TypeError`` for what is not an integer (``2.0``), an ``IndexError`` naming the index given."""
+    try:
+        at = operator.index(i)
+    except TypeError:
+        raise TypeError(f"indices must be integers or slices, not {type(i).__name__}") from None
+    if at < 0:
+        at += size
+    if not 0 <= at < size:
+        raise IndexError(f"{what} {operator.index(i)} out of range: there are {size:,}")
+    return at
+
+
 class SequenceView(Sequence):
     """The items of ``base`` at ``positions`` (a ``range``), computed when asked: a slice of a lazy sequence
     (``urls[rank::world]``) that holds two references, not the items."""
@@ -319,7 +334,7 @@ class SequenceView(Sequence):
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"<{len(self)} of {len(self.base)} items>"
+        return f"<a view of {len(self):,} items of {len(self.base):,}>"
 
 
 class PackedStrings(Sequence):
@@ -349,8 +364,8 @@ class PackedStrings(Sequence):
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return SequenceView(self, range(len(self.ends))[i])
-        end = self.ends[i] - 1  # (IndexError as a list's)
-        i = i.__index__()
+        i = position(i, len(self.ends))
+        end = self.ends[i] - 1
         start = self.ends[i - 1] if i % len(self.ends) else 0
         return self.data[start:end].decode("utf-8", "surrogatepass")
 
@@ -391,11 +406,7 @@ class Chained(Sequence):
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return SequenceView(self, range(self.size)[i])
-        i = i.__index__()
-        if i < 0:
-            i += self.size
-        if not 0 <= i < self.size:
-            raise IndexError(f"item {i} of {self.size}")
+        i = position(i, self.size)
         k = bisect.bisect_right(self.starts, i) - 1
         return self.parts[k][i - self.starts[k]]
 
@@ -574,12 +585,7 @@ class BraceNames(Sequence):
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return SequenceView(self, range(self.size)[i])
-        i = i.__index__()
-        if i < 0:
-            i += self.size
-        if not 0 <= i < self.size:
-            raise IndexError(f"name {i} of the {self.size} of {self.pattern[:80]!r}")
-        return self._root.name(i)
+        return self._root.name(position(i, self.size, f"name of {self.pattern[:80]!r}"))
 
     def __iter__(self) -> Iterator[str]:
         root, size = self._root, self.size

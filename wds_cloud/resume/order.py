@@ -16,7 +16,7 @@ import hashlib
 from collections.abc import Iterator, Sequence
 from typing import Any, Union, overload
 
-from ..utils import SequenceView
+from ..utils import SequenceView, position
 
 __all__ = ["ShardOrder"]
 
@@ -92,13 +92,7 @@ class ShardOrder(Sequence):
     def __getitem__(self, i: Union[int, slice]) -> Union[int, SequenceView]:
         if isinstance(i, slice):
             return SequenceView(self, range(self.n)[i])
-        n = self.n
-        i = i.__index__()
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"position {i} of a shard order of {n} shards")
-        return self._at(i)
+        return self._at(position(i, self.n, "position in a shard order"))
 
     def __iter__(self) -> Iterator[int]:
         at = self._at
