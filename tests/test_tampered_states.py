@@ -85,3 +85,14 @@ def test_a_shard_index_past_the_end_is_refused(saved):
     with pytest.raises(StateMismatchError, match="shard 99") as info:
         run(urls, state)
     assert info.value.field == "shard"
+
+
+@pytest.mark.parametrize("offset", [512 * 10**12, 1 << 61])
+def test_an_offset_no_file_can_hold_is_refused_by_name(saved, offset):
+    """An offset past what the file system seeks to is a StateMismatchError naming the field (a bare OSError
+    EINVAL from the seek before; adversary finding)."""
+    urls, state = saved
+    stage(state, "TarSamples")["offset"] = offset
+    with pytest.raises(StateMismatchError, match="cannot hold|no tar member begins") as info:
+        run(urls, state)
+    assert info.value.field == "offset"

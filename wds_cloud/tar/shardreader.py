@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import collections
 import copy
+import errno
 import functools
 import itertools
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any, Optional, Union
 
 from .. import config
-from ..errors import StateMismatchError
+from ..errors import StateMismatchError, redact
 from ..handlers import reraise_exception
 from ..io.open import gopen
 from ..io.parallel import Fetcher
@@ -390,7 +391,19 @@ class TarSamples:
         compressed = bool(saved is not None and saved.get("compressed"))
         cursor.shard, cursor.url, cursor.members, cursor.base_pax = index, url, None, pax
         where[1] = offset
-        stream, local_path = self._open(source, 0 if compressed else offset)
+        try:
+            stream, local_path = self._open(source, 0 if compressed else offset)
+        except OSError as exc:
+            if not offset or compressed or exc.errno != errno.EINVAL:
+                raise
+            # a seek no file takes (past what the file system holds): the offset is a forged one, not the shard's
+            raise StateMismatchError(
+                f"{redact(url)}: the saved state resumes at byte {offset}, which this shard cannot hold ({exc}); "
+                "the state was changed: load a state that state_dict() returned for these shards",
+                url=url,
+                offset=offset,
+                field="offset",
+            ) from exc
         try:
             seekable = "stream" not in source and not compressed
             members = TarMembers(
