@@ -37,6 +37,7 @@ side that it calls when a pass starts and when a state is taken or loaded, never
 - :mod:`~wds_cloud.resume.reader_state`: the shard reader's resume side, ``ReaderResume``, and the cursor
   that says where its pass stands; :mod:`~wds_cloud.resume.refetch` fetches buffered samples again;
 - :mod:`~wds_cloud.resume.shuffle` and :mod:`~wds_cloud.resume.rng`: the resumable shuffle, the counted RNG;
+- :mod:`~wds_cloud.resume.order`: an epoch's seeded shard order, computed a position at a time (never held);
 - :mod:`~wds_cloud.resume.state`: the state format, the checksum, field checks;
   :mod:`~wds_cloud.resume.consistency`: a state's fields proven consistent with each other;
 - :mod:`~wds_cloud.resume.merge` (states of every rank merged into one), :mod:`~wds_cloud.resume.elastic`
