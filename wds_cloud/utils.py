@@ -303,7 +303,21 @@ def position(i: Any, size: int, what: str = "item") -> int:
     return at
 
 
-class SequenceView(Sequence):
+class ComputedSequence(Sequence):
+    """A sequence whose items are computed or unpacked when asked: equal to any sequence of the same items, as a
+    list is (never to a str or bytes), and unhashable as a list."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, (Sequence, range)) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class SequenceView(ComputedSequence):
     """The items of ``base`` at ``positions`` (a ``range``), computed when asked: a slice of a lazy sequence
     (``urls[rank::world]``) that holds two references, not the items."""
 
@@ -326,18 +340,11 @@ class SequenceView(Sequence):
         for p in self.positions:
             yield base[p]
 
-    def __eq__(self, other: Any) -> bool:
-        if isinstance(other, (Sequence, range)) and not isinstance(other, (str, bytes)):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
     def __repr__(self) -> str:
         return f"<a view of {len(self):,} items of {len(self.base):,}>"
 
 
-class PackedStrings(Sequence):
+class PackedStrings(ComputedSequence):
     """A list of strings kept as one ``"\\n"``-joined UTF-8 buffer and an array of where each ends: about a string's
     own bytes plus 9, where a Python list of them costs some 50 bytes more a string, and copied into every
     DataLoader worker (pickled under spawn as two buffers; under fork no page of it is written again)."""
@@ -379,18 +386,11 @@ class PackedStrings(Sequence):
             start = ends[lo - 1] if lo else 0
             yield from self.data[start : ends[hi - 1] - 1].decode("utf-8", "surrogatepass").split("\n")
 
-    def __eq__(self, other: Any) -> bool:
-        if isinstance(other, (Sequence, range)) and not isinstance(other, (str, bytes)):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
     def __repr__(self) -> str:
         return f"<{len(self)} packed strings>"
 
 
-class Chained(Sequence):
+class Chained(ComputedSequence):
     """The items of several sequences one after another (``a::b`` shard specs), each computed by its own."""
 
     __slots__ = ("parts", "starts", "size")
@@ -413,13 +413,6 @@ class Chained(Sequence):
     def __iter__(self) -> Iterator:
         for part in self.parts:
             yield from part
-
-    def __eq__(self, other: Any) -> bool:
-        if isinstance(other, (Sequence, range)) and not isinstance(other, (str, bytes)):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -564,7 +557,7 @@ def _parse_expression(expr: str) -> Optional[_Group]:
     return _Group("any", sum(part.size for part in items), parts=tuple(items), starts=starts)
 
 
-class BraceNames(Sequence):
+class BraceNames(ComputedSequence):
     """The names a brace pattern expands to, exactly those ``braceexpand`` gives and in its order, computed one
     by one: ``names[i]`` in time proportional to the pattern's groups, ``len()`` from their counts, slices
     as views.  Holds the parsed pattern only: 10^7 shard names cost what their pattern costs."""

@@ -13,10 +13,10 @@ that holds a ``range`` of positions and nothing else.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any, Union, overload
 
-from ..utils import SequenceView, position
+from ..utils import ComputedSequence, SequenceView, position
 
 __all__ = ["ShardOrder"]
 
@@ -33,7 +33,7 @@ def _seed_text(seed: Any) -> str:
         return "s:" + str(seed)
 
 
-class ShardOrder(Sequence):
+class ShardOrder(ComputedSequence):
     """The permutation of ``range(n)`` for (``seed``, ``epoch``): ``order[i]`` is the shard read i-th, in O(1);
     :meth:`index` is its inverse, also O(1)."""
 
@@ -113,13 +113,6 @@ class ShardOrder(Sequence):
 
     def __contains__(self, value: Any) -> bool:
         return type(value) is int and 0 <= value < self.n
-
-    def __eq__(self, other: Any) -> bool:
-        if isinstance(other, (Sequence, range)) and not isinstance(other, (str, bytes)):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"ShardOrder({self.n} shards)"
