@@ -1,6 +1,5 @@
 """What an adversary found in the shard cache: each test failed before its fix (hangs are caught by bounded waits)."""
 
-import io
 import logging
 import multiprocessing
 import os
@@ -15,6 +14,8 @@ from wds_cloud.io import cacheledger
 from wds_cloud.io.parallel import Fetcher
 from wds_cloud.io.shardcache import ShardCache
 from wds_cloud.testing.objects import http_server
+
+from .remote import Remote
 
 WAIT = 60  # seconds a step may take before it counts as a hang (each step takes well under one)
 
@@ -91,22 +92,6 @@ def test_file_cache_refuses_sizes_webdataset_refuses(tmp_path, given):
     if given != "":  # WebDataset's "" is "no cache" (WDS_CACHE_SIZE's unset)
         with pytest.raises(ConfigError, match="cache_size"):
             wds.WebDataset(str(tmp_path / "a.tar"), cache_dir=str(tmp_path), cache_size=given)
-
-
-class Remote(io.RawIOBase):
-    """A remote object as the cache's opener returns it (size, version, readinto from an offset)."""
-
-    def __init__(self, data: bytes, offset: int = 0) -> None:
-        self.data, self.pos, self.size, self.version, self.md5 = data, offset, len(data), "v1", None
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        chunk = self.data[self.pos : self.pos + len(buffer)]
-        buffer[: len(chunk)] = chunk
-        self.pos += len(chunk)
-        return len(chunk)
 
 
 DATA = os.urandom(100_000)

@@ -1,29 +1,14 @@
 """The shard cache directory is not trusted: planted links are never followed, locks do not pile up,
 and entries of URLs with credentials are private."""
 
-import io
 import os
 import stat
 
 from wds_cloud.io.shardcache import ShardCache
 
+from .remote import Remote
+
 DATA = os.urandom(300_000)
-
-
-class Remote(io.RawIOBase):
-    """A remote object as the cache's opener returns it (size, version, readinto from an offset)."""
-
-    def __init__(self, data: bytes, offset: int = 0) -> None:
-        self.data, self.pos, self.size, self.version, self.md5 = data, offset, len(data), "v1", None
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        chunk = self.data[self.pos : self.pos + len(buffer)]
-        buffer[: len(chunk)] = chunk
-        self.pos += len(chunk)
-        return len(chunk)
 
 
 def read_through(cache: ShardCache, url: str, data: bytes = DATA) -> bytes:

@@ -4,7 +4,6 @@ writer: a torn or forged line is ignored, a damaged ledger rebuilt, and nothing 
 
 import contextlib
 import functools
-import io
 import json
 import multiprocessing
 import os
@@ -16,24 +15,10 @@ import pytest
 from wds_cloud.io import cacheledger, shardcache
 from wds_cloud.io.shardcache import ShardCache
 
+from .remote import Remote
+
 SIZE = 1000
 DATA = os.urandom(SIZE)
-
-
-class Remote(io.RawIOBase):
-    """A remote object as the cache's opener returns it (size, version, readinto from an offset)."""
-
-    def __init__(self, data: bytes, offset: int = 0) -> None:
-        self.data, self.pos, self.size, self.version, self.md5 = data, offset, len(data), "v1", None
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        chunk = self.data[self.pos : self.pos + len(buffer)]
-        buffer[: len(chunk)] = chunk
-        self.pos += len(chunk)
-        return len(chunk)
 
 
 def fill(cache: ShardCache, url: str, data: bytes = DATA) -> bytes:
