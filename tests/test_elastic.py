@@ -186,6 +186,22 @@ def test_dataset_states_of_every_worker_merge_too(shards):
 def test_equal_work_after_an_elastic_resume(tmp_path, equal_work):
     """Every new rank and worker yields the same number of samples; nothing delivered comes again ('max' may
     repeat what it would have repeated anyway)."""
+    _equal_work_after_an_elastic_resume(tmp_path, equal_work, seed=8)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open fault: with some shard orders an elastic share of equal_work='min' holds fewer samples than its "
+    "limit and the reader goes over the share again (a sample delivered twice): seeds 1, 2, 4, 6, 7 and 9 of 1-10 "
+    "for 'min', 4, 5, 6 and 9 for 'max' under this release's order (6 and 7 failed under the order before). Kept "
+    "in sight until equal_work's elastic shares are cut by exact counts",
+)
+def test_equal_work_min_after_an_elastic_resume_with_an_order_that_breaks_it(tmp_path):
+    """The known fault of equal_work after an elastic resume, pinned so it stays in sight (strict xfail)."""
+    _equal_work_after_an_elastic_resume(tmp_path, "min", seed=1)
+
+
+def _equal_work_after_an_elastic_resume(tmp_path, equal_work, seed):
     urls = write_shards(tmp_path, SIZES)
     index = tmp_path / "index.json"
     index.write_text(
@@ -193,10 +209,10 @@ def test_equal_work_after_an_elastic_resume(tmp_path, equal_work):
     )
 
     def build(workers):
-        # seed 8: with some orders a shape breaks 'min'/'max' (seeds 6 and 7 fail under the shard order of this
-        # release and of the one before): an order-dependent fault of equal_work's elastic shares, still open
+        # with some orders a shape breaks 'min'/'max': an order-dependent fault of equal_work's elastic shares,
+        # still open (the xfail test above pins one)
         ds = wds.WebDataset(
-            str(index), shardshuffle=True, seed=8, nodesplitter=wds.split_by_node, equal_work=equal_work
+            str(index), shardshuffle=True, seed=seed, nodesplitter=wds.split_by_node, equal_work=equal_work
         ).shuffle(4)
         return wds.WebLoader(ds, batch_size=None, num_workers=workers, collate_fn=lambda s: s["__key__"])
 
