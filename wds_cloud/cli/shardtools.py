@@ -463,14 +463,15 @@ def _reshard(args: argparse.Namespace) -> int:
     finally:
         record.flush()
     result: dict[str, Any] = {"samples": samples, "shards": shard_no + 1, "written": written, "kept": skipped}
-    result["removed"] = [redact(name) for name in record.removed]  # unlisted files at output names, litter
+    if record.removed:  # unlisted files at output names, litter: listed only when any were (--json keeps its shape)
+        result["removed"] = [redact(name) for name in record.removed]
     emit(
         args,
         result,
         lambda r: (
             f"{_plural(r['samples'], 'sample')} into {_plural(r['shards'], 'shard')} ({r['written']} written, "
             f"{r['kept']} already complete and kept"
-            + (f"; removed {_plural(len(r['removed']), 'file')} no record listed" if r["removed"] else "")
+            + (f"; removed {_plural(len(r['removed']), 'file')} no record listed" if r.get("removed") else "")
             + ")"
         ),
     )
