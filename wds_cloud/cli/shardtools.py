@@ -31,7 +31,7 @@ from ..io.open import check_schemes, gopen
 from ..io.urls import is_local
 from ..shardlists import expand_urls
 from . import flags
-from .console import EXIT_CODES, EXIT_OK, EXIT_PROBLEM, UsageError, emit, for_cli, progress
+from .console import EXIT_CODES, EXIT_OK, EXIT_PROBLEM, UsageError, emit, for_cli, progress, shown
 from .flags import MAX_PARALLEL, count, output_pattern, scheduler, text
 
 __all__ = ["add_parsers"]
@@ -150,7 +150,8 @@ def _cat(args: argparse.Namespace) -> int:
                 out.write(chunk)
         return EXIT_OK
     index = index_of(args.url)
-    found = [s for s in index.samples if s.key == args.key]
+    # a key is typed as the shell gives it (its bytes) or as `ls` shows it (bytes not UTF-8 escaped as \\xe9)
+    found = [s for s in index.samples if args.key in (s.key, shown(s.key))]
     if not found:
         raise ShardNotFoundError(
             f"{redact(args.url)}: no sample with key {args.key!r} ({len(index)} samples; "
@@ -158,7 +159,7 @@ def _cat(args: argparse.Namespace) -> int:
             url=args.url,
         )
     sample = found[0]
-    fields = [f for f in sample.fields if args.field is None or f[0] == args.field]
+    fields = [f for f in sample.fields if args.field is None or args.field in (f[0], shown(f[0]))]
     if not fields:
         raise ShardNotFoundError(
             f"{redact(args.url)}: sample {args.key!r} has no field {args.field!r} (it has "
@@ -413,8 +414,16 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 # reshard
+def _reshard_record(args: argparse.Namespace, urls: list[str]) -> JobRecord:
+    """The job record of a reshard: one for the job in one process and on Dask (either run continues the other)."""
+    return JobRecord(
+        args.dest, "reshard", urls, {"maxcount": args.maxcount, "maxsize": args.maxsize, "compress": args.compress}
+    )
+
+
 def _reshard(args: argparse.Namespace) -> int:
     from ..compat import WebDataset
+    from ..tools.dask import OutputCut, sample_weight, written_fields
     from ..writer import TarWriter
 
     urls = _urls(args.source)  # DEST, --maxcount and --maxsize were checked when the command line was parsed
@@ -422,13 +431,11 @@ def _reshard(args: argparse.Namespace) -> int:
     choices["zstd"] = "zstd"
     compress = choices[args.compress]
     if getattr(args, "scheduler", None) or getattr(args, "workers", None):
-        return _reshard_on_dask(args, urls)
-    record = JobRecord(
-        args.dest, "reshard", urls, {"maxcount": args.maxcount, "maxsize": args.maxsize, "compress": args.compress}
-    )
+        return _reshard_on_dask(args, urls, compress)
+    record = _reshard_record(args, urls)
     record.begin()
     written = skipped = samples = 0
-    plan = _Plan(args.maxcount, args.maxsize)
+    plan = OutputCut(args.maxcount, args.maxsize)
     current: Optional[Any] = None
     stream: Optional[HashingWriter] = None
     shard_no = -1
@@ -436,8 +443,7 @@ def _reshard(args: argparse.Namespace) -> int:
 
     try:
         for sample in progress(dataset, None, "reshard", unit="samples"):
-            size = sum(len(v) for k, v in sample.items() if not k.startswith("__") and isinstance(v, (bytes, str)))
-            number = plan.shard_for(size)
+            number = plan.shard_for(sample_weight(sample))
             if number != shard_no:
                 if current is not None and stream is not None:
                     record.finish(current, stream)  # published whole here
@@ -452,7 +458,7 @@ def _reshard(args: argparse.Namespace) -> int:
                     written += 1
             samples += 1
             if current is not None:
-                current.write({k: v for k, v in sample.items() if k == "__key__" or not k.startswith("__")})
+                current.write(written_fields(sample))
         if current is not None and stream is not None:
             record.finish(current, stream)
             current = None
@@ -462,19 +468,28 @@ def _reshard(args: argparse.Namespace) -> int:
         raise
     finally:
         record.flush()
-    result: dict[str, Any] = {"samples": samples, "shards": shard_no + 1, "written": written, "kept": skipped}
+    result = {"samples": samples, "shards": shard_no + 1, "written": written, "kept": skipped}
+    return _reshard_summary(args, record, result)
+
+
+def _reshard_summary(args: argparse.Namespace, record: JobRecord, result: dict[str, Any]) -> int:
+    """Print what a reshard did; a rerun of a finished job says that it was complete and what it kept."""
     if record.removed:  # unlisted files at output names, litter: listed only when any were (--json keeps its shape)
         result["removed"] = [redact(name) for name in record.removed]
-    emit(
-        args,
-        result,
-        lambda r: (
+
+    def text(r: dict) -> str:
+        removed = f"; removed {_plural(len(r['removed']), 'file')} no record listed" if r.get("removed") else ""
+        if r["shards"] and not r["written"]:
+            return (
+                f"nothing to do: the job was already complete; kept all {_plural(r['shards'], 'shard')} "
+                f"({_plural(r['samples'], 'sample')}){removed}"
+            )
+        return (
             f"{_plural(r['samples'], 'sample')} into {_plural(r['shards'], 'shard')} ({r['written']} written, "
-            f"{r['kept']} already complete and kept"
-            + (f"; removed {_plural(len(r['removed']), 'file')} no record listed" if r.get("removed") else "")
-            + ")"
-        ),
-    )
+            f"{r['kept']} already complete and kept{removed})"
+        )
+
+    emit(args, result, text)
     return EXIT_OK
 
 
@@ -554,36 +569,52 @@ def _map(args: argparse.Namespace) -> int:
     return EXIT_OK if not any("key" not in f for f in summary["failures"]) else EXIT_PROBLEM
 
 
-def _reshard_on_dask(args: argparse.Namespace, urls: list[str]) -> int:
-    """reshard on Dask: each input shard is rewritten by one task, so the outputs are numbered by input (input
-    i gives ``dest % i``, then ``-001``, ``-002``, ... before the extension when maxcount/maxsize cut it)."""
-    from ..tools.dask import map_shards, passthrough
+def _reshard_on_dask(args: argparse.Namespace, urls: list[str], compress: Union[bool, str, None]) -> int:
+    """reshard on Dask, writing what one process writes (the same names, the same samples in each shard, the same
+    bytes), so that the job's output does not depend on how many workers ran it and either run continues the
+    other: a first parallel pass measures each input's samples (8 bytes each travel back), the cut is planned
+    here in input order as one process cuts it, then each task writes the outputs that start in one input
+    (reading on into the next for the last), so every input is read at most three times whatever the cut."""
+    from ..tools.dask import distributed_module, measure_shard, plan_outputs, reshard_part, sweep_partials
 
-    if args.compress not in ("keep",):
-        raise UsageError("on Dask the compression follows the output name (.tar.gz compresses): leave out --compress")
-    # a local cluster is started by map_shards itself, after the job has claimed its destination
-    with _cluster(args) if args.scheduler else contextlib.nullcontext() as client:
-        summary = map_shards(
-            passthrough,
-            urls,
-            args.dest,
-            per="shard",
-            client=client,
-            maxcount=args.maxcount,
-            maxsize=args.maxsize,
-            workers=args.workers,
-        )
-    _cli_failures(summary)
-    emit(
-        args,
-        summary,
-        lambda r: (
-            f"{r['samples_out']} samples into {r['outputs']} shards ({r['done']} inputs "
-            f"rewritten, {r['skipped']} already complete and kept)"
-            + "".join(f"\n  failed: {f['input']}: {f['error']}" for f in r["failures"])
-        ),
-    )
-    return EXIT_OK if not summary["failures"] else EXIT_PROBLEM
+    distributed = distributed_module()  # without the extra: at once, with the install line
+    record = _reshard_record(args, urls)
+    result: dict[str, Any] = {"samples": 0, "shards": 0, "written": 0, "kept": 0}
+    todo: list[int] = []
+    try:
+        with _cluster(args) as client:
+            measured = client.map(measure_shard, urls, pure=False, retries=2)
+            weights = (future.result() for future in progress(measured, len(urls), "reshard: measure", unit="inputs"))
+            groups: list[tuple[int, int, list[tuple[str, int, bool]]]] = []  # input, first sample, outputs
+            for span in plan_outputs(weights, args.maxcount, args.maxsize):
+                name = args.dest % span.number
+                write = not record.keep(name)  # finished by this same job before an interruption: kept
+                if write:
+                    todo.append(span.number)
+                result["samples"] += span.count
+                result["shards"] += 1
+                if not groups or groups[-1][0] != span.start:
+                    groups.append((span.start, span.first, []))
+                groups[-1][2].append((name, span.count, write))
+            del measured
+            record.begin()
+            # a group's outputs end at most where the next group starts; its reader stops where they end
+            ends = [start for start, _, _ in groups[1:]] + [len(urls) - 1]
+            futures = [
+                client.submit(reshard_part, urls[start : end + 1], first, outputs, compress, pure=False, retries=2)
+                for (start, first, outputs), end in zip(groups, ends)
+                if any(write for _, _, write in outputs)
+            ]
+            for future in progress(distributed.as_completed(futures), len(futures), "reshard: write", unit="tasks"):
+                for output in future.result():
+                    record.add(output["name"], output["size"], output["sha256"])
+                    result["written"] += 1
+                record.save_soon()
+    finally:
+        record.flush()
+        sweep_partials(args.dest, todo)
+    result["kept"] = result["shards"] - result["written"]
+    return _reshard_summary(args, record, result)
 
 
 def _convert_mmc4(args: argparse.Namespace) -> int:
@@ -667,21 +698,6 @@ def _convert_on_dask(args: argparse.Namespace, docs: list[str]) -> dict:
         sweep_partials(args.dest, todo)
     counts["documents"] = total - counts["skipped_documents"]
     return counts
-
-
-class _Plan:
-    """Which output shard a sample goes to: a new one when it would pass maxcount or maxsize."""
-
-    def __init__(self, maxcount: int, maxsize: float) -> None:
-        self.maxcount, self.maxsize = maxcount, maxsize
-        self.number, self.count, self.bytes = -1, 0, 0
-
-    def shard_for(self, size: int) -> int:
-        if self.number < 0 or self.count >= self.maxcount or (self.count and self.bytes + size > self.maxsize):
-            self.number, self.count, self.bytes = self.number + 1, 0, 0
-        self.count += 1
-        self.bytes += size
-        return self.number
 
 
 def add_parsers(commands: Any) -> None:
@@ -818,7 +834,7 @@ def add_parsers(commands: Any) -> None:
         help="keep (default): as the output name says (.tar.gz/.tgz gzip, .tar.bz2 bzip2, .tar.xz xz, .tar.zst "
         "zstd; else none); none; or gz, bz2, xz, zstd whatever the name",
     )
-    on_dask(reshard, " (outputs are then numbered by input: input i gives dest %% i, then -001, -002, ...)")
+    on_dask(reshard, " (the same shards as one process: the samples are counted first, then the shards written)")
     reshard.set_defaults(func=_reshard)
 
     mapper = add(

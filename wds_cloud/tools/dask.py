@@ -27,7 +27,9 @@ Needs the ``dask`` extra: ``pip install 'wds_cloud[dask]'``.
 
 from __future__ import annotations
 
+import array
 import contextlib
+import dataclasses
 import functools
 import importlib
 import ipaddress
@@ -55,6 +57,13 @@ __all__ = [
     "cluster_client",
     "passthrough",
     "sweep_partials",
+    "sample_weight",
+    "written_fields",
+    "OutputCut",
+    "OutputSpan",
+    "measure_shard",
+    "plan_outputs",
+    "reshard_part",
     "INSTALL",
 ]
 
@@ -674,3 +683,119 @@ def _run(
             sweep_partials(destination, [index for index, _ in todo])
     summary["seconds"] = time.perf_counter() - started
     return summary
+
+
+# reshard on Dask: the same outputs as one process, whatever the number of workers
+
+
+def sample_weight(sample: dict) -> int:
+    """The bytes a sample adds to an output shard as ``--maxsize`` counts them: its fields' lengths (text and
+    bytes; the ``__key__`` and other ``__`` entries not)."""
+    return sum(len(v) for k, v in sample.items() if not k.startswith("__") and isinstance(v, (bytes, str)))
+
+
+def written_fields(sample: dict) -> dict:
+    """What of a sample read back is written to an output shard: its key and fields, not the reader's
+    ``__url__`` and other ``__`` entries."""
+    return {k: v for k, v in sample.items() if k == "__key__" or not k.startswith("__")}
+
+
+class OutputCut:
+    """Which output shard each sample goes to, in order: a new one when the sample would take the current one
+    past ``maxcount`` samples or ``maxsize`` bytes (a sample larger than maxsize gets a shard of its own).
+    The one rule for the job in one process and on any number of Dask workers, so that both write the same
+    shards under the same names."""
+
+    def __init__(self, maxcount: int, maxsize: float) -> None:
+        self.maxcount, self.maxsize = maxcount, maxsize
+        self.number, self.count, self.bytes = -1, 0, 0
+
+    def shard_for(self, size: int) -> int:
+        if self.number < 0 or self.count >= self.maxcount or (self.count and self.bytes + size > self.maxsize):
+            self.number, self.count, self.bytes = self.number + 1, 0, 0
+        self.count += 1
+        self.bytes += size
+        return self.number
+
+
+def measure_shard(url: str) -> bytes:
+    """The weight (:func:`sample_weight`) of each sample of one input shard, in order, as 8-byte integers (on a
+    worker: 8 bytes per sample travel back, not the samples)."""
+    from ..compat import WebDataset
+
+    sizes = array.array("q")
+    for sample in WebDataset([url], shardshuffle=False, empty_check=False):
+        sizes.append(sample_weight(sample))
+    return sizes.tobytes()
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputSpan:
+    """Output shard ``number``: ``count`` samples, from sample ``first`` (counted from 0) of input ``start``."""
+
+    number: int
+    start: int
+    first: int
+    count: int
+
+
+def plan_outputs(weights: Iterable[bytes], maxcount: int, maxsize: float) -> Iterator[OutputSpan]:
+    """The output shards of a reshard, in order, from each input's sample weights (:func:`measure_shard`, in
+    input order): cut by :class:`OutputCut` as one process cuts them.  One input's weights are held at a time;
+    each span is given as soon as the next one starts."""
+    cut = OutputCut(maxcount, maxsize)
+    span: Optional[list[int]] = None  # number, start, first, count of the output being filled
+    for index, packed in enumerate(weights):
+        sizes = array.array("q")
+        sizes.frombytes(packed)
+        for position, size in enumerate(sizes):
+            number = cut.shard_for(size)
+            if span is None or number != span[0]:
+                if span is not None:
+                    yield OutputSpan(*span)
+                span = [number, index, position, 0]
+            span[3] += 1
+    if span is not None:
+        yield OutputSpan(*span)
+
+
+def reshard_part(urls: list[str], first: int, outputs: list[tuple[str, int, bool]], compress: Any) -> list[dict]:
+    """Write consecutive output shards of a reshard (on a worker): ``outputs`` are ``(name, samples, write)`` in
+    order, filled from sample ``first`` of ``urls[0]`` on, through the inputs that follow; one marked not to
+    write (kept by the job record) is read past.  Each is published whole.  Returns name, size and SHA-256 of
+    each written."""
+    from ..compat import WebDataset
+    from ..io.jobrecord import HashingWriter
+    from ..io.open import gopen
+    from ..writer import TarWriter
+
+    def samples() -> Iterator[dict]:
+        for position, url in enumerate(urls):
+            for skip, sample in enumerate(WebDataset([url], shardshuffle=False, empty_check=False)):
+                if position or skip >= first:
+                    yield sample
+
+    stream = iter(samples())
+    done = []
+    for name, count, write in outputs:
+        out = HashingWriter(gopen(name, "wb"), name) if write else None
+        writer = TarWriter(cast(IO[bytes], out), compress=compress) if out is not None else None
+        try:
+            for _ in range(count):
+                sample = next(stream, None)
+                if sample is None:  # the input changed since it was measured: no output is published short
+                    raise ConfigError(
+                        f"{redact(name)}: its inputs hold fewer samples than when the job measured them "
+                        f"({redact(urls[0])} on); an input changed while the job ran: run the job again"
+                    )
+                if writer is not None:
+                    writer.write(written_fields(sample))
+            if writer is not None and out is not None:
+                writer.close()
+                out.close()
+                done.append({"name": name, "size": out.count, "sha256": out.sha256.hexdigest(), "samples": count})
+        except BaseException:
+            if out is not None:
+                out.abort()
+            raise
+    return done
