@@ -258,7 +258,7 @@ def basichandlers(key: str, data: Any) -> Any:
 
 # name -> (result type, pixel type, image mode): webdataset's table, values and all.  Modes are written in
 # lowercase there ("rgb") and upper-cased when handed to Pillow; code that reads imagespecs[x][2] or adds
-# entries the upstream way relies on that, so a mode here is matched case-insensitively (issue 42).
+# entries the upstream way relies on that, so a mode here is matched case-insensitively.
 imagespecs = {
     "l8": ("numpy", "uint8", "l"),
     "rgb8": ("numpy", "uint8", "rgb"),

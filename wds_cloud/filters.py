@@ -77,7 +77,8 @@ log = logging.getLogger(__name__)
 
 class _Normalised(RestCurried):
     """A curried filter whose numeric arguments are normalised (numpy numbers made plain, nonsense refused with
-    ConfigError naming the argument) when the stage is built, not when the first sample comes (issue 41)."""
+    ConfigError naming the argument) when the stage is built, not when the first sample comes: an error raised
+    there names the argument where it was written, not a sample far down the stream."""
 
     def __init__(self, f: Callable, normalise: dict) -> None:
         super().__init__(f)
@@ -92,8 +93,8 @@ class _Normalised(RestCurried):
         for name, check in self.normalise.items():
             if name not in bound.arguments:
                 continue
-            # None only where the stage itself takes None (its default): batched(None) was built, then raised
-            # a raw TypeError on the first sample (issue 41)
+            # None only where the stage itself takes None (its default): otherwise batched(None) would be built
+            # and raise a raw TypeError on the first sample
             if bound.arguments[name] is None and name in params and params[name].default is None:
                 continue
             bound.arguments[name] = check(name, bound.arguments[name])
@@ -111,6 +112,26 @@ def _slice_bounds(name: str, values: tuple) -> tuple:
 
 def identity(x: Any) -> Any:
     return x
+
+
+def _alternatives(spec: Any, what: str) -> list:
+    """The field names one argument stands for, in webdataset's shapes: a string of alternatives joined by ``;``
+    (``"jpg;png"``), or a list or tuple of them (``["webp", "png", "jpg"]``, as CLIP_benchmark passes)."""
+    if isinstance(spec, str):
+        return spec.split(";")
+    if isinstance(spec, (list, tuple)) and spec and all(isinstance(k, str) for k in spec):
+        return list(spec)
+    raise TypeError(
+        f"{what} is {spec!r}: give a field name, alternatives joined by ';' (\"jpg;png\"), or a non-empty list "
+        'of names (["jpg", "png"])'
+    )
+
+
+def parse_field_spec(fields: Any) -> list:
+    """A list of fields, each a list of alternatives: from ``"jpg;png cls"`` or ``["jpg;png", ["webp", "png"]]``."""
+    if isinstance(fields, str):
+        fields = fields.split()
+    return [_alternatives(f, f"field {i}") for i, f in enumerate(fields)]
 
 
 def getfirst(a: dict, keys: Any, default: Any = None, missing_is_error: bool = True) -> Any:
@@ -150,7 +171,19 @@ def _info(
     stream: Any = None,
     name: str = "",
 ) -> Iterator:
-    """Pass samples through, printing a short description of the first ``n`` and then every ``every``-th."""
+    """Pass samples through, printing a short description of the first ``n`` and then every ``every``-th.
+
+    Yields every sample unchanged.  For example ``wds.DataPipeline(wds.SimpleShardList(url),
+    wds.tarfile_to_samples(), wds.info(n=2))`` describes the first two samples on standard error.
+
+    :param fmt: a ``str.format`` template filled from the sample's fields; None prints every field, each value
+        cut to ``width`` characters.
+    :param n: how many samples to describe first.
+    :param every: then describe every ``every``-th sample (-1: no more).
+    :param width: the characters shown of each value.
+    :param stream: where to print (default: ``sys.stderr``).
+    :param name: a label printed before each description.
+    """
     stream = stream or sys.stderr
     for i, sample in enumerate(data):
         if i < n or (every > 0 and (i + 1) % every == 0):
@@ -171,8 +204,8 @@ def _shuffle(
     bufsize: int = 1000,
     initial: int = 100,
     rng: Optional[random.Random] = None,
-    handler: Any = None,
     seed: Optional[int] = None,
+    handler: Any = None,
 ) -> Iterator:
     """Shuffle through a buffer of ``bufsize`` samples, starting once ``initial`` are buffered."""
     return Shuffle(bufsize, initial, rng=rng, seed=seed).run(data)
@@ -182,10 +215,11 @@ def shuffle(
     bufsize: int = 1000,
     initial: int = 100,
     rng: Optional[random.Random] = None,
-    handler: Any = None,
     seed: Optional[int] = None,
+    handler: Any = None,
 ) -> Shuffle:
-    """The shuffle stage: a buffer of ``bufsize`` samples, output starting once ``initial`` are in."""
+    """The shuffle stage: a buffer of ``bufsize`` samples, output starting once ``initial`` are in (the arguments in
+    webdataset's order: ``shuffle(1000, 100, None, 5)`` is seed 5)."""
     return Shuffle(bufsize, initial, rng=rng, handler=handler, seed=seed)
 
 
@@ -200,7 +234,13 @@ class detshuffle(Shuffle):
 
 
 def _select(data: Iterable, predicate: Callable) -> Iterator:
-    """Keep the samples for which ``predicate(sample)`` is true."""
+    """Keep the samples for which ``predicate(sample)`` is true.
+
+    Yields the samples kept, unchanged.  For example ``ds.select(lambda s: s["cls"] < 10)``, or as a stage
+    ``wds.select(lambda s: "jpg" in s)``.
+
+    :param predicate: a function of a sample; a true result keeps it.
+    """
     for sample in data:
         if predicate(sample):
             yield sample
@@ -210,7 +250,13 @@ select = pipelinefilter(_select)
 
 
 def _log_keys(data: Iterable, logfile: Optional[str] = None) -> Iterator:
-    """Append each sample's ``__url__`` and ``__key__`` to ``logfile`` (or the debug log)."""
+    """Append each sample's ``__url__`` and ``__key__`` to ``logfile`` (or the debug log).
+
+    Yields every sample unchanged.  For example ``ds.log_keys("keys.tsv")`` records which samples a run saw.
+
+    :param logfile: the file to append a line per sample to; None logs the lines at DEBUG level to the
+        ``wds_cloud.filters`` logger.
+    """
     out = open(logfile, "a") if logfile else None
     try:
         for sample in data:
@@ -229,7 +275,17 @@ log_keys = pipelinefilter(_log_keys)
 
 
 def _decode(data: Iterable, *args: Any, handler: Callable = reraise_exception, **kw: Any) -> Iterator:
-    """Decode each sample's fields with a :class:`Decoder` built from ``args``."""
+    """Decode each sample's fields with a :class:`Decoder` built from ``args``.
+
+    Yields each sample with its fields decoded.  For example ``wds.decode("rgb8")`` (numpy images),
+    ``wds.decode(wds.imagehandler("torchrgb"))``; the fluent ``ds.decode("pil")`` does the same.
+
+    :param args: the handlers of the :class:`Decoder` (an image spec such as ``"rgb8"``, a handler function of
+        ``(key, data)``), or one ``Decoder`` ready made.
+    :param handler: called with the exception when a sample cannot be decoded: true skips the sample, false
+        stops (default: raise it).
+    :param kw: the rest of ``Decoder``'s arguments (``pre``, ``post``, ``only``, ``partial``, ``allow_pickle``).
+    """
     decoder = Decoder(list(args), **kw) if not (len(args) == 1 and isinstance(args[0], Decoder)) else args[0]
     for sample in data:
         try:
@@ -245,7 +301,15 @@ decode = pipelinefilter(_decode)
 
 
 def _map(data: Iterable, f: Callable, handler: Callable = reraise_exception) -> Iterator:
-    """``f(sample)`` for each sample; None drops the sample; a dict result keeps ``__key__``."""
+    """``f(sample)`` for each sample; None drops the sample; a dict result keeps ``__key__``.
+
+    Yields ``f(sample)`` for each sample, skipping None.  For example ``ds.map(lambda s: {**s, "n": len(s["txt"])})``
+    or ``wds.map(preprocess)``.
+
+    :param f: a function of a sample returning the new sample, or None to drop it.
+    :param handler: called with the exception ``f`` raised: true skips the sample, false stops (default: raise
+        it).
+    """
     for sample in data:
         try:
             result = f(sample)
@@ -263,26 +327,39 @@ def _map(data: Iterable, f: Callable, handler: Callable = reraise_exception) -> 
 map = pipelinefilter(_map)
 
 
-def _rename(data: Iterable, handler: Callable = reraise_exception, keep: bool = True, **kw: str) -> Iterator:
-    """Rename fields: ``rename(image="jpg;png")`` takes the first of jpg/png as ``image``."""
+def _rename(data: Iterable, handler: Callable = reraise_exception, keep: bool = True, **kw: Any) -> Iterator:
+    """Rename fields: ``rename(image="jpg;png")`` (or ``image=["jpg", "png"]``) takes the first of jpg/png as
+    ``image``.  As webdataset's: with ``keep`` every field named as an alternative goes and the others stay;
+    without it the sample holds the renamed fields only.
+
+    Yields each sample with its fields renamed.  For example ``ds.rename(image="jpg;png", label="cls")``.
+
+    :param handler: called with the exception when a sample has none of a name's alternatives: true skips the
+        sample, false stops (default: raise it).
+    :param keep: keep the other fields, ``__key__`` and ``__url__`` included (False: the sample holds the
+        renamed fields only).
+    :param kw: ``new=old``: the new name of a field, and the old name or its alternatives.
+    """
+    names = {new: _alternatives(old, f"rename({new}=...)") for new, old in kw.items()}
+    replaced = {k for alternatives in names.values() for k in alternatives}
     for sample in data:
         try:
-            used = set()
-            result = {}
-            for new, old in kw.items():
-                for alternative in old.split(";"):
+            renamed = {}
+            for new, alternatives in names.items():
+                for alternative in alternatives:
                     if alternative in sample:
-                        result[new] = sample[alternative]
-                        used.add(alternative)
+                        renamed[new] = sample[alternative]
                         break
                 else:
                     raise ValueError(
-                        f"rename: sample {sample.get('__key__')!r} has none of {old!r} "
+                        f"rename: sample {sample.get('__key__')!r} has none of {kw[new]!r} "
                         f"(fields: {sorted(k for k in sample if not k.startswith('__'))})"
                     )
-            for k, v in sample.items():
-                if k.startswith("__") or (keep and k not in used and k not in result):
-                    result.setdefault(k, v)
+            if keep:
+                result = {k: v for k, v in sample.items() if k not in replaced}
+                result.update(renamed)
+            else:
+                result = renamed
         except Exception as exn:
             if handler(exn):
                 continue
@@ -294,7 +371,13 @@ rename = pipelinefilter(_rename)
 
 
 def _associate(data: Iterable, associator: Any, **kw: Any) -> Iterator:
-    """Merge extra fields into each sample: from a dict keyed by ``__key__``, or ``associator(key)``."""
+    """Merge extra fields into each sample: from a dict keyed by ``__key__``, or ``associator(key)``.
+
+    Yields each sample with the extra fields merged in.  For example ``wds.associate({"000001": {"cls": 3}})``.
+
+    :param associator: a dict from a sample's ``__key__`` to a dict of fields, or a function of the key
+        returning such a dict (or None: nothing to add).
+    """
     for sample in data:
         extra = associator(sample["__key__"]) if callable(associator) else associator.get(sample["__key__"])
         if extra:
@@ -306,7 +389,18 @@ associate = pipelinefilter(_associate)
 
 
 def _map_dict(data: Iterable, handler: Callable = reraise_exception, **kw: Callable) -> Iterator:
-    """Apply ``kw[field]`` to each named field."""
+    """Apply ``kw[field]`` to each named field.
+
+    Yields each sample with the named fields replaced by the function's result; other fields stay.  For example
+    ``ds.map_dict(jpg=preprocess, cls=int)``.
+
+    :param handler: called with the exception a function raised: true skips the sample, false stops (default:
+        raise it).
+    :param kw: ``field=function``: the function applied to that field's value.
+    """
+    for k, f in kw.items():
+        if not callable(f):
+            raise TypeError(f"map_dict({k}=...) is {f!r}: give a function of the field's value")
     for sample in data:
         try:
             for k, f in kw.items():
@@ -328,12 +422,24 @@ def _to_tuple(
     missing_is_error: bool = True,
     none_is_error: Optional[bool] = None,
 ) -> Iterator:
-    """Turn dict samples into tuples of the named fields (``"jpg;png cls"`` or ``"jpg;png", "cls"``)."""
+    """Turn dict samples into tuples of the named fields (``"jpg;png cls"``, ``"jpg;png", "cls"``, or a list of
+    alternatives per field: ``["webp", "png", "jpg"], "cls"``, webdataset's ``getfirst`` shapes).
+
+    Yields a tuple per sample, its elements in the order of the fields named.  For example
+    ``ds.to_tuple("jpg;png", "cls")`` gives ``(image, label)`` pairs.
+
+    :param args: one argument per element: a field name, alternatives (the first the sample holds is taken);
+        or a single string of space-separated fields.
+    :param handler: called with the exception when a sample lacks a field: true skips the sample, false stops
+        (default: raise it).
+    :param missing_is_error: a sample lacking a field is an error (False: None in its place).
+    :param none_is_error: a field whose value is None is an error (default: as ``missing_is_error``).
+    """
     if none_is_error is None:
         none_is_error = missing_is_error
     if len(args) == 1 and isinstance(args[0], str) and " " in args[0]:
         args = tuple(args[0].split())
-    fields = [a.split(";") for a in args]
+    fields = [_alternatives(a, f"to_tuple's argument {i}") for i, a in enumerate(args)]
     for sample in data:
         try:
             result = tuple(getfirst(sample, f, missing_is_error=missing_is_error) for f in fields)
@@ -350,10 +456,26 @@ to_tuple = pipelinefilter(_to_tuple)
 
 
 def _map_tuple(data: Iterable, *args: Optional[Callable], handler: Callable = reraise_exception) -> Iterator:
-    """Apply ``args[i]`` to element i of each tuple sample."""
+    """Apply ``args[i]`` to element i of each tuple (or list) sample, giving a tuple; None leaves an element as
+    it is, and functions beyond the sample's length are not called (webdataset's ``map_tuple``).
+
+    Yields each tuple sample with element ``i`` replaced by ``args[i](element)``.  For example
+    ``ds.to_tuple("jpg", "cls").map_tuple(preprocess, int)``.
+
+    :param args: a function per element, or None to leave that element alone.
+    :param handler: called with the exception a function raised: true skips the sample, false stops (default:
+        raise it).
+    """
+    for i, f in enumerate(args):
+        if f is not None and not callable(f):
+            raise TypeError(f"map_tuple's argument {i} is {f!r}: give a function, or None to keep that element")
     for sample in data:
         try:
-            result = transform_with(sample, list(args))
+            result = list(sample)
+            for i, f in enumerate(args[: len(result)]):
+                if f is not None:
+                    result[i] = f(result[i])
+            result = tuple(result)
         except Exception as exn:
             if handler(exn):
                 continue
@@ -365,7 +487,11 @@ map_tuple = pipelinefilter(_map_tuple)
 
 
 def _unlisted(data: Iterable) -> Iterator:
-    """Flatten a stream of lists."""
+    """Flatten a stream of lists.
+
+    Yields the items of each list, one by one: the inverse of ``listed``.  For example ``ds.listed(8).unlisted()``
+    gives the samples back.
+    """
     for batch in data:
         if not isinstance(batch, list):
             raise TypeError(f"unlisted expects lists, got {type(batch).__name__}")
@@ -376,7 +502,11 @@ unlisted = pipelinefilter(_unlisted)
 
 
 def _unbatched(data: Iterable) -> Iterator:
-    """Split batches (tuples/lists of columns, or dicts of columns) back into samples."""
+    """Split batches (tuples/lists of columns, or dicts of columns) back into samples.
+
+    Yields one sample per row of each batch: the inverse of ``batched``.  For example ``ds.batched(64).unbatched()``
+    gives the samples back (numpy or torch columns give their rows).
+    """
     for batch in data:
         if isinstance(batch, dict):
             columns = {k: v for k, v in batch.items()}
@@ -394,8 +524,15 @@ unbatched = pipelinefilter(_unbatched)
 
 
 def _rsample(data: Iterable, p: float = 0.5, seed: Optional[int] = None) -> Iterator:
-    """Keep each sample with probability ``p``."""
-    rng = random.Random(seed)
+    """Keep each sample with probability ``p``.  Without ``seed`` the draws come from Python's global ``random``, as
+    webdataset's do, so a ``worker_init_fn`` (or a script) that seeds ``random`` makes the selection repeatable.
+
+    Yields the samples kept, unchanged.  For example ``ds.rsample(0.1)`` keeps about one sample in ten.
+
+    :param p: the probability of keeping a sample, from 0 to 1.
+    :param seed: the seed of its random generator (None: a fresh one each pass).
+    """
+    rng: Any = random if seed is None else random.Random(seed)
     for sample in data:
         if rng.random() < p:
             yield sample
@@ -412,7 +549,13 @@ rsample = _Normalised(_rsample, {"p": _probability, "seed": as_seed})
 
 
 def _slice(data: Iterable, *args: Any) -> Iterator:
-    """``itertools.islice`` as a stage."""
+    """``itertools.islice`` as a stage.
+
+    Yields the samples ``itertools.islice(samples, *args)`` gives.  For example ``ds.slice(100)`` (the first 100),
+    ``ds.slice(10, None, 2)`` (every second from the tenth).
+
+    :param args: ``stop``, or ``start, stop`` and an optional ``step``, as ``islice`` takes them.
+    """
     return itertools.islice(data, *args)
 
 
@@ -429,6 +572,12 @@ def _extract_keys(
     ``jpg``).  Every key is a candidate, ``__key__`` and ``__url__`` included.  No match is a
     ``ValueError`` unless ``ignore_missing`` (then the pattern is left out of the tuple); several
     matches are one when ``duplicate_is_error``, else the first in the sample's order wins.
+
+    For example ``ds.extract_keys("*.jpg;*.png", "cls")`` gives ``(image, label)`` tuples.
+
+    :param patterns: one pattern per element of the tuple.
+    :param duplicate_is_error: several matching keys are an error (False: the first wins).
+    :param ignore_missing: a pattern no key matches is left out of the tuple (False: an error).
     """
     alternatives = [p.split(";") if isinstance(p, str) else list(p) for p in patterns]
     for sample in source:
@@ -466,7 +615,16 @@ def _rename_keys(
     duplicate_is_error: bool = True,
     **kw: str,
 ) -> Iterator:
-    """Rename fields by glob pattern: ``rename_keys(image="*.jpg", ("label", "*.cls"))``."""
+    """Rename fields by glob pattern: ``rename_keys(image="*.jpg", ("label", "*.cls"))``.
+
+    Yields each sample with the matching fields renamed (``__`` fields stay).
+
+    :param args: ``(new, pattern)`` pairs.
+    :param keep_unselected: keep the fields no pattern matches (False: drop them).
+    :param must_match: a pattern no field matches is an error.
+    :param duplicate_is_error: two fields renamed to one name are an error.
+    :param kw: ``new=pattern`` pairs (a glob over the lower-cased field name).
+    """
     renamings = list(args) + [(new, pattern) for new, pattern in kw.items()]
     for sample in source:
         new_sample = {}
@@ -582,6 +740,13 @@ def _xdecode(
     bytes is passed as it is.  Keyword decoders come first, then the positional pairs, later
     ones before earlier ones, then ``defaults``.  ``must_decode`` makes a field without a
     decoder an error.
+
+    Yields each sample with its fields decoded.  For example ``ds.xdecode(png=my_png_reader)``.
+
+    :param args: ``(patterns, decoder)`` pairs, the patterns space-separated globs over the field name.
+    :param must_decode: a field without a decoder is an error (False: it is left as it is).
+    :param defaults: the decoders tried last (default: ``default_decoders``; None: none).
+    :param kw: ``extension=decoder`` pairs, tried first.
     """
     decoders = [(f"*.{k}", v) for k, v in kw.items()] + list(reversed(args)) + list(defaults or [])
     for sample in source:
@@ -630,7 +795,7 @@ def default_collation_fn(samples: list, combine_tensors: bool = True, combine_sc
 
 def _collate_column(column: list, combine_tensors: bool, combine_scalars: bool) -> Any:
     first = column[0]
-    if isinstance(first, (int, float)) and not isinstance(first, bool):
+    if isinstance(first, (int, float)):  # bools too, as webdataset's combine_values
         return np.array(column) if combine_scalars else column
     if isinstance(first, np.ndarray):
         return np.stack(column) if combine_tensors else column
@@ -643,7 +808,16 @@ def _collate_column(column: list, combine_tensors: bool, combine_scalars: bool) 
 def _batched(
     data: Iterable, batchsize: int = 20, collation_fn: Optional[Callable] = default_collation_fn, partial: bool = True
 ) -> Iterator:
-    """Group samples into batches of ``batchsize``; ``partial=False`` drops a short last batch."""
+    """Group samples into batches of ``batchsize``; ``partial=False`` drops a short last batch.
+
+    Yields a batch per ``batchsize`` samples: what ``collation_fn`` makes of the list (by default a tuple of
+    columns for tuple samples, a dict of columns for dict samples; numbers and arrays stacked).  For example
+    ``ds.to_tuple("jpg", "cls").batched(64)`` gives ``(images, labels)`` with 64 rows each.
+
+    :param batchsize: the samples per batch (a positive count).
+    :param collation_fn: turns the list of samples into the batch (None: the list itself, as ``listed`` does).
+    :param partial: yield the last, shorter batch (False: drop it).
+    """
     batch: list = []
     for sample in data:
         batch.append(sample)

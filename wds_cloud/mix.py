@@ -8,6 +8,8 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any, Optional
 
+import numpy as np
+
 from .errors import StateMismatchError
 from .io.datafile import shown
 from .mixing.sources import ReplayedSources
@@ -60,12 +62,19 @@ def random_samples(
     longest: bool = False,
     rng: Optional[random.Random] = None,
 ) -> Iterator:
-    """Items drawn from ``sources`` with probabilities ``probs``."""
-    rng = rng or random.Random()
+    """Items drawn from ``sources`` with probabilities ``probs``.
+
+    Without ``rng`` each pick is a draw of Python's global ``random``, as webdataset's: a script or a
+    ``worker_init_fn`` that seeds ``random`` gets the same picks as there.  ``rng``: any object with ``random()``.
+    """
+    draw = (rng or random).random
     sources = list(sources)
     probs = list(probs) if probs is not None else [1.0] * len(sources)
     while sources:
-        i = rng.choices(range(len(sources)), weights=probs)[0]
+        # webdataset's pick: the first source whose share of the cumulated weights reaches the draw (clamped: the
+        # last bound can round below 1.0)
+        bounds = np.cumsum(np.array(probs, dtype=float) / np.sum(probs))
+        i = min(int(np.searchsorted(bounds, draw())), len(sources) - 1)
         try:
             yield next(sources[i])
         except StopIteration:
@@ -80,7 +89,10 @@ class RandomMix(ReplayedSources, IterableDataset):
     Resumable when every dataset is (a WebDataset or DataPipeline): its state holds the generator (two
     integers: :class:`~wds_cloud.resume.rng.CountedRandom`), the datasets still in the mix and each one's
     own state; a sample shuffle after it (``DataPipeline(RandomMix(...), wds.shuffle(n))``) resumes exactly
-    too.  Without ``seed`` each pass draws a fresh one (saved in the state).  The state carries a checksum and
+    too.  Without ``seed`` each pass takes its seed from Python's global ``random`` when it begins (saved in the
+    state), so a ``worker_init_fn`` or a script that seeds ``random`` gets the same mix on every run, as with
+    webdataset's (whose every pick is a draw of ``random``: its sequence for a given seeding is not this one, and
+    could not be resumed, as other code draws from ``random`` in between).  The state carries a checksum and
     is checked field by field on load (a dataset left out of the mix must have ended).
 
     ``probs``: one finite, non-negative weight per dataset (a list, tuple or numpy array), not all 0; ``seed``: a
@@ -95,7 +107,8 @@ class RandomMix(ReplayedSources, IterableDataset):
         seed: Optional[int] = None,
     ) -> None:
         self.datasets = list(datasets)
-        # plain floats and ints (numpy's too; they go into the state), nonsense refused here (issue 41)
+        # plain floats and ints (numpy's too; they go into the state), nonsense refused here, where the user
+        # wrote it, rather than on the first draw
         self.probs = as_weights("probs", probs, len(self.datasets)) if probs is not None else None
         self.longest = bool(longest)
         self.seed = as_seed("seed", seed)
@@ -114,7 +127,10 @@ class RandomMix(ReplayedSources, IterableDataset):
         if resume is not None:
             rng, active = CountedRandom(*resume["rng"]), list(resume["active"])
         else:
-            rng, active = CountedRandom(self.seed), list(range(len(self.datasets)))
+            # without a seed, the pass's seed is a draw of the global random, which the user seeds (webdataset draws
+            # every pick from it); a fresh seed from the system would make two seeded runs differ
+            seed = self.seed if self.seed is not None else random.getrandbits(64)
+            rng, active = CountedRandom(seed), list(range(len(self.datasets)))
         self._live = (rng, active)
         return self._mix(rng, active)
 

@@ -176,7 +176,7 @@ class ReplayedSources:
     def _confirm_ended(nexts: list, sources: list, what: str, every: bool = True) -> int:
         """How many of ``sources`` (left out of the mix by a loaded state, as ended) have ended; with ``every``,
         one that still gives a sample is refused: a state sealed again after a source was taken out of the mix
-        would otherwise drop that source's samples, silently (issue 41)."""
+        would otherwise drop that source's samples, silently."""
         ended = 0
         for i in sources:
             try:

@@ -43,6 +43,7 @@ __all__ = [
     "SKIP_META",
     "sample_limit",
     "FIELD_COST",
+    "held_bytes",
     "Barren",
 ]
 
@@ -411,7 +412,9 @@ class _MemberRun:
     A change of ``__url__`` (or ``__local_path__``) without a marker (``eof_value=None``) also
     ends a run: a sample never spans shards.  Stands for the tar reader in the grouping loop:
     its offsets count the members' bytes (names, and ``FIELD_COST`` each), so the sample limit
-    applies here as it does to the reader.
+    applies here as it does to the reader.  A user's iterator may yield any value as a member's data (a
+    replaced ``tar_file_expander`` yielding metadata: text, numbers, None, dicts), as webdataset's grouping
+    stores any value: :func:`held_bytes` says what each counts.
     """
 
     member_offset = None
@@ -431,7 +434,7 @@ class _MemberRun:
         item: Any = self._first
         while True:
             name, data = item["fname"], item["data"]
-            end = self.record_start + len(name) + len(data) + FIELD_COST
+            end = self.record_start + len(name) + (len(data) if type(data) is bytes else held_bytes(data)) + FIELD_COST
             if end - self.sample_start > self.max_sample:
                 raise sample_too_large(self.url, self.sample_start, end, self.max_sample, name)
             yield name, data
@@ -539,6 +542,19 @@ def shard_samples(
 #: what a member dict costs beyond its bytes and its name, in the limit's count where grouping is fed
 #: member dicts (the tar reader counts the tar bytes a sample spans: 512 or more per member)
 FIELD_COST = 256
+
+
+def held_bytes(data: Any) -> int:
+    """What a member's value counts toward the sample limit where grouping is fed member dicts: the bytes of a
+    bytes-like value or an array (``nbytes``), the characters of text, nothing for any other value (a number,
+    None, a dict or list of metadata): those are small, or already in memory when the iterator made them, and
+    the member's ``FIELD_COST`` still bounds how many one sample gathers."""
+    if isinstance(data, (bytes, bytearray)):
+        return len(data)
+    if isinstance(data, str):
+        return len(data)
+    nbytes = getattr(data, "nbytes", None)  # memoryview, numpy array, tensor-likes
+    return nbytes if type(nbytes) is int and nbytes >= 0 else 0
 
 
 def sample_limit(given: Optional[int] = None, member_limit: Optional[int] = None) -> int:
