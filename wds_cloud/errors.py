@@ -75,9 +75,10 @@ __all__ = [
     "holds_credential",
 ]
 
-# The one list of credential spellings (issue 41).  redact() hides what they name, and every check that refuses a
-# secret in a URL (a Dask task, a job record's destination) asks holds_credential(), which asks redact(): a new
-# spelling added here is hidden and refused everywhere at once.  docs/security.md states the rule.
+# The one list of credential spellings: lists kept apart drift, and a secret one of them hid another showed.
+# redact() hides what they name, and every check that refuses a secret in a URL (a Dask task, a job record's
+# destination) asks holds_credential(), which asks redact(): a new spelling added here is hidden and refused
+# everywhere at once.  docs/security.md states the rule.
 #: a name holding one of these (case, separators and percent-encoding ignored) names a credential
 _CREDENTIAL_STEMS = ("token", "secret", "passw", "passphrase", "credential", "signature", "session", "auth", "cookie")
 #: a word of the name (split at separators and case changes) that is, or ends in, one of these: api_key, apikey,

@@ -286,7 +286,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         self.repetitions = sys.maxsize
         # plain ints (numpy's too), -1 for "not given"; nan or a fraction refused here, not a pass without end
         self.nsamples = max(as_count("nsamples", nsamples, least=-1), as_count("nbatches", nbatches, least=-1))
-        if self.nsamples < 1:  # -1 or 0 would repeat the pipeline without end (issue 41)
+        if self.nsamples < 1:  # -1 or 0 would repeat the pipeline without end, and a run would never finish
             raise ConfigError(
                 f"with_epoch(nsamples={shown(nsamples)}, nbatches={shown(nbatches)}) gives no epoch size: give "
                 "nsamples (or nbatches) as a whole number of at least 1, the items each epoch yields"

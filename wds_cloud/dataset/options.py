@@ -43,7 +43,7 @@ class ReadOptions:
 
     def __post_init__(self) -> None:
         # numbers of any type made plain, nonsense (nan, inf, negative, True) refused naming the setting, here
-        # rather than at the first transfer (issue 41)
+        # rather than at the first transfer, where the error would name neither the setting nor where it was given
         checks = {
             "retries": lambda name, v: as_count(name, v),
             "timeout": lambda name, v: as_real(name, v, positive=True),

@@ -147,7 +147,7 @@ def _request_target(parts: urllib.parse.SplitResult, display_url: str) -> str:
     """The path and query a request sends: characters beyond ASCII percent-encoded as UTF-8, as browsers and curl
     send them (``日本.tar`` is ``%E6%97%A5%E6%9C%AC.tar``; a file name that is not UTF-8, decoded with
     surrogateescape, as its own bytes); ASCII, ``%XX`` escapes included, goes as given.  ``http.client`` would
-    otherwise fail with a bare UnicodeEncodeError naming nothing (issue 41)."""
+    otherwise fail with a bare UnicodeEncodeError naming neither the URL nor the character."""
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:
         return _NON_ASCII.sub(lambda m: urllib.parse.quote(m.group(0), safe="", errors="surrogateescape"), target)
@@ -224,7 +224,7 @@ def request(
                         url=display_url,
                     ) from None
                 # not a header (a timeout the socket refuses, ...): calling it one sends the user to the wrong
-                # place (issue 41); settings are range-checked where they are read, so this is a bug of ours
+                # place; settings are range-checked where they are read, so this is a bug of ours and stays raw
                 raise
             raise ConfigError(
                 f"{redact(display_url)}: the request header(s) {bad or '(a name or value)'} hold a newline, "

@@ -49,7 +49,7 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         # the ranges of WDS_RETRY_BACKOFF and WDS_RETRY_TIMEOUT, whoever builds the policy: a negative backoff
         # was a raw ValueError from time.sleep on the first 503, a negative timeout was reported as a request
-        # header holding a newline, an infinite one a raw OverflowError (issue 41)
+        # header holding a newline, an infinite one a raw OverflowError; checked here, each names its setting
         for field, bound in _POLICY_BOUNDS.items():
             config.check_setting(f"RetryPolicy {field}", getattr(self, field), bound=bound)
 
@@ -87,6 +87,8 @@ class TransferStats:
     cache_hits: int = 0
     cache_misses: int = 0
     cache_evictions: int = 0
+    #: shards fetched again after the cache evicted them before their reuse (it thrashes: see docs/cache.md)
+    cache_reuse_misses: int = 0
     bytes_saved: int = 0
     #: parallel ranged reads: requests made for parts (retries not counted), the sum of their times to
     #: the first byte, the bytes and seconds of their bodies, and the most parts in flight at once

@@ -176,7 +176,7 @@ def _check_spelling(name: str, origin: str, folder: str, field: str, fix: str) -
     """Refuse a relative ``name`` that climbs out of ``folder`` in any spelling a server may decode: percent-encoded
     dot segments and separators (``%2e%2e/``, ``..%2f``, ``%252e``), backslashes, an absolute path or another host
     after decoding (``%2f%2fhost/x``), and control characters (``%00``); containment is decided on the decoded
-    name, not on the text (issue 41)."""
+    name, not on the text: a server decodes ``%2e%2e/`` as ``../``, so a check of the text alone lets it climb out."""
     plain = _decoded(name)
     bad = next((c for c in plain if c < " " or c == "\x7f"), None)
     if bad is not None:
