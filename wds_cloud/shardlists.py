@@ -6,6 +6,7 @@ shards, and resampling (shards drawn with replacement, forever).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import hashlib
@@ -16,6 +17,7 @@ import random
 import re
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any, Optional, Union
@@ -891,6 +893,55 @@ def _recycle(claimed: str, mode: str) -> None:
         pass
 
 
+#: what each recycling mode does to a file read to its end, as the directory queue's warning says it
+_RECYCLE_SAYS = {
+    "resample": "renamed back",
+    "keep": "renamed to '<file>._done_'",
+    "unlink": "DELETED",
+}
+
+#: the claims this process's directory queues hold now (one per live iterator): given back at exit, where no
+#: iterator's own clean-up ran (an interpreter exiting, a DataLoader worker process ending)
+_HELD_CLAIMS: dict = {}
+_exit_hooked: list = []  # the process ids whose exit gives the held claims back
+
+
+def _hold_claim(claimed: str) -> None:
+    _HELD_CLAIMS[claimed] = None
+    if os.getpid() not in _exit_hooked:
+        _exit_hooked.append(os.getpid())
+        atexit.register(_give_back_all)
+        import multiprocessing.util
+
+        # a multiprocessing child (a DataLoader worker) ends with os._exit: atexit does not run there, these do
+        multiprocessing.util.Finalize(None, _give_back_all, exitpriority=0)
+
+
+def _give_back(claimed: str) -> None:
+    """Give a claim of this process its file's name back (nothing recycled)."""
+    _HELD_CLAIMS.pop(claimed, None)
+    if claimed.endswith(f"._{os.getpid()}_"):  # never another process's claim
+        _recycle(claimed, "resample")
+
+
+def _give_back_all() -> None:
+    for claimed in list(_HELD_CLAIMS):
+        try:
+            _give_back(claimed)
+        except OSError:  # at exit: nothing to report to, and the clean-up of a later run recycles it
+            pass
+
+
+def _forget_claims_in_child() -> None:
+    # a forked child holds no claim of its parent's (their names carry the parent's process id)
+    _HELD_CLAIMS.clear()
+    _exit_hooked.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_claims_in_child)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -929,9 +980,16 @@ class DirectoryShardList(PipelineStage):
     ``mode`` (``"unlink"`` deletes the file, ``"keep"`` renames it to ``<file>._done_``,
     ``"resample"`` renames it back), or by what ``fate(path)`` returns when given; then the
     claims of processes that are gone are recycled (:func:`cleanup_files_without_processes`).
-    An iterator abandoned mid-way (its consumer stopped, perhaps in the middle of the shard) leaves its
-    last claim as it is, as webdataset does: a later iterator never recycles it (with ``mode="unlink"``
-    that would delete a shard not yet read to its end); the clean-up does, once this process is gone.
+    **It changes the folder**: each file is renamed while it is read, and with ``mode="unlink"`` deleted after;
+    ``WebDataset("folder/")`` uses this with ``mode="resample"`` and so loops over the folder until stopped.
+    Building one warns once, naming the folder.  To read a folder's shards without renaming anything, name
+    them: a brace spec (``"folder/shard-{0000..0099}.tar"``) or a list (``sorted(glob.glob("folder/*.tar"))``).
+
+    An iterator that stops before the folder is empty (its consumer broke out of its loop, raised, closed it
+    or dropped it, a ``KeyboardInterrupt``, a DataLoader worker shut down, the interpreter exited, a SIGTERM
+    whose handler exits) gives its last claim its name back, unrecycled (with ``mode="unlink"`` a shard not
+    read to its end is never deleted).  A killed process (SIGKILL, a SIGTERM without a handler) leaves its
+    claim; a later run recycles it once that process is gone.
     """
 
     def __init__(
@@ -955,6 +1013,17 @@ class DirectoryShardList(PipelineStage):
         self.mode = mode
         self.select = select
         self.fate = fate
+        warnings.warn(
+            f"DirectoryShardList({str(path)!r}): the folder is read as a work queue: each file matching "
+            f"{pattern!r} is renamed to '<file>._<pid>_' while it is read, then "
+            + _RECYCLE_SAYS.get(mode, "recycled")
+            + (", over and over until the program stops" if mode == "resample" else "")
+            + "; the names come back when iteration stops, but a killed run leaves files renamed. To read the "
+            "shards of a folder without renaming them, name them: a brace spec ('folder/shard-{0000..0099}.tar') "
+            "or a list (sorted(glob.glob('folder/*.tar')))",
+            UserWarning,
+            stacklevel=2,
+        )
 
     def _files(self) -> list[str]:
         return sorted(utils.glob_with_braces(os.path.join(self.path, self.pattern)))
@@ -985,25 +1054,31 @@ class DirectoryShardList(PipelineStage):
     def run(self) -> Iterator[dict]:
         started = time.monotonic()
         last: Optional[str] = None  # this iterator's claim: recycled when the next item is asked for
-        while True:
+        try:
+            while True:
+                if last is not None:
+                    self.recycle(last)
+                    _HELD_CLAIMS.pop(last, None)
+                    last = None
+                self.cleanup_files_without_processes()
+                files = self._files()
+                if not files:
+                    if self.poll is None or time.monotonic() - started >= self.timeout:
+                        return
+                    time.sleep(self.poll)  # waiting for a producer; not a synchronisation between our own parts
+                    continue
+                chosen = self._pick(files)
+                claimed = f"{chosen}._{os.getpid()}_"
+                try:
+                    os.rename(chosen, claimed)
+                except FileNotFoundError:  # claimed by another process between listing and renaming
+                    continue
+                last = claimed
+                _hold_claim(claimed)
+                yield {"url": claimed}
+        finally:  # stopped early (break, error, close, garbage collection): the claim gets its name back
             if last is not None:
-                self.recycle(last)
-                last = None
-            self.cleanup_files_without_processes()
-            files = self._files()
-            if not files:
-                if self.poll is None or time.monotonic() - started >= self.timeout:
-                    return
-                time.sleep(self.poll)  # waiting for a producer; not a synchronisation between our own parts
-                continue
-            chosen = self._pick(files)
-            claimed = f"{chosen}._{os.getpid()}_"
-            try:
-                os.rename(chosen, claimed)
-            except FileNotFoundError:  # claimed by another process between listing and renaming
-                continue
-            last = claimed
-            yield {"url": claimed}
+                _give_back(last)
 
     def __iter__(self) -> Iterator[dict]:
         return self.run()

@@ -15,13 +15,14 @@ from typing import Any, Optional
 from .. import utils
 from ..dataset.fluid import FluidInterface
 from ..errors import ConfigError, NotResumableError, StateMismatchError
+from ..io.resilient import TransferStats
 from ..pipeline import DataPipeline
 from ..pytorch import HAVE_TORCH, DataLoader
 from ..resume import loader as loaderstate
 from ..resume.elastic import LOADER_FORMAT, check_merged, is_merged, items_share
 from ..resume.merge import merge_states
 from ..resume.protocol import Resumable, is_buffering
-from ..resume.state import check_same, check_seal, expect, inexact_state, is_inexact, restart_from, seal
+from ..resume.state import RESHAPE_FIX, check_same, check_seal, expect, inexact_state, is_inexact, restart_from, seal
 from ..tar import table as tables
 from . import pipes, transport
 
@@ -37,6 +38,12 @@ class WebLoader(DataPipeline, FluidInterface):
     at the last item this loader yielded, and ``load_state_dict`` makes the next pass
     continue from there, in the same worker order.
 
+    Parameters are torch's ``DataLoader``'s, passed to it as given (``dataset``, ``batch_size``, ``shuffle``,
+    ``sampler``, ``batch_sampler``, ``num_workers``, ``collate_fn``, ``pin_memory``, ``drop_last``,
+    ``timeout``, ``worker_init_fn``, ``multiprocessing_context``, ``generator``, ``prefetch_factor``,
+    ``persistent_workers``, ``pin_memory_device``; any other keyword, such as ``in_order``, goes to it as
+    well), and two of ours:
+
     ``pack_bytes``: lists of byte strings batched in workers travel in one shared-memory tensor per
     batch (:class:`wds_cloud.transport.PackedBytes`, a sequence of ``bytes``) instead of being pickled
     through the workers' pipes.  ``None`` (the default) packs a batch whose byte strings add up to
@@ -44,23 +51,45 @@ class WebLoader(DataPipeline, FluidInterface):
     byte strings; ``False`` never (every column stays a ``list``).  See ``docs/gpu.md``.
     ``device="cuda"``: every batch's tensors are copied there from pinned memory (``pin_memory`` is
     then on) with ``non_blocking=True`` on a side stream (:func:`wds_cloud.loader.gpu.to_device`).
+
+    A sampler, or a dataset that is not a ``WebDataset`` or ``DataPipeline``, makes the loader iterate as
+    torch's would, without resumable states (:meth:`resume_blocker` says why).  :attr:`stats` sums the
+    transfer statistics of the workers' datasets.
     """
 
-    def __init__(self, *given: Any, pack_bytes: Optional[bool] = None, device: Any = None, **kw: Any) -> None:
-        args = list(given)
-        dataset = args[0] if args else kw.get("dataset")
+    def __init__(
+        self,
+        dataset: Any = None,
+        batch_size: Optional[int] = 1,
+        shuffle: Optional[bool] = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int = 0,
+        collate_fn: Optional[Callable[[Any], Any]] = None,
+        pin_memory: Optional[bool] = None,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Optional[Callable[[int], None]] = None,
+        multiprocessing_context: Any = None,
+        generator: Any = None,
+        *,
+        prefetch_factor: Optional[int] = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        pack_bytes: Optional[bool] = None,
+        device: Any = None,
+        **kw: Any,
+    ) -> None:
         self._dataset = dataset
         self._untag = None
-        num_workers = kw.get("num_workers", 0) if len(args) < 6 else args[5]
+        self._collate: Optional[loaderstate.StateCollate] = None
         self._workers = bool(num_workers) and HAVE_TORCH
-        if device is not None and str(device).startswith("cuda") and "pin_memory" not in kw:
-            kw["pin_memory"] = True
-        if num_workers and HAVE_TORCH and len(args) < 12 and kw.get("multiprocessing_context") is None:
+        if pin_memory is None:  # on where batches go to a CUDA device (pinned memory makes that copy async)
+            pin_memory = device is not None and str(device).startswith("cuda")
+        if num_workers and HAVE_TORCH and multiprocessing_context is None:
             # a batch crosses the workers' result pipe in one write (wds_cloud.loader.pipes); a context the
             # program gave is used as it is
-            wide = pipes.context()
-            if wide is not None:
-                kw["multiprocessing_context"] = wide
+            multiprocessing_context = pipes.context()
         # byte strings batched in workers travel as shared-memory tensors (wds_cloud.transport)
         pack: Optional[Callable[[Any], Any]] = None
         min_bytes = transport.AUTO_MIN_BYTES if pack_bytes is None else 0
@@ -70,36 +99,41 @@ class WebLoader(DataPipeline, FluidInterface):
             pack = transport.as_bytes
         # Why state_dict() cannot work here (None: it can).  Decided from the stages alone; a
         # pipeline that cannot be resumed is iterated exactly as torch's DataLoader would.
-        self._blocker = _resume_blocker(dataset, args, kw)
+        self._blocker = _resume_blocker(dataset, sampler, batch_sampler)
+        given = dataset
         if self._blocker is None:
-            batch_size = args[1] if len(args) > 1 else kw.get("batch_size", 1)
             ended = loaderstate.Ended(dataset)
-            if args:
-                args[0] = ended
-            else:
-                kw["dataset"] = ended
-            if len(args) > 6:  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, workers, collate_fn)
-                args[6] = loaderstate.StateCollate(args[6], batch_size is None, ended, pack, tables.handed)
-            else:
-                kw["collate_fn"] = loaderstate.StateCollate(
-                    kw.get("collate_fn"), batch_size is None, ended, pack, tables.handed
-                )
+            given = ended
+            collate_fn = self._collate = loaderstate.StateCollate(
+                collate_fn, batch_size is None, ended, pack, tables.handed
+            )
             # the member tables a worker kept go to the main process as it ends: the next epoch's workers start
             # with them (see wds_cloud.tar.table)
             self._untag = loaderstate.Untag(num_workers or 0, welcome=tables.adopt)
             self._untag.dataset = dataset
         elif pack is not None:
-            batch_size = args[1] if len(args) > 1 else kw.get("batch_size", 1)
-            index = 6 if len(args) > 6 else None
-            inner = (args[6] if index else kw.get("collate_fn")) or loaderstate.default_collate(batch_size is None)
-            made = (
+            inner = collate_fn or loaderstate.default_collate(batch_size is None)
+            collate_fn = (
                 transport.PackingCollate(inner, min_bytes) if pack_bytes is not False else transport.BytesCollate(inner)
             )
-            if index:
-                args[6] = made
-            else:
-                kw["collate_fn"] = made
-        super().__init__(DataLoader(*args, **kw))
+        loader_args = dict(
+            batch_size=batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            drop_last=drop_last,
+            timeout=timeout,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
+            generator=generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+        )
+        super().__init__(DataLoader(given, **loader_args, **kw))
         if self._untag is not None:
             self.append(self._untag)
         if device is not None:
@@ -134,7 +168,30 @@ class WebLoader(DataPipeline, FluidInterface):
         self._pass_epoch, self._auto_epoch = epoch, epoch + 1
         if self._workers:
             _imported_for_workers()
+            if self._collate is not None:  # what workers started now inherit: they send what they add to it
+                self._collate.stats_sent = loaderstate.transfer_stats(dataset)
         return super().__iter__()
+
+    @property
+    def stats(self) -> Optional[TransferStats]:
+        """The transfer statistics of the loader's dataset (see ``WebDataset.stats``), summed over this process
+        and every DataLoader worker, cumulative over the loader's passes (as a dataset's are over its process's
+        life); None for a dataset that keeps none.
+
+        Each worker sends what its copy of the dataset added with its first batch, then at most once a second,
+        and with its last batch of a pass (riding with the batches, unseen by your code), so mid-pass the
+        figures may lag the workers by up to a second; after a pass they are complete.  A mix
+        (``WebDataset("train.yaml")``) gives its sources' figures summed.  A loader that cannot take resumable
+        states (see :meth:`resume_blocker`) has no channel from its workers: it reports this process's reads.
+        """
+        own = loaderstate.transfer_stats(self._dataset)
+        if own is None or self._untag is None or not self._workers:
+            return own
+        total = TransferStats()
+        if own is not None:
+            total.add(own)
+        total.add(self._untag.transfer)
+        return total
 
     def state_dict(self, strict: bool = False, gather: bool = False) -> dict:
         """Every worker's dataset state at the last item yielded, and which worker comes next: plain JSON.
@@ -271,7 +328,13 @@ class WebLoader(DataPipeline, FluidInterface):
             epoch=(int, lambda n: n >= 0, True),
             progress=(list, lambda v: len(v) == 2 and all(type(x) is int and x >= 0 for x in v), True),
         )
-        check_same("WebLoader", {"num_workers": state["num_workers"]}, {"num_workers": self._untag.num_workers})
+        check_same(
+            "WebLoader",
+            {"num_workers": state["num_workers"]},
+            {"num_workers": self._untag.num_workers},
+            f"It was taken with num_workers={state['num_workers']}: build the loader with that many workers, or "
+            + RESHAPE_FIX,
+        )
         workers = {w: s for w, s in state["workers"]}
         slots = max(self._untag.num_workers, 1)  # no workers: the main process is worker 0
         if any(w >= slots for w in workers) or state["next"] > slots:
@@ -412,14 +475,14 @@ def gather_states(state: dict) -> list:
     return gathered
 
 
-def _resume_blocker(dataset: Any, args: list, kw: dict) -> Optional[str]:
+def _resume_blocker(dataset: Any, sampler: Any, batch_sampler: Any) -> Optional[str]:
     """Why a WebLoader over ``dataset`` cannot save states (None: it can), known before iterating."""
     if not isinstance(dataset, Resumable):
         return (
             f"its dataset ({type(dataset).__name__}) has no state_dict/load_state_dict; give it a "
             "WebDataset or DataPipeline"
         )
-    if kw.get("sampler") or kw.get("batch_sampler") or any(a is not None for a in args[3:5]):
+    if sampler is not None or batch_sampler is not None:
         return "it was given a sampler; a resumable WebLoader takes its items in the dataset's own order"
     if not isinstance(dataset, DataPipeline):
         return (

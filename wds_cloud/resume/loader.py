@@ -11,15 +11,22 @@ makes each worker send an :class:`EndMark` when it has
 finished.  In the main process :class:`Untag` strips the tags, keeps each
 worker's latest state, and after a resume gives items out in the worker order
 the interrupted run was due to follow.
+
+The same tag carries the worker's transfer statistics (what its dataset's ``stats`` gained since it last
+sent them): with its first item, then at most once every :data:`STATS_EVERY` seconds, and with its last;
+:class:`Untag` adds them up (``WebLoader.stats``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Optional
 
+from ..io.resilient import TransferStats
 from ..pytorch import IterableDataset
 from ..stages import PipelineStage
 from .protocol import transport_state
@@ -38,7 +45,44 @@ __all__ = [
     "note",
     "resolve",
     "jsonable",
+    "transfer_stats",
+    "since",
+    "STATS_EVERY",
 ]
+
+#: seconds between two sendings of a worker's transfer statistics (they also go with its first and last item)
+STATS_EVERY = 1.0
+
+
+def transfer_stats(dataset: Any) -> Optional[TransferStats]:
+    """The transfer statistics of ``dataset`` in this process (a mix's: its sources' summed), or None."""
+    try:
+        stats = dataset.stats
+    except Exception:  # no statistics (a plain DataPipeline), or a user's property that failed: none to send
+        return None
+    if isinstance(stats, TransferStats):
+        return stats
+    if isinstance(stats, dict) and isinstance(stats.get("sources"), dict):  # a MixedDataset's
+        total = TransferStats()
+        for source in stats["sources"].values():
+            if isinstance(source, dict) and isinstance(source.get("transfer"), TransferStats):
+                total.add(source["transfer"])
+        return total
+    return None
+
+
+def since(current: TransferStats, before: Optional[TransferStats]) -> TransferStats:
+    """What ``current`` gained since ``before`` (counts and times subtracted; the most parts in flight and the
+    per-host choices are the latest)."""
+    if before is None:
+        return current
+    gained = {}
+    for field in dataclasses.fields(current):
+        now = getattr(current, field.name)
+        if field.name not in ("concurrency", "hosts"):
+            now = now - getattr(before, field.name)
+        gained[field.name] = now
+    return TransferStats(**gained)
 
 
 def jsonable(value: Any) -> Any:
@@ -118,7 +162,9 @@ class Unavailable:
         return (Unavailable, (self.reason,))
 
 
-#: first element of a tagged loader item: ``[TAG, item, worker, state, whole, end]``.  A plain list of
+#: first element of a tagged loader item: ``[TAG, item, worker, state, whole, end, stats]`` (``stats``: the
+#: worker's transfer statistics gained since it last sent them, or None; what a worker hands over as it ends
+#: follows its last item).  A plain list of
 #: builtins pickles with no class to look up (a per-batch cost), and torch's pin_memory keeps its shape
 #: while pinning the item inside.  ``state`` is pickled bytes when it crossed from a worker process
 #: (``whole`` then says whether it holds every shuffle buffer whole), else the state itself (``whole`` None).
@@ -146,7 +192,7 @@ def _has_journal(state: Any) -> bool:
 
 
 def tagged(x: Any) -> bool:
-    return type(x) is list and 6 <= len(x) <= 7 and x[0] == TAG
+    return type(x) is list and 7 <= len(x) <= 8 and x[0] == TAG
 
 
 class Ended(IterableDataset):
@@ -192,6 +238,22 @@ class StateCollate:
         self.pack = pack  # run on each batch in a worker (wds_cloud.transport.pack_batch), or None
         #: called in a worker as it ends its pass: what it hands the main process (``Untag(welcome=)`` takes it)
         self.farewell = farewell
+        #: the worker's dataset statistics when it last sent them; the loader sets the main process's before it
+        #: starts workers, which inherit them with their copy of the dataset
+        self.stats_sent: Optional[TransferStats] = None
+        self._stats_due = 0.0  # when a worker sends its statistics next (monotonic seconds)
+
+    def _stats(self, dataset: Any, end: bool) -> Optional[TransferStats]:
+        """The statistics a worker sends with this item: with its first and last, and every STATS_EVERY seconds."""
+        now = time.monotonic()
+        if now < self._stats_due and not end:
+            return None
+        self._stats_due = now + STATS_EVERY
+        current = transfer_stats(dataset)
+        if current is None:
+            return None
+        gained, self.stats_sent = since(current, self.stats_sent), current
+        return gained
 
     def _last(self, tagged: list, info: Any) -> list:
         """A worker's last item, with what it hands the main process (see ``farewell``)."""
@@ -223,15 +285,18 @@ class StateCollate:
         pack = self.pack if info is not None else None
         if self.per_item:
             if isinstance(data, EndMark):
-                return self._last([TAG, None, worker, state, whole, True], info)
+                stats = self._stats(dataset, True) if info is not None else None
+                return self._last([TAG, None, worker, state, whole, True, stats], info)
+            stats = self._stats(dataset, False) if info is not None else None
             out = self.collate(data) if self.collate else self._default(data)
-            return [TAG, pack(out) if pack is not None else out, worker, state, whole, False]
+            return [TAG, pack(out) if pack is not None else out, worker, state, whole, False, stats]
         items = [x for x in data if not isinstance(x, EndMark)]
         end = len(items) != len(data)
+        stats = self._stats(dataset, end) if info is not None else None
         if not items:
-            return self._last([TAG, None, worker, state, whole, True], info)
+            return self._last([TAG, None, worker, state, whole, True, stats], info)
         out = self.collate(items) if self.collate else self._default(items)
-        tagged = [TAG, pack(out) if pack is not None else out, worker, state, whole, end]
+        tagged = [TAG, pack(out) if pack is not None else out, worker, state, whole, end, stats]
         return self._last(tagged, info) if end else tagged
 
 
@@ -345,6 +410,8 @@ class Untag(PipelineStage):
         self.dataset: Any = None
         self._mirrors: dict = {}  # (worker, stage path) -> [pass id, shuffle buffer, journals to apply]
         self._sealed: dict = {}  # worker -> the sealed states since its last whole one, oldest first
+        #: the transfer statistics the workers sent, summed over every pass of this loader
+        self.transfer = TransferStats()
 
     def resume(self, next_worker: Optional[int], exhausted: set, states: dict) -> None:
         self._pending = (next_worker, exhausted, states)
@@ -406,7 +473,9 @@ class Untag(PipelineStage):
             queues[t[2]].append(t)
             while self.next is not None and queues[self.next]:
                 worker = self.next
-                _, item, _, state, whole, end, *parting = queues[worker].popleft()
+                _, item, _, state, whole, end, stats, *parting = queues[worker].popleft()
+                if stats is not None:
+                    self.transfer.add(stats)
                 self._keep(worker, state, whole)
                 self._welcome(parting)
                 if end:
@@ -416,7 +485,9 @@ class Untag(PipelineStage):
                     yield item
         for queue in queues:  # the loader ended: anything still held goes out in worker order
             while queue:
-                _, item, worker, state, whole, end, *parting = queue.popleft()
+                _, item, worker, state, whole, end, stats, *parting = queue.popleft()
+                if stats is not None:
+                    self.transfer.add(stats)
                 self._keep(worker, state, whole)
                 self._welcome(parting)
                 if not (end and item is None):

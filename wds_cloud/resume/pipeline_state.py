@@ -17,14 +17,13 @@ starts (:mod:`wds_cloud.resume.share_out`).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 from typing import Any, Optional
 
 from .. import utils
 from ..errors import NotResumableError, StateMismatchError
 from ..io.datafile import shown
-from . import elastic, pipeline_checks, share_out, wiring
+from . import elastic, handoff, pipeline_checks, share_out, wiring
 from .protocol import SampleSource, is_buffering, is_resumable, next_pass_state, transport_state
 from .state import (
     FORMAT,
@@ -83,7 +82,15 @@ class PipelineResume:
 
     def copy(self) -> PipelineResume:
         """A copy for a copy of the pipeline (``compose``): what waits is copied, not shared."""
-        return copy.copy(self)
+        made = PipelineResume.__new__(PipelineResume)
+        made.__dict__.update(self.__dict__)  # not copy.copy: that pickles, which looks for a DataLoader starting
+        return made
+
+    def __getstate__(self) -> dict:
+        # a spawn- or forkserver-started DataLoader worker receives its dataset pickled: the pipeline in this
+        # process is then handed over (see wds_cloud.resume.handoff)
+        handoff.note_pickled()
+        return dict(self.__dict__)
 
     # what the stage list says (cached while it is unchanged)
     def facts(self, owner: Any) -> tuple:
@@ -128,7 +135,13 @@ class PipelineResume:
     # taking a state
     def state_dict(self, owner: Any, strict: bool, progress: list, begun: bool) -> dict:
         """The pipeline's sealed state; ``progress``: (pass, items) a state taken now reports, ``begun``: whether
-        the pass it describes has begun.  Inexact (see the pipeline's ``state_dict``) unless ``strict``."""
+        the pass it describes has begun.  Inexact (see the pipeline's ``state_dict``) unless ``strict``.
+
+        Refused (NotResumableError, strict or not) when the pipeline was handed to DataLoader worker processes
+        and ran no pass here since: the state would describe a pass that never ran (no trainer asks for it
+        there: torchdata's loader asks in its workers, Lightning asks the loader)."""
+        if handoff.handed(owner):
+            raise NotResumableError(handoff.refusal(owner))
         if self.merged is not None:  # a merged state loaded, its pass not begun: still that state
             return self.merged
         try:

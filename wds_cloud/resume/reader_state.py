@@ -260,7 +260,13 @@ class ReaderResume:
             rank, world_size, worker, num_workers = utils.pytorch_worker_info()
             cursor.identity = {"rank": rank, "world_size": world_size, "worker": worker, "num_workers": num_workers}
         if resume is not None:
-            resuming.check_same("dataset (rank and DataLoader worker)", resume.get("identity") or {}, cursor.identity)
+            resuming.check_same(
+                "dataset (rank and DataLoader worker)",
+                resume.get("identity") or {},
+                cursor.identity,
+                "This state was taken by another rank or DataLoader worker, or on another shape: "
+                + resuming.RESHAPE_FIX,
+            )
             cursor.where[2] = resume.get("samples", 0)
 
     def resumed(

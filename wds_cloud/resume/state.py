@@ -40,6 +40,7 @@ __all__ = [
     "FORMAT",
     "StateURL",
     "check_same",
+    "RESHAPE_FIX",
     "refuse_unknown",
     "expect",
     "same_url",
@@ -194,8 +195,18 @@ def refuse_unknown(state: dict, allowed: Any, what: str) -> None:
         )
 
 
-def check_same(what: str, saved: dict, current: dict) -> None:
-    """Raise :class:`StateMismatchError` naming every key whose value differs between ``saved`` and ``current``."""
+#: what to do when a state was taken on another number of ranks or DataLoader workers (the documented fix)
+RESHAPE_FIX = (
+    "a state per rank resumes on the same number of ranks and workers only; on another shape, merge the "
+    "states of every rank (or of every worker) into one and load that: "
+    "loader.load_state_dict(wds.merge_states([state_of_rank_0, state_of_rank_1, ...])) (one rank: "
+    "wds.merge_states([state])), or take it with loader.state_dict(gather=True); see docs/elastic.md"
+)
+
+
+def check_same(what: str, saved: dict, current: dict, fix: Optional[str] = None) -> None:
+    """Raise :class:`StateMismatchError` naming every key whose value differs between ``saved`` and ``current``,
+    and ``fix`` (what to do; by default: build the dataset as the run that saved the state did)."""
     diffs = [
         f"{key}: saved {shown(saved.get(key))}, here {shown(current.get(key))}"
         for key in sorted(set(saved) | set(current))
@@ -205,8 +216,14 @@ def check_same(what: str, saved: dict, current: dict) -> None:
         raise StateMismatchError(
             f"the saved state does not fit this {what}: "
             + "; ".join(diffs)
-            + ". Load a state into a dataset built with the same shards, seed, splitting, shuffle and "
-            "worker count (one state per rank and worker)",
+            + ". "
+            + (
+                fix
+                or "Load a state into a dataset built with the same shards, seed, splitting and shuffle as the "
+                "one that saved it (on another number of ranks or workers: "
+                + RESHAPE_FIX
+                + ")"
+            ),
             differences=diffs,
         )
 
