@@ -17,7 +17,10 @@ generated workloads of ``bench_read.py``, on this machine, and draws:
 Each caption says the machine and this command. Needs matplotlib (the ``docs`` extra, or
 ``pip install matplotlib`` in the benchmark environment)::
 
-    bench/.venv/bin/python bench/figures.py [--repeat 2] [--workers 0,1,2,4]
+    bench/.venv/bin/python bench/figures.py [--repeat 2] [--workers 0,1,2,4] [--only loader_scaling,faults]
+
+``--only`` measures and draws the figures named, and puts their new captions in the page, leaving the others
+as they are (a figure whose code changed is made again without a whole run).
 """
 
 from __future__ import annotations
@@ -101,6 +104,12 @@ def serve_medium(store, base: str) -> tuple[list, int]:
         urls.append(f"{base}/{os.path.basename(path)}")
         total += len(data)
     return urls, total
+
+
+def whole_ticks(axis, values) -> None:
+    """Ticks at the counts measured (worker processes, shards), never between them: a tick at 2.5 workers
+    reads as a measurement that was never made."""
+    axis.set_ticks(sorted(set(values)))
 
 
 def save(fig, name: str) -> None:
@@ -204,6 +213,21 @@ def draw(results: dict, command: str) -> None:
     where = f"{machine()}; `{command}`"
     captions = {}
 
+    if "throughput" in results:
+        draw_throughput(plt, results, where, captions)
+    if "loader" in results:
+        draw_loader(plt, results, where, captions)
+    if "cache" in results:
+        draw_cache(plt, results, where, captions)
+    if "faults" in results:
+        draw_faults(plt, results, where, captions)
+    if "random_access" in results:
+        draw_random_access(plt, results, where, captions)
+    plt.close("all")
+    write_page(captions)
+
+
+def draw_throughput(plt, results: dict, where: str, captions: dict) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     workloads = list(results["throughput"])
     for k, impl in enumerate(("wds_cloud", "webdataset")):
@@ -223,9 +247,12 @@ def draw(results: dict, command: str) -> None:
         "JPEGs; large: 8 MB arrays; decode: medium decoded to arrays), best of the runs. " + where
     )
 
+
+def draw_loader(plt, results: dict, where: str, captions: dict) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for impl, rates in results["loader"].items():
         ax.plot(list(rates), list(rates.values()), marker="o", label=impl)
+    whole_ticks(ax.xaxis, [n for rates in results["loader"].values() for n in rates])
     ax.set_xlabel("DataLoader worker processes")
     ax.set_ylabel("samples/s")
     ax.legend()
@@ -236,6 +263,8 @@ def draw(results: dict, command: str) -> None:
         "count. " + where
     )
 
+
+def draw_cache(plt, results: dict, where: str, captions: dict) -> None:
     fig, ax = plt.subplots(figsize=(5, 3.2))
     ax.bar(["epoch 1 (fills the cache)", "epoch 2 (reads it)"], results["cache"])
     ax.set_ylabel("seconds")
@@ -245,6 +274,8 @@ def draw(results: dict, command: str) -> None:
         "read twice through the shard cache (cache_dir=). " + where
     )
 
+
+def draw_faults(plt, results: dict, where: str, captions: dict) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.bar(list(results["faults"]), list(results["faults"].values()))
     ax.set_ylabel("MB/s")
@@ -254,6 +285,9 @@ def draw(results: dict, command: str) -> None:
         "after the given bytes, one connection per shard; each read delivered every sample exactly once "
         "(checked). " + where
     )
+
+
+def draw_random_access(plt, results: dict, where: str, captions: dict) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.2))
     values = list(results["random_access"].values())
     ax.bar(list(results["random_access"]), values)
@@ -266,8 +300,30 @@ def draw(results: dict, command: str) -> None:
         "counted by a proxy; ours reads each shard's index file and the samples' byte ranges, wids downloads "
         "every shard it touches. " + where
     )
-    plt.close("all")
 
+
+TITLES = {
+    "throughput": "Throughput against webdataset 1.0.2",
+    "loader_scaling": "Loader scaling with workers",
+    "cache_epochs": "The shard cache: epoch 1 against epoch 2",
+    "faults": "Throughput under dropped connections",
+    "random_access": "Random access: bytes fetched against wids",
+}
+
+
+def write_page(captions: dict) -> None:
+    """docs/performance.md: the whole page when every figure was made, else the new captions put in place."""
+    if set(captions) != set(TITLES) and os.path.exists(PAGE):
+        with open(PAGE) as f:
+            text = f.read()
+        for name, caption in captions.items():
+            image = f"![{TITLES[name]}](img/{name}.png)\n\n"
+            start = text.index(image) + len(image)
+            end = text.index("\n", start)
+            text = text[:start] + f"*{caption}*" + text[end:]
+        with open(PAGE, "w") as f:
+            f.write(text)
+        return
     lines = [
         "# Performance",
         "",
@@ -275,15 +331,8 @@ def draw(results: dict, command: str) -> None:
         "figures, and more, are in `bench/`; their figures are in `bench/README.md`.",
         "",
     ]
-    titles = {
-        "throughput": "Throughput against webdataset 1.0.2",
-        "loader_scaling": "Loader scaling with workers",
-        "cache_epochs": "The shard cache: epoch 1 against epoch 2",
-        "faults": "Throughput under dropped connections",
-        "random_access": "Random access: bytes fetched against wids",
-    }
     for name, caption in captions.items():
-        lines += [f"## {titles[name]}", "", f"![{titles[name]}](img/{name}.png)", "", f"*{caption}*", ""]
+        lines += [f"## {TITLES[name]}", "", f"![{TITLES[name]}](img/{name}.png)", "", f"*{caption}*", ""]
     kept = ""
     if os.path.exists(PAGE):  # the sections other benchmarks write (between their markers) stay
         with open(PAGE) as f:
@@ -301,15 +350,21 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--workers", default="0,1,2,4")
     parser.add_argument("--cost", type=float, default=0.02, help="seconds per MB the HTTP server charges")
+    parser.add_argument("--only", default=",".join(TITLES), help="the figures to make, by name: " + ", ".join(TITLES))
     args = parser.parse_args()
+    only = args.only.split(",")
+    unknown = sorted(set(only) - set(TITLES))
+    if unknown:
+        parser.error(f"--only {','.join(unknown)}: no such figure; the figures are {', '.join(TITLES)}")
     command = "python bench/figures.py " + " ".join(sys.argv[1:])
-    results = {
-        "throughput": throughput(args.repeat),
-        "loader": loader_scaling([int(w) for w in args.workers.split(",")], args.repeat),
-        "cache": cache_epochs(args.cost),
-        "faults": under_faults([None, 16 << 20, 4 << 20, 1 << 20]),
-        "random_access": random_access(),
+    measures = {
+        "throughput": ("throughput", lambda: throughput(args.repeat)),
+        "loader_scaling": ("loader", lambda: loader_scaling([int(w) for w in args.workers.split(",")], args.repeat)),
+        "cache_epochs": ("cache", lambda: cache_epochs(args.cost)),
+        "faults": ("faults", lambda: under_faults([None, 16 << 20, 4 << 20, 1 << 20])),
+        "random_access": ("random_access", random_access),
     }
+    results = {measures[name][0]: measures[name][1]() for name in TITLES if name in only}
     draw(results, command.strip())
     print(f"wrote {IMG}/*.png and {PAGE}")
 

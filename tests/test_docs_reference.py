@@ -134,3 +134,38 @@ def test_no_file_cites_an_issue_number():
                 if ISSUE.search(line):
                     cited.append(f"{path.relative_to(ROOT)}:{number}")
     assert cited == []
+
+
+def test_charts_tick_only_the_counts_they_measured(tmp_path, monkeypatch):
+    """A chart whose x axis counts things (DataLoader workers) ticks whole numbers only: no tick at 2.5 workers,
+    for every chart ``bench/figures.py`` draws."""
+    pytest.importorskip("matplotlib", reason="the docs extra: pip install -e '.[docs]' (the test extra has it)")
+    spec = importlib.util.spec_from_file_location("figures", ROOT / "bench" / "figures.py")
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    (tmp_path / "performance.md").write_text("")
+    monkeypatch.setattr(figures, "IMG", str(tmp_path))
+    monkeypatch.setattr(figures, "PAGE", str(tmp_path / "performance.md"))
+    drawn = {}
+    monkeypatch.setattr(figures, "save", lambda fig, name: drawn.__setitem__(name, fig))
+    rates = {0: 1000.0, 1: 1800.0, 2: 3100.0, 4: 4000.0}
+    figures.draw(
+        {
+            "throughput": {"tiny": {"wds_cloud": 2e5, "webdataset": 1e5}},
+            "loader": {"wds_cloud": rates, "webdataset": {n: r / 2 for n, r in rates.items()}},
+            "cache": [2.0, 0.5],
+            "faults": {"clean": 100.0, "reset / 1 MB": 80.0},
+            "random_access": {"wds_cloud (index files)": 1.0, "wids (whole shards)": 40.0},
+        },
+        "python bench/figures.py",
+    )
+    assert set(drawn) == {"throughput", "loader_scaling", "cache_epochs", "faults", "random_access"}
+    fractional = {}
+    for name, fig in drawn.items():
+        for ax in fig.axes:
+            xs = [x for line in ax.get_lines() for x in line.get_xdata()]
+            if xs and all(float(x).is_integer() for x in xs):
+                low, high = min(xs), max(xs)
+                ticks = [t for t in ax.get_xticks() if low <= t <= high]
+                fractional[name] = [t for t in ticks if not float(t).is_integer()]
+    assert fractional == {"loader_scaling": []}
