@@ -31,7 +31,7 @@ from ..io.security import resolve, resolve_base
 from ..io.shardcache import ShardCache
 from ..io.urls import is_local
 from ..shardlists import expand_urls as _expand
-from ..tar.reader import open_decompressed
+from ..tar.reader import open_decompressed, unreadable
 from .formats import ShardIndex, iter_wids, parse_wids
 from .held import IndexCache, ShardTable
 from .sidecar import check_fresh, index_of, read_range
@@ -191,6 +191,7 @@ class ShardListDataset(_Dataset):
         self._cum: Optional[array] = None
         if self.shards.all_counted():
             self._set_lengths(self.shards.counts["nsamples"])
+            self._warn_of_empty_shards()
 
     def __getstate__(self) -> dict:  # a spawned DataLoader worker starts without the decompressed shards
         state = dict(self.__dict__)
@@ -215,6 +216,19 @@ class ShardListDataset(_Dataset):
                 "the shards' sample counts ('nsamples') add up to more than 2^63 samples; write the description again",
                 field="nsamples",
             ) from None
+
+    def _warn_of_empty_shards(self) -> None:
+        """Say once per dataset when the description lists shards with no samples: they are never opened, so
+        a count of 0 written by mistake would hide a shard's samples without a word."""
+        empty = self.lengths.count(0)
+        if empty:
+            first = self.lengths.index(0)
+            warnings.warn(
+                f"the dataset description lists {empty} of {len(self.lengths)} shards with 'nsamples': 0 (the "
+                f"first: {redact(self.shards.url(first))}); they are never read. If they hold samples, write the "
+                "description again (wds-cloud index --format wids, or wids' own tool)",
+                stacklevel=3,
+            )
 
     def _ensure_lengths(self) -> array:
         if self._cum is None:
@@ -294,7 +308,10 @@ class ShardListDataset(_Dataset):
                     if (st.st_mtime_ns, st.st_size) != held[1]:
                         check_fresh(index, url, stat=st)
                         held[1] = (st.st_mtime_ns, st.st_size)
-                    data = os.pread(held[0], end - start, start)
+                    try:
+                        data = os.pread(held[0], end - start, start)
+                    except OSError as exc:
+                        raise unreadable(url, start, exc) from exc
         if shard in self._streamed:
             return read_range(
                 index,
