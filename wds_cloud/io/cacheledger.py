@@ -5,10 +5,13 @@ Every process of a node that fills a bounded cache directory appends to one file
 
     wds-cloud cache ledger 1
     + SIZE SEEN NAME        an entry (or a fill) of SIZE bytes, in the queue since SEEN (ns)
-    - NAME                  that entry is gone
+    - NAME                  that entry is gone; before the ``+`` of a name not held, it marks the entry protected
 
 ``NAME`` is the entry's path relative to the directory, percent-encoded.  Each process keeps a view
-(the total of the sizes and a clock queue of the entries, least recently queued first) and, when it
+(the total of the sizes and two clock queues of the entries, least recently queued first: the entries on
+probation, and the protected ones, see :meth:`ShardCache.make_room <wds_cloud.io.shardcache.ShardCache.make_room>`;
+and a bounded record of the entries that left a moment ago, to tell a shard fetched again before it was reused) and,
+when it
 takes the lock, reads only the records added since it last looked: a miss costs constant work in
 the number of entries held, amortized.  The file is compacted (rewritten from the view) when its dead
 records outnumber its live ones, and rebuilt by one walk of the directory when it is absent, not a
@@ -22,6 +25,9 @@ directory may have forged: a line is at most 8 KiB, a name is a plain relative p
 directory, a number is a number, and any other line is ignored (counted as dead, so compaction
 drops it).  A torn last line, left by a process killed while it appended, is closed with a newline
 by the next writer and so read as one ignored line.
+
+A protected entry is written as ``- NAME`` followed by its ``+`` record: a version that knows no protection reads
+the pair as "remove what is not held, then add it", the same entry on probation, so ledgers stay readable both ways.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from dataclasses import dataclass
 from typing import Optional
 from urllib.parse import quote, unquote
 
-__all__ = ["Held", "Ledger", "Planted", "open_lock", "open_regular", "plain_name", "view_of"]
+__all__ = ["Ghost", "Held", "Ledger", "Planted", "open_lock", "open_regular", "plain_name", "view_of"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +57,9 @@ MAX_NAME = 4096  # PATH_MAX: no entry of ours has a longer name
 MAX_SIZE = 1 << 62  # bytes: a size beyond any disk is a forged one
 MAX_ENTRIES = 1 << 20  # 10x the largest cache we design for; a ledger listing more is rebuilt from the directory
 MIN_COMPACT = 1024  # dead records tolerated before compaction, whatever the live count
+#: the entries that left a moment ago are remembered (by a hash of their name) up to this many times the entries
+#: held, plus GHOST_MIN: a shard fetched again within that many evictions of its own was evicted before its reuse
+GHOST_FACTOR, GHOST_MIN = 2, 64
 #: a process walks the directory again once it recorded more fills than this and than the entries its last walk
 #: found: a ledger that omits entries (truncated, or forged) bounds nothing, and this brings the directory back to
 #: its bound with a walk's cost spread over as many misses as the walk visits entries (constant per miss, amortized)
@@ -67,11 +76,21 @@ Scan = Callable[[], Iterable[tuple[str, int, int]]]
 
 @dataclass
 class Held:
-    """One entry in a process's view: its size, and when it was queued (an access since earns it a second
-    chance from the clock)."""
+    """One entry in a process's view: its size, when it was queued (an access since earns it a second chance from
+    the clock), and the bytes the node had filled before it (see :attr:`Ledger.filled`)."""
 
     size: int
     seen_ns: int
+    filled: int = 0
+
+
+@dataclass
+class Ghost:
+    """An entry that left the cache a moment ago: its last access known then, and the bytes the node had filled
+    before its own fill (what was filled since is the reuse distance of a shard fetched again)."""
+
+    seen_ns: int
+    filled: int
 
 
 class Planted(OSError):
@@ -161,8 +180,22 @@ class Ledger:
         self.directory = directory
         self.path = os.path.join(directory, LEDGER)
         self._scan = scan
-        self.entries: OrderedDict[str, Held] = OrderedDict()  # the clock's queue: its hand is at the front
-        self.total = 0
+        self.entries: OrderedDict[str, Held] = OrderedDict()  # on probation, the clock's queue: its hand at the front
+        #: entries fetched again after they were evicted before their reuse, kept before those on probation (a loop
+        #: over more shards than the cache holds would otherwise evict each one just before it is read again)
+        self.protected: OrderedDict[str, Held] = OrderedDict()
+        self.protected_total = 0
+        self.total = 0  # bytes of both queues
+        #: entries that left a moment ago, by the hash of their name, oldest first; bounded by GHOST_FACTOR x entries
+        self.ghost: OrderedDict[int, Ghost] = OrderedDict()
+        #: bytes of the fills this view saw recorded (a node-wide clock in bytes; what a process read at its start or
+        #: again after a compaction is not counted)
+        self.filled = 0
+        self.reuse_misses = 0  # fills of this process that the ghost remembered (the warning counts them)
+        self.reuse_most = 0  # the most bytes the node filled between two fills of one shard, among those
+        self.thrash_warned = False
+        self._marked: Optional[str] = None  # the name a "- NAME" not held marked protected, for the next record
+        self._counting = True
         self.rebuilds = 0  # walks of the directory by this process (tests count them)
         self._identity: Optional[tuple[int, int]] = None  # (device, inode) of the file the view was read from
         self._offset = 0  # bytes of it read (or written) so far
@@ -173,7 +206,7 @@ class Ledger:
         self._walked = 0  # entries its last walk found
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self.entries) + len(self.protected)
 
     # the lock
     @contextlib.contextmanager
@@ -195,14 +228,27 @@ class Ledger:
                 self._append()
 
     # changes, inside the lock
-    def add(self, name: str, size: int, seen_ns: Optional[int] = None) -> None:
-        """Record ``name`` as held with ``size`` bytes (again, when it was: its size is replaced), at the queue's end."""
+    def add(self, name: str, size: int, seen_ns: Optional[int] = None, *, protect: bool = False) -> None:
+        """Record ``name`` as held with ``size`` bytes (again, when it was: its size is replaced, its queue kept), at
+        its queue's end: the protected one when ``protect`` (and it was not held)."""
         if not plain_name(name):
             return  # such a name is never an entry of ours (path_for refuses it)
         seen = time.time_ns() if seen_ns is None else seen_ns
         self._added += 1
+        if protect and not self.holds(name):
+            self._pending.append(_record(name))  # the mark: a "-" of a name not held
+            self._marked = name
         self._apply_add(name, size, seen)
         self._pending.append(_record(name, size, seen))
+
+    def holds(self, name: str) -> bool:
+        return name in self.entries or name in self.protected
+
+    def recall(self, name: str) -> Optional[Ghost]:
+        """What the ghost remembers of ``name``, forgotten as it is told (None when it is held, or long gone)."""
+        if self.holds(name):
+            return None
+        return self.ghost.pop(hash(name), None)
 
     def remove(self, name: str) -> None:
         """Record that ``name`` is gone."""
@@ -210,28 +256,53 @@ class Ledger:
             self._pending.append(_record(name))
 
     def requeue(self, name: str, seen_ns: int) -> None:
-        """Move ``name`` to the end of this process's queue (its second chance); nothing is recorded."""
-        held = self.entries.get(name)
+        """Move ``name`` to the end of its queue in this process's view (its second chance); nothing is recorded."""
+        queue = self.protected if name in self.protected else self.entries
+        held = queue.get(name)
         if held is not None:
             held.seen_ns = seen_ns
-            self.entries.move_to_end(name)
+            queue.move_to_end(name)
 
-    def front(self) -> tuple[str, Held]:
-        """The entry under the clock's hand."""
-        return next(iter(self.entries.items()))
+    def front(self, protected: bool = False) -> tuple[str, Held]:
+        """The entry under the clock's hand, on probation or among the protected."""
+        return next(iter((self.protected if protected else self.entries).items()))
 
     def _apply_add(self, name: str, size: int, seen_ns: int) -> None:
+        """Add (or re-add) ``name``: a held entry keeps its queue, a new one is protected when just marked so."""
+        marked, self._marked = self._marked == name, None
+        self.ghost.pop(hash(name), None)  # fetched again: no longer one that left
         old = self.entries.pop(name, None)
+        protect = False
+        if old is None:
+            old = self.protected.pop(name, None)
+            protect = old is not None or marked
+            if old is not None:
+                self.protected_total -= old.size
         if old is not None:
             self.total -= old.size
-        self.entries[name] = Held(size, seen_ns)
+        elif self._counting:
+            self.filled += size
+        held = Held(size, seen_ns, self.filled - size if old is None else old.filled)
+        if protect:
+            self.protected[name] = held
+            self.protected_total += size
+        else:
+            self.entries[name] = held
         self.total += size
 
     def _apply_remove(self, name: str) -> bool:
+        """Remove ``name`` and remember it in the ghost; False when it was not held (a mark, see the module doc)."""
+        self._marked = None
         old = self.entries.pop(name, None)
         if old is None:
-            return False
+            old = self.protected.pop(name, None)
+            if old is None:
+                return False
+            self.protected_total -= old.size
         self.total -= old.size
+        self.ghost[hash(name)] = Ghost(old.seen_ns, old.filled)
+        while len(self.ghost) > GHOST_FACTOR * len(self) + GHOST_MIN:  # each pop pays for one push: O(1) amortized
+            self.ghost.popitem(last=False)
         return True
 
     # reading
@@ -261,13 +332,23 @@ class Ledger:
         return self._rebuild(why) if why else None
 
     def _reset(self) -> None:
+        """Forget the entries (they are read again); the ghost and the fill counter are history, and stay."""
         self.entries.clear()
-        self.total = self._offset = self._records = 0
+        self.protected.clear()
+        self.total = self.protected_total = self._offset = self._records = 0
         self._identity = None
+        self._marked = None
 
     def _read(self, f) -> Optional[str]:
         """Apply the lines from ``self._offset`` on; a reason to rebuild, or None."""
         f.seek(self._offset)
+        self._counting = self._offset != 0  # what is read from the start was filled before this view looked
+        try:
+            return self._read_lines(f)
+        finally:
+            self._counting = True
+
+    def _read_lines(self, f) -> Optional[str]:
         if self._offset == 0:
             if f.read(len(HEADER)) != HEADER:
                 return "it does not begin as a ledger of this version"
@@ -289,7 +370,7 @@ class Ledger:
                 skipping = False
                 self._offset += end + 1 - start
                 start = end + 1
-            if len(self.entries) > MAX_ENTRIES:  # checked as it is read: memory stays bounded
+            if len(self) > MAX_ENTRIES:  # checked as it is read: memory stays bounded
                 return f"it lists more than {MAX_ENTRIES} entries"
             rest = rest[start:]
             if len(rest) > MAX_LINE:  # not a record of ours: skip to the next newline
@@ -300,6 +381,7 @@ class Ledger:
 
     def _apply_line(self, line: bytes) -> bool:
         """Apply one record; False when it is not a valid one."""
+        marked, self._marked = self._marked, None  # a mark holds for the very next line only
         fields = line.split(b" ", 3)
         try:
             name = unquote(fields[-1].decode("ascii"), errors="strict")
@@ -311,14 +393,17 @@ class Ledger:
             size, seen = _number(fields[1]), _number(fields[2])
             if size is None or seen is None:
                 return False
+            self._marked = marked
             self._apply_add(name, size, seen)
             return True
         if fields[0] == b"-" and len(fields) == 2:
-            self._apply_remove(name)
+            if not self._apply_remove(name):
+                self._marked = name  # a "-" of a name not held marks the "+" that follows as protected
             return True
         return False
 
     def _ignored(self) -> None:
+        self._marked = None
         if not self._warned:
             self._warned = True
             log.warning("cache: %s holds lines that are not records of this cache; they are ignored", self.path)
@@ -368,8 +453,12 @@ class Ledger:
         found = sorted(
             ((atime, name, size) for name, size, atime in self._scan() if plain_name(name)), key=lambda x: x[0]
         )
-        for atime, name, size in found:
-            self._apply_add(name, size, atime)
+        self._counting = False  # found, not filled
+        try:
+            for atime, name, size in found:
+                self._apply_add(name, size, atime)
+        finally:
+            self._counting = True
         self._added, self._walked = 0, len(found)
         self._sweep_temps()
         self._write_whole()
@@ -401,11 +490,14 @@ class Ledger:
             with os.fdopen(fd, "wb") as f:
                 f.write(HEADER)
                 batch: list[bytes] = []
-                for name, held in self.entries.items():
-                    batch.append(_record(name, held.size, held.seen_ns))
-                    if len(batch) >= 4096:
-                        f.write(b"".join(batch))
-                        batch = []
+                for protected, queue in ((False, self.entries), (True, self.protected)):
+                    for name, held in queue.items():
+                        if protected:
+                            batch.append(_record(name))  # the mark (see the module docstring)
+                        batch.append(_record(name, held.size, held.seen_ns))
+                        if len(batch) >= 4096:
+                            f.write(b"".join(batch))
+                            batch = []
                 f.write(b"".join(batch))
                 f.flush()
                 st = os.fstat(f.fileno())
@@ -418,7 +510,7 @@ class Ledger:
             return
         self._identity = (st.st_dev, st.st_ino)
         self._offset = st.st_size
-        self._records = len(self.entries)
+        self._records = len(self) + len(self.protected)
 
 
 def _alive(pid: int) -> bool:

@@ -19,7 +19,8 @@ For an entry named ``N`` (see :func:`wds_cloud.io.urls.url_to_cache_name`) the c
 A hit checks the entry's size and modification time against ``N.meta``: an entry written to since
 it was published is fetched again (with ``verify=True`` every entry carries a CRC-32, every hit is
 checked against it, and a modified entry whose bytes still match is kept).  Eviction is
-least-recently-used by last access (a clock: an entry read since it was queued gets a second chance),
+least-recently-used by last access (a clock: an entry read since it was queued gets a second chance), resists a
+loop over more shards than the cache holds (see :meth:`ShardCache.make_room`),
 never takes an entry another reader holds, and never deletes a file that has no ``.meta`` of ours.
 A bounded cache keeps what eviction needs in ``.evict.ledger`` (see :mod:`wds_cloud.io.cacheledger`), so
 that a miss costs the same whether the cache holds ten entries or a hundred thousand.  Locks are ``flock`` locks: the cache directory must be on a
@@ -56,6 +57,11 @@ __all__ = ["ShardCache", "CachedShard"]
 
 log = logging.getLogger(__name__)
 
+#: the share of a bounded cache always left to new entries (on probation): a loop over more shards than the cache
+#: holds keeps the rest (protected) for the next epoch, and shards fetched moments ago stay for the node's other readers
+PROBATION_SHARE = 8
+#: reuse misses of one process (shards evicted, then fetched again before they were reused) before it warns
+THRASH_WARN = 4
 POLL_MIN, POLL_MAX = 0.002, 0.05  # how often a reader waiting for a filler looks again (seconds)
 BUFFER, BUFFERS = 1 << 20, 32  # a fill hands its bytes to the writer thread through 32 MB of reused buffers
 
@@ -199,6 +205,15 @@ def _warn_planted(directory: str, exc: OSError) -> None:
     if directory not in _WARNED:
         _WARNED.add(directory)
         log.warning("cache: %s; until then the shards it blocks are read uncached", exc.strerror or exc)
+
+
+def _human(size: int, up: bool = False) -> str:
+    """A byte count as a size setting reads it (``12.5GB``), rounded up when ``up``: it is a bound to set."""
+    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if size >= scale:
+            tenths = -(-size * 10 // scale) if up else round(size * 10 / scale)
+            return f"{tenths / 10:g}{unit}"
+    return f"{size}B" if size != 1 else "1 byte"
 
 
 def _unlink(*paths: str) -> None:
@@ -454,10 +469,18 @@ class ShardCache:
         return os.path.relpath(path, self.directory)
 
     def make_room(self, keep: str, size: Optional[int] = None) -> None:
-        """Record the fill of ``keep`` (``size`` bytes, or what its record says), then evict least-recently-used
-        entries until the cache, fills in progress included, fits the limit.
+        """Record the fill of ``keep`` (``size`` bytes, or what its record says), then evict entries until the
+        cache, fills in progress included, fits the limit: those on probation first, least recently used first,
+        then the protected ones.
 
-        Constant work in the entries held, amortized: the ledger gives the total and the queue; only the entries
+        A new entry is on probation, unless it left the cache a moment ago (the ghost remembers it): it was evicted
+        before its reuse, the cache thrashes, and it is protected, up to all but a :data:`PROBATION_SHARE` of the
+        limit.  A loop over W shards through a cache of C < W so keeps about C of them from one epoch to the next,
+        where least-recently-used evicts each just before it is read again (0 hits); a protected entry gives way
+        to a newcomer only when it was not read for twice as long as the newcomer's reuse took (the shards read
+        changed).  A cache that fits never evicts, and one that evicts without such reuse behaves as it did.
+
+        Constant work in the entries held, amortized: the ledger gives the totals and the queues; only the entries
         the clock's hand passes are looked at (each evicted once, or passed once per access since it was queued).
         """
         if self.size_limit is None:
@@ -466,19 +489,53 @@ class ShardCache:
             meta = _read_meta(keep)
             size = _meta_size(meta) if meta is not None else 0
         name = self._name(keep)
+        reuse = None
         with self._view().locked() as ledger:
-            ledger.add(name, size)
-            for _ in range(len(ledger)):  # each entry under the hand once at most
+            ghost = ledger.recall(name)
+            protect = False
+            if ghost is not None:  # evicted, and fetched again before it was reused
+                reuse = ledger.filled - ghost.filled  # bytes the node filled since this shard's last fill
+                protect = self._admit(ledger, size, ghost.seen_ns)
+            ledger.add(name, size, protect=protect)
+            # each entry under the hand twice at most (a second chance, then eviction), those on probation first
+            probation = 2 * len(ledger.entries)
+            for _ in range(2 * len(ledger)):
                 if ledger.total <= self.size_limit:
                     break
-                candidate, held = ledger.front()
+                probation -= 1
+                if probation >= 0 and ledger.entries:
+                    candidate, held = ledger.front()
+                elif ledger.protected:
+                    candidate, held = ledger.front(protected=True)
+                else:
+                    break
                 if candidate == name:
                     ledger.requeue(candidate, held.seen_ns)
                 else:
                     self._visit(ledger, candidate, held)
+        if reuse is not None:
+            self._count(cache_reuse_misses=1)
+            self._warn_thrashing(ledger, reuse)
 
-    def _visit(self, ledger: Ledger, name: str, held: Held) -> None:
-        """The clock's hand on ``name``: evict it, give it a second chance, or forget it (not an entry of ours).
+    def _admit(self, ledger: Ledger, size: int, last_ns: int) -> bool:
+        """Whether an entry fetched again ``size`` bytes, last read at ``last_ns`` before it was evicted, is
+        protected: there is room among the protected, or protected entries unread for twice as long as its reuse
+        took give it theirs."""
+        assert self.size_limit is not None
+        room = self.size_limit - self.size_limit // PROBATION_SHARE
+        now = time.time_ns()
+        stale = now - 2 * max(0, now - last_ns)
+        for _ in range(len(ledger.protected)):
+            if ledger.protected_total + size <= room:
+                break
+            name, held = ledger.front(protected=True)
+            if not self._visit(ledger, name, held, stale_ns=stale):
+                return False
+        return ledger.protected_total + size <= room
+
+    def _visit(self, ledger: Ledger, name: str, held: Held, stale_ns: Optional[int] = None) -> bool:
+        """The clock's hand on ``name``: evict it, give it a second chance, or forget it (not an entry of ours);
+        False only when it was last read at or after ``stale_ns`` (then it is left as it is).
 
         The ledger is only a hint here: the entry's own files decide.
         """
@@ -486,7 +543,7 @@ class ShardCache:
         meta = _read_meta(path) if _inside(self.directory, name) else None
         if meta is None:  # gone, or never ours: forgotten, never deleted
             ledger.remove(name)
-            return
+            return True
         complete = bool(meta.get("complete"))
         try:
             st: Optional[os.stat_result] = os.stat(path if complete else path + ".part", follow_symlinks=False)
@@ -494,14 +551,44 @@ class ShardCache:
             st = None
         if complete and (st is None or not stat.S_ISREG(st.st_mode)):
             ledger.remove(name)  # a record without its entry
-            return
+            return True
         if complete and st is not None and st.st_atime_ns > held.seen_ns:
             ledger.requeue(name, st.st_atime_ns)  # read since it was queued
-            return
+            return True
+        if stale_ns is not None and held.seen_ns >= stale_ns:
+            return False
         if self._evict(path, complete):
             ledger.remove(name)
         else:  # in use, or a fill in progress
             ledger.requeue(name, time.time_ns())
+        return True
+
+    def _warn_thrashing(self, ledger: Ledger, reuse: int) -> None:
+        """Say once per process that the cache thrashes, with the figures and the fix."""
+        ledger.reuse_misses += 1
+        ledger.reuse_most = max(ledger.reuse_most, reuse)
+        if ledger.thrash_warned or ledger.reuse_misses < THRASH_WARN:
+            return
+        ledger.thrash_warned = True
+        seen = self.stats.snapshot()
+        opened = seen.cache_hits + seen.cache_misses
+        limit = self.size_limit or 0
+        log.warning(
+            "cache: %s thrashes: %d shards were evicted and then fetched again before they were reused, because "
+            "the shards read in one epoch do not fit in cache_size %s: the node fetched up to %s between two reads "
+            "of one shard (its working set, at least), and hits are %d of %d opens (%.0f%%) so far. The cache now "
+            "keeps about %s of them from one epoch to the next; to keep them all, set WDS_CACHE_SIZE (or "
+            "cache_size=) to at least %s, or read without a cache (WDS_CACHE_SIZE=0, or no cache_dir)",
+            self.directory,
+            ledger.reuse_misses,
+            _human(limit),
+            _human(ledger.reuse_most),
+            seen.cache_hits,
+            opened,
+            100.0 * seen.cache_hits / opened if opened else 0.0,
+            _human(limit - limit // PROBATION_SHARE),
+            _human(max(ledger.reuse_most, limit + 1), up=True),
+        )
 
     def usage(self) -> tuple[int, int]:
         """(entries, bytes) a bounded cache holds by its ledger, fills in progress included; (0, 0) when unbounded."""
