@@ -389,7 +389,8 @@ class WebDataset(DataPipeline, FluidInterface):
 
         ``streams`` (remote shards read), ``requests`` (the GETs made for them: one per shard read as one
         stream, one per part), ``bytes``, ``seconds``, ``retries``, ``bytes_refetched``, ``time_lost``,
-        the cache's ``cache_hits``, ``cache_misses``, ``cache_evictions``, ``bytes_saved``, of parallel
+        the cache's ``cache_hits``, ``cache_misses``, ``cache_evictions``, ``cache_reuse_misses`` (shards
+        fetched again after the cache evicted them before their reuse: it is too small), ``bytes_saved``, of parallel
         ranged reads ``first_byte`` (mean seconds to a part's first byte), ``connection_rate`` (mean bytes/s
         of one connection), ``concurrency`` (most parts in flight), ``hosts`` (per host: the ``level`` of
         connections chosen and ``why``, the reader's ``waiting`` share, ``latency``, ``rates`` per level),
