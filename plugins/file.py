@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any, Optional
 
-from wds_cloud.errors import ObjectChangedError, ShardNotFoundError
+from wds_cloud.errors import AccessDeniedError, ObjectChangedError, ShardNotFoundError, TransferError
 from wds_cloud.io import (
     AtomicFile,
     Backend,
@@ -102,6 +102,25 @@ def _open_regular(path: str, url: str) -> tuple[int, os.stat_result]:
     return fd, st
 
 
+def _unopenable(url: str, exc: OSError) -> OSError:
+    """Our error for a local path the system would not open or stat, naming it and the fix; an ``OSError`` of the
+    kind callers catch (``FileNotFoundError`` for names no file can have, ``PermissionError`` for EACCES)."""
+    reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+    if exc.errno in (errno.ENAMETOOLONG, errno.ENOTDIR, errno.ELOOP):  # names no file can have
+        return ShardNotFoundError(f"{url[:200]}: no such file ({reason}); check the path", url=url)
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return AccessDeniedError(
+            f"{url[:200]}: this process may not read the file ({reason}); check its permissions "
+            "(ls -l) and the user the job runs as",
+            url=url,
+        )
+    return TransferError(
+        f"{url[:200]}: the file could not be opened ({reason}); name a regular file this process can read",
+        url=url,
+        **({"errno": exc.errno, "strerror": exc.strerror} if exc.errno else {}),
+    )
+
+
 class _SizedFile(io.FileIO):
     """A regular file's descriptor read no further than the size it had when opened (``size``): a file that
     grows while it is read (a writer still appending, a file swapped) is an error, never an endless read."""
@@ -120,15 +139,38 @@ class _SizedFile(io.FileIO):
                 url=self.url,
             )
 
+    def _failed(self, exc: OSError) -> TransferError:
+        """A read the system refused (EIO: /proc/self/mem, a failing disk), as our error with the path and byte."""
+        try:
+            at: object = self.tell()
+        except OSError:
+            at = "?"
+        code = f" ({errno.errorcode.get(exc.errno, exc.errno)})" if exc.errno else ""
+        known = {"errno": exc.errno, "strerror": exc.strerror} if exc.errno else {}
+        return TransferError(
+            f"{self.url[:200]}: reading failed at byte {at}: {exc.strerror or exc}{code}; this file cannot be "
+            "read as a shard (a special file such as /proc/self/mem, a failing disk or network file system): "
+            "name a regular file whose bytes `cat` can read, or copy it to a working disk",
+            url=self.url,
+            offset=at,
+            **known,
+        )
+
     def readinto(self, buffer) -> int:
-        n = super().readinto(buffer)
+        try:
+            n = super().readinto(buffer)
+        except OSError as exc:
+            raise self._failed(exc) from exc
         self._grew(n or 0)
         return n
 
     def read(self, size: Optional[int] = -1) -> bytes:
         if size is None or size < 0:
             return self.readall()
-        data = super().read(size)
+        try:
+            data = super().read(size)
+        except OSError as exc:
+            raise self._failed(exc) from exc
         self._grew(len(data or b""))
         return data
 
@@ -181,11 +223,7 @@ class FileBackend(Backend):
                 f"{url!r:.200}: no such file (a path cannot hold a NUL character)", url=url
             ) from exc
         except OSError as exc:
-            if exc.errno in (errno.ENAMETOOLONG, errno.ENOTDIR, errno.ELOOP):  # names no file can have
-                raise ShardNotFoundError(
-                    f"{url[:200]}: no such file ({os.strerror(exc.errno).lower()}); check the path", url=url
-                ) from exc
-            raise
+            raise _unopenable(url, exc) from exc
         stream = LocalFile(_SizedFile(fd, url, st.st_size), bufsize or self.settings.bufsize, st)
         if offset:
             try:
@@ -205,6 +243,12 @@ class FileBackend(Backend):
             st = os.stat(local_path(url))
         except FileNotFoundError as exc:
             raise ShardNotFoundError(f"{url}: no such file", url=url) from exc
+        except ValueError as exc:  # a NUL in the path
+            raise ShardNotFoundError(
+                f"{url!r:.200}: no such file (a path cannot hold a NUL character)", url=url
+            ) from exc
+        except OSError as exc:
+            raise _unopenable(url, exc) from exc
         if not stat.S_ISREG(st.st_mode):
             raise _not_a_file(url, st.st_mode)
         return ObjectInfo(url, st.st_size, local_version(st))

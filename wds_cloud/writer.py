@@ -76,18 +76,24 @@ _GOOD_FIELDS: set = set()  # field names already found valid (the same few recur
 
 
 def _good_field(field: str) -> bool:
-    ok = field != "" and "/" not in field and "\0" not in field and (field.isascii() or _utf8(field))
+    ok = field != "" and "/" not in field and "\0" not in field and (field.isascii() or _reads_back(field))
     if ok and len(_GOOD_FIELDS) < 4096:
         _GOOD_FIELDS.add(field)
     return ok
 
 
-def _utf8(text: str) -> bool:
+def _reads_back(text: str) -> bool:
+    """Whether the bytes a tar header gets for ``text`` read back as ``text``.
+
+    The reader gives a name that is not UTF-8 (a latin-1 ``caf\\xe9``) with each undecodable byte escaped
+    (``'caf\\udce9'``, Python's surrogateescape), and the writer writes such escapes as the bytes they stand
+    for, so a name read is written back byte for byte.  Other lone surrogates have no bytes, and escapes of bytes
+    that together are UTF-8 (``'\\udcc3\\udca9'``) would read back as the text they spell (``'\\u00e9'``).
+    """
     try:
-        text.encode("utf-8")
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "surrogateescape") == text
     except UnicodeEncodeError:
         return False
-    return True
 
 
 def check_key(key: Any) -> str:
@@ -110,8 +116,12 @@ def check_key(key: Any) -> str:
         why = "it contains a NUL character"
     elif key.endswith("/"):
         why = "it ends in '/', so its members would be read as directory entries"
-    elif not key.isascii() and not _utf8(key):
-        why = "it cannot be encoded as UTF-8 (it holds a lone surrogate), so no tar header can carry it"
+    elif not key.isascii() and not _reads_back(key):
+        why = (
+            "it holds a lone surrogate that stands for no byte a tar header could carry (the reader escapes each "
+            "byte of a name that is not UTF-8 as U+DC80-U+DCFF, and only such escapes of bytes that are not UTF-8 "
+            "together are written back as those bytes); give text, or the key as the reader gave it"
+        )
     if why:
         raise SampleError(f"invalid sample key {key!r}: {why}", key=key)
     return key
@@ -220,8 +230,8 @@ class TarWriter(Publishing):
             if field not in _GOOD_FIELDS and not _good_field(field):
                 raise SampleError(
                     f"{self._where()}: invalid field name {field!r} in sample {key!r}: a field name "
-                    "is non-empty UTF-8 text without '/' or NUL, or it would not read back as "
-                    "written",
+                    "is non-empty text without '/' or NUL (undecodable bytes escaped as the reader gives them), "
+                    "or it would not read back as written",
                     key=key,
                 )
             members.append((f"{key}.{field}", value))

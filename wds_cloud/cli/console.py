@@ -32,6 +32,7 @@ __all__ = [
     "EXIT_CODES",
     "progress",
     "emit",
+    "shown",
     "for_cli",
     "job_conflict",
 ]
@@ -78,13 +79,37 @@ def progress(items: Iterable, total: Optional[int], what: str, unit: str = "shar
 
 
 def emit(args: argparse.Namespace, data: Any, text: Callable[[Any], str]) -> None:
-    """Print a command's result: ``data`` as JSON with ``--json``, else ``text(data)``."""
+    """Print a command's result: ``data`` as JSON with ``--json``, else ``text(data)``; names that are not UTF-8
+    are shown escaped (:func:`shown`) in both."""
     if getattr(args, "json", False):
-        print(json.dumps(data, indent=1))
+        print(json.dumps(_shown_all(data), indent=1))
     else:
         out = text(data)
         if out:
-            print(out)
+            print(shown(out))
+
+
+def shown(text: str) -> str:
+    """``text`` as printed: each byte of a name that is not UTF-8 (which the reader gives as a lone surrogate,
+    ``'caf\\udce9'``) as ``\\xe9``, as ``tar`` shows such names with ``\\351``; a terminal or a pipe whose
+    encoding cannot carry a lone surrogate would otherwise stop the command, and a JSON parser may refuse one."""
+    if text.isascii():
+        return text
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate that stands for no byte: shown as its code point
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _shown_all(data: Any) -> Any:
+    """``data`` with :func:`shown` applied to every string in it (keys and values, at any depth)."""
+    if isinstance(data, str):
+        return shown(data)
+    if isinstance(data, dict):
+        return {_shown_all(k): _shown_all(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_shown_all(v) for v in data]
+    return data
 
 
 #: library advice that names a Python argument, and what a command line user does instead
@@ -131,16 +156,41 @@ def _flag_value(key: str, value: Any) -> str:
 
 def job_conflict(exc: Exception) -> str:
     """A job record's conflict (``ConfigError.conflict``: ``(setting, recorded, now)`` rows) in flags: what was
-    recorded, what was given now, and the two ways on."""
-    said = []
-    for key, then, now in getattr(exc, "conflict", ()):
-        if key == "inputs" and isinstance(then, list) and isinstance(now, list) and len(then) == len(now):
-            said.append("other input shards were recorded than those given now")
-        else:
-            said.append(f"{_flag_value(key, then)} was recorded, {_flag_value(key, now)} given now")
+    recorded, what was given now, and the two ways on.  A record of another command lists that command and its
+    own flags (its settings are not flags of the command typed now); the rerun that works is spelled out."""
+    rows = list(getattr(exc, "conflict", ()))
     where = getattr(exc, "destination", "the destination")
     record = getattr(exc, "record", "its job record")
-    return (
-        f"{where} holds the outputs of another job: {'; '.join(said)}; rerun with the recorded flags or write to a "
-        f"new destination (or remove {record} and the outputs it lists)"
-    )
+    tools = [(then, now) for key, then, now in rows if key == "tool"]
+    other = f"write to a new destination (or remove {record} and the outputs it lists)"
+    if tools:
+        then, now = tools[0]
+        recorded = {key: was for key, was, _ in rows if key not in ("tool", "inputs") and was is not None}
+        if then == "map" and recorded.get("function") == _OLD_DASK_RESHARD:
+            return (
+                f"{where} holds the outputs of a `wds-cloud reshard` run on Dask by an earlier version, which "
+                f"numbered them by input (this version cuts them as one process does, whatever the workers); "
+                f"{other}"
+            )
+        flags = " ".join(_flag_value(key, value) for key, value in sorted(recorded.items()))
+        return (
+            f"{where} holds the outputs of another command, {_flag_value('tool', then)}"
+            + (f" ({flags})" if flags else "")
+            + f", not `wds-cloud {now}`: {other}"
+        )
+    said, again = [], []
+    for key, then, now in rows:
+        if key == "inputs" and isinstance(then, list) and isinstance(now, list) and len(then) == len(now):
+            said.append("other input shards were recorded than those given now")
+        elif key == "inputs" and isinstance(then, str) and isinstance(now, str):  # "6 inputs", "input 3 URL"
+            said.append(f"the record has {then}, {now} given now")
+        else:
+            said.append(f"{_flag_value(key, then)} was recorded, {_flag_value(key, now)} given now")
+        if key != "inputs":
+            again.append(_flag_value(key, then))
+    rerun = f"rerun with {' '.join(again)}" if again else "rerun with the recorded input shards"
+    return f"{where} holds the outputs of another job: {'; '.join(said)}; {rerun}, or {other}"
+
+
+#: the function an earlier version's ``wds-cloud reshard --workers`` recorded as a map job
+_OLD_DASK_RESHARD = "wds_cloud.tools.dask:passthrough"

@@ -277,7 +277,17 @@ def _index(args: argparse.Namespace) -> int:
     record = None
     if args.output:  # an index file or description the tool owns: never over an input or a stranger's file
         record = JobRecord(args.output, "index", urls, {"format": args.format, "name": args.name})
-        record.keep(args.output)
+        if record.keep(args.output):  # written by this same job and unchanged since: kept, as every job keeps
+            record.release()
+            emit(
+                args,
+                [{"url": redact(u), "kept": True} for u in urls],
+                lambda rs: (
+                    f"nothing to do: {redact(args.output)} is already complete (this job wrote it and it is "
+                    f"unchanged); kept it (the index of {_plural(len(rs), 'shard')})"
+                ),
+            )
+            return EXIT_OK
         record.begin()
     jobs = _jobs(args, urls)
     local = all(is_local(u) for u in urls)

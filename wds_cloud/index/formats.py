@@ -457,6 +457,8 @@ def _walk_local(path: str, url: str, split: Callable[[str], tuple]) -> Optional[
                     samples[-1].fields.append(entry)
             at += 512 + ((size + 511) & ~511)
         return None  # no end-of-archive block: the reader says so
+    except OSError:
+        return None  # a read the system refused (EIO): the tar reader reads it again and names the file and byte
     finally:
         os.close(fd)
 

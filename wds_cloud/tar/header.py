@@ -123,8 +123,12 @@ class MemberWriter:
         return None
 
     def add(self, name: str, data: Union[bytes, bytearray, memoryview]) -> int:
-        """Write one member; returns the bytes written (headers, data and padding)."""
-        raw = name.encode("utf-8")
+        """Write one member; returns the bytes written (headers, data and padding).
+
+        ``name`` is written as UTF-8, its escaped bytes (U+DC80-U+DCFF, as the reader gives names that are not
+        UTF-8, a latin-1 ``caf\\xe9.txt``) as the bytes they stand for: a name read is written back byte for byte.
+        """
+        raw = name.encode("utf-8", "surrogateescape")
         size = len(data)
         written = 0
         prefix = b""
@@ -157,6 +161,10 @@ class MemberWriter:
         else:
             records = b""
             if len(raw) > 100:
+                if not _is_utf8(raw):
+                    # PAX values are UTF-8 unless this record, first, says they are bytes as they stand (as tarfile
+                    # and GNU tar write and read a name that is not UTF-8)
+                    records += _pax_record(b"hdrcharset", b"BINARY")
                 records += _pax_record(b"path", raw)
             if size > _MAX_USTAR_SIZE:
                 records += _pax_record(b"size", str(size).encode())
@@ -175,6 +183,14 @@ class MemberWriter:
         padding = -total % RECORD
         self._write(END_OF_ARCHIVE + bytes(padding))
         return len(END_OF_ARCHIVE) + padding
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _pax_record(key: bytes, value: bytes) -> bytes:

@@ -16,6 +16,7 @@ uncompressed tar stream), the member when known, and what was wrong.
 from __future__ import annotations
 
 import bz2
+import errno
 import io
 import lzma
 import mmap
@@ -25,13 +26,22 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import IO, Any, Optional, Protocol, cast
 
-from ..errors import CorruptShardError, MissingExtraError, ObjectChangedError, redact
+from ..errors import CorruptShardError, MissingExtraError, ObjectChangedError, TransferError, WdsCloudError, redact
 from ..io.backend import WrappedStream
 from ..io.mapped import drop, populate
 from . import table as tables
 from .table import MemberTable, Recorder
 
-__all__ = ["TarMembers", "END", "open_decompressed", "detect_compression", "sample_too_large", "CHUNK", "MAX_META_SIZE"]
+__all__ = [
+    "TarMembers",
+    "END",
+    "open_decompressed",
+    "detect_compression",
+    "sample_too_large",
+    "unreadable",
+    "CHUNK",
+    "MAX_META_SIZE",
+]
 
 CHUNK = 1 << 20
 FIRST_READ = 64 << 10
@@ -318,6 +328,24 @@ def sample_too_large(url: Any, start: int, end: int, limit: int, member: Optiona
     )
 
 
+def unreadable(url: Any, offset: int, exc: OSError) -> TransferError:
+    """Our error for an ``OSError`` a shard's source raised while read (an ``OSError`` still, with its errno):
+    the URL, the byte, what failed and what to do."""
+    where = redact(url) if url else "<stream>"
+    code = f" ({errno.errorcode.get(exc.errno, exc.errno)})" if exc.errno else ""
+    # the errno of the failure where it has one (EIO, EISDIR, ...): code that catches OSError reads it
+    known = {"errno": exc.errno, "strerror": exc.strerror} if exc.errno else {}
+    return TransferError(
+        f"{where}: reading failed at byte {offset}: {exc.strerror or exc}{code}; the file or stream cannot be "
+        "read as a shard (a special file such as /proc/self/mem, a failing disk or network file system, or a "
+        "stream that broke): name a regular file or object whose bytes `cat` can read, or copy the shard to a "
+        "working disk",
+        url=url,
+        offset=offset,
+        **known,
+    )
+
+
 def plain_member(header: bytes) -> Optional[tuple[str, int]]:
     """``(name, size)`` when ``header`` is a plain regular member's (checksum right, type ``0``, no long
     name or PAX record before it is needed); None for anything else, which the full reader handles."""
@@ -507,12 +535,16 @@ class TarMembers:
                 raise
             raise damage from exc
 
-    def _damage(self, exc: Exception) -> Optional[CorruptShardError]:
-        """The shard's corruption a read's error ``exc`` reports (a decompressor's), or None: raised as it is."""
+    def _damage(self, exc: Exception) -> Optional[WdsCloudError]:
+        """Our error for a read's error ``exc``: the shard's corruption (a decompressor's report), or an
+        ``OSError`` of the source (a file failing with EIO at byte 0, /proc/self/mem, a dying disk, a user's
+        stream) with the URL and offset; None: raised as it is."""
         if isinstance(exc, _decompression_errors()):
             return self._fail(f"the {self.compression} stream is damaged or ended early ({exc})")
         if isinstance(exc, OSError) and "Invalid data stream" in str(exc):  # bz2 reports corruption so
             return self._fail(f"the {self.compression} stream is damaged ({exc})")
+        if isinstance(exc, OSError) and not isinstance(exc, WdsCloudError):
+            return unreadable(self.url, self.offset, exc)
         return None
 
     def _check_sample(self) -> None:
@@ -664,6 +696,11 @@ class TarMembers:
                         raise self._fail(
                             f"the {self.compression} stream is damaged or ended early ({exc})", name, header_offset
                         ) from exc
+                    except OSError as exc:
+                        damage = self._damage(exc)
+                        if damage is None:
+                            raise
+                        raise damage from exc
                     if not n:
                         raise self._fail(_cut_in_data(size, have), name, header_offset)
                     have += n
@@ -732,7 +769,13 @@ class TarMembers:
         if not self._ranged and self._map(fresh):
             pass
         elif fresh:
-            self._stream, self.compression = open_decompressed(self._source)
+            try:
+                self._stream, self.compression = open_decompressed(self._source)
+            except OSError as exc:  # the first bytes could not be read at all
+                damage = self._damage(exc)
+                if damage is None:
+                    raise
+                raise damage from exc
         if fresh:
             if not self._fill(512):
                 got = self._end
