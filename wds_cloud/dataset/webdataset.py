@@ -128,6 +128,16 @@ class WebDataset(DataPipeline, FluidInterface):
     copy at all, and the mapping lives as long as any view of it.  A view is not ``bytes``: call
     ``bytes(view)`` before ``.decode()``, ``json.loads`` or pickling; through ``WebLoader`` workers, batches
     of views travel in shared memory (one copy, from the page cache) and single samples as ``bytes``.
+
+    ``urls="folder/"`` (a path ending in ``/``) is webdataset's directory queue
+    (:class:`~wds_cloud.shardlists.DirectoryShardList`), and it changes the folder: each shard is renamed to
+    ``<shard>._<pid>_`` while it is read and back after, over and over until the program stops (it warns once,
+    naming the folder).  Every stop short of a kill gives the names back.  To read a folder's shards as they
+    are, name them: ``"folder/shard-{0000..0099}.tar"`` or ``sorted(glob.glob("folder/*.tar"))``.
+
+    In the main process, ``state_dict()`` of a dataset handed to torch ``DataLoader`` worker processes (which
+    iterate copies of it) raises :class:`~wds_cloud.errors.NotResumableError`: take states from a
+    :class:`~wds_cloud.loader.webloader.WebLoader` or torchdata's ``StatefulDataLoader`` instead.
     """
 
     def __new__(cls, urls: Any = None, *args: Any, **kwargs: Any) -> WebDataset:
@@ -182,7 +192,7 @@ class WebDataset(DataPipeline, FluidInterface):
         settings = config.current()
         urls = plain_urls(urls)
         # every number that reaches a stage's state is made plain here (numpy's, 1e3), or refused naming the
-        # argument: a state is JSON, and state_dict() must never fail for a dataset that was built (issue 41)
+        # argument: a state is JSON, and state_dict() must never fail for a dataset that was built
         if isinstance(seed, str):
             seed = config.Settings.from_environ({"WDS_SEED": seed}).seed
         seed = as_seed("seed", seed)

@@ -1,4 +1,4 @@
-"""Numbers a user gives a dataset or stage, normalised when it is built (issue 41).
+"""Numbers a user gives a dataset or stage, normalised when it is built (a state holds them as JSON, so a numpy integer or a float such as 1e3 must become a plain int there, or be refused naming the argument).
 
 A state is plain JSON sealed with a checksum of its canonical text, and a stage's settings travel in it (a
 shuffle's buffer size, a shard list's seed).  A numpy integer or float is a valid Python number but not JSON,

@@ -2,7 +2,7 @@
 
 A checksum (:func:`~wds_cloud.resume.state.seal`) stops accidents, not people: a state edited and sealed again
 is well formed field by field and can still describe work that never existed.  These checks hold every state
-we write to what a real pass can leave (issue 41), before any sample is read:
+we write to what a real pass can leave (a checksum stops accidents, not edits), before any sample is read:
 
 - a shard is in exactly one of unstarted (``pending``) / partly read (``partial``) / done; partly read at most
   once (unless shards are drawn with replacement);

@@ -367,7 +367,8 @@ def _check_shards_level(level: dict, world_size: int, workers: int) -> None:
         _check_buffered(entry, repeats)
 
 
-#: the fields that make a merged level's work checkable (issue 41); a state merged without them is refused
+#: the fields that make a merged level's work checkable (an edited state could otherwise drop or add work); a
+#: state merged without them is refused
 _CONSERVATION = ("done", "delivered", "replays", "started")
 
 

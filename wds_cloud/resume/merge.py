@@ -417,7 +417,7 @@ def _merge_level(entries: list, world_size: int, workers: int, epoch: int) -> di
         "buffered": encode_buffered(level.buffered, resampled),
         "read": level.read,
         "started": level.started,
-        # conservation (issue 41): done + partial + pending == shards; read == delivered + held, where the
+        # conservation, so that an edited state cannot add or drop work: done + partial + pending == shards; read == delivered + held, where the
         # buffered samples are the held ones plus the replays not yet read (see elastic._check_conservation)
         "done": _carried(level) + level.done,
         "delivered": level.read - level.held,

@@ -1,4 +1,4 @@
-"""Load-time checks of a pipeline's state against the pipeline it is loaded into (issue 41).
+"""Load-time checks of a pipeline's state against the pipeline it is loaded into (its checksum proves only that it was not damaged: anyone can compute it again after an edit).
 
 A state is input: each stage checks its own fields, and these check what the stages' states say together,
 and with the pipeline's own shards, before any sample is read: the pass the state stands in, the entries
@@ -56,7 +56,7 @@ def check_epoch_items(nsamples: int, yielded: int) -> None:
 
 def check_pass(repetitions: int, number: int, field: str) -> None:
     """Refuse a saved pass a pipeline of ``repetitions`` passes never reaches (``repeat(n)``: passes 0 to n-1; one
-    pass without ``repeat``/``with_epoch``): resuming there would yield nothing more (issue 41)."""
+    pass without ``repeat``/``with_epoch``): resuming there would yield nothing more, silently."""
     if number >= repetitions:
         raise StateMismatchError(
             f"the saved state stands in pass {number} of this pipeline, which makes {repetitions} "
@@ -67,7 +67,7 @@ def check_pass(repetitions: int, number: int, field: str) -> None:
 
 
 def check_reader(resume: Any, owner: Any, stages: list) -> None:
-    """Refuse a shard reader's state that its own pipeline's other fields contradict (issue 41): ``done`` before
+    """Refuse a shard reader's state that its own pipeline's other fields contradict (an edited state): ``done`` before
     the last of the worker's shards of this pass (without a sample limit that stops a pass early), or a
     count of samples read that is not the samples the shuffle right after it drew plus those it holds
     (a buffered sample removed, or one already delivered added)."""

@@ -289,6 +289,7 @@ class PipelineResume:
         """When a pass starts (in the DataLoader worker): take this worker's share of a merged state, or its state,
         where one waits.  Returns the (pass, items) the pass starts from (``progress``, the pipeline's, unless a
         state was applied) and a loaded state's checksum problem, to raise before the pass's first item."""
+        handoff.ran_here(owner)  # a state taken from now on describes this pass
         if self.merged is not None:
             state, self.merged = self.merged, None
             rank, world_size, worker, workers = utils.pytorch_worker_info()

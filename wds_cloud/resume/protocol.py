@@ -33,7 +33,7 @@ side that it calls when a pass starts and when a state is taken or loaded, never
   for the next pass (a DataLoader worker's state, a merged state's share, a checksum problem);
 - :mod:`~wds_cloud.resume.wiring`: which sample source feeds each buffering stage, what blocks resume,
   how the shards reach the reader, read from the stage list alone;
-- :mod:`~wds_cloud.resume.pipeline_checks`: a loaded state checked against its pipeline (issue 41);
+- :mod:`~wds_cloud.resume.pipeline_checks`: a loaded state checked against its pipeline (an edited state is refused);
 - :mod:`~wds_cloud.resume.reader_state`: the shard reader's resume side, ``ReaderResume``, and the cursor
   that says where its pass stands; :mod:`~wds_cloud.resume.refetch` fetches buffered samples again;
 - :mod:`~wds_cloud.resume.shuffle` and :mod:`~wds_cloud.resume.rng`: the resumable shuffle, the counted RNG;

@@ -123,7 +123,7 @@ def share_split(resume: Any, owner: Any, world_size: int = 1, workers: int = 1) 
 
     A share is computed for our splitting (split_by_node, split_by_worker, single_node_only): a splitter of
     the user's would split the shares again (shards lost) while the buffered samples, replayed by the
-    reader, came once per rank (issue 41), and one that does not split at all gives every rank all of it."""
+    reader, came once per rank (delivered several times), and one that does not split at all gives every rank all of it."""
     split, stage = resume.splitting(owner)
     if split == "custom":
         raise StateMismatchError(

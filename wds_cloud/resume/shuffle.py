@@ -71,7 +71,7 @@ class Shuffle(PipelineStage):
         epoch_seeded: bool = False,
         epoch: int = -1,
     ) -> None:
-        # numbers of any type (numpy's) are made plain here: they go into the state, which is JSON (issue 41)
+        # numbers of any type (numpy's) are made plain here: they go into the state, which is JSON
         self.bufsize = as_count("bufsize", bufsize)
         self.initial = min(as_count("initial", initial), self.bufsize)
         self.rng = rng
