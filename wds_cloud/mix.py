@@ -70,17 +70,23 @@ def random_samples(
     draw = (rng or random).random
     sources = list(sources)
     probs = list(probs) if probs is not None else [1.0] * len(sources)
+    # webdataset's pick: the first source whose share of the cumulated weights reaches the draw (its numpy
+    # arithmetic, so the same draw picks the same source; clamped: the last bound can round below 1.0)
+    bounds = _shares(probs)
     while sources:
-        # webdataset's pick: the first source whose share of the cumulated weights reaches the draw (clamped: the
-        # last bound can round below 1.0)
-        bounds = np.cumsum(np.array(probs, dtype=float) / np.sum(probs))
-        i = min(int(np.searchsorted(bounds, draw())), len(sources) - 1)
+        i = min(bisect.bisect_left(bounds, draw()), len(sources) - 1)
         try:
             yield next(sources[i])
         except StopIteration:
             if not longest:
                 return
             del sources[i], probs[i]
+            bounds = _shares(probs) if probs else bounds
+
+
+def _shares(probs: list) -> list:
+    """The cumulated shares of ``probs``, computed as webdataset computes them (once per change of the sources)."""
+    return np.cumsum(np.array(probs, dtype=float) / np.sum(probs)).tolist()
 
 
 class RandomMix(ReplayedSources, IterableDataset):
