@@ -471,11 +471,11 @@ def _map_tuple(data: Iterable, *args: Optional[Callable], handler: Callable = re
             raise TypeError(f"map_tuple's argument {i} is {f!r}: give a function, or None to keep that element")
     for sample in data:
         try:
-            result = list(sample)
-            for i, f in enumerate(args[: len(result)]):
+            elements = list(sample)
+            for i, f in enumerate(args[: len(elements)]):
                 if f is not None:
-                    result[i] = f(result[i])
-            result = tuple(result)
+                    elements[i] = f(elements[i])
+            result = tuple(elements)
         except Exception as exn:
             if handler(exn):
                 continue
