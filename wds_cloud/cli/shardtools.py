@@ -33,6 +33,7 @@ from ..shardlists import expand_urls
 from . import flags
 from .console import EXIT_CODES, EXIT_OK, EXIT_PROBLEM, UsageError, emit, for_cli, progress, shown
 from .flags import MAX_PARALLEL, count, output_pattern, scheduler, text
+from .listing import is_folder, list_folder
 
 __all__ = ["add_parsers"]
 
@@ -100,6 +101,9 @@ def _plural(n: int, what: str) -> str:
 
 # ls
 def _ls(args: argparse.Namespace) -> int:
+    if is_folder(args.url):  # a folder or a store's prefix: its objects with their sizes, as `aws s3 ls` lists
+        list_folder(args.url, args.json)
+        return EXIT_OK
     try:
         index = build_index(args.url, storage_options=None)
     except ShardNotFoundError as exc:
@@ -746,8 +750,18 @@ def add_parsers(commands: Any) -> None:
             help="run on a local Dask cluster of this many worker processes (needs wds_cloud[dask])" + extra,
         )
 
-    ls = add("ls", "list a shard's members (or samples) with their sizes", "wds-cloud ls s3://bucket/train-0000.tar")
-    ls.add_argument("url", type=text("shard URL"), help="the shard (any URL)")
+    ls = add(
+        "ls",
+        "list a shard's members (or samples) with their sizes, or a folder's or prefix's objects (FOLDER/)",
+        "wds-cloud ls s3://bucket/train-0000.tar\n  wds-cloud ls s3://bucket/train/    (the objects, sizes, total "
+        "and a brace spec of the shards)",
+    )
+    ls.add_argument(
+        "url",
+        type=text("shard URL"),
+        help="a shard (any URL), or a folder or prefix to list: a local folder, or a URL ending in '/' "
+        "(s3://bucket/prefix/, gs://, az://, file://)",
+    )
     ls.add_argument("--samples", action="store_true", help="one line per sample, with its fields")
     ls.set_defaults(func=_ls)
 

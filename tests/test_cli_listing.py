@@ -1,0 +1,142 @@
+"""`wds-cloud ls FOLDER/` lists a folder or a store's prefix with sizes, the total and a brace spec of the shards."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+import wds_cloud as wds
+from wds_cloud.cli import main
+
+from .cloud import moto_endpoint, unique  # noqa: F401 (fixtures)
+
+
+def run(capsys, *args):
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture
+def folder(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for s in range(3):
+        with wds.TarWriter(str(data / f"train-{s:04d}.tar")) as writer:
+            writer.write({"__key__": f"k{s}", "txt": b"x" * (s + 1)})
+    (data / "notes.txt").write_bytes(b"hello")
+    (data / "sub").mkdir()
+    return data
+
+
+def test_a_local_folder_is_listed_with_sizes_total_and_spec(folder, capsys):
+    """`ls data/` said "is a directory": it lists the objects, the total and the shards' brace spec."""
+    for given in (str(folder) + "/", str(folder), "file://" + str(folder) + "/"):
+        code, out, err = run(capsys, "ls", given)
+        assert code == 0, err
+        assert re.search(r"^\s+5  notes\.txt$", out, re.M) and "DIR  sub/" in out, out
+        assert "total: 4 objects" in out and "3 shards" in out, out
+        assert "shards: " + given.rstrip("/") + "/train-{0000..0002}.tar" in out, out
+    code, out, _ = run(capsys, "ls", str(folder) + "/", "--json")
+    data = json.loads(out)
+    assert data["total"]["objects"] == 4 and data["total"]["shards"] == 3
+    assert [e["name"] for e in data["entries"]][:2] == ["notes.txt", "sub/"]  # in name order
+    assert data["shard_specs"] == [str(folder) + "/train-{0000..0002}.tar"]
+    assert data["total"]["bytes"] == sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+
+
+def test_the_spec_names_the_shards_it_found(folder, capsys):
+    """The brace spec printed is one every shard command takes: it names exactly the shards listed."""
+    code, out, _ = run(capsys, "ls", str(folder) + "/", "--json")
+    spec = json.loads(out)["shard_specs"][0]
+    code, out, err = run(capsys, "stat", spec, "--json")
+    assert code == 0 and json.loads(out)["total"]["shards"] == 3, err
+
+
+def test_a_shard_is_still_listed_by_member(folder, capsys):
+    code, out, _ = run(capsys, "ls", str(folder / "train-0001.tar"))
+    assert code == 0 and "k1.txt" in out
+
+
+def test_links_out_of_the_folder_are_not_followed(folder, tmp_path, capsys):
+    """A link leading out of the folder (or up through '..') is counted, never listed or sized."""
+    (tmp_path / "secret").mkdir()
+    (tmp_path / "secret" / "big.bin").write_bytes(b"s" * 1000)
+    os.symlink(tmp_path / "secret" / "big.bin", folder / "out.bin")
+    os.symlink("../secret", folder / "up")
+    os.symlink("train-0000.tar", folder / "alias.tar")
+    code, out, _ = run(capsys, "ls", str(folder) + "/", "--json")
+    data = json.loads(out)
+    names = [e["name"] for e in data["entries"]]
+    assert "out.bin" not in names and "up/" not in names and "alias.tar" in names
+    assert data["links_outside_not_listed"] == 2
+
+
+@pytest.mark.parametrize(
+    "given, said, code",
+    [("nosuch/", "no such folder", 1), ("{folder}/train-0000.tar/", "a file, not a folder", 2)],
+)
+def test_local_errors_name_the_path_and_the_fix(folder, capsys, monkeypatch, given, said, code):
+    monkeypatch.chdir(folder.parent)
+    got, _, err = run(capsys, "ls", given.format(folder=folder))
+    assert got == code and said in err and given.format(folder=folder) in err, err
+
+
+def test_an_http_folder_without_an_index_page_says_http_has_no_listing(capsys):
+    from . import servers
+
+    server, store = servers.http_server()
+    try:
+        code, _, err = run(capsys, "ls", server.url + "/data/")
+    finally:
+        server.stop()
+    assert code == 2 and "has no listing" in err and "/data/" in err and "brace spec" in err, err
+
+
+@pytest.fixture
+def s3_prefix(moto_endpoint, tmp_path, monkeypatch):  # noqa: F811
+    boto3 = pytest.importorskip("boto3")
+    bucket = unique("ls")
+    client = boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    client.create_bucket(Bucket=bucket)
+    for s in range(12):
+        client.put_object(Bucket=bucket, Key=f"train/part-{s:03d}.tar", Body=b"t" * (s + 1))
+    client.put_object(Bucket=bucket, Key="train/deep/x.tar", Body=b"x")
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text(
+        f'["s3://{bucket}/"]\nendpoint_url = "{moto_endpoint}"\nkey = "testing"\n'
+        'secret = "testing"\nclient_kwargs = {region_name = "us-east-1"}\n'
+    )
+    monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profiles))
+    return bucket
+
+
+def test_an_s3_prefix_is_listed(s3_prefix, capsys):
+    """`ls s3://bucket/prefix/` failed "corrupt tar at byte 0": it lists as `aws s3 ls` does, with the spec."""
+    code, out, err = run(capsys, "ls", f"s3://{s3_prefix}/train/")
+    assert code == 0, err
+    assert "total: 12 objects, 78 bytes, 1 folder, 12 shards" in out and "DIR  deep/" in out, out
+    assert f"shards: s3://{s3_prefix}/train/part-{{000..011}}.tar" in out, out
+
+
+def test_a_missing_remote_shard_hint_is_a_command_that_works(s3_prefix, capsys):
+    """The missing-shard message says `wds-cloud ls FOLDER/`: that command now lists the folder."""
+    code, _, err = run(capsys, "ls", f"s3://{s3_prefix}/train/part-999.tar")
+    assert code == 1
+    hint = re.search(r"`wds-cloud ls ([^`]+)`", err).group(1)
+    code, out, err = run(capsys, "ls", hint)
+    assert code == 0 and "part-000.tar" in out, err
+
+
+def test_a_missing_prefix_names_the_url(s3_prefix, capsys):
+    code, _, err = run(capsys, "ls", f"s3://{s3_prefix}/nosuch/")
+    assert code == 1 and f"s3://{s3_prefix}/nosuch/" in err and "check the name" in err, err
