@@ -179,12 +179,16 @@ def test_a_state_of_two_workers_loaded_into_three_names_merge_states(urls):
 
 
 @pytest.mark.parametrize(
-    "num_workers, persistent", [(0, False), (1, False), (2, False), (2, True)], ids=["0", "1", "2", "2-persistent"]
+    "num_workers, persistent, resumable",
+    [(0, False, True), (1, False, True), (2, False, True), (2, True, True), (2, False, False)],
+    ids=["0", "1", "2", "2-persistent", "2-not-resumable"],
 )
-def test_webloader_stats_sum_the_workers_statistics(urls, num_workers, persistent):
-    """WebLoader.stats counts what every worker read, cumulative over epochs: 4 local shards an epoch."""
-    dataset = keys_dataset(urls).batched(4)
-    loader = wds.WebLoader(dataset, batch_size=None, num_workers=num_workers, persistent_workers=persistent)
+def test_webloader_stats_sum_the_workers_statistics(urls, num_workers, persistent, resumable):
+    """WebLoader.stats counts what every worker read, cumulative over epochs: 4 local shards an epoch, whether
+    the loader takes states or not."""
+    dataset = keys_dataset(urls) if resumable else keys_dataset(urls).shuffle(5).shuffle(5)  # not resumable
+    loader = wds.WebLoader(dataset.batched(4), batch_size=None, num_workers=num_workers, persistent_workers=persistent)
+    assert (loader.resume_blocker() is None) == resumable
     for epoch in (1, 2):
         assert sum(len(keys) for (keys,) in loader) == 120
         stats = loader.stats

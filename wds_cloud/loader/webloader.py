@@ -17,7 +17,7 @@ from ..dataset.fluid import FluidInterface
 from ..errors import ConfigError, NotResumableError, StateMismatchError
 from ..io.resilient import TransferStats
 from ..pipeline import DataPipeline
-from ..pytorch import HAVE_TORCH, DataLoader
+from ..pytorch import HAVE_TORCH, DataLoader, IterableDataset
 from ..resume import loader as loaderstate
 from ..resume.elastic import LOADER_FORMAT, check_merged, is_merged, items_share
 from ..resume.merge import merge_states
@@ -82,7 +82,8 @@ class WebLoader(DataPipeline, FluidInterface):
     ) -> None:
         self._dataset = dataset
         self._untag = None
-        self._collate: Optional[loaderstate.StateCollate] = None
+        self._collate: Optional[loaderstate.StatsSender] = None  # what sends the workers' statistics, if any
+        self._unstats: Optional[loaderstate.Unstats] = None
         self._workers = bool(num_workers) and HAVE_TORCH
         if pin_memory is None:  # on where batches go to a CUDA device (pinned memory makes that copy async)
             pin_memory = device is not None and str(device).startswith("cuda")
@@ -116,6 +117,12 @@ class WebLoader(DataPipeline, FluidInterface):
             collate_fn = (
                 transport.PackingCollate(inner, min_bytes) if pack_bytes is not False else transport.BytesCollate(inner)
             )
+            if isinstance(dataset, IterableDataset) and loaderstate.transfer_stats(dataset) is not None:
+                # no states to carry, but the workers' statistics: they ride with an item now and then
+                ended = loaderstate.Ended(dataset)
+                given = ended
+                collate_fn = self._collate = loaderstate.StatsCollate(collate_fn, batch_size is None, ended)
+                self._unstats = loaderstate.Unstats()
         loader_args = dict(
             batch_size=batch_size,
             shuffle=shuffle,
@@ -136,6 +143,8 @@ class WebLoader(DataPipeline, FluidInterface):
         super().__init__(DataLoader(given, **loader_args, **kw))
         if self._untag is not None:
             self.append(self._untag)
+        if self._unstats is not None:
+            self.append(self._unstats)
         if device is not None:
             from .gpu import ToDevice
 
@@ -182,15 +191,15 @@ class WebLoader(DataPipeline, FluidInterface):
         and with its last batch of a pass (riding with the batches, unseen by your code), so mid-pass the
         figures may lag the workers by up to a second; after a pass they are complete.  A mix
         (``WebDataset("train.yaml")``) gives its sources' figures summed.  A loader that cannot take resumable
-        states (see :meth:`resume_blocker`) has no channel from its workers: it reports this process's reads.
+        states (see :meth:`resume_blocker`) counts its workers' reads the same way.
         """
         own = loaderstate.transfer_stats(self._dataset)
-        if own is None or self._untag is None or not self._workers:
+        channel = self._untag if self._untag is not None else self._unstats
+        if own is None or channel is None or not self._workers:
             return own
         total = TransferStats()
-        if own is not None:
-            total.add(own)
-        total.add(self._untag.transfer)
+        total.add(own)
+        total.add(channel.transfer)
         return total
 
     def state_dict(self, strict: bool = False, gather: bool = False) -> dict:

@@ -40,6 +40,10 @@ __all__ = [
     "tagged",
     "Ended",
     "StateCollate",
+    "StatsSender",
+    "StatsCollate",
+    "Unstats",
+    "STATS_TAG",
     "default_collate",
     "Untag",
     "note",
@@ -216,28 +220,10 @@ class Ended(IterableDataset):
         return getattr(self.dataset, name)
 
 
-class StateCollate:
-    """The loader's collate function, run in the worker: tags each item with the worker's state after it.
+class StatsSender:
+    """What a collate function run in DataLoader workers needs to send its worker's transfer statistics."""
 
-    It runs right after the worker's dataset yielded the last item of the batch (or the
-    item, with ``batch_size=None``), so ``state_dict()`` there is exactly the state to
-    resume after it.
-    """
-
-    def __init__(
-        self,
-        collate: Optional[Callable],
-        per_item: bool,
-        ended: Ended,
-        pack: Optional[Callable[[Any], Any]] = None,
-        farewell: Optional[Callable[[], Any]] = None,
-    ) -> None:
-        self.collate = collate
-        self.per_item = per_item
-        self.ended = ended
-        self.pack = pack  # run on each batch in a worker (wds_cloud.transport.pack_batch), or None
-        #: called in a worker as it ends its pass: what it hands the main process (``Untag(welcome=)`` takes it)
-        self.farewell = farewell
+    def __init__(self) -> None:
         #: the worker's dataset statistics when it last sent them; the loader sets the main process's before it
         #: starts workers, which inherit them with their copy of the dataset
         self.stats_sent: Optional[TransferStats] = None
@@ -254,6 +240,83 @@ class StateCollate:
             return None
         gained, self.stats_sent = since(current, self.stats_sent), current
         return gained
+
+
+#: first element of what a loader that takes no states sends with an item when statistics go with it:
+#: ``[STATS_TAG, item, stats, end]`` (``end``: the worker's last; ``item`` None: nothing to yield)
+STATS_TAG = "\0wds_cloud.loaderstats.tag"
+
+
+class StatsCollate(StatsSender):
+    """The collate function of a loader that takes no states, run in the worker: its ``collate``, and now and then
+    (see :class:`StatsSender`) the worker's statistics with the item; other items travel as they are."""
+
+    def __init__(self, collate: Callable[[Any], Any], per_item: bool, ended: Ended) -> None:
+        super().__init__()
+        self.collate = collate
+        self.per_item = per_item
+        self.ended = ended
+
+    def __call__(self, data: Any) -> Any:
+        info = _worker_info()
+        ended = info.dataset if info is not None and isinstance(info.dataset, Ended) else self.ended
+        if self.per_item:
+            if isinstance(data, EndMark):
+                return [STATS_TAG, None, self._stats(ended.dataset, True), True]
+            end, stats, out = False, self._stats(ended.dataset, False), self.collate(data)
+        else:
+            items = [x for x in data if not isinstance(x, EndMark)]
+            end = len(items) != len(data)
+            stats = self._stats(ended.dataset, end)
+            if not items:
+                return [STATS_TAG, None, stats, True]
+            out = self.collate(items)
+        return out if stats is None and not end else [STATS_TAG, out, stats, end]
+
+
+class Unstats(PipelineStage):
+    """Main-process stage after a loader that takes no states: adds up the statistics its workers sent, and
+    gives their items out as they came."""
+
+    def __init__(self) -> None:
+        #: the transfer statistics the workers sent, summed over every pass of this loader
+        self.transfer = TransferStats()
+
+    def run(self, src: Iterable) -> Iterator:
+        for x in src:
+            if type(x) is list and len(x) == 4 and type(x[0]) is str and x[0] == STATS_TAG:
+                if x[2] is not None:
+                    self.transfer.add(x[2])
+                if x[3] and x[1] is None:
+                    continue
+                yield x[1]
+            else:
+                yield x
+
+
+class StateCollate(StatsSender):
+    """The loader's collate function, run in the worker: tags each item with the worker's state after it.
+
+    It runs right after the worker's dataset yielded the last item of the batch (or the
+    item, with ``batch_size=None``), so ``state_dict()`` there is exactly the state to
+    resume after it.
+    """
+
+    def __init__(
+        self,
+        collate: Optional[Callable],
+        per_item: bool,
+        ended: Ended,
+        pack: Optional[Callable[[Any], Any]] = None,
+        farewell: Optional[Callable[[], Any]] = None,
+    ) -> None:
+        super().__init__()
+        self.collate = collate
+        self.per_item = per_item
+        self.ended = ended
+        self.pack = pack  # run on each batch in a worker (wds_cloud.transport.pack_batch), or None
+        #: called in a worker as it ends its pass: what it hands the main process (``Untag(welcome=)`` takes it)
+        self.farewell = farewell
 
     def _last(self, tagged: list, info: Any) -> list:
         """A worker's last item, with what it hands the main process (see ``farewell``)."""
