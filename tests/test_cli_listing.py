@@ -140,3 +140,32 @@ def test_a_missing_remote_shard_hint_is_a_command_that_works(s3_prefix, capsys):
 def test_a_missing_prefix_names_the_url(s3_prefix, capsys):
     code, _, err = run(capsys, "ls", f"s3://{s3_prefix}/nosuch/")
     assert code == 1 and f"s3://{s3_prefix}/nosuch/" in err and "check the name" in err, err
+
+
+def test_settings_say_what_each_default_means(capsys):
+    """`settings` showed `WDS_CACHE_SIZE ... default: none` without saying it means no limit: a default that is
+    not a plain amount says what it means in words (none, a switch's 0 or 1, "measured", "see below")."""
+    code, out, _ = run(capsys, "settings", "--json")
+    rows = {name: row for row in json.loads(out)["settings"] for name in row["names"]}
+    assert "no limit" in rows["WDS_CACHE_SIZE"]["default"]
+    for name, row in rows.items():
+        default = row["default"]
+        assert default not in ("none", "0", "1", "see below", "measured", "the system's"), (name, default)
+        if row["format"].startswith("boolean"):
+            assert default.endswith(("(on)", "(off)")), (name, default)
+    code, out, _ = run(capsys, "settings", "cache_size")
+    assert "default: none (no limit" in out, out
+
+
+def test_the_environment_table_never_breaks_a_name():
+    """The generated table let the theme wrap WDS_MAX_CONCURRENCY mid-name: names are unbreakable code."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "docs" / "_hooks" / "generated.py"
+    spec = importlib.util.spec_from_file_location("generated", path)
+    generated = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generated)
+    page = generated.environment_page()
+    assert '<code style="white-space: nowrap">WDS_MAX_CONCURRENCY</code>' in page
+    assert '<code style="white-space: nowrap">WDS_&lt;NAME&gt;</code>' in page

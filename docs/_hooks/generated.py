@@ -11,7 +11,9 @@ A page holding one of these markers gets it replaced, at build time, by text mad
 from __future__ import annotations
 
 import argparse
+import html
 import inspect
+import re
 
 MARKERS = {}
 
@@ -50,8 +52,19 @@ def environment_page() -> str:
 
     rows = ["| variable | format | default | example | meaning |", "|---|---|---|---|---|"]
     for names, form, default, example, meaning in ENV_DOCS:
-        rows.append(f"| {names} | {form} | {default} | {example} | {meaning} |")
+        rows.append(f"| {unbroken_names(names)} | {form} | {default} | {example} | {meaning} |")
     return "\n".join(rows)
+
+
+def unbroken_names(cell: str) -> str:
+    """The variable names of a table cell as code that never breaks inside a name (the theme lets code in a
+    narrow column wrap anywhere, so WDS_MAX_CONCURRENCY read as WDS_MAX_CONC / URRENCY); names still wrap
+    between each other at the commas."""
+    return re.sub(
+        r"`([^`]+)`",
+        lambda m: f'<code style="white-space: nowrap">{html.escape(m.group(1))}</code>',
+        cell,
+    )
 
 
 @_marker("errors")
