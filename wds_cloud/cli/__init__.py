@@ -176,7 +176,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (UsageError, UnknownSchemeError) as exc:  # the value typed is the problem: exit 2
         return fail(f"{name}: error: {_one_line(for_cli(str(exc)))} (see '{name} --help')", EXIT_USAGE)
     except ConfigError as exc:
-        if getattr(exc, "bad_argument", False):  # the value typed is the problem (issue 41)
+        if getattr(exc, "bad_argument", False):  # the value typed is the problem, not the data: exit 2
             return fail(f"{name}: error: {_one_line(for_cli(str(exc)))}", EXIT_USAGE)
         if getattr(exc, "conflict", None) is None:
             return fail(f"{name}: error: {_one_line(for_cli(str(exc)))}", EXIT_PROBLEM)

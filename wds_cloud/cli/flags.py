@@ -1,4 +1,4 @@
-"""The values the ``wds-cloud`` flags take, checked when the command line is parsed (issue 41).
+"""The values the ``wds-cloud`` flags take, checked when the command line is parsed.
 
 Each is an argparse ``type=``: a malformed value stops the command before anything is created (no job
 record, no output, no cluster), with exit code 2 and one line naming the flag, the value and what is
@@ -81,7 +81,8 @@ SIZE_RULE = "give a whole number of bytes, 1 or more, with an optional suffix, s
 
 def size(text: str) -> int:
     """An argparse type: a whole number of bytes, 1 or more (``3e9``, ``500000000``, ``500M``, ``2GiB``); the same
-    rule for every size flag (issue 41: ``--maxsize 0.5`` was one byte to one command, refused by another)."""
+    rule for every size flag (one rule, so that ``--maxsize 0.5`` cannot be one byte to one command and refused by
+    another)."""
     match = _SIZE.fullmatch(text)
     if match is None:
         raise argparse.ArgumentTypeError(f"{_number_text(text)!r} is not a size: {SIZE_RULE}")

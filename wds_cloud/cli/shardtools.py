@@ -267,7 +267,7 @@ def _index_one(url: str, output: Optional[str], fmt: Optional[str]) -> dict:
 
 def _index(args: argparse.Namespace) -> int:
     urls = _urls(args.spec)
-    if args.name is not None and args.format != "wids":  # was silently ignored (issue 41)
+    if args.name is not None and args.format != "wids":  # ignored silently, it would look as if it named the index
         raise UsageError(
             "--name is the dataset's name in a wids description: give it with --format wids, or leave it out"
         )

@@ -450,7 +450,7 @@ class JobRecord:
         # a URL no backend serves can never be read or written: refused before the claim, nothing created
         check_schemes([destination, *inputs])
         # the destination is this job's before anything expensive (a cluster, an input read): a second job
-        # started meanwhile is refused naming this one (issue 41)
+        # started meanwhile is refused naming this one, before either writes an output
         self._claim = Claim(destination, self.url, tool, _describe(settings))
         self._claim.acquire()
         try:
@@ -762,7 +762,7 @@ class JobRecord:
     def _check_pattern(self, recorded: Any, need: Callable[[bool, str, str], None]) -> None:
         """Refuse the record of a job with another output pattern that shares this one's record name
         (``out/t-%04d.tar`` and ``out/t-%d.tar`` both keep ``out/t-N.tar.wds-job.json``): not a malformed
-        record, another job's destination (issue 41).  Records written before the pattern was kept have no
+        record, another job's destination.  Records written before the pattern was kept have no
         ``destination``: their outputs are checked against this job's names as before."""
         if recorded is None:
             return

@@ -90,7 +90,7 @@ def scheduler_problem(address: str) -> Optional[str]:
     """What keeps ``address`` from being a Dask scheduler address (``[SCHEME://]HOST:PORT``), or None.
 
     Checked before anything starts: distributed's own refusals are bare ValueErrors, raised only once a
-    tool has begun (issue 41)."""
+    tool has begun, after the job claimed its destination."""
     if not isinstance(address, str) or not address.strip():
         return "it is empty"
     scheme, sep, rest = address.strip().partition("://")
@@ -233,7 +233,7 @@ def load_function(spec: str) -> Callable:
     module, sep, name = spec.partition(":")
     if not sep or not module or not name:
         raise ConfigError(f"{spec!r} does not name a function: give MODULE:FUNCTION, such as mypkg.filters:keep_long")
-    # a relative or path-like module ('.mypkg', '../mypkg') is importlib's TypeError, not an import (issue 41)
+    # a relative or path-like module ('.mypkg', '../mypkg') is importlib's TypeError: refused here, naming the fix
     if not all(part.isidentifier() for part in module.split(".")):
         raise ConfigError(
             f"{spec!r} is not MODULE:NAME with an absolute module name: give dotted Python names, such as "
@@ -406,7 +406,7 @@ def _drop_extra_parts(destination: str, parts: dict[int, int]) -> list[str]:
     """Remove the outputs of the inputs in ``parts`` (input -> how many parts it has) past their parts (its
     names ``-NNN`` from that many on), which no record lists: an earlier attempt of the job wrote them (a
     function whose output varies between runs gives fewer parts the second time), or they were put there; the
-    job owns these names, and a rerun never keeps a file at them that it did not make (issue 41).  One listing
+    job owns these names, and a rerun never keeps a file at them that it did not make (it would hold samples twice).  One listing
     of a local destination's folder, each name read back into its input and part once
     (:func:`~wds_cloud.io.jobrecord.output_number`).  The names removed, in order."""
     from ..io.jobrecord import output_number
@@ -553,7 +553,7 @@ def map_shards(
             raise ConfigError(f"profile={profile!r}: {exc}", bad_argument=True) from None
     name = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
     # the record claims the destination before anything expensive: a second job started while this one starts
-    # its cluster is refused, naming this one (issue 41); the claim is given back however the job ends
+    # its cluster is refused, naming this one (two jobs would write over each other); the claim is given back however the job ends
     record = JobRecord(
         destination, "map", urls, {"function": name, "per": per, "maxcount": maxcount, "maxsize": maxsize}
     )
@@ -609,7 +609,7 @@ def _run(
                     # done: a record saved before it finishes again must not list it as finished
                     record.drop_input(index)
                     todo.append((index, urls[index]))
-    # a file at a later part name of a skipped input that the record does not list is not kept (issue 41): the
+    # a file at a later part name of a skipped input that the record does not list is not kept: the
     # destination would hold those samples twice
     removed = _drop_extra_parts(destination, kept_parts)
     distributed = distributed_module() if todo else None
