@@ -184,7 +184,7 @@ def make_handlers() -> dict[str, Callable[[Any], bytes]]:
 
 def _int_dumps(x: Any) -> bytes:
     # webdataset writes str(x) under cls, index, ...: 3.5 stays b"3.5" (and True b"True"); int(x) would turn
-    # 3.5 into b"3" and -0.9 into b"0", losing data without a word (issue 42, adversary finding 7)
+    # 3.5 into b"3" and -0.9 into b"0", losing data without a word
     return bytestr(x)
 
 
@@ -200,7 +200,7 @@ def encode_based_on_extension1(data: Any, tname: str, handlers: dict) -> bytes:
 
     Only other values go through the extension's handler (``x.gz`` gzips what ``x`` would hold).  This is
     webdataset's rule, which trainers rely on: img2dataset writes ``sample["json"] = json.dumps(meta)``,
-    and encoding that text as JSON again would make readers get a string back instead of the dict (issue 42).
+    and encoding that text as JSON again would make readers get a string back instead of the dict.
     """
     if tname.startswith("__"):
         return bytestr(data)

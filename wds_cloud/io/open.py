@@ -117,7 +117,7 @@ def open_backend(url: str, settings: Optional[Settings] = None, storage_options:
 def check_schemes(urls: list[str], settings: Optional[Settings] = None) -> None:
     """:class:`UnknownSchemeError` naming the first of ``urls`` whose scheme no backend serves (after rewriting,
     as :func:`gopen` would open it), without opening anything: a job checks its sources and destination so
-    before it claims the destination or starts a cluster (issue 41)."""
+    before it claims the destination or starts a cluster: a typo fails at once, not after the claim or the cluster."""
     settings = settings or config.current()
     registry = get_registry(settings)
     seen: set = set()

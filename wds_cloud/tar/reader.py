@@ -376,7 +376,7 @@ def _bytes(n: int) -> str:
 
 
 def _cut_in_data(size: int, got: int, more: str = "") -> str:
-    """What a stream cut inside a member's data is: what was expected and what arrived (issue 41)."""
+    """What a stream cut inside a member's data is: what was expected and what arrived, so a user can tell a cut download from a damaged one."""
     return f"the stream ended inside the member's data: expected {more}{_bytes(size)} of data, got {_bytes(got)}"
 
 
