@@ -7,7 +7,7 @@ import multiprocessing
 import os
 import random
 
-from wds_cloud.io import cacheledger
+from wds_cloud.io import cacheledger, shardcache
 from wds_cloud.io.shardcache import ShardCache
 
 from .remote import Remote
@@ -150,3 +150,49 @@ def test_ranks_sharing_the_cache_read_a_just_fetched_shard_and_keep_the_loop(tmp
         assert child.exitcode == 0
     assert hits[1] == hits[2] == [2 * C] * 3
     assert hits[0][2] >= C - 1, hits
+
+
+def test_a_thrashing_miss_reads_as_many_records_at_32_entries_as_at_4(tmp_path, monkeypatch):
+    """Protection keeps a miss constant work: the records read per miss of a thrashing loop's third epoch do not
+    grow with the entries the cache holds."""
+    counts = {"meta": 0}
+    read_meta = shardcache._read_meta
+
+    def counting(path):
+        counts["meta"] += 1
+        return read_meta(path)
+
+    monkeypatch.setattr(shardcache, "_read_meta", counting)
+    per_miss = {}
+    for entries in (4, 16):
+        cache = ShardCache(str(tmp_path / f"c{entries}"), size_limit=entries * SIZE)
+        epochs(cache, 2 * entries, count=2)
+        counts["meta"], before = 0, cache.stats.snapshot().cache_misses
+        epochs(cache, 2 * entries, count=1)
+        per_miss[entries] = counts["meta"] / (cache.stats.snapshot().cache_misses - before)
+    assert per_miss[16] <= 6 and per_miss[4] <= 6, per_miss
+
+
+def test_a_forged_ledger_that_protects_everything_still_bounds_the_cache(tmp_path):
+    """Protection is data anyone able to write the directory may forge: marks on every entry (and marks of names
+    never held) cost no memory and keep no entry past the bound."""
+    cache = bounded(tmp_path)
+    for i in range(C):
+        read(cache, i)
+    path = os.path.join(cache.directory, cacheledger.LEDGER)
+    with open(path, "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+    records = {line.rsplit(b" ", 1)[1]: line for line in lines[1:] if line.startswith(b"+ ")}  # the last of each
+    forged = [lines[0]]
+    for name, line in records.items():
+        forged += [b"- " + name, line]
+    forged += [b"- never-held-%d.tar\n" % i for i in range(1000)]
+    with open(path, "wb") as f:
+        f.write(b"".join(forged))
+    fresh = cacheledger.Ledger(cache.directory, lambda: [])
+    with fresh.locked():
+        assert len(fresh.protected) == C and len(fresh.ghost) == 0
+    for i in range(C, 3 * C):
+        read(ShardCache(cache.directory, size_limit=C * SIZE), i)
+    held = [n for n in os.listdir(cache.directory) if n.endswith(".tar")]
+    assert len(held) <= C and any(f"shard-{2 * C}." in n or f"shard-{3 * C - 1}." in n for n in held)

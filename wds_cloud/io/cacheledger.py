@@ -278,11 +278,11 @@ class Ledger:
             protect = old is not None or marked
             if old is not None:
                 self.protected_total -= old.size
+        held = Held(size, seen_ns, self.filled if old is None else old.filled)
         if old is not None:
             self.total -= old.size
         elif self._counting:
             self.filled += size
-        held = Held(size, seen_ns, self.filled - size if old is None else old.filled)
         if protect:
             self.protected[name] = held
             self.protected_total += size
