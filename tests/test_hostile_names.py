@@ -33,7 +33,7 @@ def latin1_tar(path, fmt=tarfile.GNU_FORMAT, members=LATIN1) -> None:
         for raw in members:
             info = tarfile.TarInfo(raw.decode("utf-8", "surrogateescape"))
             info.size = 1
-            tar.addfile(info, io.BytesIO(b"z"))
+            tar.addfile(info, io.BytesIO(b"1"))  # a number: .cls decodes
 
 
 def read(path) -> list:
@@ -175,7 +175,7 @@ def test_cat_takes_the_key_as_ls_shows_it(tmp_path, monkeypatch):
     assert main(["cat", "--key", "x", "--field", "t\\xe9xt", str(tmp_path / "in.tar")]) == 0
     assert main(["cat", "--key", "caf\udce9", "--field", "txt", str(tmp_path / "in.tar")]) == 0
     sys.stdout.flush()
-    assert raw.getvalue() == b"zz"
+    assert raw.getvalue() == b"11"
 
 
 # Local files that fail when read: real ones of this Linux machine, never mocks
@@ -230,3 +230,24 @@ def test_cached_read_of_a_file_failing_with_eio_names_it(tmp_path):
     with pytest.raises(OSError) as got:
         list(wds.WebDataset(path, shardshuffle=False, cache_dir=str(tmp_path / "cache")))
     check(got.value, path)
+
+
+@pytest.mark.parametrize("fmt", ["json", "dali", "wids"])
+def test_indexes_keep_names_that_are_not_utf8(tmp_path, fmt):
+    """`wds-cloud index` in every format writes latin-1 names and they read back as the reader gives them."""
+    from wds_cloud.index.sidecar import read_index
+
+    latin1_tar(tmp_path / "in.tar", members=LATIN1[:4])
+    shard = str(tmp_path / "in.tar")
+    extra = ["--output", str(tmp_path / "d.json")] if fmt == "wids" else []
+    assert main(["index", "--format", fmt, shard, *extra]) == 0
+    want = {s["__key__"] for s in read(tmp_path / "in.tar")}
+    if fmt == "wids":
+        from wds_cloud.wids import ShardListDataset
+
+        data = ShardListDataset(str(tmp_path / "d.json"))
+        assert {data[i]["__key__"] for i in range(len(data))} == want
+    else:
+        index = read_index(str(tmp_path / ("in.idx" if fmt == "dali" else "in.tar.index.json")), shard_url=shard)
+        assert {s.key for s in index.samples} == want
+        assert b"caf\xe9.txt" in (tmp_path / "in.idx").read_bytes() if fmt == "dali" else True

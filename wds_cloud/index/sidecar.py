@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any, Optional
 
-from ..errors import ConfigError, CorruptIndexError, ObjectChangedError, SecurityError, ShardNotFoundError, redact
+from ..errors import ConfigError, ObjectChangedError, SecurityError, ShardNotFoundError, redact
 from ..io import datafile
 from ..io.open import gopen
 from ..io.security import resolve
@@ -78,7 +78,9 @@ def write_index(
     else:
         text = dali_text(index)
     with gopen(url, "wb", storage_options=storage_options) as out:
-        out.write(text.encode("utf-8"))
+        # a member name that is not UTF-8 (latin-1 caf\xe9.txt, escaped by the reader) is written as its own bytes,
+        # as they stand in the tar header; JSON is ASCII (its escapes read back as the same name)
+        out.write(text.encode("utf-8", "surrogateescape"))
     return url
 
 
@@ -105,15 +107,9 @@ def read_index(url: str, storage_options: Optional[dict] = None, shard_url: Opti
         if data.lstrip().startswith(b"{"):
             index = ShardIndex.from_json(datafile.parse_json(data, shown, "shard index", max_depth=None), candidate)
         else:
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                raise CorruptIndexError(
-                    f"{shown}: not an index (neither JSON nor DALI's text); write it again with `wds-cloud index`",
-                    url=candidate,
-                    field="encoding",
-                ) from None
-            index = parse_dali(text, shard_url or candidate)
+            # member names as the tar header's bytes, UTF-8 or not (written so by write_index); parse_dali checks
+            # the rest, its first line first (anything else is "not a DALI index")
+            index = parse_dali(data.decode("utf-8", "surrogateescape"), shard_url or candidate)
         try:  # where the index says its shard is: names are relative to the index file, as in every data file
             built_for: str = resolve(index.url, candidate, field="url")
         except SecurityError:
