@@ -141,7 +141,12 @@ class PipelineResume:
         and ran no pass here since: the state would describe a pass that never ran (no trainer asks for it
         there: torchdata's loader asks in its workers, Lightning asks the loader)."""
         if handoff.handed(owner):
-            raise NotResumableError(handoff.refusal(owner))
+            reason = handoff.refusal(owner)
+            try:  # a pipeline that could not take a state anyway says why first (its stage, the fix)
+                self.state(owner, False, progress, begun)
+            except NotResumableError as exc:
+                raise NotResumableError(f"{exc}; and {reason}") from exc
+            raise NotResumableError(reason)
         if self.merged is not None:  # a merged state loaded, its pass not begun: still that state
             return self.merged
         try:
