@@ -213,3 +213,24 @@ def test_meta_values_in_a_tar_pipeline_with_a_replaced_expander(tmp_path):
         ("s1", b"x", 0.5),
         ("s2", b"x", 0.5),
     ]
+
+
+def test_members_a_replaced_expander_adds_without_every_tag_join_their_sample(tmp_path, monkeypatch):
+    """A user's expander replacing compat.tar_file_expander (the documented habit) adds a metadata member that
+    carries __url__ but not __local_path__: it joins its sample, as webdataset groups by key alone."""
+    from wds_cloud import compat, tariterators
+
+    from .conftest import make_shards
+
+    spec = make_shards(tmp_path, nshards=2, per_shard=3)
+    ours = tariterators.tar_file_expander
+
+    def with_scores(data, handler=wds.reraise_exception, select_files=None, rename_files=None, **kw):
+        for member in ours(data, handler=handler, select_files=select_files, rename_files=rename_files):
+            yield member
+            if member and member["fname"].endswith(".cls"):
+                yield {"fname": member["fname"][:-4] + ".score", "data": None, "__url__": member["__url__"]}
+
+    monkeypatch.setattr(compat, "tar_file_expander", with_scores)
+    samples = list(wds.WebDataset(spec, shardshuffle=False))
+    assert len(samples) == 6 and all(set(s) >= {"txt", "cls", "json", "score"} for s in samples)

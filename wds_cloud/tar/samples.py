@@ -451,7 +451,12 @@ class _MemberRun:
             if not item or "fname" not in item:
                 self.next_item = self._items.next()
                 return
-            if item.get("__url__") != self.url or item.get("__local_path__") != self.local_path:
+            # a member without a __url__ or __local_path__ belongs to the run it follows: a user's iterator adds
+            # members (metadata) carrying only some of the tags, and webdataset's grouping splits samples by key alone
+            if (
+                item.get("__url__", self.url) != self.url
+                or item.get("__local_path__", self.local_path) != self.local_path
+            ):
                 self.next_item = item
                 return
 
