@@ -156,7 +156,7 @@ def _plugin_entries(backend: Any, url: str, scheme: Optional[str]) -> list[Entry
         raise
     if not names and web:
         raise no_listing
-    entries = {}
+    entries: dict[str, Optional[int]] = {}
     for found in names:
         rest = found[len(base) :]
         if "/" in rest:
