@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument(
         "--rates", default="0,200", help="store bandwidth per connection in MB/s, comma-separated; 0 = unpaced loopback"
     )
+    parser.add_argument("--data", default="large,tiny", help="the datasets to read, comma-separated")
     parser.add_argument("--loop", type=int, default=1, help="1: also the loop bigger than the cache; 0: skip it")
     parser.add_argument("--only-loop", action="store_true", help="only the loop bigger than the cache")
     args = parser.parse_args()
@@ -67,6 +68,7 @@ def main() -> None:
             ("large", ("large", 4, 16, common.large), "npy"),
             ("tiny", ("tiny", 8, 25000, common.tiny), "txt"),
         )
+        if name in args.data.split(",")
     ]
     if args.only_loop:
         cases = []

@@ -62,9 +62,10 @@ def test_a_loop_that_fits_hits_every_shard_after_the_first_epoch(tmp_path):
 
 
 def test_a_shuffled_loop_twice_the_cache_hits_well_above_least_recently_used(tmp_path):
-    """W = 2C, shuffled anew each epoch (seeded): least-recently-used hits about C/4 an epoch; this, over half C."""
+    """W = 2C, shuffled anew each epoch (seeded): least-recently-used hits 5 in epochs 3 to 5; this, twice as many
+    at least (a protected shard gives way by how long it went unread, so the margin is wide)."""
     hits = epochs(bounded(tmp_path), 2 * C, count=5, seed=1)
-    assert sum(hits[2:]) >= 3 * C // 2 + 3, hits
+    assert sum(hits[2:]) >= 10, hits
 
 
 def test_thrashing_is_said_once_with_the_figures_and_the_fix(tmp_path, caplog):
