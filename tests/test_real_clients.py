@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import wds_cloud as wds
-from wds_cloud.errors import SampleError
+from wds_cloud.errors import SampleError, StateMismatchError
+from wds_cloud.resume.state import SEAL, seal
 from wds_cloud.tariterators import group_by_keys
 
 
@@ -147,6 +148,75 @@ def test_random_mix_without_seed_resumes_exactly_from_its_state():
     again.load_state_dict(state)
     assert list(again) == rest
     assert sorted(head + rest) == list(range(60))
+
+
+def _upstream_picks(lengths, probs, longest, seed):
+    """The sources a mix without seed= takes its items from, pick by pick, as webdataset 1.0.2 makes them: each
+    pick is one draw of Python's random, placed among the cumulated shares (numpy's arithmetic) of the sources
+    still in the mix; a source found ended is dropped (longest) or ends the mix."""
+    random.seed(seed)
+    left, weights, alive, picks = list(lengths), list(probs), list(range(len(lengths))), []
+    while alive:
+        shares = np.cumsum(np.array(weights, dtype=float) / np.sum(weights))
+        k = min(int(np.searchsorted(shares, random.random())), len(alive) - 1)
+        if left[alive[k]]:
+            left[alive[k]] -= 1
+            picks.append(alive[k])
+        elif longest:
+            del alive[k], weights[k]
+        else:
+            break
+    return picks
+
+
+@pytest.mark.parametrize("probs", [[1, 3], [0.2, 0.3, 0.5], [5, 0.001, 2]])
+@pytest.mark.parametrize("longest", [True, False])
+def test_random_mix_without_seed_makes_webdataset_picks(probs, longest):
+    """open_lm compares runs pick by pick with webdataset's: a mix without seed= takes each item from the source
+    webdataset's RandomMix takes it from, for the same seeding of random."""
+    lengths = [37 * (i + 1) for i in range(len(probs))]
+    sources = [[(i, j) for j in range(n)] for i, n in enumerate(lengths)]
+    random.seed(1234)
+    got = [i for i, _ in wds.RandomMix(sources, probs=probs, longest=longest)]
+    assert got == _upstream_picks(lengths, probs, longest, 1234)
+
+
+def test_random_mix_without_seed_resumes_where_random_stood():
+    """A worker that restarts seeds random again in its worker_init_fn; the resumed pass puts random back where
+    the state stood, so its picks, and the user's own draws after it, are the uninterrupted run's."""
+    random.seed(7)
+    mix = wds.RandomMix([_ListSource(range(0, 40)), _ListSource(range(40, 80))], probs=[1, 2], longest=True)
+    it = iter(mix)
+    [next(it) for _ in range(25)]
+    state = mix.state_dict()
+    rest, after = list(it), random.random()
+    random.seed(7)  # the restarted worker's seeding
+    again = wds.RandomMix([_ListSource(range(0, 40)), _ListSource(range(40, 80))], probs=[1, 2], longest=True)
+    again.load_state_dict(state)
+    assert list(again) == rest and random.random() == after
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda s: s.update(random=["AAAA", None]),  # not 625 words
+        lambda s: s.update(random=[s["random"][0], "x"]),  # a gauss draw that is not a number
+        lambda s: s.pop("random"),  # a mix drawing from random that does not say where random stood
+        lambda s: s["rng"].__setitem__(0, 3),  # a seed, beside the recorded random
+    ],
+)
+def test_a_forged_random_in_a_mix_state_is_refused(change):
+    """The recorded state of random is checked on load (its words, its gauss draw, its agreement with 'rng')."""
+    random.seed(3)
+    mix = wds.RandomMix([_ListSource(range(10)), _ListSource(range(10, 20))], longest=True)
+    it = iter(mix)
+    [next(it) for _ in range(5)]
+    state = {k: v for k, v in mix.state_dict().items() if k != SEAL}
+    change(state)
+    fresh = wds.RandomMix([_ListSource(range(10)), _ListSource(range(10, 20))], longest=True)
+    with pytest.raises(StateMismatchError) as info:
+        fresh.load_state_dict(seal(state))
+    assert info.value.field in ("random", "rng")
 
 
 class _ListSource:

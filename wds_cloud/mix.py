@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import bisect
 import itertools
 import random
+import struct
 from collections.abc import Iterator, Sequence
 from typing import Any, Optional
 
@@ -95,10 +97,11 @@ class RandomMix(ReplayedSources, IterableDataset):
     Resumable when every dataset is (a WebDataset or DataPipeline): its state holds the generator (two
     integers: :class:`~wds_cloud.resume.rng.CountedRandom`), the datasets still in the mix and each one's
     own state; a sample shuffle after it (``DataPipeline(RandomMix(...), wds.shuffle(n))``) resumes exactly
-    too.  Without ``seed`` each pass takes its seed from Python's global ``random`` when it begins (saved in the
-    state), so a ``worker_init_fn`` or a script that seeds ``random`` gets the same mix on every run, as with
-    webdataset's (whose every pick is a draw of ``random``: its sequence for a given seeding is not this one, and
-    could not be resumed, as other code draws from ``random`` in between).  The state carries a checksum and
+    too.  Without ``seed`` every pick is a draw of Python's global ``random``, made as webdataset makes it, so a
+    ``worker_init_fn`` or a script that seeds ``random`` gets webdataset's very mix; the state then records where
+    ``random`` stood, and a resumed pass puts ``random`` back there before it draws on (exact as long as nothing
+    else draws from ``random`` while buffered samples are fetched again; give ``seed=`` for a mix of its own,
+    independent of ``random``).  The state carries a checksum and
     is checked field by field on load (a dataset left out of the mix must have ended).
 
     ``probs``: one finite, non-negative weight per dataset (a list, tuple or numpy array), not all 0; ``seed``: a
@@ -118,7 +121,7 @@ class RandomMix(ReplayedSources, IterableDataset):
         self.probs = as_weights("probs", probs, len(self.datasets)) if probs is not None else None
         self.longest = bool(longest)
         self.seed = as_seed("seed", seed)
-        self._live: Optional[tuple[CountedRandom, list[int]]] = None
+        self._live: Optional[tuple[Any, list[int]]] = None
         self._resume: Optional[dict] = None
         self._cursor = None
         self._replay: Optional[list] = None
@@ -130,13 +133,19 @@ class RandomMix(ReplayedSources, IterableDataset):
 
     def __iter__(self) -> Iterator:
         resume, self._resume = self._resume, None
+        rng: Any
         if resume is not None:
-            rng, active = CountedRandom(*resume["rng"]), list(resume["active"])
+            active = list(resume["active"])
+            if "random" in resume:  # a pass of picks from the global random: put it back where the state stood
+                random.setstate(_decoded_random(resume["random"]))
+                rng = GlobalDraws(resume["rng"][1])
+            else:
+                rng = CountedRandom(*resume["rng"])
         else:
-            # without a seed, the pass's seed is a draw of the global random, which the user seeds (webdataset draws
-            # every pick from it); a fresh seed from the system would make two seeded runs differ
-            seed = self.seed if self.seed is not None else random.getrandbits(64)
-            rng, active = CountedRandom(seed), list(range(len(self.datasets)))
+            # without a seed every pick is a draw of the global random, as webdataset's: the user's seeding of it
+            # (a worker_init_fn) decides the mix
+            rng = CountedRandom(self.seed) if self.seed is not None else GlobalDraws(0)
+            active = list(range(len(self.datasets)))
         self._live = (rng, active)
         return self._mix(rng, active)
 
@@ -158,12 +167,21 @@ class RandomMix(ReplayedSources, IterableDataset):
                 field="active",
             )
 
+        # picks from the global random are made with webdataset's arithmetic (the same draw, the same source);
+        # a seeded mix keeps its own, which its recorded orders follow
+        upstream = isinstance(rng, GlobalDraws)
+
         def table() -> list[float]:
+            if upstream:
+                return _shares([weights[i] for i in active])
             return list(itertools.accumulate(weights[i] for i in active))
 
         bounds = table()
         while active:
-            k = bisect.bisect_right(bounds, rng.random() * bounds[-1])
+            if upstream:
+                k = bisect.bisect_left(bounds, rng.random())
+            else:
+                k = bisect.bisect_right(bounds, rng.random() * bounds[-1])
             i = active[min(k, len(active) - 1)]
             try:
                 sample = nexts[i]()
@@ -187,14 +205,15 @@ class RandomMix(ReplayedSources, IterableDataset):
         if self._live is None:
             return self.next_pass_state()
         rng, active = self._live
-        return seal(
-            {
-                "format": STATE_FORMAT,
-                "rng": rng.getstate(),
-                "active": list(active),
-                "sources": [_state_of(ds) for ds in self.datasets],
-            }
-        )
+        state = {
+            "format": STATE_FORMAT,
+            "rng": rng.getstate(),
+            "active": list(active),
+            "sources": [_state_of(ds) for ds in self.datasets],
+        }
+        if isinstance(rng, GlobalDraws):
+            state["random"] = _encoded_random(random.getstate())
+        return seal(state)
 
     def next_pass_state(self) -> dict:
         if self._resume is not None:
@@ -214,7 +233,7 @@ class RandomMix(ReplayedSources, IterableDataset):
                 field=SEAL,
             )
         fresh = "fresh" in state
-        allowed = {"format", "sources", SEAL} | ({"fresh"} if fresh else {"rng", "active"})
+        allowed = {"format", "sources", SEAL} | ({"fresh"} if fresh else {"rng", "active", "random"})
         refuse_unknown(state, allowed, "RandomMix")
         n = len(self.datasets)
         if len(state["sources"]) != n:
@@ -228,14 +247,29 @@ class RandomMix(ReplayedSources, IterableDataset):
         else:
             expect(state, "RandomMix", dict, rng=list, active=list)
             self._check_fields(state["rng"], state["active"], state["sources"])
+            self._check_random(state)
         check_seal(state, "RandomMix")
         for ds, source_state in zip(self.datasets, state["sources"]):
             ds.load_state_dict(source_state)
         self._resume = None if fresh else dict(state)
 
+    def _check_random(self, state: dict) -> None:
+        """A pass of picks from the global random records where it stood ('random') and says so in 'rng'; a pass
+        of its own seed records neither.  The recorded state must be one Python's random can take."""
+        drawn = state["rng"][0] == GlobalDraws.SOURCE
+        if drawn != ("random" in state):
+            raise StateMismatchError(
+                "the RandomMix state's 'rng' and 'random' disagree (a mix without seed= records both, a seeded one "
+                "neither): the state was changed; load the state that state_dict() returned",
+                field="random",
+            )
+        if drawn:
+            _decoded_random(state["random"])
+
     def _check_fields(self, rng: list, active: list, sources: list) -> None:
         n = len(self.datasets)
-        if not (len(rng) == 2 and is_seed(rng[0]) and type(rng[1]) is int and 0 <= rng[1] < MAX_COUNT):
+        seeded = len(rng) == 2 and (is_seed(rng[0]) or rng[0] == GlobalDraws.SOURCE)
+        if not (seeded and type(rng[1]) is int and 0 <= rng[1] < MAX_COUNT):
             raise StateMismatchError(
                 f"the RandomMix state's 'rng' is {shown(rng)}, which no state_dict() gives (a seed from "
                 f"{SEED_MIN} to {SEED_MAX} and a count of draws): the state was changed",
@@ -267,6 +301,53 @@ class RandomMix(ReplayedSources, IterableDataset):
 
 
 STATE_FORMAT = "wds_cloud.randommix/1"
+
+
+class GlobalDraws:
+    """Draws of Python's global ``random`` (webdataset's RandomMix makes its picks so), counted for the state."""
+
+    __slots__ = ("count",)
+    #: what a state's ``rng`` names in place of a seed
+    SOURCE = "random"
+
+    def __init__(self, count: int = 0) -> None:
+        self.count = count
+
+    def random(self) -> float:
+        self.count += 1
+        return random.random()
+
+    def getstate(self) -> list:
+        return [self.SOURCE, self.count]
+
+
+#: the Mersenne Twister's words (624 and the position) as Python's random.getstate() gives them (version 3)
+_MT_WORDS = 625
+
+
+def _encoded_random(state: tuple) -> list:
+    """``random.getstate()`` as plain data: its words packed in base64 (3.3 KB), and the cached gauss draw."""
+    _, words, gauss = state
+    return [base64.b64encode(struct.pack(f"<{_MT_WORDS}I", *words)).decode("ascii"), gauss]
+
+
+def _decoded_random(value: Any) -> tuple:
+    """The ``random`` state a RandomMix state recorded (see :func:`_encoded_random`), checked as Python checks it;
+    anything else is StateMismatchError."""
+    try:
+        text, gauss = value
+        words = struct.unpack(f"<{_MT_WORDS}I", base64.b64decode(text.encode("ascii"), validate=True))
+        if not (gauss is None or type(gauss) is float):
+            raise ValueError("gauss")
+        state = (3, words, gauss)
+        random.Random().setstate(state)  # Python's own check of the words (their position, not all zero)
+        return state
+    except (ValueError, TypeError, AttributeError, struct.error):
+        raise StateMismatchError(
+            f"the RandomMix state's 'random' is {shown(value)}, not the state of Python's random that "
+            "state_dict() records: the state was changed; load the state that state_dict() returned",
+            field="random",
+        ) from None
 
 
 def _items_yielded(state: Any) -> Optional[int]:
