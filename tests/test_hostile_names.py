@@ -251,3 +251,19 @@ def test_indexes_keep_names_that_are_not_utf8(tmp_path, fmt):
         index = read_index(str(tmp_path / ("in.idx" if fmt == "dali" else "in.tar.index.json")), shard_url=shard)
         assert {s.key for s in index.samples} == want
         assert b"caf\xe9.txt" in (tmp_path / "in.idx").read_bytes() if fmt == "dali" else True
+
+
+@pytest.mark.parametrize("first", [b"BZh91AY&SY.txt", b"\x1f\x8b\x08.txt", b"\xfd7zXZ", b"(\xb5/\xfd.bin"])
+def test_a_first_member_named_like_a_compressor_magic_is_a_plain_tar(tmp_path, first):
+    """A plain tar whose first member's name begins with a compressor's magic bytes (xz's NUL is the name's
+    padding) is read as a tar (its first block is a tar header whose checksum holds): streamed, mapped, indexed."""
+    members = [first, b"k.txt"]
+    latin1_tar(tmp_path / "magic.tar", tarfile.GNU_FORMAT, members)
+    mapped = read(tmp_path / "magic.tar")
+    expected = 2 if b"." in first else 1  # a member without a suffix is no field (upstream drops it too)
+    assert len(mapped) == expected
+    with open(tmp_path / "magic.tar", "rb") as stream:
+        streamed = list(wds.tariterators.tar_file_iterator(stream))
+    assert [m["fname"].encode("utf-8", "surrogateescape") for m in streamed] == members
+    index = wds.ShardListDataset([str(tmp_path / "magic.tar")], transformations=[])
+    assert len(index) == expected

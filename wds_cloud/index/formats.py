@@ -32,7 +32,7 @@ from ..io.descriptions import ShardRows, check_shard
 from ..io.integrity import Hashing
 from ..io.open import gopen
 from ..io.urls import is_local, local_path, local_version, name_in_file
-from ..tar.reader import COMPRESSIONS, ZERO_BLOCK, TarMembers, detect_compression, plain_member
+from ..tar.reader import COMPRESSIONS, HEAD_SIZE, ZERO_BLOCK, TarMembers, detect_compression, plain_member
 from ..tar.samples import SKIP_META, member_filter
 
 __all__ = [
@@ -432,7 +432,7 @@ def _walk_local(path: str, url: str, split: Callable[[str], tuple]) -> Optional[
     try:
         st = os.fstat(fd)
         total = st.st_size
-        if not stat.S_ISREG(st.st_mode) or total < 1024 or detect_compression(os.pread(fd, 6, 0)) is not None:
+        if not stat.S_ISREG(st.st_mode) or total < 1024 or detect_compression(os.pread(fd, HEAD_SIZE, 0)) is not None:
             return None
         samples: list[SampleEntry] = []
         last = None

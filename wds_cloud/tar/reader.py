@@ -105,12 +105,30 @@ _MAGICS = (
 COMPRESSIONS = tuple(name for _, name in _MAGICS)
 
 
+#: how many first bytes :func:`detect_compression` is given where it can be: a whole tar header
+HEAD_SIZE = 512
+
+
 def detect_compression(head: bytes) -> Optional[str]:
-    """The compression named by a stream's first bytes, or None for a plain tar."""
+    """The compression named by a stream's first bytes, or None for a plain tar.  A head of a whole block that is
+    a tar header (its checksum holds) is a plain tar whatever it begins with: a first member may be named
+    ``BZh...`` or begin with gzip's two magic bytes."""
     for magic, name in _MAGICS:
         if head.startswith(magic):
-            return name
+            return None if _is_tar_header(head[:HEAD_SIZE]) else name
     return None
+
+
+def _is_tar_header(block: bytes) -> bool:
+    """Whether ``block`` is a whole tar header whose checksum holds (unsigned or signed sum, as tarfile takes)."""
+    if len(block) < HEAD_SIZE:
+        return False
+    try:
+        stored = _octal(block[148:156])
+    except ValueError:
+        return False
+    rest = bytes(block[:148]) + b" " * 8 + bytes(block[156:HEAD_SIZE])
+    return stored in (sum(rest), sum(b - 256 if b > 127 else b for b in rest))
 
 
 class _Prefixed(WrappedStream):
@@ -266,7 +284,7 @@ class _Readable(Protocol):
     def close(self) -> None: ...
 
 
-def open_decompressed(stream: IO[bytes], head_size: int = 6) -> tuple[_Readable, Optional[str]]:
+def open_decompressed(stream: IO[bytes], head_size: int = HEAD_SIZE) -> tuple[_Readable, Optional[str]]:
     """Wrap ``stream`` in the decompressor its magic bytes ask for (read until they are all there: a pipe or a
     network stream may give fewer bytes than asked)."""
     head = stream.read(head_size)
@@ -793,7 +811,7 @@ class TarMembers:
         if found is None:
             return False
         buf, at, identity = found
-        if fresh and detect_compression(buf[at : at + 6]) is not None:
+        if fresh and detect_compression(buf[at : at + HEAD_SIZE]) is not None:
             buf.close()
             return False
         self._identity = identity
