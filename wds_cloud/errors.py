@@ -319,7 +319,11 @@ class NotResumableError(StateMismatchError, TypeError):
     and the fix.
 
     Raised only when asked for: such a pipeline iterates as any other, and its plain ``state_dict()`` (which
-    trainers call on their own) gives an inexact state that restarts the pass when loaded.
+    trainers call on their own) gives an inexact state that restarts the pass when loaded.  One case refuses a
+    plain ``state_dict()`` too: a dataset handed to torch ``DataLoader`` worker processes and not iterated in this
+    process since (the workers read copies of it, so no state of this one can say where they stand; a state
+    restarting the pass would deliver their samples twice); the message names ``wds.WebLoader`` and torchdata's
+    ``StatefulDataLoader``, which take the workers' states.
     """
 
 
