@@ -189,7 +189,8 @@ class WebLoader(DataPipeline, FluidInterface):
 
         Each worker sends what its copy of the dataset added with its first batch, then at most once a second,
         and with its last batch of a pass (riding with the batches, unseen by your code), so mid-pass the
-        figures may lag the workers by up to a second; after a pass they are complete.  A mix
+        figures may lag the workers by up to a second; after a pass they are complete (with ``drop_last=True``,
+        but for the reads of a worker's last, dropped, partial batch).  A mix
         (``WebDataset("train.yaml")``) gives its sources' figures summed.  A loader that cannot take resumable
         states (see :meth:`resume_blocker`) counts its workers' reads the same way.
         """
