@@ -303,3 +303,52 @@ def test_the_directory_queue_gives_names_back_when_dataloader_workers_shut_down(
     it._shutdown_workers()  # what dropping the iterator does; joins the workers
     del it, loader
     assert names(folder) == before
+
+
+@pytest.mark.filterwarnings(QUEUE_WARNING)
+def test_a_stale_claim_never_replaces_a_file_of_its_name(tmp_path):
+    """A claim left by a dead process, beside a file of the name it would get back (a shard written there again):
+    both are kept, with a warning naming them, where the claim used to be renamed over the real shard."""
+    folder = folder_of_shards(tmp_path, 2)
+    shard = sorted(folder.iterdir())[0]
+    stale = str(shard) + "._999999_"
+    with open(stale, "wb") as f:
+        f.write(b"CANARY")
+    size = shard.stat().st_size
+    with pytest.warns(UserWarning, match="cannot get its name back"):
+        shardlists.cleanup_files_without_processes(str(folder))
+    with open(stale, "rb") as f:
+        assert shard.stat().st_size == size and f.read() == b"CANARY"
+
+
+@pytest.mark.filterwarnings(QUEUE_WARNING)
+def test_keep_mode_never_replaces_a_done_file(tmp_path):
+    """mode="keep" gives a file read twice (written again after its first pass) a name of its own."""
+    folder = folder_of_shards(tmp_path, 1)
+    [shard] = os.listdir(folder)
+    (folder / (shard + "._done_")).write_bytes(b"EARLIER")
+    assert len(list(shardlists.DirectoryShardList(str(folder), poll=None, mode="keep"))) == 1
+    assert (folder / (shard + "._done_")).read_bytes() == b"EARLIER"
+    assert names(folder) == [shard + "._done_", shard + "._done_.1"]
+
+
+@pytest.mark.filterwarnings(QUEUE_WARNING)
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_an_error_in_the_dataset_gives_the_claim_back_at_once(tmp_path):
+    """A shard that fails to read ends the pass with its error; the claimed file has its name again as the error
+    leaves the loop (not when a collection gets to the traceback's frames), so a retry can read it."""
+    import gc
+
+    folder = folder_of_shards(tmp_path, 1)
+    (folder / "broken.tar").write_bytes(b"x" * 700)
+    before = names(folder)
+    ds = wds.WebDataset(str(folder) + "/", shardshuffle=False, empty_check=False)
+    gc.disable()
+    try:
+        for _ in range(3):
+            with pytest.raises(Exception):
+                for _ in ds:
+                    pass
+            assert names(folder) == before
+    finally:
+        gc.enable()

@@ -84,13 +84,19 @@ class DataPipeline(IterableDataset, PipelineStage):
 
     def iterator1(self) -> Iterator:
         """One pass through the pipeline."""
+        return self._chain()[-1]
+
+    def _chain(self) -> list:
+        """One pass through the pipeline: the iterator of each stage, the source first."""
         if not self.pipeline:
             raise ConfigError("this DataPipeline has no stages")
         self._resumer.wire(self)  # each shuffle learns which reader feeds it
         source = self.invoke(self.pipeline[0])
+        chain = [source]
         for step in self.pipeline[1:]:
             source = self.invoke(step, source)
-        return source
+            chain.append(source)
+        return chain
 
     def iterator(self) -> Iterator:
         """``repetitions`` passes; stops early when a pass yields nothing."""
@@ -124,14 +130,22 @@ class DataPipeline(IterableDataset, PipelineStage):
         for repetition in range(first, self.repetitions):
             progress[0] = repetition
             produced = False
-            for sample in self.iterator1():
-                produced = True
-                count += 1
-                progress[1] = count
-                yield sample
-                if limit is not None and count >= limit:
-                    progress[3] = True
-                    return
+            chain = self._chain()
+            try:
+                for sample in chain[-1]:
+                    produced = True
+                    count += 1
+                    progress[1] = count
+                    yield sample
+                    if limit is not None and count >= limit:
+                        progress[3] = True
+                        return
+            except BaseException:
+                # an error in a stage, or the consumer closing this pass: every stage's iterator is closed now, the
+                # source too (what it holds, such as a directory queue's claimed file, is given back at once, not
+                # when a collection of the traceback's frames gets to it)
+                _close(chain)
+                raise
             if not produced:
                 break
         progress[3] = True
@@ -318,3 +332,15 @@ _KINDS = StageKinds(
     split_by_worker=shardlists.split_by_worker,
     single_node_only=shardlists.single_node_only,
 )
+
+
+def _close(chain: list) -> None:
+    """Close the iterators of a pass's stages that can be closed, the last stage first; an error closing one is
+    not the error the pass is ending with, so it is not raised over it."""
+    for iterator in reversed(chain):
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:  # the pass ends with its own error (or GeneratorExit)
+                pass

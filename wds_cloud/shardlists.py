@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import errno
 import functools
 import hashlib
 import logging
@@ -876,8 +877,9 @@ _RECYCLE_MODES = ("resample", "unlink", "keep")
 
 
 def _recycle(claimed: str, mode: str) -> None:
-    """Return a claimed file ``<file>._<pid>_``: ``resample`` renames it back, ``keep`` to ``<file>._done_``,
-    ``unlink`` deletes it."""
+    """Return a claimed file ``<file>._<pid>_``: ``resample`` renames it back, ``keep`` to ``<file>._done_``
+    (``<file>._done_.N`` when that is taken), ``unlink`` deletes it.  A name is never taken over: when ``<file>``
+    exists again (a producer wrote a new one meanwhile), both files are left as they are, with a warning."""
     match = _CLAIM.match(claimed)
     if match is None:  # not a name claim_next() made: nothing to give back
         return
@@ -886,11 +888,38 @@ def _recycle(claimed: str, mode: str) -> None:
         if mode == "unlink":
             os.unlink(claimed)
         elif mode == "keep":
-            os.rename(claimed, original + "._done_")
-        else:
-            os.rename(claimed, original)
+            done, n = original + "._done_", 0
+            while not _rename_unless_taken(claimed, done):
+                n += 1
+                done = f"{original}._done_.{n}"
+        elif not _rename_unless_taken(claimed, original):
+            warnings.warn(
+                f"DirectoryShardList: {claimed!r} cannot get its name back: {original!r} exists (a file written "
+                "there since it was claimed); both are left as they are: look at them and rename or remove one",
+                UserWarning,
+                stacklevel=2,
+            )
     except FileNotFoundError:  # another process recycled it already
         pass
+
+
+def _rename_unless_taken(source: str, target: str) -> bool:
+    """Rename ``source`` to ``target`` unless ``target`` exists (False then; nothing changed).  A hard link then
+    an unlink of the old name, which fails on an existing target where a rename would replace it; on a file
+    system without hard links, a look at the target before the rename (the claim's owner alone renames it)."""
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    except OSError as error:
+        if error.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOTSUP):
+            raise
+        if os.path.lexists(target):
+            return False
+        os.rename(source, target)
+        return True
+    os.unlink(source)
+    return True
 
 
 #: what each recycling mode does to a file read to its end, as the directory queue's warning says it
@@ -1069,8 +1098,15 @@ class DirectoryShardList(PipelineStage):
                     continue
                 chosen = self._pick(files)
                 claimed = f"{chosen}._{os.getpid()}_"
+                if os.path.lexists(claimed):  # left by an earlier process of our number: never replaced
+                    raise FileExistsError(
+                        errno.EEXIST,
+                        f"DirectoryShardList: cannot claim {chosen!r}: {claimed!r} exists already (left by an "
+                        f"earlier process numbered {os.getpid()} as this one); rename it back or remove it",
+                        claimed,
+                    )
                 try:
-                    os.rename(chosen, claimed)
+                    os.rename(chosen, claimed)  # atomic: of processes claiming one file, one wins
                 except FileNotFoundError:  # claimed by another process between listing and renaming
                     continue
                 last = claimed
