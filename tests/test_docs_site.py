@@ -44,6 +44,32 @@ def test_the_site_builds_strictly(site):
         assert (site / page).is_file(), page
 
 
+def test_the_handler_options_are_ones_the_docstring_style_accepts():
+    """mkdocs.yml's ``docstring_options`` are options of its ``docstring_style``: mkdocstrings-python
+    refuses another style's option (``ignore_init_summary`` is Google's) unless pydantic happens to be
+    installed, so ``pip install -e '.[docs]' && mkdocs build`` would fail where the test extra passes."""
+    yaml = pytest.importorskip("yaml")
+    config = pytest.importorskip("mkdocstrings_handlers.python._internal.config")
+    import dataclasses
+
+    class Loader(yaml.SafeLoader):  # mkdocs.yml may hold !!python/name tags: read them as text
+        pass
+
+    Loader.add_multi_constructor("", lambda loader, suffix, node: None)
+    plugins = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)["plugins"]
+    options = next(p["mkdocstrings"] for p in plugins if isinstance(p, dict) and "mkdocstrings" in p)
+    options = options["handlers"]["python"]["options"]
+    style = options.get("docstring_style", "google")
+    accepted = {
+        "google": config.GoogleStyleOptions,
+        "numpy": config.NumpyStyleOptions,
+        "sphinx": config.SphinxStyleOptions,
+    }[style]
+    names = {field.name for field in dataclasses.fields(accepted)}
+    assert set(options.get("docstring_options", {})) <= names, (style, sorted(names))
+    assert set(options) <= {field.name for field in dataclasses.fields(config.PythonInputOptions)}
+
+
 def test_the_cli_page_is_the_parser(site):
     from wds_cloud.cli import build_parser
 
