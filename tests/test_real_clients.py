@@ -304,3 +304,19 @@ def test_members_a_replaced_expander_adds_without_every_tag_join_their_sample(tm
     monkeypatch.setattr(compat, "tar_file_expander", with_scores)
     samples = list(wds.WebDataset(spec, shardshuffle=False))
     assert len(samples) == 6 and all(set(s) >= {"txt", "cls", "json", "score"} for s in samples)
+
+
+def test_webdataset_without_seed_draws_from_random_as_webdataset(tmp_path):
+    """webdataset's WebDataset draws its default seed from random when built without seed=: the draw is made here
+    too, so a script that seeds random, builds its datasets, then mixes them (RandomMix) gets webdataset's picks."""
+    from .test_resume import write_shards
+
+    urls = write_shards(tmp_path, [3])
+    expected = random.Random(5)
+    expected.randint(0, 1000000)
+    random.seed(5)
+    wds.WebDataset(urls, shardshuffle=False)
+    assert random.random() == expected.random()
+    random.seed(5)
+    wds.WebDataset(urls, shardshuffle=False, seed=1)  # a seed given: nothing drawn
+    assert random.random() == random.Random(5).random()

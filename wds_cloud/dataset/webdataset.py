@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import random
 import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Optional, Union
@@ -221,6 +222,11 @@ class WebDataset(DataPipeline, FluidInterface):
             shardshuffle = 100
         # Without a seed every node must still agree on the order, so the default is fixed.
         self.seed = seed if seed is not None else (settings.seed if settings.seed is not None else 0)
+        if seed is None:
+            # webdataset draws its default seed from the global random here (even with WDS_SEED set): the draw is
+            # made too, unused, so that a script's later draws from random (a RandomMix's picks, its own
+            # augmentations) are the ones they are under webdataset
+            random.randint(0, 1000000)
         #: what seeds the sample shuffles chained on this dataset: the seed the user gave, or None (fresh seeds)
         self.sample_seed: Optional[int] = self.seed if seed is not None or settings.seed is not None else None
         self.verbose = verbose
