@@ -214,6 +214,30 @@ def test_no_page_runs_after_code_it_does_not_show():
 
 
 @pytest.mark.parametrize("page", MARKED_PAGES)
+def test_a_page_that_reads_shards_writes_them_first(page):
+    """A page's examples that read shards run after one of its examples wrote them (the reader starts from
+    an empty folder); the cache page's examples read them and show the cache at work (hits and misses)."""
+    blocks = [code for marker, code in marked_blocks(page) if marker == "runs"]
+    writes = [i for i, code in enumerate(blocks) if re.search(r"ShardWriter\(|TarWriter\(|writer", code)]
+    reads = [i for i, code in enumerate(blocks) if re.search(r"^\s*for [\w, ]+ in (?!range\()", code, re.M)]
+    assert not reads or (writes and writes[0] <= reads[0]), page
+    if page == "cache.md":
+        shown = "\n".join(blocks)
+        assert reads and "cache_hits" in shown and "cache_misses" in shown and "cache_reuse_misses" in shown
+
+
+def test_no_page_says_an_unresumable_stage_makes_state_dict_raise():
+    """Only ``state_dict(strict=True)`` raises for a pipeline that cannot be resumed (a plain
+    ``state_dict()`` returns an inexact state): no page says otherwise."""
+    said = [
+        page.name
+        for page in sorted(DOCS.glob("*.md"))
+        if re.search(r"makes\s+`state_dict\(\)`\s+raise", page.read_text())
+    ]
+    assert said == []
+
+
+@pytest.mark.parametrize("page", MARKED_PAGES)
 def test_the_marked_examples_of_a_page_run(page, tmp_path):
     """The ``runs`` blocks of a page, in order, in an empty folder, with nothing before them; a page whose
     examples name a store's bucket shows the WDS_REWRITE line that maps it onto that folder (the test uses
