@@ -169,3 +169,72 @@ def test_the_environment_table_never_breaks_a_name():
     page = generated.environment_page()
     assert '<code style="white-space: nowrap">WDS_MAX_CONCURRENCY</code>' in page
     assert '<code style="white-space: nowrap">WDS_&lt;NAME&gt;</code>' in page
+
+
+@pytest.fixture
+def s3_odd_keys(moto_endpoint, tmp_path, monkeypatch):  # noqa: F811
+    boto3 = pytest.importorskip("boto3")
+    bucket = unique("odd")
+    client = boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    client.create_bucket(Bucket=bucket)
+    for key in ("train/s-0000.tar", "train/s-0001.tar", "train//dbl.tar", "train/../esc.tar", "train//s-0007.tar"):
+        client.put_object(Bucket=bucket, Key=key, Body=b"x")
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text(
+        f'["s3://"]\nendpoint_url = "{moto_endpoint}"\nkey = "testing"\n'
+        'secret = "testing"\nclient_kwargs = {region_name = "us-east-1"}\n'
+    )
+    monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profiles))
+    return bucket, client
+
+
+def test_s3_keys_with_empty_and_dot_segments_are_listed_as_the_store_has_them(s3_odd_keys, capsys):
+    """`ls s3://b/train/` showed a `DIR train/` that does not exist and hid `train//` and `train/../`;
+    `ls s3://b/train//` listed train/ and printed a spec of names that do not exist."""
+    bucket, client = s3_odd_keys
+    code, out, err = run(capsys, "ls", f"s3://{bucket}/train/", "--json")
+    assert code == 0, err
+    names = [e["name"] for e in json.loads(out)["entries"]]
+    assert names == ["../", "/", "s-0000.tar", "s-0001.tar"], names
+    code, text, _ = run(capsys, "ls", f"s3://{bucket}/train/")
+    assert "DIR  train/" not in text and f"`wds-cloud ls s3://{bucket}/train/../`" in text, text
+    for prefix, expected in (("train//", ["dbl.tar", "s-0007.tar"]), ("train/../", ["esc.tar"])):
+        code, out, err = run(capsys, "ls", f"s3://{bucket}/{prefix}", "--json")
+        assert code == 0, err
+        listing = json.loads(out)
+        assert [e["name"] for e in listing["entries"]] == expected, listing
+        for spec in listing["shard_specs"]:  # every name a printed spec expands to exists
+            for name in wds.shardlists.expand_urls(spec):
+                client.head_object(Bucket=bucket, Key=name.split("/", 3)[3])
+
+
+def test_a_missing_bucket_is_said_to_be_missing(s3_odd_keys, capsys):
+    """`ls s3://nobucket/` said "nothing under this prefix": it says the bucket does not exist."""
+    for given in ("s3://nobucket1/", "s3://nobucket1/train/"):
+        code, _, err = run(capsys, "ls", given)
+        assert code == 1 and "'nobucket1' does not exist" in err and given in err, err
+
+
+def test_local_entries_not_listed_are_counted_and_names_escaped(folder, capsys):
+    """FIFOs, dangling links and link loops were dropped without a word; a newline in a name broke the text;
+    unnumbered shards were counted as shards but were in no spec."""
+    os.mkfifo(folder / "pipe")
+    os.symlink("nothing-there", folder / "dangling")
+    os.symlink("loop", folder / "loop")
+    (folder / "two\nlines.tar").write_bytes(b"")
+    (folder / "extra.tar").write_bytes(b"")
+    code, out, err = run(capsys, "ls", str(folder) + "/")
+    assert code == 0, err
+    assert "3 entries not listed (not a file or a folder): 1 FIFO, 1 dangling link, 1 link loop" in out, out
+    assert "two\\nlines.tar" in out and not any(line.startswith("lines.tar") for line in out.splitlines()), out
+    assert "2 shards outside any spec" in out and "extra.tar" in out, out
+    code, out, _ = run(capsys, "ls", str(folder) + "/", "--json")
+    data = json.loads(out)
+    assert data["not_listed"] == {"FIFO": 1, "dangling link": 1, "link loop": 1}
+    assert data["shards_outside_specs"] == 2 and data["total"]["shards"] == 5
