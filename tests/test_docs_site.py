@@ -295,3 +295,12 @@ def test_the_readme_says_which_pages_are_generated():
     sentence = re.search(r"generated into the site, not readable here:(.*?)\.\s", readme, re.S)
     assert generated and sentence and all(f"`docs/{name}`" in sentence.group(1) for name in generated)
     assert "wds-cloud --help" in readme
+
+
+def test_the_folder_section_says_how_to_read_a_folder_without_the_queue():
+    """reading.md's work-queue section names ``wds-cloud ls FOLDER/``, which prints the brace spec of a
+    folder's shards: the way to read a folder without renaming its shards."""
+    text = (DOCS / "reading.md").read_text()
+    section = text[text.index("### A folder is a work queue") :]
+    section = section[: section.index("\n## ")]
+    assert "`wds-cloud ls folder/`" in section and "brace spec" in section
