@@ -163,3 +163,47 @@ def test_dash_opens_stdin_and_stdout_lazily(monkeypatch):
     writer.write(b"written")
     writer.close()
     assert out.buffer.getvalue() == b"written" and not out.closed
+
+
+class _Unseekable(io.RawIOBase):
+    """A stream that can only be read forward, as a user's decoding opener gives."""
+
+    def __init__(self, data):
+        self._data = io.BytesIO(data)
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        return self._data.readinto(buffer)
+
+
+@pytest.mark.parametrize("make", [io.BytesIO, _Unseekable])
+def test_an_assigned_opener_gives_the_range_asked_for(make, monkeypatch):
+    """gopen(url, offset=, length=) through an opener in gopen_schemes (which opens at the start) gives those
+    bytes, seeking where the stream can, reading past them where it cannot."""
+    monkeypatch.setitem(gopen_schemes, "mine", lambda url, mode="rb", bufsize=8192: make(b"0123456789"))
+    assert gopen("mine:x", offset=5, length=2).read() == b"56"
+    assert gopen("mine:x", offset=3).read() == b"3456789"
+    assert gopen("mine:x", length=4).read() == b"0123"
+
+
+def test_a_resumed_pass_through_an_assigned_opener_is_exact(shards, monkeypatch):
+    """A shuffle's buffered samples are fetched again with ranged reads: through a scheme of the user's they are
+    the samples that were buffered (the whole shard came back for a range, and the state was refused)."""
+    import wds_cloud as wds
+
+    monkeypatch.setitem(gopen_schemes, "mine", lambda url, mode="rb", bufsize=8192: open(url[5:], mode))
+    urls = "mine:" + shards  # a brace spec
+
+    def make():
+        return wds.WebDataset(urls, shardshuffle=True, seed=3).shuffle(5).to_tuple("__key__")
+
+    full = list(make())
+    ds = make()
+    it = iter(ds)
+    head = [next(it) for _ in range(7)]
+    state = ds.state_dict(strict=True)
+    again = make()
+    again.load_state_dict(state)
+    assert head + list(again) == full

@@ -181,7 +181,11 @@ def gopen(
     try:
         legacy = assigned_opener(url)
         if legacy is not None:
-            return legacy(url, mode, bufsize, **kw)
+            stream = legacy(url, mode, bufsize, **kw)
+            if mode in _READ_MODES and (offset or length is not None):
+                # an opener assigned in gopen_schemes reads from the start: the range is taken here
+                return cast(IO[bytes], _ranged(stream, offset, length))
+            return cast(IO[bytes], stream)
         if is_local(url) and is_secure(settings):
             raise SecurityError(
                 f"refusing to open the local file {redact(url)!r}: local paths and file: URLs are not allowed "
@@ -309,6 +313,22 @@ class Bounded(WrappedStream):
             n = readinto(view)
         self._left -= n
         return n
+
+
+def _ranged(stream: Any, offset: int, length: Optional[int]) -> Any:
+    """``stream`` from byte ``offset`` (sought where it can seek, else read past), at most ``length`` bytes."""
+    if offset:
+        seekable = getattr(stream, "seekable", None)
+        if seekable is not None and seekable():
+            stream.seek(offset, os.SEEK_CUR)
+        else:
+            left = offset
+            while left:
+                skipped = stream.read(min(left, 1 << 20))
+                if not skipped:
+                    break  # shorter than the offset: the reader finds nothing there and says so
+                left -= len(skipped)
+    return stream if length is None else Bounded(stream, length)
 
 
 def reader(url: Any, **kw: Any) -> IO[bytes]:
