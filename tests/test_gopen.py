@@ -207,3 +207,17 @@ def test_a_resumed_pass_through_an_assigned_opener_is_exact(shards, monkeypatch)
     again = make()
     again.load_state_dict(state)
     assert head + list(again) == full
+
+
+def test_random_access_through_an_assigned_opener_without_an_index(shards, monkeypatch):
+    """An opener of the user's that raises the builtin FileNotFoundError for the absent sidecar index: the shard
+    is indexed on first use, as without the opener (the opener's error came out instead)."""
+    import wds_cloud as wds
+
+    def opener(url, mode="rb", bufsize=8192):
+        return open(url[5:], mode)  # the builtin FileNotFoundError for a file that is not there
+
+    monkeypatch.setitem(gopen_schemes, "mine", opener)
+    first = shards.replace("{000..002}", "000")
+    ds = wds.ShardListDataset(["mine:" + first], transformations=[])
+    assert len(ds) == 10 and ds[3]["__key__"] == "s0_0003"

@@ -100,7 +100,7 @@ def read_index(url: str, storage_options: Optional[dict] = None, shard_url: Opti
     for candidate in candidates:
         try:
             data = datafile.read_bytes(candidate, "shard index", storage_options)
-        except ShardNotFoundError as exc:
+        except FileNotFoundError as exc:  # ours, or the builtin one an opener of the user's (gopen_schemes) raises
             last = exc
             continue
         shown = redact(candidate)
