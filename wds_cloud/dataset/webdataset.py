@@ -123,6 +123,37 @@ class WebDataset(DataPipeline, FluidInterface):
     ``prefetch``, ``max_member_size``, ``max_sample_size``, ``manifest``); the keywords feed it, and
     ``dataset.options`` is what the dataset uses.
 
+    The other parameters:
+
+    - ``seed``: seeds the shard shuffle (default ``WDS_SEED``, else 0: the same order on every node); given (or
+      with ``WDS_SEED``), it also seeds the sample shuffles chained on the dataset (``.shuffle(n)``), which
+      otherwise draw fresh seeds.
+    - ``keys``: how a member name splits into the sample key and the field: None (the key is the path up to
+      the first dot of the file name, ``a/b.seg.png`` is ``a/b`` and ``seg.png``), ``"last_dot"`` (up to the
+      last dot), or a function of the name returning ``(key, field)``.
+    - ``select_files``: a function of a member name (after ``rename_files``) returning whether to keep it;
+      members it refuses are skipped without being read.  ``rename_files``: a function giving each member
+      name its new name before the members are grouped into samples.
+    - ``equal_work``: every DataLoader worker of every rank yields the same number of samples per epoch:
+      ``"min"`` (as many as the smallest share; the rest are dropped), ``"max"`` (as many as the largest; short
+      shares read their shards again), both needing the shards' sample counts from a JSON index, or a number
+      ``N`` of samples per worker.  None: each worker yields what its shards hold.
+    - ``streams``: cuts each epoch's shard order into that many virtual streams, so that the order of samples
+      does not depend on the number of ranks and workers (which must divide it); stages chained after
+      go inside every stream.  Needs a fixed shard list.
+    - ``resampled=True`` (or ``mode="resampled"``, the same) draws shards with replacement, forever; other
+      ``mode`` values change nothing.  ``repeat=True`` repeats the dataset (``.repeat()``).
+    - ``cache_dir``: the shard cache's directory (default ``WDS_CACHE``; None: no cache).  ``cache_size``: its
+      bound, bytes or a size such as ``"200GB"``; ``-1`` (the default) takes ``WDS_CACHE_SIZE``, else leaves
+      the directory unbounded; ``0`` reads without the cache.  ``url_to_name`` names a URL's cache entry.
+    - ``nodesplitter`` shares the shards out between ranks (the default refuses to run on more than one:
+      pass ``wds.split_by_node``), ``workersplitter`` between a rank's DataLoader workers (default: worker
+      ``i`` of ``n`` takes shards ``i``, ``i + n``, ...).
+    - ``empty_check`` (default True): a pass that yields no sample at all raises ``ValueError`` naming the
+      likely causes (no shards for this worker, a wrong spec); False lets it end empty.
+    - ``verbose``: logs every shard as it is opened (INFO, URLs redacted) and, with a cache, what it does
+      (as ``WDS_VERBOSE_CACHE=1``).
+
     Plain tar shards on local disk (and complete in the shard cache) are read through a memory mapping:
     each member is sliced out of the page cache as ``bytes`` (one copy).  ``zero_copy=True`` hands out
     read-only ``memoryview`` objects instead (into the mapping, or into the bytes a streamed shard brought): no

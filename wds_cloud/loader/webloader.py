@@ -424,9 +424,8 @@ def merge_gathered(states: list) -> dict:
 def gather_merged(state: dict, dist: Any = None) -> dict:
     """The merged state of ``state`` of every rank (every rank must call this at the same step), the same on every
     rank: the states are gathered to rank 0 (``gather_object``), merged there once, and the merged state (or why
-    it could not be made, raised then on every rank) is sent to every rank (``broadcast_object_list``).  Merging
-    is the whole job's work: with ``all_gather_object`` every one of 4,096 ranks merged the same 4,096 states, at
-    every checkpoint.  ``dist``: ``torch.distributed`` (its default group), or what stands for it (a test's ranks)."""
+    it could not be made, raised then on every rank) is sent to every rank (``broadcast_object_list``): the merge,
+    the whole job's work, is done once, not on every rank.  ``dist``: ``torch.distributed`` (its default group), or what stands for it (a test's ranks)."""
     if dist is None:
         rank, world_size = _rank()
         if world_size == 1:

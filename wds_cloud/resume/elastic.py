@@ -575,7 +575,7 @@ class RankShare:
 
     Computing it (:func:`rank_share`) is the one pass over the whole job a load makes in a process: it deals every
     partly read and unstarted shard of the job over all its slots; a worker's share is then taken from it in time
-    linear in that share (4,096 ranks x 8 workers each sorting and dealing the whole job cost seconds per worker)."""
+    linear in that share."""
 
     #: the rank's first slot, and its number of slots
     first: int
