@@ -178,6 +178,29 @@ def test_cat_takes_the_key_as_ls_shows_it(tmp_path, monkeypatch):
     assert raw.getvalue() == b"11"
 
 
+def test_a_key_spelled_with_a_backslash_and_a_latin1_key_never_look_alike(tmp_path, monkeypatch):
+    """A sample keyed `caf\\xe9` in ASCII beside one keyed with the byte 0xE9: ls shows them apart (a backslash
+    of the name doubled, as tar shows it), and cat --key takes the key itself first, then the shown form."""
+    path = tmp_path / "amb.tar"
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT, encoding="utf-8", errors="surrogateescape") as tar:
+        for raw, data in [(b"caf\xe9.txt", b"LATIN1"), (b"caf\\xe9.txt", b"BACKSLASH")]:
+            info = tarfile.TarInfo(raw.decode("utf-8", "surrogateescape"))
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    out = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out, encoding="utf-8"))
+    assert main(["ls", "--samples", "--json", str(path)]) == 0
+    sys.stdout.flush()
+    text = out.getvalue().decode("utf-8")
+    assert "caf\\\\xe9" in text and "caf\\\\\\\\xe9" in text  # JSON of caf\xe9 and of caf\\\\xe9
+    for key, expected in [("caf\\xe9", b"BACKSLASH"), ("caf\udce9", b"LATIN1"), ("caf\\\\xe9", b"BACKSLASH")]:
+        out.seek(0)
+        out.truncate()
+        assert main(["cat", "--key", key, "--field", "txt", str(path)]) == 0
+        sys.stdout.flush()
+        assert out.getvalue() == expected, key
+
+
 # Local files that fail when read: real ones of this Linux machine, never mocks
 MEM = "/proc/self/mem"  # a regular file of size 0 whose read at byte 0 fails with EIO
 SYSFS = "/sys/devices/system/cpu/power/autosuspend_delay_ms"  # 4096 bytes by stat, EIO when read

@@ -92,7 +92,11 @@ def emit(args: argparse.Namespace, data: Any, text: Callable[[Any], str]) -> Non
 def shown(text: str) -> str:
     """``text`` as printed: each byte of a name that is not UTF-8 (which the reader gives as a lone surrogate,
     ``'caf\\udce9'``) as ``\\xe9``, as ``tar`` shows such names with ``\\351``; a terminal or a pipe whose
-    encoding cannot carry a lone surrogate would otherwise stop the command, and a JSON parser may refuse one."""
+    encoding cannot carry a lone surrogate would otherwise stop the command, and a JSON parser may refuse one.
+    A backslash of the name itself is shown doubled (``\\``, as ``tar`` shows it), so that a name spelled
+    ``caf\xe9`` in ASCII and one with the byte 0xE9 never look alike."""
+    if "\\" in text:
+        text = text.replace("\\", "\\\\")
     if text.isascii():
         return text
     try:

@@ -155,7 +155,8 @@ def _cat(args: argparse.Namespace) -> int:
         return EXIT_OK
     index = index_of(args.url)
     # a key is typed as the shell gives it (its bytes) or as `ls` shows it (bytes not UTF-8 escaped as \\xe9)
-    found = [s for s in index.samples if args.key in (s.key, shown(s.key))]
+    # the key itself first: a key spelled with a backslash in ASCII is never taken for another shown so
+    found = [s for s in index.samples if s.key == args.key] or [s for s in index.samples if shown(s.key) == args.key]
     if not found:
         raise ShardNotFoundError(
             f"{redact(args.url)}: no sample with key {args.key!r} ({len(index)} samples; "
@@ -163,7 +164,8 @@ def _cat(args: argparse.Namespace) -> int:
             url=args.url,
         )
     sample = found[0]
-    fields = [f for f in sample.fields if args.field is None or args.field in (f[0], shown(f[0]))]
+    fields = [f for f in sample.fields if args.field is None or f[0] == args.field]
+    fields = fields or [f for f in sample.fields if shown(f[0]) == args.field]
     if not fields:
         raise ShardNotFoundError(
             f"{redact(args.url)}: sample {args.key!r} has no field {args.field!r} (it has "
