@@ -6,6 +6,7 @@ import logging
 import multiprocessing
 import os
 import random
+import re
 
 from wds_cloud.io import cacheledger, shardcache
 from wds_cloud.io.shardcache import ShardCache
@@ -197,3 +198,39 @@ def test_a_forged_ledger_that_protects_everything_still_bounds_the_cache(tmp_pat
         read(ShardCache(cache.directory, size_limit=C * SIZE), i)
     held = [n for n in os.listdir(cache.directory) if n.endswith(".tar")]
     assert len(held) <= C and any(f"shard-{2 * C}." in n or f"shard-{3 * C - 1}." in n for n in held)
+
+
+def test_a_file_the_cache_did_not_write_is_never_evicted(tmp_path, caplog):
+    """F4: a user's file with a record (size and mtime_ns not its own) and a ledger line was deleted by
+    eviction: it is forgotten and left in place, said once."""
+    folder = tmp_path / "c"
+    folder.mkdir()
+    (folder / "user.tar").write_bytes(b"mine\n")
+    (folder / "user.tar.meta").write_text(
+        '{"url": "http://127.0.0.1:18765/s-0003.tar", "size": 5, "version": null, "md5": null, '
+        '"complete": true, "crc32": null, "mtime_ns": 1}'
+    )
+    (folder / ".evict.ledger").write_text("wds-cloud cache ledger 1\n+ 1 1 user.tar\n")
+    caplog.set_level(logging.WARNING)
+    cache = bounded(tmp_path)
+    epochs(cache, 2 * C)
+    assert (folder / "user.tar").read_bytes() == b"mine\n" and (folder / "user.tar.meta").exists()
+    said = [r for r in caplog.records if "user.tar is not the file this cache wrote" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+    assert cache.usage()[1] <= C * SIZE
+
+
+def test_the_size_suggested_is_never_more_than_the_shards_read(tmp_path, caplog):
+    """F5: shuffled, the warning asked for more than the whole epoch (it added the bytes fetched between two reads,
+    fetches again included): it suggests the distinct shards' bytes, at most what was read."""
+    shards, warned = C + 2, 0
+    for seed in range(3):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="wds_cloud.io.shardcache"):
+            epochs(ShardCache(str(tmp_path / f"c{seed}"), size_limit=C * SIZE), shards, count=4, seed=seed)
+        said = [r.getMessage() for r in caplog.records if "thrashes" in r.getMessage()]
+        warned += len(said)
+        for message in said:
+            for figure in re.findall(r"(?:up to|at least) ([\d.]+)kB", message):
+                assert float(figure) * 1000 <= shards * SIZE, message
+    assert warned, "no seed made the cache thrash: the test tests nothing"

@@ -86,11 +86,12 @@ class Held:
 
 @dataclass
 class Ghost:
-    """An entry that left the cache a moment ago: its last access known then, and the bytes the node had filled
-    before its own fill (what was filled since is the reuse distance of a shard fetched again)."""
+    """An entry that left the cache a moment ago: its last access known then, the bytes the node had filled
+    before its own fill (what was filled since is the reuse distance of a shard fetched again), and its size."""
 
     seen_ns: int
     filled: int
+    size: int = 0
 
 
 class Planted(OSError):
@@ -188,11 +189,15 @@ class Ledger:
         self.total = 0  # bytes of both queues
         #: entries that left a moment ago, by the hash of their name, oldest first; bounded by GHOST_FACTOR x entries
         self.ghost: OrderedDict[int, Ghost] = OrderedDict()
+        #: bytes of the entries the ghost remembers: with :attr:`total`, the distinct shards read lately (each once,
+        #: however often it was fetched again), which is what a cache must hold to keep them all
+        self.ghost_total = 0
         #: bytes of the fills this view saw recorded (a node-wide clock in bytes; what a process read at its start or
         #: again after a compaction is not counted)
         self.filled = 0
         self.reuse_misses = 0  # fills of this process that the ghost remembered (the warning counts them)
         self.reuse_most = 0  # the most bytes the node filled between two fills of one shard, among those
+        self.working_most = 0  # the most bytes of distinct shards held and remembered by the ghost, at such a fill
         self.thrash_warned = False
         self._marked: Optional[str] = None  # the name a "- NAME" not held marked protected, for the next record
         self._counting = True
@@ -248,7 +253,14 @@ class Ledger:
         """What the ghost remembers of ``name``, forgotten as it is told (None when it is held, or long gone)."""
         if self.holds(name):
             return None
-        return self.ghost.pop(hash(name), None)
+        return self._unghost(hash(name))
+
+    def _unghost(self, key: int) -> Optional[Ghost]:
+        """Forget the ghost of the name hashed ``key`` (its bytes leave :attr:`ghost_total`), and tell it."""
+        gone = self.ghost.pop(key, None)
+        if gone is not None:
+            self.ghost_total -= gone.size
+        return gone
 
     def remove(self, name: str) -> None:
         """Record that ``name`` is gone."""
@@ -270,7 +282,7 @@ class Ledger:
     def _apply_add(self, name: str, size: int, seen_ns: int) -> None:
         """Add (or re-add) ``name``: a held entry keeps its queue, a new one is protected when just marked so."""
         marked, self._marked = self._marked == name, None
-        self.ghost.pop(hash(name), None)  # fetched again: no longer one that left
+        self._unghost(hash(name))  # fetched again: no longer one that left
         old = self.entries.pop(name, None)
         protect = False
         if old is None:
@@ -300,9 +312,11 @@ class Ledger:
                 return False
             self.protected_total -= old.size
         self.total -= old.size
-        self.ghost[hash(name)] = Ghost(old.seen_ns, old.filled)
+        self._unghost(hash(name))  # a hash seen before: its old ghost's bytes go with it
+        self.ghost[hash(name)] = Ghost(old.seen_ns, old.filled, old.size)
+        self.ghost_total += old.size
         while len(self.ghost) > GHOST_FACTOR * len(self) + GHOST_MIN:  # each pop pays for one push: O(1) amortized
-            self.ghost.popitem(last=False)
+            self.ghost_total -= self.ghost.popitem(last=False)[1].size
         return True
 
     # reading

@@ -91,6 +91,15 @@ def _meta_size(meta: dict) -> int:
     return size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else 0
 
 
+def _as_recorded(meta: dict, st: os.stat_result) -> bool:
+    """Whether the file ``st`` is the one its record ``meta`` describes: its size, and its modification time
+    where the record has one (a record written before it was kept is checked by size alone)."""
+    if meta.get("size") is not None and st.st_size != meta.get("size"):
+        return False
+    mtime = meta.get("mtime_ns")
+    return mtime is None or st.st_mtime_ns == mtime
+
+
 def _scan(directory: str) -> list[tuple[str, int, int]]:
     """Every entry of the directory, fills included, as (name, size, last access): one walk, one read per record.
 
@@ -341,6 +350,7 @@ class ShardCache:
         self.url_to_name = url_to_name or url_to_cache_name
         self.stats = stats if stats is not None else StatsSink()
         self.verify = verify
+        self._foreign_warned = False  # a file not matching its record is said once per cache, then only logged
 
     def path_for(self, url: str) -> str:
         """The entry path for ``url``; a name that would leave the cache directory is refused."""
@@ -552,6 +562,10 @@ class ShardCache:
         if complete and (st is None or not stat.S_ISREG(st.st_mode)):
             ledger.remove(name)  # a record without its entry
             return True
+        if complete and st is not None and not _as_recorded(meta, st):
+            ledger.remove(name)  # not the file this cache wrote: forgotten, never deleted
+            self._warn_foreign(path, meta, st)
+            return True
         if complete and st is not None and st.st_atime_ns > held.seen_ns:
             ledger.requeue(name, st.st_atime_ns)  # read since it was queued
             return True
@@ -563,31 +577,48 @@ class ShardCache:
             ledger.requeue(name, time.time_ns())
         return True
 
+    def _warn_foreign(self, path: str, meta: dict, st: os.stat_result) -> None:
+        """Say (once per cache, then at debug level) that an entry's file is not the one its record describes."""
+        text = (
+            "cache: %s is not the file this cache wrote (%d bytes, modified at %d ns; its record %s says %r bytes, "
+            "%r ns): left in place and no longer counted; delete it (and its .meta) if it is not yours"
+        )
+        args = (path, st.st_size, st.st_mtime_ns, path + ".meta", meta.get("size"), meta.get("mtime_ns"))
+        if self._foreign_warned:
+            log.debug(text, *args)
+            return
+        self._foreign_warned = True
+        log.warning(text, *args)
+
     def _warn_thrashing(self, ledger: Ledger, reuse: int) -> None:
         """Say once per process that the cache thrashes, with the figures and the fix."""
         ledger.reuse_misses += 1
         ledger.reuse_most = max(ledger.reuse_most, reuse)
+        # the bytes filled between two fills count a shard fetched again as often as it was: the distinct shards
+        # read lately (those held, and those the ghost remembers) are what a cache must hold to keep them all
+        ledger.working_most = max(ledger.working_most, ledger.total + ledger.ghost_total)
         if ledger.thrash_warned or ledger.reuse_misses < THRASH_WARN:
             return
         ledger.thrash_warned = True
         seen = self.stats.snapshot()
         opened = seen.cache_hits + seen.cache_misses
         limit = self.size_limit or 0
+        wanted = min(ledger.reuse_most, ledger.working_most)  # never more than was read between two reads
         log.warning(
             "cache: %s thrashes: %d shards were evicted and then fetched again before they were reused, because "
-            "the shards read in one epoch do not fit in cache_size %s: the node fetched up to %s between two reads "
-            "of one shard (its working set, at least), and hits are %d of %d opens (%.0f%%) so far. The cache now "
+            "the shards read in one epoch do not fit in cache_size %s: the distinct shards read lately take up to %s "
+            "(their working set, at least), and hits are %d of %d opens (%.0f%%) so far. The cache now "
             "keeps about %s of them from one epoch to the next; to keep them all, set WDS_CACHE_SIZE (or "
             "cache_size=) to at least %s, or read without a cache (WDS_CACHE_SIZE=0, or no cache_dir)",
             self.directory,
             ledger.reuse_misses,
             _human(limit),
-            _human(ledger.reuse_most),
+            _human(wanted),
             seen.cache_hits,
             opened,
             100.0 * seen.cache_hits / opened if opened else 0.0,
             _human(limit - limit // PROBATION_SHARE),
-            _human(max(ledger.reuse_most, limit + 1), up=True),
+            _human(max(wanted, limit + 1), up=True),
         )
 
     def usage(self) -> tuple[int, int]:
