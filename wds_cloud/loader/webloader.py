@@ -342,7 +342,7 @@ class WebLoader(DataPipeline, FluidInterface):
             "WebLoader",
             {"num_workers": state["num_workers"]},
             {"num_workers": self._untag.num_workers},
-            f"It was taken with num_workers={state['num_workers']}: build the loader with that many workers, or "
+            f"It was taken with num_workers={state['num_workers']}: build the loader with that many workers. "
             + RESHAPE_FIX,
         )
         workers = {w: s for w, s in state["workers"]}

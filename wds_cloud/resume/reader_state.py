@@ -264,7 +264,7 @@ class ReaderResume:
                 "dataset (rank and DataLoader worker)",
                 resume.get("identity") or {},
                 cursor.identity,
-                "This state was taken by another rank or DataLoader worker, or on another shape: "
+                "This state was taken by another rank or DataLoader worker, or on another shape. "
                 + resuming.RESHAPE_FIX,
             )
             cursor.where[2] = resume.get("samples", 0)

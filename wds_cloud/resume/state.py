@@ -197,10 +197,10 @@ def refuse_unknown(state: dict, allowed: Any, what: str) -> None:
 
 #: what to do when a state was taken on another number of ranks or DataLoader workers (the documented fix)
 RESHAPE_FIX = (
-    "a state per rank resumes on the same number of ranks and workers only; on another shape, merge the "
-    "states of every rank (or of every worker) into one and load that: "
-    "loader.load_state_dict(wds.merge_states([state_of_rank_0, state_of_rank_1, ...])) (one rank: "
-    "wds.merge_states([state])), or take it with loader.state_dict(gather=True); see docs/elastic.md"
+    "To resume on another number of ranks or DataLoader workers, merge the states into one and load that: "
+    "loader.load_state_dict(wds.merge_states([state])) for a state of one process, "
+    "wds.merge_states([state_of_rank_0, state_of_rank_1, ...]) for one per rank (or take it with "
+    "loader.state_dict(gather=True)); see docs/elastic.md"
 )
 
 
@@ -220,9 +220,8 @@ def check_same(what: str, saved: dict, current: dict, fix: Optional[str] = None)
             + (
                 fix
                 or "Load a state into a dataset built with the same shards, seed, splitting and shuffle as the "
-                "one that saved it (on another number of ranks or workers: "
+                "one that saved it. "
                 + RESHAPE_FIX
-                + ")"
             ),
             differences=diffs,
         )
