@@ -304,3 +304,16 @@ def test_the_folder_section_says_how_to_read_a_folder_without_the_queue():
     section = text[text.index("### A folder is a work queue") :]
     section = section[: section.index("\n## ")]
     assert "`wds-cloud ls folder/`" in section and "brace spec" in section
+
+
+def test_the_changelog_and_the_site_tell_one_version_story():
+    """The changelog says what the site says: not on PyPI, the current version is ``wds_cloud.__version__``
+    (what ``wds-cloud --version`` prints, with a section of its own), and "Unreleased" lists what changed
+    since; it lists what users see, not internals (logger-name tables, when numpy.random is imported)."""
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    index = (DOCS / "index.md").read_text()
+    version = wds_cloud.__version__
+    assert "not published on PyPI" in changelog and "not published on PyPI" in index
+    assert f"{version} is the current version" in changelog and f"\n## {version}\n" in changelog
+    assert not re.search(r"differs from \d+\.\d+\b(?!\.)", changelog)
+    assert "| before | now |" not in changelog and "numpy.random" not in changelog
