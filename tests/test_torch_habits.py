@@ -346,9 +346,18 @@ def test_an_error_in_the_dataset_gives_the_claim_back_at_once(tmp_path):
     gc.disable()
     try:
         for _ in range(3):
-            with pytest.raises(Exception):
+            with pytest.raises(wds.CorruptShardError):
                 for _ in ds:
                     pass
             assert names(folder) == before
     finally:
         gc.enable()
+
+
+def test_resume_blocker_names_a_shuffle_appended_to_the_loader(urls):
+    """A shuffle after the workers (loader.unbatched().shuffle(n).batched(k)) makes mid-pass states inexact:
+    resume_blocker() says so before any state is taken, as state_dict() does after."""
+    loader = wds.WebLoader(keys_dataset(urls), batch_size=None, num_workers=0).unbatched().shuffle(10).batched(4)
+    assert "shuffle in the dataset" in (loader.resume_blocker() or "")
+    plain = wds.WebLoader(keys_dataset(urls), batch_size=None, num_workers=0)
+    assert plain.resume_blocker() is None

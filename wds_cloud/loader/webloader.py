@@ -260,7 +260,16 @@ class WebLoader(DataPipeline, FluidInterface):
 
     def resume_blocker(self) -> Optional[str]:
         """Why this loader's states cannot be resumed exactly (None: they can, at batch boundaries)."""
-        return None if self._untag is not None else self._blocker
+        if self._untag is None:
+            return self._blocker
+        for stage in self.pipeline[2:]:
+            if is_buffering(stage):
+                return (
+                    f"a {type(stage).__name__} stage appended to the WebLoader buffers items after the workers, "
+                    "which no state can fetch again: a state taken while it holds items restarts the pass; "
+                    "shuffle in the dataset (before the loader) instead"
+                )
+        return None
 
     def _exact_state(self) -> dict:
         if self._untag is None:
