@@ -73,10 +73,17 @@ _KINDS = {
 
 def _not_a_file(url: str, mode: int) -> ShardNotFoundError:
     kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    if stat.S_ISDIR(mode):  # a folder named where a shard was meant: how to read the shards in it
+        fix = (
+            f"name its shards: `wds-cloud ls {url[:200]}/` prints a brace spec of them "
+            "('folder/shard-{0000..0099}.tar'), or give a list (sorted(glob.glob('folder/*.tar'))); "
+            "WebDataset('folder/') with the slash reads it as webdataset's work queue, which renames the files"
+        )
+    else:
+        fix = "name the file itself, or read a stream with '-' (stdin) or 'pipe:cat PATH'"
     return ShardNotFoundError(
         f"{url[:200]}: is {kind}, not a regular file; a shard or data file read from a path must be a regular "
-        "file (its size known when opened); name the file itself, or read a stream with '-' (stdin) or "
-        "'pipe:cat PATH'",
+        f"file (its size known when opened); {fix}",
         url=url,
     )
 

@@ -136,3 +136,11 @@ def test_a_missing_object_over_http_is_enoent():
         server.stop()
     assert info.value.errno == errno.ENOENT and "missing.tar" in info.value.filename
     assert "s3cret" not in info.value.filename
+
+
+def test_a_folder_named_as_a_shard_says_how_to_read_its_shards(tmp_path):
+    """WebDataset("folder") (no slash) names the ways to read the shards in it: ls's brace spec, a list, and what
+    the slash would do (webdataset's work queue)."""
+    (tmp_path / "fold").mkdir()
+    with pytest.raises(errors.ShardNotFoundError, match=r"is a directory.*wds-cloud ls .*fold/.*work queue"):
+        list(wds.WebDataset(str(tmp_path / "fold"), shardshuffle=False))
