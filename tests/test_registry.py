@@ -130,7 +130,7 @@ def test_missing_extra_is_reported():
     """A backend whose modules are missing says which extra installs them."""
     reg = fresh([FakeEntryPoint("c", make_plugin("cloud", requires=("no_such_module_xyz",), extra="s3"))])
     claim = reg.claims["cloud"]
-    assert claim.missing() == ["no_such_module_xyz"] and claim.install_hint() == "pip install 'wds_cloud[s3]'"
+    assert claim.missing() == ["no_such_module_xyz"] and claim.install_hint().startswith("pip install 'wds_cloud[s3]'")
 
 
 def test_rewrite_hook_is_firstresult():

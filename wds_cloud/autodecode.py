@@ -172,7 +172,9 @@ def _torch() -> Any:
     try:
         import torch
     except ImportError:
-        raise MissingExtraError("this decoder needs torch: pip install 'wds_cloud[torch]'") from None
+        raise MissingExtraError(
+            "this decoder needs torch: pip install 'wds_cloud[torch]' (in a clone: pip install -e '.[torch]')"
+        ) from None
     return torch
 
 
@@ -309,7 +311,9 @@ class ImageHandler:
         try:
             import PIL.Image
         except ImportError:
-            raise MissingExtraError("decoding images needs Pillow: pip install 'wds_cloud[image]'") from None
+            raise MissingExtraError(
+                "decoding images needs Pillow: pip install 'wds_cloud[image]' (in a clone: pip install -e '.[image]')"
+            ) from None
         image = PIL.Image.open(io.BytesIO(data), formats=_PIL_FORMATS.get(extension or "", None))
         image.load()
         if self.mode is not None and image.mode != self.mode:

@@ -117,7 +117,9 @@ def run_demo(
     try:
         import PIL  # noqa: F401
     except ImportError:
-        raise MissingExtraError("the demo makes images with Pillow: pip install 'wds_cloud[image]'") from None
+        raise MissingExtraError(
+            "the demo makes images with Pillow: pip install 'wds_cloud[image]' (in a clone: pip install -e '.[image]')"
+        ) from None
     temporary = url is None
     location = tempfile.mkdtemp(prefix="wds-cloud-demo-") if url is None else url
     try:
@@ -135,7 +137,8 @@ def run_demo(
         )
         if not HAVE_TORCH:
             print(
-                "torch is not installed: reading in this process (pip install 'wds_cloud[torch]' for workers)", file=out
+                "torch is not installed: reading in this process (pip install 'wds_cloud[torch]' (in a clone: pip install -e '.[torch]') for workers)",
+                file=out,
             )
             workers = 0
         loader = WebLoader(dataset, batch_size=None, num_workers=min(workers, shards))
@@ -225,7 +228,7 @@ def add_parser(commands: Any) -> None:
         description="Write a synthetic image dataset (JPEG and PNG with .json and .cls) and stream it back "
         "through WebDataset -> shuffle -> decode -> to_tuple -> DataLoader, showing progress and "
         "throughput.  By default it uses a temporary directory, removed afterwards.  It needs Pillow to make and "
-        "decode the images (pip install 'wds_cloud[image]'; the README's install line has it) and uses torch's "
+        "decode the images (pip install 'wds_cloud[image]' (in a clone: pip install -e '.[image]'); the README's install line has it) and uses torch's "
         "DataLoader where torch is installed.",
         epilog="examples:\n  wds-cloud demo\n  wds-cloud demo --url data --samples 200 --shards 2 --workers 0\n\n"
         "exit codes: 0 done (every sample written and read back), 1 a shard could not be written or read, 2 bad "

@@ -53,7 +53,9 @@ def imageencoder(image: Any, format: str = "PNG") -> bytes:
     try:
         import PIL.Image
     except ImportError:
-        raise MissingExtraError("encoding images needs Pillow: pip install 'wds_cloud[image]'") from None
+        raise MissingExtraError(
+            "encoding images needs Pillow: pip install 'wds_cloud[image]' (in a clone: pip install -e '.[image]')"
+        ) from None
     if not isinstance(image, PIL.Image.Image):
         if hasattr(image, "detach"):  # a torch tensor: CHW -> HWC
             image = image.detach().cpu().numpy()
@@ -128,7 +130,9 @@ def torch_dumps(data: Any) -> bytes:
     try:
         import torch
     except ImportError:
-        raise MissingExtraError("encoding .pth needs torch: pip install 'wds_cloud[torch]'") from None
+        raise MissingExtraError(
+            "encoding .pth needs torch: pip install 'wds_cloud[torch]' (in a clone: pip install -e '.[torch]')"
+        ) from None
     out = io.BytesIO()
     torch.save(data, out)
     return out.getvalue()

@@ -76,7 +76,11 @@ def require(scheme: str, modules: Sequence[str], extra: Optional[str]) -> None:
     """Raise :class:`MissingExtraError` with the install line if a module is missing."""
     missing = missing_modules(modules)
     if missing:
-        hint = f"pip install 'wds_cloud[{extra}]'" if extra else f"pip install {' '.join(missing)}"
+        hint = (
+            f"pip install 'wds_cloud[{extra}]' (in a clone: pip install -e '.[{extra}]')"
+            if extra
+            else f"pip install {' '.join(missing)}"
+        )
         raise MissingExtraError(f"{scheme}:// needs {', '.join(missing)}: {hint}")
 
 

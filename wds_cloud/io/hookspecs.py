@@ -117,7 +117,7 @@ class Claim:
         if self.hint:
             return self.hint
         if self.extra:
-            return f"pip install 'wds_cloud[{self.extra}]'"
+            return f"pip install 'wds_cloud[{self.extra}]' (in a clone: pip install -e '.[{self.extra}]')"
         return "pip install " + " ".join(self.missing())
 
 

@@ -12,7 +12,7 @@
   pinned memory with ``non_blocking=True`` on a side stream, and makes the consuming stream wait
   for that copy only: the copy of batch N+1 runs while the GPU still works on step N.
 
-Both need torch; GPU decoding needs torchvision (``pip install 'wds_cloud[gpu]'``).  Without CUDA,
+Both need torch; GPU decoding needs torchvision (``pip install 'wds_cloud[gpu]' (in a clone: pip install -e '.[gpu]')``).  Without CUDA,
 ``device="cuda"`` is an error that says so; ``device="cpu"`` decodes on the CPU (torchvision, else
 Pillow) with the same output, as an explicit fallback.
 """
@@ -36,7 +36,9 @@ def _torch() -> Any:
     try:
         import torch
     except ImportError:
-        raise MissingExtraError("decoding on a device needs torch: pip install 'wds_cloud[gpu]'") from None
+        raise MissingExtraError(
+            "decoding on a device needs torch: pip install 'wds_cloud[gpu]' (in a clone: pip install -e '.[gpu]')"
+        ) from None
     return torch
 
 
@@ -46,7 +48,7 @@ def _torchvision_io() -> Any:
     except Exception as exc:  # ImportError, or a torchvision built for another torch (operator ... does not exist)
         raise MissingExtraError(
             f"decoding JPEGs on the GPU needs torchvision matching torch ({exc}): "
-            "pip install 'wds_cloud[gpu]'; or pass device='cpu' to decode with Pillow"
+            "pip install 'wds_cloud[gpu]' (in a clone: pip install -e '.[gpu]'); or pass device='cpu' to decode with Pillow"
         ) from None
     return torchvision.io
 

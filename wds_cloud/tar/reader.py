@@ -311,7 +311,7 @@ def open_decompressed(stream: IO[bytes], head_size: int = HEAD_SIZE) -> tuple[_R
     except ImportError:
         raise MissingExtraError(
             "this shard is zstd-compressed and reading it needs the zstandard module: "
-            "pip install zstandard (or pip install 'wds_cloud[all]')"
+            "pip install zstandard (or pip install 'wds_cloud[all]' (in a clone: pip install -e '.[all]'))"
         ) from None
     return (
         zstandard.ZstdDecompressor().stream_reader(cast(IO[bytes], whole), read_across_frames=True, closefd=True),
