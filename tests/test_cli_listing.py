@@ -238,3 +238,42 @@ def test_local_entries_not_listed_are_counted_and_names_escaped(folder, capsys):
     data = json.loads(out)
     assert data["not_listed"] == {"FIFO": 1, "dangling link": 1, "link loop": 1}
     assert data["shards_outside_specs"] == 2 and data["total"]["shards"] == 5
+
+
+def test_a_reshard_on_dask_stopped_part_way_keeps_what_it_finished(tmp_path, monkeypatch, capsys):
+    """F7: a Dask reshard stopped part-way recorded no output of a task that had not ended (the rerun kept 0 and
+    wrote everything again): each output is recorded as it is published, and the rerun keeps it."""
+    distributed = pytest.importorskip("distributed")
+    import contextlib
+
+    from wds_cloud.cli import shardtools
+    from wds_cloud.io import jobrecord
+
+    source = str(tmp_path / "in.tar")
+    with wds.TarWriter(source) as writer:
+        for i in range(10):
+            writer.write({"__key__": f"s{i:02d}", "txt": b"x" * i})
+    dest = str(tmp_path / "out" / "re-%03d.tar")
+    (tmp_path / "out").mkdir()
+
+    @contextlib.contextmanager
+    def in_process(args):  # a cluster of threads in this process, so that the stop below reaches its worker
+        with distributed.Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None) as client:
+            yield client
+
+    close = jobrecord.HashingWriter.close
+
+    def stops_at_the_fourth(self):  # the job stops as the fourth output is published: three are finished
+        if self.name.endswith("re-003.tar"):
+            raise OSError("stopped here by the test")
+        close(self)
+
+    monkeypatch.setattr(shardtools, "_cluster", in_process)
+    monkeypatch.setattr(jobrecord.HashingWriter, "close", stops_at_the_fourth)
+    code, out, err = run(capsys, "reshard", source, dest, "--maxcount", "2", "--workers", "1")
+    assert code != 0 and "stopped here" in err, err
+    monkeypatch.setattr(jobrecord.HashingWriter, "close", close)
+    code, out, err = run(capsys, "reshard", source, dest, "--maxcount", "2", "--workers", "1", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["kept"] == 3 and summary["written"] == 2, summary

@@ -14,8 +14,10 @@ import hashlib
 import io
 import multiprocessing
 import os
+import queue
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import IO, Any, Optional, Union, cast
@@ -593,7 +595,7 @@ def _reshard_on_dask(args: argparse.Namespace, urls: list[str], compress: Union[
     (reading on into the next for the last), so every input is read at most three times whatever the cut."""
     from ..tools.dask import distributed_module, measure_shard, plan_outputs, reshard_part, sweep_partials
 
-    distributed = distributed_module()  # without the extra: at once, with the install line
+    distributed_module()  # without the extra: at once, with the install line
     record = _reshard_record(args, urls)
     result: dict[str, Any] = {"samples": 0, "shards": 0, "written": 0, "kept": 0}
     todo: list[int] = []
@@ -616,21 +618,55 @@ def _reshard_on_dask(args: argparse.Namespace, urls: list[str], compress: Union[
             record.begin()
             # a group's outputs end at most where the next group starts; its reader stops where they end
             ends = [start for start, _, _ in groups[1:]] + [len(urls) - 1]
+            # each output is recorded as it is published (its task tells it as an event), not when its whole task
+            # ends: a job stopped part-way keeps, on its rerun, every output it finished
+            told: queue.SimpleQueue = queue.SimpleQueue()
+            topic = f"wds-cloud-reshard-{uuid.uuid4().hex}"
+            client.subscribe_topic(topic, lambda event: told.put(event[1]))
+            recorded: set[str] = set()  # one name per output written: the record holds as much
+
+            def finished(output: dict) -> None:
+                if output["name"] in recorded:  # told by its event, then again by its task's result
+                    return
+                recorded.add(output["name"])
+                record.add(output["name"], output["size"], output["sha256"])
+                result["written"] += 1
+                record.save_soon()
+
             futures = [
-                client.submit(reshard_part, urls[start : end + 1], first, outputs, compress, pure=False, retries=2)
+                client.submit(
+                    reshard_part, urls[start : end + 1], first, outputs, compress, topic, pure=False, retries=2
+                )
                 for (start, first, outputs), end in zip(groups, ends)
                 if any(write for _, _, write in outputs)
             ]
-            for future in progress(distributed.as_completed(futures), len(futures), "reshard: write", unit="tasks"):
-                for output in future.result():
-                    record.add(output["name"], output["size"], output["sha256"])
-                    result["written"] += 1
-                record.save_soon()
+            for future in futures:
+                future.add_done_callback(told.put)
+            try:
+                for future in progress(
+                    _tasks_done(told, len(futures), finished), len(futures), "reshard: write", unit="tasks"
+                ):
+                    for output in future.result():
+                        finished(output)
+            finally:
+                client.unsubscribe_topic(topic)
     finally:
         record.flush()
         sweep_partials(args.dest, todo)
     result["kept"] = result["shards"] - result["written"]
     return _reshard_summary(args, record, result)
+
+
+def _tasks_done(told: queue.SimpleQueue, tasks: int, finished: Any) -> Iterator[Any]:
+    """The futures of ``tasks`` tasks as each ends, and on the way each output a task tells (a dict) handed to
+    ``finished``: both come through ``told``, in the order they happened."""
+    while tasks:
+        item = told.get()
+        if isinstance(item, dict):
+            finished(item)
+            continue
+        tasks -= 1
+        yield item
 
 
 def _convert_mmc4(args: argparse.Namespace) -> int:

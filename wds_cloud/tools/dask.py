@@ -22,7 +22,7 @@ every machine its scheduler reaches.
   and the name of a storage profile, never storage options: credentials reach the workers through their
   environment or the profiles file (``WDS_CLOUD_CONFIG``), which the scheduler and its dashboard never see.
 
-Needs the ``dask`` extra: ``pip install 'wds_cloud[dask]'``.
+Needs the ``dask`` extra: ``pip install 'wds_cloud[dask]' (in a clone: pip install -e '.[dask]')``.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ __all__ = [
     "INSTALL",
 ]
 
-INSTALL = "pip install 'wds_cloud[dask]'"
+INSTALL = "pip install 'wds_cloud[dask]' (in a clone: pip install -e '.[dask]')"
 
 log = logging.getLogger(__name__)
 
@@ -759,11 +759,23 @@ def plan_outputs(weights: Iterable[bytes], maxcount: int, maxsize: float) -> Ite
         yield OutputSpan(*span)
 
 
-def reshard_part(urls: list[str], first: int, outputs: list[tuple[str, int, bool]], compress: Any) -> list[dict]:
+def _tell(topic: str, output: dict) -> None:
+    """Tell the client, through the scheduler, that ``output`` is published (nothing outside a Dask worker)."""
+    try:
+        worker = distributed_module().get_worker()
+    except ValueError:  # not on a Dask worker: the result tells it
+        return
+    worker.log_event(topic, output)
+
+
+def reshard_part(
+    urls: list[str], first: int, outputs: list[tuple[str, int, bool]], compress: Any, topic: Optional[str] = None
+) -> list[dict]:
     """Write consecutive output shards of a reshard (on a worker): ``outputs`` are ``(name, samples, write)`` in
     order, filled from sample ``first`` of ``urls[0]`` on, through the inputs that follow; one marked not to
     write (kept by the job record) is read past.  Each is published whole.  Returns name, size and SHA-256 of
-    each written."""
+    each written; with ``topic``, each is also told as it is published (a Dask event of that topic), so that
+    the job's record keeps it even when the task or the job stops before its last output."""
     from ..compat import WebDataset
     from ..io.jobrecord import HashingWriter
     from ..io.open import gopen
@@ -794,6 +806,8 @@ def reshard_part(urls: list[str], first: int, outputs: list[tuple[str, int, bool
                 writer.close()
                 out.close()
                 done.append({"name": name, "size": out.count, "sha256": out.sha256.hexdigest(), "samples": count})
+                if topic is not None:
+                    _tell(topic, done[-1])
         except BaseException:
             if out is not None:
                 out.abort()
