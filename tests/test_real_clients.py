@@ -320,3 +320,15 @@ def test_webdataset_without_seed_draws_from_random_as_webdataset(tmp_path):
     random.seed(5)
     wds.WebDataset(urls, shardshuffle=False, seed=1)  # a seed given: nothing drawn
     assert random.random() == random.Random(5).random()
+
+
+def test_a_batch_of_samples_with_other_fields_names_them():
+    """Samples with different fields batched together are refused as webdataset refuses them, naming the sample,
+    both field sets and the fix (a bare KeyError: 'jpg' came out, and extra fields of later samples were dropped)."""
+    batch = wds.filters.default_collation_fn
+    with pytest.raises(SampleError, match=r"sample 1 .*'png'.*key 'b'.*'jpg'.*to_tuple"):
+        batch([{"__key__": "a", "jpg": 1}, {"__key__": "b", "png": 2}])
+    with pytest.raises(SampleError, match="sample 2"):
+        batch([{"a": 1}, {"a": 2}, {"a": 3, "b": 4}])
+    with pytest.raises(SampleError, match="1 values, the first has 2"):
+        batch([(1, 2), (3,)])

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import autodecode as ad
 from .autodecode import Decoder, refuse_if_unsafe
-from .errors import ConfigError, MissingExtraError, SecurityError
+from .errors import ConfigError, MissingExtraError, SampleError, SecurityError
 from .handlers import reraise_exception
 from .io.security import is_secure
 from .pytorch import TorchTensor
@@ -786,11 +786,37 @@ def default_collation_fn(samples: list, combine_tensors: bool = True, combine_sc
     first = samples[0]
     if isinstance(first, dict):
         keys = first.keys()
+        for i, sample in enumerate(samples):
+            if not (isinstance(sample, dict) and sample.keys() == keys):
+                _unlike(samples, i)
         return {k: _collate_column([s[k] for s in samples], combine_tensors, combine_scalars) for k in keys}
     if not isinstance(first, (list, tuple)):
         raise TypeError(f"default_collation_fn batches tuples, lists or dicts, not {type(first).__name__}")
+    width = len(first)
+    for i, sample in enumerate(samples):
+        if not (isinstance(sample, (list, tuple)) and len(sample) == width):
+            _unlike(samples, i)
     columns = list(zip(*samples))
     return tuple(_collate_column(list(c), combine_tensors, combine_scalars) for c in columns)
+
+
+def _unlike(samples: list, i: int) -> None:
+    """Refuse a batch whose sample ``i`` has other fields (or another length) than its first, as webdataset
+    refuses it ("keys don't match"), naming both and the fix."""
+
+    def fields(sample: Any) -> str:
+        if isinstance(sample, dict):
+            key = sample.get("__key__")
+            return f"{sorted(str(k) for k in sample)}" + (f" (key {key!r})" if isinstance(key, str) else "")
+        if isinstance(sample, (list, tuple)):
+            return f"{len(sample)} values"
+        return type(sample).__name__
+
+    raise SampleError(
+        f"batched: sample {i} of the batch has {fields(samples[i])}, the first has {fields(samples[0])}; the "
+        "samples of a batch need the same fields: pick them first (to_tuple(...), or rename/map_dict), or give "
+        "batched() a collation_fn of your own"
+    )
 
 
 def _collate_column(column: list, combine_tensors: bool, combine_scalars: bool) -> Any:
