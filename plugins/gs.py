@@ -9,6 +9,7 @@ URL with the same credentials.
 
 from __future__ import annotations
 
+import logging
 import urllib.parse
 from typing import Any, Optional
 
@@ -30,6 +31,8 @@ from wds_cloud.io import (
     raise_for_status,
 )
 
+log = logging.getLogger(__name__)
+
 REQUIRES = ("gcsfs",)
 CREDENTIALS_HINT = (
     "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file or run "
@@ -44,6 +47,25 @@ try:  # google-auth comes with gcsfs; without it no such error can arise
     _GOOGLE_CREDENTIAL_ERRORS: tuple = (DefaultCredentialsError, RefreshError)
 except ImportError:  # pragma: no cover - the gs extra is not installed
     _GOOGLE_CREDENTIAL_ERRORS = ()
+
+
+def _credentials_likely() -> bool:
+    """Whether Google credentials can be found without asking a metadata server: a key file named by
+    GOOGLE_APPLICATION_CREDENTIALS, a gcloud login, or this machine being a Google Cloud VM (read from its DMI
+    product name, a local file) whose metadata server gives them.  Read through google-auth's own look-ups."""
+    try:
+        from google.auth import _default
+        from google.auth.compute_engine import _metadata
+    except ImportError:  # a google-auth without them: gcsfs decides, as before
+        return True
+    try:
+        if _default._get_explicit_environ_credentials()[0] is not None:
+            return True
+        if _default._get_gcloud_sdk_credentials()[0] is not None:
+            return True
+    except Exception:  # a key file that is there but unreadable: gcsfs reads it and says what is wrong
+        return True
+    return bool(_metadata.detect_gce_residency_linux())
 
 
 def translate(exc: BaseException, url: str) -> BaseException:
@@ -78,7 +100,16 @@ class GCSBackend(FsspecBackend):
     def make_fs(self) -> Any:
         import gcsfs
 
-        return gcsfs.GCSFileSystem(skip_instance_cache=True, **self.storage_options)
+        options = dict(self.storage_options)
+        if options.get("token") is None and not _credentials_likely():
+            # gcsfs would ask the GCE metadata server next, with google-auth's retries and backoff: over a minute
+            # where no such server answers (most machines off Google Cloud) before it falls back to anonymous
+            # access; here that fallback comes at once, and says how to give credentials
+            log.warning(
+                "gs://: no Google credentials found; reading anonymously (public buckets only). %s", CREDENTIALS_HINT
+            )
+            options["token"] = "anon"
+        return gcsfs.GCSFileSystem(skip_instance_cache=True, **options)
 
     def version_of(self, info: dict) -> Optional[str]:
         return str(info.get("generation") or info.get("etag") or "") or None
@@ -136,6 +167,11 @@ class GCSBackend(FsspecBackend):
     def list(self, prefix: str) -> Any:
         self._check_credentials(prefix, once=True)
         return super().list(prefix)
+
+    def check_access(self, url: str) -> None:
+        """One request, no retries: whether GCS answers for the bucket of ``url`` and takes the credentials (what a
+        caller of the driver's own listing asks first: gcsfs retries a refused connection for about 90 s)."""
+        self._check_credentials(url, once=True)
 
     def _check_credentials(self, url: str, once: bool = False) -> None:
         """Ask whether the store accepts the credentials for the bucket of ``url`` (``once``: only the first time

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 
@@ -277,3 +278,28 @@ def test_a_reshard_on_dask_stopped_part_way_keeps_what_it_finished(tmp_path, mon
     assert code == 0, err
     summary = json.loads(out)
     assert summary["kept"] == 3 and summary["written"] == 2, summary
+
+
+def test_gs_without_credentials_fails_at_once_and_says_how_to_give_them(tmp_path, monkeypatch, capsys, caplog):
+    """F7: `ls --json gs://b/` without credentials asked the GCE metadata server (over a minute of retries), then
+    retried a refused endpoint for 90 s: no JSON.  Now: anonymous at once, said with how to give credentials, and
+    one request to the endpoint, whose refusal is the JSON error."""
+    pytest.importorskip("gcsfs")
+    import socket
+
+    with socket.socket() as sock:  # a loopback port nothing listens on: connections to it are refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text(f'["gs://"]\nendpoint_url = "http://127.0.0.1:{port}"\n')
+    monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profiles))
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud"))
+    from google.auth.compute_engine import _metadata
+
+    monkeypatch.setattr(_metadata, "detect_gce_residency_linux", lambda: False)  # not a Google Cloud VM
+    caplog.set_level(logging.WARNING)
+    code, out, err = run(capsys, "ls", "--json", "gs://b/")
+    assert code == 1 and "connection refused" in json.loads(out)["error"], out
+    said = [r.getMessage() for r in caplog.records if "no Google credentials found" in r.getMessage()]
+    assert said and "GOOGLE_APPLICATION_CREDENTIALS" in said[0] and 'token = "anon"' in said[0], said

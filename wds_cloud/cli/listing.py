@@ -121,6 +121,9 @@ def _store_entries(url: str) -> list[Entry]:
     scheme = split_scheme(url)[0]
     if fs is None:
         return _plugin_entries(backend, url, scheme)
+    check = getattr(backend, "check_access", None)
+    if check is not None:  # one request first: a driver's listing may retry an endpoint that refuses for minutes
+        check(url)
     bucket, _, key = split_scheme(url)[1].lstrip("/").partition("/")
     prefix = key if not key or key.endswith("/") else key + "/"
     path = backend.path(url).rstrip("/")
