@@ -34,10 +34,10 @@ _ANY_SHARD = re.compile(r".*\.(?:tar|tgz|tar\.(?:gz|bz2|xz|zst|lz4))", re.S)
 MAX_SPECS = 20
 #: shards outside every spec named at most; more are counted
 MAX_OUTSIDE = 10
-#: characters a brace spec would read as its own (a name holding one is named as it is, not in a spec)
-_BRACE = re.compile(r"[{}\[\]*?]")
 #: what a line of text cannot show as it is: control characters (a newline would start a false entry)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: characters a brace spec reads as its own, and control characters: a name holding one is in no spec
+_ODD = re.compile(r"[{}\[\]*?\x00-\x1f\x7f]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,6 +229,7 @@ class _Specs:
 
     def __init__(self, base: str) -> None:
         self.base = base
+        self.usable = _ODD.search(base) is None  # a base a spec cannot carry as it is: no spec at all
         self.specs: list[str] = []
         self.more = 0
         self.beyond = 0  # shards in the runs counted in ``more`` (no spec of theirs is printed)
@@ -237,7 +238,7 @@ class _Specs:
     def add(self, name: str) -> bool:
         """Take ``name`` into a run; whether it is in one (a name a spec cannot carry as it is, is not)."""
         match = _SHARD.fullmatch(name)
-        if match is None or _BRACE.search(self.base + name) or _CONTROL.search(name):
+        if match is None or not self.usable or _ODD.search(name):
             return False
         head, number, tail = match.group("head", "number", "tail")
         run = self.run
@@ -296,12 +297,12 @@ def list_folder(url: str, as_json: bool, out: Any = None) -> None:
                         unspecified.append(entry.name)
         if as_json:
             row = {"name": shown(entry.name), "size": entry.size, "kind": "folder" if entry.size is None else "object"}
-            note = _misleading(entry.name)
+            note = _misleading(entry.name) if entry.size is None else None
             if note:
                 row["note"] = note
             out.write(("," if n else "") + "\n " + json.dumps(row))
         else:
-            note = _misleading(entry.name)
+            note = _misleading(entry.name) if entry.size is None else None
             out.write(
                 ("       DIR" if entry.size is None else f"{entry.size:>10}")
                 + f"  {_printed(entry.name)}"
@@ -347,6 +348,8 @@ def list_folder(url: str, as_json: bool, out: Any = None) -> None:
 def _printed(name: str) -> str:
     """``name`` as a line of text shows it: as the CLI shows names (:func:`shown`), control characters escaped
     (``\\n``), so that a name never starts a line that looks like an entry of its own."""
+    if name.isprintable():  # most names: nothing to escape (a lone surrogate or a control character is not)
+        return name
     name = shown(name)
     if _CONTROL.search(name):
         name = _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), name)
