@@ -649,6 +649,13 @@ def _reshard_on_dask(args: argparse.Namespace, urls: list[str], compress: Union[
                     for output in future.result():
                         finished(output)
             finally:
+                while True:  # what tasks told before the job stopped (a failed task's finished outputs among it)
+                    try:
+                        item = told.get_nowait()
+                    except queue.Empty:
+                        break
+                    if isinstance(item, dict):
+                        finished(item)
                 client.unsubscribe_topic(topic)
     finally:
         record.flush()
