@@ -185,7 +185,7 @@ def gopen(
             if mode in _READ_MODES and (offset or length is not None):
                 # an opener assigned in gopen_schemes reads from the start: the range is taken here
                 return cast(IO[bytes], _ranged(stream, offset, length))
-            return cast(IO[bytes], stream)
+            return stream
         if is_local(url) and is_secure(settings):
             raise SecurityError(
                 f"refusing to open the local file {redact(url)!r}: local paths and file: URLs are not allowed "
