@@ -69,7 +69,10 @@ def test_unknown_scheme_names_the_extras_of_unready_schemes(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "s3fs", None)
-    with pytest.raises(UnknownSchemeError, match=r"s3: \(needs pip install 'wds_cloud\[s3\]'\)"):
+    with pytest.raises(
+        UnknownSchemeError,
+        match=r"s3: \(needs pip install 'wds_cloud\[s3\]' \(in a clone: pip install -e '\.\[s3\]'\)\)",
+    ):
         gopen("foo://bucket/x.tar")
 
 
