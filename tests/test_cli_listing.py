@@ -303,3 +303,23 @@ def test_gs_without_credentials_fails_at_once_and_says_how_to_give_them(tmp_path
     assert code == 1 and "connection refused" in json.loads(out)["error"], out
     said = [r.getMessage() for r in caplog.records if "no Google credentials found" in r.getMessage()]
     assert said and "GOOGLE_APPLICATION_CREDENTIALS" in said[0] and 'token = "anon"' in said[0], said
+
+
+def test_stat_of_several_shards_reports_each_and_the_one_that_failed(tmp_path, capsys):
+    """`stat 'train-{0098..0100}.tar'` with 0100 missing: the two that exist are reported, the missing one is
+    named with its error, and the exit code says a shard could not be read (it printed only the error)."""
+    import json as _json
+
+    from wds_cloud.cli import main as cli_main
+
+    from .test_resume import write_shards
+
+    write_shards(tmp_path, [3, 4])
+    spec = str(tmp_path / "p{00..02}.tar")
+    assert cli_main(["stat", "--json", spec]) == 1
+    out = _json.loads(capsys.readouterr().out)
+    assert out["total"]["shards"] == 2 and out["total"]["samples"] == 7 and out["total"]["failed"] == 1
+    assert out["failed"][0]["url"].endswith("p02.tar")
+    assert cli_main(["stat", spec]) == 1
+    text = capsys.readouterr().out
+    assert "p02.tar: could not be read" in text and "1 could not be read" in text

@@ -228,15 +228,29 @@ def _stat_one(url: str) -> dict:
     }
 
 
+def _stat_or_error(url: str) -> Any:
+    """One shard's row, or the error that kept it from being read (reported beside the others' rows)."""
+    try:
+        return _stat_one(url)
+    except (OSError, ValueError) as error:  # ours are rooted in these: a missing, unreadable or damaged shard
+        return error
+
+
 def _stat(args: argparse.Namespace) -> int:
     urls = _urls(args.spec)
     with ThreadPoolExecutor(max_workers=_jobs(args, urls)) as pool:
-        rows = list(progress(pool.map(_stat_one, urls), len(urls), "stat"))
+        results = list(progress(pool.map(_stat_or_error, urls), len(urls), "stat"))
+    errors = [(url, r) for url, r in zip(urls, results) if isinstance(r, BaseException)]
+    if errors and len(urls) == 1:
+        raise errors[0][1]  # one shard named: its error is the command's, as before
+    rows = [r for r in results if not isinstance(r, BaseException)]
+    failed = [{"url": redact(url), "error": for_cli(str(error))} for url, error in errors]
     total = {
         "shards": len(rows),
         "samples": sum(r["samples"] for r in rows),
         "bytes": sum(r["size"] or 0 for r in rows),
         "shards_indexed": sum(r["index"] for r in rows),
+        "failed": len(failed),
     }
 
     def text(data: dict) -> str:
@@ -248,14 +262,20 @@ def _stat(args: argparse.Namespace) -> int:
             )
             for ext, f in sorted(r["fields"].items()):
                 lines.append(f"  {ext:<12} {f['count']:>8} fields {f['bytes']:>14} bytes")
+        for f in data["failed"]:
+            lines.append(f"{f['url']}: could not be read: {f['error']}")
         t = data["total"]
         lines.append(
             f"total: {t['shards']} shards, {t['samples']} samples, {t['bytes']} bytes, {t['shards_indexed']} indexed"
+            + (f"; {t['failed']} could not be read" if t["failed"] else "")
         )
         return "\n".join(lines)
 
-    emit(args, {"shards": rows, "total": total}, text)
-    return EXIT_OK
+    result: dict = {"shards": rows, "failed": failed, "total": total}
+    if failed:  # the shape every command's --json takes when it fails
+        result = {"ok": False, "error": f"{len(failed)} of {len(urls)} shards could not be read", **result}
+    emit(args, result, text)
+    return EXIT_PROBLEM if failed else EXIT_OK
 
 
 # index
