@@ -323,3 +323,14 @@ def test_stat_of_several_shards_reports_each_and_the_one_that_failed(tmp_path, c
     assert cli_main(["stat", spec]) == 1
     text = capsys.readouterr().out
     assert "p02.tar: could not be read" in text and "1 could not be read" in text
+
+
+def test_the_reading_commands_help_says_their_own_exit_codes(capsys):
+    """ls, cat and stat have no job or destination: their --help does not speak of recorded flags."""
+    from wds_cloud.cli import main as cli_main
+
+    for command in ("ls", "cat", "stat"):
+        with pytest.raises(SystemExit):
+            cli_main([command, "--help"])
+        text = capsys.readouterr().out
+        assert "exit codes: 0 done" in text and "recorded at the destination" not in text, command

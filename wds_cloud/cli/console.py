@@ -30,6 +30,7 @@ __all__ = [
     "EXIT_PROBLEM",
     "EXIT_USAGE",
     "EXIT_CODES",
+    "READ_EXIT_CODES",
     "progress",
     "emit",
     "shown",
@@ -41,6 +42,11 @@ EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 EXIT_CODES = (
     "exit codes: 0 done (every shard passed), 1 a shard could not be read or failed a check, 2 bad arguments "
     "(a flag, a WDS_* environment variable, or flags other than those recorded at the destination)"
+)
+#: the same for the commands that only read (no job, no destination)
+READ_EXIT_CODES = (
+    "exit codes: 0 done, 1 a shard or object could not be read, 2 bad arguments (a flag or a WDS_* environment "
+    "variable)"
 )
 
 

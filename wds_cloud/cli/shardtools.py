@@ -33,7 +33,7 @@ from ..io.open import check_schemes, gopen
 from ..io.urls import is_local
 from ..shardlists import expand_urls
 from . import flags
-from .console import EXIT_CODES, EXIT_OK, EXIT_PROBLEM, UsageError, emit, for_cli, progress, shown
+from .console import EXIT_CODES, EXIT_OK, EXIT_PROBLEM, READ_EXIT_CODES, UsageError, emit, for_cli, progress, shown
 from .flags import MAX_PARALLEL, count, output_pattern, scheduler, text
 from .listing import is_folder, list_folder
 
@@ -787,7 +787,7 @@ def add_parsers(commands: Any) -> None:
             name,
             help=help,
             description=help[0].upper() + help[1:] + ".",
-            epilog=f"example:\n  {example}\n\n{EXIT_CODES}",
+            epilog=f"example:\n  {example}\n\n{READ_EXIT_CODES if name in ('ls', 'cat', 'stat') else EXIT_CODES}",
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         if json:
