@@ -97,28 +97,36 @@ def test_an_http_folder_without_an_index_page_says_http_has_no_listing(capsys):
     assert code == 2 and "has no listing" in err and "/data/" in err and "brace spec" in err, err
 
 
-@pytest.fixture
-def s3_prefix(moto_endpoint, tmp_path, monkeypatch):  # noqa: F811
+def moto_bucket(endpoint, tmp_path, monkeypatch, name, keys, scope=""):
+    """A fresh bucket on the moto server holding ``keys`` ({key: body}), and a profile (for ``s3://`` URLs
+    under ``scope``, or all) pointing wds_cloud at it; (bucket, boto3 client)."""
     boto3 = pytest.importorskip("boto3")
-    bucket = unique("ls")
+    bucket = unique(name)
     client = boto3.client(
         "s3",
-        endpoint_url=moto_endpoint,
+        endpoint_url=endpoint,
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
         region_name="us-east-1",
     )
     client.create_bucket(Bucket=bucket)
-    for s in range(12):
-        client.put_object(Bucket=bucket, Key=f"train/part-{s:03d}.tar", Body=b"t" * (s + 1))
-    client.put_object(Bucket=bucket, Key="train/deep/x.tar", Body=b"x")
+    for key, body in keys.items():
+        client.put_object(Bucket=bucket, Key=key, Body=body)
     profiles = tmp_path / "profiles.toml"
+    where = f"{bucket}/" if scope == "bucket" else ""
     profiles.write_text(
-        f'["s3://{bucket}/"]\nendpoint_url = "{moto_endpoint}"\nkey = "testing"\n'
+        f'["s3://{where}"]\nendpoint_url = "{endpoint}"\nkey = "testing"\n'
         'secret = "testing"\nclient_kwargs = {region_name = "us-east-1"}\n'
     )
     monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profiles))
-    return bucket
+    return bucket, client
+
+
+@pytest.fixture
+def s3_prefix(moto_endpoint, tmp_path, monkeypatch):  # noqa: F811
+    keys = {f"train/part-{s:03d}.tar": b"t" * (s + 1) for s in range(12)}
+    keys["train/deep/x.tar"] = b"x"
+    return moto_bucket(moto_endpoint, tmp_path, monkeypatch, "ls", keys, scope="bucket")[0]
 
 
 def test_an_s3_prefix_is_listed(s3_prefix, capsys):
@@ -174,25 +182,8 @@ def test_the_environment_table_never_breaks_a_name():
 
 @pytest.fixture
 def s3_odd_keys(moto_endpoint, tmp_path, monkeypatch):  # noqa: F811
-    boto3 = pytest.importorskip("boto3")
-    bucket = unique("odd")
-    client = boto3.client(
-        "s3",
-        endpoint_url=moto_endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
-    client.create_bucket(Bucket=bucket)
-    for key in ("train/s-0000.tar", "train/s-0001.tar", "train//dbl.tar", "train/../esc.tar", "train//s-0007.tar"):
-        client.put_object(Bucket=bucket, Key=key, Body=b"x")
-    profiles = tmp_path / "profiles.toml"
-    profiles.write_text(
-        f'["s3://"]\nendpoint_url = "{moto_endpoint}"\nkey = "testing"\n'
-        'secret = "testing"\nclient_kwargs = {region_name = "us-east-1"}\n'
-    )
-    monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profiles))
-    return bucket, client
+    keys = ("train/s-0000.tar", "train/s-0001.tar", "train//dbl.tar", "train/../esc.tar", "train//s-0007.tar")
+    return moto_bucket(moto_endpoint, tmp_path, monkeypatch, "odd", {key: b"x" for key in keys})
 
 
 def test_s3_keys_with_empty_and_dot_segments_are_listed_as_the_store_has_them(s3_odd_keys, capsys):
