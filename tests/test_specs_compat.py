@@ -46,10 +46,10 @@ def test_resample_draws_that_many_shards_with_replacement(mm):
 def test_choose_draws_without_replacement(mm, key):
     """choose: N (and our perepoch: N) gives N different shards of the source every epoch."""
     spec = {"prefix": mm, "datasets": [{"name": "a", "shards": "mm_{0..3}.tar", key: 3}]}
-    m = wds.MultiShardSample(spec)
+    pipeline = wds.DataPipeline(wds.MultiShardSample(spec))
     seen = set()
-    for _ in range(30):
-        names = shard_names(wds.DataPipeline(m))
+    for _ in range(30):  # 30 epochs of one pipeline (a new pipeline around the same list starts at epoch 0)
+        names = shard_names(pipeline)
         assert len(names) == 3 and len(set(names)) == 3, names
         seen.add(tuple(sorted(names)))
     assert len(seen) > 1  # another choice in another epoch

@@ -14,7 +14,6 @@ never per sample (see :mod:`wds_cloud.resume.protocol` for how a stage takes par
 
 from __future__ import annotations
 
-import copy
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
@@ -27,7 +26,7 @@ from .resume import share_out, wiring
 from .resume.arguments import as_count
 from .resume.pipeline_state import PipelineResume, StageKinds, refused
 from .resume.protocol import SampleSource
-from .stages import PipelineStage
+from .stages import PipelineStage, for_pipeline
 
 __all__ = ["DataPipeline", "add_length_method"]
 
@@ -59,9 +58,9 @@ class DataPipeline(IterableDataset, PipelineStage):
             if arg is None:
                 continue
             if isinstance(arg, list):
-                self.pipeline.extend(arg)
+                self.pipeline.extend(for_pipeline(stage) for stage in arg)
             else:
-                self.pipeline.append(arg)
+                self.pipeline.append(for_pipeline(arg))
 
     def close(self) -> None:
         """Drop references to the stages (and what they hold open)."""
@@ -150,9 +149,12 @@ class DataPipeline(IterableDataset, PipelineStage):
                 break
         progress[3] = True
 
-    # pickling (spawn-started DataLoader workers)
+    # pickling (spawn-started DataLoader workers), copying, and a pipeline put in another one as a stage
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
+        # the stages drop their passes (see wds_cloud.stages.PassHolder): so does the pipeline, whose progress
+        # counts the items of its pass (a loaded state waiting for the next pass is kept)
+        state["_progress"] = [0, 0, True, False]
         # A spawned worker has no process group: it learns this rank from the pickle.
         state["_dist_hint"] = utils.torch_distributed()
         return state
@@ -266,6 +268,24 @@ class DataPipeline(IterableDataset, PipelineStage):
         """Give a copy of a pipeline (:meth:`compose`) a resume side of its own, starting as the original's."""
         self._resumer = self._resumer.copy()
 
+    def for_pipeline(self) -> DataPipeline:
+        """This pipeline as a stage of another one: a copy with stages and a resume side of its own and no pass
+        (see :class:`wds_cloud.stages.PassHolder`), so that two pipelines sharing it never share a pass."""
+        return self.compose()
+
+    def __copy__(self) -> DataPipeline:
+        # copy.copy(dataset): a dataset whose passes are its own, as a deep copy's are (only cheaper)
+        return self.compose()
+
+    def _stages_copied(self, copies: dict) -> None:
+        """Called on a copy (:meth:`compose`) once each stage that keeps pass state was copied: ``copies`` maps
+        ``id()`` of the original's stages to the copy's.  A subclass that keeps references to its stages, or
+        gave them callables bound to itself, points them at the copy's here."""
+        for name, value in list(self.__dict__.items()):
+            made = copies.get(id(value))
+            if made is not None:
+                self.__dict__[name] = made
+
     def enable_length(self) -> None:
         """Make ``len()`` answer ``size`` (what :func:`add_length_method` and :meth:`with_length` do)."""
         self._has_length = True
@@ -279,13 +299,26 @@ class DataPipeline(IterableDataset, PipelineStage):
         return self.pipeline[i]
 
     def append(self, f: Callable) -> None:
-        self.pipeline.append(f)
+        """Add a stage (a stage that keeps pass state is added as a copy of this pipeline's own: see
+        :class:`wds_cloud.stages.PassHolder`)."""
+        self.pipeline.append(for_pipeline(f))
 
     def compose(self, *args: Callable) -> DataPipeline:
-        """A copy of this pipeline with ``args`` appended (fluent methods return new objects)."""
-        result = copy.copy(self)
-        result.pipeline = list(self.pipeline)
+        """A copy of this pipeline with ``args`` appended (fluent methods return new objects); the copy has its
+        own copies of the stages that keep pass state, so the original and the copy never share a pass."""
+        result = type(self).__new__(type(self))
+        result.__setstate__(self.__getstate__())  # as a pickle would carry it: no pass
+        copies = {}
+        stages = []
+        for stage in self.pipeline:
+            made = for_pipeline(stage)
+            if made is not stage:
+                copies[id(stage)] = made
+            stages.append(made)
+        result.pipeline = stages
         result._own_resumer()
+        if copies:
+            result._stages_copied(copies)
         for arg in args:
             result.append(arg)
         return result

@@ -31,7 +31,7 @@ from .io.security import UntrustedURL, resolve, resolve_base
 from .pytorch import IterableDataset
 from .resume.elastic import shard_order
 from .resume.state import check_same, expect
-from .stages import PipelineStage, pipelinefilter
+from .stages import PassHolder, PipelineStage, pipelinefilter
 from .utils import is_iterable, obsolete
 
 __all__ = [
@@ -401,12 +401,17 @@ class _EpochClock:
         return epoch
 
 
-class _Epochs:
+class _Epochs(PassHolder):
     """Epoch bookkeeping of shard lists: ``set_epoch(n)`` fixes the next pass, else each pass advances.
 
     In DataLoader workers started afresh for every epoch, the pass count comes from an
     :class:`_EpochClock` shared with the main process, so the epoch advances there too.
+    A pipeline holds a copy of its own (see :class:`~wds_cloud.stages.PassHolder`): its epochs count its own
+    passes, and an elastic resume's share waits in it.
     """
+
+    PASS_FIELDS = {"_current": None}
+    COPIED_FIELDS = ("_assigned",)
 
     epoch = -1
     _epoch_set = False
@@ -490,10 +495,10 @@ class _Epochs:
         return {"epoch": self.epoch if self._epoch_set else self.epoch + 1, "config": self._config()}
 
     def load_state_dict(self, state: dict) -> None:
-        expect(state, "shard list", dict, epoch=int, config=dict)
+        expect(state, "shard list", dict, epoch=(int, lambda v: v >= -1), config=dict)
         check_same("shard list", state.get("config") or {}, self._config())
-        if state.get("epoch", -1) >= 0:
-            self.set_epoch(state["epoch"])
+        # -1: taken before any pass, so the pass it starts is the first (epoch 0), whatever passes this list ran
+        self.set_epoch(max(state["epoch"], 0))
 
 
 class SimpleShardList(_Epochs, PipelineStage):

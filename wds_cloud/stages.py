@@ -9,11 +9,68 @@ spawn-started DataLoader workers.
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
-__all__ = ["PipelineStage", "FilterFunction", "RestCurried", "pipelinefilter", "compose", "pipeline"]
+__all__ = [
+    "PipelineStage",
+    "PassHolder",
+    "for_pipeline",
+    "FilterFunction",
+    "RestCurried",
+    "pipelinefilter",
+    "compose",
+    "pipeline",
+]
+
+
+class PassHolder:
+    """What a stateful stage declares so that it stays a recipe: which of its fields belong to a pass.
+
+    A stage object can be put in any number of pipelines, pickled, copied and sent to a worker at any time.
+    So a :class:`~wds_cloud.pipeline.DataPipeline` never runs the object it is given: it runs a copy of its own
+    (:func:`for_pipeline`), and what a pass holds and what waits for the next one live in that copy, never in
+    the object the user holds (two pipelines sharing a reader each read their own shards, and each one's
+    ``state_dict()`` describes its own pass).
+
+    ``PASS_FIELDS``: what a live pass holds (a cursor, a buffer, open files and mappings, the source a shuffle
+    reads places from), as ``{name: value with no pass}`` (a callable is called for a fresh one).  Every copy
+    and every pickle starts with no pass: a pass's state travels only through ``state_dict()``.
+    ``COPIED_FIELDS``: what each copy must have a copy of its own of (shallow): what waits for the next pass (a
+    loaded state, a replay), counters of its passes; a copy's loading never changes the original's.
+    """
+
+    PASS_FIELDS: ClassVar[dict] = {}
+    COPIED_FIELDS: ClassVar[tuple] = ()
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for name, empty in self.PASS_FIELDS.items():
+            if name in state:
+                state[name] = empty() if callable(empty) else empty
+        for name in self.COPIED_FIELDS:
+            value = state.get(name)
+            if value is not None:
+                state[name] = copy.copy(value)
+        return state
+
+    def for_pipeline(self) -> Any:
+        """This stage as one pipeline holds it: a copy with no pass (what waits for the next pass is copied)."""
+        made = type(self).__new__(type(self))
+        made.__dict__.update(self.__getstate__())
+        return made
+
+    def __copy__(self) -> Any:
+        return self.for_pipeline()
+
+
+def for_pipeline(stage: Any) -> Any:
+    """``stage`` as a pipeline holds it: its own copy where the stage keeps pass state (:class:`PassHolder`, or
+    any object with ``for_pipeline()``), else the stage itself (a function, a filter, a user's object)."""
+    make = getattr(stage, "for_pipeline", None)
+    return make() if callable(make) else stage
 
 
 class PipelineStage:

@@ -29,7 +29,7 @@ from ..pipeline import DataPipeline
 from ..resume.arguments import as_count, as_seed, as_size, is_flag
 from ..resume.state import expect
 from ..resume.streams import Streams
-from ..stages import PipelineStage
+from ..stages import PassHolder, PipelineStage
 from ..tar.shardreader import TarSamples
 from .fluid import FluidInterface
 from .options import ReadOptions
@@ -39,11 +39,12 @@ __all__ = ["WebDataset", "MixedDataset", "from_spec", "check_empty", "CheckEmpty
 log = logging.getLogger(__name__)
 
 
-class CheckEmpty(PipelineStage):
+class CheckEmpty(PassHolder, PipelineStage):
     """:func:`check_empty` as a resumable stage: a resumed pass that yields nothing is not an error."""
 
     #: every sample it is given comes out, unchanged and in order (a state's sample counts see through it)
     passes_every_sample = True
+    PASS_FIELDS = {"_seen": lambda: [False]}
 
     def __init__(self) -> None:
         self._seen = [False]
@@ -269,8 +270,8 @@ class WebDataset(DataPipeline, FluidInterface):
         cache_size = as_size("cache_size", cache_size, least=-1)
         cache_size = config.parse_size("cache_size", cache_size) if cache_size not in (None, -1) else -1
 
-        self._shards = self._url_source(urls, mode, bool(shardshuffle))
-        self.append(self._shards)
+        self.append(self._url_source(urls, mode, bool(shardshuffle)))
+        self._shards = self.pipeline[-1]  # the pipeline's own copy (see wds_cloud.stages.PassHolder)
         if streams is not None and not isinstance(self._shards, shardlists.SimpleShardList):
             raise ConfigError(
                 f"streams={streams!r} needs a fixed list of shards (not resampled=True, a webdataset "
@@ -338,12 +339,15 @@ class WebDataset(DataPipeline, FluidInterface):
         )
         self._streams: Optional[Streams] = None
         if streams is not None:
-            self._streams = Streams(
-                streams, [self._reader], DataPipeline, self._stream_limit if self.equal_work is not None else None
+            self.append(
+                Streams(
+                    streams, [self._reader], DataPipeline, self._stream_limit if self.equal_work is not None else None
+                )
             )
-            self.append(self._streams)
+            self._streams = self.pipeline[-1]
         else:
             self.append(self._reader)
+            self._reader = self.pipeline[-1]
         if empty_check:
             self.append(CheckEmpty())
         if repeat:
@@ -374,14 +378,24 @@ class WebDataset(DataPipeline, FluidInterface):
     def compose(self, *args: Callable) -> Any:
         """A copy with ``args`` appended; with ``streams=``, appended inside every stream (each stream has its own
         shuffle buffer and stages, see :mod:`wds_cloud.resume.streams`)."""
-        streams = self.__dict__.get("_streams")
-        if streams is None:
+        if self.__dict__.get("_streams") is None:
             return super().compose(*args)
         result = super().compose()
+        streams = result.__dict__["_streams"]  # the copy's own
         extended = streams.extended(args)
         result.__dict__["_streams"] = extended
         result.pipeline = [extended if stage is streams else stage for stage in result.pipeline]
         return result
+
+    def _stages_copied(self, copies: dict) -> None:
+        # the copy's reader (or streams) counts equal_work against the copy's shard list, whose epoch is its own
+        super()._stages_copied(copies)
+        if self.__dict__.get("equal_work") is None:  # (a MixedDataset has none)
+            return
+        if self._streams is not None:
+            self._streams.limit_for = self._stream_limit
+        elif self._reader is not None:
+            self._reader.set_limit(self._equal_limit)
 
     def _stream_limit(self, stream: int) -> Callable[[], int]:
         """The ``equal_work`` limit of one stream's reader: with ``streams=``, every stream yields as many."""
@@ -587,16 +601,22 @@ class MixedDataset(WebDataset):
             if source.shuffle:
                 ds = ds.shuffle(source.shuffle, seed=utils.make_seed(base_seed, "shuffle", source.name))
             datasets.append(ds)
-        self.sources = datasets
-        self._mix = MixSource(
-            [s.name for s in spec.sources],
-            datasets,
-            [s.weight for s in spec.sources],
-            [s.resampled for s in spec.sources],
-            base_seed,
-            spec.samples_per_epoch,
+        self.append(
+            MixSource(
+                [s.name for s in spec.sources],
+                datasets,
+                [s.weight for s in spec.sources],
+                [s.resampled for s in spec.sources],
+                base_seed,
+                spec.samples_per_epoch,
+            )
         )
-        self.append(self._mix)
+        self._mix = self.pipeline[-1]  # the pipeline's own copy (see wds_cloud.stages.PassHolder)
+
+    @property
+    def sources(self) -> list:
+        """The dataset of each source, in the spec's order (those this pipeline's mix draws from)."""
+        return self._mix.datasets
 
     @property
     def stats(self) -> Any:

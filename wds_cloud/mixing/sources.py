@@ -28,7 +28,7 @@ from ..io.datafile import shown
 from ..resume.arguments import as_count, as_seed, as_weights
 from ..resume.rng import MAX_COUNT, CountedRandom
 from ..resume.state import SEAL, check_seal, refuse_unknown, seal
-from ..stages import PipelineStage
+from ..stages import PassHolder, PipelineStage, for_pipeline
 from ..utils import make_seed, pytorch_worker_info
 
 __all__ = ["MixSource", "MixStats", "ReplayedSources", "STATE_FORMAT"]
@@ -105,13 +105,24 @@ class _Pass:
         return sum(self.taken) + self.misses
 
 
-class ReplayedSources:
+class ReplayedSources(PassHolder):
     """The sample-source role of a stage that mixes datasets (:class:`MixSource`, :class:`~wds_cloud.mix.RandomMix`):
     a sample shuffle after the mix records where each sample came from through ``cursor`` (the cursor of
     the reader of the source drawn last, its shard refs made unique over the sources), and gets its buffer
     back through ``set_replay`` (each source's reader fetches its own samples again, and the mix yields them
     in buffer order, from ``_replay``, before drawing on).  The class sets ``datasets``, ``_cursor = None``,
-    ``_replay = None``, and calls ``_replayed`` at the start of each pass."""
+    ``_replay = None``, and calls ``_replayed`` at the start of each pass.
+
+    A pipeline holds a copy of its own, with copies of the datasets (see :class:`~wds_cloud.stages.PassHolder`):
+    a mix put in two pipelines never shares a pass, its own or a source's."""
+
+    PASS_FIELDS = {"_live": None, "_cursor": None}
+    COPIED_FIELDS = ("_resume", "_replay", "_elastic", "stats")
+
+    def for_pipeline(self) -> Any:
+        made = super().for_pipeline()
+        made.datasets = [for_pipeline(ds) for ds in self.datasets]
+        return made
 
     datasets: list
     names: list

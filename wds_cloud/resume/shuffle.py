@@ -19,7 +19,7 @@ from typing import Any, Optional
 from .. import config
 from ..errors import StateMismatchError
 from ..io.datafile import MAX_SHARD_BLOCKS, shown
-from ..stages import PipelineStage
+from ..stages import PassHolder, PipelineStage
 from ..utils import make_seed
 from .arguments import as_count, as_seed, is_seed
 from .rng import MAX_COUNT, CountedRandom
@@ -48,7 +48,7 @@ class _ShuffleRun:
         self.urls_list: Optional[list] = None  # ``urls`` as the state lists them, kept while unchanged
 
 
-class Shuffle(PipelineStage):
+class Shuffle(PassHolder, PipelineStage):
     """Shuffle through a buffer of ``bufsize`` samples, starting once ``initial`` are buffered.
 
     Resumable: when a shard reader feeds it (``source``, wired by ``DataPipeline``),
@@ -59,7 +59,13 @@ class Shuffle(PipelineStage):
     its state is then saved whole.  Without ``seed`` or ``rng`` each pass draws
     a fresh seed.  ``epoch_seeded=True`` (``detshuffle``) seeds each pass from
     (``seed``, epoch).
+
+    A pipeline runs a copy of its own (see :class:`~wds_cloud.stages.PassHolder`): the buffer and the source
+    it reads places from belong to the pass, a loaded state to the copy.
     """
+
+    PASS_FIELDS = {"source": None, "_live": None}
+    COPIED_FIELDS = ("_resume",)
 
     def __init__(
         self,

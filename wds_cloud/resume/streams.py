@@ -22,7 +22,7 @@ from typing import Any, Optional
 from .. import utils
 from ..errors import ConfigError, StateMismatchError
 from ..io.datafile import shown
-from ..stages import PipelineStage
+from ..stages import PassHolder, PipelineStage
 from .state import expect
 
 __all__ = ["Streams", "STREAMS_KIND"]
@@ -42,12 +42,16 @@ class _StreamShards(PipelineStage):
         return iter(self.items)
 
 
-class Streams(PipelineStage):
+class Streams(PassHolder, PipelineStage):
     """``count`` virtual streams, each a pipeline of ``template`` stages over its share of the epoch's shards.
 
     ``pipeline``: makes a pipeline from its stages (``DataPipeline``); ``limit_for(stream)`` gives a stream
-    reader's ``limit`` (``equal_work`` counts per stream), or None.
+    reader's ``limit`` (``equal_work`` counts per stream), or None.  A pipeline holds a copy of its own (see
+    :class:`~wds_cloud.stages.PassHolder`): the streams' pipelines belong to its passes.
     """
+
+    PASS_FIELDS = {"_pipelines": dict, "_owned": list, "_slot": None, "_next": 0}
+    COPIED_FIELDS = ("_resume", "_merged")
 
     def __init__(
         self, count: int, template: list, pipeline: Callable[..., Any], limit_for: Optional[Callable[[int], Any]] = None

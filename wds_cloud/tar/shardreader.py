@@ -21,6 +21,7 @@ from ..handlers import reraise_exception
 from ..io.open import gopen
 from ..io.parallel import Fetcher
 from ..resume.reader_state import ReaderCursor, ReaderResume, check_resumed_shard
+from ..stages import PassHolder
 from .reader import TarMembers
 from .samples import SKIP_META, Barren, close_quietly, key_rule, member_filter, sample_limit, shard_samples
 
@@ -59,7 +60,7 @@ def tarfile_samples(
     ).run(src)
 
 
-class TarSamples:
+class TarSamples(PassHolder):
     """The shard reader stage: ``{"url": ...}`` items in, samples out; resumable mid-shard.
 
     ``opener`` opens a shard: a callable ``opener(url)`` (webdataset style), or
@@ -80,7 +81,13 @@ class TarSamples:
     functions (``tariterators.url_opener = mine``): None, or an object whose ``samples(src, handler,
     select_files, rename_files, grouping)`` gives that pass through them (see :mod:`wds_cloud.tariterators`);
     such a pass cannot be resumed exactly, and taking its state raises ``NotResumableError`` naming them.
+
+    A pipeline runs a copy of its own (see :class:`~wds_cloud.stages.PassHolder`): the cursor (with the open
+    shard, its mapping and member filter) belongs to the pass, the resume record to the copy.
     """
+
+    PASS_FIELDS = {"cursor": None, "replaced_now": None}
+    COPIED_FIELDS = ("_record",)
 
     def __init__(
         self,

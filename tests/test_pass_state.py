@@ -1,0 +1,202 @@
+"""A stage is a recipe and a pass owns its state: stages shared by pipelines, and pickling, copying and sending
+datasets to workers before, during and after a pass."""
+
+import copy
+import pickle
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import wds_cloud as wds
+from wds_cloud import DataPipeline, SimpleShardList
+
+from .conftest import make_shards
+
+
+@pytest.fixture
+def two_sets(tmp_path):
+    """A training set (two shards of nine samples) and a validation set (one shard of five)."""
+    (tmp_path / "train").mkdir()
+    (tmp_path / "val").mkdir()
+    return make_shards(tmp_path / "train", nshards=2, per_shard=9), make_shards(tmp_path / "val", 1, 5)
+
+
+def keys(items):
+    return [s["__key__"] for s in items]
+
+
+def test_a_reader_shared_by_two_pipelines_resumes_its_own_pass(two_sets):
+    """A reader in a training and a validation pipeline: a validation pass does not move the training state."""
+    train_urls, val_urls = two_sets
+    reader = wds.tarfile_to_samples()
+    train = DataPipeline(SimpleShardList(train_urls), reader)
+    val = DataPipeline(SimpleShardList(val_urls), reader)
+    it = iter(train)
+    first = keys(next(it) for _ in range(7))
+    assert len(list(val)) == 5
+    state = train.state_dict()
+    resumed = DataPipeline(SimpleShardList(train_urls), wds.tarfile_to_samples())
+    resumed.load_state_dict(state)
+    rest = keys(resumed)
+    assert len(rest) == 11 and first + rest == keys(DataPipeline(SimpleShardList(train_urls), reader))
+    assert keys(it) == rest  # and the training pass itself goes on where it stood
+
+
+def test_a_shuffle_shared_by_two_pipelines_resumes_exactly(two_sets):
+    """A seeded shuffle (and reader) shared by two pipelines: each state resumes its own buffer exactly."""
+    train_urls, val_urls = two_sets
+    reader, shuffle = wds.tarfile_to_samples(), wds.shuffle(5, seed=3)
+    train = DataPipeline(SimpleShardList(train_urls), reader, shuffle)
+    val = DataPipeline(SimpleShardList(val_urls), reader, shuffle)
+    whole = keys(train)
+    it = iter(train)
+    first = keys(next(it) for _ in range(6))
+    list(val)
+    resumed = DataPipeline(SimpleShardList(train_urls), wds.tarfile_to_samples(), wds.shuffle(5, seed=3))
+    resumed.load_state_dict(train.state_dict())
+    assert first + keys(resumed) == whole
+
+
+def test_pipelines_composed_from_one_dataset_have_passes_of_their_own(shards):
+    """Two fluent pipelines built on one WebDataset, iterated side by side, each resume exactly."""
+    ds = wds.WebDataset(shards, shardshuffle=False)
+    a, b = ds.shuffle(4, seed=1), ds.batched(3)
+    whole_a = keys(a)
+    ia, ib = iter(a), iter(b)
+    first = [next(ia)["__key__"], next(ib), next(ia)["__key__"], next(ib), next(ia)["__key__"]]
+    state = a.state_dict()
+    list(ib)
+    resumed = wds.WebDataset(shards, shardshuffle=False).shuffle(4, seed=1)
+    resumed.load_state_dict(state)
+    assert [first[0], first[2], first[4]] + keys(resumed) == whole_a
+    assert ds.state_dict()["progress"] == [0, 0]  # the dataset they came from ran no pass
+
+
+def test_the_stage_object_the_user_holds_keeps_no_pass(shards):
+    """After passes through pipelines, the user's reader and shuffle objects pickle and describe no pass."""
+    reader, shuffle = wds.tarfile_to_samples(), wds.shuffle(5, seed=1)
+    pipe = DataPipeline(SimpleShardList(shards), reader, shuffle)
+    it = iter(pipe)
+    next(it)
+    for stage in (reader, shuffle):
+        pickle.loads(pickle.dumps(stage))
+        copy.deepcopy(stage)
+    assert reader.state_dict() == {"fresh": True}
+    assert pipe.pipeline[1] is not reader and pipe.pipeline[2] is not shuffle
+
+
+def _webdataset(shards):
+    return wds.WebDataset(shards, shardshuffle=False)
+
+
+def _shuffled(shards):
+    return wds.WebDataset(shards, shardshuffle=True, seed=5).shuffle(6, seed=2).decode()
+
+
+def _as_bytes(sample):
+    return dict(sample, txt=bytes(sample["txt"]))
+
+
+def _views(shards):
+    return wds.WebDataset(shards, shardshuffle=False, zero_copy=True).map(_as_bytes)
+
+
+def _pipeline(shards):
+    return DataPipeline(SimpleShardList(shards), wds.tarfile_to_samples(), wds.shuffle(5, seed=9), wds.batched(2))
+
+
+def _mix(shards):
+    return wds.RandomMix([_webdataset(shards), _shuffled(shards)], probs=[1, 2], seed=4)
+
+
+def _streams(shards):
+    return wds.WebDataset(shards, shardshuffle=True, seed=1, streams=3).shuffle(4, seed=1)
+
+
+def _nested(shards):
+    return DataPipeline(_shuffled(shards), wds.batched(3))
+
+
+MAKERS = [_webdataset, _shuffled, _views, _pipeline, _mix, _streams, _nested]
+
+
+def _plain(items):
+    """Items as comparable values (a batch's keys, a sample's key)."""
+    out = []
+    for item in items:
+        if isinstance(item, dict):
+            out.append(item["__key__"])
+        elif isinstance(item, (list, tuple)) and item and isinstance(item[0], list):
+            out.append(tuple(item[0]))
+        else:
+            out.append(repr(item)[:80])
+    return out
+
+
+COPIERS = {
+    "pickle": lambda ds: pickle.loads(pickle.dumps(ds)),
+    "deepcopy": copy.deepcopy,
+    "copy": copy.copy,
+}
+
+
+@pytest.mark.parametrize("make", MAKERS, ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize("how", sorted(COPIERS))
+@pytest.mark.parametrize("point", ["before", "during", "after"])
+def test_a_dataset_copies_at_any_point_of_a_pass(shards, make, how, point):
+    """Pickled, deep-copied or copied before, during or after a pass: the copy runs a whole pass of its own (the
+    one the original would run next: a copy counts epochs on from the original's), the original's pass goes on
+    untouched, and the original's state loaded into the copy gives exactly the rest."""
+    twice = make(shards)
+    whole, second = _plain(twice), _plain(twice)
+    ds = make(shards)
+    it = iter(ds)
+    taken = []
+    if point != "before":
+        taken = _plain(next(it) for _ in range(4 if point == "during" else 0))
+    if point == "after":
+        taken = _plain(it)
+    state = ds.state_dict()
+    copied = COPIERS[how](ds)
+    assert _plain(copied) == (whole if point == "before" else second)
+    assert taken + _plain(it) == whole
+    again = COPIERS[how](ds)
+    again.load_state_dict(state)
+    assert taken + _plain(again) == whole
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.sampled_from("abs"), min_size=1, max_size=60))
+def test_pipelines_sharing_stages_iterate_as_if_alone(tmp_path_factory, steps):
+    """Any interleaving of two pipelines sharing a reader and a shuffle (and states taken in between): each
+    yields what it yields alone, and its state resumes exactly."""
+    root = tmp_path_factory.mktemp("interleave")
+    (root / "a").mkdir(exist_ok=True)
+    (root / "b").mkdir(exist_ok=True)
+    urls_a, urls_b = make_shards(root / "a", 2, 7), make_shards(root / "b", 2, 4)
+    reader, shuffle = wds.tarfile_to_samples(), wds.shuffle(4, seed=8)
+
+    def alone(urls):
+        return keys(DataPipeline(SimpleShardList(urls), wds.tarfile_to_samples(), wds.shuffle(4, seed=8)))
+
+    pipes = {"a": DataPipeline(SimpleShardList(urls_a), reader, shuffle)}
+    pipes["b"] = DataPipeline(SimpleShardList(urls_b), reader, shuffle)
+    expected = {"a": alone(urls_a), "b": alone(urls_b)}
+    iters = {name: iter(pipe) for name, pipe in pipes.items()}
+    got: dict = {"a": [], "b": []}
+    for step in steps:
+        if step == "s":  # a state of a, checked by resuming it in a fresh pipeline
+            fresh = DataPipeline(SimpleShardList(urls_a), wds.tarfile_to_samples(), wds.shuffle(4, seed=8))
+            fresh.load_state_dict(pipes["a"].state_dict())
+            assert got["a"] + keys(fresh) == expected["a"]
+            continue
+        item = next(iters[step], None)
+        if item is None:
+            iters[step] = iter(pipes[step])
+            assert got[step] == expected[step]
+            got[step] = []
+        else:
+            got[step].append(item["__key__"])
+    for name in "ab":
+        assert got[name] + keys(iters[name]) == expected[name]
