@@ -200,3 +200,18 @@ def test_pipelines_sharing_stages_iterate_as_if_alone(tmp_path_factory, steps):
             got[step].append(item["__key__"])
     for name in "ab":
         assert got[name] + keys(iters[name]) == expected[name]
+
+
+def test_set_epoch_on_the_stage_the_user_holds_reaches_the_pipelines_it_is_in(shards):
+    """``set_epoch`` on a shard list or detshuffle object the user holds sets the epoch of the pipelines built
+    with it (their copies), as it did when they ran the object itself; a pickle of the stage carries no copies."""
+    shard_list, shuffle = SimpleShardList(shards, seed=3), wds.detshuffle(5, seed=2)
+    pipe = DataPipeline(shard_list, wds.tarfile_to_samples(), shuffle)
+    reference = DataPipeline(SimpleShardList(shards, seed=3), wds.tarfile_to_samples(), wds.detshuffle(5, seed=2))
+    reference.set_epoch(4)
+    expected = keys(reference)
+    list(pipe)
+    shard_list.set_epoch(4)
+    shuffle.set_epoch(4)
+    assert keys(pipe) == expected
+    assert "_pipeline_copies" not in pickle.loads(pickle.dumps(shuffle)).__dict__

@@ -419,6 +419,12 @@ class _Epochs(PassHolder):
     seed: Any
 
     def set_epoch(self, epoch: int) -> None:
+        self._fix_epoch(epoch)
+        for made in self.pipeline_copies():
+            made.set_epoch(epoch)
+
+    def _fix_epoch(self, epoch: int) -> None:
+        """The epoch of the next pass (of this copy only: a state loaded or a share assigned is its own)."""
         self.epoch = epoch
         self._epoch_set = True
 
@@ -482,7 +488,7 @@ class _Epochs(PassHolder):
         elastic resume, see :mod:`wds_cloud.resume.elastic`) instead of its split of the epoch's order; the
         splitters pass them on whole."""
         self._assigned = (record, items)
-        self.set_epoch(record["epoch"])
+        self._fix_epoch(record["epoch"])
 
     def _take_share(self) -> Optional[tuple]:
         """The share assigned for this pass (recorded for its states), or None: a pass of the whole order."""
@@ -498,7 +504,7 @@ class _Epochs(PassHolder):
         expect(state, "shard list", dict, epoch=(int, lambda v: v >= -1), config=dict)
         check_same("shard list", state.get("config") or {}, self._config())
         # -1: taken before any pass, so the pass it starts is the first (epoch 0), whatever passes this list ran
-        self.set_epoch(max(state["epoch"], 0))
+        self._fix_epoch(max(state["epoch"], 0))
 
 
 class SimpleShardList(_Epochs, PipelineStage):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
@@ -47,6 +48,7 @@ class PassHolder:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
+        state.pop("_pipeline_copies", None)  # (weak references: they stay in this process, with this object)
         for name, empty in self.PASS_FIELDS.items():
             if name in state:
                 state[name] = empty() if callable(empty) else empty
@@ -60,7 +62,16 @@ class PassHolder:
         """This stage as one pipeline holds it: a copy with no pass (what waits for the next pass is copied)."""
         made = type(self).__new__(type(self))
         made.__dict__.update(self.__getstate__())
+        copies = self.__dict__.get("_pipeline_copies")
+        if copies is None:
+            copies = self.__dict__["_pipeline_copies"] = weakref.WeakSet()
+        copies.add(made)
         return made
+
+    def pipeline_copies(self) -> list:
+        """The copies of this stage that pipelines of this process hold (a ``set_epoch`` on the stage the user
+        holds reaches them: it is the user's word for every pipeline the stage is in)."""
+        return list(self.__dict__.get("_pipeline_copies") or ())
 
     def __copy__(self) -> Any:
         return self.for_pipeline()

@@ -90,6 +90,8 @@ class Shuffle(PassHolder, PipelineStage):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = as_count("epoch", epoch) - 1  # run() advances before use
+        for made in self.pipeline_copies():
+            made.set_epoch(epoch)
 
     def _forget_run(self) -> None:
         """No source, buffer or loaded state: what a copy made for another stream starts from."""
