@@ -60,8 +60,7 @@ class PassHolder:
 
     def for_pipeline(self) -> Any:
         """This stage as one pipeline holds it: a copy with no pass (what waits for the next pass is copied)."""
-        made = type(self).__new__(type(self))
-        made.__dict__.update(self.__getstate__())
+        made = copy.copy(self)
         copies = self.__dict__.get("_pipeline_copies")
         if copies is None:
             copies = self.__dict__["_pipeline_copies"] = weakref.WeakSet()
@@ -74,7 +73,10 @@ class PassHolder:
         return list(self.__dict__.get("_pipeline_copies") or ())
 
     def __copy__(self) -> Any:
-        return self.for_pipeline()
+        """``copy.copy(stage)``: the same recipe, with no pass and its own copy of what waits for the next one."""
+        made = type(self).__new__(type(self))
+        made.__dict__.update(self.__getstate__())
+        return made
 
 
 def for_pipeline(stage: Any) -> Any:

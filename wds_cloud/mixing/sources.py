@@ -119,8 +119,8 @@ class ReplayedSources(PassHolder):
     PASS_FIELDS = {"_live": None, "_cursor": None}
     COPIED_FIELDS = ("_resume", "_replay", "_elastic", "stats")
 
-    def for_pipeline(self) -> Any:
-        made = super().for_pipeline()
+    def __copy__(self) -> Any:
+        made = super().__copy__()
         made.datasets = [for_pipeline(ds) for ds in self.datasets]
         return made
 
