@@ -215,3 +215,14 @@ def test_set_epoch_on_the_stage_the_user_holds_reaches_the_pipelines_it_is_in(sh
     shuffle.set_epoch(4)
     assert keys(pipe) == expected
     assert "_pipeline_copies" not in pickle.loads(pickle.dumps(shuffle)).__dict__
+
+
+def test_a_cache_shared_by_two_pipelines_gives_each_its_own_samples(two_sets):
+    """One ``Cached()`` put into a training and a validation pipeline: each replays its own first pass."""
+    train_urls, val_urls = two_sets
+    cache = wds.filters.Cached()
+    train = DataPipeline(SimpleShardList(train_urls), wds.tarfile_to_samples(), cache)
+    val = DataPipeline(SimpleShardList(val_urls), wds.tarfile_to_samples(), cache)
+    first_train, first_val = keys(train), keys(val)
+    assert len(first_train) == 18 and len(first_val) == 5
+    assert keys(val) == first_val and keys(train) == first_train

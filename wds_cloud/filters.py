@@ -30,7 +30,7 @@ from .io.security import is_secure
 from .pytorch import TorchTensor
 from .resume.arguments import as_count, as_real, as_seed
 from .resume.shuffle import Shuffle
-from .stages import FilterFunction, PipelineStage, RestCurried, compose, pipeline, pipelinefilter
+from .stages import FilterFunction, PassHolder, PipelineStage, RestCurried, compose, pipeline, pipelinefilter
 
 __all__ = [
     "TorchTensor",
@@ -857,8 +857,12 @@ def _batched(
 batched = _Normalised(_batched, {"batchsize": functools.partial(as_count, least=1)})
 
 
-class Cached(PipelineStage):
-    """Keep the samples of the first pass in memory and replay them on later passes."""
+class Cached(PassHolder, PipelineStage):
+    """Keep the samples of the first pass in memory and replay them on later passes (of the pipeline it is in:
+    each pipeline has a copy of its own, see :class:`~wds_cloud.stages.PassHolder`, so one ``Cached()`` put into
+    a training and a validation pipeline never gives one the other's samples)."""
+
+    COPIED_FIELDS = ("cached",)
 
     def __init__(self) -> None:
         self.cached: Optional[list] = None
