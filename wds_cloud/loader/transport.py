@@ -26,6 +26,7 @@ from typing import Any, Optional, Union, overload
 
 from ..errors import MalformedDataError
 from ..io.datafile import shown
+from ..resume.views import as_bytes, default_collate, view_keeping
 
 __all__ = ["PackedBytes", "pack_batch", "PackingCollate", "AUTO_MIN_BYTES", "as_bytes", "BytesCollate"]
 
@@ -306,15 +307,17 @@ def _pack_into_one(columns: list, shared: bool) -> list:
 
 
 _BYTE_TYPES = frozenset((bytes, bytearray, memoryview))
+#: what a field of a batch that is not a column to pack may be, holding no view: nothing to walk
+_PLAIN = frozenset((bytes, bytearray, str, int, float, bool, type(None)))
 
 
-def _byte_size(value: Any) -> int:
-    """How many bytes the list of byte strings ``value`` holds; -1 where it is not one (or too short).  A list of
-    views (``WebDataset(zero_copy=True)``) is one however short: a view cannot be pickled."""
-    if type(value) is not list or not value or not _BYTE_TYPES.issuperset(map(type, value)):
+def _column_size(value: list, kinds: set) -> int:
+    """How many bytes the list of byte strings ``value`` (its items of ``kinds``) holds; -1 where it is not one (or
+    too short).  A list of views (``WebDataset(zero_copy=True)``) is one however short: a view cannot be pickled."""
+    if not value or not _BYTE_TYPES.issuperset(kinds):
         return -1
-    if len(value) < MIN_ITEMS and type(value[0]) is not memoryview:
-        return -1
+    if memoryview not in kinds:
+        return sum(map(len, value)) if len(value) >= MIN_ITEMS else -1
     return sum(map(_nbytes, value))
 
 
@@ -322,84 +325,68 @@ def _nbytes(item: Any) -> int:
     return item.nbytes if type(item) is memoryview else len(item)
 
 
-def _holds_views(columns: list) -> bool:
-    return any(type(item) is memoryview for column in columns for item in column)
+_CONTAINERS = (dict, list, tuple)
 
 
-def _unviewed(value: Any) -> Any:
-    """``value`` with a view that is not in a packed column made ``bytes`` (a view cannot be pickled): a
-    single sample's fields, or a field of a batch that is not a list of byte strings."""
-    if type(value) is memoryview:
-        return value.tobytes()
-    if type(value) is dict:
-        return (
-            {k: _unviewed(v) for k, v in value.items()} if any(type(v) is memoryview for v in value.values()) else value
-        )
-    if type(value) in (tuple, list) and any(type(v) is memoryview for v in value):
-        out = [_unviewed(v) for v in value]
-        return tuple(out) if type(value) is tuple else out
-    return value
+def _may_hold_views(kinds: set) -> bool:
+    """Whether items of these types may be or hold a view (a view, or a container: :func:`as_bytes` looks)."""
+    return memoryview in kinds or any(issubclass(k, _CONTAINERS) for k in kinds if k not in _PLAIN)
 
 
 def pack_batch(batch: Any, min_bytes: int = 0) -> Any:
     """``batch`` with every list of byte strings (a column of a tuple or list, a value of a dict, or the
     batch itself) packed into a :class:`PackedBytes`, all in one shared-memory buffer; anything else as it
-    is.  Nothing is packed when the byte strings add up to fewer than ``min_bytes``: the views in such a batch
-    (``WebDataset(zero_copy=True)``) are made ``bytes``, which pickle."""
-    keys: list
-    batch = _unviewed(batch) if type(batch) is not list else batch
-    whole = _byte_size(batch)
-    if whole >= 0:
-        keys, total = [None], whole
-        columns = [batch]
-    elif type(batch) is dict:
-        named = {k: _byte_size(v) for k, v in batch.items()}
-        keys = [k for k, n in named.items() if n >= 0]
-        total = sum(named[k] for k in keys)
-        columns = [batch[k] for k in keys]
-    elif type(batch) in (tuple, list):
-        sizes = [_byte_size(c) for c in batch]
-        keys = [i for i, n in enumerate(sizes) if n >= 0]
-        total = sum(sizes[i] for i in keys)
-        columns = [batch[i] for i in keys]
-    else:
-        return batch
-    if not columns:
-        return batch
-    if total < min_bytes:  # views too: below the threshold a shared segment costs more than the bytes it saves
-        return as_bytes(batch) if _holds_views(columns) else batch
-    packed = [PackedBytes(data, offsets) for data, offsets in _pack_into_one(columns, shared=True)]
-    if keys == [None]:
-        return packed[0]
-    if isinstance(batch, dict):
-        return {**batch, **dict(zip(keys, packed))}
-    out = list(batch)
-    for i, column in zip(keys, packed):
-        out[i] = column
-    return tuple(out) if isinstance(batch, tuple) else out
-
-
-def as_bytes(batch: Any) -> Any:
-    """``batch`` with every view in it (a field, a column's item, a dict's value) made ``bytes``: what a worker
-    sends when batches are not packed (``WebLoader(pack_bytes=False)``), since a view cannot be pickled."""
+    is, but for views (``WebDataset(zero_copy=True)``), which cannot be pickled: every view that is not in a
+    packed column, at any depth, is made ``bytes``.  Nothing is packed when the byte strings add up to fewer
+    than ``min_bytes``."""
     kind = type(batch)
-    if kind is memoryview:
-        return batch.tobytes()
     if kind is dict:
-        return {k: as_bytes(v) for k, v in batch.items()}
-    if kind is list or kind is tuple:
-        if not any(type(v) in (memoryview, list, tuple, dict) for v in batch):
-            return batch
-        out = [as_bytes(v) for v in batch]
-        return tuple(out) if kind is tuple else out
-    return batch
+        fields: Any = batch.values()
+    elif kind is list or kind is tuple:
+        fields = batch
+    else:
+        return as_bytes(batch)
+    kinds = set(map(type, fields))
+    if kind is list:
+        whole = _column_size(batch, kinds)
+        if whole >= 0:  # the batch is one column
+            if whole < min_bytes:
+                return as_bytes(batch)
+            return PackedBytes(*_pack_into_one([batch], shared=True)[0])
+    if list not in kinds:  # no column (a sample's fields, or a batch of samples): only views to make bytes
+        return as_bytes(batch) if _may_hold_views(kinds) else batch
+    # one pass over each field's items: the columns to pack, and whether anything else may hold a view
+    columns: dict = {}
+    total, viewed = 0, False
+    for key, value in batch.items() if kind is dict else enumerate(batch):
+        if type(value) is list:
+            items = set(map(type, value))
+            size = _column_size(value, items)
+            if size >= 0:
+                columns[key] = value
+                total += size
+                viewed = viewed or memoryview in items
+                continue
+            viewed = viewed or _may_hold_views(items)
+        else:
+            viewed = viewed or type(value) is memoryview or isinstance(value, _CONTAINERS)
+    if not columns or total < min_bytes:  # below the threshold a shared segment costs more than it saves
+        return as_bytes(batch) if viewed else batch
+    done = dict(zip(columns, (PackedBytes(*c) for c in _pack_into_one(list(columns.values()), shared=True))))
+    # the fields not packed keep no view: one at any depth would fail the batch's pickling
+    if kind is dict:
+        return {k: done[k] if k in done else as_bytes(v) for k, v in batch.items()}
+    out = [done[i] if i in done else as_bytes(v) for i, v in enumerate(batch)]
+    return tuple(out) if kind is tuple else out
 
 
 class BytesCollate:
-    """A DataLoader ``collate_fn``: ``inner``'s result with its views made ``bytes`` (see :func:`as_bytes`)."""
+    """A DataLoader ``collate_fn``: ``inner``'s result with its views, at any depth, made ``bytes`` (see
+    :func:`as_bytes`).  torch's own ``default_convert`` and ``default_collate`` as ``inner`` keep views, to
+    be made ``bytes`` here, never read as numbers."""
 
     def __init__(self, inner: Callable) -> None:
-        self.inner = inner
+        self.inner: Callable = view_keeping(inner)
 
     def __call__(self, data: Any) -> Any:
         return as_bytes(self.inner(data))
@@ -414,11 +401,9 @@ class PackingCollate:
     """
 
     def __init__(self, inner: Optional[Callable] = None, min_bytes: int = 0) -> None:
-        if inner is None:
-            from ..resume.loader import default_collate
-
-            inner = default_collate(per_item=True)  # torch's default_convert
-        self.inner: Callable = inner
+        # torch's default_convert (the default) or default_collate, given here, keep views at any depth, to be
+        # packed or made bytes; a module-level class with named fields, so spawn and forkserver workers get it
+        self.inner: Callable = default_collate(per_item=True) if inner is None else view_keeping(inner)
         self.min_bytes = min_bytes
 
     def __call__(self, data: Any) -> Any:

@@ -23,6 +23,7 @@ from ..resume.elastic import LOADER_FORMAT, check_merged, is_merged, items_share
 from ..resume.merge import merge_states
 from ..resume.protocol import Resumable, is_buffering
 from ..resume.state import RESHAPE_FIX, check_same, check_seal, expect, inexact_state, is_inexact, restart_from, seal
+from ..resume.views import default_collate, view_keeping
 from ..tar import table as tables
 from . import pipes, transport
 
@@ -98,6 +99,12 @@ class WebLoader(DataPipeline, FluidInterface):
             pack = functools.partial(transport.pack_batch, min_bytes=min_bytes)
         elif num_workers and HAVE_TORCH:  # not packed: views (zero_copy=True) cross as bytes, never unpicklable
             pack = transport.as_bytes
+        if not num_workers and HAVE_TORCH:
+            # in this process torch's default collation (and its pin_memory walk) would read a view as numbers:
+            # views stay views, at any depth, or are made bytes where torch pins the batch
+            collate_fn = view_keeping(collate_fn) or default_collate(batch_size is None)
+            if pin_memory:
+                collate_fn = transport.BytesCollate(collate_fn)
         # Why state_dict() cannot work here (None: it can).  Decided from the stages alone; a
         # pipeline that cannot be resumed is iterated exactly as torch's DataLoader would.
         self._blocker = _resume_blocker(dataset, sampler, batch_sampler)

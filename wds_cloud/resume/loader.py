@@ -31,6 +31,7 @@ from ..pytorch import IterableDataset
 from ..stages import PipelineStage
 from .protocol import transport_state
 from .shuffle import apply_journal, buffer_locations
+from .views import default_collate, view_keeping
 
 __all__ = [
     "EndMark",
@@ -253,7 +254,7 @@ class StatsCollate(StatsSender):
 
     def __init__(self, collate: Callable[[Any], Any], per_item: bool, ended: Ended) -> None:
         super().__init__()
-        self.collate = collate
+        self.collate = view_keeping(collate)
         self.per_item = per_item
         self.ended = ended
 
@@ -311,7 +312,8 @@ class StateCollate(StatsSender):
         farewell: Optional[Callable[[], Any]] = None,
     ) -> None:
         super().__init__()
-        self.collate = collate
+        # torch's own collate functions, given as collate_fn, keep views (zero_copy=True) as ours do
+        self.collate = view_keeping(collate)
         self.per_item = per_item
         self.ended = ended
         self.pack = pack  # run on each batch in a worker (wds_cloud.transport.pack_batch), or None
@@ -363,78 +365,6 @@ class StateCollate(StatsSender):
         return self._last(tagged, info) if end else tagged
 
 
-def default_collate(per_item: bool) -> Callable[[Any], Any]:
-    """What a DataLoader collates with when given no ``collate_fn``: torch's ``default_convert`` for items
-    (``batch_size=None``), ``default_collate`` for batches; without torch, nothing."""
-    global _torch_collate
-    if _torch_collate is None:
-        try:
-            from torch.utils.data import default_collate as collate
-            from torch.utils.data import default_convert
-        except ImportError:
-            _torch_collate = ()
-        else:
-            _torch_collate = (keeping_views(default_convert, True), keeping_views(collate, False))
-    if not _torch_collate:
-        return _unchanged
-    return _torch_collate[0] if per_item else _torch_collate[1]
-
-
-def _views(value: Any) -> bool:
-    """Whether ``value`` is a view, or a list of them (what ``WebDataset(zero_copy=True)`` batches hold)."""
-    return type(value) is memoryview or (type(value) is list and bool(value) and type(value[0]) is memoryview)
-
-
-def keeping_views(collate: Callable[[Any], Any], per_item: bool) -> Callable[[Any], Any]:
-    """``collate`` (torch's ``default_convert`` or ``default_collate``) that leaves views as they are, to be packed:
-    torch reads a ``memoryview`` as a sequence of ints.  A field of views becomes a list of them, as one of
-    ``bytes`` does; everything else is ``collate``'s."""
-
-    def convert(data: Any) -> Any:
-        if per_item:
-            kind = type(data)
-            if kind is tuple or kind is list:
-                if all(map(_unconverted, data)):  # what torch makes of it, without its walk over every item
-                    return [v.copy() if type(v) is list else v for v in data]
-            elif kind is dict and all(map(_unconverted, data.values())):
-                return {k: v.copy() if type(v) is list else v for k, v in data.items()}
-            if _views(data):
-                return data
-            if type(data) is dict and any(_views(v) for v in data.values()):
-                return {k: v if _views(v) else collate(v) for k, v in data.items()}
-            if type(data) in (tuple, list) and any(_views(v) for v in data):
-                out = [v if _views(v) else collate(v) for v in data]
-                return tuple(out) if type(data) is tuple else out
-            return collate(data)
-        first: Any = data[0] if type(data) is list and data else None
-        if type(first) is dict and any(type(v) is memoryview for v in first.values()):
-            return {
-                k: [s[k] for s in data] if type(v) is memoryview else collate([s[k] for s in data])
-                for k, v in first.items()
-            }
-        if type(first) in (tuple, list) and any(type(v) is memoryview for v in first):
-            columns = [list(c) for c in zip(*data)]
-            return [c if type(c[0]) is memoryview else collate(c) for c in columns]
-        return collate(data)
-
-    return convert
-
-
-#: what torch's ``default_convert`` gives back as it is (it converts numpy arrays, and walks containers)
-_PLAIN = frozenset((bytes, str, int, float, bool, type(None)))
-
-
-def _unconverted(value: Any) -> bool:
-    """Whether ``default_convert`` leaves ``value`` as it is, or (a list) makes a list of the same items: a
-    batched column of byte strings, texts or numbers."""
-    kind = type(value)
-    return kind in _PLAIN or (kind is list and _PLAIN.issuperset(map(type, value)))
-
-
-def _unchanged(data: Any) -> Any:
-    return data
-
-
 def _worker_info() -> Any:
     global _get_worker_info
     if _get_worker_info is None:
@@ -451,7 +381,6 @@ def _no_workers() -> None:
 
 
 _get_worker_info: Optional[Callable[[], Any]] = None
-_torch_collate: Optional[tuple] = None  # torch's (default_convert, default_collate), found on first use
 
 
 class Untag(PipelineStage):
