@@ -62,6 +62,7 @@ from .cloud import (  # noqa: E402,F401  (session fixtures for the backend tests
     moto_endpoint,
     s3_bucket,
 )
+from .start_methods import start_method  # noqa: E402,F401  (fork, spawn, forkserver: tests/start_methods.py)
 
 
 @pytest.fixture

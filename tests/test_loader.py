@@ -1,4 +1,4 @@
-"""Real DataLoader workers: forked and spawned, each reading its own shards."""
+"""Real DataLoader workers: forked, spawned and forkserver-started, each reading its own shards."""
 
 import pytest
 from hypothesis import given, settings
@@ -9,19 +9,38 @@ import wds_cloud as wds
 torch = pytest.importorskip("torch")
 
 
-def test_webloader_two_forked_workers(shards):
-    """Two workers split the shards: every sample exactly once."""
-    ds = wds.WebDataset(shards, shardshuffle=False).decode().to_tuple("cls")
-    loader = wds.WebLoader(ds, batch_size=None, num_workers=2)
-    got = sorted(int(x[0]) for x in loader)
-    assert got == list(range(30))
+def test_webloader_two_workers(shards, start_method):
+    """Two workers split the shards: every sample exactly once, in the order a fresh dataset gives, under every
+    start method, for a dataset peeked at whose pass is still open (spawn and forkserver workers get it pickled)."""
+
+    def cls(loader):
+        return [int(x[0]) for x in loader]
+
+    def dataset():
+        return wds.WebDataset(shards, shardshuffle=False).decode().to_tuple("cls")
+
+    fresh = cls(wds.WebLoader(dataset(), batch_size=None, num_workers=2, multiprocessing_context="fork"))
+    assert sorted(fresh) == list(range(30))
+    ds = dataset()
+    peek = iter(ds)
+    assert int(next(peek)[0]) == 0
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=start_method)
+    assert cls(loader) == fresh
+    assert int(next(peek)[0]) == 1  # the peek's own pass goes on where it stood
 
 
-def test_spawned_workers_receive_the_pipeline(shards):
-    """with_length pipelines pickle, so spawn-started workers work."""
-    ds = wds.WebDataset(shards, shardshuffle=False).decode().to_tuple("cls").with_length(30)
-    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
-    assert sorted(int(x[0]) for x in loader) == list(range(30))
+def test_dataloader_workers_receive_the_pipeline(shards, start_method):
+    """with_length pipelines with shuffled shards, peeked at first, reach torch's DataLoader workers under every
+    start method and yield what forked workers yield (the pass after the peek's, as webdataset counts epochs)."""
+
+    def cls(method):
+        ds = wds.WebDataset(shards, shardshuffle=True, seed=2).decode().to_tuple("cls").with_length(30)
+        next(iter(ds))
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=method)
+        return [int(x[0]) for x in loader]
+
+    got = cls(start_method)
+    assert got == cls("fork") and sorted(got) == list(range(30))
 
 
 def test_webloader_fluent_and_epoch(shards):

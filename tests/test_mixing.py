@@ -14,6 +14,8 @@ from wds_cloud.errors import ConfigError, SecurityError, StateMismatchError
 from wds_cloud.gopen import gopen
 from wds_cloud.resume.state import seal
 
+from .start_methods import FORK_AND_PICKLE
+
 SIZES = {"a": (4, 300), "b": (3, 200), "c": (2, 100)}  # source: (shards, samples per shard)
 
 
@@ -194,12 +196,15 @@ def _stopped_and_resumed(loader, batches):
     return expected, head + [k for batch in again for k in batch[0]]
 
 
-def test_resume_through_the_mix_with_dataloader_workers(shards):
+@pytest.mark.parametrize("start_method", FORK_AND_PICKLE, indirect=True)  # spawn: tests/test_start_methods.py
+def test_resume_through_the_mix_with_dataloader_workers(shards, start_method):
     torch = pytest.importorskip("torch")  # noqa: F841
     spec = spec_for(shards, samples_per_epoch=600)
 
     def loader():
-        return wds.WebLoader(wds.from_spec(spec).to_tuple("__key__"), batch_size=10, num_workers=2)
+        return wds.WebLoader(
+            wds.from_spec(spec).to_tuple("__key__"), batch_size=10, num_workers=2, multiprocessing_context=start_method
+        )
 
     expected, resumed = _stopped_and_resumed(loader, 17)
     assert resumed == expected

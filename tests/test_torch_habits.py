@@ -60,12 +60,12 @@ def test_a_dataset_handed_to_dataloader_workers_refuses_its_state(urls, persiste
         del loader
 
 
-@pytest.mark.slow  # a spawned worker imports torch afresh (forkserver takes the same path: the pickling)
-@pytest.mark.parametrize("context", ["spawn"])
-def test_a_dataset_pickled_for_spawned_workers_refuses_its_state(urls, context):
-    """Workers started by spawn (or forkserver) receive the dataset pickled: the main process's copy refuses too."""
+@pytest.mark.slow  # a spawned worker imports torch afresh
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"], indirect=True)  # fork: the test above
+def test_a_dataset_pickled_for_spawned_workers_refuses_its_state(urls, start_method):
+    """Workers started by spawn or forkserver receive the dataset pickled: the main process's copy refuses too."""
     ds = keys_dataset(urls)
-    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context=context)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context=start_method)
     read_some(loader, 3)
     with pytest.raises(wds.NotResumableError, match="handed to torch DataLoader worker processes"):
         ds.state_dict()
