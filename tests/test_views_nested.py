@@ -8,6 +8,8 @@ import collections
 import pickle
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import wds_cloud as wds
 from wds_cloud.errors import MalformedDataError
@@ -246,3 +248,46 @@ def test_a_batch_that_holds_itself_without_views_or_shares_a_part_is_walked_once
         assert leaf[0] is leaf[1]  # made once, shared as it was
         leaf = leaf[0]
     assert leaf == [b"ab"]
+
+
+def _leaves():
+    return st.one_of(st.binary(max_size=4), st.text(max_size=3), st.integers(-5, 5), st.none())
+
+
+def _containers(inner):
+    return st.one_of(
+        st.lists(inner, max_size=3),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(st.text(max_size=2), inner, max_size=3),
+    )
+
+
+def _viewed(value):
+    """``value`` with every bytes leaf a view of the same bytes."""
+    if type(value) is bytes:
+        return memoryview(value)
+    if type(value) is dict:
+        return {k: _viewed(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_viewed(v) for v in value)
+    return value
+
+
+@settings(deadline=None)
+@given(data=st.recursive(_leaves(), _containers, max_leaves=10))
+def test_any_nesting_collates_and_packs_as_its_bytes_do(data):
+    """Whatever the nesting, the collate wrappers give for views what torch gives for the same bytes, and the
+    packer and as_bytes then give exactly what they give for the bytes."""
+    from torch.utils.data import default_collate, default_convert
+
+    views = _viewed(data)
+    assert plain(KeepingViews(default_convert, True)(views), True) == plain(default_convert(data), True)
+    try:
+        expected = plain(default_collate([data, data]), True)
+    except (TypeError, RuntimeError):  # what torch cannot collate (None, ragged lists) it cannot with views either
+        with pytest.raises((TypeError, RuntimeError)):
+            KeepingViews(default_collate, False)([views, views])
+    else:
+        assert plain(KeepingViews(default_collate, False)([views, views]), True) == expected
+    assert as_bytes(views) == data and not holds_views(as_bytes(views))
+    assert plain(pack_batch(views), False) == plain(pack_batch(data), False)
