@@ -11,6 +11,7 @@ shards locally instead (the cheaper choice when most of each shard is read).
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
 import os
@@ -89,7 +90,7 @@ def _transformations(spec: Any) -> list[Callable]:
             continue
         if isinstance(item, str):
             fmt = item
-            out.append(lambda sample, fmt=fmt: default_decoder(sample, fmt))
+            out.append(functools.partial(default_decoder, format=fmt))  # (a partial pickles, for workers)
         elif callable(item):
             out.append(item)
         else:
@@ -509,7 +510,11 @@ CONFIRM_RANGES_ABOVE = 1 << 20
 
 def _confirmer(dataset: Any) -> Callable[[int, int], None]:
     check = getattr(dataset, "check_range", None)
-    return check if callable(check) else (lambda lo, hi: None)
+    return check if callable(check) else _unchecked
+
+
+def _unchecked(lo: int, hi: int) -> None:
+    """A range a sampler was given counts for (module level: a sampler pickles)."""
 
 
 def _in_ranges(
@@ -517,7 +522,7 @@ def _in_ranges(
     rng: random.Random,
     shuffle_items: bool,
     shuffle_ranges: bool,
-    confirm: Callable[[int, int], None] = lambda lo, hi: None,
+    confirm: Callable[[int, int], None] = _unchecked,
 ) -> Iterator[int]:
     order = list(range(len(ranges)))
     if shuffle_ranges:
@@ -551,7 +556,7 @@ class ShardListSampler(_Sampler):
             dataset._ensure_lengths()
             self.ranges = _ranges(dataset.lengths)
         self.seed, self.shufflefirst, self.epoch = seed, shufflefirst, 0
-        self.confirm = _confirmer(dataset) if lengths is None else (lambda lo, hi: None)
+        self.confirm = _confirmer(dataset) if lengths is None else _unchecked
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -116,6 +116,10 @@ class IndexCache:
         self._held: collections.OrderedDict[int, tuple[ShardIndex, int]] = collections.OrderedDict()
         self._lock = threading.Lock()  # DataLoader threads, or a thread pool, read one dataset at once
 
+    def __reduce__(self) -> tuple:
+        # a copy (a DataLoader worker's) loads what it reads, within the same bound: nothing held travels
+        return (IndexCache, (self.limit,))
+
     def get(self, shard: int) -> Optional[ShardIndex]:
         with self._lock:
             held = self._held.get(shard)
