@@ -6,12 +6,15 @@ from hypothesis import strategies as st
 
 import wds_cloud as wds
 
+from .start_methods import FORK_AND_PICKLE
+
 torch = pytest.importorskip("torch")
 
 
+@pytest.mark.parametrize("start_method", FORK_AND_PICKLE, indirect=True)  # spawn: test_start_methods.py's resume
 def test_webloader_two_workers(shards, start_method):
-    """Two workers split the shards: every sample exactly once, in the order a fresh dataset gives, under every
-    start method, for a dataset peeked at whose pass is still open (spawn and forkserver workers get it pickled)."""
+    """Two workers split the shards: every sample exactly once, in the order a fresh dataset gives, forked and
+    forkserver-started, for a dataset peeked at whose pass is still open (a forkserver's workers get it pickled)."""
 
     def cls(loader):
         return [int(x[0]) for x in loader]

@@ -216,19 +216,10 @@ def test_what_a_webloader_gives_its_workers_pickles_mid_pass(urls, recipe):
 # torch's map-style datasets: wids
 
 
-WIDS_UNPICKLABLE = pytest.mark.xfail(
-    strict=True,
-    reason="library: wds_cloud/index/dataset.py ShardListDataset.__getstate__ puts a fresh IndexCache (holding a "
-    "threading.Lock) in the pickle, and _transformations makes 'PIL'/'numpy' a local lambda (webdataset's wids "
-    "uses functools.partial): it never pickles; reported to the lead",
-)
-
-
 def wids_dataset(urls):
     return wds.ShardListDataset([{"url": url, "nsamples": n} for url, n in zip(urls, SIZES)])
 
 
-@WIDS_UNPICKLABLE
 def test_a_wids_dataset_pickles_before_and_after_reading(urls):
     """wds.ShardListDataset with its default transformations ("PIL", as wids's) pickles before and after samples
     were read by index (its open shards are left behind), and the copy reads the same samples."""
@@ -239,9 +230,7 @@ def test_a_wids_dataset_pickles_before_and_after_reading(urls):
     assert [copied[i]["__key__"] for i in (3, 10, 21)] == first
 
 
-@pytest.mark.parametrize(
-    "start_method", ["fork", pytest.param("forkserver", marks=WIDS_UNPICKLABLE)], indirect=True
-)  # spawn pickles as forkserver does
+@pytest.mark.parametrize("start_method", FORK_AND_PICKLE, indirect=True)  # spawn pickles as forkserver does
 def test_a_wids_dataset_read_by_index_reaches_dataloader_workers(urls, start_method):
     """A ShardListDataset read by index first, then given to torch's DataLoader with two workers and wids's
     ChunkedSampler: every sample once, under fork and the start methods that pickle."""
