@@ -226,3 +226,14 @@ def test_a_cache_shared_by_two_pipelines_gives_each_its_own_samples(two_sets):
     first_train, first_val = keys(train), keys(val)
     assert len(first_train) == 18 and len(first_val) == 5
     assert keys(val) == first_val and keys(train) == first_train
+
+
+def test_a_decoder_with_an_extension_handler_pickles(shards):
+    """``decode(wds.handle_extension("txt", f))`` (webdataset's idiom, a closure upstream) pickles, and decodes."""
+    ds = wds.WebDataset(shards, shardshuffle=False).decode(wds.handle_extension("txt", _upper))
+    copied = pickle.loads(pickle.dumps(ds))
+    assert next(iter(copied))["txt"] == next(iter(ds))["txt"] == b"TEXT 0 0"
+
+
+def _upper(data):
+    return data.upper()

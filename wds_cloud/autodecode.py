@@ -97,17 +97,28 @@ def handle_extension(extensions: str, f: Callable[[Any], Any]) -> Callable:
 
     Extensions may have several parts: ``"seg.png"`` matches ``x.seg.png`` only.
     """
-    targets = [e.split(".") for e in extensions.lower().split()]
+    return ExtensionHandler(extensions, f)
 
-    def handler(key: str, data: Any) -> Any:
+
+class ExtensionHandler:
+    """What :func:`handle_extension` returns: a module-level class, not a closure, so that a dataset decoding
+    with it pickles (spawn and forkserver DataLoader workers receive it so; webdataset's closure does not)."""
+
+    def __init__(self, extensions: str, f: Callable[[Any], Any]) -> None:
+        self.targets = [e.split(".") for e in extensions.lower().split()]
+        self.f = f
+        #: the last part of each extension: read by the decoder's planning (which handlers a field can reach)
+        self.extensions = {t[-1] for t in self.targets}
+
+    def __call__(self, key: str, data: Any) -> Any:
         parts = key.lower().split(".")
-        for target in targets:
+        for target in self.targets:
             if len(target) <= len(parts) and parts[-len(target) :] == target:
-                return f(data)
+                return self.f(data)
         return None
 
-    handler.extensions = {t[-1] for t in targets}  # type: ignore[attr-defined]  # read by Decoder planning
-    return handler
+    def __repr__(self) -> str:
+        return f"handle_extension({' '.join('.'.join(t) for t in self.targets)!r}, {self.f!r})"
 
 
 def call_extension_handler(key: str, data: Any, f: Callable[[Any], Any], extensions: list) -> Any:
