@@ -175,6 +175,34 @@ def test_a_program_whose_start_method_is_forkserver_starts_webloader_workers(url
         assert [list(keys) for (keys,) in stopped_and_resumed(make, None, 4)] == whole
 
 
+@pytest.mark.parametrize(
+    "start_method",
+    [
+        "fork",
+        pytest.param(
+            "forkserver",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="library: a pass reads wds_cloud.config.current() in the worker (the member limit here; the "
+                "seed, the table cache, allow_pickle too), and a forkserver's workers have the environment the "
+                "server started with, not the program's when it built the dataset; reported to the lead",
+            ),
+        ),
+    ],
+    indirect=True,
+)  # spawn: a spawned worker gets the program's environment as it is when the loader starts
+def test_a_setting_made_before_the_dataset_is_built_holds_in_its_workers(urls, tmp_path, monkeypatch, start_method):
+    """WDS_MAX_MEMBER_SIZE, set by the program before it builds a dataset, holds in the dataset's workers, those of
+    a forkserver started before the variable was set included (the environment is read when a dataset is built)."""
+    list(wds.WebLoader(wds.WebDataset(urls[:1]), batch_size=None, num_workers=1, multiprocessing_context=start_method))
+    monkeypatch.setenv("WDS_MAX_MEMBER_SIZE", "1000")
+    (tmp_path / "large").mkdir()
+    large = write_shards(tmp_path / "large", [2], payload=5000)
+    loader = wds.WebLoader(wds.WebDataset(large), batch_size=None, num_workers=1, multiprocessing_context=start_method)
+    with pytest.raises(wds.CorruptShardError, match="WDS_MAX_MEMBER_SIZE"):
+        list(loader)
+
+
 def _upper(data):
     return data.upper()
 
