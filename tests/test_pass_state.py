@@ -118,7 +118,18 @@ def _nested(shards):
     return DataPipeline(_shuffled(shards), wds.batched(3))
 
 
-MAKERS = [_webdataset, _shuffled, _views, _pipeline, _mix, _streams, _nested]
+def _indexed(shards):
+    return wds.WebDataset(shards, shardshuffle=False, write_index=_indexes.append)
+
+
+_indexes: list = []
+
+
+def _equal_streams(shards):
+    return wds.WebDataset(shards, shardshuffle=True, seed=2, streams=3, equal_work=8)
+
+
+MAKERS = [_webdataset, _shuffled, _views, _pipeline, _mix, _streams, _nested, _indexed, _equal_streams]
 
 
 def _plain(items):
@@ -237,3 +248,15 @@ def test_a_decoder_with_an_extension_handler_pickles(shards):
 
 def _upper(data):
     return data.upper()
+
+
+def test_a_pipeline_with_a_cache_gives_states_that_say_they_are_inexact(shards):
+    """``Cached()`` replays its first pass whatever a state says: a state of its pipeline is inexact (a resumed
+    run starts the epoch again, as webdataset's would) and ``strict=True`` refuses it, naming the stage."""
+    pipe = DataPipeline(SimpleShardList(shards), wds.tarfile_to_samples(), wds.filters.Cached())
+    list(pipe)
+    it = iter(pipe)
+    next(it)
+    assert "inexact" in pipe.state_dict()
+    with pytest.raises(wds.NotResumableError, match="Cached"):
+        pipe.state_dict(strict=True)

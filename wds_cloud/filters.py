@@ -863,6 +863,9 @@ class Cached(PassHolder, PipelineStage):
     a training and a validation pipeline never gives one the other's samples)."""
 
     COPIED_FIELDS = ("cached",)
+    #: a later pass replays the cache whatever a loaded state says, and a pass resumed mid-way would cache only
+    #: its rest: a state of a pipeline with this stage is inexact (refused with strict=True), never wrong
+    resumable = False
 
     def __init__(self) -> None:
         self.cached: Optional[list] = None

@@ -472,8 +472,17 @@ def _index_sink(write_index: Any, storage_options: Optional[dict]) -> Optional[C
     it to the user's callable or write it beside the shard."""
     if not write_index:
         return None
+    return _IndexSink(write_index, storage_options)
 
-    def sink(read: dict) -> None:
+
+@dataclasses.dataclass(frozen=True)
+class _IndexSink:
+    """The reader's ``index_sink`` for ``write_index=`` (a class, not a closure: a dataset pickles for workers)."""
+
+    write_index: Any
+    storage_options: Optional[dict]
+
+    def __call__(self, read: dict) -> None:
         index = ShardIndex(
             read["url"],
             group_members(read["members"]),
@@ -481,12 +490,10 @@ def _index_sink(write_index: Any, storage_options: Optional[dict]) -> Optional[C
             version=read["version"],
             compression=read["compression"],
         )
-        if callable(write_index):
-            write_index(index)
+        if callable(self.write_index):
+            self.write_index(index)
         else:
-            write_sidecar(index, storage_options=storage_options)
-
-    return sink
+            write_sidecar(index, storage_options=self.storage_options)
 
 
 def plain_urls(urls: Any) -> Any:
