@@ -55,9 +55,9 @@ def nest(sample):
 
 def plain(value, views_allowed):
     """``value`` in comparable terms (tensors as lists, packed columns as lists of bytes); a view fails the test
-    unless ``views_allowed`` (a loader without workers hands views over as they are)."""
+    unless ``views_allowed`` (what a loader hands over holds none)."""
     if type(value) is memoryview:
-        assert views_allowed, "a view crossed from a worker"
+        assert views_allowed, "a loader handed over a view"
         return value.tobytes()
     if isinstance(value, PackedBytes):
         return list(value)
@@ -132,25 +132,24 @@ def test_unit_collate_keeps_views_as_torch_keeps_bytes():
 
 def test_the_issues_batched_samples_arrive_as_bytes_with_0_1_2_workers(urls):
     """WebLoader(WebDataset(zero_copy=True).batched(4, collation_fn=None), batch_size=None): each sample's field
-    is b"xxxxx" (bytes through workers; in the main process a view, equal to it), never [120, 120, ...]."""
+    is b"xxxxx", bytes with or without workers, never [120, 120, ...]."""
     for workers in (0, 1, 2):
         ds = wds.WebDataset(urls, shardshuffle=False, zero_copy=True).batched(4, collation_fn=None)
         batches = list(wds.WebLoader(ds, batch_size=None, num_workers=workers))
         assert len(batches) == 2 and all(len(b) == 4 for b in batches)
         for sample in (s for b in batches for s in b):
             assert sample["txt"] == b"xxxxx"
-            assert type(sample["txt"]) is (bytes if workers else memoryview), workers
+            assert type(sample["txt"]) is bytes, workers
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2])
 def test_every_nesting_through_webloader_is_what_bytes_give(urls, workers):
     """Samples and batches (batch_size=None and batch_size=2) with views nested at every depth arrive as the same
-    samples read as bytes: the same structure, bytes for views (a view only without workers), nothing numeric."""
-    allowed = workers == 0
+    samples read as bytes: the same structure, bytes for views (without workers too), nothing numeric."""
     for batch_size in (None, 2):
         expected = by_key(plain(x, True) for x in wds.WebLoader(dataset(urls, False), batch_size=batch_size))
         got = by_key(
-            plain(x, allowed)
+            plain(x, False)
             for x in wds.WebLoader(dataset(urls, True), batch_size=batch_size, num_workers=workers, pack_bytes=True)
         )
         assert got == expected and len(got) == (8 if batch_size is None else 4)
@@ -161,29 +160,28 @@ def test_every_nesting_through_torchs_dataloader_with_packing_collate(urls, work
     """torch's own DataLoader with collate_fn=wds.transport.PackingCollate(): views at every depth arrive as the
     bytes would; with torch's default_collate given as inner (the docs' way when the loader batches) too."""
     loader = torch.utils.data.DataLoader
-    allowed = workers == 0
     expected = by_key(plain(x, True) for x in loader(dataset(urls, False), batch_size=None))
     pack = wds.transport.PackingCollate()
     got = by_key(
-        plain(x, allowed) for x in loader(dataset(urls, True), batch_size=None, num_workers=workers, collate_fn=pack)
+        plain(x, False) for x in loader(dataset(urls, True), batch_size=None, num_workers=workers, collate_fn=pack)
     )
     assert got == expected
     batched = by_key(plain(x, True) for x in loader(dataset(urls, False), batch_size=2))
     pack = wds.transport.PackingCollate(torch.utils.data.default_collate)
     got = by_key(
-        plain(x, allowed) for x in loader(dataset(urls, True), batch_size=2, num_workers=workers, collate_fn=pack)
+        plain(x, False) for x in loader(dataset(urls, True), batch_size=2, num_workers=workers, collate_fn=pack)
     )
     assert got == batched
 
 
-def test_views_in_the_main_process_are_not_numbers_where_torch_walks_the_batch(urls):
-    """Without workers: a loader that cannot take states (a user's own sample source) keeps views too, and with
-    pin_memory (torch's pinning walk reads a view as numbers) views are handed over as bytes."""
+def test_views_in_the_main_process_are_bytes_where_torch_walks_the_batch(urls):
+    """Without workers: a loader that cannot take states (a user's own sample source) hands views over as bytes
+    too, and so it does with pin_memory (torch's pinning walk reads a view as numbers)."""
     samples = [nest(s) for s in wds.WebDataset(urls, shardshuffle=False, zero_copy=True)]
     own = wds.WebLoader(Own(samples), batch_size=None)
     assert own.resume_blocker() is not None
     expected = [plain(x, True) for x in wds.WebLoader(dataset(urls, False), batch_size=None)]
-    assert [plain(x, True) for x in own] == expected
+    assert [plain(x, False) for x in own] == expected
     with pytest.warns(UserWarning, match="pin_memory|accelerator"):  # no accelerator here: torch says so
         pinned = list(wds.WebLoader(dataset(urls, True), batch_size=None, pin_memory=True))
     assert not any(holds_views(x) for x in pinned)

@@ -393,7 +393,8 @@ class BytesCollate:
 
 
 class PackingCollate:
-    """A DataLoader ``collate_fn``: ``inner``'s result packed by :func:`pack_batch` when in a worker process.
+    """A DataLoader ``collate_fn``: ``inner``'s result packed by :func:`pack_batch` when in a worker process (in
+    the main process, its views made ``bytes``).
 
     For torch's own ``DataLoader``: ``DataLoader(ds.batched(256), batch_size=None, num_workers=8,
     collate_fn=wds.transport.PackingCollate())`` (``inner`` defaults to torch's ``default_convert``, what a
@@ -410,4 +411,6 @@ class PackingCollate:
         from torch.utils.data import get_worker_info
 
         out = self.inner(data)
-        return pack_batch(out, self.min_bytes) if get_worker_info() is not None else out
+        # without workers nothing crosses, but views are handed over as bytes all the same (what a worker hands
+        # over, and what torch's pin_memory walk would otherwise read as numbers)
+        return pack_batch(out, self.min_bytes) if get_worker_info() is not None else as_bytes(out)

@@ -101,10 +101,8 @@ class WebLoader(DataPipeline, FluidInterface):
             pack = transport.as_bytes
         if not num_workers and HAVE_TORCH:
             # in this process torch's default collation (and its pin_memory walk) would read a view as numbers:
-            # views stay views, at any depth, or are made bytes where torch pins the batch
-            collate_fn = view_keeping(collate_fn) or default_collate(batch_size is None)
-            if pin_memory:
-                collate_fn = transport.BytesCollate(collate_fn)
+            # views, at any depth, are handed over as bytes, as workers hand them over
+            collate_fn = transport.BytesCollate(view_keeping(collate_fn) or default_collate(batch_size is None))
         # Why state_dict() cannot work here (None: it can).  Decided from the stages alone; a
         # pipeline that cannot be resumed is iterated exactly as torch's DataLoader would.
         self._blocker = _resume_blocker(dataset, sampler, batch_sampler)
