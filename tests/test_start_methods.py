@@ -223,14 +223,7 @@ def _keys(items):
         lambda urls: wds.WebDataset(urls, shardshuffle=True, seed=4).to_tuple("__key__").with_epoch(9).with_length(9),
         lambda urls: wds.WebDataset(urls, resampled=True, seed=1).decode().with_epoch(9),
         lambda urls: wds.from_spec({"version": 1, "seed": 3, "sources": [{"name": "a", "urls": urls}]}),
-        pytest.param(
-            lambda urls: wds.WebDataset(urls, shardshuffle=False).decode(wds.handle_extension("txt", _upper)),
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="library: wds_cloud/autodecode.py handle_extension returns a local function, which does not "
-                "pickle (a module-level class or functools.partial would); reported to the lead",
-            ),
-        ),
+        lambda urls: wds.WebDataset(urls, shardshuffle=False).decode(wds.handle_extension("txt", _upper)),
     ],
     ids=["shuffled", "random_mix", "streams", "equal_work", "with_epoch", "resampled", "spec", "handle_extension"],
 )
