@@ -280,6 +280,7 @@ def test_any_nesting_collates_and_packs_as_its_bytes_do(data):
 
     views = _viewed(data)
     assert plain(KeepingViews(default_convert, True)(views), True) == plain(default_convert(data), True)
+    assert plain(KeepingViews(default_convert, True, to_bytes=True)(views), False) == plain(default_convert(data), True)
     try:
         expected = plain(default_collate([data, data]), True)
     except (TypeError, RuntimeError):  # what torch cannot collate (None, ragged lists) it cannot with views either
@@ -287,5 +288,6 @@ def test_any_nesting_collates_and_packs_as_its_bytes_do(data):
             KeepingViews(default_collate, False)([views, views])
     else:
         assert plain(KeepingViews(default_collate, False)([views, views]), True) == expected
+        assert plain(KeepingViews(default_collate, False, to_bytes=True)([views, views]), False) == expected
     assert as_bytes(views) == data and not holds_views(as_bytes(views))
     assert plain(pack_batch(views), False) == plain(pack_batch(data), False)

@@ -40,6 +40,7 @@ def test_the_collate_functions_pickle_and_work_after():
         (BytesCollate(default_convert), sample),
         (keeping_views(default_convert, True), sample),
         (KeepingViews(torch_collate, False), [sample, sample]),
+        (KeepingViews(default_convert, True, to_bytes=True), sample),
         (default_collate(True), sample),
         (default_collate(False), [sample, sample]),
     ):

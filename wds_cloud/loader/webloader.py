@@ -23,7 +23,7 @@ from ..resume.elastic import LOADER_FORMAT, check_merged, is_merged, items_share
 from ..resume.merge import merge_states
 from ..resume.protocol import Resumable, is_buffering
 from ..resume.state import RESHAPE_FIX, check_same, check_seal, expect, inexact_state, is_inexact, restart_from, seal
-from ..resume.views import default_collate, view_keeping
+from ..resume.views import KeepingViews, default_collate, view_keeping
 from ..tar import table as tables
 from . import pipes, transport
 
@@ -102,7 +102,13 @@ class WebLoader(DataPipeline, FluidInterface):
         if not num_workers and HAVE_TORCH:
             # in this process torch's default collation (and its pin_memory walk) would read a view as numbers:
             # views, at any depth, are handed over as bytes, as workers hand them over
-            collate_fn = transport.BytesCollate(view_keeping(collate_fn) or default_collate(batch_size is None))
+            given_fn = view_keeping(collate_fn)
+            if given_fn is None:
+                collate_fn = default_collate(batch_size is None, to_bytes=True)
+            elif isinstance(given_fn, KeepingViews):  # torch's own, given: views made bytes in the same walk
+                collate_fn = KeepingViews(given_fn.collate, given_fn.per_item, to_bytes=True)
+            else:
+                collate_fn = transport.BytesCollate(given_fn)
         # Why state_dict() cannot work here (None: it can).  Decided from the stages alone; a
         # pipeline that cannot be resumed is iterated exactly as torch's DataLoader would.
         self._blocker = _resume_blocker(dataset, sampler, batch_sampler)

@@ -207,51 +207,65 @@ class KeepingViews:
     """``collate`` (torch's ``default_convert`` when ``per_item``, for a loader with ``batch_size=None``; its
     ``default_collate`` otherwise) with every view, at any depth, left a view, to be packed or made ``bytes``
     by the transport: torch reads a ``memoryview`` as a sequence of ints.  A field of views becomes a list of
-    them, as one of ``bytes`` does; everything else is what ``collate`` makes of it.
+    them, as one of ``bytes`` does; everything else is what ``collate`` makes of it.  ``to_bytes``: every
+    view made ``bytes`` instead (what a loader without workers hands over), in the same walk.
 
     A module-level class with named fields: it pickles, for ``spawn`` and ``forkserver`` workers.
     """
 
-    __slots__ = ("collate", "per_item")
+    __slots__ = ("collate", "per_item", "to_bytes")
 
-    def __init__(self, collate: Callable[[Any], Any], per_item: bool) -> None:
+    def __init__(self, collate: Callable[[Any], Any], per_item: bool, to_bytes: bool = False) -> None:
         self.collate = collate
         self.per_item = per_item
+        self.to_bytes = to_bytes
 
     def __call__(self, data: Any) -> Any:
         try:
             if self.per_item:
-                return _convert(data, self.collate, 0)
+                return _convert(data, self.collate, 0, self.to_bytes)
             by_type = _by_type(self.collate)
             if by_type is not None:  # torch's own walk, told that a view is one leaf: no walk of ours
-                return by_type[0](data, collate_fn_map={**by_type[1], memoryview: _views_column})
-            if not holds_views(data):  # another collate function: as it is, unless the batch holds a view
+                out = by_type[0](data, collate_fn_map={**by_type[1], memoryview: _views_column})
+            elif not holds_views(data):  # another collate function: as it is, unless the batch holds a view
                 return self.collate(data)
-            return _collate(data, self.collate, 0)
+            else:
+                out = _collate(data, self.collate, 0)
         except _TooDeep as error:
             raise _refused(error.path[::-1]) from None
         except RecursionError:  # torch's own walk (a batch that holds itself): bounded by Python, named here
             raise _refused(_deep_path(data)) from None
+        return as_bytes(out) if self.to_bytes else out
 
     def __reduce__(self) -> tuple:
-        return (KeepingViews, (self.collate, self.per_item))
+        return (KeepingViews, (self.collate, self.per_item, self.to_bytes))
 
     def __repr__(self) -> str:
-        return f"KeepingViews({getattr(self.collate, '__name__', self.collate)!r}, per_item={self.per_item})"
+        name = getattr(self.collate, "__name__", self.collate)
+        return f"KeepingViews({name!r}, per_item={self.per_item}, to_bytes={self.to_bytes})"
 
 
-def _convert(value: Any, convert: Callable[[Any], Any], depth: int) -> Any:
-    """torch's ``default_convert`` of ``value`` (given as ``convert``), with views left as they are.
+def _convert(value: Any, convert: Callable[[Any], Any], depth: int, to_bytes: bool) -> Any:
+    """torch's ``default_convert`` of ``value`` (given as ``convert``), with views left as they are (made
+    ``bytes`` where ``to_bytes``).
 
     dicts, lists and tuples are walked here as torch walks them (a tuple becomes a list, a list is copied);
     a column of plain items is copied in one step; anything else (arrays, tensors, other types) goes to
     ``convert``, unless it is a subclass of a container that holds a view."""
     kind = type(value)
     if kind in _LEAVES:
-        return value
+        return value.tobytes() if to_bytes and kind is memoryview else value
     if kind is list or kind is tuple:
-        if _LEAVES.issuperset(map(type, value)):  # what torch makes of it, without its walk over every item
-            return list(value)
+        # a column of plain items: what torch makes of it (a list), without its walk over every item
+        if not to_bytes:
+            if _LEAVES.issuperset(map(type, value)):
+                return list(value)
+        else:
+            kinds = set(map(type, value))
+            if _LEAVES.issuperset(kinds):
+                return (
+                    [v.tobytes() if type(v) is memoryview else v for v in value] if memoryview in kinds else list(value)
+                )
         pairs: Iterable = enumerate(value)
     elif kind is dict:
         pairs = value.items()
@@ -266,7 +280,7 @@ def _convert(value: Any, convert: Callable[[Any], Any], depth: int) -> Any:
     out, key = {}, None
     try:
         for key, item in pairs:
-            out[key] = _convert(item, convert, depth + 1)
+            out[key] = _convert(item, convert, depth + 1, to_bytes)
     except _TooDeep as error:
         error.path.append(key)
         raise
@@ -341,13 +355,14 @@ def keeping_views(collate: Callable[[Any], Any], per_item: bool) -> KeepingViews
     return KeepingViews(collate, per_item)
 
 
-def default_collate(per_item: bool) -> Callable[[Any], Any]:
+def default_collate(per_item: bool, to_bytes: bool = False) -> Callable[[Any], Any]:
     """What a DataLoader collates with when given no ``collate_fn``: torch's ``default_convert`` for items
-    (``batch_size=None``), ``default_collate`` for batches, each keeping views; without torch, nothing."""
+    (``batch_size=None``), ``default_collate`` for batches, each keeping views (``to_bytes``: making them
+    ``bytes``); without torch, nothing."""
     kept = _torch_collate()
     if not kept:
         return _unchanged
-    return kept[0] if per_item else kept[1]
+    return kept[(0 if per_item else 1) + (2 if to_bytes else 0)]
 
 
 @overload
@@ -364,7 +379,7 @@ def view_keeping(collate: Optional[Callable[[Any], Any]]) -> Optional[Callable[[
     make of a batch without views stays exactly theirs."""
     kept = _torch_collate()
     if kept and collate is not None and not isinstance(collate, KeepingViews):
-        for wrapper in kept:
+        for wrapper in kept[:2]:
             if collate is wrapper.collate:
                 return wrapper
     return collate
@@ -374,7 +389,8 @@ def _unchanged(data: Any) -> Any:
     return data
 
 
-_found: Optional[tuple] = None  # torch's (default_convert, default_collate), kept, found on first use
+#: torch's default_convert and default_collate, keeping views, then making them bytes; found on first use
+_found: Optional[tuple] = None
 
 
 def _torch_collate() -> tuple:
@@ -386,5 +402,10 @@ def _torch_collate() -> tuple:
         except ImportError:
             _found = ()
         else:
-            _found = (KeepingViews(default_convert, True), KeepingViews(collate, False))
+            _found = (
+                KeepingViews(default_convert, True),
+                KeepingViews(collate, False),
+                KeepingViews(default_convert, True, to_bytes=True),
+                KeepingViews(collate, False, to_bytes=True),
+            )
     return _found
