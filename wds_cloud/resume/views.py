@@ -34,6 +34,8 @@ MAX_DEPTH = 100
 _LEAVES = frozenset((bytes, str, int, float, bool, type(None), memoryview))
 _CONTAINERS = (dict, list, tuple)
 _SEQUENCES = frozenset((list, tuple))
+_EXACT = frozenset((dict, list, tuple))
+_DICT = frozenset((dict,))
 
 
 class _TooDeep(Exception):
@@ -57,15 +59,16 @@ def _refused(path: list) -> MalformedDataError:
 
 def _nested(kinds: set) -> bool:
     """Whether items of these types may hold more items (a container, or a subclass of one)."""
+    if not _EXACT.isdisjoint(kinds):
+        return True
     return not _LEAVES.issuperset(kinds) and any(issubclass(kind, _CONTAINERS) for kind in kinds)
 
 
-def _items(level: list) -> list:
-    """The items of every container in ``level`` (a dict's values), in one list."""
-    kinds = set(map(type, level))
+def _items(level: list, kinds: set) -> list:
+    """The items of every container in ``level`` (of ``kinds``; a dict's values), in one list."""
     if _SEQUENCES.issuperset(kinds):
         return list(chain.from_iterable(level))
-    if kinds == {dict}:
+    if kinds == _DICT:
         return list(chain.from_iterable(map(dict.values, level)))
     out: list = []
     for container in level:
@@ -83,24 +86,19 @@ def holds_views(value: Any) -> bool:
         return True
     if not isinstance(value, _CONTAINERS):
         return False
-    kinds = set(map(type, value.values() if isinstance(value, dict) else value))  # the usual flat sample: done
-    if memoryview in kinds:
-        return True
-    if not _nested(kinds):
-        return False
-    level, seen = [value], {id(value)}
-    while level:  # a level at a time, not a call per container: any depth is safe here
-        items = _items(level)
+    items = list(value.values()) if isinstance(value, dict) else value
+    seen = {id(value)}
+    while True:  # a level at a time, not a call per container: any depth is safe here
         kinds = set(map(type, items))
         if memoryview in kinds:
             return True
-        if not _nested(kinds):
+        if not _nested(kinds):  # the usual flat sample ends here, at once
             return False
-        level = (
-            items
-            if _SEQUENCES.issuperset(kinds) or kinds == {dict}
-            else [x for x in items if isinstance(x, _CONTAINERS)]
-        )
+        if kinds.issubset(_EXACT):
+            level = items
+        else:
+            level = [x for x in items if isinstance(x, _CONTAINERS)]
+            kinds = set(map(type, level))
         ids = set(map(id, level))
         if len(ids) < len(level) or not seen.isdisjoint(ids):  # a container held twice or holding itself: once
             fresh = {}
@@ -109,9 +107,11 @@ def holds_views(value: Any) -> bool:
                     seen.add(id(container))
                     fresh[id(container)] = container
             level = list(fresh.values())
+            if not level:
+                return False
         else:
             seen |= ids
-    return False
+        items = _items(level, kinds)
 
 
 def _deep_path(value: Any) -> list:
