@@ -64,7 +64,7 @@ def _nested(kinds: set) -> bool:
     return not _LEAVES.issuperset(kinds) and any(issubclass(kind, _CONTAINERS) for kind in kinds)
 
 
-def _items(level: list, kinds: set) -> list:
+def _items(level: Iterable, kinds: set) -> list:
     """The items of every container in ``level`` (of ``kinds``; a dict's values), in one list."""
     if _SEQUENCES.issuperset(kinds):
         return list(chain.from_iterable(level))
