@@ -260,3 +260,43 @@ def test_a_pipeline_with_a_cache_gives_states_that_say_they_are_inexact(shards):
     assert "inexact" in pipe.state_dict()
     with pytest.raises(wds.NotResumableError, match="Cached"):
         pipe.state_dict(strict=True)
+
+
+@pytest.mark.parametrize("split", ["unbatched", "unlisted"])
+def test_a_state_inside_a_batch_split_again_is_refused_and_exact_at_its_end(shards, split):
+    """``batched(3).unbatched()`` (or ``listed``/``unlisted``): a state taken between the parts of a batch would
+    resume after the whole batch and lose the rest, so it is inexact (``strict=True`` refuses it, naming the
+    stage); a state taken when the batch is used up resumes exactly."""
+
+    def build():
+        ds = wds.WebDataset(shards, shardshuffle=False).to_tuple("__key__")
+        return ds.batched(3).unbatched() if split == "unbatched" else ds.listed(3).unlisted()
+
+    whole = [item[0] for item in build()]
+    ds = build()
+    it = iter(ds)
+    head = [next(it)[0] for _ in range(4)]
+    with pytest.raises(wds.NotResumableError, match=f"{split}.*2 of its parts"):
+        ds.state_dict(strict=True)
+    assert "inexact" in ds.state_dict()
+    head += [next(it)[0] for _ in range(2)]
+    again = build()
+    again.load_state_dict(ds.state_dict(strict=True))
+    assert head + [item[0] for item in again] == whole
+
+
+def test_a_webloader_state_inside_a_batch_it_splits_again_is_refused(shards):
+    """``WebLoader(ds.batched(4), batch_size=None).unbatched()``: a state taken inside a batch the workers gave is
+    refused (strict) instead of losing the batch's other samples; at the batch's end it is exact."""
+    ds = wds.WebDataset(shards, shardshuffle=False).to_tuple("__key__").batched(5)
+    whole = [key for (key,) in wds.WebLoader(ds, batch_size=None, num_workers=0).unbatched()]
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=0).unbatched()
+    it = iter(loader)
+    head = [next(it)[0] for _ in range(3)]
+    with pytest.raises(wds.NotResumableError, match="unbatched"):
+        loader.state_dict(strict=True)
+    head += [next(it)[0] for _ in range(2)]
+    again = wds.WebLoader(wds.WebDataset(shards, shardshuffle=False).to_tuple("__key__").batched(5), batch_size=None)
+    again = again.unbatched()
+    again.load_state_dict(loader.state_dict(strict=True))
+    assert head + [key for (key,) in again] == whole

@@ -280,27 +280,3 @@ def test_a_wids_dataset_read_by_index_reaches_dataloader_workers(urls, start_met
     )
     keys = sorted(sample["__key__"] for sample in loader)
     assert keys == sorted(f"s{s:02d}_{i:04d}" for s, n in enumerate(SIZES) for i in range(n))
-
-
-# found while probing the start methods: not theirs (fork and a single process lose the same samples)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="library: a strict state taken between the samples of a batch that .unbatched() (or .unlisted()) splits "
-    "again resumes after the whole batch: the rest of that batch is lost, silently; reported to the lead",
-)
-def test_a_state_taken_inside_a_batch_split_again_resumes_exactly(urls):
-    """ds.batched(3).unbatched(): a strict state taken after the first of a batch's samples resumes with the next
-    one, not after the batch (s00_0004 and s01_0000 were lost)."""
-
-    def build():
-        return wds.WebDataset(urls, shardshuffle=False).to_tuple("__key__").batched(3).unbatched()
-
-    whole = [key for (key,) in build()]
-    ds = build()
-    it = iter(ds)
-    head = [next(it)[0] for _ in range(4)]
-    again = build()
-    again.load_state_dict(ds.state_dict(strict=True))
-    assert head + [key for (key,) in again] == whole

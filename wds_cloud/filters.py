@@ -498,9 +498,6 @@ def _unlisted(data: Iterable) -> Iterator:
         yield from batch
 
 
-unlisted = pipelinefilter(_unlisted)
-
-
 def _unbatched(data: Iterable) -> Iterator:
     """Split batches (tuples/lists of columns, or dicts of columns) back into samples.
 
@@ -520,7 +517,51 @@ def _unbatched(data: Iterable) -> Iterator:
             yield tuple(column[i] for column in batch)
 
 
-unbatched = pipelinefilter(_unbatched)
+class _SplitStage(PassHolder, FilterFunction):
+    """A stage that splits each item into several (``unbatched``, ``unlisted``) and knows how many of the item
+    in hand it has still to give: a state taken between them would resume after the whole item (the stages
+    before it are past it) and lose the rest, so the pipeline asks :meth:`holding` and gives no exact state
+    then (a state at an item's end is exact)."""
+
+    PASS_FIELDS = {"_left": None}
+
+    def __call__(self, data: Iterable) -> Iterator:
+        left = self._left = [0]
+        return self._split(data, left)
+
+    def _split(self, data: Iterable, left: list) -> Iterator:
+        f, args, kw = self.f, self.args, self.kw
+        for item in data:
+            parts = list(f((item,), *args, **kw))
+            left[0] = len(parts)
+            for part in parts:
+                left[0] -= 1
+                yield part
+
+    def holding(self) -> Optional[str]:
+        """Why no state can be exact now (items of a split item are still to come), or None."""
+        left = self.__dict__.get("_left")
+        if not left or left[0] <= 0:
+            return None
+        return (
+            f"was stopped inside an item it splits ({left[0]} of its parts not yet given out), which no state can "
+            "give back (the stages before it are past that item): take states when an item is used up (after a "
+            "multiple of the batch size), or leave the batched()/unbatched() pair out"
+        )
+
+
+class _Splitting(RestCurried):
+    """The curried form of a splitting filter: its stages are :class:`_SplitStage`\\ s."""
+
+    def __call__(self, *args: Any, **kw: Any) -> _SplitStage:
+        return _SplitStage(self.f, *args, **kw)
+
+    def __reduce__(self):  # pickle by reference to the underlying module-level function
+        return (_Splitting, (self.f,))
+
+
+unbatched = _Splitting(_unbatched)
+unlisted = _Splitting(_unlisted)
 
 
 def _rsample(data: Iterable, p: float = 0.5, seed: Optional[int] = None) -> Iterator:

@@ -24,6 +24,7 @@ from ..resume.merge import merge_states
 from ..resume.protocol import Resumable, is_buffering
 from ..resume.state import RESHAPE_FIX, check_same, check_seal, expect, inexact_state, is_inexact, restart_from, seal
 from ..resume.views import KeepingViews, default_collate, view_keeping
+from ..resume.wiring import stage_name
 from ..tar import table as tables
 from . import pipes, transport
 
@@ -285,9 +286,14 @@ class WebLoader(DataPipeline, FluidInterface):
     def _exact_state(self) -> dict:
         if self._untag is None:
             raise NotResumableError(f"this WebLoader cannot save a resumable state: {self._blocker}")
-        for stage in self.pipeline[2:]:
+        for i, stage in enumerate(self.pipeline[2:], 2):
             if is_buffering(stage):
                 stage.state_dict()  # raises if its buffer holds items, which cannot be fetched again
+            held = stage.holding() if callable(getattr(stage, "holding", None)) else None
+            if held is not None:  # an unbatched() after the workers, inside a batch: its parts would be lost
+                raise NotResumableError(
+                    f"this WebLoader cannot save a resumable state now: stage {i} ({stage_name(stage)}) {held}"
+                )
         untag = self._untag
         next_worker, exhausted, states = untag.current()
         for worker, state in states.items():

@@ -102,7 +102,8 @@ class PipelineResume:
             return cached
         # the kind is a label saved with each stage's state, to tell a different pipeline apart on load
         found = [(i, type(stage).__name__, stage) for i, stage in enumerate(pipeline) if is_resumable(stage)]
-        self._facts = (list(pipeline), found, owner.resume_blocker(), self.split_kind(owner))
+        holders = [(i, stage) for i, stage in enumerate(pipeline) if callable(getattr(stage, "holding", None))]
+        self._facts = (list(pipeline), found, owner.resume_blocker(), self.split_kind(owner), holders)
         return self._facts
 
     def stateful(self, owner: Any) -> list:
@@ -173,6 +174,12 @@ class PipelineResume:
                 "progress": [0, 0],
                 "stages": [[i, kind, next_pass_state(stage)] for i, kind, stage in facts[1]],
             }
+        for i, stage in facts[4]:  # a stage holding parts of an item whose source has moved past it
+            held = stage.holding()
+            if held is not None:
+                raise NotResumableError(
+                    f"this pipeline cannot save a resumable state now: stage {i} ({wiring.stage_name(stage)}) {held}"
+                )
         take = transport_state if fast else _plain_state
         stages = []
         for i, kind, stage in facts[1]:
