@@ -300,3 +300,90 @@ def test_a_webloader_state_inside_a_batch_it_splits_again_is_refused(shards):
     again = again.unbatched()
     again.load_state_dict(loader.state_dict(strict=True))
     assert head + [key for (key,) in again] == whole
+
+
+def test_a_mix_over_a_dataset_used_elsewhere_resumes_its_own_pass(tmp_path):
+    """A dataset in a RandomMix and also peeked at on its own: the mix's state describes the mix's pass (the mix
+    holds copies of its datasets), and resumes exactly."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    urls_a, urls_b = make_shards(tmp_path / "a", 4, 6), make_shards(tmp_path / "b", 3, 5)
+
+    def mix(dataset=None):
+        dataset = dataset if dataset is not None else wds.WebDataset(urls_a, shardshuffle=True, seed=5)
+        return wds.RandomMix([dataset, wds.WebDataset(urls_b, shardshuffle=False)], [1, 1], seed=1)
+
+    whole = keys(mix())
+    shared = wds.WebDataset(urls_a, shardshuffle=True, seed=5)
+    train = mix(shared)
+    it = iter(train)
+    first = keys(next(it) for _ in range(7))
+    peek = iter(shared)
+    for _ in range(4):
+        next(peek)
+    resumed = mix()
+    resumed.load_state_dict(train.state_dict())
+    assert first + keys(resumed) == whole
+
+
+@pytest.mark.parametrize("stage", ["shard list", "detshuffle"])
+def test_set_epoch_during_a_pass_is_for_the_next_one_and_leaves_this_passs_state_exact(shards, stage):
+    """``set_epoch(9)`` called while epoch 2 runs (a callback setting the next epoch early): the state still
+    describes epoch 2 and resumes exactly; the next pass is epoch 9."""
+
+    def build():
+        if stage == "shard list":
+            return wds.WebDataset(shards, shardshuffle=True, seed=3)
+        return DataPipeline(SimpleShardList(shards), wds.tarfile_to_samples(), wds.detshuffle(6, seed=4))
+
+    reference = build()
+    reference.set_epoch(2)
+    epoch2 = keys(reference)
+    reference.set_epoch(9)
+    epoch9 = keys(reference)
+    ds = build()
+    ds.set_epoch(2)
+    it = iter(ds)
+    first = keys(next(it) for _ in range(13))
+    ds.set_epoch(9)
+    resumed = build()
+    resumed.load_state_dict(ds.state_dict())
+    assert first + keys(resumed) == epoch2
+    assert first + keys(it) == epoch2 and keys(ds) == epoch9
+
+
+def test_a_state_taken_at_the_end_of_a_pass_resumes_into_the_next_epoch(shards):
+    """A dataset's state taken once its pass ended: the resumed pass gives that pass's (empty) rest, and the
+    pass after it is the next epoch, as the uninterrupted dataset's is (it was the same epoch again)."""
+    epochs = wds.WebDataset(shards, shardshuffle=True, seed=2)
+    order = [keys(epochs) for _ in range(3)]
+    ds = wds.WebDataset(shards, shardshuffle=True, seed=2)
+    list(ds)
+    resumed = wds.WebDataset(shards, shardshuffle=True, seed=2)
+    resumed.load_state_dict(ds.state_dict())
+    assert keys(resumed) == [] and keys(resumed) == order[1] and keys(resumed) == order[2]
+
+
+@pytest.mark.parametrize("how", sorted(COPIERS))
+def test_a_copys_state_before_its_first_pass_starts_the_pass_it_will_run(shards, how):
+    """A copy made mid-pass runs the original's next epoch; a state taken from it before it iterates says so."""
+    twice = wds.WebDataset(shards, shardshuffle=True, seed=2)
+    list(twice)
+    second = keys(twice)
+    ds = wds.WebDataset(shards, shardshuffle=True, seed=2)
+    it = iter(ds)
+    for _ in range(5):
+        next(it)
+    copied = COPIERS[how](ds)
+    resumed = wds.WebDataset(shards, shardshuffle=True, seed=2)
+    resumed.load_state_dict(copied.state_dict())
+    assert keys(resumed) == second == keys(copied)
+
+
+def test_a_detshuffle_of_shard_names_is_named_so_with_the_fix_that_fits(shards):
+    """detshuffle before the reader (webdataset's idiom for shuffling shards) blocks an exact state: the message
+    names detshuffle and says to seed the shard list instead."""
+    pipe = DataPipeline(SimpleShardList(shards), wds.detshuffle(3, seed=4), wds.tarfile_to_samples())
+    next(iter(pipe))
+    with pytest.raises(wds.NotResumableError, match=r"detshuffle\(bufsize=3\).*SimpleShardList\(urls, seed="):
+        pipe.state_dict(strict=True)

@@ -20,6 +20,7 @@ from .resume.arguments import SEED_MAX, SEED_MIN, as_seed, as_weights, is_seed
 from .resume.protocol import Resumable, next_pass_state
 from .resume.rng import MAX_COUNT, CountedRandom
 from .resume.state import SEAL, check_seal, expect, refuse_unknown, seal
+from .stages import for_pipeline
 
 __all__ = ["RoundRobin", "RandomMix", "round_robin_shortest", "round_robin_longest", "random_samples"]
 
@@ -115,7 +116,9 @@ class RandomMix(ReplayedSources, IterableDataset):
         longest: bool = False,
         seed: Optional[int] = None,
     ) -> None:
-        self.datasets = list(datasets)
+        # the mix's own copies (see wds_cloud.stages.PassHolder): a dataset also used elsewhere (peeked at, in
+        # another mix) never moves the pass this mix's states describe
+        self.datasets = [for_pipeline(ds) for ds in datasets]
         # plain floats and ints (numpy's too; they go into the state), nonsense refused here, where the user
         # wrote it, rather than on the first draw
         self.probs = as_weights("probs", probs, len(self.datasets)) if probs is not None else None

@@ -154,7 +154,7 @@ class DataPipeline(IterableDataset, PipelineStage):
         state = dict(self.__dict__)
         # the stages drop their passes (see wds_cloud.stages.PassHolder): so does the pipeline, whose progress
         # counts the items of its pass (a loaded state waiting for the next pass is kept)
-        state["_progress"] = [0, 0, True, False]
+        state["_progress"] = [0, 0, False, False]  # not begun: a state taken from the copy starts its next pass
         # A spawned worker has no process group: it learns this rank from the pickle.
         state["_dist_hint"] = utils.torch_distributed()
         return state

@@ -410,7 +410,7 @@ class _Epochs(PassHolder):
     passes, and an elastic resume's share waits in it.
     """
 
-    PASS_FIELDS = {"_current": None}
+    PASS_FIELDS = {"_current": None, "_ran": None}
     COPIED_FIELDS = ("_assigned",)
 
     epoch = -1
@@ -441,7 +441,13 @@ class _Epochs(PassHolder):
         if explicit is None:
             self.epoch = shared if shared is not None else self.epoch + 1
         self._epoch_set = False
+        self._ran = self.epoch  # what this pass's states record, whatever set_epoch() says for the next one
         return self.epoch
+
+    def _last_epoch(self) -> int:
+        """The epoch of the most recent pass (before any: the epoch set for the first)."""
+        ran = self.__dict__.get("_ran")
+        return ran if ran is not None else self.epoch
 
     def _config(self) -> dict:
         key = (len(self.urls), self.seed)
@@ -462,7 +468,7 @@ class _Epochs(PassHolder):
     def state_dict(self) -> dict:
         """The epoch of the most recent pass (the order of the shards follows from it) and, after an elastic
         resume, this rank and worker's share of that epoch (``"assigned"``)."""
-        state = {"epoch": self.epoch, "config": self._config()}
+        state = {"epoch": self._last_epoch(), "config": self._config()}
         record = self._share_record()
         if record is not None:
             state["assigned"] = record
@@ -473,12 +479,12 @@ class _Epochs(PassHolder):
         if pending is not None:
             return pending[0]
         current = self.__dict__.get("_current")
-        return current if current is not None and current.get("epoch") == self.epoch else None
+        return current if current is not None and current.get("epoch") == self._last_epoch() else None
 
     def transport_state(self) -> dict:
         """:meth:`state_dict`, made once per epoch (a loader asks for it with every batch; it is not changed)."""
         cached = self.__dict__.get("_fast_cache")
-        key = (self.epoch, id(self._share_record()))
+        key = (self._last_epoch(), id(self._share_record()))
         if cached is None or cached[0] != key:
             cached = self._fast_cache = (key, self.state_dict())
         return cached[1]

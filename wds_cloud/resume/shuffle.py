@@ -33,9 +33,22 @@ log = logging.getLogger(__name__)
 class _ShuffleRun:
     """The live part of one pass of a :class:`Shuffle`: its buffer, where each buffered sample came from, its RNG."""
 
-    __slots__ = ("buf", "locs", "urls", "counts", "rng", "tracked", "journal", "run_id", "journaled", "urls_list")
+    __slots__ = (
+        "buf",
+        "locs",
+        "urls",
+        "counts",
+        "rng",
+        "tracked",
+        "journal",
+        "run_id",
+        "journaled",
+        "urls_list",
+        "epoch",
+    )
 
-    def __init__(self, rng: Any) -> None:
+    def __init__(self, rng: Any, epoch: int) -> None:
+        self.epoch = epoch  # the epoch this pass was seeded with (a set_epoch() during it is for the next)
         self.buf: list = []
         self.locs: list = []  # (shard ref, first block, blocks) of each buffered sample, in buffer order
         self.urls: dict = {}  # shard ref -> (url, compressed), for the refs in the buffer
@@ -113,11 +126,13 @@ class Shuffle(PassHolder, PipelineStage):
         self.source = source
 
     def resume_blocker(self, feeder: str) -> str:
+        name = "detshuffle" if self.epoch_seeded else "shuffle"
         return (
-            f"(shuffle(bufsize={self.bufsize})) is not fed by a shard reader of this pipeline ({feeder}), so "
+            f"({name}(bufsize={self.bufsize})) is not fed by a shard reader of this pipeline ({feeder}), so "
             "the items in its buffer could not be fetched again on resume. To make the pipeline resumable, "
-            "read the shards with wds.tarfile_to_samples() (or use WebDataset) before this shuffle, and "
-            "shuffle shards with WebDataset(shardshuffle=...) or detshuffle rather than a sample shuffle"
+            "read the shards with wds.tarfile_to_samples() (or use WebDataset) before this shuffle; to shuffle "
+            "shards, give the shard list a seed (wds.SimpleShardList(urls, seed=...), or "
+            "WebDataset(urls, shardshuffle=True)) instead of a shuffle of the shard names before the reader"
         )
 
     def _make_rng(self) -> Any:
@@ -139,7 +154,7 @@ class Shuffle(PassHolder, PipelineStage):
             self.epoch = resume["epoch"]
         elif self.epoch_seeded:
             self.epoch += 1
-        live = _ShuffleRun(self._make_rng())
+        live = _ShuffleRun(self._make_rng(), self.epoch)
         self._live = live
         return self._shuffle(src, live, resume)
 
@@ -251,7 +266,7 @@ class Shuffle(PassHolder, PipelineStage):
             "block": 512,
         }
         if self.epoch_seeded:
-            state["epoch"] = self.epoch
+            state["epoch"] = live.epoch
         return state
 
     def transport_state(self) -> dict:

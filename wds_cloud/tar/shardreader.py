@@ -285,7 +285,8 @@ class TarSamples(PassHolder):
         where = cursor.where
         fetch = (self._range, self._whole, functools.partial(_parse_range, self))
         saved = yield from self._record.resumed(cursor, resume, replay, elastic, fetch)
-        if saved is None:  # the saved pass was done
+        if saved is None:  # the saved pass was done: its shard list is begun all the same, so that this pass
+            next(iter(src), None)  # counts as its epoch and the next one is the epoch after (not this one again)
             return
         src, ahead, lookahead = self._looking_ahead(src)
         try:
