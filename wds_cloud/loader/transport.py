@@ -351,7 +351,7 @@ def pack_batch(batch: Any, min_bytes: int = 0) -> Any:
         whole = _column_size(batch, kinds)
         if whole >= 0:  # the batch is one column
             if whole < min_bytes:
-                return as_bytes(batch)
+                return [v.tobytes() if type(v) is memoryview else v for v in batch] if memoryview in kinds else batch
             return PackedBytes(*_pack_into_one([batch], shared=True)[0])
     if list not in kinds:  # no column (a sample's fields, or a batch of samples): only views to make bytes
         return as_bytes(batch) if _may_hold_views(kinds) else batch
