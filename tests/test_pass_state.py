@@ -2,6 +2,7 @@
 datasets to workers before, during and after a pass."""
 
 import copy
+import os
 import pickle
 
 import pytest
@@ -387,3 +388,18 @@ def test_a_detshuffle_of_shard_names_is_named_so_with_the_fix_that_fits(shards):
     next(iter(pipe))
     with pytest.raises(wds.NotResumableError, match=r"detshuffle\(bufsize=3\).*SimpleShardList\(urls, seed="):
         pipe.state_dict(strict=True)
+
+
+def test_the_settings_a_worker_is_given_are_the_programs_and_hold_no_credential(monkeypatch):
+    """What a dataset carries to a starting worker: the settings' variables, never a credential."""
+    from wds_cloud import config
+
+    monkeypatch.setenv("WDS_MAX_MEMBER_SIZE", "1000")
+    monkeypatch.setenv("AIS_AUTHN_TOKEN", "secret-token")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret-key")
+    carried = config.carried_environ()
+    assert carried["WDS_MAX_MEMBER_SIZE"] == "1000"
+    assert not any("secret" in value for value in carried.values())
+    monkeypatch.setenv("WDS_SEED", "7")
+    config.take_carried_environ(carried)
+    assert "WDS_SEED" not in os.environ and config.current().max_member_size == 1000

@@ -177,18 +177,7 @@ def test_a_program_whose_start_method_is_forkserver_starts_webloader_workers(url
 
 @pytest.mark.parametrize(
     "start_method",
-    [
-        "fork",
-        pytest.param(
-            "forkserver",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="library: a pass reads wds_cloud.config.current() in the worker (the member limit here; the "
-                "seed, the table cache, allow_pickle too), and a forkserver's workers have the environment the "
-                "server started with, not the program's when it built the dataset; reported to the lead",
-            ),
-        ),
-    ],
+    ["fork", "forkserver"],
     indirect=True,
 )  # spawn: a spawned worker gets the program's environment as it is when the loader starts
 def test_a_setting_made_before_the_dataset_is_built_holds_in_its_workers(urls, tmp_path, monkeypatch, start_method):

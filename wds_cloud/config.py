@@ -828,6 +828,34 @@ def variables_set(environ: Optional[Mapping[str, str]] = None) -> frozenset:
     return frozenset(name for name, value in environ.items() if value.strip())
 
 
+#: the variables whose names start so are settings a DataLoader worker takes from the program that built its
+#: dataset (see :func:`carried_environ`); credentials (``AIS_AUTHN_TOKEN``, a cloud's own) are never among them
+_CARRIED_PREFIXES = ("WDS_", "GOPEN_")
+_CARRIED_NAMES = ("USE_AIS_FOR", "AIS_ENDPOINT")
+
+
+def _carried(name: str) -> bool:
+    return name.startswith(_CARRIED_PREFIXES) or name in _CARRIED_NAMES
+
+
+def carried_environ(environ: Optional[Mapping[str, str]] = None) -> dict:
+    """The settings' variables of this process, for a DataLoader worker being started: a forkserver's workers
+    have the environment the server started with, not the program's when it built the dataset (spawn's and
+    fork's have the program's), so the dataset carries these to its worker (:func:`take_carried_environ`)."""
+    environ = os.environ if environ is None else environ
+    return {name: value for name, value in environ.items() if _carried(name)}
+
+
+def take_carried_environ(carried: dict) -> None:
+    """Make this (worker) process's settings variables those ``carried`` holds (see :func:`carried_environ`):
+    set those it names, remove the others."""
+    for name in [name for name in os.environ if _carried(name) and name not in carried]:
+        del os.environ[name]
+    for name, value in carried.items():
+        if isinstance(name, str) and isinstance(value, str) and _carried(name) and os.environ.get(name) != value:
+            os.environ[name] = value
+
+
 def current() -> Settings:
     """Settings from this process's environment as it is now.
 

@@ -18,11 +18,11 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
-from . import shardlists, utils
+from . import config, shardlists, utils
 from .errors import ConfigError
 from .io.datafile import shown
 from .pytorch import DataLoader, IterableDataset
-from .resume import share_out, wiring
+from .resume import handoff, share_out, wiring
 from .resume.arguments import as_count
 from .resume.pipeline_state import PipelineResume, StageKinds, refused
 from .resume.protocol import SampleSource
@@ -157,9 +157,14 @@ class DataPipeline(IterableDataset, PipelineStage):
         state["_progress"] = [0, 0, False, False]  # not begun: a state taken from the copy starts its next pass
         # A spawned worker has no process group: it learns this rank from the pickle.
         state["_dist_hint"] = utils.torch_distributed()
+        if handoff.starting_workers():  # a forkserver's worker would read the server's settings, not the program's
+            state["_worker_environ"] = config.carried_environ()
         return state
 
     def __setstate__(self, state: dict) -> None:
+        carried = state.pop("_worker_environ", None)
+        if carried is not None:
+            config.take_carried_environ(carried)
         hint = state.pop("_dist_hint", None)
         if hint is not None and hint[1] > 1:
             utils.inherit_distributed(*hint)

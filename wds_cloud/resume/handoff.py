@@ -19,7 +19,7 @@ import sys
 import weakref
 from typing import Any, Optional
 
-__all__ = ["handed", "ran_here", "note_pickled", "refusal", "mark"]
+__all__ = ["handed", "ran_here", "note_pickled", "refusal", "mark", "starting_workers"]
 
 #: the pipelines of this process handed to DataLoader worker processes, with no pass run here since
 _HANDED: weakref.WeakSet = weakref.WeakSet()
@@ -80,6 +80,15 @@ def _dataset_like(value: Any) -> bool:
     """Whether ``value`` may be or hold a pipeline: an iterable object with attributes (not a class, a module, a
     container or a text)."""
     return hasattr(type(value), "__iter__") and hasattr(value, "__dict__") and not isinstance(value, type)
+
+
+def starting_workers() -> bool:
+    """Whether a DataLoader iterator on this thread's stack is starting its worker processes (a pickle made now
+    goes to a worker)."""
+    try:
+        return _starting_loader() is not None
+    except Exception:  # a stack this cannot read: not a worker start, as far as anything here is concerned
+        return False
 
 
 def _starting_loader() -> Optional[Any]:
