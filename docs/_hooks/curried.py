@@ -16,9 +16,9 @@ from typing import Any
 
 import griffe
 
-#: the callables that curry a filter: ``stages.pipelinefilter`` and ``filters._Normalised`` (its arguments
+#: the callables that curry a filter: ``stages.pipelinefilter``, ``filters._Splitting`` and ``filters._Normalised`` (its arguments
 #: normalised when the stage is built); each takes the generator as its first argument
-CURRIERS = {"pipelinefilter", "RestCurried", "_Normalised"}
+CURRIERS = {"pipelinefilter", "RestCurried", "_Normalised", "_Splitting"}
 
 
 def _curried(attribute: Any) -> Any:
