@@ -291,3 +291,16 @@ def test_any_nesting_collates_and_packs_as_its_bytes_do(data):
         assert plain(KeepingViews(default_collate, False, to_bytes=True)([views, views]), False) == expected
     assert as_bytes(views) == data and not holds_views(as_bytes(views))
     assert plain(pack_batch(views), False) == plain(pack_batch(data), False)
+
+
+def test_to_device_refuses_a_batch_that_holds_itself():
+    """``to_device`` walks a batch to a bounded depth: a batch that holds itself is a MalformedDataError naming the
+    batch, not a RecursionError."""
+    torch = pytest.importorskip("torch")
+    from wds_cloud.loader.gpu import to_device
+
+    batch: list = [torch.zeros(2)]
+    batch.append(batch)
+    with pytest.raises(wds.MalformedDataError, match="holds itself"):
+        to_device(batch, "cpu")
+    assert to_device({"a": [torch.ones(1)]}, "cpu")["a"][0].item() == 1.0

@@ -24,7 +24,8 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Optional, Union
 
-from ..errors import ConfigError, DecodingError, MissingExtraError
+from ..errors import ConfigError, DecodingError, MalformedDataError, MissingExtraError
+from ..resume.views import MAX_DEPTH
 from .transport import PackedBytes
 
 __all__ = ["gpu_decode", "GPUDecode", "to_device"]
@@ -289,7 +290,13 @@ def to_device(batch: Any, device: Any, stream: Any = None) -> Any:
     # that the caching allocator does not hand their memory to the next copy while a step still reads them
     consumer = torch.cuda.current_stream(device) if cuda and stream is not None else None
 
-    def move(value: Any) -> Any:
+    def move(value: Any, depth: int = 0) -> Any:
+        if depth > MAX_DEPTH:  # a batch holding itself, or nested past what any sample needs: never a crash
+            raise MalformedDataError(
+                f"to_device: the batch nests tuples, lists or dicts more than {MAX_DEPTH} deep (or holds itself): "
+                "make the sample flatter (or encode its deep part, e.g. as JSON bytes)",
+                field="batch",
+            )
         if isinstance(value, torch.Tensor):
             if cuda and value.device.type == "cpu" and not value.is_pinned():
                 value = value.pin_memory()
@@ -301,11 +308,11 @@ def to_device(batch: Any, device: Any, stream: Any = None) -> Any:
             # encoded bytes stay on the host, pinned: the GPU decoder reads them from there in one copy
             return value.pin_memory() if cuda and not value.data.is_pinned() else value
         if isinstance(value, tuple) and not hasattr(value, "_fields"):
-            return tuple(move(v) for v in value)
+            return tuple(move(v, depth + 1) for v in value)
         if isinstance(value, list):
-            return [move(v) for v in value]
+            return [move(v, depth + 1) for v in value]
         if isinstance(value, dict):
-            return {k: move(v) for k, v in value.items()}
+            return {k: move(v, depth + 1) for k, v in value.items()}
         return value
 
     if consumer is not None:

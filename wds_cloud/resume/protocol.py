@@ -43,7 +43,12 @@ side that it calls when a pass starts and when a state is taken or loaded, never
 - :mod:`~wds_cloud.resume.merge` (states of every rank merged into one), :mod:`~wds_cloud.resume.elastic`
   (the share-out rules) and :mod:`~wds_cloud.resume.share_out` (a merged state checked and shared out on a
   pipeline of another shape); :mod:`~wds_cloud.resume.streams`: virtual streams (order kept on any shape);
-- :mod:`~wds_cloud.resume.loader`: a ``WebLoader``'s per-worker states.
+- :mod:`~wds_cloud.resume.loader`: a ``WebLoader``'s per-worker states; :mod:`~wds_cloud.resume.views`: the one
+  bounded walk that hands the memoryviews of ``zero_copy=True`` batches over as bytes, at any depth.
+
+Where a pass's state lives: a pipeline runs a copy of its own of every stateful built-in stage
+(:class:`~wds_cloud.stages.PassHolder`): the live pass (a reader's cursor, a shuffle's buffer) and what waits for the
+next pass belong to that copy, never to the stage object the user holds, and pickles and copies carry no live pass.
 """
 
 from __future__ import annotations
