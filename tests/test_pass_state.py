@@ -403,3 +403,27 @@ def test_the_settings_a_worker_is_given_are_the_programs_and_hold_no_credential(
     monkeypatch.setenv("WDS_SEED", "7")
     config.take_carried_environ(carried)
     assert "WDS_SEED" not in os.environ and config.current().max_member_size == 1000
+
+
+def test_a_webloader_says_when_every_worker_would_read_every_shard(shards):
+    """A DataPipeline over a fixed shard list without split_by_worker, given to a WebLoader with 2 workers: each
+    sample would come twice, silently (as under webdataset); the loader warns once, naming the fix."""
+    pipe = DataPipeline(SimpleShardList(shards), wds.tarfile_to_samples(), wds.batched(4))
+    with pytest.warns(UserWarning, match="split_by_worker"):
+        wds.WebLoader(pipe, batch_size=None, num_workers=2)
+    split = DataPipeline(SimpleShardList(shards), wds.split_by_worker, wds.tarfile_to_samples(), wds.batched(4))
+    wds.WebLoader(split, batch_size=None, num_workers=2)  # no warning (warnings are errors here)
+    wds.WebLoader(wds.WebDataset(shards), batch_size=None, num_workers=2)
+    wds.WebLoader(pipe, batch_size=None, num_workers=1)
+
+
+def test_a_loader_refuses_another_pipelines_state_when_it_is_loaded(two_sets):
+    """A training loader's state loaded into a validation loader of other stages: refused by load_state_dict,
+    naming the stage, not at the first item inside a worker."""
+    train_urls, val_urls = two_sets
+    train = wds.WebLoader(wds.WebDataset(train_urls, shardshuffle=False).shuffle(5, seed=1), batch_size=None)
+    it = iter(train)
+    next(it)
+    val = wds.WebLoader(wds.WebDataset(val_urls, shardshuffle=False), batch_size=None)
+    with pytest.raises(wds.StateMismatchError, match="stages differ.*Shuffle.*another pipeline"):
+        val.load_state_dict(train.state_dict())

@@ -219,6 +219,12 @@ class DataPipeline(IterableDataset, PipelineStage):
         progress = self._resumer.load_state_dict(self, state)
         self._resume_progress = progress
 
+    def check_stages_of(self, state: dict) -> None:
+        """Refuse (StateMismatchError) a state of this pipeline's whose stages are not this pipeline's, without
+        loading it: what a loader checks in its process before its workers load their states."""
+        if isinstance(state, dict) and isinstance(state.get("stages"), list):
+            self._resumer.check_stages(self, state["stages"])
+
     def load_nested_state(self, state: dict) -> None:
         """Load a state taken with :meth:`nested_state`, as part of a larger state whose checksum was checked."""
         self._resume_progress = self._resumer.load(self, state)
@@ -242,6 +248,15 @@ class DataPipeline(IterableDataset, PipelineStage):
     def feeding_source(self) -> Optional[SampleSource]:
         """The sample source (shard reader) whose latest sample is this pipeline's latest output, if any."""
         return self._resumer.feeding(self)[1]
+
+    def shard_split(self) -> Optional[str]:
+        """How the shards of this pipeline's fixed shard list reach its reader: ``"nodes+workers"``,
+        ``"nodes"``, ``"workers"``, ``"none"`` (every DataLoader worker reads every shard), ``"custom"`` (a
+        stage of the user's in between), or None (no fixed list and reader: a resampled list draws per worker)."""
+        kind, _ = wiring.splitting(self.pipeline, _KINDS)
+        if kind is None or not any(isinstance(stage, shardlists.SimpleShardList) for stage in self.pipeline):
+            return None
+        return kind
 
     def shard_urls(self) -> dict:
         """The shard URLs this pipeline's shard lists name (as the program gave them), by text."""

@@ -3,7 +3,7 @@
 The dataset (real JPEG and PNG images made with Pillow, with ``.json`` and
 ``.cls`` fields) goes to a temporary directory by default, or under any URL
 given with ``--url``.  It is read back through
-``WebDataset -> shuffle -> decode -> to_tuple -> DataLoader`` with worker
+``WebDataset -> shuffle -> decode -> to_tuple -> batched -> DataLoader`` with worker
 processes, with a progress bar and the throughput, and one decoded sample is
 printed.  A temporary directory is removed afterwards.
 """

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
@@ -110,6 +111,7 @@ class WebLoader(DataPipeline, FluidInterface):
                 collate_fn = KeepingViews(given_fn.collate, given_fn.per_item, to_bytes=True)
             else:
                 collate_fn = transport.BytesCollate(given_fn)
+        _warn_if_every_worker_reads_every_shard(dataset, num_workers)
         # Why state_dict() cannot work here (None: it can).  Decided from the stages alone; a
         # pipeline that cannot be resumed is iterated exactly as torch's DataLoader would.
         self._blocker = _resume_blocker(dataset, sampler, batch_sampler)
@@ -380,9 +382,12 @@ class WebLoader(DataPipeline, FluidInterface):
                 field="workers",
             )
         check_seal(state, "WebLoader")  # after the fields, so that a changed one is named
-        self._untag.resume(state["next"], set(state["exhausted"]), workers)
         dataset = self._dataset
         assert dataset is not None  # a loader without a dataset has a resume blocker
+        if callable(getattr(dataset, "check_stages_of", None)):  # another pipeline's state: refused here, not in
+            for worker_state in workers.values():  # a worker at the first item
+                dataset.check_stages_of(worker_state)
+        self._untag.resume(state["next"], set(state["exhausted"]), workers)
         dataset.set_worker_states(dict(workers))
         self._pass_epoch = state.get("epoch", 0)
         self._auto_epoch = self._pass_epoch + 1
@@ -528,3 +533,18 @@ def _resume_blocker(dataset: Any, sampler: Any, batch_sampler: Any) -> Optional[
 
 
 # mixed datasets: a spec of several sources (``WebDataset("train.yaml")``)
+
+
+def _warn_if_every_worker_reads_every_shard(dataset: Any, num_workers: Optional[int]) -> None:
+    """A DataPipeline over a fixed shard list with no ``split_by_worker`` gives every DataLoader worker every
+    shard, so each sample comes once per worker (as under webdataset): said once, when the loader is built."""
+    if not num_workers or num_workers < 2 or not callable(getattr(dataset, "shard_split", None)):
+        return
+    if dataset.shard_split() in ("none", "nodes"):
+        warnings.warn(
+            f"every one of the {num_workers} DataLoader workers reads every shard of this pipeline, so each sample "
+            "comes once per worker: put wds.split_by_worker after the shard list (DataPipeline(SimpleShardList("
+            "urls), wds.split_by_worker, wds.tarfile_to_samples(), ...)); WebDataset does so itself",
+            UserWarning,
+            stacklevel=3,
+        )

@@ -234,10 +234,7 @@ class PipelineResume:
             stages=list,
         )
         refuse_unknown(state, ("format", "progress", "stages", "split", SEAL), "pipeline")
-        pipeline_checks.check_entries(state["stages"])
-        saved = {f"stage {i}": kind for i, kind, _ in state["stages"]}
-        here = {f"stage {i}": kind for i, kind, _ in self.stateful(owner)}
-        check_same("pipeline (its stages differ)", saved, here)
+        self.check_stages(owner, state["stages"])
         pipeline_checks.check_pass(owner.repetitions, (state.get("progress") or (0, 0))[0], "progress")
         pipeline_checks.check_epoch_items(owner.nsamples, (state.get("progress") or (0, 0))[1])
         self.wire(owner)
@@ -256,6 +253,20 @@ class PipelineResume:
                     self, owner, stage_state["assigned"]
                 )  # a pass begun by an elastic resume goes on
         return list(state.get("progress") or (0, 0))
+
+    def check_stages(self, owner: Any, stages: Any) -> None:
+        """Refuse a state whose resumable stages (by position and kind) are not this pipeline's: checked where the
+        state is loaded, before any worker starts (a worker's own checks would raise only at its first item)."""
+        pipeline_checks.check_entries(stages)
+        saved = {f"stage {i}": kind for i, kind, _ in stages}
+        here = {f"stage {i}": kind for i, kind, _ in self.stateful(owner)}
+        check_same(
+            "pipeline (its stages differ)",
+            saved,
+            here,
+            "Load a state into a dataset built with the same stages (shuffles, shard list, reader) as the one that "
+            "saved it: a state of another pipeline (a training state loaded into a validation loader) never fits",
+        )
 
     def _replay_buffers(self, owner: Any, stages: list) -> None:
         """Give each sample source the samples the buffering stage it feeds held, checked, to fetch again first."""
