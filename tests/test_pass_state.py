@@ -427,3 +427,31 @@ def test_a_loader_refuses_another_pipelines_state_when_it_is_loaded(two_sets):
     val = wds.WebLoader(wds.WebDataset(val_urls, shardshuffle=False), batch_size=None)
     with pytest.raises(wds.StateMismatchError, match="stages differ.*Shuffle.*another pipeline"):
         val.load_state_dict(train.state_dict())
+
+
+@pytest.mark.parametrize("n", [10, 100, 1000])
+def test_a_stage_holds_no_more_than_the_pipelines_that_live(shards, n):
+    """A stage put into n pipelines that are dropped keeps no copy of them (its copies are weak references), and a
+    fluent chain of n steps copies each stateful stage once per step (never all earlier steps' copies again)."""
+    import gc
+
+    reader = wds.tarfile_to_samples()
+    for _ in range(n):
+        DataPipeline(SimpleShardList(shards), reader)
+    gc.collect()
+    assert reader.pipeline_copies() == []
+    made = [0]
+    original = wds.tar.shardreader.TarSamples.__copy__
+
+    def counted(self):
+        made[0] += 1
+        return original(self)
+
+    ds = wds.WebDataset(shards)
+    try:
+        wds.tar.shardreader.TarSamples.__copy__ = counted
+        for _ in range(n):
+            ds = ds.map(_upper)
+    finally:
+        del wds.tar.shardreader.TarSamples.__copy__  # the inherited one again
+    assert made[0] == n
