@@ -16,6 +16,8 @@ from wds_cloud.errors import MalformedDataError
 from wds_cloud.loader.transport import PackedBytes, as_bytes, pack_batch
 from wds_cloud.resume.views import MAX_DEPTH, KeepingViews, holds_views
 
+from .conftest import make_shards
+
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 
@@ -304,3 +306,17 @@ def test_to_device_refuses_a_batch_that_holds_itself():
     with pytest.raises(wds.MalformedDataError, match="holds itself"):
         to_device(batch, "cpu")
     assert to_device({"a": [torch.ones(1)]}, "cpu")["a"][0].item() == 1.0
+
+
+def _in_a_set(sample):
+    return {"__key__": sample["__key__"], "fs": frozenset([sample["txt"]]), "keyed": {sample["cls"]: 1}}
+
+
+def test_a_view_where_no_walk_looks_crosses_from_a_worker_as_bytes(tmp_path):
+    """A view in a frozenset or a dict's key (where the walks do not look) crosses from a worker as bytes: it
+    could not be pickled, and torch's worker, failing in its queue's thread, left the main process waiting."""
+    urls = make_shards(tmp_path, 1, 3)
+    ds = wds.WebDataset(urls, zero_copy=True, shardshuffle=False).map(_in_a_set)
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=1, timeout=60)
+    sample = next(iter(loader))
+    assert [type(x) for x in sample["fs"]] == [bytes] and [type(k) for k in sample["keyed"]] == [bytes]

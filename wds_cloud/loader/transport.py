@@ -26,7 +26,7 @@ from typing import Any, Optional, Union, overload
 
 from ..errors import MalformedDataError
 from ..io.datafile import shown
-from ..resume.views import as_bytes, default_collate, view_keeping
+from ..resume.views import as_bytes, default_collate, view_keeping, views_pickle_as_bytes
 
 __all__ = ["PackedBytes", "pack_batch", "PackingCollate", "AUTO_MIN_BYTES", "as_bytes", "BytesCollate"]
 
@@ -413,4 +413,7 @@ class PackingCollate:
         out = self.inner(data)
         # without workers nothing crosses, but views are handed over as bytes all the same (what a worker hands
         # over, and what torch's pin_memory walk would otherwise read as numbers)
-        return pack_batch(out, self.min_bytes) if get_worker_info() is not None else as_bytes(out)
+        if get_worker_info() is None:
+            return as_bytes(out)
+        views_pickle_as_bytes()
+        return pack_batch(out, self.min_bytes)

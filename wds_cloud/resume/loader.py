@@ -31,7 +31,7 @@ from ..pytorch import IterableDataset
 from ..stages import PipelineStage
 from .protocol import transport_state
 from .shuffle import apply_journal, buffer_locations
-from .views import default_collate, view_keeping
+from .views import default_collate, view_keeping, views_pickle_as_bytes
 
 __all__ = [
     "EndMark",
@@ -373,7 +373,10 @@ def _worker_info() -> Any:
         except ImportError:
             get_worker_info = _no_workers
         _get_worker_info = get_worker_info
-    return _get_worker_info()
+    info = _get_worker_info()
+    if info is not None:  # the loader's collation runs here, in a worker: what it sends pickles views as bytes
+        views_pickle_as_bytes()
+    return info
 
 
 def _no_workers() -> None:

@@ -24,7 +24,16 @@ from typing import Any, Optional, overload
 
 from ..errors import MalformedDataError
 
-__all__ = ["MAX_DEPTH", "KeepingViews", "keeping_views", "default_collate", "view_keeping", "holds_views", "as_bytes"]
+__all__ = [
+    "MAX_DEPTH",
+    "KeepingViews",
+    "keeping_views",
+    "default_collate",
+    "view_keeping",
+    "holds_views",
+    "as_bytes",
+    "views_pickle_as_bytes",
+]
 
 #: how many containers (dicts, lists, tuples) deep the walks that rebuild a batch around its views go; views nested
 #: deeper, or in a batch that holds itself, are refused (a sample's fields rarely nest more than a few levels)
@@ -409,3 +418,24 @@ def _torch_collate() -> tuple:
                 KeepingViews(collate, False, to_bytes=True),
             )
     return _found
+
+
+_VIEWS_AS_BYTES = [False]
+
+
+def _view_as_bytes(view: memoryview) -> tuple:
+    return (bytes, (view.tobytes(),))
+
+
+def views_pickle_as_bytes() -> None:
+    """In a DataLoader worker: make a view that reaches the pickling of what the worker sends (one where no walk
+    looks: in a set, a dict's key, an object of the user's) cross as ``bytes``, as the views the walks find do.
+    Otherwise it cannot be pickled, and torch's worker, failing in its queue's thread, leaves the main process
+    waiting for ever.  Registered on multiprocessing's pickler (the one worker queues use) once per process,
+    where the loader's collation runs in a worker, so it costs one check per batch."""
+    if _VIEWS_AS_BYTES[0]:
+        return
+    from multiprocessing.reduction import ForkingPickler
+
+    ForkingPickler.register(memoryview, _view_as_bytes)
+    _VIEWS_AS_BYTES[0] = True
