@@ -107,8 +107,9 @@ class Shuffle(PassHolder, PipelineStage):
             made.set_epoch(epoch)
 
     def _forget_run(self) -> None:
-        """No source, buffer or loaded state: what a copy made for another stream starts from."""
-        self.source, self._live, self._resume = None, None, None
+        """No loaded state (a copy has no source or buffer already): what a copy made for another stream starts
+        from."""
+        self._resume = None
 
     def for_stream(self, stream: int, streams: int) -> Shuffle:
         """A shuffle of its own for virtual stream ``stream`` (see :mod:`wds_cloud.resume.streams`): a buffer of

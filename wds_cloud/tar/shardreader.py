@@ -229,8 +229,8 @@ class TarSamples(PassHolder):
         return clone
 
     def _start_stream(self, stream: int, streams: int) -> None:
-        """Forget any pass, loaded state or replay, and name the stream (what :meth:`for_stream`'s copy does)."""
-        self.cursor = None
+        """Forget any loaded state or replay (a copy has no pass already), and name the stream (what
+        :meth:`for_stream`'s copy does)."""
         self._record = ReaderResume(stream_identity={"stream": stream, "streams": streams})
         self.lookahead = False
 
