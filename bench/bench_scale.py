@@ -187,7 +187,7 @@ def row_rerun(n: int, data: str) -> Callable[[], dict]:
 def _job_record(dest: str, inputs: list[str]) -> Callable[[], Any]:
     """Load (and release) the record the reshard CLI keeps at ``dest``, as its rerun does before any input."""
     from wds_cloud.cli import build_parser
-    from wds_cloud.io.jobrecord import JobRecord
+    from wds_cloud.jobs.record import JobRecord
 
     args = build_parser().parse_args(["reshard", *inputs[:1], dest, "--maxcount", "1"])
     settings = {"maxcount": args.maxcount, "maxsize": args.maxsize, "compress": args.compress}

@@ -32,7 +32,7 @@ from tests.conftest import make_shards  # noqa: E402
 from tests.hostile import mutate_json, mutate_text  # noqa: E402
 from wds_cloud import index as wds_index  # noqa: E402
 from wds_cloud.errors import StateMismatchError, WdsCloudError  # noqa: E402
-from wds_cloud.io.jobrecord import JobRecord  # noqa: E402
+from wds_cloud.jobs.record import JobRecord  # noqa: E402
 from wds_cloud.manifest import Manifest  # noqa: E402
 from wds_cloud.resume.state import seal  # noqa: E402
 

@@ -362,7 +362,7 @@ def test_an_output_pattern_needs_exactly_one_number_field(tree, capsys, command,
 def test_the_library_refuses_the_same_patterns(tree):
     """convert_mmc4 (and its Dask shard task) check the pattern before anything: the same rule as the CLI."""
     from wds_cloud.errors import ConfigError
-    from wds_cloud.io.patterns import check_output_pattern
+    from wds_cloud.jobs.patterns import check_output_pattern
     from wds_cloud.tools.interleaved import convert_mmc4
 
     folder, _ = tree

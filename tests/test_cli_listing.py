@@ -239,7 +239,7 @@ def test_a_reshard_on_dask_stopped_part_way_keeps_what_it_finished(tmp_path, mon
     import contextlib
 
     from wds_cloud.cli import shardtools
-    from wds_cloud.io import jobrecord
+    from wds_cloud.jobs import record as jobrecord
 
     source = str(tmp_path / "in.tar")
     with wds.TarWriter(source) as writer:

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 import wds_cloud as wds
 from wds_cloud import index as wds_index
 from wds_cloud.errors import StateMismatchError, WdsCloudError
-from wds_cloud.io.jobrecord import JobRecord
 from wds_cloud.io.parallel import part_step
+from wds_cloud.jobs.record import JobRecord
 from wds_cloud.manifest import Manifest
 from wds_cloud.resume.state import seal
 
@@ -212,7 +212,7 @@ def test_a_mutated_job_record_is_refused_with_our_error(tmp_path_factory, data):
 def test_a_mutated_map_job_record_is_refused_or_well_formed(tmp_path_factory, data):
     """wds_cloud.dask's record adds "done" (finished input -> its outputs): accepted only when every entry is
     an input of the job mapping to that input's own outputs, in order, and the outputs are exactly those."""
-    from wds_cloud.io.jobrecord import output_names
+    from wds_cloud.jobs.record import output_names
 
     root = tmp_path_factory.mktemp("map")
     dest = str(root / "o-%03d.tar")

@@ -487,7 +487,7 @@ def test_what_an_interrupted_run_published_unrecorded_is_written_again_but_a_lin
     """The record is saved before the first output and then about once a second: a run stopped between an
     output's publication and the next save leaves a file the record does not list.  With this job's record
     there, such a regular file is the job's own (written again); a link is never the job's (refused)."""
-    from wds_cloud.io.jobrecord import record_url
+    from wds_cloud.jobs.record import record_url
 
     src = tmp_path / "src"
     src.mkdir()

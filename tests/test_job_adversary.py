@@ -13,7 +13,7 @@ import pytest
 
 from wds_cloud.cli import main
 from wds_cloud.errors import MalformedDataError
-from wds_cloud.io.jobrecord import JobRecord, claim_url, record_url
+from wds_cloud.jobs.record import JobRecord, claim_url, record_url
 
 from .test_resume import write_shards
 
@@ -121,7 +121,7 @@ def test_a_record_line_that_is_not_utf8_says_so(done_job):
 
 def test_removing_litter_is_one_listing_whatever_its_amount(done_job, monkeypatch, capsys):
     """F4/F5: loading a record lists the destination's folder once, with 2 or 40 files to remove."""
-    import wds_cloud.io.jobrecord as jobrecord
+    import wds_cloud.jobs.record as jobrecord
 
     src, dest = done_job
     folder = pathlib.Path(dest).parent

@@ -17,7 +17,7 @@ import threading
 import pytest
 
 from wds_cloud.errors import ConfigError, MalformedDataError
-from wds_cloud.io.jobrecord import JobRecord, record_url
+from wds_cloud.jobs.record import JobRecord, record_url
 
 from .test_resume import write_shards
 
@@ -25,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def claim_of(destination):
-    from wds_cloud.io.jobrecord import claim_url
+    from wds_cloud.jobs.record import claim_url
 
     return claim_url(destination)
 
@@ -375,7 +375,7 @@ def test_a_dropped_record_gives_its_claim_back(free):
 
 def _claim_in_a_process(dest, urls):
     code = (
-        "import sys\nfrom wds_cloud.io.jobrecord import JobRecord\n"
+        "import sys\nfrom wds_cloud.jobs.record import JobRecord\n"
         f"record = JobRecord({dest!r}, 'map', {urls!r}, {settings_of(shout)!r})\n"
         "print('claimed', flush=True)\nsys.stdin.read()\n"
     )

@@ -42,7 +42,20 @@ PUBLIC_FACE = ["__init__", "__main__", "errors", "config", "stages"]
 #: documented paths of ours at the top level: thin facades over the subpackage where the code lives
 DOCUMENTED_FACADES = ["dask", "interleaved", "manifest", "records", "transport"]
 #: the subpackages, named for their place on the data path (see the README's map)
-SUBPACKAGES = ["io", "resume", "tar", "codec", "index", "mixing", "dataset", "loader", "tools", "cli", "testing"]
+SUBPACKAGES = [
+    "io",
+    "resume",
+    "tar",
+    "codec",
+    "index",
+    "mixing",
+    "dataset",
+    "loader",
+    "jobs",
+    "tools",
+    "cli",
+    "testing",
+]
 #: the layers, lowest first: a module imports only from its own layer and those below; a name is a top-level
 #: module or subpackage (every module of a subpackage is in its layer)
 LAYERS = [
@@ -67,7 +80,7 @@ LAYERS = [
     ),
     ("datasets", ["dataset"]),
     ("loading", ["loader", "compat", "multi", "transport"]),
-    ("tools and the command line", ["tools", "dask", "interleaved", "cli", "testing", "__main__", "__init__"]),
+    ("tools and the command line", ["jobs", "tools", "dask", "interleaved", "cli", "testing", "__main__", "__init__"]),
 ]
 #: what io/ may import besides itself: the bottom layer plugins build on
 IO_MAY_IMPORT = {"wds_cloud.errors", "wds_cloud.config"}
@@ -526,7 +539,7 @@ DOCUMENTED_PATHS = [
     "io.security",
     "io.datafile",
     "io.concurrency",
-    "io.jobrecord",
+    "jobs.record",
     "testing.faults",
     "testing.objects",
     "testing.link",

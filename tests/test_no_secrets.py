@@ -215,7 +215,7 @@ def test_job_records_keep_no_credential(tmp_path):
     """A job record lists its inputs redacted, whatever the credential's spelling; a destination carrying one is
     refused (its output names would be the record's keys)."""
     from wds_cloud.errors import ConfigError
-    from wds_cloud.io.jobrecord import JobRecord
+    from wds_cloud.jobs.record import JobRecord
 
     inputs = [f"https://h.invalid/in-{i}.tar?{name}={VALUE}" for i, name in enumerate(CREDENTIAL_NAMES)]
     record = JobRecord(str(tmp_path / "out-%d.tar"), "reshard", inputs, {"maxcount": 2})

@@ -15,8 +15,8 @@ import pathlib
 import pytest
 
 from wds_cloud.errors import ConfigError, MalformedDataError
-from wds_cloud.io import jobrecord
-from wds_cloud.io.jobrecord import JobRecord, output_names, output_number, record_url
+from wds_cloud.jobs import record as jobrecord
+from wds_cloud.jobs.record import JobRecord, output_names, output_number, record_url
 
 SETTINGS = {"function": "tests.test_scale_tools:ident", "per": "sample", "maxcount": None, "maxsize": None}
 

@@ -111,8 +111,8 @@ def scheduler(text: str) -> str:
 
 
 def output_pattern(text: str) -> str:
-    """An argparse type: an output name pattern with exactly one number field (``wds_cloud.io.patterns``)."""
-    from ..io.patterns import PATTERN_RULE, output_pattern_problem
+    """An argparse type: an output name pattern with exactly one number field (``wds_cloud.jobs.patterns``)."""
+    from ..jobs.patterns import PATTERN_RULE, output_pattern_problem
 
     problem = output_pattern_problem(text)
     if problem is not None:

@@ -27,10 +27,10 @@ from ..index.formats import index_stream
 from ..index.sidecar import build_index, index_of, read_index, read_range, wids_description, write_index
 from ..io.descriptions import write_description
 from ..io.integrity import Hashing
-from ..io.jobrecord import HashingWriter, JobRecord
 from ..io.manifest import Manifest, load_manifest
 from ..io.open import check_schemes, gopen
 from ..io.urls import is_local
+from ..jobs.record import HashingWriter, JobRecord
 from ..shardlists import expand_urls
 from . import flags
 from .console import EXIT_CODES, EXIT_OK, EXIT_PROBLEM, READ_EXIT_CODES, UsageError, emit, for_cli, progress, shown

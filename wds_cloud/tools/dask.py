@@ -14,7 +14,7 @@ every machine its scheduler reaches.
   place, an object is uploaded at close); a worker killed mid-shard leaves nothing under an output name and
   the scheduler runs the shard again.
 - **The job record** (``destination`` with ``N`` for the number, then ``.wds-job.json``, see
-  :mod:`wds_cloud.io.jobrecord`) lives beside the outputs: the function, the inputs and the settings, and
+  :mod:`wds_cloud.jobs.record`) lives beside the outputs: the function, the inputs and the settings, and
   per finished input its outputs with their sizes and SHA-256.  Running the same job again skips the inputs
   whose outputs are still there and unchanged; another function, other inputs or other settings are refused
   before anything is written, naming what differs.
@@ -46,8 +46,8 @@ from typing import IO, Any, Optional, Union, cast
 
 from ..errors import ConfigError, MissingExtraError, SecurityError, UnknownSchemeError, holds_credential, redact
 from ..handlers import reraise_exception
-from ..io.jobrecord import output_names
-from ..io.patterns import check_output_pattern
+from ..jobs.patterns import check_output_pattern
+from ..jobs.record import output_names
 
 __all__ = [
     "map_shards",
@@ -325,8 +325,8 @@ def _shard_work(
 ) -> dict:
     """One input shard, on a worker: read, apply, write whole; what was done, for the job record."""
     from ..compat import WebDataset
-    from ..io.jobrecord import HashingWriter
     from ..io.open import gopen
+    from ..jobs.record import HashingWriter
     from ..writer import TarWriter
 
     started = time.perf_counter()
@@ -408,9 +408,9 @@ def _drop_extra_parts(destination: str, parts: dict[int, int]) -> list[str]:
     function whose output varies between runs gives fewer parts the second time), or they were put there; the
     job owns these names, and a rerun never keeps a file at them that it did not make (it would hold samples twice).  One listing
     of a local destination's folder, each name read back into its input and part once
-    (:func:`~wds_cloud.io.jobrecord.output_number`).  The names removed, in order."""
-    from ..io.jobrecord import output_number
+    (:func:`~wds_cloud.jobs.record.output_number`).  The names removed, in order."""
     from ..io.urls import is_local
+    from ..jobs.record import output_number
 
     if not is_local(destination) or not parts:
         return []
@@ -452,8 +452,8 @@ def sweep_partials(destination: str, indexes: Iterable[int]) -> None:
     """Remove the hidden temporary files that workers killed while writing left beside local outputs of these
     inputs (a write in progress is published by renaming such a file; one whose writer died is litter).  One
     listing of the destination's folder, each name read back into its input once."""
-    from ..io.jobrecord import output_number
     from ..io.urls import is_local
+    from ..jobs.record import output_number
 
     if not is_local(destination):
         return  # an object store publishes an upload only when it completes: nothing is left behind
@@ -523,7 +523,7 @@ def map_shards(
         the machine's cores) and closes it.  ``profile``: the storage profile the workers use for ``source`` and
         ``destination``.  ``on_progress``: called with each finished shard's result.
     """
-    from ..io.jobrecord import JobRecord
+    from ..jobs.record import JobRecord
     from ..shardlists import expand_source
 
     if per not in ("sample", "shard"):
@@ -777,8 +777,8 @@ def reshard_part(
     each written; with ``topic``, each is also told as it is published (a Dask event of that topic), so that
     the job's record keeps it even when the task or the job stops before its last output."""
     from ..compat import WebDataset
-    from ..io.jobrecord import HashingWriter
     from ..io.open import gopen
+    from ..jobs.record import HashingWriter
     from ..writer import TarWriter
 
     def samples() -> Iterator[dict]:

@@ -35,8 +35,8 @@ from ..errors import ConfigError, MalformedDataError, SampleError, redact
 from ..filters import pipelinefilter
 from ..handlers import reraise_exception
 from ..io import datafile
-from ..io.patterns import check_output_pattern
 from ..io.security import confined
+from ..jobs.patterns import check_output_pattern
 
 __all__ = [
     "interleaved",
@@ -435,8 +435,8 @@ def mmc4_plan(docs: list[str], maxcount: int) -> tuple[list[tuple[int, int, int]
 def mmc4_shard(docs: list[str], images: str, dest: str, shard: int, start: tuple, maxcount: int, missing: str) -> dict:
     """Write output shard ``shard`` of a conversion (on a Dask worker): its documents from ``start`` (an entry
     of :func:`mmc4_plan`), published whole.  Returns its name, size, SHA-256 and counts."""
-    from ..io.jobrecord import HashingWriter
     from ..io.open import gopen
+    from ..jobs.record import HashingWriter
     from ..writer import TarWriter
 
     check_output_pattern(dest, "dest")
@@ -494,7 +494,7 @@ def convert_mmc4(
         raise SampleError(f"missing={missing!r} is not one of drop, skip, error")
     if isinstance(maxcount, bool) or not isinstance(maxcount, int) or maxcount < 1:
         raise ConfigError(f"maxcount={maxcount!r}: give the number of documents per shard, 1 or more")
-    from ..io.jobrecord import HashingWriter, JobRecord
+    from ..jobs.record import HashingWriter, JobRecord
 
     record = JobRecord(
         dest, "convert mmc4", list(docs), {"images": redact(images), "maxcount": maxcount, "missing": missing}

@@ -3,7 +3,7 @@
 A pattern names shard ``k`` as ``pattern % k``.  It holds exactly one number field, ``%d`` or a zero-padded
 ``%0Nd`` (``%06d``), in its last path segment, and no other ``%``: so the names of two shards never coincide
 (a pattern whose names repeat, such as ``out-%.0s.tar``, would publish every shard under one name and keep
-all but the first as "already complete"), the job record (``wds_cloud.io.jobrecord``) can name the job
+all but the first as "already complete"), the job record (``wds_cloud.jobs.record``) can name the job
 (the field replaced by ``N``) and recognise its outputs, and nothing fails half way with Python's
 ``TypeError`` (``out-%d-%d.tar``, ``out-%%d.tar``).  Other conversions (``%s``, ``%x``, ``%5d`` padded
 with spaces, ``%+d``) and a literal ``%%`` are refused: the few names they would add are not worth names

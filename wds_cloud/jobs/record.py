@@ -21,7 +21,7 @@ SHA-256.  With it a rerun is safe:
   record name ``out/t-N.tar.wds-job.json``, so a job of one pattern finding the other's record is refused as
   a bad argument naming that pattern (write to another folder or name), never told the record is malformed
   (records written before this field are checked name by name, as before);
-- one job at a time: making the record claims the destination (:mod:`wds_cloud.io.jobclaim`) before the
+- one job at a time: making the record claims the destination (:mod:`wds_cloud.jobs.claim`) before the
   job's first expensive step; a second job into it is refused naming the first, a dead job's claim is
   taken over.
 
@@ -55,7 +55,7 @@ than once a second and no more than one twentieth of the time the job has run, s
 job at most a small fixed share of its time.  A run killed mid-line leaves a last line without its end: it
 is ignored (that output is written again) and the record is written whole at the next save.
 
-The shard tools above use it (io/ depends on nothing above it).
+The shard tools (``tools/``, ``cli/``) use it; it builds on ``io/``, which depends on nothing above it.
 """
 
 from __future__ import annotations
@@ -73,10 +73,10 @@ from typing import Any, Optional, cast
 
 from .. import config
 from ..errors import ConfigError, ShardNotFoundError, holds_credential, redact
-from . import datafile
-from .jobclaim import Claim, claim_beside, open_regular, process_gone
-from .open import check_schemes, exists, gopen
-from .urls import is_local, local_path, resolved, same_location
+from ..io import datafile
+from ..io.open import check_schemes, exists, gopen
+from ..io.urls import is_local, local_path, resolved, same_location
+from .claim import Claim, claim_beside, open_regular, process_gone
 
 __all__ = [
     "JobRecord",
@@ -125,7 +125,7 @@ def record_url(destination: str) -> str:
 
 
 def claim_url(destination: str) -> str:
-    """Where the claim of the job writing ``destination`` lives while it runs (see :mod:`wds_cloud.io.jobclaim`)."""
+    """Where the claim of the job writing ``destination`` lives while it runs (see :mod:`wds_cloud.jobs.claim`)."""
     return claim_beside(record_url(destination))
 
 
@@ -148,7 +148,7 @@ def output_names(destination: str, index: int, parts: int) -> list[str]:
 
 class _Names:
     """The output names of one destination, recognised from their text alone: the folder they live in (the
-    number field is in the last path segment, :mod:`wds_cloud.io.patterns`) and the shapes of a file name
+    number field is in the last path segment, :mod:`wds_cloud.jobs.patterns`) and the shapes of a file name
     there.  Built once per destination: a name is then recognised in constant time."""
 
     def __init__(self, destination: str) -> None:

@@ -1,7 +1,7 @@
 """Claims: one job at a time writes a destination, and it says so before its first expensive step.
 
 A job (``map_shards``, ``reshard``, ``convert``, ``index --output``) claims its destination when its
-:class:`~wds_cloud.io.jobrecord.JobRecord` is made, before a cluster starts or an input is read: a claim file
+:class:`~wds_cloud.jobs.record.JobRecord` is made, before a cluster starts or an input is read: a claim file
 beside the job record (``<destination with N>.wds-job.lock``) that names the job (tool, function or settings,
 pid, host, when it started).  While it exists, any other job into that destination is refused, naming the
 one that holds it: two jobs writing one destination would mix their outputs (and both report success).
@@ -38,8 +38,8 @@ import weakref
 from typing import Any, Optional
 
 from ..errors import ConfigError, MalformedDataError, ShardNotFoundError, redact
-from . import datafile
-from .urls import is_local, local_path
+from ..io import datafile
+from ..io.urls import is_local, local_path
 
 __all__ = ["Claim", "claim_beside", "open_regular", "read_regular", "process_gone", "FORMAT"]
 
@@ -302,7 +302,7 @@ class Claim:
         return _check(doc, self.where, fix)
 
     def _write(self, doc: dict) -> None:
-        from .open import gopen
+        from ..io.open import gopen
 
         with gopen(self.url, "wb") as out:
             out.write(json.dumps(doc, sort_keys=True).encode("utf-8"))
@@ -395,7 +395,7 @@ def _release(url: str, token: str, pid: int) -> None:
             if isinstance(held, dict) and held.get("token") == token:
                 os.unlink(path)
             return
-        from .open import gopen
+        from ..io.open import gopen
 
         held = datafile.parse_json(datafile.read_bytes(url, "job claim", max_size=64 * 1024), redact(url))
         if isinstance(held, dict) and held.get("token") == token:
