@@ -825,7 +825,7 @@ def test_a_size_field_with_any_last_byte_reads_alike_mapped_and_streamed(tmp_pat
 def test_a_numeric_header_field_is_read_as_tarfile_reads_it(field):
     """Base-256 only with the lead bytes tarfile takes (0x80, 0xff), and the white space str.strip removes
     (\\x1c-\\x1f too) around octal digits (adversary finding)."""
-    from wds_cloud.tar.reader import _octal
+    from wds_cloud.tar.format import number as _octal
 
     try:
         expected = tarfile.nti(field)

@@ -35,7 +35,8 @@ from .codec.encoders import (
 from .errors import ConfigError, SampleError, redact
 from .io.open import gopen
 from .io.publishing import Publishing
-from .tar.write import Compressor, MemberWriter, check_header_numbers, compression_for
+from .tar.format import check_header_numbers
+from .tar.write import Compressor, MemberWriter, compression_for
 
 __all__ = [
     "TarWriter",

@@ -30,6 +30,24 @@ from ..errors import CorruptShardError, MissingExtraError, ObjectChangedError, T
 from ..io.backend import WrappedStream
 from ..io.mapped import drop, populate
 from . import table as tables
+from .format import (
+    BLOCK,
+    GNU_LONGNAME,
+    MAX_META_SIZE,
+    NO_DATA,
+    PAX,
+    PAX_GLOBAL,
+    REGULAR,
+    ZERO_BLOCK,
+    checksum_at,
+    checksum_ok,
+    header_name,
+    is_tar_header,
+    number,
+    pax_records,
+    pax_size,
+    same_header,
+)
 from .table import MemberTable, Recorder
 
 __all__ = [
@@ -45,10 +63,6 @@ __all__ = [
 
 CHUNK = 1 << 20
 FIRST_READ = 64 << 10
-ZERO_BLOCK = bytes(512)
-_BLOCK = 512
-#: the largest metadata record read (a GNU long name, a PAX header): real ones are a few hundred bytes
-MAX_META_SIZE = 1 << 20
 #: a member's payload is given memory as its bytes arrive, at most this much ahead of them
 _PREALLOCATE = 16 << 20
 #: after the end-of-archive block, at most this much of a stream is read (tar pads archives to
@@ -57,8 +71,6 @@ _TRAILER_SIZE = 1 << 20
 #: a pipe: command's output after the archive is read to its end, up to this much, so that its exit status
 #: is known; a command that goes on past it (endless output) is stopped when the shard is closed
 _PIPE_TRAILER_SIZE = 16 << 20
-_REGULAR = (48, 0, 55)  # b"0", b"\0", b"7" (contiguous file)
-_GNU_LONGNAME, _GNU_LONGLINK, _PAX, _PAX_GLOBAL = 76, 75, 120, 103  # L K x g
 _END = object()
 
 
@@ -73,22 +85,6 @@ class _Drained:
 
 
 _DRAINED = _Drained()
-
-
-def _same_header(buf: Any, head: int, name: str, size: int) -> bool:
-    """Whether the header at ``head`` is still a plain member's named ``name`` of ``size`` bytes (a member table's
-    entry, checked once per run)."""
-    encoded = name.encode("utf-8", "surrogateescape")
-    try:
-        stored = int(buf[head + 124 : head + 136] if buf[head + 135] > 32 else buf[head + 124 : head + 135], 8)
-    except ValueError:
-        return False
-    return (
-        stored == size
-        and buf[head : head + len(encoded)] == encoded
-        and (len(encoded) == 100 or buf[head + len(encoded)] == 0)
-        and buf[head + 156] in (48, 0)
-    )
 
 
 #: what :meth:`TarMembers.next_member` returns at the end of the archive
@@ -115,20 +111,8 @@ def detect_compression(head: bytes) -> Optional[str]:
     ``BZh...`` or begin with gzip's two magic bytes."""
     for magic, name in _MAGICS:
         if head.startswith(magic):
-            return None if _is_tar_header(head[:HEAD_SIZE]) else name
+            return None if is_tar_header(head[:HEAD_SIZE]) else name
     return None
-
-
-def _is_tar_header(block: bytes) -> bool:
-    """Whether ``block`` is a whole tar header whose checksum holds (unsigned or signed sum, as tarfile takes)."""
-    if len(block) < HEAD_SIZE:
-        return False
-    try:
-        stored = _octal(block[148:156])
-    except ValueError:
-        return False
-    rest = bytes(block[:148]) + b" " * 8 + bytes(block[156:HEAD_SIZE])
-    return stored in (sum(rest), sum(b - 256 if b > 127 else b for b in rest))
 
 
 class _Prefixed(WrappedStream):
@@ -364,31 +348,6 @@ def unreadable(url: Any, offset: int, exc: OSError) -> TransferError:
     )
 
 
-def plain_member(header: bytes) -> Optional[tuple[str, int]]:
-    """``(name, size)`` when ``header`` is a plain regular member's (checksum right, type ``0``, no long
-    name or PAX record before it is needed); None for anything else, which the full reader handles."""
-    if len(header) != 512 or header[156] not in (48, 0):
-        return None
-    try:  # the common spelling first (as the reader's fast path reads it), then every other
-        size = int(header[124:136] if header[135] > 32 else header[124:135], 8)
-        stored = int(header[148:154], 8)
-    except ValueError:
-        try:
-            size, stored = _octal(header[124:136]), _octal(header[148:156])
-        except ValueError:
-            return None
-    view = memoryview(header)
-    total = ((zlib.adler32(view[156:], zlib.adler32(view[:148])) & 0xFFFF) - 1) % 65521 + 256
-    if size < 0 or (stored != total and stored != total + 65521):
-        return None
-    end = header.find(0, 0, 100)
-    raw = header[:end] if end >= 0 else header[:100]
-    if header[257:262] == b"ustar" and header[345] != 0:
-        pend = header.find(0, 345, 500)
-        raw = header[345 : pend if pend >= 0 else 500] + b"/" + raw
-    return raw.decode("utf-8", "surrogateescape"), size
-
-
 def _bytes(n: int) -> str:
     return f"{n} byte" + ("" if n == 1 else "s")
 
@@ -402,27 +361,8 @@ def _cut_in_padding(size: int, got: int) -> str:
     """What a stream cut inside the zeros after a member's (whole) data is."""
     return (
         f"the stream ended inside the padding after the member's {_bytes(size)} of data: expected "
-        f"{_bytes((-size) % _BLOCK)} of zeros to the next {_BLOCK}-byte block, got {_bytes(got)}"
+        f"{_bytes((-size) % BLOCK)} of zeros to the next {BLOCK}-byte block, got {_bytes(got)}"
     )
-
-
-def _checksum_field(buf: Any, pos: int) -> int:
-    """The checksum field of the header at ``pos`` read up to its first NUL, as tarfile reads it (digits after
-    the usual six count), where the fast path did not find the usual NUL after six digits; ValueError if it is
-    not a number (the general reader then says what is wrong)."""
-    nul = buf.find(b"\0", pos + 148, pos + 156)
-    return int(buf[pos + 148 : nul if nul >= 0 else pos + 156], 8)
-
-
-def _octal(field: bytes) -> int:
-    """A numeric header field read as ``tarfile`` reads it: octal text up to the first NUL (all
-    twelve digits when there is none), or GNU base-256 for very large values; may be negative."""
-    if field and field[0] in (0x80, 0xFF):  # the two lead bytes tarfile takes (another is not a number)
-        value = int.from_bytes(field[1:], "big")
-        return value - (1 << (8 * len(field) - 8)) if field[0] == 0xFF else value
-    # stripped as a str, as tarfile strips it (\x1c-\x1f count as white space there, not in bytes.strip)
-    text = field.split(b"\0", 1)[0].decode("ascii", "strict").strip()
-    return int(text, 8) if text else 0
 
 
 class TarMembers:
@@ -623,7 +563,7 @@ class TarMembers:
         if store is None:
             if self.views or self.mapped:
                 return None
-            store = self._store = mmap.mmap(-1, 2 * max(self.chunk, FIRST_READ) + 2 * _BLOCK)
+            store = self._store = mmap.mmap(-1, 2 * max(self.chunk, FIRST_READ) + 2 * BLOCK)
         return store if need <= len(store) - max(self.chunk, FIRST_READ) else None
 
     def _fill_joined(self, need: int, have: int) -> bool:
@@ -753,25 +693,6 @@ class TarMembers:
                 cut = _cut_in_padding(size, arrived - size) if arrived >= size else _cut_in_data(size, arrived)
                 raise self._fail(cut, name, header_offset)
 
-    def _checksum_ok(self, header: bytes) -> bool:
-        try:
-            stored = _octal(header[148:156])
-        except ValueError:
-            return False
-        view = memoryview(header)
-        # adler32's first half is 1 + the byte sum modulo 65521, computed in C; the true sum (checksum field
-        # counted as spaces) is below 2 * 65521, so the stored value is one of two: exact for a header summing
-        # below 65521 (any with fewer than a dozen bytes over 127), and for a crafted one a checksum 65521 off
-        # is taken, by every read path alike (a checksum is not a signature)
-        rest = ((zlib.adler32(view[156:], zlib.adler32(view[:148])) & 0xFFFF) - 1) % 65521 + 256
-        if stored == rest or stored == rest + 65521:
-            return True
-        # Some old writers summed signed chars.
-        signed = sum(b - 256 if b > 127 else b for b in header[:148]) + sum(
-            b - 256 if b > 127 else b for b in header[156:]
-        )
-        return stored == signed + 256
-
     @property
     def pax_global(self) -> dict:
         """The global PAX records in force (needed to resume a read in the middle of the archive)."""
@@ -889,7 +810,7 @@ class TarMembers:
                     # byte there makes int() refuse: the general reader says what is wrong); the checksum up to its
                     # first NUL (see _checksum_field)
                     size = int(buf[pos + 124 : pos + (136 if buf[pos + 135] not in (0, 32) else 135)], 8)
-                    stored = int(buf[pos + 148 : pos + 154], 8) if buf[pos + 154] == 0 else _checksum_field(buf, pos)
+                    stored = int(buf[pos + 148 : pos + 154], 8) if buf[pos + 154] == 0 else checksum_at(buf, pos)
                 except ValueError:
                     break
                 if not 0 <= size <= max_member:
@@ -958,7 +879,7 @@ class TarMembers:
             while pos + 512 <= end:
                 try:  # the size and checksum fields read as __iter__ reads them (see there)
                     size = int(buf[pos + 124 : pos + (136 if buf[pos + 135] not in (0, 32) else 135)], 8)
-                    stored = int(buf[pos + 148 : pos + 154], 8) if buf[pos + 154] == 0 else _checksum_field(buf, pos)
+                    stored = int(buf[pos + 148 : pos + 154], 8) if buf[pos + 154] == 0 else checksum_at(buf, pos)
                 except ValueError:
                     break
                 if not 0 <= size <= max_member:
@@ -1001,8 +922,8 @@ class TarMembers:
             return None
         names, heads, sizes, end = run
         if not (
-            _same_header(self._buf, heads[0], names[0], sizes[0])
-            and _same_header(self._buf, heads[-1], names[-1], sizes[-1])
+            same_header(self._buf, heads[0], names[0], sizes[0])
+            and same_header(self._buf, heads[-1], names[-1], sizes[-1])
         ):
             # the file is not what the table was made of (rewritten in place within its clock's tick): the
             # table is dropped and the shard read header by header
@@ -1034,8 +955,8 @@ class TarMembers:
         i, j, end = span
         heads, sizes = table.heads, table.sizes
         if not (
-            _same_header(self._buf, heads[i], table.name(i), sizes[i])
-            and _same_header(self._buf, heads[j - 1], table.name(j - 1), sizes[j - 1])
+            same_header(self._buf, heads[i], table.name(i), sizes[i])
+            and same_header(self._buf, heads[j - 1], table.name(j - 1), sizes[j - 1])
         ):
             tables.drop(self._identity)  # as in _table_run
             self.table = None
@@ -1091,7 +1012,7 @@ class TarMembers:
             if got and not self._buf[self._pos : self._end].strip(b"\0"):
                 what = f"inside the end-of-archive marker: expected 1024 zero bytes, got {_bytes(got)}"
             elif got:
-                what = f"inside a member's header: expected a {_BLOCK}-byte header block, got {_bytes(got)}"
+                what = f"inside a member's header: expected a {BLOCK}-byte header block, got {_bytes(got)}"
             else:
                 what = "without the tar end-of-archive marker (two 512-byte blocks of zeros)"
             raise self._fail(f"the stream ended {what} (the shard is truncated)")
@@ -1104,7 +1025,7 @@ class TarMembers:
             return _END
         if not self._extended:
             self._record_begin = header_offset
-        if not self._checksum_ok(header):
+        if not checksum_ok(header):
             hint = (
                 "this is not a tar archive"
                 if header_offset == 0 and self.compression is None
@@ -1115,7 +1036,7 @@ class TarMembers:
         typeflag = header[156]
         size = self._header_size(header, header_offset)
         name = self._header_name(header)
-        if typeflag in (_GNU_LONGNAME, _PAX, _PAX_GLOBAL):
+        if typeflag in (GNU_LONGNAME, PAX, PAX_GLOBAL):
             self._metadata(typeflag, size, name, header_offset)
             return None
         # This header consumes the pending long name and PAX records.
@@ -1123,7 +1044,7 @@ class TarMembers:
         self._pax = dict(self._pax_global)
         self._special = bool(self._pax)
         self._extended = False
-        if typeflag in _REGULAR:
+        if typeflag in REGULAR:
             if self.select is not None and not self.select(name):
                 self._skip(size, name, header_offset)
                 return None
@@ -1143,7 +1064,7 @@ class TarMembers:
             self.member_offset = header_offset
             self.record_start = self._record_begin
             return name, self._view(data, size) if self.views else data
-        if typeflag not in (49, 50, 51, 52, 53, 54):  # links, devices, dirs, fifos carry no data
+        if typeflag not in NO_DATA:  # links, devices, dirs, fifos carry no data
             self._skip(size, name, header_offset)
         return None
 
@@ -1158,16 +1079,14 @@ class TarMembers:
     def _header_size(self, header: bytes, header_offset: int) -> int:
         """The member size a header gives (a pending PAX ``size`` record overrides it), checked."""
         try:
-            size = _octal(header[124:136])
+            size = number(header[124:136])
         except ValueError:
             raise self._fail("the size field is not a number", None, header_offset) from None
         if "size" in self._pax:
-            text = self._pax["size"]
-            if not text.isascii() or not text.isdigit():
-                raise self._fail(
-                    f"the PAX size record {text[:40]!r} is not a non-negative decimal number", None, header_offset
-                )
-            size = int(text)
+            try:
+                size = pax_size(self._pax["size"])
+            except ValueError as exc:
+                raise self._fail(str(exc), None, header_offset) from None
         if size < 0:
             raise self._fail(f"the header gives a negative size ({size})", None, header_offset)
         return size
@@ -1178,12 +1097,7 @@ class TarMembers:
             return self._long_name
         if "path" in self._pax:
             return self._pax["path"]
-        end = header.find(0, 0, 100)
-        raw = header[:end] if end >= 0 else header[:100]
-        if header[257:262] == b"ustar" and header[345] != 0:
-            pend = header.find(0, 345, 500)
-            raw = header[345 : pend if pend >= 0 else 500] + b"/" + raw
-        return raw.decode("utf-8", "surrogateescape")
+        return header_name(header)
 
     def _metadata(self, typeflag: int, size: int, name: str, header_offset: int) -> None:
         """Read a GNU long name or PAX record set, which applies to the next header (global PAX: to all)."""
@@ -1194,14 +1108,14 @@ class TarMembers:
                 None,
                 header_offset,
             )
-        if typeflag == _GNU_LONGNAME:
+        if typeflag == GNU_LONGNAME:
             self._long_name = (
                 self._take(size, name, header_offset).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             )
             self._special = self._extended = True
             return
         records = self._parse_pax(self._take(size, name, header_offset), header_offset)
-        if typeflag == _PAX_GLOBAL:
+        if typeflag == PAX_GLOBAL:
             self._pax_global.update(records)
             self._pax = dict(self._pax_global)
         else:
@@ -1220,34 +1134,10 @@ class TarMembers:
         self._special = bool(self._pax)
 
     def _parse_pax(self, payload: bytes, header_offset: int) -> dict[str, str]:
-        """PAX records ``"<length> <key>=<value>\\n"``; each length must cover its whole record."""
-        records: dict[str, str] = {}
-        pos = 0
-        end = len(payload)
-        while pos < end:
-            if payload[pos] == 0:  # NUL padding after the last record
-                break
-            space = payload.find(b" ", pos, min(end, pos + 21))
-            digits = payload[pos:space] if space > pos else b""
-            if not digits.isdigit():
-                raise self._fail(
-                    f"a PAX header record at byte {pos} of the header has no valid length", None, header_offset
-                )
-            length = int(digits)
-            if length <= space - pos + 1 or pos + length > end or payload[pos + length - 1] != 10:
-                raise self._fail(
-                    f"a PAX header record at byte {pos} of the header claims a length of {length}, "
-                    "which does not end at its newline inside the header",
-                    None,
-                    header_offset,
-                )
-            record = payload[space + 1 : pos + length - 1]
-            key, equals, value = record.partition(b"=")
-            if not equals:
-                raise self._fail(f"a PAX header record at byte {pos} of the header has no '='", None, header_offset)
-            records[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
-            pos += length
-        return records
+        try:
+            return pax_records(payload)
+        except ValueError as exc:
+            raise self._fail(str(exc), None, header_offset) from None
 
     def finish(self) -> None:
         """After the end-of-archive block: read what follows, a bounded amount (a ``pipe:`` command's

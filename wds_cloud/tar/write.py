@@ -14,35 +14,11 @@ import zlib
 from typing import IO, Any, Optional, Protocol, Union
 
 from ..errors import ConfigError, MissingExtraError, SampleError
+from .format import BLOCK, END_OF_ARCHIVE, MAX_USTAR_SIZE, RECORD, check_header_numbers, octal, padded, pax_record
 
 __all__ = ["MemberWriter", "Compressor", "compression_for", "END_OF_ARCHIVE", "RECORD"]
 
-BLOCK = 512
-RECORD = 10240
-END_OF_ARCHIVE = bytes(2 * BLOCK)
-_MAX_USTAR_SIZE = 8**11 - 1
 _FORMATS = {"ustar", "gnu", "pax"}
-
-
-def _field(value: bytes, size: int) -> bytes:
-    return value[:size].ljust(size, b"\0")
-
-
-def _octal(value: int, size: int) -> bytes:
-    return b"%0*o\0" % (size - 1, value)
-
-
-def check_header_numbers(**values: Any) -> None:
-    """Refuse ``mode``/``uid``/``gid``/``mtime`` values that ustar's fixed-width octal fields cannot hold
-    (they would make a header that tarfile rejects)."""
-    tops = {"mode": 0o7777777, "uid": 8**7 - 1, "gid": 8**7 - 1, "mtime": 8**11 - 1}
-    for what, value in values.items():
-        top = tops[what]
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= int(value) <= top:
-            raise SampleError(
-                f"{what}={value!r} does not fit a tar header: give a whole number from 0 to {top}"
-                + (" (mtime: seconds since 1970, before the year 2242)" if what == "mtime" else "")
-            )
 
 
 class ByteSink(Protocol):
@@ -78,22 +54,22 @@ class MemberWriter:
         self._write = stream.write
         # Header template: name(100) mode(8) uid(8) gid(8) size(12) mtime(12) chksum(8) type(1) link(100)
         # magic(6) version(2) uname(32) gname(32) devmajor(8) devminor(8) prefix(155) pad(12)
-        self._mid = _octal(mode, 8) + _octal(uid, 8) + _octal(gid, 8)
-        self._after_size = _octal(int(mtime), 12)
+        self._mid = octal(mode, 8) + octal(uid, 8) + octal(gid, 8)
+        self._after_size = octal(int(mtime), 12)
         self._tail = (
             b"0"
             + bytes(100)
             + b"ustar\x0000"
-            + _field(user.encode(), 32)
-            + _field(group.encode(), 32)
-            + _octal(0, 8)
-            + _octal(0, 8)
+            + padded(user.encode(), 32)
+            + padded(group.encode(), 32)
+            + octal(0, 8)
+            + octal(0, 8)
         )
         # Every header byte but name, size, checksum and prefix is fixed: sum it once.
         self._fixed_sum = sum(self._mid) + sum(self._after_size) + sum(self._tail) + 8 * 32
 
     def _header(self, name: bytes, size: int, typeflag: bytes = b"0", prefix: bytes = b"") -> bytes:
-        size_field = _octal(size, 12)
+        size_field = octal(size, 12)
         tail = self._tail if typeflag == b"0" else typeflag + self._tail[1:]
         checksum = self._fixed_sum + sum(name) + sum(size_field) + sum(prefix) + (typeflag[0] - 48)
         return b"".join(
@@ -132,13 +108,13 @@ class MemberWriter:
         size = len(data)
         written = 0
         prefix = b""
-        split = self._split(raw) if size <= _MAX_USTAR_SIZE else None
-        if split is None or size > _MAX_USTAR_SIZE:
+        split = self._split(raw) if size <= MAX_USTAR_SIZE else None
+        if split is None or size > MAX_USTAR_SIZE:
             written += self._extended(name, raw, size)
             short = raw[:100]
         else:
             short, prefix = split
-        header = self._header(short, size if size <= _MAX_USTAR_SIZE else 0, prefix=prefix)
+        header = self._header(short, size if size <= MAX_USTAR_SIZE else 0, prefix=prefix)
         padding = -size % BLOCK
         write = self._write
         write(header)
@@ -154,7 +130,7 @@ class MemberWriter:
                 "(100 bytes, or 255 split at a '/'); use format='pax' or 'gnu', or a shorter key"
             )
         if self.format == "gnu":
-            if size > _MAX_USTAR_SIZE:
+            if size > MAX_USTAR_SIZE:
                 raise SampleError(f"member {name!r} is {size} bytes, too large for format='gnu' here; use format='pax'")
             payload = raw + b"\0"
             header = self._header(b"././@LongLink", len(payload), b"L")
@@ -164,10 +140,10 @@ class MemberWriter:
                 if not _is_utf8(raw):
                     # PAX values are UTF-8 unless this record, first, says they are bytes as they stand (as tarfile
                     # and GNU tar write and read a name that is not UTF-8)
-                    records += _pax_record(b"hdrcharset", b"BINARY")
-                records += _pax_record(b"path", raw)
-            if size > _MAX_USTAR_SIZE:
-                records += _pax_record(b"size", str(size).encode())
+                    records += pax_record(b"hdrcharset", b"BINARY")
+                records += pax_record(b"path", raw)
+            if size > MAX_USTAR_SIZE:
+                records += pax_record(b"size", str(size).encode())
             payload = records
             header = self._header(b"PaxHeader/" + raw[-80:].replace(b"/", b"_"), len(payload), b"x")
         padding = -len(payload) % BLOCK
@@ -191,14 +167,6 @@ def _is_utf8(raw: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
-
-
-def _pax_record(key: bytes, value: bytes) -> bytes:
-    body = b" " + key + b"=" + value + b"\n"
-    length = len(body) + 1
-    while len(str(length).encode()) + len(body) != length:
-        length = len(str(length).encode()) + len(body)
-    return str(length).encode() + body
 
 
 def compression_for(name: str) -> Optional[str]:

@@ -1,0 +1,279 @@
+"""The tar format: every fact of a header, read and written, stated once.
+
+A tar stream is a sequence of 512-byte blocks: each member is a header block, then its data padded to a whole
+block; two zero blocks end the archive.  A header holds fixed-width fields (name, size, checksum, type,
+ustar magic and name prefix); a GNU long name (type ``L``) or PAX records (``x``, or ``g`` for the whole
+archive) before a header give it a longer name or a larger size.
+
+The reader's fast path and the general reader read a field by the same function here, so they cannot disagree:
+:func:`size_at` and :func:`checksum_at` read the usual spellings fast and raise ``ValueError`` where only
+:func:`number` (``tarfile``'s rule, which the general reader applies) can tell; :func:`plain_size` is the whole
+check that lets a member through the fast path.  The writer (:mod:`wds_cloud.tar.write`) writes with
+:func:`octal`, :func:`padded` and :func:`pax_record`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Optional
+
+from ..errors import SampleError
+
+__all__ = [
+    "BLOCK",
+    "RECORD",
+    "ZERO_BLOCK",
+    "END_OF_ARCHIVE",
+    "MAX_USTAR_SIZE",
+    "MAX_META_SIZE",
+    "PLAIN",
+    "REGULAR",
+    "NO_DATA",
+    "GNU_LONGNAME",
+    "GNU_LONGLINK",
+    "PAX",
+    "PAX_GLOBAL",
+    "number",
+    "octal",
+    "padded",
+    "padded_size",
+    "size_at",
+    "checksum_at",
+    "sum_matches",
+    "checksum_ok",
+    "plain_size",
+    "name_at",
+    "header_name",
+    "is_tar_header",
+    "plain_member",
+    "same_header",
+    "pax_records",
+    "pax_record",
+    "check_header_numbers",
+]
+
+BLOCK = 512
+#: tar pads an archive to whole records of this size
+RECORD = 10240
+ZERO_BLOCK = bytes(BLOCK)
+END_OF_ARCHIVE = bytes(2 * BLOCK)
+#: the largest size ustar's twelve octal digits hold (a larger member needs a PAX ``size`` record)
+MAX_USTAR_SIZE = 8**11 - 1
+#: the largest metadata record read (a GNU long name, a PAX header): real ones are a few hundred bytes
+MAX_META_SIZE = 1 << 20
+
+#: the type flags of a plain regular member, which the fast path takes: ``b"0"`` and ``b"\0"``
+PLAIN = (48, 0)
+#: regular members: plain, and ``b"7"`` (a contiguous file)
+REGULAR = (48, 0, 55)
+#: links, devices, directories and fifos: ``b"1"`` to ``b"6"``, no data of their own
+NO_DATA = (49, 50, 51, 52, 53, 54)
+GNU_LONGNAME, GNU_LONGLINK, PAX, PAX_GLOBAL = 76, 75, 120, 103  # L K x g
+
+# where the fields lie in a header
+_SIZE, _SIZE_END = 124, 136
+_CHECKSUM, _CHECKSUM_END = 148, 156
+_TYPE = 156
+_MAGIC = 257
+_PREFIX, _PREFIX_END = 345, 500
+
+
+def padded_size(size: int) -> int:
+    """The bytes a member's data takes in the stream: ``size`` rounded up to a whole block."""
+    return (size + 511) & ~511
+
+
+def number(field: bytes) -> int:
+    """A numeric header field read as ``tarfile`` reads it: octal text up to the first NUL (all of it when there is
+    none), white space around it stripped, or GNU base-256 for very large values; may be negative.  ValueError when
+    it is neither."""
+    if field and field[0] in (0x80, 0xFF):  # the two lead bytes tarfile takes (another is not a number)
+        value = int.from_bytes(field[1:], "big")
+        return value - (1 << (8 * len(field) - 8)) if field[0] == 0xFF else value
+    # stripped as a str, as tarfile strips it (\x1c-\x1f count as white space there, not in bytes.strip)
+    text = field.split(b"\0", 1)[0].decode("ascii", "strict").strip()
+    return int(text, 8) if text else 0
+
+
+def size_at(buf: Any, pos: int) -> int:
+    """The size field of the header at ``pos``, in its usual spellings: the twelve digits, or eleven when a NUL or a
+    space ends them.  Where this reads a value it is :func:`number`'s (checked for every byte at the end); a
+    ValueError says only that :func:`number` must be asked (a NUL inside, base-256, a ``\\x1c``)."""
+    return int(buf[pos + _SIZE : pos + (135 if buf[pos + 135] in (0, 32) else _SIZE_END)], 8)
+
+
+def checksum_at(buf: Any, pos: int) -> int:
+    """The stored checksum of the header at ``pos``, up to its first NUL as ``tarfile`` reads it (its usual
+    spelling, six digits and a NUL, read at once); ValueError where it is not a number."""
+    if buf[pos + 154] == 0:
+        return int(buf[pos + _CHECKSUM : pos + 154], 8)
+    nul = buf.find(b"\0", pos + _CHECKSUM, pos + _CHECKSUM_END)
+    return int(buf[pos + _CHECKSUM : nul if nul >= 0 else pos + _CHECKSUM_END], 8)
+
+
+def sum_matches(view: Any, pos: int, stored: int) -> bool:
+    """Whether ``stored`` is the unsigned sum of the header at ``pos`` (the checksum field counted as spaces).
+
+    adler32's first half is 1 + the byte sum modulo 65521, computed in C; the true sum is below 2 * 65521, so the
+    stored value is one of two: exact for a header summing below 65521 (any with fewer than a dozen bytes over
+    127), and for a crafted one a checksum 65521 off is taken, by every read path alike (a checksum is not a
+    signature)."""
+    total = (
+        (zlib.adler32(view[pos + _TYPE : pos + BLOCK], zlib.adler32(view[pos : pos + _CHECKSUM])) & 0xFFFF) - 1
+    ) % 65521
+    return stored == total + 256 or stored == total + 65777
+
+
+def checksum_ok(header: bytes) -> bool:
+    """Whether a header's checksum holds, read as ``tarfile`` reads it: the unsigned sum, or the signed one some
+    old writers used."""
+    try:
+        stored = number(header[_CHECKSUM:_CHECKSUM_END])
+    except ValueError:
+        return False
+    if sum_matches(memoryview(header), 0, stored):
+        return True
+    signed = sum(b - 256 if b > 127 else b for b in header[:_CHECKSUM]) + sum(
+        b - 256 if b > 127 else b for b in header[_TYPE:BLOCK]
+    )
+    return stored == signed + 256
+
+
+def plain_size(buf: Any, view: Any, pos: int, max_member: int) -> int:
+    """The size of the member whose header is at ``pos`` when the fast path may take it: a plain regular member
+    (type ``0``) of at most ``max_member`` bytes, its size and checksum in their usual spellings, the checksum
+    right, no ustar name prefix; else -1 (the general reader takes it, and says what is wrong with it)."""
+    try:
+        size = size_at(buf, pos)
+        stored = checksum_at(buf, pos)
+    except ValueError:
+        return -1
+    if (
+        not 0 <= size <= max_member
+        or buf[pos + _TYPE] not in PLAIN
+        or (buf[pos + _PREFIX] and buf[pos + _MAGIC : pos + _MAGIC + 5] == b"ustar")
+        or not sum_matches(view, pos, stored)
+    ):
+        return -1
+    return size
+
+
+def name_at(buf: Any, pos: int) -> str:
+    """The name field of the header at ``pos``, up to its first NUL (a name that is not UTF-8 keeps its bytes as
+    surrogate escapes)."""
+    end = buf.find(b"\0", pos, pos + 100)
+    return buf[pos : end if end >= 0 else pos + 100].decode("utf-8", "surrogateescape")
+
+
+def header_name(header: bytes) -> str:
+    """A header's own name: the name field, joined to the ustar prefix when there is one."""
+    end = header.find(0, 0, 100)
+    raw = header[:end] if end >= 0 else header[:100]
+    if header[_MAGIC : _MAGIC + 5] == b"ustar" and header[_PREFIX] != 0:
+        pend = header.find(0, _PREFIX, _PREFIX_END)
+        raw = header[_PREFIX : pend if pend >= 0 else _PREFIX_END] + b"/" + raw
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def is_tar_header(block: bytes) -> bool:
+    """Whether ``block`` is a whole tar header whose checksum holds."""
+    return len(block) >= BLOCK and checksum_ok(bytes(block[:BLOCK]))
+
+
+def plain_member(header: bytes) -> Optional[tuple[str, int]]:
+    """``(name, size)`` when ``header`` is a plain regular member's (checksum right, type ``0``, no long
+    name or PAX record before it is needed); None for anything else, which the general reader handles."""
+    if len(header) != BLOCK or header[_TYPE] not in PLAIN:
+        return None
+    try:
+        size = size_at(header, 0)
+    except ValueError:
+        try:
+            size = number(header[_SIZE:_SIZE_END])
+        except ValueError:
+            return None
+    if size < 0 or not checksum_ok(header):
+        return None
+    return header_name(header), size
+
+
+def same_header(buf: Any, head: int, name: str, size: int) -> bool:
+    """Whether the header at ``head`` is still a plain member's named ``name`` of ``size`` bytes (a member table's
+    entry, checked once per run)."""
+    encoded = name.encode("utf-8", "surrogateescape")
+    try:
+        stored = size_at(buf, head)
+    except ValueError:
+        return False
+    return (
+        stored == size
+        and buf[head : head + len(encoded)] == encoded
+        and (len(encoded) == 100 or buf[head + len(encoded)] == 0)
+        and buf[head + _TYPE] in PLAIN
+    )
+
+
+def pax_records(payload: bytes) -> dict[str, str]:
+    """PAX records ``"<length> <key>=<value>\\n"``; each length must cover its whole record (ValueError saying
+    which is not)."""
+    records: dict[str, str] = {}
+    pos = 0
+    end = len(payload)
+    while pos < end:
+        if payload[pos] == 0:  # NUL padding after the last record
+            break
+        space = payload.find(b" ", pos, min(end, pos + 21))
+        digits = payload[pos:space] if space > pos else b""
+        if not digits.isdigit():
+            raise ValueError(f"a PAX header record at byte {pos} of the header has no valid length")
+        length = int(digits)
+        if length <= space - pos + 1 or pos + length > end or payload[pos + length - 1] != 10:
+            raise ValueError(
+                f"a PAX header record at byte {pos} of the header claims a length of {length}, "
+                "which does not end at its newline inside the header"
+            )
+        key, equals, value = payload[space + 1 : pos + length - 1].partition(b"=")
+        if not equals:
+            raise ValueError(f"a PAX header record at byte {pos} of the header has no '='")
+        records[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return records
+
+
+def pax_size(text: str) -> int:
+    """A PAX ``size`` record's value (ValueError unless it is a non-negative decimal number)."""
+    if not text.isascii() or not text.isdigit():
+        raise ValueError(f"the PAX size record {text[:40]!r} is not a non-negative decimal number")
+    return int(text)
+
+
+def padded(value: bytes, width: int) -> bytes:
+    """A text field of ``width`` bytes: ``value`` cut to fit, NULs after it."""
+    return value[:width].ljust(width, b"\0")
+
+
+def octal(value: int, width: int) -> bytes:
+    """A numeric field of ``width`` bytes: octal digits and a NUL (what :func:`number` reads back)."""
+    return b"%0*o\0" % (width - 1, value)
+
+
+def pax_record(key: bytes, value: bytes) -> bytes:
+    """One PAX record, its length counting its own digits (what :func:`pax_records` reads back)."""
+    body = b" " + key + b"=" + value + b"\n"
+    length = len(body) + 1
+    while len(str(length).encode()) + len(body) != length:
+        length = len(str(length).encode()) + len(body)
+    return str(length).encode() + body
+
+
+def check_header_numbers(**values: Any) -> None:
+    """Refuse ``mode``/``uid``/``gid``/``mtime`` values that ustar's fixed-width octal fields cannot hold
+    (they would make a header that tarfile rejects)."""
+    tops = {"mode": 0o7777777, "uid": 8**7 - 1, "gid": 8**7 - 1, "mtime": 8**11 - 1}
+    for what, value in values.items():
+        top = tops[what]
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= int(value) <= top:
+            raise SampleError(
+                f"{what}={value!r} does not fit a tar header: give a whole number from 0 to {top}"
+                + (" (mtime: seconds since 1970, before the year 2242)" if what == "mtime" else "")
+            )
