@@ -32,8 +32,9 @@ from ..io.descriptions import ShardRows, check_shard
 from ..io.integrity import Hashing
 from ..io.open import gopen
 from ..io.urls import is_local, local_path, local_version, name_in_file
+from ..tar.decompress import COMPRESSIONS, HEAD_SIZE, detect_compression
 from ..tar.format import ZERO_BLOCK, plain_member
-from ..tar.reader import COMPRESSIONS, HEAD_SIZE, TarMembers, detect_compression
+from ..tar.reader import TarMembers
 from ..tar.samples import SKIP_META, member_filter
 
 __all__ = [

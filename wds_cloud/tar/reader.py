@@ -15,21 +15,27 @@ uncompressed tar stream), the member when known, and what was wrong.
 
 from __future__ import annotations
 
-import bz2
 import errno
 import io
-import lzma
 import mmap
 import os
-import sys
 import zlib
 from collections.abc import Callable, Iterator
-from typing import IO, Any, Optional, Protocol, cast
+from typing import IO, Any, Optional
 
-from ..errors import CorruptShardError, MissingExtraError, ObjectChangedError, TransferError, WdsCloudError, redact
-from ..io.backend import WrappedStream
+from ..errors import CorruptShardError, ObjectChangedError, TransferError, WdsCloudError, redact
 from ..io.mapped import drop, populate
 from . import table as tables
+from .decompress import (
+    CHUNK,
+    FIRST_READ,
+    HEAD_SIZE,
+    Prefixed,
+    Readable,
+    decompression_errors,
+    detect_compression,
+    open_decompressed,
+)
 from .format import (
     BLOCK,
     GNU_LONGNAME,
@@ -42,7 +48,6 @@ from .format import (
     checksum_at,
     checksum_ok,
     header_name,
-    is_tar_header,
     number,
     pax_records,
     pax_size,
@@ -53,16 +58,12 @@ from .table import MemberTable, Recorder
 __all__ = [
     "TarMembers",
     "END",
-    "open_decompressed",
-    "detect_compression",
     "sample_too_large",
     "unreadable",
     "CHUNK",
     "MAX_META_SIZE",
 ]
 
-CHUNK = 1 << 20
-FIRST_READ = 64 << 10
 #: a member's payload is given memory as its bytes arrive, at most this much ahead of them
 _PREALLOCATE = 16 << 20
 #: after the end-of-archive block, at most this much of a stream is read (tar pads archives to
@@ -89,228 +90,6 @@ _DRAINED = _Drained()
 
 #: what :meth:`TarMembers.next_member` returns at the end of the archive
 END = _END
-
-_MAGICS = (
-    (b"\x1f\x8b", "gzip"),
-    (b"BZh", "bz2"),
-    (b"\xfd7zXZ\x00", "xz"),
-    (b"\x28\xb5\x2f\xfd", "zstd"),
-)
-
-#: the compressions a shard may have (what :func:`detect_compression` names)
-COMPRESSIONS = tuple(name for _, name in _MAGICS)
-
-
-#: how many first bytes :func:`detect_compression` is given where it can be: a whole tar header
-HEAD_SIZE = 512
-
-
-def detect_compression(head: bytes) -> Optional[str]:
-    """The compression named by a stream's first bytes, or None for a plain tar.  A head of a whole block that is
-    a tar header (its checksum holds) is a plain tar whatever it begins with: a first member may be named
-    ``BZh...`` or begin with gzip's two magic bytes."""
-    for magic, name in _MAGICS:
-        if head.startswith(magic):
-            return None if is_tar_header(head[:HEAD_SIZE]) else name
-    return None
-
-
-class _Prefixed(WrappedStream):
-    """A read stream that first returns ``prefix``, then the rest of ``stream``."""
-
-    def __init__(self, prefix: bytes, stream: IO[bytes]) -> None:
-        super().__init__(stream)
-        self._prefix = prefix
-
-    def read(self, size: int = -1) -> bytes:
-        if self._prefix:
-            if size is None or size < 0:
-                data, self._prefix = self._prefix + self._stream.read(), b""
-                return data
-            data, self._prefix = self._prefix[:size], self._prefix[size:]
-            return data
-        return self._stream.read(size)
-
-    def readinto(self, buffer) -> int:
-        if not self._prefix and getattr(self._stream, "readinto", None) is not None:
-            return self._stream.readinto(buffer)  # straight into the caller's buffer
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-
-class _Whole:
-    """A read stream whose reads give all the bytes asked for, short only at the end of the stream."""
-
-    def __init__(self, raw: _Prefixed) -> None:
-        self._raw = raw
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._raw.read(size)
-        if size is None or size < 0 or len(data) >= size or not data:
-            return data
-        parts = [data]
-        have = len(data)
-        while have < size:
-            more = self._raw.read(size - have)
-            if not more:
-                break
-            parts.append(more)
-            have += len(more)
-        return b"".join(parts)
-
-    def readinto(self, buffer) -> int:
-        view = memoryview(buffer).cast("B")
-        have = 0
-        while have < len(view):
-            got = self._raw.readinto(view[have:])
-            if not got:
-                break
-            have += got
-        return have
-
-    def readable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self._raw.close()
-
-
-class _Zlib:
-    """Streaming gzip (multi-member) decompression with zlib, without GzipFile's overhead.  The compressed stream is
-    read ``FIRST_READ`` bytes at a time (whole pieces, see :class:`_Whole`): the first sample of a shard over a
-    slow link waits for that much, not for a chunk."""
-
-    def __init__(self, raw: Any) -> None:
-        self._raw = raw
-        self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        self._pending = b""
-        self._eof = False
-        self._truncated = False  # the input ended early; what came before it was returned first
-        self._held = b""  # output the decompressor gave at once when the input ended early, not yet read
-        self._flushed = False
-
-    def read(self, size: int) -> bytes:
-        out: list[bytes] = []
-        need = size
-        if self._truncated:  # (only once what the flush gave is read: it is set when nothing is held)
-            raise EOFError("the gzip stream ended before its end-of-stream marker")
-        while need > 0 and not self._eof:
-            if self._held:  # what a flush at the end of a cut stream gave, beyond what was asked then
-                take = self._held[:need]
-                self._held = self._held[need:]
-                out.append(take)
-                need -= len(take)
-                continue
-            if self._d.eof:
-                rest = self._d.unused_data
-                if not rest:
-                    rest = self._raw.read(FIRST_READ)
-                    if not rest:
-                        self._eof = True
-                        break
-                self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                self._pending = rest
-            if not self._pending:
-                self._pending = self._d.unconsumed_tail or self._raw.read(FIRST_READ)
-                if not self._pending:
-                    if not self._d.eof:
-                        # the input ended early: what the decompressor still holds comes out first, whatever
-                        # sizes were asked for before (the same bytes, then the same error, for any reader)
-                        held = b"" if self._flushed else self._d.flush()
-                        self._flushed = True
-                        if held:
-                            self._held = held
-                            continue
-                        if out:  # deliver what was decompressed; the next read raises
-                            self._truncated = True
-                            break
-                        raise EOFError("the gzip stream ended before its end-of-stream marker")
-                    self._eof = True
-                    break
-            data = self._d.decompress(self._pending, need)
-            self._pending = self._d.unconsumed_tail
-            if data:
-                out.append(data)
-                need -= len(data)
-        return b"".join(out)
-
-    def readinto(self, buffer) -> int:
-        data = self.read(min(len(buffer), CHUNK))  # bounded: the bytes are held twice until copied
-        buffer[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self._raw.close()
-
-
-class _Read1:
-    """A bz2/xz file whose ``read`` returns what one step decompressed, so bytes before a cut are not lost."""
-
-    def __init__(self, f: Any) -> None:
-        self._f = f
-
-    def read(self, size: int) -> bytes:
-        return self._f.read1(size)
-
-    def readinto(self, buffer) -> int:
-        data = self._f.read1(min(len(buffer), CHUNK))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self._f.close()
-
-
-class _Readable(Protocol):
-    def read(self, size: int, /) -> bytes: ...
-
-    def close(self) -> None: ...
-
-
-def open_decompressed(stream: IO[bytes], head_size: int = HEAD_SIZE) -> tuple[_Readable, Optional[str]]:
-    """Wrap ``stream`` in the decompressor its magic bytes ask for (read until they are all there: a pipe or a
-    network stream may give fewer bytes than asked)."""
-    head = stream.read(head_size)
-    while len(head) < head_size:
-        more = stream.read(head_size - len(head))
-        if not more:
-            break
-        head += more
-    kind = detect_compression(head)
-    raw = _Prefixed(head, stream)
-    if kind is None:
-        return raw, None
-    # a decompressor is given whole pieces of what it asks for, however the source hands its bytes over: what a
-    # damaged stream yields before its error (and which error) is the same for every delivery
-    whole = _Whole(raw)
-    if kind == "gzip":
-        return _Zlib(whole), kind
-    if kind == "bz2":
-        return _Read1(bz2.BZ2File(cast(IO[bytes], whole))), kind  # _Whole reads as a file does
-    if kind == "xz":
-        return _Read1(lzma.LZMAFile(cast(IO[bytes], whole))), kind
-    try:
-        import zstandard
-    except ImportError:
-        raise MissingExtraError(
-            "this shard is zstd-compressed and reading it needs the zstandard module: "
-            "pip install zstandard (or pip install 'wds_cloud[all]' (in a clone: pip install -e '.[all]'))"
-        ) from None
-    return (
-        zstandard.ZstdDecompressor().stream_reader(cast(IO[bytes], whole), read_across_frames=True, closefd=True),
-        kind,
-    )
-
-
-def _decompression_errors() -> tuple[type[BaseException], ...]:
-    """What a decompressor raises on damage: zstandard's error only once that module is loaded (a zstd shard was
-    opened; a reader of plain shards never imports it: a DataLoader worker would, each epoch)."""
-    errors: list[type[BaseException]] = [EOFError, zlib.error, lzma.LZMAError]
-    zstandard = sys.modules.get("zstandard")
-    if zstandard is not None:
-        errors.append(zstandard.ZstdError)
-    return tuple(errors)
 
 
 def sample_too_large(url: Any, start: int, end: int, limit: int, member: Optional[str] = None) -> CorruptShardError:
@@ -426,7 +205,7 @@ class TarMembers:
         self.select = select
         self.compression: Optional[str] = None
         self._source = stream
-        self._stream: Optional[_Readable] = None if not start and not ranged else _Prefixed(b"", stream)
+        self._stream: Optional[Readable] = None if not start and not ranged else Prefixed(b"", stream)
         self._ranged = ranged
         self._buf: Any = b""  # bytes read, the reused read buffer (_store), or the mapping of a mapped shard
         self._end = 0  # where the bytes in _buf end (the read buffer is larger than what it holds)
@@ -497,7 +276,7 @@ class TarMembers:
         """Our error for a read's error ``exc``: the shard's corruption (a decompressor's report), or an
         ``OSError`` of the source (a file failing with EIO at byte 0, /proc/self/mem, a dying disk, a user's
         stream) with the URL and offset; None: raised as it is."""
-        if isinstance(exc, _decompression_errors()):
+        if isinstance(exc, decompression_errors()):
             return self._fail(f"the {self.compression} stream is damaged or ended early ({exc})")
         if isinstance(exc, OSError) and "Invalid data stream" in str(exc):  # bz2 reports corruption so
             return self._fail(f"the {self.compression} stream is damaged ({exc})")
@@ -650,7 +429,7 @@ class TarMembers:
                 while have < capacity:
                     try:
                         n = readinto(view[have:capacity])
-                    except _decompression_errors() as exc:
+                    except decompression_errors() as exc:
                         raise self._fail(
                             f"the {self.compression} stream is damaged or ended early ({exc})", name, header_offset
                         ) from exc
