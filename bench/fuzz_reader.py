@@ -31,8 +31,8 @@ from wds_cloud import config  # noqa: E402
 from wds_cloud.errors import CorruptShardError  # noqa: E402
 from wds_cloud.io.open import gopen  # noqa: E402
 from wds_cloud.tar import table  # noqa: E402
-from wds_cloud.tar.reader import TarMembers  # noqa: E402
-from wds_cloud.tar.samples import SKIP_META, member_filter  # noqa: E402
+from wds_cloud.tar.grouping import SKIP_META, member_filter  # noqa: E402
+from wds_cloud.tar.members import TarMembers  # noqa: E402
 from wds_cloud.tariterators import shard_samples  # noqa: E402
 
 

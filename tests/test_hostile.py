@@ -82,7 +82,7 @@ def test_a_claimed_huge_member_allocates_as_the_bytes_arrive():
 
 def test_a_member_over_the_limit_is_refused_before_reading():
     """A claim over max_member_size is refused at once, naming the member and the limit."""
-    from wds_cloud.tar.reader import TarMembers
+    from wds_cloud.tar.members import TarMembers
 
     data = header(b"big.bin", 64 << 30) + bytes(2048)
     out = bounded(lambda: list(TarMembers(io.BytesIO(data), "x.tar", max_member=1 << 30)))

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import wds_cloud as wds
 from wds_cloud.errors import CorruptShardError
 from wds_cloud.io.open import gopen
-from wds_cloud.tar.reader import TarMembers
+from wds_cloud.tar.members import TarMembers
 from wds_cloud.tariterators import shard_samples
 
 from .strategies import FORMATS, sample_lists, write_tar
@@ -424,7 +424,7 @@ def test_a_shard_cut_short_in_place_while_read_is_an_error_not_a_crash(tmp_path)
 import os
 from wds_cloud.errors import ObjectChangedError
 from wds_cloud.io.open import gopen
-from wds_cloud.tar.reader import TarMembers
+from wds_cloud.tar.members import TarMembers
 path = {str(path)!r}
 members = TarMembers(gopen(path), path, chunk=4096)
 members.begin()
@@ -547,7 +547,7 @@ _member_names = st.one_of(
 
 def _where_read(stream, url, chunk, select, on_repeat):
     """(each sample with the cursor's (start, end, count, next name) as it is yielded, the error or None)."""
-    from wds_cloud.tar.samples import member_filter
+    from wds_cloud.tar.grouping import member_filter
 
     members = TarMembers(stream, url, chunk=chunk, select=member_filter(*select) if select else None)
     where = [0, 0, 0, None]
@@ -682,7 +682,7 @@ def test_a_first_pass_records_every_plain_member_and_maps_each_page_once(tmp_pat
     holds every member (a member running past a window's end starts the next window; it was read by the general
     reader and left out of the table, which sent every later pass to the general reader once a window), and no
     page of the shard is asked to be mapped twice in a pass (each window maps what the one before did not)."""
-    import wds_cloud.tar.reader as reader_module
+    import wds_cloud.tar.buffers as reader_module
     from wds_cloud.tar import table
 
     table.forget()
@@ -773,7 +773,7 @@ def test_members_the_filter_drops_never_count_against_the_sample_before_them(tmp
     sample: no read refuses it under a 200 kB sample limit (a pass from the member table, or with views, moved
     the reader's offset to the last member of a run before the filter dropped it; adversary finding)."""
     from wds_cloud.tar import table
-    from wds_cloud.tar.samples import SKIP_META, member_filter
+    from wds_cloud.tar.grouping import SKIP_META, member_filter
 
     table.forget()
     members = [("a.txt", 100)] + [(f"__pad{i}__", 10_000) for i in range(130)] + [("b.txt", 100)]

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wds_cloud.errors import CorruptShardError, MissingExtraError
-from wds_cloud.tar.reader import TarMembers
+from wds_cloud.tar.members import TarMembers
 from wds_cloud.tariterators import shard_samples
 
 from .strategies import FORMATS, compress_bytes, expected_samples, sample_lists, write_tar

@@ -26,6 +26,7 @@ from .handlers import reraise_exception
 from .stages import pipelinefilter
 from .tar import samples as _samples
 from .tar import shardreader as _shardreader
+from .tar.grouping import shard_samples
 from .tar.samples import (
     base_plus_ext,
     group_by_keys,
@@ -33,7 +34,6 @@ from .tar.samples import (
     last_dot_split,
     meta_prefix,
     meta_suffix,
-    shard_samples,
     tar_file_expander,
     tar_file_iterator,
     url_opener,

@@ -32,8 +32,8 @@ from ..io.security import resolve, resolve_base
 from ..io.shardcache import ShardCache
 from ..io.urls import is_local
 from ..shardlists import expand_urls as _expand
+from ..tar.buffers import unreadable
 from ..tar.decompress import open_decompressed
-from ..tar.reader import unreadable
 from .formats import ShardIndex, iter_wids, parse_wids
 from .held import IndexCache, ShardTable
 from .sidecar import check_fresh, index_of, read_range

@@ -34,8 +34,8 @@ from ..io.open import gopen
 from ..io.urls import is_local, local_path, local_version, name_in_file
 from ..tar.decompress import COMPRESSIONS, HEAD_SIZE, detect_compression
 from ..tar.format import ZERO_BLOCK, plain_member
-from ..tar.reader import TarMembers
-from ..tar.samples import SKIP_META, member_filter
+from ..tar.grouping import SKIP_META, member_filter
+from ..tar.members import TarMembers
 
 __all__ = [
     "ShardIndex",

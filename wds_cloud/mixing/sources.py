@@ -537,5 +537,5 @@ class _MixCursor:
         return self.readers[self.current].cursor.compressed
 
     @property
-    def where(self) -> list:
-        return self.readers[self.current].cursor.where
+    def position(self) -> Any:
+        return self.readers[self.current].cursor.position

@@ -43,9 +43,9 @@ Fetch = tuple[Callable, Callable, Callable]
 class ReaderCursor:
     """Where one pass of a shard reader stands (read by its state and by the shuffle it feeds).
 
-    ``where`` is ``[start, end, samples]``: the byte range of the sample last yielded (``end`` is
-    where the next one begins) and the samples read in this pass, kept up to date by
-    :func:`~wds_cloud.tar.samples.shard_samples` itself, so the reader adds no work per sample.
+    ``position`` (a :class:`~wds_cloud.tar.grouping.SamplePosition`, given by the reader) is the byte range of the
+    sample last yielded (``end`` is where the next one begins), the samples read in this pass and the member that
+    begins the next, kept up to date by the grouping kernel itself, so the reader adds no work per sample.
     """
 
     __slots__ = (
@@ -53,7 +53,7 @@ class ReaderCursor:
         "url",
         "compressed",
         "done",
-        "where",
+        "position",
         "identity",
         "members",
         "base_pax",
@@ -62,13 +62,12 @@ class ReaderCursor:
         "limit",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, position: Any) -> None:
         self.shard = 0  # index of the current shard among the shards this worker was given
         self.url: Optional[str] = None
         self.compressed = False
         self.done = False
-        #: [start, end, samples] (ints) and the name of the member that begins the next sample (str or None)
-        self.where: list[Any] = [0, 0, 0, None]
+        self.position = position
         self.identity: Optional[dict] = None
         self.members: Any = None  # the TarMembers of the current shard
         self.base_pax: dict = {}  # global PAX records in force where the current read began
@@ -80,11 +79,11 @@ class ReaderCursor:
     @property
     def offset(self) -> int:
         """Where the next sample of the current shard begins."""
-        return self.where[1]
+        return self.position.end
 
     @property
     def samples(self) -> int:
-        return self.where[2]
+        return self.position.samples
 
     @property
     def pax(self) -> dict:
@@ -174,7 +173,7 @@ class ReaderResume:
             "samples": c.samples,
             "done": c.done,
             "identity": dict(c.identity) if c.identity is not None else None,
-            "next": c.where[3],
+            "next": c.position.next_name,
         }
         if c.compressed:
             state["compressed"] = True
@@ -189,16 +188,16 @@ class ReaderResume:
         self.refuse_replaced(replaced_now)
         if self.loaded is not None or c is None:
             return self.state_dict(c, replaced_now)
-        where = c.where
+        position = c.position
         state = {
             "shard": c.shard,
             "url": _shown(c.url),
             "url_id": _ident(c.url),
-            "offset": where[1],
-            "samples": where[2],
+            "offset": position.end,
+            "samples": position.samples,
             "done": c.done,
             "identity": c.identity,
-            "next": where[3],
+            "next": position.next_name,
         }
         if c.compressed:
             state["compressed"] = True
@@ -267,7 +266,7 @@ class ReaderResume:
                 "This state was taken by another rank or DataLoader worker, or on another shape. "
                 + resuming.RESHAPE_FIX,
             )
-            cursor.where[2] = resume.get("samples", 0)
+            cursor.position.samples = resume.get("samples", 0)
 
     def resumed(
         self,
@@ -280,7 +279,7 @@ class ReaderResume:
         """The start of a resumed pass: the samples a shuffle had buffered, then an elastic share's, with the
         cursor placed where the saved state stood.  Returns the saved state the shards resume from (``{}``: from
         their start), or None when the saved pass was done."""
-        where = cursor.where
+        position = cursor.position
         self.identify(cursor, resume)
         if replay:
             yield from self._replayed(cursor, replay, fetch)
@@ -295,7 +294,7 @@ class ReaderResume:
             if saved.get("url") is None:  # the state was taken while replaying: no shard had begun
                 saved = {}
         if saved:
-            cursor.shard, cursor.url, where[1] = saved["shard"], saved["url"], saved["offset"]
+            cursor.shard, cursor.url, position.end = saved["shard"], saved["url"], saved["offset"]
             cursor.compressed, cursor.base_pax = bool(saved.get("compressed")), dict(saved.get("pax") or {})
             if saved.get("done"):
                 cursor.done = True
@@ -304,7 +303,7 @@ class ReaderResume:
 
     def _replayed(self, cursor: ReaderCursor, replay: list, fetch: Fetch) -> Iterator[dict]:
         """The samples a resumed shuffle had buffered, fetched again with ranged reads, in buffer order."""
-        where = cursor.where
+        position = cursor.position
         started = time.perf_counter()
         report: dict = {}
         samples = refetch([loc[:4] for loc in replay], *fetch, report=report)
@@ -312,14 +311,14 @@ class ReaderResume:
         self.last_refetch = report
         for (url, start, end, compressed, ref), sample in zip(replay, samples):
             cursor.shard, cursor.url, cursor.compressed = ref, url, compressed
-            where[0], where[1] = start, end
+            position.start, position.end = start, end
             yield sample
 
     @staticmethod
     def _shared(cursor: ReaderCursor, replay: list, fetch: Fetch) -> Iterator[dict]:
         """The buffered samples an elastic resume gave this share, fetched again in runs (bounded memory), from
         the count already yielded; each counts as a sample of the pass."""
-        where, progress = cursor.where, cursor.elastic
+        position, progress = cursor.position, cursor.elastic
         assert progress is not None
         batch = 256
         while progress[0] < len(replay):
@@ -328,8 +327,8 @@ class ReaderResume:
             samples = refetch([loc[:4] for loc in chunk], *fetch)
             for number, ((url, start, end, compressed), sample) in enumerate(zip(chunk, samples), first):
                 cursor.shard, cursor.url, cursor.compressed = REPLAY_REF + number, url, compressed
-                where[0], where[1] = start, end
-                where[2] += 1
+                position.start, position.end = start, end
+                position.samples += 1
                 progress[0] = number + 1
                 yield sample
-        cursor.shard, cursor.url, cursor.compressed, where[0], where[1] = 0, None, False, 0, 0
+        cursor.shard, cursor.url, cursor.compressed, position.start, position.end = 0, None, False, 0, 0

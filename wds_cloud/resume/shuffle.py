@@ -178,9 +178,9 @@ class Shuffle(PassHolder, PipelineStage):
                 else:
                     counts[ref] = 1
                     urls[ref] = (cursor.url, cursor.compressed)
-                where = cursor.where
-                start = where[0]
-                loc = (ref, start >> 9, (where[1] - start) >> 9)  # tar offsets are in 512-byte blocks
+                position = cursor.position
+                start = position.start
+                loc = (ref, start >> 9, (position.end - start) >> 9)  # tar offsets are in 512-byte blocks
                 locs.append(loc)
                 if live.journal is not None:
                     live.journal.append(loc)

@@ -5,10 +5,10 @@ block; two zero blocks end the archive.  A header holds fixed-width fields (name
 ustar magic and name prefix); a GNU long name (type ``L``) or PAX records (``x``, or ``g`` for the whole
 archive) before a header give it a longer name or a larger size.
 
-The reader's fast path and the general reader read a field by the same function here, so they cannot disagree:
-:func:`size_at` and :func:`checksum_at` read the usual spellings fast and raise ``ValueError`` where only
-:func:`number` (``tarfile``'s rule, which the general reader applies) can tell; :func:`plain_size` is the whole
-check that lets a member through the fast path.  The writer (:mod:`wds_cloud.tar.write`) writes with
+Two readers of a header, each stated once: :func:`plain_header`, the fast path's whole check of a plain member
+(the usual spellings of its fields, read where they stand), and the general reader's (:func:`number`,
+``tarfile``'s rule for a numeric field, and :func:`checksum_ok`), which takes every header the fast check leaves
+to it.  Where the fast check reads a value, it is the general reader's.  The writer (:mod:`wds_cloud.tar.write`) writes with
 :func:`octal`, :func:`padded` and :func:`pax_record`.
 """
 
@@ -37,12 +37,10 @@ __all__ = [
     "octal",
     "padded",
     "padded_size",
-    "size_at",
     "checksum_at",
     "sum_matches",
     "checksum_ok",
-    "plain_size",
-    "name_at",
+    "plain_header",
     "header_name",
     "is_tar_header",
     "plain_member",
@@ -95,13 +93,6 @@ def number(field: bytes) -> int:
     return int(text, 8) if text else 0
 
 
-def size_at(buf: Any, pos: int) -> int:
-    """The size field of the header at ``pos``, in its usual spellings: the twelve digits, or eleven when a NUL or a
-    space ends them.  Where this reads a value it is :func:`number`'s (checked for every byte at the end); a
-    ValueError says only that :func:`number` must be asked (a NUL inside, base-256, a ``\\x1c``)."""
-    return int(buf[pos + _SIZE : pos + (135 if buf[pos + 135] in (0, 32) else _SIZE_END)], 8)
-
-
 def checksum_at(buf: Any, pos: int) -> int:
     """The stored checksum of the header at ``pos``, up to its first NUL as ``tarfile`` reads it (its usual
     spelling, six digits and a NUL, read at once); ValueError where it is not a number."""
@@ -139,30 +130,30 @@ def checksum_ok(header: bytes) -> bool:
     return stored == signed + 256
 
 
-def plain_size(buf: Any, view: Any, pos: int, max_member: int) -> int:
-    """The size of the member whose header is at ``pos`` when the fast path may take it: a plain regular member
-    (type ``0``) of at most ``max_member`` bytes, its size and checksum in their usual spellings, the checksum
-    right, no ustar name prefix; else -1 (the general reader takes it, and says what is wrong with it)."""
+def plain_header(buf: Any, view: Any, pos: int, max_member: int) -> Optional[tuple[str, int]]:
+    """``(name, size)`` of the member whose header is at ``pos`` when the fast path may take it: a plain regular
+    member (type ``0``) of at most ``max_member`` bytes, its size and checksum in their usual spellings
+    the checksum right, no ustar name prefix; else None (the general reader takes it, and says what is wrong
+    with it).  ``view`` is a memoryview of ``buf``.
+
+    The size is read in its usual spellings, the twelve digits or eleven when a NUL or a space ends them: where
+    that reads a value it is :func:`number`'s (tests check every byte at the end), and where it cannot, the
+    general reader asks :func:`number`.  The checksum's usual spelling (six digits and a NUL) is read here, any
+    other by :func:`checksum_at`.  Asked once per member by the fast path: written out, not split in calls."""
     try:
-        size = size_at(buf, pos)
-        stored = checksum_at(buf, pos)
+        size = int(buf[pos + _SIZE : pos + (135 if buf[pos + 135] in (0, 32) else _SIZE_END)], 8)
+        stored = int(buf[pos + _CHECKSUM : pos + 154], 8) if buf[pos + 154] == 0 else checksum_at(buf, pos)
     except ValueError:
-        return -1
+        return None
     if (
         not 0 <= size <= max_member
         or buf[pos + _TYPE] not in PLAIN
         or (buf[pos + _PREFIX] and buf[pos + _MAGIC : pos + _MAGIC + 5] == b"ustar")
         or not sum_matches(view, pos, stored)
     ):
-        return -1
-    return size
-
-
-def name_at(buf: Any, pos: int) -> str:
-    """The name field of the header at ``pos``, up to its first NUL (a name that is not UTF-8 keeps its bytes as
-    surrogate escapes)."""
+        return None
     end = buf.find(b"\0", pos, pos + 100)
-    return buf[pos : end if end >= 0 else pos + 100].decode("utf-8", "surrogateescape")
+    return buf[pos : end if end >= 0 else pos + 100].decode("utf-8", "surrogateescape"), size
 
 
 def header_name(header: bytes) -> str:
@@ -183,15 +174,15 @@ def is_tar_header(block: bytes) -> bool:
 def plain_member(header: bytes) -> Optional[tuple[str, int]]:
     """``(name, size)`` when ``header`` is a plain regular member's (checksum right, type ``0``, no long
     name or PAX record before it is needed); None for anything else, which the general reader handles."""
-    if len(header) != BLOCK or header[_TYPE] not in PLAIN:
+    if len(header) != BLOCK:
         return None
-    try:
-        size = size_at(header, 0)
+    found = plain_header(header, memoryview(header), 0, 1 << 62)
+    if found is not None or header[_TYPE] not in PLAIN:
+        return found
+    try:  # the spellings the fast check leaves to the general reader (base-256, a NUL inside the digits)
+        size = number(header[_SIZE:_SIZE_END])
     except ValueError:
-        try:
-            size = number(header[_SIZE:_SIZE_END])
-        except ValueError:
-            return None
+        return None
     if size < 0 or not checksum_ok(header):
         return None
     return header_name(header), size
@@ -200,17 +191,7 @@ def plain_member(header: bytes) -> Optional[tuple[str, int]]:
 def same_header(buf: Any, head: int, name: str, size: int) -> bool:
     """Whether the header at ``head`` is still a plain member's named ``name`` of ``size`` bytes (a member table's
     entry, checked once per run)."""
-    encoded = name.encode("utf-8", "surrogateescape")
-    try:
-        stored = size_at(buf, head)
-    except ValueError:
-        return False
-    return (
-        stored == size
-        and buf[head : head + len(encoded)] == encoded
-        and (len(encoded) == 100 or buf[head + len(encoded)] == 0)
-        and buf[head + _TYPE] in PLAIN
-    )
+    return plain_header(buf, memoryview(buf), head, 1 << 62) == (name, size)
 
 
 def pax_records(payload: bytes) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """The shard reader stage: ``{"url": ...}`` items in, samples out, resumable mid-shard.
 
 :class:`TarSamples` opens each shard (through ``gopen`` or a given opener), reads and
-groups it with :func:`~wds_cloud.tar.samples.shard_samples`, and keeps a cursor of where
+groups it with :func:`~wds_cloud.tar.grouping.shard_samples`, and keeps a cursor of where
 the sample last yielded came from, which its state and a shuffle fed by it read.
 """
 
@@ -22,8 +22,9 @@ from ..io.open import gopen
 from ..io.parallel import Fetcher
 from ..resume.reader_state import ReaderCursor, ReaderResume, check_resumed_shard
 from ..stages import PassHolder
-from .reader import TarMembers
-from .samples import SKIP_META, Barren, close_quietly, key_rule, member_filter, sample_limit, shard_samples
+from .grouping import SKIP_META, SamplePosition, key_rule, member_filter, sample_limit, shard_samples
+from .members import TarMembers
+from .samples import Barren, close_quietly
 
 __all__ = ["TarSamples", "tarfile_samples", "tarfile_to_samples"]
 
@@ -141,7 +142,7 @@ class TarSamples(PassHolder):
         self.replaced_now = replaced
         if replaced is not None:
             return self._through(replaced, src)
-        cursor = ReaderCursor()
+        cursor = ReaderCursor(SamplePosition())
         self.cursor = cursor
         resume, replay, elastic = self._record.take()
         return self._samples(src, cursor, resume, replay, elastic)
@@ -282,7 +283,7 @@ class TarSamples(PassHolder):
         elastic: Optional[tuple] = None,
     ) -> Iterator[dict]:
         """One pass: the replayed samples of a resumed shuffle, then the shards from where ``resume`` stood."""
-        where = cursor.where
+        position = cursor.position
         fetch = (self._range, self._whole, functools.partial(_parse_range, self))
         saved = yield from self._record.resumed(cursor, resume, replay, elastic, fetch)
         if saved is None:  # the saved pass was done: its shard list is begun all the same, so that this pass
@@ -300,8 +301,8 @@ class TarSamples(PassHolder):
                 reached = index
                 if index < skip:
                     continue
-                barren.check(source.get("url") if isinstance(source, dict) else source, where[2])
-                if limit is not None and where[2] >= limit:  # reached before this shard (a resumed pass)
+                barren.check(source.get("url") if isinstance(source, dict) else source, position.samples)
+                if limit is not None and position.samples >= limit:  # reached before this shard (a resumed pass)
                     cursor.done = True
                     return
                 stream = None
@@ -315,14 +316,14 @@ class TarSamples(PassHolder):
                     )
                     if lookahead is not None:
                         ahead.prefetch(_urls(lookahead.peek(ahead.prefetch_depth)))
-                    before = where[2]
+                    before = position.samples
                     if limit is None and skipping is None:
                         yield from samples  # the common path: one generator layer per sample, not two
                     elif (yield from _limited(samples, cursor, limit, skipping)):
                         return
                     verify = getattr(stream, "verify", None)
                     if verify is not None:  # checked against a manifest once its last sample was read
-                        verify(where[2] - before)
+                        verify(position.samples - before)
                     if cursor.recorded is not None:
                         self._indexed(source["url"], cursor, stream)
                 except StateMismatchError:
@@ -390,7 +391,6 @@ class TarSamples(PassHolder):
         ``skip-before`` is None when the samples start where they should; else the shard is read from
         its start (an opened stream, or a compressed one) and samples before that byte were delivered.
         """
-        where = cursor.where
         url = source["url"]
         offset, pax = 0, {}
         if saved is not None:
@@ -398,7 +398,7 @@ class TarSamples(PassHolder):
             offset, pax = saved["offset"], dict(saved.get("pax") or {})
         compressed = bool(saved is not None and saved.get("compressed"))
         cursor.shard, cursor.url, cursor.members, cursor.base_pax = index, url, None, pax
-        where[1] = offset
+        cursor.position.end = offset
         try:
             stream, local_path = self._open(source, 0 if compressed else offset)
         except OSError as exc:
@@ -442,7 +442,7 @@ class TarSamples(PassHolder):
             suffixes=self.suffixes,
             rename_files=self.rename_files,
             local_path=local_path,
-            where=where,
+            position=cursor.position,
             members=members,
             expect_first=expected,
             record=(lambda *member: recorded.append(member)) if recorded is not None else None,
@@ -493,14 +493,14 @@ def _limited(
     samples: Iterator[dict], cursor: ReaderCursor, limit: Optional[int], skipping: Optional[int]
 ) -> Generator[dict, None, bool]:
     """``samples`` past byte ``skipping`` (when given), up to ``limit`` in the pass; True: the limit was hit."""
-    where = cursor.where
+    position = cursor.position
     delivered = -1 if skipping is None else skipping
     for sample in samples:
-        if where[0] < delivered:
-            where[2] -= 1
+        if position.start < delivered:
+            position.samples -= 1
             continue
         yield sample
-        if limit is not None and where[2] >= limit:
+        if limit is not None and position.samples >= limit:
             cursor.done = True
             return True
     return False
@@ -580,7 +580,7 @@ class _Lookahead:
 def _parse_range(reader: TarSamples, stream: Any, url: str, start: int, ranged: bool) -> Iterator[tuple[int, dict]]:
     """``(offset, sample)`` of a range ``reader`` fetches again, with the fields its first read gave them
     (``__local_path__`` as the opener names the shard)."""
-    where: list[Any] = [0, 0, 0, None]
+    position = SamplePosition()
     members = TarMembers(
         stream,
         url,
@@ -598,12 +598,12 @@ def _parse_range(reader: TarSamples, stream: Any, url: str, start: int, ranged: 
         suffixes=reader.suffixes,
         rename_files=reader.rename_files,
         local_path=_local_path_of(reader.opener, url),
-        where=where,
+        position=position,
         members=members,
         max_sample=reader._max_sample(),
         on_repeat=_skip_quietly,  # as the first read did; its handler saw the repeat then
     ):
-        yield where[0], sample
+        yield position.start, sample
 
 
 def _local_path_of(opener: Any, url: str) -> Optional[str]:
