@@ -354,10 +354,10 @@ def test_the_tables_stay_within_their_bound(tmp_path, no_tables, monkeypatch):
     urls = _shards(tmp_path, n=4, per=50, size=10)
     monkeypatch.setenv("WDS_TABLE_CACHE", "0")
     list(wds.WebDataset(urls, shardshuffle=False))
-    assert not no_tables._tables
+    assert not no_tables.CACHE.tables
     monkeypatch.setenv("WDS_TABLE_CACHE", "6000")
     list(wds.WebDataset(urls, shardshuffle=False))
-    assert 0 < no_tables._held <= 6000 and len(no_tables._tables) < 4
+    assert 0 < no_tables.CACHE.nbytes <= 6000 and len(no_tables.CACHE.tables) < 4
     monkeypatch.setenv("WDS_TABLE_CACHE", "1e999")
     with pytest.raises(wds.ConfigError, match="WDS_TABLE_CACHE"):
         list(wds.WebDataset(urls, shardshuffle=False))
@@ -370,7 +370,7 @@ def test_resume_is_exact_in_a_pass_read_from_the_tables(tmp_path, no_tables):
         return wds.WebDataset(urls, shardshuffle=False, seed=3).shuffle(20, seed=5)
 
     full = [s["__key__"] for s in make()]  # this pass keeps the tables
-    assert len(no_tables._tables) == 3
+    assert len(no_tables.CACHE.tables) == 3
     for at in (1, 39, 40, 77):
         ds = make()
         it = iter(ds)
@@ -392,9 +392,9 @@ def test_a_table_that_does_not_match_its_file_is_dropped(tmp_path, no_tables):
     _settled(a_path)
     b_path.write_bytes(write_tar([("c", {"txt": b"3"}), ("d", {"txt": b"4" * 700})], extras=False))
     _twice(str(a_path))
-    ((identity, table),) = no_tables._tables.items()
+    ((identity, table),) = no_tables.CACHE.tables.items()
     st = os.stat(b_path)
-    no_tables._tables[(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)] = table
+    no_tables.CACHE.tables[(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)] = table
     (samples, had), _ = _twice(str(b_path))
     assert had and [s["__key__"] for s in samples] == ["c", "d"]
 
@@ -407,7 +407,7 @@ def test_webloader_workers_hand_their_tables_to_the_main_process(tmp_path, no_ta
     ds = wds.WebDataset(urls, shardshuffle=False).to_tuple("__key__", "bin").batched(8)
     loader = wds.WebLoader(ds, batch_size=None, num_workers=2)
     first = sorted(k for keys, _ in loader for k in keys)
-    assert len(no_tables._tables) == 4  # two from each worker
+    assert len(no_tables.CACHE.tables) == 4  # two from each worker
     second = sorted(k for keys, _ in loader for k in keys)
     assert first == second and len(first) == 80
 
@@ -500,7 +500,7 @@ def test_a_file_written_in_the_last_seconds_keeps_no_table(tmp_path, no_tables):
     path = tmp_path / "s.tar"
     path.write_bytes(write_tar([("a", {"txt": b"1" * 700}), ("b", {"txt": b"2"})], extras=False))
     (_, had), (_, had_again) = _twice(str(path))
-    assert not had and not had_again and not no_tables._tables
+    assert not had and not had_again and not no_tables.CACHE.tables
     no_tables.SETTLED = -1.0  # the rule alone kept it from being kept
     assert _twice(str(path))[1][1]
 
@@ -519,7 +519,7 @@ def test_the_table_time_rule_reads_the_change_time_and_an_empty_mmap_setting_is_
     if st.st_ctime_ns <= st.st_mtime_ns:  # a file system whose change time follows the modification time
         pytest.skip("ctime follows mtime here")
     (_, had), (_, had_again) = _twice(str(path))
-    assert not had and not had_again and not no_tables._tables
+    assert not had and not had_again and not no_tables.CACHE.tables
     os.environ["WDS_MMAP"] = ""
     try:
         members = TarMembers(gopen(str(path)), str(path))
@@ -599,16 +599,16 @@ def test_a_kept_table_splits_its_names_once_and_counts_that_in_its_bound(tmp_pat
     in WDS_TABLE_CACHE; with no room for them, a pass reads the names as before (the same samples)."""
     urls = _shards(tmp_path, n=2, per=30, size=10)
     first = list(wds.WebDataset(urls, shardshuffle=False))
-    tables = list(no_tables._tables.values())
+    tables = list(no_tables.CACHE.tables.values())
     assert len(tables) == 2 and all(t._keyed for t in tables)
-    assert no_tables._held == sum(t.nbytes for t in tables)
+    assert no_tables.CACHE.nbytes == sum(t.nbytes for t in tables)
     bare = sum(pickle.loads(pickle.dumps(t)).nbytes for t in tables)  # the tables without their keyed parts
-    assert bare < no_tables._held
+    assert bare < no_tables.CACHE.nbytes
     assert list(wds.WebDataset(urls, shardshuffle=False)) == first
     no_tables.forget()
     monkeypatch.setenv("WDS_TABLE_CACHE", str(bare + 100))  # room for the tables, not for their keyed parts
     assert list(wds.WebDataset(urls, shardshuffle=False)) == first
-    assert len(no_tables._tables) == 2 and not any(t._keyed for t in no_tables._tables.values())
+    assert len(no_tables.CACHE.tables) == 2 and not any(t._keyed for t in no_tables.CACHE.tables.values())
     assert list(wds.WebDataset(urls, shardshuffle=False)) == first
     moved = pickle.loads(pickle.dumps(tables[0]))  # a worker hands its tables over without the keyed part
     assert moved._keyed is None and moved.nbytes < tables[0].nbytes and len(moved) == len(tables[0])
@@ -621,7 +621,7 @@ def test_a_table_without_room_for_its_split_names_is_asked_once_a_pass(tmp_path,
 
     urls = _shards(tmp_path, n=1, per=400, size=1)
     list(wds.WebDataset(urls, shardshuffle=False))
-    (table,) = no_tables._tables.values()
+    (table,) = no_tables.CACHE.tables.values()
     bare = pickle.loads(pickle.dumps(table)).nbytes
     no_tables.forget()
     monkeypatch.setenv("WDS_TABLE_CACHE", str(bare + 100))
@@ -698,7 +698,7 @@ def test_a_first_pass_records_every_plain_member_and_maps_each_page_once(tmp_pat
     fits = [size for size in sizes if 512 + (size + 511) // 512 * 512 <= chunk]
     assert had == bool(fits)
     if fits:  # a member larger than a window is read by the general reader, in every pass
-        kept = next(iter(table._tables.values()))
+        kept = next(iter(table.CACHE.tables.values()))
         assert list(kept.sizes) == fits
         kinds = "".join("f" if size in fits else "L" for size in sizes).strip("L")
         assert len(kept.gaps) == len([run for run in kinds.split("f") if run])  # only where a large one lies

@@ -74,10 +74,10 @@ def test_keeping_a_table_walks_no_held_table(tmp_path, monkeypatch, zero_copy):
     walks = []
     for n in (20, 200):
         tables.forget()
-        monkeypatch.setattr(tables, "_tables", _CountingWalks())
+        monkeypatch.setattr(tables.CACHE, "tables", _CountingWalks())
         _CountingWalks.walks = 0
         assert len(list(wds.WebDataset(urls[:n], shardshuffle=False, zero_copy=zero_copy))) == n
-        kept = list(tables._tables.values())
+        kept = list(tables.CACHE.tables.values())
         assert len(kept) == n and all(t._keyed for t in kept)
         walks.append(_CountingWalks.walks - 1)  # less the walk just above
     assert walks == [0, 0]
@@ -91,13 +91,13 @@ def test_nothing_beside_the_tables_outgrows_them(tmp_path, monkeypatch):
     assert len(list(wds.WebDataset(urls, shardshuffle=False))) == 500
     count, held = tables.held()
     assert 0 < count < 20 and held <= 2048
-    assert len(tables._kept_by) <= count
+    assert len(tables.CACHE.kept_by) <= count
     handed = tables.handed()
-    assert len(handed) == count and not tables._kept_by
-    assert all(tables._tables[identity] is table for identity, table in handed.items())
+    assert len(handed) == count and not tables.CACHE.kept_by
+    assert all(tables.CACHE.tables[identity] is table for identity, table in handed.items())
     tables.drop(next(iter(handed)))  # a table dropped takes its entry with it
     list(wds.WebDataset(urls[-3:], shardshuffle=False))
-    assert len(tables._kept_by) <= tables.held()[0]
+    assert len(tables.CACHE.kept_by) <= tables.held()[0]
 
 
 def _watch_recorders(monkeypatch) -> list:
@@ -193,12 +193,12 @@ def test_a_table_made_before_the_fork_hook_is_handed_only_by_its_keeper(tmp_path
         pytest.skip("needs fork")
     urls = _tiny_shards(tmp_path, 2)
     list(wds.WebDataset(urls[:1], shardshuffle=False))
-    assert len(tables._kept_by) == 1
+    assert len(tables.CACHE.kept_by) == 1
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe
         try:
-            before = len(tables._kept_by)
+            before = len(tables.CACHE.kept_by)
             list(wds.WebDataset(urls[1:], shardshuffle=False))
             handed = tables.handed()
             os.write(write, f"{before} {len(handed)} {tables.held()[0]}".encode())

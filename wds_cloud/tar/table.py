@@ -43,7 +43,20 @@ from typing import Any, Optional
 
 from .. import config
 
-__all__ = ["MemberTable", "Recorder", "lookup", "keep", "drop", "forget", "handed", "adopt", "held", "worth_recording"]
+__all__ = [
+    "MemberTable",
+    "Recorder",
+    "TableCache",
+    "CACHE",
+    "lookup",
+    "keep",
+    "drop",
+    "forget",
+    "handed",
+    "adopt",
+    "held",
+    "worth_recording",
+]
 
 
 class MemberTable:
@@ -105,7 +118,7 @@ class MemberTable:
             return None
         # what the keyed part may take at most (a key per member), asked before anything is split: no room,
         # nothing made (the reader asks once per pass)
-        if not _room(self, len(self) * (16 + 49) + len(self.names)):
+        if not CACHE.room(len(self) * (16 + 49) + len(self.names)):
             return None
         names = self.names.split("\0") if self.heads else []
         tails = names
@@ -130,7 +143,7 @@ class MemberTable:
         fields = list(map(interned.setdefault, fields, fields))
         keyed = (keys, fields)
         extra = sys.getsizeof(keys) + sys.getsizeof(fields) + sum(map(sys.getsizeof, interned))
-        if not _grow(self, extra):
+        if not CACHE.grow(self, extra):
             return None
         self._keyed = keyed
         return keyed
@@ -260,160 +273,166 @@ def _exact(values: array) -> array:
 #: back (``cp -p``, ``rsync -t``, ``touch -d``), never the change time
 SETTLED = 5.0
 
-_tables: collections.OrderedDict = collections.OrderedDict()
-_held = 0
-_lock = threading.Lock()
-#: identity -> the process that kept the table (a DataLoader worker hands its own to the main process): an entry
-#: for each table this process kept and holds still, not yet handed over (one goes when its table goes)
-_kept_by: dict = {}
 
+class TableCache:
+    """The member tables one process keeps, least recently used first, within ``WDS_TABLE_CACHE`` bytes.
 
-def _after_fork_in_child() -> None:
-    """A forked process (a DataLoader worker) hands over only what it keeps itself, and starts with a lock no
-    thread of the parent holds."""
-    global _lock
-    _lock = threading.Lock()
-    _kept_by.clear()
+    One per process (:data:`CACHE`; the module's functions are its methods): ``tables`` maps a file's identity to
+    its table, ``nbytes`` is what they take, ``kept_by`` maps each table this process kept itself and has not
+    handed over to the process that kept it.  One lock guards the three; a forked child (a DataLoader worker)
+    starts with a fresh lock and hands over only what it keeps itself.
+    """
 
+    def __init__(self) -> None:
+        self.tables: collections.OrderedDict = collections.OrderedDict()
+        self.nbytes = 0
+        #: identity -> the process that kept the table (a DataLoader worker hands its own to the main process): an
+        #: entry for each table this process kept and holds still, not yet handed over (one goes when its table goes)
+        self.kept_by: dict = {}
+        self._lock = threading.Lock()
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    def after_fork_in_child(self) -> None:
+        """A forked process hands over only what it keeps itself, and starts with a lock no thread of the parent
+        holds."""
+        self._lock = threading.Lock()
+        self.kept_by.clear()
 
+    def held(self) -> tuple[int, int]:
+        """``(tables, bytes)``: how many member tables this process keeps, and the memory they take."""
+        with self._lock:
+            return len(self.tables), self.nbytes
 
-def held() -> tuple[int, int]:
-    """``(tables, bytes)``: how many member tables this process keeps, and the memory they take."""
-    with _lock:
-        return len(_tables), _held
+    def lookup(self, identity: Any) -> Optional[MemberTable]:
+        """The table kept for the file of ``identity``, or None."""
+        if identity is None:
+            return None
+        with self._lock:
+            table = self.tables.get(identity)
+            if table is not None:
+                self.tables.move_to_end(identity)
+            return table
 
+    @staticmethod
+    def worth_recording(identity: Any) -> bool:
+        """Whether a pass over the file of ``identity`` may keep its table: tables kept at all, and the file not
+        modified or changed in the last :data:`SETTLED` seconds (asked when the file is mapped, so that a pass whose
+        table would not be kept records nothing)."""
+        return (
+            identity is not None
+            and bool(config.current().table_cache)
+            and time.time() - max(identity[3:5]) / 1e9 >= SETTLED
+        )
 
-def lookup(identity: Any) -> Optional[MemberTable]:
-    """The table kept for the file of ``identity``, or None."""
-    if identity is None:
-        return None
-    with _lock:
-        table = _tables.get(identity)
-        if table is not None:
-            _tables.move_to_end(identity)
-        return table
-
-
-def worth_recording(identity: Any) -> bool:
-    """Whether a pass over the file of ``identity`` may keep its table: tables kept at all, and the file not
-    modified or changed in the last :data:`SETTLED` seconds (asked when the file is mapped, so that a pass whose
-    table would not be kept records nothing)."""
-    return (
-        identity is not None
-        and bool(config.current().table_cache)
-        and time.time() - max(identity[3:5]) / 1e9 >= SETTLED
-    )
-
-
-def keep(identity: Any, recorder: Recorder) -> None:
-    """Keep the table ``recorder`` made of the file of ``identity``, within the bound (``WDS_TABLE_CACHE``); not for
-    a file modified in the last :data:`SETTLED` seconds (see there)."""
-    global _held
-    limit = config.current().table_cache
-    if not len(recorder) or not worth_recording(identity):
-        return
-    table = recorder.table()
-    if table is None or table.nbytes > limit:
-        return
-    with _lock:
-        old = _tables.pop(identity, None)
-        if old is not None:
-            _held -= old.nbytes
-        _tables[identity] = table
-        table.held_as = identity
-        _kept_by[identity] = os.getpid()
-        _held += table.nbytes
-        _shed(limit)
-    # its names are split once, now (about 0.3 us a member): the next pass does no work per member but the slice
-    table.keyed()
-
-
-def handed() -> dict:
-    """The tables this process kept since it last handed them over (a DataLoader worker ending its pass hands
-    them to the main process, whose next workers start with them: see :func:`adopt`)."""
-    me = os.getpid()
-    with _lock:
-        # every entry is of a table held and this process's (a forked one starts with none): O(tables handed)
-        mine = {identity: _tables[identity] for identity, pid in _kept_by.items() if pid == me and identity in _tables}
-        _kept_by.clear()
-        return mine
-
-
-def adopt(tables: Any) -> None:
-    """Keep the tables a worker handed over (:func:`handed`), within the bound; anything else is ignored."""
-    global _held
-    if not isinstance(tables, dict):
-        return
-    limit = config.current().table_cache
-    taken: list[MemberTable] = []
-    with _lock:
-        for identity, table in tables.items():
-            if not isinstance(table, MemberTable) or not isinstance(identity, tuple) or identity in _tables:
-                continue
-            _tables[identity] = table
+    def keep(self, identity: Any, recorder: Recorder) -> None:
+        """Keep the table ``recorder`` made of the file of ``identity``, within the bound (``WDS_TABLE_CACHE``); not
+        for a file modified in the last :data:`SETTLED` seconds (see there)."""
+        limit = config.current().table_cache
+        if not len(recorder) or not self.worth_recording(identity):
+            return
+        table = recorder.table()
+        if table is None or table.nbytes > limit:
+            return
+        with self._lock:
+            old = self.tables.pop(identity, None)
+            if old is not None:
+                self.nbytes -= old.nbytes
+            self.tables[identity] = table
             table.held_as = identity
-            _held += table.nbytes
-            taken.append(table)
-        _shed(limit)
-    # the keyed parts are made here, once: the next workers are forked with them (a worker would make them again
-    # each epoch, before its first batch); not for a table dropped already to make room for the others
-    for table in taken:
-        if _is_held(table):
-            table.keyed()
+            self.kept_by[identity] = os.getpid()
+            self.nbytes += table.nbytes
+            self._shed(limit)
+        # its names are split once, now (about 0.3 us a member): the next pass does no work per member but the slice
+        table.keyed()
 
+    def handed(self) -> dict:
+        """The tables this process kept since it last handed them over (a DataLoader worker ending its pass hands
+        them to the main process, whose next workers start with them: see :meth:`adopt`)."""
+        me = os.getpid()
+        with self._lock:
+            # every entry is of a table held and this process's (a forked one starts with none): O(tables handed)
+            tables = self.tables
+            mine = {
+                identity: tables[identity] for identity, pid in self.kept_by.items() if pid == me and identity in tables
+            }
+            self.kept_by.clear()
+            return mine
 
-def _is_held(table: MemberTable) -> bool:
-    """Whether ``table`` is held still: one lookup under the identity it was kept under, not a walk."""
-    return _tables.get(table.held_as) is table
+    def adopt(self, tables: Any) -> None:
+        """Keep the tables a worker handed over (:meth:`handed`), within the bound; anything else is ignored."""
+        if not isinstance(tables, dict):
+            return
+        limit = config.current().table_cache
+        taken: list[MemberTable] = []
+        with self._lock:
+            for identity, table in tables.items():
+                if not isinstance(table, MemberTable) or not isinstance(identity, tuple) or identity in self.tables:
+                    continue
+                self.tables[identity] = table
+                table.held_as = identity
+                self.nbytes += table.nbytes
+                taken.append(table)
+            self._shed(limit)
+        # the keyed parts are made here, once: the next workers are forked with them (a worker would make them again
+        # each epoch, before its first batch); not for a table dropped already to make room for the others
+        for table in taken:
+            if self._is_held(table):
+                table.keyed()
 
+    def _is_held(self, table: MemberTable) -> bool:
+        """Whether ``table`` is held still: one lookup under the identity it was kept under, not a walk."""
+        return self.tables.get(table.held_as) is table
 
-def _shed(limit: int) -> None:
-    """Drop the least recently used tables (with what is kept beside them) until those held fit ``limit``; the
-    caller holds the lock."""
-    global _held
-    while _held > limit and _tables:
-        identity, dropped = _tables.popitem(last=False)
-        _held -= dropped.nbytes
-        _kept_by.pop(identity, None)
+    def _shed(self, limit: int) -> None:
+        """Drop the least recently used tables (with what is kept beside them) until those held fit ``limit``; the
+        caller holds the lock."""
+        while self.nbytes > limit and self.tables:
+            identity, dropped = self.tables.popitem(last=False)
+            self.nbytes -= dropped.nbytes
+            self.kept_by.pop(identity, None)
 
+    def room(self, extra: int) -> bool:
+        """Whether ``extra`` more bytes fit the bound beside the tables held (none is dropped for them)."""
+        with self._lock:
+            return self.nbytes + extra <= config.current().table_cache
 
-def _room(table: MemberTable, extra: int) -> bool:
-    """Whether ``extra`` more bytes for ``table`` fit the bound beside the tables held (none is dropped for it)."""
-    with _lock:
-        return _held + extra <= config.current().table_cache
-
-
-def _grow(table: MemberTable, extra: int) -> bool:
-    """Count ``extra`` more bytes of ``table`` (its keyed part) if they fit the bound; a table no longer held
-    (dropped meanwhile) counts nothing, and is used by the pass that has it."""
-    global _held
-    with _lock:
-        if not _is_held(table):
+    def grow(self, table: MemberTable, extra: int) -> bool:
+        """Count ``extra`` more bytes of ``table`` (its keyed part) if they fit the bound; a table no longer held
+        (dropped meanwhile) counts nothing, and is used by the pass that has it."""
+        with self._lock:
+            if not self._is_held(table):
+                return True
+            if self.nbytes + extra > config.current().table_cache:
+                return False
+            table.nbytes += extra
+            self.nbytes += extra
             return True
-        if _held + extra > config.current().table_cache:
-            return False
-        table.nbytes += extra
-        _held += extra
-        return True
+
+    def drop(self, identity: Any) -> None:
+        """Drop the table of the file of ``identity`` (found not to match it)."""
+        with self._lock:
+            table = self.tables.pop(identity, None)
+            self.kept_by.pop(identity, None)
+            if table is not None:
+                self.nbytes -= table.nbytes
+
+    def forget(self) -> None:
+        """Drop every table (tests, or to give the memory back)."""
+        with self._lock:
+            self.tables.clear()
+            self.kept_by.clear()
+            self.nbytes = 0
 
 
-def drop(identity: Any) -> None:
-    """Drop the table of the file of ``identity`` (found not to match it)."""
-    global _held
-    with _lock:
-        table = _tables.pop(identity, None)
-        _kept_by.pop(identity, None)
-        if table is not None:
-            _held -= table.nbytes
+#: this process's tables
+CACHE = TableCache()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=CACHE.after_fork_in_child)
 
-
-def forget() -> None:
-    """Drop every table (tests, or to give the memory back)."""
-    global _held
-    with _lock:
-        _tables.clear()
-        _kept_by.clear()
-        _held = 0
+held = CACHE.held
+lookup = CACHE.lookup
+worth_recording = CACHE.worth_recording
+keep = CACHE.keep
+handed = CACHE.handed
+adopt = CACHE.adopt
+drop = CACHE.drop
+forget = CACHE.forget
