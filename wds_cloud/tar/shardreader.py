@@ -324,8 +324,8 @@ class TarSamples(PassHolder):
                     verify = getattr(stream, "verify", None)
                     if verify is not None:  # checked against a manifest once its last sample was read
                         verify(position.samples - before)
-                    if cursor.recorded is not None:
-                        self._indexed(source["url"], cursor, stream)
+                    if cursor.recorded is not None and self.index_sink is not None:
+                        self.index_sink(_index_read(source["url"], cursor, stream))
                 except StateMismatchError:
                     raise  # a state that does not fit is the caller's to fix, never a damaged shard to skip
                 except Exception as exn:
@@ -451,20 +451,20 @@ class TarSamples(PassHolder):
         )
         return stream, samples, None if seekable else offset
 
-    def _indexed(self, url: str, cursor: ReaderCursor, stream: Any) -> None:
-        """Hand what the index of the shard just read whole needs to ``index_sink`` (by-product of the pass):
-        the URL, its members as ``(name, data offset, size)``, its size, version and compression."""
-        members = cursor.members
-        read = {
-            "url": url,
-            "members": cursor.recorded or [],
-            "size": getattr(stream, "size", None),
-            "version": getattr(stream, "version", None),
-            "compression": members.compression if members is not None else None,
-        }
-        cursor.recorded = None
-        assert self.index_sink is not None
-        self.index_sink(read)
+
+def _index_read(url: str, cursor: ReaderCursor, stream: Any) -> dict:
+    """What the index of the shard just read whole needs (by-product of the pass, for ``index_sink``): the URL,
+    its members as ``(name, data offset, size)``, its size, version and compression."""
+    members = cursor.members
+    read = {
+        "url": url,
+        "members": cursor.recorded or [],
+        "size": getattr(stream, "size", None),
+        "version": getattr(stream, "version", None),
+        "compression": members.compression if members is not None else None,
+    }
+    cursor.recorded = None
+    return read
 
 
 def _repeat_handler(handler: Callable, refused: list) -> Callable[[Exception], bool]:
