@@ -1,0 +1,213 @@
+"""tar/ as rebuilt: each header rule stated once and agreeing with tarfile, the keyed loop of the grouping kernel
+against its general loop, large members of a mapped shard read with one pread, the sample position, and the
+sizes CONTRIBUTING promises."""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import pathlib
+import re
+import tarfile
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wds_cloud.errors import CorruptShardError, ObjectChangedError
+from wds_cloud.io.open import gopen
+from wds_cloud.tar import buffers, format
+from wds_cloud.tar.grouping import SKIP_META, SamplePosition, group, member_filter, shard_samples
+from wds_cloud.tar.members import TarMembers
+
+from .strategies import FORMATS, sample_lists, write_tar
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def tables_kept_at_once(monkeypatch):
+    """Files written by a test are seconds old: here their tables are kept at once."""
+    from wds_cloud.tar import table
+
+    monkeypatch.setattr(table, "SETTLED", -1.0)
+    table.forget()
+    yield
+    table.forget()
+
+
+def _header(size_field: bytes, typeflag: bytes = b"0") -> bytes:
+    """A ustar header of ``a.txt`` whose size field is ``size_field``, its checksum right."""
+    info = tarfile.TarInfo("a.txt")
+    info.size = 10
+    block = bytearray(info.tobuf(format=tarfile.USTAR_FORMAT))
+    block[124:136] = size_field
+    block[156:157] = typeflag
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\0 " % sum(block)
+    return bytes(block)
+
+
+def _tarfile_size(block: bytes):
+    try:
+        return tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape").size
+    except tarfile.HeaderError:
+        return None
+
+
+@pytest.mark.parametrize("last", range(256))
+def test_the_size_field_is_read_by_one_rule_that_tarfile_agrees_with(last):
+    """Every byte at the end of the size field: the fast check (plain_header), a header's listing (plain_member)
+    and the general reader read the size tarfile reads, or refuse where tarfile refuses (a byte below 32 there
+    ended the digits for plain_member and the table's check, so they took a header tarfile refuses)."""
+    block = _header(b"00000000012" + bytes([last]))
+    expected = _tarfile_size(block)
+    fast = format.plain_header(block, memoryview(block), 0, 1 << 62)
+    listed = format.plain_member(block)
+    try:
+        general = format.number(block[124:136])
+    except ValueError:
+        general = None
+    assert general == expected
+    assert listed == (("a.txt", expected) if expected is not None else None)
+    assert fast is None or fast == ("a.txt", expected)
+    assert format.same_header(block, 0, "a.txt", 10) == (fast is not None and expected == 10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(field=st.binary(min_size=12, max_size=12))
+def test_any_size_field_reads_alike_fast_and_general(field):
+    """Whatever the twelve bytes, the fast check takes a member only at the size tarfile's rule gives it."""
+    block = _header(field)
+    fast = format.plain_header(block, memoryview(block), 0, 1 << 62)
+    if fast is not None:
+        assert fast[1] == format.number(field) == _tarfile_size(block)
+
+
+def test_what_is_written_reads_back():
+    """The writer's fields are the reader's: octal numbers and PAX records read back as written."""
+    for value in (0, 1, 511, 8**11 - 1):
+        assert format.number(format.octal(value, 12)) == value
+    record = format.pax_record(b"path", "é/x.txt".encode())
+    assert format.pax_records(record) == {"path": "é/x.txt"}
+
+
+def _shard(tmp_path, items, fmt="ustar") -> str:
+    path = tmp_path / "s.tar"
+    path.write_bytes(write_tar(items, fmt))
+    return str(path)
+
+
+def _grouped(url, keyed, views=False):
+    """(samples, positions after each, error) of one read through the kernel, its keyed loop allowed or not."""
+    members = TarMembers(gopen(url), url, select=member_filter(SKIP_META, None, None), views=views)
+    members.max_sample = 1 << 40
+    position = SamplePosition()
+    out, error = [], None
+    try:
+        for sample in group(members.runs(keyed), members, url, position=position, limit=members.max_sample):
+            out.append(({k: bytes(v) if isinstance(v, memoryview) else v for k, v in sample.items()}, repr(position)))
+    except (CorruptShardError, ValueError) as exc:
+        error = str(exc)
+    finally:
+        members.close()
+    return out, error
+
+
+@settings(max_examples=60, deadline=None)
+@given(items=sample_lists(max_size=12), fmt=st.sampled_from(sorted(FORMATS)), views=st.booleans())
+def test_the_keyed_loop_groups_as_the_general_loop_does(tmp_path_factory, items, fmt, views):
+    """The kernel's second loop, over a member table's split names, kept for speed: the same samples, positions
+    and errors as its general loop over the same table, and as a first pass that reads every header."""
+    url = _shard(tmp_path_factory.mktemp("k"), items, fmt)
+    first = _grouped(url, keyed=False, views=views)  # reads the headers, keeps the table
+    assert _grouped(url, keyed=True, views=views) == first
+    assert _grouped(url, keyed=False, views=views) == first
+
+
+def _large_tar(sizes) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i, size in enumerate(sizes):
+            info = tarfile.TarInfo(f"{i:03d}.bin")
+            info.size = size
+            tar.addfile(info, io.BytesIO(bytes([i % 251]) * size))
+    return raw.getvalue()
+
+
+@pytest.mark.parametrize("views", [False, True])
+def test_a_large_member_of_a_mapped_shard_is_one_pread_and_no_page_mapping(tmp_path, monkeypatch, views):
+    """Members larger than a window come out of a mapped shard with one pread each (no slice of the mapping, no
+    pages mapped for them), the same bytes as a streamed read; views stay views of the mapping."""
+    sizes = [70_000, 100, 200_000, 5, 90_000]
+    data = _large_tar(sizes)
+    path = tmp_path / "big.tar"
+    path.write_bytes(data)
+    monkeypatch.setattr(buffers, "LARGE", 50_000)
+    preads: list = []
+    populated: list = []
+    real_pread, real_populate = os.pread, buffers.populate
+    monkeypatch.setattr(os, "pread", lambda fd, n, at: (preads.append(n), real_pread(fd, n, at))[1])
+    monkeypatch.setattr(buffers, "populate", lambda m, a, b: (populated.append((a, b)), real_populate(m, a, b))[1])
+    members = TarMembers(gopen(str(path)), str(path), chunk=65536, views=views)
+    got = [(name, bytes(data_)) for name, data_ in members]
+    assert members.mapped
+    members.close()
+    streamed = [(n, bytes(d)) for n, d in TarMembers(io.BytesIO(data), "s", chunk=65536)]
+    assert got == streamed and [len(d) for _, d in got] == sizes
+    assert sorted(preads) == ([] if views else [70_000, 90_000, 200_000])
+    if not views:  # no window was mapped for a member larger than it
+        heads = [512, 512 + 512 + 70_144 + 512 + 512, None]
+        assert not any(a <= heads[0] < b for a, b in populated)
+
+
+def test_a_mapped_shard_cut_short_before_a_large_member_is_an_error_not_a_crash(tmp_path, monkeypatch):
+    """A shard truncated in place after it was mapped, before its large member is read: an error naming the
+    change (the pread comes back short), never SIGBUS or a short member."""
+    data = _large_tar([100, 300_000, 100])
+    path = tmp_path / "cut.tar"
+    path.write_bytes(data)
+    monkeypatch.setattr(buffers, "LARGE", 50_000)
+    members = TarMembers(gopen(str(path)), str(path), chunk=65536)
+    iterator = iter(members)
+    assert next(iterator)[0] == "000.bin"
+    os.truncate(path, 100_000)
+    with pytest.raises((ObjectChangedError, CorruptShardError)) as info:
+        next(iterator)
+    assert str(path) in str(info.value) and "cut short" in str(info.value)
+    members.close()
+
+
+def test_shard_samples_keeps_a_position_and_the_older_list_alike(tmp_path):
+    """``position=`` (a SamplePosition) and the list ``where=`` took before it hold the same after each sample."""
+    url = _shard(tmp_path, [(f"k{i}", {"txt": b"x" * (i * 100)}) for i in range(5)])
+    position, where = SamplePosition(), [0, 0, 0, None]
+    with open(url, "rb") as one, open(url, "rb") as two:
+        for a, b in zip(shard_samples(url, one, position=position), shard_samples(url, two, where=where)):
+            assert a == b
+            assert [position.start, position.end, position.samples, position.next_name] == where
+    assert where[2] == 5 and where[3] is None
+
+
+def _kept_whole() -> set:
+    """The functions and classes of tar/ that CONTRIBUTING's "Sizes" names as kept whole."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    sizes = text[text.index("## Sizes") :]
+    return set(re.findall(r"`tar/(\w+)\.py` `(\w+)`", sizes))
+
+
+def test_no_class_in_tar_over_400_lines_nor_function_over_80_unless_contributing_says_why():
+    """tar/ keeps the sizes the house sets, and what it keeps whole CONTRIBUTING names, with its numbers."""
+    over = []
+    for path in sorted((ROOT / "wds_cloud" / "tar").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+                lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if lines > (400 if isinstance(node, ast.ClassDef) else 80):
+                    over.append((path.stem, node.name, lines))
+    allowed = _kept_whole()
+    assert [(m, n) for m, n, _ in over if (m, n) not in allowed] == []
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    for module, name, lines in over:
+        assert f"`tar/{module}.py` `{name}` ({lines} lines)" in text  # the true number
