@@ -4,9 +4,9 @@ Each case takes a valid shard, then mutates tar headers with recomputed checksum
 headers with wrong records, or cuts / flips bits in a compressed stream, and reads it.  A case
 fails if the reader raises anything but CorruptShardError, takes longer than --limit seconds,
 allocates more than 64 MiB, or (for a cut compressed stream) delivers a sample that is not whole.  A plain
-tar case is read a second and a third time from a file, mapped (the third pass from the member table the
-second kept, if it read to the end), with views: each must give the same samples and the same error as the
-streamed read.
+tar case is read again four times from a file, mapped: a first pass with views (which keeps the member table if
+it reads to the end), then from the table with views, and with bytes through the grouping kernel's general
+loop and its keyed loop: each must give the same samples and the same error as the streamed read.
 
     python bench/fuzz_reader.py [--cases 20000] [--seed 0] [--limit 10]
 """
@@ -31,7 +31,7 @@ from wds_cloud import config  # noqa: E402
 from wds_cloud.errors import CorruptShardError  # noqa: E402
 from wds_cloud.io.open import gopen  # noqa: E402
 from wds_cloud.tar import table  # noqa: E402
-from wds_cloud.tar.grouping import SKIP_META, member_filter  # noqa: E402
+from wds_cloud.tar.grouping import SKIP_META, group, member_filter, sample_limit  # noqa: E402
 from wds_cloud.tar.members import TarMembers  # noqa: E402
 from wds_cloud.tariterators import shard_samples  # noqa: E402
 
@@ -46,13 +46,23 @@ def result_of(out: dict) -> tuple:
     return samples, (type(error).__name__, str(error).replace(out.get("url", ""), "URL")) if error else None
 
 
+#: the mapped reads of a plain case, each compared with the streamed read: (views, the kernel's keyed loop allowed)
+MAPPED_READS = (
+    (True, True),  # first pass (reads the headers, keeps the table), views
+    (True, True),  # from the table, views: the keyed loop where the names split
+    (False, False),  # from the table, bytes, the general loop only
+    (False, True),  # from the table, bytes, the keyed loop
+)
+
+
 def mapped_reads(path: str, data: bytes, seconds: float) -> list:
-    """Two passes over ``data`` written to ``path``, mapped, with views (the second from the table, if any)."""
+    """Passes over ``data`` written to ``path``, mapped (:data:`MAPPED_READS`): the first reads the headers and keeps
+    the member table, the others read from it, with views and bytes, through either loop of the kernel."""
     with open(path, "wb") as f:
         f.write(data)
     table.SETTLED = -1.0  # a file changed in the last seconds keeps no member table: here it does, at once
     outs = []
-    for _ in range(2):
+    for views, keyed in MAPPED_READS:
 
         def read():
             members = TarMembers(  # as shard_samples makes it, but over the mapped file
@@ -60,11 +70,14 @@ def mapped_reads(path: str, data: bytes, seconds: float) -> list:
                 path,
                 select=member_filter(SKIP_META, None, None),
                 max_member=config.current().max_member_size,
-                views=True,
+                views=views,
             )
             try:
                 members.begin()
-                return list(shard_samples(path, None, members=members))
+                if keyed:
+                    return list(shard_samples(path, None, members=members))
+                members.max_sample = sample_limit(None, members.max_member)
+                return list(group(members.runs(False), members, path, limit=members.max_sample))
             finally:
                 members.close()
 
@@ -133,7 +146,9 @@ def main() -> None:
             streamed = result_of(out)
             for n, again in enumerate(mapped_reads(os.path.join(scratch, "fuzz.tar"), data, max(args.limit, 60))):
                 if result_of(again) != streamed:
-                    problem = f"read mapped ({'from the table' if n else 'first pass'}) differs from the stream"
+                    views, keyed = MAPPED_READS[n]
+                    how = f"{'from the table' if n else 'first pass'}, {'views' if views else 'bytes'}, "
+                    problem = f"read mapped ({how}{'keyed' if keyed else 'general'} loop) differs from the stream"
                     break
             table.forget()
         outcomes[(kind, "error" if error is not None else "read")] += 1
