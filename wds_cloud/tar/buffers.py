@@ -26,14 +26,14 @@ import errno
 import io
 import mmap
 import os
-from typing import IO, Any, Optional
+from typing import IO, Any, Optional, Protocol
 
 from ..errors import CorruptShardError, ObjectChangedError, TransferError, WdsCloudError, redact
 from ..io.mapped import drop, populate
 from .decompress import FIRST_READ, HEAD_SIZE, decompression_errors, detect_compression
-from .format import BLOCK, number, padded_size
+from .format import BLOCK, padded_size, size_field
 
-__all__ = ["StreamBuffer", "MappedBuffer", "unreadable", "LARGE"]
+__all__ = ["Buffer", "StreamBuffer", "MappedBuffer", "unreadable", "LARGE"]
 
 #: a member's payload is given memory as its bytes arrive, at most this much ahead of them
 _PREALLOCATE = 16 << 20
@@ -47,6 +47,42 @@ _PIPE_TRAILER_SIZE = 16 << 20
 #: mapping: the kernel then copies it once from the page cache, with no page-table entry to fill and clear for each
 #: of its pages (the slice's cost, which grows with the member)
 LARGE = 256 << 10
+
+
+class Buffer(Protocol):
+    """What a member source reads through: ``buf[pos:end]`` holds the bytes not yet used, ``buf[0]`` is at
+    ``base`` in the tar stream; asked for more once per chunk or window, never per member."""
+
+    url: str
+    chunk: int
+    views: bool
+    compression: Optional[str]
+    buf: Any
+    pos: int
+    end: int
+    base: int
+    stream: Any
+
+    @property
+    def offset(self) -> int: ...
+
+    def window(self, pos: int) -> int: ...
+
+    def fill(self, need: int) -> bool: ...
+
+    def take(self, size: int, name: str, header_offset: int) -> Any: ...
+
+    def skip(self, size: int, name: str, header_offset: int) -> None: ...
+
+    def view(self, data: Any, size: int) -> memoryview: ...
+
+    def fail(self, what: str, member: Optional[str] = None, offset: Optional[int] = None) -> CorruptShardError: ...
+
+    def damage(self, exc: BaseException) -> Optional[WdsCloudError]: ...
+
+    def finish(self, ranged: bool) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class _Drained:
@@ -385,7 +421,7 @@ class StreamBuffer:
 class MappedBuffer(StreamBuffer):
     """A plain tar on local disk, read through a mapping of the whole file (see the module's docstring)."""
 
-    def __init__(self, source: IO[bytes], found: tuple, streamed: StreamBuffer) -> None:
+    def __init__(self, source: IO[bytes], found: tuple, streamed: Buffer) -> None:
         super().__init__(streamed.url, streamed.chunk, streamed.base, streamed.views)
         mapping, at, identity = found
         #: what identifies this version of the file (its member table is kept under it)
@@ -397,7 +433,7 @@ class MappedBuffer(StreamBuffer):
         self.stream = _DRAINED  # every byte is in the buffer: a read past it finds the end
 
     @classmethod
-    def of(cls, source: IO[bytes], fresh: bool, streamed: StreamBuffer) -> Optional[MappedBuffer]:
+    def of(cls, source: IO[bytes], fresh: bool, streamed: Buffer) -> Optional[MappedBuffer]:
         """The mapping ``source`` offers as a buffer, or None: it offers none, or it holds a compressed stream (a
         resumed read, not ``fresh``, is of a plain tar)."""
         mapping = getattr(source, "mapping", None)
@@ -432,7 +468,7 @@ class MappedBuffer(StreamBuffer):
         if self.views or pos + BLOCK > self.end:
             return True
         try:
-            return pos + BLOCK + number(self.buf[pos + 124 : pos + 136]) <= end
+            return pos + BLOCK + size_field(self.buf, pos) <= end
         except ValueError:
             return True
 

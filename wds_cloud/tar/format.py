@@ -37,6 +37,8 @@ __all__ = [
     "octal",
     "padded",
     "padded_size",
+    "size_field",
+    "typeflag",
     "checksum_at",
     "sum_matches",
     "checksum_ok",
@@ -91,6 +93,18 @@ def number(field: bytes) -> int:
     # stripped as a str, as tarfile strips it (\x1c-\x1f count as white space there, not in bytes.strip)
     text = field.split(b"\0", 1)[0].decode("ascii", "strict").strip()
     return int(text, 8) if text else 0
+
+
+def size_field(buf: Any, pos: int = 0) -> int:
+    """The size field of the header at ``pos``, read by :func:`number` (the general reader's rule; a pending PAX
+    ``size`` record overrides it, see :func:`pax_size`)."""
+    return number(buf[pos + _SIZE : pos + _SIZE_END])
+
+
+def typeflag(header: Any, pos: int = 0) -> int:
+    """The type flag of the header at ``pos`` (a byte: see :data:`REGULAR`, :data:`NO_DATA` and the metadata
+    types)."""
+    return header[pos + _TYPE]
 
 
 def checksum_at(buf: Any, pos: int) -> int:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any, Optional, Union
 
 from ..errors import CorruptShardError, redact
-from .buffers import MappedBuffer, StreamBuffer, unreadable
+from .buffers import Buffer, MappedBuffer, StreamBuffer, unreadable
 from .decompress import CHUNK, Prefixed, open_decompressed
 from .format import (
     BLOCK,
@@ -32,9 +32,10 @@ from .format import (
     ZERO_BLOCK,
     checksum_ok,
     header_name,
-    number,
     pax_records,
     pax_size,
+    size_field,
+    typeflag,
 )
 from .runs import KeyedRun, Run, Runs
 
@@ -106,7 +107,7 @@ class TarMembers:
         self._ranged = ranged
         self._fresh = not start and not ranged  # the stream's first bytes say whether it is compressed
         self._begun = False
-        self._b: StreamBuffer = StreamBuffer(url, chunk, start, views)
+        self._b: Buffer = StreamBuffer(url, chunk, start, views)
         self._runs = Runs(select, max_member, views)
         self.member_offset = start
         self.record_start = start
@@ -262,18 +263,18 @@ class TarMembers:
                 "this is not a tar archive" if first else "the header checksum does not match", None, header_offset
             )
         b.pos = pos + BLOCK
-        typeflag = header[156]
+        flag = typeflag(header)
         size = self._header_size(header, header_offset)
         name = self._name(header)
-        if typeflag in (GNU_LONGNAME, PAX, PAX_GLOBAL):
-            self._metadata(typeflag, size, name, header_offset)
+        if flag in (GNU_LONGNAME, PAX, PAX_GLOBAL):
+            self._metadata(flag, size, name, header_offset)
             return None
         # This header consumes the pending long name and PAX records.
         self._long_name = None
         self._pax = dict(self._pax_global)
         self._special = bool(self._pax)
         self._extended = False
-        if typeflag in REGULAR:
+        if flag in REGULAR:
             if self.select is not None and not self.select(name):
                 b.skip(size, name, header_offset)
                 return None
@@ -283,7 +284,7 @@ class TarMembers:
             self.member_offset = header_offset
             self.record_start = self._record_begin
             return name, b.view(data, size) if self.views else data
-        if typeflag not in NO_DATA:  # links, devices, dirs, fifos carry no data
+        if flag not in NO_DATA:  # links, devices, dirs, fifos carry no data
             b.skip(size, name, header_offset)
         return None
 
@@ -311,7 +312,7 @@ class TarMembers:
     def _header_size(self, header: bytes, header_offset: int) -> int:
         """The member size a header gives (a pending PAX ``size`` record overrides it), checked."""
         try:
-            size = number(header[124:136])
+            size = size_field(header)
         except ValueError:
             raise self._b.fail("the size field is not a number", None, header_offset) from None
         if "size" in self._pax:
@@ -323,18 +324,18 @@ class TarMembers:
             raise self._b.fail(f"the header gives a negative size ({size})", None, header_offset)
         return size
 
-    def _metadata(self, typeflag: int, size: int, name: str, header_offset: int) -> None:
+    def _metadata(self, flag: int, size: int, name: str, header_offset: int) -> None:
         """Read a GNU long name or PAX record set, which applies to the next header (global PAX: to all)."""
         b = self._b
         if size > MAX_META_SIZE:
             raise b.fail(
-                f"a metadata record (type {chr(typeflag)!r}) claims {size} bytes, more than the "
+                f"a metadata record (type {chr(flag)!r}) claims {size} bytes, more than the "
                 f"{MAX_META_SIZE} allowed for long names and PAX headers",
                 None,
                 header_offset,
             )
         payload = b.take(size, name, header_offset)
-        if typeflag == GNU_LONGNAME:
+        if flag == GNU_LONGNAME:
             self._long_name = bytes(payload).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             self._special = self._extended = True
             return
@@ -342,7 +343,7 @@ class TarMembers:
             records = pax_records(bytes(payload))
         except ValueError as exc:
             raise b.fail(str(exc), None, header_offset) from None
-        if typeflag == PAX_GLOBAL:
+        if flag == PAX_GLOBAL:
             self._pax_global.update(records)
             self._pax = dict(self._pax_global)
         else:
