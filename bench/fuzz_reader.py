@@ -8,7 +8,7 @@ tar case is read again four times from a file, mapped: a first pass with views (
 it reads to the end), then from the table with views, and with bytes through the grouping kernel's general
 loop and its keyed loop: each must give the same samples and the same error as the streamed read.
 
-    python bench/fuzz_reader.py [--cases 20000] [--seed 0] [--limit 10]
+    python bench/fuzz_reader.py [--cases 20000] [--seed 0] [--limit 10] [--no-mapped]   (from the clone's root)
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ def mapped_reads(path: str, data: bytes, seconds: float) -> list:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", type=int, default=20000)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cases", type=int, default=20000, help="cases to read (default 20000)")
+    parser.add_argument("--seed", type=int, default=0, help="the random seed of the cases (default 0)")
     parser.add_argument("--limit", type=float, default=10.0, help="seconds one case may take")
     parser.add_argument("--no-mapped", action="store_true", help="do not read plain cases again mapped")
     args = parser.parse_args()

@@ -122,7 +122,7 @@ _ENV_ROWS = (
         "boolean",
         "`1` (on)",
         "`0`",
-        "read plain tar shards on local disk (and complete in the shard cache) through a read-only memory mapping, members sliced out of the page cache; `0` reads them as streams (a file system where mapping is slow or unsafe). A mapped shard must not be truncated in place while read: the size is checked before each MiB (`ObjectChangedError`), but a cut inside the MiB being read stops the reader with `SIGBUS`",
+        "read plain tar shards on local disk (and complete in the shard cache) through a read-only memory mapping, members sliced out of the page cache (those of 256 KiB or more read with one `pread` each); `0` reads them as streams (a file system where mapping is slow or unsafe). A mapped shard must not be truncated in place while read: the size is checked before each MiB (`ObjectChangedError`), but a cut inside the MiB being read stops the reader with `SIGBUS`",
     ),
     (
         "`WDS_TABLE_CACHE`",

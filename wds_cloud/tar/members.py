@@ -161,7 +161,7 @@ class TarMembers:
         if mapped is not None:
             self._b = b = mapped
             self.mapped = True
-            self._runs.attach(mapped.identity, mapped.pos == 0)
+            self._runs.attach(mapped.identity, mapped.pos == 0, redact(self.url))
         elif not self._fresh:
             b.stream = Prefixed(b"", self._source)
         else:

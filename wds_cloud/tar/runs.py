@@ -15,6 +15,7 @@ at the end of the archive the table is kept (:meth:`Runs.ended`, see :mod:`wds_c
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -24,6 +25,8 @@ from .format import plain_header, same_header
 from .table import MemberTable, Recorder
 
 __all__ = ["Run", "KeyedRun", "Runs"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -71,7 +74,7 @@ class Runs:
         self._recorder: Optional[Recorder] = None  # this pass's table, while it reads from the start
         self._unkeyed = False  # the table has no split names for this pass (see keyed_run)
 
-    def attach(self, identity: Any, at_start: bool) -> None:
+    def attach(self, identity: Any, at_start: bool, url: str = "") -> None:
         """A mapped file of ``identity``: its table, if one is kept (and no member in it is over the limit); else,
         for a pass from the start, record one."""
         self._identity = identity
@@ -80,6 +83,12 @@ class Runs:
             self.table = table
         elif at_start and tables.worth_recording(identity):
             self._recorder = Recorder()
+        elif at_start and logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "%s: no member table is recorded this pass (tables are off, or the file changed in the last %s s)",
+                url,
+                tables.SETTLED,
+            )
 
     def scan(self, b: Any) -> Optional[Run]:
         """The plain members from ``b.pos`` that lie wholly in the window ``b.window`` gives, the read position
