@@ -46,7 +46,9 @@ def test_the_built_wheel_installs_and_works_without_the_source_tree(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for needed in (
         "wds_cloud/io/open.py",
-        "wds_cloud/tar/reader.py",
+        "wds_cloud/tar/members.py",
+        "wds_cloud/tar/grouping.py",
+        "wds_cloud/jobs/record.py",
         "wds_cloud/resume/state.py",
         "wds_cloud/py.typed",
         "wds_cloud_plugins/file.py",

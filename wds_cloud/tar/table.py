@@ -422,17 +422,59 @@ class TableCache:
             self.kept_by.clear()
             self.nbytes = 0
 
+    def __reduce__(self) -> tuple:
+        # the process's cache is not data to send: what unpickles it is the receiving process's own
+        return (_the_cache, ())
+
 
 #: this process's tables
 CACHE = TableCache()
+
+
+def _the_cache() -> TableCache:
+    return CACHE
+
+
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=CACHE.after_fork_in_child)
 
-held = CACHE.held
-lookup = CACHE.lookup
-worth_recording = CACHE.worth_recording
-keep = CACHE.keep
-handed = CACHE.handed
-adopt = CACHE.adopt
-drop = CACHE.drop
-forget = CACHE.forget
+
+# the module's functions: the cache's methods, as functions (a stage or loader that holds one pickles by name)
+def held() -> tuple[int, int]:
+    """``(tables, bytes)``: how many member tables this process keeps, and the memory they take."""
+    return CACHE.held()
+
+
+def lookup(identity: Any) -> Optional[MemberTable]:
+    """The table kept for the file of ``identity``, or None."""
+    return CACHE.lookup(identity)
+
+
+def worth_recording(identity: Any) -> bool:
+    """Whether a pass over the file of ``identity`` may keep its table (see :meth:`TableCache.worth_recording`)."""
+    return CACHE.worth_recording(identity)
+
+
+def keep(identity: Any, recorder: Recorder) -> None:
+    """Keep the table ``recorder`` made of the file of ``identity``, within the bound."""
+    CACHE.keep(identity, recorder)
+
+
+def handed() -> dict:
+    """The tables this process kept since it last handed them over (see :meth:`TableCache.handed`)."""
+    return CACHE.handed()
+
+
+def adopt(tables: Any) -> None:
+    """Keep the tables a worker handed over, within the bound; anything else is ignored."""
+    CACHE.adopt(tables)
+
+
+def drop(identity: Any) -> None:
+    """Drop the table of the file of ``identity`` (found not to match it)."""
+    CACHE.drop(identity)
+
+
+def forget() -> None:
+    """Drop every table (tests, or to give the memory back)."""
+    CACHE.forget()
