@@ -370,10 +370,6 @@ def _verify_one(url: str, manifest: Optional[Manifest]) -> dict:
         keys = [s.key for s in samples]
         if len(set(keys)) != len(keys):
             row["problems"].append("a sample key appears in two places (its fields are not together)")
-        for s in samples:
-            exts = [f[0] for f in s.fields]
-            if len(set(exts)) != len(exts):
-                row["problems"].append(f"sample {s.key!r} has a field twice")
         row.update(size=tee.count, samples=len(samples), sha256=sha.hexdigest(), md5=md5.hexdigest())
         if manifest is not None:
             entry = manifest.find(url)

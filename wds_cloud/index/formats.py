@@ -19,7 +19,6 @@ import dataclasses
 import gc
 import json
 import os
-import re
 import stat
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, Optional, cast
@@ -34,7 +33,7 @@ from ..io.open import gopen
 from ..io.urls import is_local, local_path, local_version, name_in_file
 from ..tar.decompress import COMPRESSIONS, HEAD_SIZE, detect_compression
 from ..tar.format import ZERO_BLOCK, plain_member
-from ..tar.grouping import SKIP_META, member_filter
+from ..tar.grouping import SKIP_META, member_filter, repeated_field
 from ..tar.members import TarMembers
 
 __all__ = [
@@ -336,20 +335,35 @@ def index_stream(
         if on_member is not None:
             on_member(name, data)
         read.append((name, members.member_offset + 512, len(data)))
-    return group_members(read, keys), members
+    return group_members(read, keys, url), members
+
+
+#: the fields every sample the reader yields holds before its members: a member naming one repeats it
+_TAKEN = frozenset(("__key__", "__url__"))
 
 
 def group_members(
-    members: Iterable[tuple[str, int, int]], keys: Optional[Callable[[str], tuple]] = None
+    members: Iterable[tuple[str, int, int]], keys: Optional[Callable[[str], tuple]] = None, url: str = ""
 ) -> list[SampleEntry]:
-    """``(name, data offset, size)`` members, in tar order, grouped into samples by key."""
+    """``(name, data offset, size)`` members, in tar order, grouped into samples by key.
+
+    A member repeating a field of its sample (the field names compared lower-cased, as the reader groups them,
+    ``__key__`` and ``__url__`` taken already) raises the reader's :func:`~wds_cloud.tar.grouping.repeated_field`
+    error: an index or a check of a shard agrees with what reading it gives."""
     split = keys or split_name
     samples: list[SampleEntry] = []
     last = None
+    taken: set = set()
     for name, offset, size in members:
         key, ext = split(name)
         if not key or not ext:
             continue
+        field = ext.lower()
+        if key != last:
+            taken = set(_TAKEN)
+        if field in taken:
+            raise repeated_field(url, name, offset - 512, key, field)
+        taken.add(field)
         entry = (ext, offset, size, name)
         if key != last:
             samples.append(SampleEntry(key, [entry]))
@@ -419,7 +433,8 @@ def _refuse_large_members(index: ShardIndex, url: str, max_member: Optional[int]
                 )
 
 
-_META = re.compile(SKIP_META)
+#: the members every reader leaves out (metadata files), asked as the readers ask
+_KEEP = member_filter(SKIP_META, None, None)
 
 
 def _walk_local(path: str, url: str, split: Callable[[str], tuple]) -> Optional[ShardIndex]:
@@ -436,12 +451,12 @@ def _walk_local(path: str, url: str, split: Callable[[str], tuple]) -> Optional[
         total = st.st_size
         if not stat.S_ISREG(st.st_mode) or total < 1024 or detect_compression(os.pread(fd, HEAD_SIZE, 0)) is not None:
             return None
-        samples: list[SampleEntry] = []
-        last = None
+        read: list[tuple[str, int, int]] = []
         at = 0
         while at + 512 <= total:
             header = os.pread(fd, 512, at)
             if header == ZERO_BLOCK:
+                samples = group_members(read, split, url)
                 return ShardIndex(url, samples, size=total, version=local_version(os.fstat(fd)))
             member = plain_member(header)
             if member is None:
@@ -449,14 +464,8 @@ def _walk_local(path: str, url: str, split: Callable[[str], tuple]) -> Optional[
             name, size = member
             if at + 512 + size > total:
                 return None
-            key, ext = split(name)
-            if key and ext and not _META.search(name):
-                entry = (ext, at + 512, size, name)
-                if key != last:
-                    samples.append(SampleEntry(key, [entry]))
-                    last = key
-                else:
-                    samples[-1].fields.append(entry)
+            if _KEEP(name):  # type: ignore[misc]
+                read.append((name, at + 512, size))
             at += 512 + ((size + 511) & ~511)
         return None  # no end-of-archive block: the reader says so
     except OSError:

@@ -33,6 +33,8 @@ __all__ = [
     "GNU_LONGLINK",
     "PAX",
     "PAX_GLOBAL",
+    "SOLARIS_PAX",
+    "DIRECTORY",
     "number",
     "octal",
     "padded",
@@ -69,6 +71,12 @@ REGULAR = (48, 0, 55)
 #: links, devices, directories and fifos: ``b"1"`` to ``b"6"``, no data of their own
 NO_DATA = (49, 50, 51, 52, 53, 54)
 GNU_LONGNAME, GNU_LONGLINK, PAX, PAX_GLOBAL = 76, 75, 120, 103  # L K x g
+#: an old GNU sparse member (``S``): not read (its data is a map of holes), skipped as other types are
+GNU_SPARSE = 83
+#: Solaris' extended header (``X``), read as a local PAX header, as ``tarfile`` reads it
+SOLARIS_PAX = 88
+#: a directory (``5``): an old-style regular member (type ``\0``) whose name ends with ``/`` is one, as for tarfile
+DIRECTORY = 53
 
 # where the fields lie in a header
 _SIZE, _SIZE_END = 124, 136
@@ -147,7 +155,7 @@ def checksum_ok(header: bytes) -> bool:
 def plain_header(buf: Any, view: Any, pos: int, max_member: int) -> Optional[tuple[str, int]]:
     """``(name, size)`` of the member whose header is at ``pos`` when the fast path may take it: a plain regular
     member (type ``0``) of at most ``max_member`` bytes, its size and checksum in their usual spellings
-    the checksum right, no ustar name prefix; else None (the general reader takes it, and says what is wrong
+    the checksum right, no name prefix; else None (the general reader takes it, and says what is wrong
     with it).  ``view`` is a memoryview of ``buf``.
 
     The size is read in its usual spellings, the twelve digits or eleven when a NUL or a space ends them: where
@@ -162,19 +170,24 @@ def plain_header(buf: Any, view: Any, pos: int, max_member: int) -> Optional[tup
     if (
         not 0 <= size <= max_member
         or buf[pos + _TYPE] not in PLAIN
-        or (buf[pos + _PREFIX] and buf[pos + _MAGIC : pos + _MAGIC + 5] == b"ustar")
+        or buf[pos + _PREFIX]
         or not sum_matches(view, pos, stored)
     ):
         return None
     end = buf.find(b"\0", pos, pos + 100)
-    return buf[pos : end if end >= 0 else pos + 100].decode("utf-8", "surrogateescape"), size
+    name = buf[pos : end if end >= 0 else pos + 100].decode("utf-8", "surrogateescape")
+    if name[-1:] == "/" and not buf[pos + _TYPE]:
+        return None  # an old-style directory (see DIRECTORY)
+    return name, size
 
 
 def header_name(header: bytes) -> str:
-    """A header's own name: the name field, joined to the ustar prefix when there is one."""
+    """A header's own name: the name field, joined to the prefix field when there is one (as ``tarfile`` joins
+    it, whatever the header's magic: GNU's long-name and sparse headers, which keep other data there, never
+    name a member themselves)."""
     end = header.find(0, 0, 100)
     raw = header[:end] if end >= 0 else header[:100]
-    if header[_MAGIC : _MAGIC + 5] == b"ustar" and header[_PREFIX] != 0:
+    if header[_PREFIX] != 0 and header[_TYPE] not in (GNU_LONGNAME, GNU_LONGLINK, GNU_SPARSE):
         pend = header.find(0, _PREFIX, _PREFIX_END)
         raw = header[_PREFIX : pend if pend >= 0 else _PREFIX_END] + b"/" + raw
     return raw.decode("utf-8", "surrogateescape")
@@ -236,7 +249,9 @@ def pax_records(payload: bytes) -> dict[str, str]:
 
 
 def pax_size(text: str) -> int:
-    """A PAX ``size`` record's value (ValueError unless it is a non-negative decimal number)."""
+    """A PAX ``size`` record's value: decimal digits only (ValueError for anything else).  Stricter than
+    ``tarfile``, which takes what Python's ``int()`` takes (spaces around, ``_`` between digits): no writer
+    spells a size so, and a reader of hostile input refuses what it need not guess at."""
     if not text.isascii() or not text.isdigit():
         raise ValueError(f"the PAX size record {text[:40]!r} is not a non-negative decimal number")
     return int(text)

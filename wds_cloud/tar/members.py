@@ -23,12 +23,14 @@ from .buffers import Buffer, MappedBuffer, StreamBuffer, unreadable
 from .decompress import CHUNK, Prefixed, open_decompressed
 from .format import (
     BLOCK,
+    DIRECTORY,
     GNU_LONGNAME,
     MAX_META_SIZE,
     NO_DATA,
     PAX,
     PAX_GLOBAL,
     REGULAR,
+    SOLARIS_PAX,
     ZERO_BLOCK,
     checksum_ok,
     header_name,
@@ -116,6 +118,7 @@ class TarMembers:
         self._record_begin = start
         self._special = False  # a long name or PAX records apply to the next header
         self._long_name: Optional[str] = None
+        self._named = False  # a long name or a local PAX path names the next member
         self._pax: dict[str, str] = {}
         self._pax_global: dict[str, str] = dict(pax_global or {})
         #: the sample limit (bytes of tar stream one sample may span; None: none) and where the current
@@ -264,13 +267,16 @@ class TarMembers:
             )
         b.pos = pos + BLOCK
         flag = typeflag(header)
+        if not flag and header_name(header)[-1:] == "/":
+            flag = DIRECTORY  # an old-style directory: no data of its own, as tarfile reads it
         size = self._header_size(header, header_offset)
         name = self._name(header)
-        if flag in (GNU_LONGNAME, PAX, PAX_GLOBAL):
+        if flag in (GNU_LONGNAME, PAX, PAX_GLOBAL, SOLARIS_PAX):
             self._metadata(flag, size, name, header_offset)
             return None
         # This header consumes the pending long name and PAX records.
         self._long_name = None
+        self._named = False
         self._pax = dict(self._pax_global)
         self._special = bool(self._pax)
         self._extended = False
@@ -293,7 +299,7 @@ class TarMembers:
         if self._long_name is not None:
             return self._long_name
         if "path" in self._pax:
-            return self._pax["path"]
+            return self._pax["path"].rstrip("/")  # as tarfile reads a PAX path
         return header_name(header)
 
     def _too_large(self, name: str, header_offset: int, size: int) -> CorruptShardError:
@@ -335,14 +341,22 @@ class TarMembers:
                 header_offset,
             )
         payload = b.take(size, name, header_offset)
+        # the first header of a record that names the member names it (a second long name, or a PAX path after a
+        # long name or the other way round, is passed over), as tarfile reads nested metadata headers
         if flag == GNU_LONGNAME:
-            self._long_name = bytes(payload).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            if not self._named:
+                self._long_name = bytes(payload).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                self._named = True
             self._special = self._extended = True
             return
         try:
             records = pax_records(bytes(payload))
         except ValueError as exc:
             raise b.fail(str(exc), None, header_offset) from None
+        if flag != PAX_GLOBAL and "path" in records:
+            if self._named:
+                del records["path"]
+            self._named = True
         if flag == PAX_GLOBAL:
             self._pax_global.update(records)
             self._pax = dict(self._pax_global)
@@ -359,7 +373,7 @@ class TarMembers:
                 None,
                 header_offset,
             )
-        self._special = bool(self._pax)
+        self._special = bool(self._pax) or self._long_name is not None  # both apply to the next header
 
     def finish(self) -> None:
         """After the end-of-archive block: read what follows, a bounded amount (a ``pipe:`` command's
