@@ -310,3 +310,15 @@ def test_verify_and_index_refuse_what_the_reader_refuses(tmp_path, capsys, membe
     assert cli_main(["index", str(path)]) != 0
     assert "repeats the field" in capsys.readouterr().err + capsys.readouterr().out
     assert not (tmp_path / "dup.tar.index.json").exists()
+
+
+def test_a_field_named_gz_is_gunzipped_as_webdataset_does():
+    """``decode()`` un-gzips a field named exactly ``gz`` (webdataset matches ``.gz`` after a dot it puts before
+    the field's name); it was left compressed (adversary finding)."""
+    import gzip
+
+    import wds_cloud as wds
+
+    sample = {"__key__": "a", "gz": gzip.compress(b"hello"), "txt.gz": gzip.compress(b"text")}
+    (decoded,) = wds.DataPipeline(lambda: iter([dict(sample)]), wds.decode()).__iter__()
+    assert decoded["gz"] == b"hello" and decoded["txt.gz"] == "text"

@@ -470,7 +470,7 @@ class Decoder:
 
     def _plan(self, field: str) -> Optional[Callable]:
         """The single handler that will decode ``field`` (only when every handler is one of ours)."""
-        if field.endswith(".gz"):
+        if ("." + field).endswith(".gz"):  # a field named ``gz`` is gzipped too, as webdataset reads it
             return None
         extension = field[field.rfind(".") + 1 :].lower()
         for h in self.handlers:
