@@ -322,3 +322,72 @@ def test_a_field_named_gz_is_gunzipped_as_webdataset_does():
     sample = {"__key__": "a", "gz": gzip.compress(b"hello"), "txt.gz": gzip.compress(b"text")}
     (decoded,) = wds.DataPipeline(lambda: iter([dict(sample)]), wds.decode()).__iter__()
     assert decoded["gz"] == b"hello" and decoded["txt.gz"] == "text"
+
+
+def test_the_last_sample_of_a_shard_is_yielded_without_fields_as_every_other_is(tmp_path):
+    """A sample none of whose members is kept (``suffixes``, or a repeat the handler skipped) is yielded as
+    ``{__key__, __url__}`` at the end of a shard as anywhere else, as webdataset's grouping yields it (the last
+    one was dropped: adversary finding)."""
+    data = _entry(b"a.txt", b"1") + _entry(b"b.cls", b"2") + _entry(b"c.txt", b"3") + _entry(b"d.cls", b"4")
+    path = tmp_path / "s.tar"
+    path.write_bytes(data + bytes(1024))
+    with open(path, "rb") as stream:
+        samples = list(shard_samples(str(path), stream, suffixes=["txt"]))
+    assert [sorted(s) for s in samples] == [["__key__", "__url__", "txt"], ["__key__", "__url__"]] * 2
+
+
+def _two_shards(tmp_path) -> list:
+    urls = []
+    for s in range(2):
+        data = b"".join(_entry(f"k{s}_{i}.txt".encode(), f"{s}-{i}".encode()) for i in range(5)) + bytes(1024)
+        path = tmp_path / f"s{s}.tar"
+        path.write_bytes(data)
+        urls.append(str(path))
+    return urls
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open fault, found by this round's adversary and present before it: a pipeline whose samples come "
+    "from no shard reader (webdataset's stages composed by hand) takes a state that claims to be exact and "
+    "resumes from the start of the pass",
+)
+def test_a_pipeline_without_a_reader_takes_no_state_that_claims_to_be_exact(tmp_path):
+    """url_opener -> tar_file_expander -> group_by_keys records no position: a state must say it is inexact."""
+    import wds_cloud as wds
+
+    T = wds.tariterators
+    urls = _two_shards(tmp_path)
+    ds = wds.DataPipeline(wds.SimpleShardList(urls), T.url_opener, T.tar_file_expander, T.group_by_keys)
+    it = iter(ds)
+    for _ in range(3):
+        next(it)
+    with pytest.raises(wds.NotResumableError):
+        ds.state_dict(strict=True)
+
+
+def test_a_resume_after_a_skipped_metadata_repeat_is_exact(tmp_path):
+    """A buffered sample followed by a member repeating a metadata field (``cd.__key__``, which the handler lets
+    pass): the state resumes the 7 samples left (the shuffle's buffered samples were fetched again past where
+    the pass had ended them, and the resume refused as if the shard had changed: adversary finding; the
+    fieldless sample ``cd`` ends its shard's part as the pass ended it)."""
+    import wds_cloud as wds
+
+    names = "a0.txt a1.txt a2.txt a3.txt b.txt cd.__key__ e.txt f.txt g.txt h.txt i.txt".split()
+    data = b"".join(_entry(n.encode(), b"" if n.endswith("__key__") else b"x" * 100) for n in names)
+    path = tmp_path / "min.tar"
+    path.write_bytes(data + bytes(1024))
+
+    def build():
+        return wds.WebDataset(
+            [str(path)], shardshuffle=False, seed=7, handler=wds.ignore_and_continue, empty_check=False
+        ).shuffle(7)
+
+    ds = build()
+    it = iter(ds)
+    for _ in range(4):
+        next(it)
+    state = ds.state_dict()
+    again = build()
+    again.load_state_dict(state)
+    assert len(list(again)) == 7

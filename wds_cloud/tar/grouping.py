@@ -295,7 +295,7 @@ def group(
                     raise exn
                 continue  # the member is skipped; the sample keeps the field's first member, as webdataset's
             current[suffix] = data
-    if current is not None and (len(current) > 2 + (local_path is not None) if last_ok is None else last_ok(current)):
+    if current is not None and (last_ok is None or last_ok(current)):
         if position is not None:
             position.start, position.end = (
                 start,
