@@ -217,8 +217,16 @@ def plain_member(header: bytes) -> Optional[tuple[str, int]]:
 
 def same_header(buf: Any, head: int, name: str, size: int) -> bool:
     """Whether the header at ``head`` is still a plain member's named ``name`` of ``size`` bytes (a member table's
-    entry, checked once per run)."""
-    return plain_header(buf, memoryview(buf), head, 1 << 62) == (name, size)
+    entry, checked at the two ends of each run: the type, the name and the size, read by :func:`size_field`)."""
+    encoded = name.encode("utf-8", "surrogateescape")
+    if buf[head + _TYPE] not in PLAIN or buf[head : head + len(encoded)] != encoded:
+        return False
+    if len(encoded) < 100 and buf[head + len(encoded)] != 0:
+        return False
+    try:
+        return size_field(buf, head) == size
+    except ValueError:
+        return False
 
 
 def pax_records(payload: bytes) -> dict[str, str]:

@@ -73,6 +73,7 @@ class Runs:
         self._identity: Any = None
         self._recorder: Optional[Recorder] = None  # this pass's table, while it reads from the start
         self._unkeyed = False  # the table has no split names for this pass (see keyed_run)
+        self._view: Optional[memoryview] = None  # with views: the view of the mapping a table's members come from
 
     def attach(self, identity: Any, at_start: bool, url: str = "") -> None:
         """A mapped file of ``identity``: its table, if one is kept (and no member in it is over the limit); else,
@@ -153,7 +154,7 @@ class Runs:
             keep = [i for i, name in enumerate(names) if (meta_only and name[:2] != "__") or select(name)]
             if len(keep) < len(names):
                 names, heads, sizes = [names[i] for i in keep], [heads[i] for i in keep], [sizes[i] for i in keep]
-        source = memoryview(b.buf) if self.views else b.buf
+        source = self._source(b.buf)
         datas = [source[head + 512 : head + 512 + size] for head, size in zip(heads, sizes)]
         return Run(names, datas, heads, b.base)
 
@@ -179,8 +180,18 @@ class Runs:
             return None
         b.pos = end
         keys, fields = keyed
-        source = memoryview(b.buf) if self.views else b.buf
+        source = self._source(b.buf)
         return KeyedRun(keys[i:j], fields[i:j], heads[i:j], sizes[i:j], source, b.base)
+
+    def _source(self, buf: Any) -> Any:
+        """What a table's members are sliced out of: the mapping, or with views one memoryview of it, made once
+        per pass (not once per run)."""
+        if not self.views:
+            return buf
+        view = self._view
+        if view is None or view.obj is not buf:
+            view = self._view = memoryview(buf)
+        return view
 
     def _matches(self, buf: Any, *entries: Any) -> bool:
         """Whether the first and last entries of a run, ``(head, name, size)`` each, are the file's headers; if not,
