@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any, Optional, Union
 
 from ..errors import CorruptShardError, redact
-from .buffers import Buffer, MappedBuffer, StreamBuffer, unreadable
+from .buffers import Buffer, MappedBuffer, StreamBuffer
 from .decompress import CHUNK, Prefixed, open_decompressed
 from .format import (
     BLOCK,
@@ -41,10 +41,10 @@ from .format import (
 )
 from .runs import KeyedRun, Run, Runs
 
-__all__ = ["TarMembers", "END", "sample_too_large", "unreadable", "MAX_META_SIZE"]
+__all__ = ["TarMembers", "sample_too_large"]
 
-#: what :meth:`TarMembers.next_member` returns at the end of the archive
-END = object()
+#: what the general reader returns at the end of the archive
+_END = object()
 
 
 def sample_too_large(url: Any, start: int, end: int, limit: int, member: Optional[str] = None) -> CorruptShardError:
@@ -202,8 +202,8 @@ class TarMembers:
                         run = runs.scan(b)
             if run is None:
                 item = self._next_slow()
-                if item is END:
-                    self._ended()
+                if item is _END:
+                    runs.ended()  # the table this pass recorded is kept
                     return
                 if item is not None:
                     yield Run([item[0]], [item[1]], [self.member_offset], 0, self.record_start)
@@ -221,27 +221,14 @@ class TarMembers:
                 self.record_start = base + head if run.record is None else run.record  # type: ignore[union-attr]
                 yield name, data
 
-    def next_member(self) -> Any:
-        """The next member through the general reader: ``(name, data)``, None (nothing to hand over: metadata, a
-        member of another type, one the filter drops), or :data:`END` at the end of the archive."""
-        if not self._begun:
-            self.begin()
-        item = self._next_slow()
-        if item is END:
-            self._ended()
-        return item
-
-    def _ended(self) -> None:
-        self._runs.ended()
-
     def _next_slow(self) -> Any:
-        """Handle one header in full generality: returns (name, data), None (nothing to hand over), or END."""
+        """Handle one header in full generality: returns (name, data), None (nothing to hand over), or _END."""
         self._check_sample()
         b = self._b
         if b.end - b.pos < BLOCK and not b.fill(BLOCK):
             got = b.end - b.pos
             if self._ranged and not got and not self._extended:
-                return END
+                return _END
             if got and not b.buf[b.pos : b.end].strip(b"\0"):
                 what = f"inside the end-of-archive marker: expected 1024 zero bytes, got {got} byte{'s' * (got != 1)}"
             elif got:
@@ -257,7 +244,7 @@ class TarMembers:
         if header[0] == 0 and header == ZERO_BLOCK:
             self.archive_end = header_offset
             b.pos = pos + BLOCK
-            return END
+            return _END
         if not self._extended:
             self._record_begin = header_offset
         if not checksum_ok(header):
