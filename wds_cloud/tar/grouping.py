@@ -252,6 +252,16 @@ def group(
                 current[suffix] = source[begin : begin + size]  # type: ignore[index]
             continue
         record0, items = run.record, run.items
+        if run.read is not None:  # a large member: the sample before it goes out before its data is read
+            name = rename_files(run.names[0]) if rename_files is not None else run.names[0]
+            if current is not None and keys(name)[0] not in (None, key):
+                if position is not None:
+                    position.start, position.end = start, base + run.heads[0] if record0 is None else record0
+                    position.next_name = name
+                    position.samples += 1
+                yield current
+                current = None
+            run.datas[0] = run.read()
         at = items is None  # offsets are the tar stream's (member dicts have none to name)
         for name, data, head in zip(run.names, run.datas, run.heads) if at else items:
             if rename_files is not None:
@@ -350,7 +360,7 @@ def shard_samples(
     members.max_sample = sample_limit(max_sample, members.max_member)
     # a table's split names serve the default rule as it stands (no renaming, every field, lower-cased)
     keyed = rename_files is None and keys is base_plus_ext and lcase and suffixes is None and record is None
-    runs: Iterable[Union[Run, KeyedRun]] = members.runs(keyed)
+    runs: Iterable[Union[Run, KeyedRun]] = members.runs(keyed, defer=record is None)
     if expect_first != ():
         runs = _checked_start(runs, members, expect_first, url, rename_files)
     if record is not None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any, Optional, Union
 
 from ..errors import CorruptShardError, redact
+from . import buffers
 from .buffers import Buffer, MappedBuffer, StreamBuffer
 from .decompress import CHUNK, Prefixed, open_decompressed
 from .format import (
@@ -62,6 +63,19 @@ def sample_too_large(url: Any, start: int, end: int, limit: int, member: Optiona
         size=end - start,
         limit=limit,
     )
+
+
+class _Deferred:
+    """A large member's data, to be read by :meth:`read` (see :meth:`TarMembers.runs`)."""
+
+    __slots__ = ("take", "args")
+
+    def __init__(self, take: Callable[..., Any], *args: Any) -> None:
+        self.take = take
+        self.args = args
+
+    def read(self) -> Any:
+        return self.take(*self.args)
 
 
 class TarMembers:
@@ -109,6 +123,7 @@ class TarMembers:
         self._ranged = ranged
         self._fresh = not start and not ranged  # the stream's first bytes say whether it is compressed
         self._begun = False
+        self._defer = False  # large members are read when the run's reader asks (see runs)
         self._b: Buffer = StreamBuffer(url, chunk, start, views)
         self._runs = Runs(select, max_member, views)
         self.member_offset = start
@@ -183,12 +198,15 @@ class TarMembers:
                 else f"the stream has only {got} bytes (not a tar archive)"
             )
 
-    def runs(self, keyed: bool = False) -> Iterator[Union[Run, KeyedRun]]:
+    def runs(self, keyed: bool = False, defer: bool = False) -> Iterator[Union[Run, KeyedRun]]:
         """The members in runs, to the end of the archive: the fast path's (:class:`~.runs.Run`, and with ``keyed``
         a table's split names, :class:`~.runs.KeyedRun`, where they serve), else one member of the general reader
-        at a time.  ``member_offset`` and ``record_start`` are those of the last member of the run handed over."""
+        at a time.  ``member_offset`` and ``record_start`` are those of the last member of the run handed over.
+        With ``defer``, a member of at least :data:`~.buffers.LARGE` bytes comes as a run whose data its ``read()``
+        reads (which the caller calls before it asks for the next run)."""
         if not self._begun:
             self.begin()
+        self._defer = defer
         runs, b = self._runs, self._b
         while True:
             run: Any = None
@@ -206,7 +224,11 @@ class TarMembers:
                     runs.ended()  # the table this pass recorded is kept
                     return
                 if item is not None:
-                    yield Run([item[0]], [item[1]], [self.member_offset], 0, self.record_start)
+                    name, data = item
+                    if type(data) is _Deferred:
+                        yield Run([name], [None], [self.member_offset], 0, self.record_start, None, data.read)
+                    else:
+                        yield Run([name], [data], [self.member_offset], 0, self.record_start)
                 continue
             heads = run.heads
             if heads:
@@ -273,13 +295,22 @@ class TarMembers:
                 return None
             if self.max_member is not None and size > self.max_member:
                 raise self._too_large(name, header_offset, size)
-            data = b.take(size, name, header_offset)
+            if self._defer and size >= buffers.LARGE:
+                data: Any = _Deferred(self._take, size, name, header_offset)
+            else:
+                data = self._take(size, name, header_offset)
             self.member_offset = header_offset
             self.record_start = self._record_begin
-            return name, b.view(data, size) if self.views else data
+            return name, data
         if flag not in NO_DATA:  # links, devices, dirs, fifos carry no data
             b.skip(size, name, header_offset)
         return None
+
+    def _take(self, size: int, name: str, header_offset: int) -> Any:
+        """The data of the member whose header was just read."""
+        b = self._b
+        data = b.take(size, name, header_offset)
+        return b.view(data, size) if self.views else data
 
     def _name(self, header: bytes) -> str:
         """The member name: a pending GNU long name, else a PAX ``path``, else the header's (ustar prefix joined)."""

@@ -35,7 +35,9 @@ class Run:
     from ``base``, the tar-stream offset of the buffer they were read from).  ``record`` is where the first
     member's record begins when a long name or PAX header comes before its own (a member of the general reader),
     else None.  ``items`` gives ``(name, data, head)`` triples instead of the lists (member dicts grouped as they
-    come)."""
+    come).  ``read``, for a large member of the general reader (one member, ``datas`` ``[None]``), reads its data:
+    called once, before the next run is asked for, so that the sample before it can be handed over first (one
+    large buffer fewer alive while it is read)."""
 
     names: list
     datas: list
@@ -43,6 +45,7 @@ class Run:
     base: int
     record: Optional[int] = None
     items: Any = None
+    read: Optional[Callable[[], Any]] = None
 
 
 @dataclass(slots=True)
