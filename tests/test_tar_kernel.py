@@ -346,24 +346,72 @@ def _two_shards(tmp_path) -> list:
     return urls
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open fault, found by this round's adversary and present before it: a pipeline whose samples come "
-    "from no shard reader (webdataset's stages composed by hand) takes a state that claims to be exact and "
-    "resumes from the start of the pass",
-)
-def test_a_pipeline_without_a_reader_takes_no_state_that_claims_to_be_exact(tmp_path):
-    """url_opener -> tar_file_expander -> group_by_keys records no position: a state must say it is inexact."""
+def _gen():
+    for i in range(6):
+        yield {"__key__": f"g{i}"}
+
+
+class _Counted:
+    """A user's source that keeps its place (state_dict/load_state_dict)."""
+
+    def __init__(self):
+        self.n = 0
+
+    def __call__(self):
+        while self.n < 6:
+            self.n += 1
+            yield {"__key__": f"c{self.n - 1}"}
+
+    def state_dict(self):
+        return {"n": self.n}
+
+    def load_state_dict(self, state):
+        self.n = state["n"]
+
+
+def test_a_pipeline_without_a_reader_takes_no_state_that_claims_to_be_exact(tmp_path, caplog):
+    """url_opener -> tar_file_expander -> group_by_keys, a generator, a list or a shard list alone keep no place in
+    the pass: a state taken inside it is refused with strict=True, and is inexact (loading it starts the pass again,
+    said in the log) without it; they each claimed to be exact and started the pass again (adversary finding).
+    Where the pass begins, and where a nested shard list feeds a reader, states stay exact."""
     import wds_cloud as wds
 
     T = wds.tariterators
     urls = _two_shards(tmp_path)
-    ds = wds.DataPipeline(wds.SimpleShardList(urls), T.url_opener, T.tar_file_expander, T.group_by_keys)
-    it = iter(ds)
-    for _ in range(3):
-        next(it)
-    with pytest.raises(wds.NotResumableError):
-        ds.state_dict(strict=True)
+    unplaced = {
+        "stages": lambda: wds.DataPipeline(wds.SimpleShardList(urls), T.url_opener, T.tar_file_expander, T.group_by_keys),
+        "generator": lambda: wds.DataPipeline(_gen, wds.map(dict)),
+        "list": lambda: wds.DataPipeline(lambda: iter([{"__key__": f"l{i}"} for i in range(6)])),
+        "shard list": lambda: wds.DataPipeline(wds.SimpleShardList(urls), wds.split_by_worker),
+    }
+    for name, build in unplaced.items():
+        ds = build()
+        assert ds.state_dict(strict=True)["progress"] == [0, 0], name  # no pass begun: exact
+        it = iter(ds)
+        first = [next(it) for _ in range(2)]
+        with pytest.raises(wds.NotResumableError, match="no stage keeps where its pass stands"):
+            ds.state_dict(strict=True)
+        state = ds.state_dict()
+        again = build()
+        with pytest.warns(wds.InexactResumeWarning, match="starts again"):
+            again.load_state_dict(state)
+        assert list(again)[:2] == first, name  # the pass starts again, as the state says it will
+    placed = {
+        "nested shard list": lambda: wds.DataPipeline(
+            wds.DataPipeline(wds.SimpleShardList(urls), wds.split_by_worker), wds.tarfile_to_samples()
+        ),
+        "resumable source": lambda: wds.DataPipeline(_Counted(), wds.map(dict)),
+        "reader": lambda: wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples()),
+    }
+    for name, build in placed.items():
+        whole = [s["__key__"] for s in build()]
+        ds = build()
+        it = iter(ds)
+        for _ in range(3):
+            next(it)
+        again = build()
+        again.load_state_dict(ds.state_dict(strict=True))
+        assert [s["__key__"] for s in again] == whole[3:], name
 
 
 def test_a_resume_after_a_skipped_metadata_repeat_is_exact(tmp_path):

@@ -198,7 +198,7 @@ class DataPipeline(IterableDataset, PipelineStage):
     def nested_state(self, fast: bool) -> dict:
         """This pipeline's state as part of a larger one (not sealed: the whole is): ``fast`` as for a loader that
         asks with every batch (see :meth:`transport_state`)."""
-        return self._resumer.state(self, fast, self._current_progress(), self._pass_begun())
+        return self._resumer.state(self, fast, self._current_progress(), self._pass_begun(), nested=True)
 
     def _current_progress(self) -> list:
         """(pass, items yielded) that a state taken now reports: a loaded state's until a pass begins."""

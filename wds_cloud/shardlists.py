@@ -412,6 +412,9 @@ class _Epochs(PassHolder):
 
     PASS_FIELDS = {"_current": None, "_ran": None}
     COPIED_FIELDS = ("_assigned",)
+    #: the shard order of a pass is kept, not where the pass stands (the reader keeps that: see
+    #: wds_cloud.resume.protocol)
+    keeps_place = False
 
     epoch = -1
     _epoch_set = False

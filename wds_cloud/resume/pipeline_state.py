@@ -122,8 +122,9 @@ class PipelineResume:
             pipeline[i].attach_source(source)
 
     def resume_blocker(self, owner: Any) -> Optional[str]:
-        """See :func:`wds_cloud.resume.wiring.resume_blocker`."""
-        return wiring.resume_blocker(owner.pipeline, self.kinds)
+        """See :func:`wds_cloud.resume.wiring.resume_blocker`, and :func:`~wds_cloud.resume.wiring.unplaced` (an
+        :class:`~wds_cloud.resume.wiring.Unplaced` reason)."""
+        return wiring.resume_blocker(owner.pipeline, self.kinds) or wiring.unplaced(owner.pipeline, self.kinds)
 
     def splitting(self, owner: Any) -> tuple[Optional[str], Any]:
         """See :func:`wds_cloud.resume.wiring.splitting`."""
@@ -161,12 +162,18 @@ class PipelineResume:
         """The sealed state that starts the pipeline's next pass."""
         return seal(self.state(owner, False, [0, 0], False, next_pass=True))
 
-    def state(self, owner: Any, fast: bool, progress: list, begun: bool, next_pass: bool = False) -> dict:
+    def state(
+        self, owner: Any, fast: bool, progress: list, begun: bool, next_pass: bool = False, nested: bool = False
+    ) -> dict:
         """The pipeline's state, not sealed; ``fast``: the stages' transport states (for a loader that asks with
-        every batch)."""
+        every batch); ``nested``: a part of the state of a pipeline this one is a stage of (which says where the
+        pass stands: see :class:`~wds_cloud.resume.wiring.Unplaced`)."""
         facts = self.facts(owner)
-        if facts[2] is not None:
-            raise NotResumableError(f"this pipeline cannot save a resumable state: {facts[2]}")
+        blocker = facts[2]
+        if isinstance(blocker, wiring.Unplaced) and (nested or next_pass or not begun or not progress[1]):
+            blocker = None  # a pass's start needs no place in it
+        if blocker is not None:
+            raise NotResumableError(f"this pipeline cannot save a resumable state: {blocker}")
         if next_pass or not begun:
             # iter() was called but the pass has not begun: its stages still describe the pass before
             return {
@@ -182,8 +189,12 @@ class PipelineResume:
                 )
         take = transport_state if fast else _plain_state
         stages = []
+        nested_in = self.kinds.pipeline
         for i, kind, stage in facts[1]:
             try:
+                if isinstance(stage, nested_in) and type(stage).state_dict is nested_in.state_dict:
+                    stages.append([i, kind, stage.nested_state(fast)])  # this pipeline says where the pass stands
+                    continue
                 stages.append([i, kind, take(stage)])
             except NotResumableError:
                 raise

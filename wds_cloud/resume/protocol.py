@@ -18,6 +18,12 @@ A stage that holds items across steps and cannot say where they came from sets
 ``resumable = False``: the pipeline still iterates as before, and only asking it
 for a state raises :class:`~wds_cloud.errors.NotResumableError` naming the stage.
 
+Some stage of a pipeline must keep where a pass stands, or a state taken inside the
+pass could only start it again (such a state is refused: see
+:func:`~wds_cloud.resume.wiring.unplaced`).  A resumable stage keeps it unless it
+sets ``keeps_place = False``, as the shard lists do (they keep the pass's shard
+order; the shard reader keeps which shards were read, and where).
+
 The built-in shard reader and shuffle play two further roles, declared here so
 that the pipeline wires them by what they do, never by their class names:
 a :class:`SampleSource` knows the shard and byte range of each sample it
@@ -66,6 +72,7 @@ __all__ = [
     "transport_state",
     "is_source",
     "is_buffering",
+    "keeps_place",
 ]
 
 
@@ -155,3 +162,9 @@ def transport_state(stage: Any) -> Any:
     """``stage.transport_state()`` where it has one, else ``stage.state_dict()``."""
     method = getattr(stage, "transport_state", None)
     return method() if method is not None else stage.state_dict()
+
+
+def keeps_place(stage: Any) -> bool:
+    """Whether ``stage`` keeps where a pass stands: it is resumable, buffers no items of a source's (a shuffle
+    saves its buffer, not the place), and does not say ``keeps_place = False`` (a shard list)."""
+    return is_resumable(stage) and not is_buffering(stage) and getattr(stage, "keeps_place", True) is not False

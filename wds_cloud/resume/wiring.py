@@ -13,9 +13,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .protocol import SampleSource, declines_resume, is_buffering, is_source
+from .protocol import SampleSource, declines_resume, is_buffering, is_source, keeps_place
 
-__all__ = ["StageKinds", "stage_name", "feeding", "resume_blocker", "splitting", "reader_index", "shard_urls"]
+__all__ = [
+    "StageKinds",
+    "Unplaced",
+    "stage_name",
+    "feeding",
+    "resume_blocker",
+    "unplaced",
+    "splitting",
+    "reader_index",
+    "shard_urls",
+]
+
+
+class Unplaced(str):
+    """A reason (see :func:`unplaced`) that no stage of a pipeline keeps where its pass stands: it blocks a state
+    taken inside a pass, not one at a pass's start, nor the state of a pipeline nested in one that places it (a
+    shard list feeding the outer pipeline's reader)."""
 
 
 @dataclass(frozen=True)
@@ -81,9 +97,32 @@ def resume_blocker(stages: Sequence, kinds: StageKinds) -> Optional[str]:
             return _unfed(stages, i)
         if isinstance(stage, kinds.pipeline):
             inner = stage.resume_blocker()
-            if inner is not None:
+            if inner is not None and not isinstance(inner, Unplaced):  # where the pass stands: the outer's to say
                 return f"stage {i} (a nested DataPipeline): {inner}"
     return None
+
+
+def unplaced(stages: Sequence, kinds: StageKinds) -> Optional[Unplaced]:
+    """Why no stage of ``stages`` keeps where a pass stands (so that a state taken inside it could only start it
+    again), or None: one does.  A shard reader keeps it (a sample source), and so do virtual streams and mixes
+    (their readers), a nested pipeline that can be resumed on its own, and a stage of the user's that implements
+    ``state_dict``/``load_state_dict`` (see :func:`~wds_cloud.resume.protocol.keeps_place`); a shard list keeps
+    only the pass's shard order (the reader keeps which shards were read, and where), a shuffle its buffer, and a
+    generator, a list or webdataset's stages composed by hand (``url_opener``, ``tar_file_expander``,
+    ``group_by_keys``) nothing."""
+    for stage in stages:
+        if isinstance(stage, kinds.pipeline):
+            if stage.resume_blocker() is None:
+                return None
+        elif is_source(stage) or keeps_place(stage):
+            return None
+    first = stage_name(stages[0]) if stages else "none"
+    return Unplaced(
+        f"no stage keeps where its pass stands (its source, stage 0, is {first}, and no shard reader follows it), "
+        "so a state taken inside a pass could only start it again; read shards with WebDataset or "
+        "tarfile_to_samples() (not url_opener/tar_file_expander/group_by_keys composed by hand), or give a "
+        "source implementing state_dict()/load_state_dict() (see wds_cloud.Resumable)"
+    )
 
 
 def _unfed(stages: Sequence, i: int) -> str:
