@@ -113,3 +113,25 @@ def test_demo_and_backends_help_show_examples_and_exit_codes(capsys, command):
         main([command, "--help"])
     out = capsys.readouterr().out
     assert "example" in out and "exit codes" in out and "2 bad arguments" in out
+
+
+def _commands(parser, path=()):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*path, name), sub
+                yield from _commands(sub, (*path, name))
+
+
+def test_every_commands_help_shows_an_example_and_the_exit_codes():
+    """Each command and subcommand (``convert`` had none, only ``convert mmc4``), now and as commands are added."""
+    from wds_cloud.cli import build_parser
+
+    missing = [
+        " ".join(path)
+        for path, sub in _commands(build_parser())
+        if not all(word in sub.format_help() for word in ("example", "exit codes", "2 bad arguments"))
+    ]
+    assert missing == []

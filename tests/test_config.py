@@ -390,3 +390,21 @@ def test_profile_transfer_keys_get_the_same_ranges(tmp_path, monkeypatch, line):
     with pytest.raises(ConfigError, match=f"{key}=") as info:
         Fetcher().options("http://fast.example/x.tar")
     assert config.BOUNDS[f"WDS_{key.upper()}"].describe() in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["1.5", "1.1KiB", "3.25", 2.5])
+def test_a_size_that_is_part_of_a_byte_is_refused_not_cut(monkeypatch, value):
+    """``WDS_MAX_MEMBER_SIZE=1.5`` was taken as 1 byte (every member refused, the error blaming the shard): a size
+    that is not a whole number of bytes is refused, naming the bytes it came to; whole ones with units pass."""
+    with pytest.raises(ConfigError, match="not a whole number of them"):
+        config.check_setting("WDS_MAX_MEMBER_SIZE", value)
+    with pytest.raises(ConfigError, match="WDS_MAX_MEMBER_SIZE"):
+        monkeypatch.setenv("WDS_MAX_MEMBER_SIZE", str(value))
+        config.current()
+    monkeypatch.delenv("WDS_MAX_MEMBER_SIZE")
+    assert [config.check_setting("WDS_MAX_MEMBER_SIZE", v) for v in ("1.5GiB", "0.3GB", "2.3GB", "1e3")] == [
+        3 << 29,
+        300_000_000,
+        2_300_000_000,
+        1000,
+    ]

@@ -548,7 +548,10 @@ def _checked(name: str, value: object, bound: Bound, variable: Optional[str]) ->
         raise _refuse(name, value, "is out of range", bound, variable)
     if bound.kind == "seconds":
         return float(number)
-    return int(number)
+    whole = round(number)
+    if abs(number - whole) > 1e-9 * max(1.0, abs(number)):  # a part of a byte (1.5, 1.1KiB): never cut silently
+        raise _refuse(name, value, f"is {number:g} bytes, not a whole number of them", bound, variable)
+    return int(whole)
 
 
 def check_setting(name: str, value: object, default: Any = None, bound: Optional[Bound] = None) -> Any:

@@ -856,7 +856,7 @@ def add_parsers(commands: Any) -> None:
         "--format",
         choices=["json", "dali", "wids"],
         default="json",
-        help="json: ours (SHARD.index.json); dali: SHARD.idx; wids: one dataset description (the JSON document "
+        help="json (the default): ours (SHARD.index.json); dali: SHARD.idx; wids: one dataset description (the JSON document "
         "upstream wids reads; one shard a line when --output ends .jsonl or the document would be larger than "
         "WDS_MAX_DATA_FILE_SIZE, as for 10^6 shards and more)",
     )
@@ -977,7 +977,11 @@ def add_parsers(commands: Any) -> None:
     convert = commands.add_parser(
         "convert",
         help="convert a published dataset layout to shards (mmc4)",
-        description="Convert a published dataset layout to WebDataset shards.",
+        description="Convert a published dataset layout to WebDataset shards. Each LAYOUT has its own options: "
+        "wds-cloud convert LAYOUT --help.",
+        epilog="example:\n  wds-cloud convert mmc4 'docs/docs_shard_{0..9}_v2.jsonl' --images s3://bucket/mmc4-images "
+        f"--dest out/mmc4-%06d.tar\n\n{EXIT_CODES}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     kinds = convert.add_subparsers(dest="kind", metavar="LAYOUT")
     kinds.required = True
