@@ -6,7 +6,8 @@ fails if the reader raises anything but CorruptShardError, takes longer than --l
 allocates more than 64 MiB, or (for a cut compressed stream) delivers a sample that is not whole.  A plain
 tar case is read again four times from a file, mapped: a first pass with views (which keeps the member table if
 it reads to the end), then from the table with views, and with bytes through the grouping kernel's general
-loop and its keyed loop: each must give the same samples and the same error as the streamed read.
+loop and its keyed loop, and with every member read late (as a large one is, once the sample before it is handed
+over): each must give the same samples and the same error as the streamed read.
 
     python bench/fuzz_reader.py [--cases 20000] [--seed 0] [--limit 10] [--no-mapped]   (from the clone's root)
 """
@@ -30,7 +31,7 @@ from tests.hostile import bounded, damage, insert_pax, mutate_header, tar_of  # 
 from wds_cloud import config  # noqa: E402
 from wds_cloud.errors import CorruptShardError  # noqa: E402
 from wds_cloud.io.open import gopen  # noqa: E402
-from wds_cloud.tar import table  # noqa: E402
+from wds_cloud.tar import buffers, table  # noqa: E402
 from wds_cloud.tar.grouping import SKIP_META, group, member_filter, sample_limit  # noqa: E402
 from wds_cloud.tar.members import TarMembers  # noqa: E402
 from wds_cloud.tariterators import shard_samples  # noqa: E402
@@ -46,12 +47,14 @@ def result_of(out: dict) -> tuple:
     return samples, (type(error).__name__, str(error).replace(out.get("url", ""), "URL")) if error else None
 
 
-#: the mapped reads of a plain case, each compared with the streamed read: (views, the kernel's keyed loop allowed)
+#: the mapped reads of a plain case, each compared with the streamed read: (views, the kernel's keyed loop allowed,
+#: every member counted large: read by pread once the sample before it was handed over)
 MAPPED_READS = (
-    (True, True),  # first pass (reads the headers, keeps the table), views
-    (True, True),  # from the table, views: the keyed loop where the names split
-    (False, False),  # from the table, bytes, the general loop only
-    (False, True),  # from the table, bytes, the keyed loop
+    (True, True, False),  # first pass (reads the headers, keeps the table), views
+    (True, True, False),  # from the table, views: the keyed loop where the names split
+    (False, False, False),  # from the table, bytes, the general loop only
+    (False, True, False),  # from the table, bytes, the keyed loop
+    (False, False, True),  # from the table, bytes, the general loop, each member read late with pread
 )
 
 
@@ -61,8 +64,9 @@ def mapped_reads(path: str, data: bytes, seconds: float) -> list:
     with open(path, "wb") as f:
         f.write(data)
     table.SETTLED = -1.0  # a file changed in the last seconds keeps no member table: here it does, at once
+    large_default = buffers.LARGE
     outs = []
-    for views, keyed in MAPPED_READS:
+    for views, keyed, large in MAPPED_READS:
 
         def read():
             members = TarMembers(  # as shard_samples makes it, but over the mapped file
@@ -77,8 +81,10 @@ def mapped_reads(path: str, data: bytes, seconds: float) -> list:
                 if keyed:
                     return list(shard_samples(path, None, members=members))
                 members.max_sample = sample_limit(None, members.max_member)
-                return list(group(members.runs(False), members, path, limit=members.max_sample))
+                buffers.LARGE = 1 if large else large_default
+                return list(group(members.runs(False, defer=True), members, path, limit=members.max_sample))
             finally:
+                buffers.LARGE = large_default
                 members.close()
 
         out = bounded(read, seconds=seconds)
