@@ -402,6 +402,15 @@ def test_a_size_that_is_part_of_a_byte_is_refused_not_cut(monkeypatch, value):
         monkeypatch.setenv("WDS_MAX_MEMBER_SIZE", str(value))
         config.current()
     monkeypatch.delenv("WDS_MAX_MEMBER_SIZE")
+    import numpy as np
+
+    import wds_cloud as wds
+
+    for keyword in ("max_member_size", "max_sample_size"):  # a Python float was cut (1.5 -> 1): adversary finding
+        for number in (1.5, 10.9, np.float64(600000.5)):
+            with pytest.raises(ConfigError, match=f"{keyword}=.*not a whole number"):
+                wds.WebDataset(["/no/such.tar"], **{keyword: number})
+        assert wds.WebDataset(["/no/such.tar"], **{keyword: np.float64(600000.0)}) is not None
     assert [config.check_setting("WDS_MAX_MEMBER_SIZE", v) for v in ("1.5GiB", "0.3GB", "2.3GB", "1e3")] == [
         3 << 29,
         300_000_000,

@@ -550,7 +550,7 @@ def _checked(name: str, value: object, bound: Bound, variable: Optional[str]) ->
         return float(number)
     whole = round(number)
     if abs(number - whole) > 1e-9 * max(1.0, abs(number)):  # a part of a byte (1.5, 1.1KiB): never cut silently
-        raise _refuse(name, value, f"is {number:g} bytes, not a whole number of them", bound, variable)
+        raise _refuse(name, value, f"is {number!r} bytes, not a whole number of them", bound, variable)
     return int(whole)
 
 

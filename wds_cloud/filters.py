@@ -7,11 +7,11 @@ that calls user code takes ``handler=`` (see :mod:`wds_cloud.handlers`).
 
 from __future__ import annotations
 
+import builtins
 import fnmatch
 import functools
 import inspect
 import io
-import itertools
 import logging
 import pickle
 import random
@@ -589,18 +589,65 @@ def _probability(name: str, value: Any) -> float:
 rsample = _Normalised(_rsample, {"p": _probability, "seed": as_seed})
 
 
-def _slice(data: Iterable, *args: Any) -> Iterator:
-    """``itertools.islice`` as a stage.
+class Slice(PassHolder, PipelineStage):
+    """``itertools.islice`` as a resumable stage: it yields the samples ``islice(samples, start, stop, step)``
+    gives, and its state is how many samples it has been given in the pass (a resumed pass goes on counting
+    from there, so ``slice(500)`` stops after the 500th sample of the pass, not 500 samples after the resume)."""
+
+    PASS_FIELDS = {"_seen": lambda: [0]}
+    COPIED_FIELDS = ()
+    #: the count it keeps is of its source's samples: the source keeps where the pass stands
+    keeps_place = False
+
+    def __init__(self, *args: Any) -> None:
+        bounds = builtins.slice(*args)  # islice's spellings: (stop) or (start, stop[, step])
+        start, stop, step = _slice_bounds("args", (bounds.start, bounds.stop, bounds.step))
+        self.start, self.stop, self.step = start or 0, stop, step or 1
+        self._seen = [0]
+        self._resume = 0
+
+    def run(self, src: Iterable) -> Iterator:
+        start, stop, step = self.start, self.stop, self.step
+        seen = self._seen = [self._resume]
+        self._resume = 0
+        n = seen[0]
+        if stop is not None and n >= stop:
+            return
+        for sample in src:
+            i = n
+            n = seen[0] = i + 1
+            if i >= start and (i - start) % step == 0:
+                yield sample
+            if stop is not None and n >= stop:  # as islice: no sample past the stop is taken from the source
+                return
+
+    def state_dict(self) -> dict:
+        return {"seen": self._seen[0]}
+
+    def next_pass_state(self) -> dict:
+        return {"seen": self._resume}
+
+    def load_state_dict(self, state: dict) -> None:
+        from .resume.state import expect
+
+        expect(state, "slice", dict, seen=(int, lambda v: type(v) is int and v >= 0))
+        self._resume = state["seen"]
+
+    def __repr__(self) -> str:
+        return f"slice({self.start}, {self.stop}, {self.step})"
+
+
+def slice(*args: Any) -> Slice:
+    """``itertools.islice`` as a stage (resumable: see :class:`Slice`).
 
     Yields the samples ``itertools.islice(samples, *args)`` gives.  For example ``ds.slice(100)`` (the first 100),
     ``ds.slice(10, None, 2)`` (every second from the tenth).
 
     :param args: ``stop``, or ``start, stop`` and an optional ``step``, as ``islice`` takes them.
     """
-    return itertools.islice(data, *args)
-
-
-slice = _Normalised(_slice, {"args": _slice_bounds})
+    if not 1 <= len(args) <= 3:
+        raise TypeError(f"slice(): expected 1 to 3 arguments (stop, or start, stop[, step]), got {len(args)}")
+    return Slice(*args)
 
 
 def _extract_keys(

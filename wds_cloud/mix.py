@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .errors import StateMismatchError
+from .errors import NotResumableError, StateMismatchError
 from .io.datafile import shown
 from .mixing.sources import ReplayedSources
 from .pytorch import IterableDataset
@@ -201,8 +201,13 @@ class RandomMix(ReplayedSources, IterableDataset):
             yield sample
 
     # the Resumable protocol (wds_cloud.resume.protocol)
-    def state_dict(self) -> dict:
-        """The generator, the datasets still in the mix and each dataset's state: plain JSON, with a checksum."""
+    def state_dict(self, strict: bool = False) -> dict:
+        """The generator, the datasets still in the mix and each dataset's state: plain JSON, with a checksum.
+
+        A mix is exact or not at all: a source that cannot save an exact state raises
+        :class:`~wds_cloud.errors.NotResumableError` naming why, ``strict`` or not (in a ``DataPipeline``, whose
+        ``state_dict()`` then gives an inexact state); its state would restart that source alone, and deliver
+        its samples again."""
         if self._resume is not None:
             return dict(self._resume)
         if self._live is None:
@@ -365,5 +370,7 @@ def _state_of(dataset: Any) -> dict:
     """A dataset's exact state (``strict=True`` where it takes it): an inexact one cannot be mixed in."""
     try:
         return dataset.state_dict(strict=True)
+    except NotResumableError:  # (a TypeError too: not the one below) an inexact state would restart one source
+        raise
     except TypeError:  # a Resumable of the user's without ``strict``
         return dataset.state_dict()

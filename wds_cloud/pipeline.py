@@ -27,6 +27,7 @@ from .resume.arguments import as_count
 from .resume.pipeline_state import PipelineResume, StageKinds, refused
 from .resume.protocol import SampleSource
 from .stages import PipelineStage, for_pipeline
+from .tar.samples import url_opener
 
 __all__ = ["DataPipeline", "add_length_method"]
 
@@ -384,6 +385,7 @@ _KINDS = StageKinds(
     split_by_node=shardlists.split_by_node,
     split_by_worker=shardlists.split_by_worker,
     single_node_only=shardlists.single_node_only,
+    opens_urls=(url_opener,),
 )
 
 

@@ -288,9 +288,11 @@ class WebLoader(DataPipeline, FluidInterface):
     def _exact_state(self) -> dict:
         if self._untag is None:
             raise NotResumableError(f"this WebLoader cannot save a resumable state: {self._blocker}")
-        for i, stage in enumerate(self.pipeline[2:], 2):
+        after = list(enumerate(self.pipeline[2:], 2))
+        for _, stage in after:  # first: a shuffle after the workers is what to fix, whatever else holds items
             if is_buffering(stage):
                 stage.state_dict()  # raises if its buffer holds items, which cannot be fetched again
+        for i, stage in after:
             held = stage.holding() if callable(getattr(stage, "holding", None)) else None
             if held is not None:  # an unbatched() after the workers, inside a batch: its parts would be lost
                 raise NotResumableError(

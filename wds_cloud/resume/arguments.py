@@ -116,5 +116,10 @@ def as_size(name: str, value: Any, least: int = 0) -> Any:
         raise ConfigError(f"{name}={value!r} is True/False where a size goes: give a number of bytes, or '8MB'")
     if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
         number = as_real(name, value, least=least)
+        if number != int(number):  # a part of a byte: never cut to a whole number silently
+            raise ConfigError(
+                f"{name}={value!r} is {number!r} bytes, not a whole number of them: give a whole number of bytes, "
+                "or a size with a unit such as '256MB'"
+            )
         return int(number)
     return as_count(name, value, least=least)

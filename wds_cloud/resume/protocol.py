@@ -20,9 +20,13 @@ for a state raises :class:`~wds_cloud.errors.NotResumableError` naming the stage
 
 Some stage of a pipeline must keep where a pass stands, or a state taken inside the
 pass could only start it again (such a state is refused: see
-:func:`~wds_cloud.resume.wiring.unplaced`).  A resumable stage keeps it unless it
-sets ``keeps_place = False``, as the shard lists do (they keep the pass's shard
-order; the shard reader keeps which shards were read, and where).
+:func:`~wds_cloud.resume.wiring.unplaced`): a sample source, a resumable first stage
+(unless it sets ``keeps_place = False``, as the shard lists do: they keep the pass's
+shard order, and the reader keeps which shards were read, and where), or a stage that
+sets ``keeps_place = True`` (virtual streams, which hold readers of their own).
+A resumable stage between a sample source and the shuffle it feeds must pass every
+sample through unchanged and say so (``passes_every_sample = True``): the shuffle's
+buffered samples go through it again on resume.
 
 The built-in shard reader and shuffle play two further roles, declared here so
 that the pipeline wires them by what they do, never by their class names:

@@ -52,6 +52,8 @@ class Streams(PassHolder, PipelineStage):
 
     PASS_FIELDS = {"_pipelines": dict, "_owned": list, "_slot": None, "_next": 0}
     COPIED_FIELDS = ("_resume", "_merged")
+    #: each stream's reader keeps where the pass stands (see wds_cloud.resume.protocol)
+    keeps_place = True
 
     def __init__(
         self, count: int, template: list, pipeline: Callable[..., Any], limit_for: Optional[Callable[[int], Any]] = None

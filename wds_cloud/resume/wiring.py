@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .protocol import SampleSource, declines_resume, is_buffering, is_source, keeps_place
+from .protocol import SampleSource, declines_resume, is_buffering, is_resumable, is_source, keeps_place
 
 __all__ = [
     "StageKinds",
@@ -47,6 +47,8 @@ class StageKinds:
     split_by_node: Callable
     split_by_worker: Callable
     single_node_only: Callable
+    #: webdataset's stage that opens shard URLs (the reader of a pipeline composed by hand from its stages)
+    opens_urls: tuple = ()
 
 
 def stage_name(stage: Any) -> str:
@@ -87,7 +89,10 @@ def resume_blocker(stages: Sequence, kinds: StageKinds) -> Optional[str]:
     byte ranges of their shards; a stage that sets ``resumable = False`` blocks it too.
     """
     feeders = feeding(stages, kinds)[0]
+    replayed = _replayed_through(stages, kinds)
     for i, stage in enumerate(stages):
+        if i in replayed:
+            return replayed[i]
         if declines_resume(stage):
             return (
                 f"stage {i} ({stage_name(stage)}) declares that it cannot be resumed (resumable = False); "
@@ -99,30 +104,76 @@ def resume_blocker(stages: Sequence, kinds: StageKinds) -> Optional[str]:
             inner = stage.resume_blocker()
             if inner is not None and not isinstance(inner, Unplaced):  # where the pass stands: the outer's to say
                 return f"stage {i} (a nested DataPipeline): {inner}"
+        elif is_resumable(stage):  # a mix: each of its datasets is resumed on its own, and must be resumable
+            for j, dataset in enumerate(getattr(stage, "datasets", None) or ()):
+                inner = dataset.resume_blocker() if isinstance(dataset, kinds.pipeline) else None
+                if inner is not None:
+                    why = f"stage {i} ({stage_name(stage)}): its dataset {j}: {inner}"
+                    return Unplaced(why) if isinstance(inner, Unplaced) else why
     return None
 
 
 def unplaced(stages: Sequence, kinds: StageKinds) -> Optional[Unplaced]:
     """Why no stage of ``stages`` keeps where a pass stands (so that a state taken inside it could only start it
     again), or None: one does.  A shard reader keeps it (a sample source), and so do virtual streams and mixes
-    (their readers), a nested pipeline that can be resumed on its own, and a stage of the user's that implements
-    ``state_dict``/``load_state_dict`` (see :func:`~wds_cloud.resume.protocol.keeps_place`); a shard list keeps
+    (their readers: they say ``keeps_place = True``), a nested pipeline that can be resumed on its own, and a first
+    stage that implements ``state_dict``/``load_state_dict`` (a source of the user's: see
+    :func:`~wds_cloud.resume.protocol.keeps_place`); a stateful stage later on (a filter that counts) does not; a
+    shard list keeps
     only the pass's shard order (the reader keeps which shards were read, and where), a shuffle its buffer, and a
     generator, a list or webdataset's stages composed by hand (``url_opener``, ``tar_file_expander``,
     ``group_by_keys``) nothing."""
-    for stage in stages:
+    for i, stage in enumerate(stages):
         if isinstance(stage, kinds.pipeline):
             if stage.resume_blocker() is None:
                 return None
-        elif is_source(stage) or keeps_place(stage):
+        elif is_source(stage) or getattr(stage, "keeps_place", None) is True:
             return None
-    first = stage_name(stages[0]) if stages else "none"
-    return Unplaced(
-        f"no stage keeps where its pass stands (its source, stage 0, is {first}, and no shard reader follows it), "
-        "so a state taken inside a pass could only start it again; read shards with WebDataset or "
-        "tarfile_to_samples() (not url_opener/tar_file_expander/group_by_keys composed by hand), or give a "
-        "source implementing state_dict()/load_state_dict() (see wds_cloud.Resumable)"
+        elif i == 0 and keeps_place(stage) and not any(s is f for s in stages for f in kinds.opens_urls):
+            return None  # a source of the user's (a place kept in shard URLs that url_opener opens is a shard's)
+    first = stages[0] if stages else None
+    why = (
+        f"no stage keeps where its pass stands (its source, stage 0, is {stage_name(first)}, and no shard reader "
+        "follows it), so a state taken inside a pass could only start it again"
     )
+    if isinstance(first, kinds.share_lists) or any(s is f for s in stages for f in kinds.opens_urls):
+        return Unplaced(
+            f"{why}; read the shards with tarfile_to_samples() (or WebDataset), not url_opener, tar_file_expander "
+            "and group_by_keys composed by hand"
+        )
+    return Unplaced(
+        f"{why}; make the source a stage that implements state_dict() and load_state_dict() (a class whose "
+        "__call__() yields the samples: see 'A source of your own' in docs/stages.md), or read shards with "
+        "WebDataset or tarfile_to_samples()"
+    )
+
+
+def _replayed_through(stages: Sequence, kinds: StageKinds) -> dict:
+    """{index of a stage: why it blocks resume} for each resumable stage between a sample source and the shuffle
+    it feeds that does not pass every sample through unchanged (``passes_every_sample``): a shuffle's buffered
+    samples are fetched again on resume and go through it a second time, which a stage that counts or drops
+    samples (``slice``, a filter of the user's with a state) takes as new ones."""
+    found: dict = {}
+    source_at = None
+    for i, stage in enumerate(stages):
+        if is_buffering(stage):
+            if source_at is not None:
+                for k in range(source_at + 1, i):
+                    between = stages[k]
+                    if is_resumable(between) and not getattr(between, "passes_every_sample", False):
+                        found.setdefault(
+                            k,
+                            f"stage {k} ({stage_name(between)}) keeps a state between the shard reader (stage "
+                            f"{source_at}) and the shuffle at stage {i}: on resume the shuffle's buffered samples "
+                            "are read again and pass through it a second time, so it would count them twice. Put "
+                            "it after the shuffle, or give it no state",
+                        )
+            source_at = None
+        elif isinstance(stage, kinds.pipeline):
+            source_at = i if stage.feeding_source() is not None else None
+        elif is_source(stage):
+            source_at = i
+    return found
 
 
 def _unfed(stages: Sequence, i: int) -> str:
@@ -158,6 +209,8 @@ def splitting(stages: Sequence, kinds: StageKinds) -> tuple[Optional[str], Any]:
     if start is None:
         return None, None
     end = next((i for i in range(start + 1, len(stages)) if callable(getattr(stages[i], "set_elastic", None))), None)
+    if end is None:  # webdataset's stages composed by hand: the shards reach the one that opens them
+        end = next((i for i in range(start + 1, len(stages)) if any(stages[i] is f for f in kinds.opens_urls)), None)
     if end is None:
         return None, None
     nodes = workers = False

@@ -72,6 +72,8 @@ class Buffer(Protocol):
 
     def take(self, size: int, name: str, header_offset: int) -> Any: ...
 
+    def holds(self, size: int) -> bool: ...
+
     def skip(self, size: int, name: str, header_offset: int) -> None: ...
 
     def view(self, data: Any, size: int) -> memoryview: ...
@@ -295,6 +297,11 @@ class StreamBuffer:
         if failure is not None and have < need:
             raise failure
         return have >= need
+
+    def holds(self, size: int) -> bool:
+        """Whether the next ``size`` bytes (and their padding) are all here, known without reading: a mapped
+        file's are; a stream's only when the chunk read holds them."""
+        return self.end - self.pos >= padded_size(size)
 
     def take(self, size: int, name: str, header_offset: int) -> Any:
         """The next ``size`` bytes (a member's data), then skip its padding."""

@@ -52,7 +52,8 @@ def sample_too_large(url: Any, start: int, end: int, limit: int, member: Optiona
     """The error for a sample that spans more than ``limit`` bytes, from byte ``start`` to ``end`` (and on)."""
     about = f" with the member {member[:200]!r}" if member is not None else ""
     return CorruptShardError(
-        f"{redact(url) or '<stream>'}: the sample beginning at byte {start} grows past the limit of {limit} bytes on "
+        f"{redact(url) or '<stream>'}: the sample beginning at byte {start} grows past the limit of {limit} "
+        f"byte{'s' * (limit != 1)} on "
         f"one sample{about} (it runs on past byte {start + limit}): a shard whose members share one key would fill "
         "memory. "
         "Raise the limit with WDS_MAX_SAMPLE_SIZE (such as 8GiB) or WebDataset(..., max_sample_size=) if the shard "
@@ -295,7 +296,9 @@ class TarMembers:
                 return None
             if self.max_member is not None and size > self.max_member:
                 raise self._too_large(name, header_offset, size)
-            if self._defer and size >= buffers.LARGE:
+            # read after the sample before it is handed over only where its bytes are known to be there: damage
+            # in it then stops the shard before that sample, as webdataset's reader does, whatever its size
+            if self._defer and size >= buffers.LARGE and self._b.holds(size):
                 data: Any = _Deferred(self._take, size, name, header_offset)
             else:
                 data = self._take(size, name, header_offset)
@@ -323,7 +326,7 @@ class TarMembers:
     def _too_large(self, name: str, header_offset: int, size: int) -> CorruptShardError:
         return CorruptShardError(
             f"{redact(self.url) or '<stream>'}: member {name!r} at byte {header_offset} is {size} bytes, "
-            f"more than the limit of {self.max_member} bytes on one member; raise it with "
+            f"more than the limit of {self.max_member} byte{'s' * (self.max_member != 1)} on one member; raise it with "
             "WDS_MAX_MEMBER_SIZE (such as 8GiB) or WebDataset(..., max_member_size=) if the shard is "
             "trusted",
             url=self.url,

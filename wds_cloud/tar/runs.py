@@ -37,7 +37,7 @@ class Run:
     else None.  ``items`` gives ``(name, data, head)`` triples instead of the lists (member dicts grouped as they
     come).  ``read``, for a large member of the general reader (one member, ``datas`` ``[None]``), reads its data:
     called once, before the next run is asked for, so that the sample before it can be handed over first (one
-    large buffer fewer alive while it is read)."""
+    large buffer fewer alive while it is read); given only where the buffer holds all its bytes (a mapped file)."""
 
     names: list
     datas: list
