@@ -129,9 +129,11 @@ def test_every_commands_help_shows_an_example_and_the_exit_codes():
     """Each command and subcommand (``convert`` had none, only ``convert mmc4``), now and as commands are added."""
     from wds_cloud.cli import build_parser
 
+    parser = build_parser()
+    assert "example" in parser.format_help()  # the top level too (new-user finding)
     missing = [
         " ".join(path)
-        for path, sub in _commands(build_parser())
+        for path, sub in _commands(parser)
         if not all(word in sub.format_help() for word in ("example", "exit codes", "2 bad arguments"))
     ]
     assert missing == []

@@ -110,7 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="wds-cloud",
         description="Stream WebDataset tar shards from local disk, pipes and object stores.",
-        epilog=f"Run 'wds-cloud COMMAND --help' for a command's options.\n\n{EXIT_CODES}",
+        epilog="examples (each runs as it stands, in an empty folder):\n"
+        "  wds-cloud demo --url data              write demo shards into data/ and read them back\n"
+        "  wds-cloud ls data                      list them (and the brace spec that names them)\n"
+        "  wds-cloud ls data/demo-000000.tar      one shard's members\n"
+        "  wds-cloud verify 'data/demo-{000000..000003}.tar'\n"
+        "  wds-cloud backends                     the URL schemes this installation reads\n\n"
+        f"Run 'wds-cloud COMMAND --help' for a command's options.\n\n{EXIT_CODES}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"wds-cloud {__version__}")

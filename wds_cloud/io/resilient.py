@@ -269,8 +269,12 @@ class ResumableStream:
         return TransferError(
             f"{redact(self.url)}: giving up at byte {self.position}"
             f"{f' of {self.size}' if self.size is not None else ''} after {attempts} attempts; "
-            f"last cause: {type(exc).__name__}: {exc}. Raise WDS_RETRIES or WDS_RETRY_TIMEOUT if the store "
-            "is only slow",
+            f"last cause: {type(exc).__name__}: {exc}. "
+            + (
+                "The host name does not resolve: check the URL's host (and this machine's DNS)"
+                if _unresolved(exc)
+                else "Raise WDS_RETRIES or WDS_RETRY_TIMEOUT if the store is only slow"
+            ),
             url=self.url,
             offset=self.position,
             attempts=attempts,
@@ -431,3 +435,18 @@ class ResumableStream:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+#: what the resolvers of Linux, macOS and curl say of a name that does not resolve
+_UNRESOLVED = ("name or service not known", "nodename nor servname", "name resolution", "could not resolve host")
+
+
+def _unresolved(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it, a few links down) is a host name that did not resolve."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, socket.gaierror) or any(words in str(exc).lower() for words in _UNRESOLVED):
+            return True
+        exc = getattr(exc, "os_error", None) or exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        seen += 1
+    return False
