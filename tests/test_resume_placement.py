@@ -336,3 +336,21 @@ def test_a_forged_sample_count_is_refused(tmp_path):
     except wds.StateMismatchError:
         return
     assert len(first) + len(rest) <= 10
+
+
+@pytest.mark.parametrize("cut", [1, 9, 20])
+def test_a_seeded_rsample_resumes_with_the_samples_the_pass_would_have_kept(tmp_path, cut):
+    """``rsample(p, seed=)`` started its generator again on resume, so the resumed pass kept other samples than
+    the uninterrupted one, with strict states: its draws are counted in its state now."""
+    urls = _shards(tmp_path)
+
+    def build():
+        return wds.DataPipeline(
+            wds.SimpleShardList(urls), wds.split_by_worker, wds.tarfile_to_samples(), wds.rsample(0.5, seed=11)
+        )
+
+    whole, resumed = _resumed(build, cut)
+    assert resumed == whole and 20 < len(whole) < 80
+    assert _keys(build()) == whole  # every pass draws the same
+    unseeded = wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples(), wds.rsample(1.0))
+    assert len(_keys(unseeded)) == 100

@@ -12,6 +12,7 @@ import fnmatch
 import functools
 import inspect
 import io
+import itertools
 import logging
 import pickle
 import random
@@ -586,7 +587,64 @@ def _probability(name: str, value: Any) -> float:
     return p
 
 
-rsample = _Normalised(_rsample, {"p": _probability, "seed": as_seed})
+_rsample_unseeded = _Normalised(_rsample, {"p": _probability, "seed": as_seed})
+
+
+class RSample(PassHolder, PipelineStage):
+    """:func:`rsample` with a seed, as a resumable stage: its draws come from a counted generator
+    (:class:`~wds_cloud.resume.rng.CountedRandom`), and its state is how many it has made in the pass, so a
+    resumed pass keeps the samples the uninterrupted one would have.  Every pass draws the same sequence."""
+
+    PASS_FIELDS = {"_rng": None}
+    keeps_place = False  # (its source keeps the place)
+
+    def __init__(self, p: float, seed: int) -> None:
+        self.p = p
+        self.seed = seed
+        self._rng: Any = None
+        self._resume = 0
+
+    def run(self, src: Iterable) -> Iterator:
+        from .resume.rng import CountedRandom
+
+        rng = self._rng = CountedRandom(self.seed, self._resume)
+        self._resume = 0
+        p, draw = self.p, rng.random
+        for sample in src:
+            if draw() < p:
+                yield sample
+
+    def state_dict(self) -> dict:
+        return {"draws": self._rng.count if self._rng is not None else self._resume}
+
+    def next_pass_state(self) -> dict:
+        return {"draws": self._resume}
+
+    def load_state_dict(self, state: dict) -> None:
+        from .resume.rng import MAX_COUNT
+        from .resume.state import expect
+
+        expect(state, "rsample", dict, draws=(int, lambda v: type(v) is int and 0 <= v < MAX_COUNT))
+        self._resume = state["draws"]
+
+    def __repr__(self) -> str:
+        return f"rsample({self.p}, seed={self.seed})"
+
+
+def rsample(p: float = 0.5, seed: Optional[int] = None) -> Any:
+    """Keep each sample with probability ``p`` (see :func:`_rsample`).  With a ``seed`` it is a resumable stage
+    (:class:`RSample`: a resumed pass keeps what the uninterrupted one would); without, its draws come from Python's
+    global ``random``, as webdataset's do, and a resumed pass draws afresh."""
+    p = _probability("p", p)
+    seed = as_seed("seed", seed)
+    if seed is None:
+        return _rsample_unseeded(p)
+    return RSample(p, seed)
+
+
+def _slice(data: Iterable, *args: Any) -> Iterator:
+    """``itertools.islice(data, *args)``: webdataset's function (the stage is :func:`slice`)."""
+    return itertools.islice(data, *args)
 
 
 class Slice(PassHolder, PipelineStage):
