@@ -27,7 +27,12 @@ Rows (``--rows``):
   ``memoryview`` of its chunk (indexing and iterating ``StreamingDataset`` alike; ``__key__``, a str, stays a
   str), so its plain loop already copies nothing;
 - ``decode``: the same, every JPEG decoded by PIL to RGB in user code (the same code for every peer);
-- ``loader``: a DataLoader with 2 workers, batches of 64, the jpg bytes crossing to the main process;
+- ``loader``: a DataLoader with 2 workers, batches of 64 made by the default collation, the jpg bytes crossing to
+  the main process; the trainer iterates the batch's jpg column as plain items (``for jpg in column``, what users
+  write) and touches each;
+- ``loader-own``: the same with the user's own collation function (a list of bytes per column);
+- ``loader-views``: wds_cloud only, ``loader`` iterated through ``column.views()`` where the column is packed
+  (zero-copy views of the shared batch: a special path, a row of its own);
 - ``tiny``: 200,000 tiny samples (txt + cls), touch the txt bytes, one process;
 - ``large``: 64 members of 8 MB, wds_cloud against reading each member into its own new buffer
   (``readinto`` a fresh ``bytearray`` at the offsets ``tarfile`` lists: the limit of handing out one object
@@ -41,7 +46,7 @@ same CPU torch 2.13.0 as bench/.venv::
     bench/.venv-litdata/bin/pip install torch==2.13.0
     bench/.venv-litdata/bin/pip install --no-deps litdata==0.2.76
     bench/.venv-litdata/bin/pip install lightning-utilities filelock numpy boto3 requests urllib3 tifffile obstore pillow
-    bench/.venv/bin/python bench/bench_peers.py [--repeat 3] [--rows raw,views,decode,loader,tiny,large] [--svg]
+    bench/.venv/bin/python bench/bench_peers.py [--repeat 3] [--rows raw,views,decode,loader,loader-own,loader-views,tiny,large] [--svg]
         [--cache disk|as-is]
 
 Without it the LitData column says ``-``.  ``--json PATH`` writes the figures; ``--svg [PATH]`` the bar chart
@@ -64,18 +69,23 @@ import zlib
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 LITDATA_PYTHON = os.path.join(HERE, ".venv-litdata", "bin", "python")
-ROWS = ("raw", "views", "decode", "loader", "tiny", "large")
+ROWS = ("raw", "views", "decode", "loader", "loader-own", "loader-views", "tiny", "large")
+#: the rows through a DataLoader: each also reports the main process's CPU per sample (its workers' not counted)
+LOADERS = ("loader", "loader-own", "loader-views")
 TITLES = {
     "raw": "local, touch the jpg bytes, warm epoch, 1 process",
     "views": "local, touch the jpg bytes, views (zero_copy=True)",
     "decode": "local, PIL decode + RGB, 1 process",
-    "loader": "local, DataLoader 2 workers, batch 64, warm",
+    "loader": "local, DataLoader 2 workers, batch 64, default collation, plain items",
+    "loader-own": "local, DataLoader 2 workers, batch 64, the user's collation, plain items",
+    "loader-views": "local, DataLoader 2 workers, batch 64, column.views()",
     "tiny": "local, tiny samples, warm, 1 process",
     "large": "local, 8 MB members (against readinto a new buffer)",
 }
 #: the field each row reads, and the dataset it reads
-FIELD = {"raw": "jpg", "views": "jpg", "decode": "jpg", "loader": "jpg", "tiny": "txt", "large": "npy"}
-DATA = {"raw": "medium", "views": "medium", "decode": "medium", "loader": "medium", "tiny": "tiny", "large": "large"}
+FIELD = {"raw": "jpg", "views": "jpg", "decode": "jpg", "tiny": "txt", "large": "npy", **{r: "jpg" for r in LOADERS}}
+DATA = {"raw": "medium", "views": "medium", "decode": "medium", "tiny": "tiny", "large": "large"}
+DATA.update({r: "medium" for r in LOADERS})
 SHAPES = {"medium": (8, 1000), "tiny": (8, 25000), "large": (4, 16)}
 PAGE = os.path.join(ROOT, "docs", "performance.md")
 FIGURE = os.path.join(ROOT, "docs", "img", "peers.svg")
@@ -133,9 +143,15 @@ def _touch(samples, field, digest):
     return n
 
 
+def own_collate(samples):
+    """A user's own collation function: the batch's columns as lists (of bytes, and of the cls bytes)."""
+    return [s[0] for s in samples], [s[1] for s in samples]
+
+
 def _run_pass(make, row, digest):
+    """(items, seconds, the main process's CPU seconds) of one pass."""
     field = FIELD[row]
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     if row == "decode":
         n = 0
         for sample in make():
@@ -143,11 +159,11 @@ def _run_pass(make, row, digest):
             if digest is not None:
                 digest.add(sample[field])
             n += 1
-    elif row == "loader":
+    elif row in LOADERS:
         n = 0
         for batch in make():
             column = batch[0] if isinstance(batch, (tuple, list)) else batch[field]
-            items = column.views() if hasattr(column, "views") else column
+            items = column.views() if row == "loader-views" and hasattr(column, "views") else column
             for value in items:
                 if digest is not None:
                     digest.add(value)
@@ -156,14 +172,15 @@ def _run_pass(make, row, digest):
                 n += 1
     else:
         n = _touch(make(), field, digest)
-    return n, time.perf_counter() - started
+    return n, time.perf_counter() - started, time.process_time() - cpu
 
 
 def reader(wds, row: str, files: list, **options):
     """How ``wds`` (wds_cloud or webdataset, the same API) reads ``row``: a function that makes the iterable."""
-    if row == "loader":
+    if row in LOADERS:
+        collation = {"collation_fn": own_collate} if row == "loader-own" else {}
         return lambda: wds.WebLoader(
-            wds.WebDataset(files, shardshuffle=False).to_tuple("jpg", "cls").batched(64),
+            wds.WebDataset(files, shardshuffle=False).to_tuple("jpg", "cls").batched(64, **collation),
             batch_size=None,
             num_workers=2,
         )
@@ -183,11 +200,12 @@ def webdataset(row: str, files: list):
 
 
 def one(make, row):
-    """A warm-up pass (with the digest), then the timed pass: (rate, digest)."""
+    """A warm-up pass (with the digest), then the timed pass: (rate, digest, main-process CPU microseconds per
+    item)."""
     digest = Digest()
     _run_pass(make, row, digest)
-    n, seconds = _run_pass(make, row, None)
-    return n / seconds, digest.value()
+    n, seconds, cpu = _run_pass(make, row, None)
+    return n / seconds, digest.value(), cpu / n * 1e6
 
 
 def large_baseline(files: list):
@@ -253,22 +271,24 @@ def peer_worker(peer: str, row: str, cache: str = "as-is") -> None:
     if cache == "disk":
         evict(files)
     try:
+        cpu = None
         if peer == "readinto":
             rate, digest = large_baseline(files)
         else:
-            rate, digest = one((ours if peer == "wds_cloud" else webdataset)(row, files), row)
+            rate, digest, cpu = one((ours if peer == "wds_cloud" else webdataset)(row, files), row)
     except TypeError as error:  # a wds_cloud without zero_copy
         if row != "views" or "zero_copy" not in str(error):
             raise
         rate, digest = None, None
-    print(json.dumps({"rate": rate, "digest": digest}))
+    print(json.dumps({"rate": rate, "digest": digest, "cpu": cpu}))
 
 
 def fresh(peer: str, row: str, cache: str):
-    """(rate, digest) of ``peer`` on ``row``, measured in a fresh process (as LitData's are: no peer runs in a
-    process another has run in, whose memory makes its DataLoader workers slower to fork); None for n/a."""
+    """(rate, digest, main CPU per item) of ``peer`` on ``row``, measured in a fresh process (as LitData's are: no
+    peer runs in a process another has run in, whose memory makes its DataLoader workers slower to fork); None for
+    n/a."""
     out = _child(sys.executable, ["--peer-worker", f"{peer},{row},{cache}"], f"{peer}'s run of {row!r}")
-    return None if out["rate"] is None else (out["rate"], out["digest"])
+    return None if out["rate"] is None else (out["rate"], out["digest"], out.get("cpu"))
 
 
 def _child(python: str, args: list, what: str) -> dict:
@@ -297,20 +317,19 @@ def litdata_worker(row: str, cache: str = "as-is") -> None:
         evict([output])
     from litdata import StreamingDataLoader, StreamingDataset
 
-    if row == "loader":
+    if row in LOADERS:
+        own = {"collate_fn": _collate_bytes} if row == "loader-own" else {}
 
         def make():
-            return StreamingDataLoader(
-                StreamingDataset(output), batch_size=64, num_workers=2, collate_fn=_collate_bytes
-            )
+            return StreamingDataLoader(StreamingDataset(output), batch_size=64, num_workers=2, **own)
     else:
 
         def make():
             return StreamingDataset(output)
 
-    rate, digest = one(make, row)
+    rate, digest, cpu = one(make, row)
     sample = next(iter(StreamingDataset(output)))
-    print(json.dumps({"rate": rate, "digest": digest, "type": type(sample[FIELD[row]]).__name__}))
+    print(json.dumps({"rate": rate, "digest": digest, "type": type(sample[FIELD[row]]).__name__, "cpu": cpu}))
 
 
 def _collate_bytes(items):
@@ -349,9 +368,9 @@ def litdata(row: str, cache: str):
     if not os.path.exists(LITDATA_PYTHON) or row == "large":
         return None
     # against views, LitData's own loop (what it hands out is its own: see --help)
-    what = "raw" if row == "views" else row
+    what = {"views": "raw", "loader-views": "loader"}.get(row, row)
     out = _child(LITDATA_PYTHON, ["--litdata-worker", f"{what},{cache}"], f"LitData's run of {row!r}")
-    return out["rate"], out["digest"], out["type"]
+    return out["rate"], out["digest"], out["type"], out.get("cpu")
 
 
 def main() -> None:
@@ -417,27 +436,41 @@ def main() -> None:
         best: dict = {}
         digests: dict = {}
         kinds: dict = {}
+        cpus: dict = {}
         for _ in range(args.repeat):
-            peers = ["wds_cloud", "readinto" if row == "large" else "webdataset"] if row != "views" else ["wds_cloud"]
+            ours_only = row in ("views", "loader-views")
+            peers = ["wds_cloud", "readinto" if row == "large" else "webdataset"] if not ours_only else ["wds_cloud"]
             for peer in peers:
                 got = fresh(peer, row, args.cache)
                 if got is None:  # a wds_cloud without zero_copy: the row says n/a
                     best.setdefault(peer, None)
                     continue
-                rate, digest = got
+                rate, digest, cpu = got
                 best[peer] = max(best.get(peer) or 0.0, rate)
                 digests.setdefault(peer, digest)
+                if cpu is not None and row in LOADERS:
+                    cpus[peer] = min(cpus.get(peer, cpu), cpu)
             got = litdata(row, args.cache)
             if got is not None:
-                rate, digest, kind = got
+                rate, digest, kind, cpu = got
                 best["LitData"] = max(best.get("LitData", 0.0), rate)
                 digests.setdefault("LitData", digest)
                 kinds["LitData"] = kind
+                if cpu is not None and row in LOADERS:
+                    cpus["LitData"] = min(cpus.get("LitData", cpu), cpu)
         if len(set(digests.values())) > 1:
             raise SystemExit(f"{row}: the peers delivered different bytes: {digests}")
         results[row] = {"rates": best, "digest": next(iter(digests.values())), "litdata_type": kinds.get("LitData")}
+        if cpus:
+            results[row]["main_cpu_us"] = cpus
         print(
-            f"{row}: " + ", ".join(f"{p} {_rate(r)}" + ("/s" if r is not None else "") for p, r in best.items()),
+            f"{row}: "
+            + ", ".join(f"{p} {_rate(r)}" + ("/s" if r is not None else "") for p, r in best.items())
+            + (
+                "; main-process CPU per sample: " + ", ".join(f"{p} {c:.1f} us" for p, c in cpus.items())
+                if cpus
+                else ""
+            ),
             flush=True,
         )
     print()
@@ -485,6 +518,20 @@ def render(results: dict) -> str:
             f"| {TITLES[row]} | {shown[0]} | {shown[1]} | {shown[2]} | {_ratio(ours_rate, rates.get('LitData'))} "
             f"| {_ratio(ours_rate, rates.get('webdataset'))} |"
         )
+    cpu_rows = [(row, r["main_cpu_us"]) for row, r in results.items() if not row.startswith("_") and "main_cpu_us" in r]
+    if cpu_rows:
+        lines += [
+            "",
+            "Main-process CPU per sample received (microseconds; the DataLoader workers' CPU not counted; lower is "
+            "better):",
+            "",
+            "| workload | webdataset | wds_cloud | LitData | wds_cloud / webdataset |",
+            "|---|---|---|---|---|",
+        ]
+        for row, cpu in cpu_rows:
+            cells = [f"{cpu[p]:.1f}" if p in cpu else "-" for p in ("webdataset", "wds_cloud", "LitData")]
+            share = f"{cpu['wds_cloud'] / cpu['webdataset']:.2f}" if "wds_cloud" in cpu and "webdataset" in cpu else "-"
+            lines.append(f"| {TITLES[row]} | {cells[0]} | {cells[1]} | {cells[2]} | {share} |")
     return "\n".join(lines)
 
 
