@@ -137,3 +137,21 @@ def test_every_commands_help_shows_an_example_and_the_exit_codes():
         if not all(word in sub.format_help() for word in ("example", "exit codes", "2 bad arguments"))
     ]
     assert missing == []
+
+
+def test_an_unknown_flag_points_to_the_help_of_the_command_it_was_given_to(capsys):
+    """'wds-cloud verify --bogus x' pointed to 'wds-cloud --help', which does not list verify's flags (adversary)."""
+    for argv, prog in (
+        (["verify", "x.tar", "--bogus"], "wds-cloud verify"),
+        (["convert", "mmc4", "a.jsonl", "--images", "i", "--dest", "o-%d.tar", "--zzz"], "wds-cloud convert mmc4"),
+        (["--zzz"], "wds-cloud"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert (
+            len(err) == 1
+            and err[0].startswith(f"{prog}: error: unrecognized arguments")
+            and f"'{prog} --help'" in err[0]
+        )

@@ -14,7 +14,7 @@ import json
 import re
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ..errors import ConfigError, holds_credential, redact
 
@@ -35,6 +35,21 @@ class Parser(argparse.ArgumentParser):
 
     #: set by ``wds_cloud.cli.main`` for the command line it parses: whether ``--json`` is in it
     wants_json = False
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        known, extras = self.parse_known_args(args, namespace)
+        if extras:  # said by the (sub)command they were given to, whose --help lists its flags
+            self._chosen(known).error(f"unrecognized arguments: {' '.join(extras)}")
+        return known
+
+    def _chosen(self, known: Any) -> argparse.ArgumentParser:
+        """The innermost subcommand's parser that ``known`` (parsed arguments) names, or this one."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                sub = action.choices.get(getattr(known, action.dest, None) or "")
+                if sub is not None:
+                    return sub._chosen(known) if isinstance(sub, Parser) else sub
+        return self
 
     def error(self, message: str) -> NoReturn:
         line = f"{self.prog}: error: {message} (see '{self.prog} --help')"
