@@ -36,7 +36,7 @@ class Parser(argparse.ArgumentParser):
     #: set by ``wds_cloud.cli.main`` for the command line it parses: whether ``--json`` is in it
     wants_json = False
 
-    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         known, extras = self.parse_known_args(args, namespace)
         if extras:  # said by the (sub)command they were given to, whose --help lists its flags
             self._chosen(known).error(f"unrecognized arguments: {' '.join(extras)}")
