@@ -30,7 +30,9 @@ Rows (``--rows``):
 - ``loader``: a DataLoader with 2 workers, batches of 64 made by the default collation, the jpg bytes crossing to
   the main process; the trainer iterates the batch's jpg column as plain items (``for jpg in column``, what users
   write) and touches each;
-- ``loader-own``: the same with the user's own collation function (a list of bytes per column);
+- ``loader-own``: the same with the user's own collation function (a list of bytes per column); LitData's
+  DataLoader rows both use the collation its users write (its fields made ``bytes`` in the workers): torch's
+  default collation refuses its ``memoryview`` fields;
 - ``loader-views``: wds_cloud only, ``loader`` iterated through ``column.views()`` where the column is packed
   (zero-copy views of the shared batch: a special path, a row of its own);
 - ``tiny``: 200,000 tiny samples (txt + cls), touch the txt bytes, one process;
@@ -318,10 +320,13 @@ def litdata_worker(row: str, cache: str = "as-is") -> None:
     from litdata import StreamingDataLoader, StreamingDataset
 
     if row in LOADERS:
-        own = {"collate_fn": _collate_bytes} if row == "loader-own" else {}
+        # torch's default collation refuses LitData's memoryview fields ("each element in list of batch should be
+        # of equal size"): both rows use the collation its users write, the fields made bytes in the workers
 
         def make():
-            return StreamingDataLoader(StreamingDataset(output), batch_size=64, num_workers=2, **own)
+            return StreamingDataLoader(
+                StreamingDataset(output), batch_size=64, num_workers=2, collate_fn=_collate_bytes
+            )
     else:
 
         def make():
