@@ -354,3 +354,29 @@ def test_a_seeded_rsample_resumes_with_the_samples_the_pass_would_have_kept(tmp_
     assert _keys(build()) == whole  # every pass draws the same
     unseeded = wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples(), wds.rsample(1.0))
     assert len(_keys(unseeded)) == 100
+
+
+def test_a_counting_stage_after_the_webloader_is_refused_not_started_again(tmp_path):
+    """``WebLoader(...).slice(n)``: the slice's count is in no state a loader takes (its workers'), so a resumed
+    loader would count again: refused, naming where to put it; in the dataset it resumes exactly."""
+    pytest.importorskip("torch")
+    urls = _shards(tmp_path, 2, 20)
+    loader = wds.WebLoader(wds.WebDataset(urls, shardshuffle=False).batched(4), batch_size=None, num_workers=0)
+    loader = loader.slice(5)
+    assert "put it in the dataset" in loader.resume_blocker()
+    it = iter(loader)
+    next(it)
+    with pytest.raises(wds.NotResumableError, match="Slice stage appended"):
+        loader.state_dict(strict=True)
+
+    def build():
+        ds = wds.WebDataset(urls, shardshuffle=False).slice(0, None, 3).batched(4)
+        return wds.WebLoader(ds, batch_size=None, num_workers=0)
+
+    whole = [b["__key__"] for b in build()]
+    first = build()
+    it = iter(first)
+    got = [next(it)["__key__"] for _ in range(2)]
+    again = build()
+    again.load_state_dict(first.state_dict(strict=True))
+    assert got + [b["__key__"] for b in again] == whole

@@ -22,7 +22,7 @@ from ..pytorch import HAVE_TORCH, DataLoader, IterableDataset
 from ..resume import loader as loaderstate
 from ..resume.elastic import LOADER_FORMAT, check_merged, is_merged, items_share
 from ..resume.merge import merge_states
-from ..resume.protocol import Resumable, is_buffering
+from ..resume.protocol import Resumable, is_buffering, is_resumable
 from ..resume.state import RESHAPE_FIX, check_same, check_seal, expect, inexact_state, is_inexact, restart_from, seal
 from ..resume.views import KeepingViews, default_collate, view_keeping
 from ..resume.wiring import stage_name
@@ -283,6 +283,12 @@ class WebLoader(DataPipeline, FluidInterface):
                     "which no state can fetch again: a state taken while it holds items restarts the pass; "
                     "shuffle in the dataset (before the loader) instead"
                 )
+            if is_resumable(stage):  # its count (a slice's, a seeded rsample's) is in no state a loader takes
+                return (
+                    f"a {stage_name(stage)} stage appended to the WebLoader keeps a state of its own, which a "
+                    "WebLoader's state (its workers') does not hold: resumed, it would start counting again; "
+                    "put it in the dataset (before the loader) instead"
+                )
         return None
 
     def _exact_state(self) -> dict:
@@ -292,6 +298,8 @@ class WebLoader(DataPipeline, FluidInterface):
         for _, stage in after:  # first: a shuffle after the workers is what to fix, whatever else holds items
             if is_buffering(stage):
                 stage.state_dict()  # raises if its buffer holds items, which cannot be fetched again
+            elif is_resumable(stage):
+                raise NotResumableError(f"this WebLoader cannot save a resumable state: {self.resume_blocker()}")
         for i, stage in after:
             held = stage.holding() if callable(getattr(stage, "holding", None)) else None
             if held is not None:  # an unbatched() after the workers, inside a batch: its parts would be lost
