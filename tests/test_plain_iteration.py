@@ -219,7 +219,8 @@ def test_a_shard_shuffle_before_the_reader_iterates_and_explains_itself(urls, nu
 
 
 def test_a_stage_whose_state_fails_never_interrupts_iteration(urls):
-    """A user stage whose state_dict() raises: iteration goes on; WebLoader.state_dict() reports the error."""
+    """A user stage whose state_dict() raises: iteration goes on; WebLoader.state_dict() reports the error.  (After
+    the shuffle: one with a state between the reader and the shuffle is refused for that first.)"""
 
     class Fragile(wds.PipelineStage):
         def run(self, src):
@@ -231,7 +232,7 @@ def test_a_stage_whose_state_fails_never_interrupts_iteration(urls):
         def load_state_dict(self, state):
             pass
 
-    dataset = build(urls, 3, Fragile())
+    dataset = build(urls, 4, Fragile())
     loader = wds.WebLoader(dataset, batch_size=None, num_workers=2)
     iterator = iter(loader)
     assert len(texts([next(iterator) for _ in range(10)])) == 40
