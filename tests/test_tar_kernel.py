@@ -99,20 +99,27 @@ def _shard(tmp_path, items, fmt="ustar") -> str:
     return str(path)
 
 
-def _grouped(url, keyed, views=False):
-    """(samples, positions after each, error) of one read through the kernel, its keyed loop allowed or not."""
-    members = TarMembers(gopen(url), url, select=member_filter(SKIP_META, None, None), views=views)
-    members.max_sample = 1 << 40
-    position = SamplePosition()
+def _outcome(samples, members, position):
+    """(samples, positions after each, error) of one read of ``members`` (closed after), views made bytes."""
     out, error = [], None
     try:
-        for sample in group(members.runs(keyed), members, url, position=position, limit=members.max_sample):
+        for sample in samples:
             out.append(({k: bytes(v) if isinstance(v, memoryview) else v for k, v in sample.items()}, repr(position)))
     except (CorruptShardError, ValueError) as exc:
         error = str(exc)
     finally:
         members.close()
     return out, error
+
+
+def _grouped(url, keyed, views=False):
+    """(samples, positions after each, error) of one read through the kernel, its keyed loop allowed or not."""
+    members = TarMembers(gopen(url), url, select=member_filter(SKIP_META, None, None), views=views)
+    members.max_sample = 1 << 40
+    position = SamplePosition()
+    return _outcome(
+        group(members.runs(keyed), members, url, position=position, limit=members.max_sample), members, position
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -446,17 +453,11 @@ def test_a_resume_after_a_skipped_metadata_repeat_is_exact(tmp_path):
 def _read_all(url, *, stream=None, views=False, rename=None):
     """(samples, positions after each, error) of shard_samples over ``url`` (mapped) or ``stream``."""
     position = SamplePosition()
-    out, error = [], None
     source = gopen(url) if stream is None else stream
     members = TarMembers(source, url, select=member_filter(SKIP_META, None, rename), views=views)
-    try:
-        for sample in shard_samples(url, source, members=members, position=position, rename_files=rename):
-            out.append(({k: bytes(v) if isinstance(v, memoryview) else v for k, v in sample.items()}, repr(position)))
-    except (CorruptShardError, ValueError) as exc:
-        error = str(exc)
-    finally:
-        members.close()
-    return out, error
+    return _outcome(
+        shard_samples(url, source, members=members, position=position, rename_files=rename), members, position
+    )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -123,20 +123,21 @@ def unplaced(stages: Sequence, kinds: StageKinds) -> Optional[Unplaced]:
     only the pass's shard order (the reader keeps which shards were read, and where), a shuffle its buffer, and a
     generator, a list or webdataset's stages composed by hand (``url_opener``, ``tar_file_expander``,
     ``group_by_keys``) nothing."""
+    by_hand = any(s is f for s in stages for f in kinds.opens_urls)  # webdataset's stages composed by hand
     for i, stage in enumerate(stages):
         if isinstance(stage, kinds.pipeline):
             if stage.resume_blocker() is None:
                 return None
         elif is_source(stage) or getattr(stage, "keeps_place", None) is True:
             return None
-        elif i == 0 and keeps_place(stage) and not any(s is f for s in stages for f in kinds.opens_urls):
+        elif i == 0 and keeps_place(stage) and not by_hand:
             return None  # a source of the user's (a place kept in shard URLs that url_opener opens is a shard's)
     first = stages[0] if stages else None
     why = (
         f"no stage keeps where its pass stands (its source, stage 0, is {stage_name(first)}, and no shard reader "
         "follows it), so a state taken inside a pass could only start it again"
     )
-    if isinstance(first, kinds.share_lists) or any(s is f for s in stages for f in kinds.opens_urls):
+    if isinstance(first, kinds.share_lists) or by_hand:
         return Unplaced(
             f"{why}; read the shards with tarfile_to_samples() (or WebDataset), not url_opener, tar_file_expander "
             "and group_by_keys composed by hand"

@@ -16,6 +16,7 @@ uncompressed tar stream), the member when known, and what was wrong.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import IO, Any, Optional, Union
 
 from ..errors import CorruptShardError, redact
@@ -64,19 +65,6 @@ def sample_too_large(url: Any, start: int, end: int, limit: int, member: Optiona
         size=end - start,
         limit=limit,
     )
-
-
-class _Deferred:
-    """A large member's data, to be read by :meth:`read` (see :meth:`TarMembers.runs`)."""
-
-    __slots__ = ("take", "args")
-
-    def __init__(self, take: Callable[..., Any], *args: Any) -> None:
-        self.take = take
-        self.args = args
-
-    def read(self) -> Any:
-        return self.take(*self.args)
 
 
 class TarMembers:
@@ -226,8 +214,8 @@ class TarMembers:
                     return
                 if item is not None:
                     name, data = item
-                    if type(data) is _Deferred:
-                        yield Run([name], [None], [self.member_offset], 0, self.record_start, None, data.read)
+                    if type(data) is partial:  # a large member's data, read when the run's reader asks
+                        yield Run([name], [None], [self.member_offset], 0, self.record_start, None, data)
                     else:
                         yield Run([name], [data], [self.member_offset], 0, self.record_start)
                 continue
@@ -299,7 +287,7 @@ class TarMembers:
             # read after the sample before it is handed over only where its bytes are known to be there: damage
             # in it then stops the shard before that sample, as webdataset's reader does, whatever its size
             if self._defer and size >= buffers.LARGE and self._b.holds(size):
-                data: Any = _Deferred(self._take, size, name, header_offset)
+                data: Any = partial(self._take, size, name, header_offset)
             else:
                 data = self._take(size, name, header_offset)
             self.member_offset = header_offset
