@@ -380,3 +380,25 @@ def test_a_counting_stage_after_the_webloader_is_refused_not_started_again(tmp_p
     again = build()
     again.load_state_dict(first.state_dict(strict=True))
     assert got + [b["__key__"] for b in again] == whole
+
+
+def test_an_unseeded_rsample_before_the_shuffle_is_refused_and_the_fluent_one_takes_a_seed(tmp_path):
+    """An unseeded rsample between the reader and the shuffle drew again for the buffered samples replayed on resume,
+    and lost some under a strict state (adversary finding): refused.  ``ds.rsample(p, seed=)`` resumes exactly."""
+    urls = _shards(tmp_path)
+    ds = wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples(), wds.rsample(0.5), wds.shuffle(8, seed=1))
+    assert "rsample" in ds.resume_blocker() and "Put it after the shuffle" in ds.resume_blocker()
+    whole, resumed = _resumed(lambda: wds.WebDataset(urls, shardshuffle=False).rsample(0.5, seed=4), 7)
+    assert resumed == whole
+
+
+@pytest.mark.parametrize(
+    "stage, field, value", [(wds.slice(5), "seen", 10**30), (wds.rsample(0.5, seed=1), "draws", 1)]
+)
+def test_a_forged_count_state_with_an_extra_field_or_out_of_range_is_refused(stage, field, value):
+    """Slice took a count of 10**30 and both took fields no state_dict() gives (adversary finding)."""
+    with pytest.raises(wds.StateMismatchError):
+        stage.load_state_dict({field: value, "extra": 1})
+    if field == "seen":
+        with pytest.raises(wds.StateMismatchError):
+            stage.load_state_dict({field: value})

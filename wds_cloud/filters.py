@@ -622,9 +622,10 @@ class RSample(PassHolder, PipelineStage):
 
     def load_state_dict(self, state: dict) -> None:
         from .resume.rng import MAX_COUNT
-        from .resume.state import expect
+        from .resume.state import expect, refuse_unknown
 
         expect(state, "rsample", dict, draws=(int, lambda v: type(v) is int and 0 <= v < MAX_COUNT))
+        refuse_unknown(state, ("draws",), "rsample")
         self._resume = state["draws"]
 
     def __repr__(self) -> str:
@@ -638,7 +639,9 @@ def rsample(p: float = 0.5, seed: Optional[int] = None) -> Any:
     p = _probability("p", p)
     seed = as_seed("seed", seed)
     if seed is None:
-        return _rsample_unseeded(p)
+        stage = _rsample_unseeded(p)
+        stage.passes_every_sample = False  # its draws differ on replay: never between a reader and a shuffle
+        return stage
     return RSample(p, seed)
 
 
@@ -686,9 +689,11 @@ class Slice(PassHolder, PipelineStage):
         return {"seen": self._resume}
 
     def load_state_dict(self, state: dict) -> None:
-        from .resume.state import expect
+        from .resume.rng import MAX_COUNT
+        from .resume.state import expect, refuse_unknown
 
-        expect(state, "slice", dict, seen=(int, lambda v: type(v) is int and v >= 0))
+        expect(state, "slice", dict, seen=(int, lambda v: type(v) is int and 0 <= v < MAX_COUNT))
+        refuse_unknown(state, ("seen",), "slice")
         self._resume = state["seen"]
 
     def __repr__(self) -> str:

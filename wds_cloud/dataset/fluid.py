@@ -164,12 +164,13 @@ class FluidInterface:
         """
         return self.compose(filters.rename(**kw))
 
-    def rsample(self, p: float = 0.5) -> Any:
+    def rsample(self, p: float = 0.5, seed: Any = None) -> Any:
         """Keep each sample with probability ``p``; yields those kept.  For example ``ds.rsample(0.1)``.
 
         :param p: the probability of keeping a sample, from 0 to 1.
+        :param seed: with a seed the stage is resumable (see :func:`wds_cloud.filters.rsample`).
         """
-        return self.compose(filters.rsample(p))
+        return self.compose(filters.rsample(p, seed=seed))
 
     def rename_keys(self, *args: Any, **kw: Any) -> Any:
         """Rename fields by glob pattern: yields each sample with the matching fields renamed.  For example

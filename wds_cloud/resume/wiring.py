@@ -161,13 +161,14 @@ def _replayed_through(stages: Sequence, kinds: StageKinds) -> dict:
             if source_at is not None:
                 for k in range(source_at + 1, i):
                     between = stages[k]
-                    if is_resumable(between) and not getattr(between, "passes_every_sample", False):
+                    passes = getattr(between, "passes_every_sample", None)  # False: said to drop some at random
+                    if passes is False or (is_resumable(between) and not passes):
                         found.setdefault(
                             k,
-                            f"stage {k} ({stage_name(between)}) keeps a state between the shard reader (stage "
-                            f"{source_at}) and the shuffle at stage {i}: on resume the shuffle's buffered samples "
-                            "are read again and pass through it a second time, so it would count them twice. Put "
-                            "it after the shuffle, or give it no state",
+                            f"stage {k} ({stage_name(between)}) keeps a state (or draws at random) between the "
+                            f"shard reader (stage {source_at}) and the shuffle at stage {i}: on resume the "
+                            "shuffle's buffered samples are read again and pass through it a second time, so it "
+                            "would count (or draw for) them twice. Put it after the shuffle, or give it no state",
                         )
             source_at = None
         elif isinstance(stage, kinds.pipeline):
