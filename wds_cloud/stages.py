@@ -13,7 +13,7 @@ import copy
 import functools
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional
 
 __all__ = [
     "PipelineStage",
@@ -102,6 +102,9 @@ class PipelineStage:
 
 class FilterFunction:
     """``f`` with its extra arguments bound; calling it on a stream runs ``f(stream, *args, **kw)``."""
+
+    #: what resume placement is told of the stage (``False``: it drops samples at random); ``None``: not said
+    passes_every_sample: Optional[bool] = None
 
     def __init__(self, f: Callable, *args: Any, **kw: Any) -> None:
         self.f = f
