@@ -245,13 +245,14 @@ def test_zero_copy_resume_is_exact(tmp_path):
 
 
 def test_zero_copy_batches_cross_webloader_workers_in_shared_memory(tmp_path):
-    """Through WebLoader workers a batch of views travels as any batch of bytes does: packed in shared memory when
-    it holds 1 MiB or more (or pack_bytes=True), else as bytes (the new user found small batches of views, always
-    packed, twice as slow as bytes); single samples as bytes; what arrives is the members' bytes."""
+    """Through WebLoader workers a batch of views travels as any batch of bytes does: as a list of bytes (their
+    buffers through shared memory, whatever their size), or packed where pack_bytes=True (the new user found small
+    batches of views, always packed, twice as slow as bytes); single samples as bytes; what arrives is the members'
+    bytes."""
     pytest.importorskip("torch")
     from wds_cloud.transport import PackedBytes
 
-    for size, pack, packed in ((100, None, False), (100, True, True), (300_000, None, True)):
+    for size, pack, packed in ((100, None, False), (100, True, True), (300_000, None, False), (300_000, True, True)):
         (tmp_path / f"{size}{pack}").mkdir()
         urls = _shards(tmp_path / f"{size}{pack}", n=2, per=12, size=size)
         expected = {s["__key__"]: s["bin"] for s in wds.WebDataset(urls, shardshuffle=False)}

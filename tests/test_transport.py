@@ -103,18 +103,20 @@ def test_the_columns_of_a_batch_share_one_buffer_and_survive_pickling_and_copies
     assert [b"0"] + batch[1] == [b"0", b"x", b"yz"] and batch[1] + [b"1"] == [b"x", b"yz", b"1"]
 
 
-def test_the_default_packs_only_batches_big_enough_to_gain(shards, monkeypatch):
-    # 16 items of 100-115 bytes: ~1.7 kB of byte strings per batch
-    monkeypatch.setattr(transport, "AUTO_MIN_BYTES", 1000)
+def test_the_default_keeps_each_columns_type_and_pack_bytes_true_packs(shards):
+    """pack_bytes=None (the default) sends a batch's buffers through shared memory (wds_cloud.loader.frames) and
+    the batch arrives as the collation built it: lists of bytes, at any size; pack_bytes=True packs."""
 
     def first(**kw):
         ds = wds.WebDataset(shards, shardshuffle=False).to_tuple("jpg", "__key__").batched(kw.pop("n"))
         return next(iter(wds.WebLoader(ds, batch_size=None, num_workers=1, **kw)))
 
-    assert isinstance(first(n=16)[0], PackedBytes)  # pack_bytes=None: the default
-    assert type(first(n=4)[0]) is list  # ~0.4 kB: pickled as before
-    assert type(first(n=16, pack_bytes=False)[0]) is list
-    assert isinstance(first(n=4, pack_bytes=True)[0], PackedBytes)
+    for n in (4, 16):
+        batch = first(n=n)
+        assert type(batch[0]) is list and all(type(item) is bytes for item in batch[0]) and len(batch[0]) == n
+        assert type(first(n=n, pack_bytes=False)[0]) is list
+        assert isinstance(first(n=n, pack_bytes=True)[0], PackedBytes)
+    assert first(n=16)[0] == first(n=16, pack_bytes=False)[0] == list(first(n=16, pack_bytes=True)[0])
 
 
 def test_batches_kept_alive_hold_no_open_files(shards):

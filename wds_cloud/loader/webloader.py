@@ -7,7 +7,6 @@ never sees), so ``state_dict()`` answers at any step; batches may travel through
 
 from __future__ import annotations
 
-import functools
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -27,7 +26,7 @@ from ..resume.state import RESHAPE_FIX, check_same, check_seal, expect, inexact_
 from ..resume.views import KeepingViews, default_collate, view_keeping
 from ..resume.wiring import stage_name
 from ..tar import table as tables
-from . import pipes, transport
+from . import frames, pipes, transport
 
 __all__ = ["WebLoader", "gather_states", "gather_merged", "merge_gathered"]
 
@@ -47,11 +46,12 @@ class WebLoader(DataPipeline, FluidInterface):
     ``persistent_workers``, ``pin_memory_device``; any other keyword, such as ``in_order``, goes to it as
     well), and two of ours:
 
-    ``pack_bytes``: lists of byte strings batched in workers travel in one shared-memory tensor per
-    batch (:class:`wds_cloud.transport.PackedBytes`, a sequence of ``bytes``) instead of being pickled
-    through the workers' pipes.  ``None`` (the default) packs a batch whose byte strings add up to
-    ``transport.AUTO_MIN_BYTES`` (1 MiB) or more, where that is faster; ``True`` packs every batch with
-    byte strings; ``False`` never (every column stays a ``list``).  See ``docs/gpu.md``.
+    ``pack_bytes``: how batches cross from the workers.  ``None`` (the default): the large buffers of a
+    batch, at any depth of whatever the collation built (``bytes``, ``bytearray``, numpy arrays, small CPU
+    tensors), cross in shared memory and come out as the types they were; only the rest is pickled
+    through the pipe (:mod:`wds_cloud.loader.frames`).  ``True``: every list of byte strings becomes a
+    :class:`wds_cloud.transport.PackedBytes` (one shared buffer per batch, for a GPU decoder: see
+    ``docs/gpu.md``).  ``False``: the whole batch is pickled through the pipe, as torch does.
     ``device="cuda"``: every batch's tensors are copied there from pinned memory (``pin_memory`` is
     then on) with ``non_blocking=True`` on a side stream (:func:`wds_cloud.loader.gpu.to_device`).
 
@@ -94,13 +94,16 @@ class WebLoader(DataPipeline, FluidInterface):
             # a batch crosses the workers' result pipe in one write (wds_cloud.loader.pipes); a context the
             # program gave is used as it is
             multiprocessing_context = pipes.context()
-        # byte strings batched in workers travel as shared-memory tensors (wds_cloud.transport)
+        # how a batch crosses from a worker: its buffers in shared memory, as the types they are
+        # (wds_cloud.loader.frames); or its byte strings as shared-memory tensors (wds_cloud.transport)
         pack: Optional[Callable[[Any], Any]] = None
-        min_bytes = transport.AUTO_MIN_BYTES if pack_bytes is None else 0
-        if pack_bytes is not False and num_workers and HAVE_TORCH:
-            pack = functools.partial(transport.pack_batch, min_bytes=min_bytes)
-        elif num_workers and HAVE_TORCH:  # not packed: views (zero_copy=True) cross as bytes, never unpicklable
-            pack = transport.as_bytes
+        if num_workers and HAVE_TORCH:
+            if pack_bytes is None:
+                pack = frames.frame
+            elif pack_bytes:
+                pack = transport.pack_batch
+            else:  # pickled through the pipe: views (zero_copy=True) cross as bytes, never unpicklable
+                pack = transport.as_bytes
         if not num_workers and HAVE_TORCH:
             # in this process torch's default collation (and its pin_memory walk) would read a view as numbers:
             # views, at any depth, are handed over as bytes, as workers hand them over
@@ -128,9 +131,10 @@ class WebLoader(DataPipeline, FluidInterface):
             self._untag.dataset = dataset
         elif pack is not None:
             inner = collate_fn or loaderstate.default_collate(batch_size is None)
-            collate_fn = (
-                transport.PackingCollate(inner, min_bytes) if pack_bytes is not False else transport.BytesCollate(inner)
-            )
+            if pack_bytes is None:
+                collate_fn = frames.FramingCollate(inner)
+            else:
+                collate_fn = transport.PackingCollate(inner) if pack_bytes else transport.BytesCollate(inner)
             if isinstance(dataset, IterableDataset) and loaderstate.transfer_stats(dataset) is not None:
                 # no states to carry, but the workers' statistics: they ride with an item now and then
                 ended = loaderstate.Ended(dataset)

@@ -1,0 +1,491 @@
+"""Batches from DataLoader workers to the main process as a small pickle plus one region of shared memory.
+
+A DataLoader worker pickles each batch and writes it through a pipe, so the main process reads every byte of
+every image out of the pipe and then copies it again into the ``bytes`` it unpickles: on a node with many cores
+that main process is the ceiling of a rank.  :func:`frame`, run in the worker on each batch, pickles the batch
+with every large buffer left out (``bytes`` and ``bytearray`` of :data:`MIN_ITEM_BYTES` or more, views of
+mapped shards, C-contiguous numpy arrays, small CPU tensors), at any depth of whatever structure the user's
+collation built, and copies those buffers into a ring of shared memory the worker keeps (a Linux ``memfd``,
+mapped by both processes; its descriptor crosses once).  Only the small pickle crosses the pipe.  The main
+process unpickles it, making each buffer anew from the ring as the type it was (``bytes`` stays ``bytes``, a
+``bytearray`` a ``bytearray``, an array an array of its dtype and shape, a view ``bytes``, as a view always
+crosses), then writes into the ring's header how far it has taken, so the worker reuses the ring without
+waiting for anything.
+
+Where the ring is full (the main process is behind) it grows to twice its size, up to :data:`MAX_RING_BYTES`;
+past that, a batch gets a segment of its own.  Where there is no ``memfd`` (not Linux) :func:`frame` gives the
+batch back as it is and the batch is pickled as torch pickles it.
+
+What a main process keeps: one mapped ring per worker that has sent a batch, dropped when a worker's ring is
+replaced by a larger one and, as a new ring arrives, for every worker that has exited.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import pickle
+import secrets
+import struct
+import sys
+import threading
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Optional
+
+__all__ = ["MIN_ITEM_BYTES", "RING_BYTES", "MAX_RING_BYTES", "MAX_TENSOR_BYTES", "frame", "FramingCollate"]
+
+#: a buffer this large or larger crosses in the ring; a smaller one is pickled with the batch (a region of
+#: the ring costs a call on each side, which a few hundred bytes in the pickle do not)
+MIN_ITEM_BYTES = 512
+
+#: the first ring of a worker holds this many bytes (or four of its first batch, if more)
+RING_BYTES = 8 << 20
+
+#: a ring grows no larger: a batch that does not fit one this size crosses in a segment of its own
+MAX_RING_BYTES = 1 << 30
+
+#: a CPU tensor this large or larger is left to torch, which moves it into shared memory of its own and sends
+#: a handle (a copy into the ring and out again would cost more)
+MAX_TENSOR_BYTES = 1 << 20
+
+#: the ring's header: how far the main process has taken (a little-endian u64 at 0), whether it has mapped
+#: the ring (a u64 at 8, written once), then padding to a cache line
+_HEADER = 64
+_U64 = struct.Struct("<Q")
+
+# what a left-out buffer is made as in the main process (the first field of its persistent id)
+_BYTES, _BYTEARRAY, _ARRAY, _TENSOR, _LIST, _TUPLE, _SMALL_TENSOR = 0, 1, 2, 3, 4, 5, 6
+
+_MEMFD = hasattr(os, "memfd_create") and sys.platform.startswith("linux")
+
+
+class _Ring:
+    """A worker's ring: shared memory written at a running count ``end`` (a position is ``end % size``), which
+    the main process frees by writing how far it has copied out (``taken``)."""
+
+    def __init__(self, size: int) -> None:
+        fd = os.memfd_create("wds_cloud-frames", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, _HEADER + size)
+            self.map = mmap.mmap(fd, _HEADER + size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        self.size = size
+        self.token = secrets.token_bytes(8)
+        self.pid = os.getpid()
+        self.end = 0
+        self.memory = memoryview(self.map)
+
+    def mapped(self) -> bool:
+        """Whether the main process has the ring (until then, each batch carries its descriptor)."""
+        return _U64.unpack_from(self.map, 8)[0] == 1
+
+    def taken(self) -> int:
+        """How far the main process has copied out (a running count)."""
+        return _U64.unpack_from(self.map, 0)[0]
+
+    def reserve(self, n: int) -> Optional[int]:
+        """A running position of ``n`` contiguous free bytes, or None where the ring has not that much free."""
+        size = self.size
+        taken = self.taken()
+        at = self.end % size
+        pad = size - at if at + n > size else 0  # a region never wraps: the tail is skipped
+        if self.end + pad + n - taken > size:
+            return None
+        start = self.end + pad
+        self.end = start + n
+        return start
+
+    def close(self) -> None:
+        self.memory.release()
+        self.map.close()
+        os.close(self.fd)
+
+
+_lock = threading.Lock()
+_ring: Optional[_Ring] = None  # this worker's ring (a process that forks one of its own starts afresh)
+_retired: list = []  # rings replaced by a larger one, kept until the main process has taken what they hold
+
+
+def _reserve(n: int) -> Optional[tuple]:
+    """(ring, running position, the token of the ring it replaced) for ``n`` bytes, or None: a segment of its
+    own."""
+    global _ring
+    with _lock:
+        ring = _ring
+        if ring is not None and ring.pid != os.getpid():  # forked from a worker: the ring is its parent's
+            ring = _ring = None
+            _retired.clear()
+        for old in [r for r in _retired if r.taken() >= r.end]:
+            _retired.remove(old)
+            old.close()
+        if ring is not None:
+            start = ring.reserve(n)
+            if start is not None:
+                return ring, start, None
+        size = max(RING_BYTES, 4 * n, 2 * ring.size if ring is not None else 0)
+        if size > MAX_RING_BYTES:
+            if 4 * n > MAX_RING_BYTES:
+                return None
+            size = MAX_RING_BYTES
+        if ring is not None and ring.size >= size:
+            return None  # the largest ring is full: the main process is far behind
+        new = _Ring(1 << (size - 1).bit_length())
+        start = new.reserve(n)
+        assert start is not None
+        _ring = new
+        if ring is None:
+            return new, start, None
+        _retired.append(ring)
+        return new, start, ring.token
+
+
+class _Pickler(ForkingPickler):
+    """multiprocessing's pickler (torch's reductions included) at protocol 5, leaving large buffers out: each
+    gets a persistent id ``(kind, start, stop, ...)`` in the frame, and is copied there after the dump."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file, 5)
+        self.dispatch_table[memoryview] = _view_as_bytes  # a small view crosses as bytes, as a large one does
+        self.parts: list = []  # (start, a bytes-like object of the part's bytes)
+        self.size = 0
+        self.seen: dict = {}  # id -> persistent id: an object held twice is one object in the main process
+        numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+        self.array = numpy.ndarray if numpy is not None else None
+        self.tensor = torch.Tensor if torch is not None else None
+
+    def persistent_id(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind is list or kind is tuple:  # a column of byte strings: made in the main process in one call
+            if len(obj) < 2 or not all(type(item) is bytes and len(item) >= MIN_ITEM_BYTES for item in obj):
+                return None
+            return self._column(obj, _LIST if kind is list else _TUPLE)
+        if kind is bytes or kind is bytearray:
+            n = len(obj)
+            if n < MIN_ITEM_BYTES:
+                return None
+            return self._add(obj, obj, n, (_BYTES if kind is bytes else _BYTEARRAY,))
+        if kind is memoryview:
+            if obj.nbytes < MIN_ITEM_BYTES or not obj.c_contiguous:
+                return None  # (pickled as bytes: see _view_as_bytes)
+            return self._add(obj, obj.cast("B") if obj.format != "B" or obj.ndim != 1 else obj, obj.nbytes, (_BYTES,))
+        if kind is self.array:
+            if obj.nbytes < MIN_ITEM_BYTES or obj.dtype.hasobject or not obj.flags.c_contiguous:
+                return None
+            return self._add(obj, obj.reshape(-1).view("u1"), obj.nbytes, (_ARRAY, obj.dtype, obj.shape))
+        if kind is self.tensor:
+            return self._tensor(obj)
+        return None
+
+    def _tensor(self, obj: Any) -> Any:
+        n = obj.nbytes
+        if (
+            n >= MAX_TENSOR_BYTES
+            or obj.device.type != "cpu"
+            or obj.layout is not _strided()
+            or obj.requires_grad
+            or obj.is_quantized
+            or obj.is_shared()
+            or obj.is_conj()
+            or obj.is_neg()
+            or any(getattr(obj, "names", ()))  # (named tensors, where torch still has them)
+            or not obj.is_contiguous()
+            or obj.untyped_storage().nbytes() != n  # a view of a larger storage: torch keeps what it shares
+        ):
+            return None
+        data = memoryview(obj.detach().view(-1).view(_uint8()).numpy())
+        if n < MIN_ITEM_BYTES:  # in the pickle, where torch would give it shared memory of its own
+            return (_SMALL_TENSOR, data.tobytes(), obj.dtype, tuple(obj.shape))
+        return self._add(obj, data, n, (_TENSOR, obj.dtype, tuple(obj.shape)))
+
+    def _column(self, obj: Any, kind: int) -> tuple:
+        known = self.seen.get(id(obj))
+        if known is not None:
+            return known
+        start = at = self.size
+        for item in obj:
+            self.parts.append((at, item))
+            at += len(item)
+        self.size = at
+        layout = "".join([f"{len(item)}s" for item in obj])  # struct's: the items' bytes, one after another
+        pid = self.seen[id(obj)] = (kind, start, at, layout)
+        return pid
+
+    def _add(self, obj: Any, data: Any, n: int, kind: tuple) -> tuple:
+        known = self.seen.get(id(obj))
+        if known is not None:
+            return known
+        start = self.size
+        self.size = start + n
+        self.parts.append((start, data))
+        pid = self.seen[id(obj)] = (kind[0], start, start + n, *kind[1:])
+        return pid
+
+
+def _view_as_bytes(view: memoryview) -> tuple:
+    return (bytes, (view.tobytes(),))
+
+
+def _strided() -> Any:
+    import torch
+
+    return torch.strided
+
+
+def _uint8() -> Any:
+    import torch
+
+    return torch.uint8
+
+
+class _Framed:
+    """A batch as it crosses: the pickle of its structure and where its buffers lie.  Pickled (by the worker's
+    queue), it carries the ring's descriptor until the main process has mapped the ring."""
+
+    __slots__ = ("body", "ring", "start", "stop", "retired", "segment")
+
+    def __init__(self, body: bytes, ring: Optional[_Ring], start: int, stop: int, retired: Optional[bytes]) -> None:
+        self.body, self.ring, self.start, self.stop, self.retired = body, ring, start, stop, retired
+        self.segment: Optional[int] = None  # a descriptor of a segment of its own (no ring)
+
+    def __reduce__(self) -> Any:
+        from multiprocessing.reduction import DupFd
+
+        ring = self.ring
+        if ring is None:
+            fd, self.segment = self.segment, None
+            assert fd is not None, "a framed batch is sent once"
+            try:
+                return (_from_segment, (self.body, DupFd(fd), self.stop))
+            finally:
+                os.close(fd)  # (DupFd keeps a duplicate until the main process has it)
+        handle = None if ring.mapped() else DupFd(ring.fd)
+        return (_from_ring, (self.body, ring.token, ring.pid, handle, ring.size, self.start, self.stop, self.retired))
+
+    def __del__(self) -> None:
+        if self.segment is not None:
+            os.close(self.segment)
+
+
+def frame(batch: Any) -> Any:
+    """In a DataLoader worker: ``batch`` as it will cross to the main process (an object that unpickles as the
+    batch), its large buffers copied into shared memory now (a view of a shard is copied while the shard is
+    certainly mapped); ``batch`` itself where there is no ``memfd``."""
+    if not _MEMFD:
+        return batch
+    out = io.BytesIO()
+    pickler = _Pickler(out)
+    pickler.dump(batch)
+    n = pickler.size
+    if not n:  # nothing large: the pickle made is what crosses
+        return _Pickled(out.getvalue())
+    try:
+        place = _reserve(n)
+        if place is None:
+            return _segment(out.getvalue(), pickler.parts, n)
+    except OSError:  # memfd refused (a sandbox, no memory): the batch is pickled whole
+        return batch
+    ring, start, retired = place
+    at = _HEADER + start % ring.size
+    memory = ring.memory
+    for offset, data in pickler.parts:
+        memory[at + offset : at + offset + len(data)] = data
+    return _Framed(out.getvalue(), ring, start, start + n, retired)
+
+
+class _Pickled:
+    """A batch with no buffer to leave out, as it crosses: the pickle :func:`frame` made of it."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def __reduce__(self) -> Any:
+        return (_from_body, (self.body,))
+
+
+def _segment(body: bytes, parts: list, n: int) -> _Framed:
+    fd = os.memfd_create("wds_cloud-batch", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, n)
+        with mmap.mmap(fd, n) as memory:
+            for offset, data in parts:
+                memory[offset : offset + len(data)] = data
+    except BaseException:
+        os.close(fd)
+        raise
+    framed = _Framed(body, None, 0, n, None)
+    framed.segment = fd
+    return framed
+
+
+class FramingCollate:
+    """A DataLoader ``collate_fn``: ``inner``'s result, in a worker process, framed (:func:`frame`); in the main
+    process, its views made ``bytes``."""
+
+    def __init__(self, inner: Any) -> None:
+        from ..resume.views import view_keeping
+
+        self.inner = view_keeping(inner)
+
+    def __call__(self, data: Any) -> Any:
+        from torch.utils.data import get_worker_info
+
+        from ..resume.views import as_bytes, views_pickle_as_bytes
+
+        out = self.inner(data)
+        if get_worker_info() is None:
+            return as_bytes(out)
+        views_pickle_as_bytes()
+        return frame(out)
+
+
+# --- the main process ---------------------------------------------------------------------------------------
+
+
+class _Mapped:
+    """The main process's mapping of a worker's ring."""
+
+    __slots__ = ("map", "memory", "pid", "size")
+
+    def __init__(self, fd: int, size: int, pid: int) -> None:
+        self.map = mmap.mmap(fd, _HEADER + size)
+        self.memory = memoryview(self.map)
+        self.pid = pid
+        self.size = size
+        _U64.pack_into(self.map, 8, 1)  # mapped: the worker stops sending its descriptor
+
+    def close(self) -> None:
+        try:
+            self.memory.release()
+            self.map.close()
+        except BufferError:  # a batch being made from it still holds a view: the mapping goes with the view
+            pass
+
+
+_RINGS: dict = {}  # token -> _Mapped
+_rings_lock = threading.Lock()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (not ours to signal: it exists)
+        return True
+    return True
+
+
+def _register(token: bytes, pid: int, handle: Any, size: int, retired: Optional[bytes]) -> _Mapped:
+    with _rings_lock:
+        fd = handle.detach()
+        try:
+            ring = _RINGS.get(token)
+            if ring is None:
+                ring = _RINGS[token] = _Mapped(fd, size, pid)
+        finally:
+            os.close(fd)
+        # the rings of workers that have exited, and the one this ring replaced, are dropped
+        for other in [t for t, r in _RINGS.items() if t == retired or (t != token and not _alive(r.pid))]:
+            _RINGS.pop(other).close()
+        return ring
+
+
+def _from_ring(
+    body: bytes, token: bytes, pid: int, handle: Any, size: int, start: int, stop: int, retired: Optional[bytes]
+) -> Any:
+    """The batch a worker framed in its ring, made anew here; the ring's region freed for the worker."""
+    ring = _RINGS.get(token)
+    if handle is not None:
+        ring = _register(token, pid, handle, size, retired)
+    elif retired is not None:
+        with _rings_lock:
+            old = _RINGS.pop(retired, None)
+        if old is not None:
+            old.close()
+    if ring is None:
+        raise RuntimeError(
+            f"a batch from DataLoader worker process {pid} refers to shared memory this process never received "
+            "(its first batch was lost); pass pack_bytes=False to WebLoader to send batches through the pipe"
+        )
+    at = _HEADER + start % size
+    try:
+        return _Unpickler(body, ring.memory[at : at + stop - start]).load()
+    finally:
+        _U64.pack_into(ring.map, 0, stop)
+
+
+def _from_body(body: bytes) -> Any:
+    """A batch with nothing in shared memory (its small tensors are in the pickle)."""
+    return _Unpickler(body, memoryview(b"")).load()
+
+
+def _from_segment(body: bytes, handle: Any, size: int) -> Any:
+    fd = handle.detach()
+    try:
+        with mmap.mmap(fd, size) as memory:
+            region = memoryview(memory)
+            try:
+                return _Unpickler(body, region).load()
+            finally:
+                region.release()
+    finally:
+        os.close(fd)
+
+
+class _Unpickler(pickle.Unpickler):
+    """Unpickles a framed batch, each left-out buffer copied out of ``region`` into the type it was."""
+
+    def __init__(self, body: bytes, region: memoryview) -> None:
+        super().__init__(io.BytesIO(body))
+        self.region = region
+        self.made: dict = {}
+
+    def persistent_load(self, pid: Any) -> Any:
+        kind, start, stop = pid[0], pid[1], pid[2]
+        if kind == _SMALL_TENSOR:
+            return _tensor(start, stop, pid[3])
+        made = self.made.get(start)
+        if made is not None:
+            return made
+        if not 0 <= start < stop <= len(self.region):
+            raise pickle.UnpicklingError(f"a framed buffer at {start}:{stop} lies outside its {len(self.region)} bytes")
+        if kind == _LIST or kind == _TUPLE:
+            try:
+                if struct.calcsize(pid[3]) != stop - start:
+                    raise struct.error(f"its layout holds {struct.calcsize(pid[3])} bytes")
+                items = struct.unpack_from(pid[3], self.region, start)
+            except (struct.error, TypeError) as error:
+                raise pickle.UnpicklingError(f"a framed column at {start}:{stop} does not fit: {error}") from None
+            out: Any = list(items) if kind == _LIST else items
+            self.made[start] = out
+            return out
+        data = self.region[start:stop]
+        if kind == _BYTES:
+            out = data.tobytes()
+        elif kind == _BYTEARRAY:
+            out = bytearray(data)
+        elif kind == _ARRAY:
+            import numpy
+
+            out = numpy.frombuffer(bytearray(data), dtype=pid[3]).reshape(pid[4])
+        elif kind == _TENSOR:
+            out = _tensor(data, pid[3], pid[4])
+        else:
+            raise pickle.UnpicklingError(f"a framed buffer of unknown kind {kind!r}")
+        self.made[start] = out
+        return out
+
+
+def _tensor(data: Any, dtype: Any, shape: tuple) -> Any:
+    """A tensor of ``dtype`` and ``shape`` holding a copy of ``data``."""
+    import torch
+
+    if not len(data):
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
