@@ -27,14 +27,17 @@ Rows (``--rows``):
   ``memoryview`` of its chunk (indexing and iterating ``StreamingDataset`` alike; ``__key__``, a str, stays a
   str), so its plain loop already copies nothing;
 - ``decode``: the same, every JPEG decoded by PIL to RGB in user code (the same code for every peer);
-- ``loader``: a DataLoader with 2 workers, batches of 64 made by the default collation, the jpg bytes crossing to
-  the main process; the trainer iterates the batch's jpg column as plain items (``for jpg in column``, what users
-  write) and touches each;
+- ``loader``: a DataLoader with 2 workers (``WebLoader`` as it comes: its default transport), batches of 64 made
+  by the default collation, the jpg bytes crossing to the main process; the trainer iterates the batch's jpg
+  column as plain items (``for jpg in column``, what users write: each a ``bytes``, with every peer) and touches
+  each; the rate counts samples the trainer received over the timed epoch (a new loader, its workers started
+  in it), and the main process's CPU per sample is that epoch's ``time.process_time()`` (the workers' not
+  counted) over its samples;
 - ``loader-own``: the same with the user's own collation function (a list of bytes per column); LitData's
   DataLoader rows both use the collation its users write (its fields made ``bytes`` in the workers): torch's
   default collation refuses its ``memoryview`` fields;
-- ``loader-views``: wds_cloud only, ``loader`` iterated through ``column.views()`` where the column is packed
-  (zero-copy views of the shared batch: a special path, a row of its own);
+- ``loader-views``: wds_cloud only, ``loader`` with ``pack_bytes=True`` (each column a ``PackedBytes``), iterated
+  through ``column.views()`` (zero-copy views of the shared batch: a special path, a row of its own);
 - ``tiny``: 200,000 tiny samples (txt + cls), touch the txt bytes, one process;
 - ``large``: 64 members of 8 MB, wds_cloud against reading each member into its own new buffer
   (``readinto`` a fresh ``bytearray`` at the offsets ``tarfile`` lists: the limit of handing out one object
@@ -178,13 +181,15 @@ def _run_pass(make, row, digest):
 
 
 def reader(wds, row: str, files: list, **options):
-    """How ``wds`` (wds_cloud or webdataset, the same API) reads ``row``: a function that makes the iterable."""
+    """How ``wds`` (wds_cloud or webdataset, the same API) reads ``row``: a function that makes the iterable
+    (``options`` go to the WebLoader in the DataLoader rows, else to the WebDataset)."""
     if row in LOADERS:
         collation = {"collation_fn": own_collate} if row == "loader-own" else {}
         return lambda: wds.WebLoader(
             wds.WebDataset(files, shardshuffle=False).to_tuple("jpg", "cls").batched(64, **collation),
             batch_size=None,
             num_workers=2,
+            **options,
         )
     return lambda: wds.WebDataset(files, shardshuffle=False, **options)
 
@@ -192,7 +197,8 @@ def reader(wds, row: str, files: list, **options):
 def ours(row: str, files: list):
     import wds_cloud
 
-    return reader(wds_cloud, row, files, **({"zero_copy": True} if row == "views" else {}))
+    options = {"views": {"zero_copy": True}, "loader-views": {"pack_bytes": True}}.get(row, {})
+    return reader(wds_cloud, row, files, **options)
 
 
 def webdataset(row: str, files: list):

@@ -18,10 +18,18 @@ batch back as it is and the batch is pickled as torch pickles it.
 
 What a main process keeps: one mapped ring per worker that has sent a batch, dropped when a worker's ring is
 replaced by a larger one and, as a new ring arrives, for every worker that has exited.
+
+The main process makes every batch's buffers anew, and frees the last batch's: with glibc's first thresholds, the
+free memory at the top of its heap goes back to the kernel once it passes 128 KiB, so each batch faults its pages
+in again (a third of the main process's time went to the kernel).  :func:`keep_freed_heap`, called as a loader
+with workers is made, moves glibc's thresholds where glibc itself moves them after a large block is freed
+(allocations under :data:`HEAP_BYTES` come from the heap, which keeps up to twice that free): it allocates and
+frees one such block, untouched.
 """
 
 from __future__ import annotations
 
+import ctypes
 import io
 import mmap
 import os
@@ -33,7 +41,16 @@ import threading
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Optional
 
-__all__ = ["MIN_ITEM_BYTES", "RING_BYTES", "MAX_RING_BYTES", "MAX_TENSOR_BYTES", "frame", "FramingCollate"]
+__all__ = [
+    "MIN_ITEM_BYTES",
+    "RING_BYTES",
+    "MAX_RING_BYTES",
+    "MAX_TENSOR_BYTES",
+    "HEAP_BYTES",
+    "frame",
+    "FramingCollate",
+    "keep_freed_heap",
+]
 
 #: a buffer this large or larger crosses in the ring; a smaller one is pickled with the batch (a region of
 #: the ring costs a call on each side, which a few hundred bytes in the pickle do not)
@@ -48,6 +65,9 @@ MAX_RING_BYTES = 1 << 30
 #: a CPU tensor this large or larger is left to torch, which moves it into shared memory of its own and sends
 #: a handle (a copy into the ring and out again would cost more)
 MAX_TENSOR_BYTES = 1 << 20
+
+#: see :func:`keep_freed_heap`: glibc serves allocations under this from its heap and keeps twice this free there
+HEAP_BYTES = 8 << 20
 
 #: the ring's header: how far the main process has taken (a little-endian u64 at 0), whether it has mapped
 #: the ring (a u64 at 8, written once), then padding to a cache line
@@ -345,6 +365,27 @@ class FramingCollate:
 
 
 # --- the main process ---------------------------------------------------------------------------------------
+
+_heap_kept = [False]
+
+
+def keep_freed_heap() -> None:
+    """Once per process, where the C library is glibc: raise its thresholds as freeing a block of
+    :data:`HEAP_BYTES` does (see the module's docstring); workers forked later inherit them.  Nothing anywhere
+    else, and never an error."""
+    if _heap_kept[0]:
+        return
+    _heap_kept[0] = True
+    try:
+        if not sys.platform.startswith("linux") or not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
+            return
+        libc = ctypes.CDLL(None)
+        malloc, free = libc.malloc, libc.free
+        malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        free.restype, free.argtypes = None, [ctypes.c_void_p]
+        free(malloc(HEAP_BYTES))  # mapped (over the first threshold), freed untouched: glibc raises its thresholds
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 class _Mapped:

@@ -11,10 +11,11 @@ and iterating give ``bytes`` (a copy), so code written for lists keeps working; 
 gives a zero-copy ``memoryview``, :meth:`PackedBytes.tensor` a ``uint8`` tensor view, and ``data`` /
 ``offsets`` hand the whole batch to a GPU decoder in one copy.
 
-``WebLoader(pack_bytes=None)``, the default, packs a batch whose byte strings add up to
-:data:`AUTO_MIN_BYTES` (1 MiB) or more: below about that, a shared segment per batch costs more than
-pickling the batch (the figures are in bench/README.md, ``bench_gpu.py``).  ``pack_bytes=True`` packs every batch holding byte strings,
-``False`` none.
+``WebLoader(pack_bytes=True)`` packs every batch holding byte strings (the default, ``None``, sends batches
+through :mod:`~wds_cloud.loader.frames`, which keeps the columns' types; ``False`` pickles them whole).
+Given as ``min_bytes`` to :func:`pack_batch` or :class:`PackingCollate`, :data:`AUTO_MIN_BYTES` (1 MiB) packs
+only a batch whose byte strings add up to that or more: below about that, a shared segment per batch costs
+more than pickling the batch (the figures are in docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ __all__ = ["PackedBytes", "pack_batch", "PackingCollate", "AUTO_MIN_BYTES", "as_
 #: lists of byte strings shorter than this stay lists (packing two items saves nothing)
 MIN_ITEMS = 2
 
-#: ``pack_bytes=None`` (the default) packs a batch whose byte strings add up to at least this many bytes:
-#: below it, handing a shared-memory segment to the main process costs more than pickling the bytes
+#: a ``min_bytes`` that packs only a batch whose byte strings add up to at least this many bytes: below it,
+#: handing a shared-memory segment to the main process costs more than pickling the bytes
 AUTO_MIN_BYTES = 1024 * 1024
 
 

@@ -100,6 +100,7 @@ class WebLoader(DataPipeline, FluidInterface):
         if num_workers and HAVE_TORCH:
             if pack_bytes is None:
                 pack = frames.frame
+                frames.keep_freed_heap()  # (before the workers fork: they inherit it)
             elif pack_bytes:
                 pack = transport.pack_batch
             else:  # pickled through the pipe: views (zero_copy=True) cross as bytes, never unpicklable
