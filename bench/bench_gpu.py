@@ -3,9 +3,10 @@
 Data: 32,000 256x256 JPEGs in 64 local shards (generated once under bench/_data/), and 200,000 tiny
 samples.  For each worker count (default 2, 8, 15):
 
-- loader samples/s: tiny samples; raw JPEG bytes (wds_cloud as it comes, packed, and pickled);
+- loader samples/s: tiny samples; raw JPEG bytes (wds_cloud as it comes, packed with ``pack_bytes=True``, and
+  pickled with ``pack_bytes=False``);
   CPU decoding (``decode("rgb8")``, resized to 224 in the worker); GPU decoding (wds_cloud only:
-  ``pack_bytes`` + ``gpu_decode``; needs CUDA and torchvision);
+  ``pack_bytes=True`` + ``gpu_decode``; needs CUDA and torchvision);
 - training (CUDA only): ResNet-18 and ResNet-50 steps (bf16 autocast, channels_last, batch 256,
   SGD) fed by each loader, as a % of the same steps on synthetic input (4 loader workers by default).
 
@@ -148,16 +149,18 @@ def main() -> None:
                 row["note"] = "needs CUDA and torchvision"
                 results["loader"].append(row)
                 continue
-            # wds_cloud as users get it (pack_bytes default: packed where a batch's bytes reach 1 MiB), and
-            # with the transport off (pickled, as webdataset does) where there are bytes to pack
-            for impl, pack in (("wds_cloud", None), ("wds_cloud", False), ("webdataset", False)):
-                if kind == "gpu" and (impl == "webdataset" or pack is False):
+            # wds_cloud as users get it (pack_bytes=None: buffers through the shared ring, columns kept lists),
+            # and where there are bytes to move, packed (pack_bytes=True, what the GPU rows use) and pickled
+            # (pack_bytes=False, as webdataset does)
+            variants = (("wds_cloud", None), ("wds_cloud", True), ("wds_cloud", False), ("webdataset", False))
+            for impl, pack in variants:
+                if kind == "gpu" and (impl == "webdataset" or pack is not True):
                     continue
-                if pack is False and impl == "wds_cloud" and kind not in ("raw",):
+                if pack is not None and impl == "wds_cloud" and kind not in ("raw", "gpu"):
                     continue
                 loader = loaders(impl, kind, spec, workers, pack)
                 decode = wds.gpu_decode(0, size=224, crop=224) if kind == "gpu" else None
-                label = impl + (" pickled" if pack is False and impl == "wds_cloud" else "")
+                label = impl + ({True: " packed", False: " pickled"}.get(pack, "") if impl == "wds_cloud" else "")
                 row[label] = round(rate(loader, args.seconds, decode))
                 print(f"{workers:>2} workers, {kind:<4} {label:<17} {row[label]:>9,} samples/s", flush=True)
             if "webdataset" in row:
@@ -171,7 +174,7 @@ def main() -> None:
             synthetic = ((images, labels) for _ in iter(int, 1))
             base = train_rate(model_name, synthetic, args.seconds)
             row = {"model": model_name, "synthetic": round(base)}
-            gpu_loader = loaders("wds_cloud", "gpu", jpg_spec, args.train_workers)
+            gpu_loader = loaders("wds_cloud", "gpu", jpg_spec, args.train_workers, pack=True)
             decode = wds.gpu_decode(0, size=224, crop=224, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
             feeds = {
                 "wds_cloud gpu decode": ((decode(b)[0], torch.as_tensor(np_labels(b[1])).cuda()) for b in gpu_loader),
