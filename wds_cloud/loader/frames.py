@@ -56,8 +56,9 @@ __all__ = [
 #: the ring costs a call on each side, which a few hundred bytes in the pickle do not)
 MIN_ITEM_BYTES = 512
 
-#: the first ring of a worker holds this many bytes (or four of its first batch, if more)
-RING_BYTES = 8 << 20
+#: the first ring of a worker holds at least this many bytes, and four of its first batch (rounded up to a power
+#: of two): about what a worker has in flight, so a ring costs a few batches of memory
+RING_BYTES = 1 << 20
 
 #: a ring grows no larger: a batch that does not fit one this size crosses in a segment of its own
 MAX_RING_BYTES = 1 << 30
