@@ -480,6 +480,32 @@ def row_shardlist_memory(n: int, data: str) -> Callable[[], dict]:
     return measure
 
 
+def _rings_mapped() -> int:
+    """Bytes of worker rings this process maps (wds_cloud.loader.frames: the default batch transport)."""
+    from wds_cloud.loader import frames
+
+    return sum(ring.size for ring in frames._RINGS.values())
+
+
+def row_loader_rings(workers: int, data: str) -> Callable[[], dict]:
+    import wds_cloud as wds
+
+    urls = tiny_shards(data, workers)
+
+    def measure() -> dict:
+        # one shard of one 20 kB sample per worker, batches of one: every worker sends a batch, and a ring
+        dataset = wds.WebDataset(urls, shardshuffle=False).map(lambda s: (s["__key__"], os.urandom(20_000)))
+        loader = wds.WebLoader(dataset.batched(1), batch_size=None, num_workers=workers)
+        before = _rings_mapped()
+        got, seconds = _timed(lambda: sum(1 for _ in loader))
+        if got != workers:
+            raise SystemExit(f"{workers} workers sent {got} batches")
+        mapped = _rings_mapped() - before
+        return {"ring_bytes": mapped, "bytes_per_worker": mapped / workers, "seconds": seconds}
+
+    return measure
+
+
 # the table of rows --------------------------------------------------------------------------------------
 @dataclass
 class Row:
@@ -600,6 +626,16 @@ ROWS = [
         [10000, 100000, 1000000],
         [10, 100, 1000],
         ["seconds", "peak_bytes"],
+        timeout=300,
+    ),
+    Row(
+        "loader-rings",
+        "shared memory the main process maps for W workers' rings (the default batch transport) after an "
+        "epoch of W one-sample shards through WebLoader(num_workers=W); seconds: that epoch, workers started",
+        row_loader_rings,
+        [1, 10, 100],
+        [1, 2, 4],
+        ["ring_bytes", "bytes_per_worker", "seconds"],
         timeout=300,
     ),
     Row(
