@@ -103,7 +103,7 @@ def main() -> None:
         # The servers run in their own processes, so they do not share this process's GIL with the readers.
         port = cloud.free_port()
         moto = subprocess.Popen(
-            [shutil.which("moto_server", path=os.path.dirname(sys.executable)), "-H", "127.0.0.1", "-p", str(port)],
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

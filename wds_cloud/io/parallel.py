@@ -22,8 +22,11 @@ the tar reader in order as one stream (:class:`PartedStream`):
   wait in memory only until the reader takes them; a request for a whole shard holds at most
   ``part_size`` unread);
 - ``prefetch(urls)`` names the shards that come next (the reader knows them after shuffling and
-  splitting): the first request of each is sent ahead (even at the level, unless ``concurrency`` is
-  pinned: it holds at most :data:`FIRST_SAMPLE_BYTES`, or half a part, until the shard is read), then
+  splitting): the first request of each is sent ahead when the level has a place for it (it holds at
+  most :data:`FIRST_SAMPLE_BYTES`, or half a part, until the shard is read); at one connection the next
+  shard's first request also goes out once the current shard is within a first-byte latency of its end
+  (one beyond the level, never beyond ``max_concurrency``), so that the reader does not wait for the
+  host's latency at every shard; then
   its parts with the connections the current shard leaves free, except the last one, so a shard that is
   never read is never downloaded whole; a shard dropped from the list, or left when the reader stops,
   is cancelled and its connections closed;
@@ -46,7 +49,7 @@ import os
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
 from .. import config
@@ -531,11 +534,12 @@ class Fetcher:
                 if obj.state == _PREFETCHED and part.index and part.index == obj.total - 1:
                     break  # an expected shard's last part waits until the shard is read
                 waited_on = obj.state == _ACTIVE and obj.reading >= part.index  # its reader waits for it
+                ahead = not part.index and self._ahead(obj)
                 window = self._window.get(obj.host, 0)
-                if not waited_on and window and window + part.holds > budget:
+                if not (waited_on or ahead) and window and window + part.holds > budget:
                     full.add(id(controller))
                     break
-                ticket = self._take(controller, waited_on)
+                ticket = self._take(controller, waited_on or ahead)
                 if ticket is None:
                     full.add(id(controller))
                     break
@@ -544,6 +548,41 @@ class Fetcher:
                 # nothing fetched ahead starts before its first sample's bytes are in; a shard its reader opened
                 # still does (a stream left unread and unclosed must not block every later open forever)
                 held_back = True
+
+    def _ahead(self, obj: _Object) -> bool:
+        """Whether ``obj``, the shard expected next, sends its first request now although the level is full: at one
+        connection, once the shard being read before it is within a first-byte latency of its end (what is left
+        of it, at the rate its request brings, arrives sooner than an answer to a new request would), so that the
+        next shard's first byte comes as the last of this one does, and the reader does not stop for the host's
+        latency at every shard.  One request beyond the level, never beyond the ceiling (lock held).
+
+        A store that takes longer to answer than to send a shard (one that copies the whole object for every
+        GET) is then asked for the next shard as soon as this one flows: it prepares one answer while it sends
+        the other."""
+        controller = obj.controller
+        if (
+            obj.state != _PREFETCHED
+            or obj.dispatched
+            or controller.fixed
+            or controller.level != 1
+            or controller.latency is None
+            or not controller.in_flight <= controller.level < controller.cap
+        ):
+            return False
+        at = self._objects.index(obj)
+        before = self._objects[at - 1] if at else None
+        if before is None or before.state != _ACTIVE or before.controller is not controller or before.total != 1:
+            return False
+        return ahead_due(before.parts[0], before.left, time.perf_counter(), controller.latency)
+
+    def _near_end(self, obj: _Object) -> None:
+        """Bytes of ``obj`` came: when the shard expected after it may send its first request ahead now, send it
+        (lock held; see :meth:`_ahead`)."""
+        if obj.controller.level != 1 or obj.state != _ACTIVE:
+            return
+        at = self._objects.index(obj) + 1
+        if at < len(self._objects) and not self._objects[at].dispatched and self._ahead(self._objects[at]):
+            self._pump()
 
     def _take(self, controller: Controller, force: bool) -> Optional[int]:
         """A place in ``controller``'s level (its ticket), or None: this reader is woken when one is free."""
@@ -693,17 +732,9 @@ class Fetcher:
         # connections must pay on what is known)
         mine = [o for o in self._objects if o.host == obj.host and o.state != _CLOSED]
         remaining = sum(o.left or 0 for o in mine)
-        flowing = [
-            (p.filled, now - p.began)
-            for o in mine
-            for p in o.parts[: o.dispatched]
-            if p.began is not None and not p.done and not p.blocked and now > p.began
-        ]
-        carried, seconds = sum(f for f, _ in flowing), sum(t for _, t in flowing)
+        rate = connection_rate((p for o in mine for p in o.parts[: o.dispatched]), now)
         before = controller.level
-        changed = controller.decide(
-            now, remaining, carried / seconds if seconds and carried else None, obj.options.part_size
-        )
+        changed = controller.decide(now, remaining, rate, obj.options.part_size)
         self.stats.add(TransferStats(hosts={redact(obj.host): controller.report()}))
         if changed is not None:
             log.debug("%s: %d -> %d connections (%s)", redact(obj.host), before, changed, controller.reason)
@@ -802,6 +833,7 @@ class Fetcher:
                     if obj.deferred and part.filled >= FIRST_SAMPLE_BYTES:
                         obj.deferred = False
                         self._pump()
+                    self._near_end(obj)
                     if controller.due(now):
                         self._decide(obj, now)
         except BaseException as exc:
@@ -890,6 +922,29 @@ class Fetcher:
                 part.stream.abort()
         self._cond.notify_all()
         self._pump()
+
+
+def ahead_due(request: Any, left: Optional[int], now: float, latency: float) -> bool:
+    """Whether what is ``left`` of a shard read on one ``request`` (a part: ``began``, ``filled``, ``done``)
+    arrives within ``latency`` seconds at the rate that request has brought its bytes so far (see
+    :meth:`Fetcher._ahead`); False before its first bytes, or while its size is not known."""
+    if left is None or request.began is None or not request.filled or request.done:
+        return False
+    return left * max(0.0, now - request.began) <= latency * request.filled
+
+
+def connection_rate(parts: Iterable[Any], now: float) -> Optional[float]:
+    """Bytes per second one connection carries while a body flows, from ``parts`` (those in flight; each with
+    ``began``, ``filled``, ``done``, ``blocked``): the bytes of those flowing over the time they flowed, or None
+    while none has.  A part counts once its first piece (:data:`FIRST_PIECE`) is in: the few hundred bytes a
+    reader takes first (a shard's first header), over the moment since the answer came, said 0.3 MB/s for a link
+    that carried 500 MB/s, and more connections then seemed to pay on a store where each costs a whole object."""
+    carried = seconds = 0.0
+    for p in parts:
+        if p.began is not None and not p.done and not p.blocked and now > p.began and p.filled >= FIRST_PIECE:
+            carried += p.filled
+            seconds += now - p.began
+    return carried / seconds if carried and seconds else None
 
 
 def _load_plugins() -> None:
@@ -1016,6 +1071,7 @@ class PartedStream:
             if obj.deferred and part.filled >= FIRST_SAMPLE_BYTES:
                 obj.deferred = False  # the next shard may be asked for now
                 self._fetcher._pump()
+            self._fetcher._near_end(obj)
             if controller.due(now):
                 self._fetcher._decide(obj, now)
         self.position += n
