@@ -12,6 +12,9 @@ process unpickles it, making each buffer anew from the ring as the type it was (
 crosses), then writes into the ring's header how far it has taken, so the worker reuses the ring without
 waiting for anything.
 
+A pipeline whose batches hold nothing large pays for the examination (a call per object pickled) only now and
+then: after :data:`PLAIN_STREAK` such batches in a row, the next :data:`PLAIN_SKIP` are sent as they are.
+
 Where the ring is full (the main process is behind) it grows to twice its size, up to :data:`MAX_RING_BYTES`;
 past that, a batch gets a segment of its own.  Where there is no ``memfd`` (not Linux) :func:`frame` gives the
 batch back as it is and the batch is pickled as torch pickles it.
@@ -41,12 +44,16 @@ import threading
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Optional
 
+from ..resume.views import as_bytes, view_keeping, views_pickle_as_bytes
+
 __all__ = [
     "MIN_ITEM_BYTES",
     "RING_BYTES",
     "MAX_RING_BYTES",
     "MAX_TENSOR_BYTES",
     "HEAP_BYTES",
+    "PLAIN_STREAK",
+    "PLAIN_SKIP",
     "frame",
     "FramingCollate",
     "keep_freed_heap",
@@ -66,6 +73,12 @@ MAX_RING_BYTES = 1 << 30
 #: a CPU tensor this large or larger is left to torch, which moves it into shared memory of its own and sends
 #: a handle (a copy into the ring and out again would cost more)
 MAX_TENSOR_BYTES = 1 << 20
+
+#: after this many batches in a row with nothing to leave out, :func:`frame` sends the next :data:`PLAIN_SKIP`
+#: as they are (pickled by torch, unexamined), then examines one again: a pipeline of tiny samples pays for the
+#: examination (a call per object of the batch) on one batch in 64
+PLAIN_STREAK = 4
+PLAIN_SKIP = 63
 
 #: see :func:`keep_freed_heap`: glibc serves allocations under this from its heap and keeps twice this free there
 HEAP_BYTES = 8 << 20
@@ -168,17 +181,59 @@ class _Pickler(ForkingPickler):
     """multiprocessing's pickler (torch's reductions included) at protocol 5, leaving large buffers out: each
     gets a persistent id ``(kind, start, stop, ...)`` in the frame, and is copied there after the dump."""
 
-    def __init__(self, file: Any) -> None:
-        super().__init__(file, 5)
+    def __init__(self) -> None:
+        self.out = io.BytesIO()
+        super().__init__(self.out, 5)
         self.dispatch_table[memoryview] = _view_as_bytes  # a small view crosses as bytes, as a large one does
         self.parts: list = []  # (start, a bytes-like object of the part's bytes)
         self.size = 0
         self.seen: dict = {}  # id -> persistent id: an object held twice is one object in the main process
-        numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+        # tensors' storages (by address): those taken into the frame, those left to torch, and those that must be
+        # left to torch (two tensors of the batch share them: torch sends what they share as shared)
+        self.taken: set = set()
+        self.left: set = set()
+        self.excluded: set = set()
+        self.array: Any = None
+        self.tensor: Any = None
+        self.pids = 0  # how many persistent ids the last batch's pickle holds
+        self.plain = 0  # how many batches in a row had nothing to leave out
+        self.skip = 0  # how many batches to come are sent as they are, unexamined
+
+    def pickle(self, batch: Any) -> bytes:
+        """The pickle of ``batch``, its large buffers left out (``parts``, ``size``); one pickler serves every
+        batch of a process (making one copies multiprocessing's table of reductions, torch's among them)."""
+        self.excluded.clear()
+        numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")  # (either may be imported by now)
         self.array = numpy.ndarray if numpy is not None else None
         self.tensor = torch.Tensor if torch is not None else None
+        while True:
+            self.parts, self.size, self.seen, self.pids = [], 0, {}, 0
+            self.taken.clear()
+            self.left.clear()
+            self.clear_memo()
+            out = self.out
+            out.seek(0)
+            out.truncate()
+            try:
+                self.dump(batch)
+                break
+            except _SharedStorage as shared:  # again, leaving that storage's tensors to torch
+                self.excluded.add(shared.address)
+            except BaseException:  # (what the batch holds is not kept until the next batch)
+                self.clear_memo()
+                self.parts, self.seen = [], {}
+                raise
+        body = out.getvalue()
+        self.seen = {}  # (nothing of the batch is kept past its pickling but what ``parts`` holds)
+        return body
 
     def persistent_id(self, obj: Any) -> Any:
+        pid = self._leave_out(obj)
+        if pid is not None:
+            self.pids += 1
+        return pid
+
+    def _leave_out(self, obj: Any) -> Any:
         kind = type(obj)
         if kind is list or kind is tuple:  # a column of byte strings: made in the main process in one call
             if len(obj) < 2 or not all(type(item) is bytes and len(item) >= MIN_ITEM_BYTES for item in obj):
@@ -202,9 +257,19 @@ class _Pickler(ForkingPickler):
         return None
 
     def _tensor(self, obj: Any) -> Any:
+        known = self.seen.get(id(obj))
+        if known is not None:
+            return known
         n = obj.nbytes
+        storage = obj.untyped_storage().data_ptr() if n else None  # (empty tensors share no bytes)
+        if storage is not None and storage in self.taken:
+            # another tensor of the batch holds this storage, and its bytes were taken: torch must send both (it
+            # may move the storage into shared memory as it pickles this one, freeing what was taken from)
+            raise _SharedStorage(storage)
         if (
-            n >= MAX_TENSOR_BYTES
+            storage in self.left
+            or storage in self.excluded
+            or n >= MAX_TENSOR_BYTES
             or obj.device.type != "cpu"
             or obj.layout is not _strided()
             or obj.requires_grad
@@ -216,10 +281,15 @@ class _Pickler(ForkingPickler):
             or not obj.is_contiguous()
             or obj.untyped_storage().nbytes() != n  # a view of a larger storage: torch keeps what it shares
         ):
+            if storage is not None:
+                self.left.add(storage)
             return None
+        if storage is not None:
+            self.taken.add(storage)
         data = memoryview(obj.detach().view(-1).view(_uint8()).numpy())
         if n < MIN_ITEM_BYTES:  # in the pickle, where torch would give it shared memory of its own
-            return (_SMALL_TENSOR, data.tobytes(), obj.dtype, tuple(obj.shape))
+            pid = self.seen[id(obj)] = (_SMALL_TENSOR, data.tobytes(), obj.dtype, tuple(obj.shape))
+            return pid
         return self._add(obj, data, n, (_TENSOR, obj.dtype, tuple(obj.shape)))
 
     def _column(self, obj: Any, kind: int) -> tuple:
@@ -244,6 +314,14 @@ class _Pickler(ForkingPickler):
         self.parts.append((start, data))
         pid = self.seen[id(obj)] = (kind[0], start, start + n, *kind[1:])
         return pid
+
+
+class _SharedStorage(Exception):
+    """Raised within a dump: the storage at ``address`` is held by two tensors, one already taken."""
+
+    def __init__(self, address: int) -> None:
+        super().__init__(address)
+        self.address = address
 
 
 def _view_as_bytes(view: memoryview) -> tuple:
@@ -297,36 +375,57 @@ def frame(batch: Any) -> Any:
     certainly mapped); ``batch`` itself where there is no ``memfd``."""
     if not _MEMFD:
         return batch
-    out = io.BytesIO()
-    pickler = _Pickler(out)
-    pickler.dump(batch)
-    n = pickler.size
+    pickler = _pickler()
+    if pickler.skip:  # the batches before had nothing to leave out: this one is pickled as torch pickles it
+        pickler.skip -= 1
+        views_pickle_as_bytes()
+        return batch
+    body = pickler.pickle(batch)
+    n, parts = pickler.size, pickler.parts
+    pickler.parts = []
     if not n:  # nothing large: the pickle made is what crosses
-        return _Pickled(out.getvalue())
+        pickler.plain += 1
+        if pickler.plain >= PLAIN_STREAK:
+            pickler.skip = PLAIN_SKIP
+        return _Pickled(body, pickler.pids > 0)
+    pickler.plain = 0
     try:
         place = _reserve(n)
         if place is None:
-            return _segment(out.getvalue(), pickler.parts, n)
+            return _segment(body, parts, n)
     except OSError:  # memfd refused (a sandbox, no memory): the batch is pickled whole
         return batch
     ring, start, retired = place
     at = _HEADER + start % ring.size
     memory = ring.memory
-    for offset, data in pickler.parts:
+    for offset, data in parts:
         memory[at + offset : at + offset + len(data)] = data
-    return _Framed(out.getvalue(), ring, start, start + n, retired)
+    return _Framed(body, ring, start, start + n, retired)
+
+
+_picklers = threading.local()
+
+
+def _pickler() -> _Pickler:
+    """This thread's pickler (a process forked from one that framed makes its own: the ring is not shared)."""
+    pickler = getattr(_picklers, "pickler", None)
+    if pickler is None or _picklers.pid != os.getpid():
+        pickler = _picklers.pickler = _Pickler()
+        _picklers.pid = os.getpid()
+    return pickler
 
 
 class _Pickled:
-    """A batch with no buffer to leave out, as it crosses: the pickle :func:`frame` made of it."""
+    """A batch with no buffer to leave out, as it crosses: the pickle :func:`frame` made of it (``inline``: it
+    holds small tensors, made by :class:`_Unpickler`)."""
 
-    __slots__ = ("body",)
+    __slots__ = ("body", "inline")
 
-    def __init__(self, body: bytes) -> None:
-        self.body = body
+    def __init__(self, body: bytes, inline: bool) -> None:
+        self.body, self.inline = body, inline
 
     def __reduce__(self) -> Any:
-        return (_from_body, (self.body,))
+        return (_from_body if self.inline else pickle.loads, (self.body,))
 
 
 def _segment(body: bytes, parts: list, n: int) -> _Framed:
@@ -349,14 +448,10 @@ class FramingCollate:
     process, its views made ``bytes``."""
 
     def __init__(self, inner: Any) -> None:
-        from ..resume.views import view_keeping
-
         self.inner = view_keeping(inner)
 
     def __call__(self, data: Any) -> Any:
         from torch.utils.data import get_worker_info
-
-        from ..resume.views import as_bytes, views_pickle_as_bytes
 
         out = self.inner(data)
         if get_worker_info() is None:
