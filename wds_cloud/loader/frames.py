@@ -20,7 +20,8 @@ past that, a batch gets a segment of its own.  Where there is no ``memfd`` (not 
 batch back as it is and the batch is pickled as torch pickles it.
 
 What a main process keeps: one mapped ring per worker that has sent a batch, dropped when a worker's ring is
-replaced by a larger one and, as a new ring arrives, for every worker that has exited.
+replaced by a larger one, and once the worker has exited: as a ``WebLoader`` pass ends or begins, or a new ring
+arrives (:func:`forget_exited`).
 
 The main process makes every batch's buffers anew, and frees the last batch's: with glibc's first thresholds, the
 free memory at the top of its heap goes back to the kernel once it passes 128 KiB, so each batch faults its pages
@@ -57,6 +58,7 @@ __all__ = [
     "frame",
     "FramingCollate",
     "keep_freed_heap",
+    "forget_exited",
 ]
 
 #: a buffer this large or larger crosses in the ring; a smaller one is pickled with the batch (a region of
@@ -527,10 +529,21 @@ def _register(token: bytes, pid: int, handle: Any, size: int, retired: Optional[
                 ring = _RINGS[token] = _Mapped(fd, size, pid)
         finally:
             os.close(fd)
-        # the rings of workers that have exited, and the one this ring replaced, are dropped
-        for other in [t for t, r in _RINGS.items() if t == retired or (t != token and not _alive(r.pid))]:
-            _RINGS.pop(other).close()
+        if retired is not None and retired in _RINGS:  # the ring this one replaced
+            _RINGS.pop(retired).close()
+        _forget_exited()
         return ring
+
+
+def forget_exited() -> None:
+    """Drop the rings of workers that have exited (a loader's pass calls it as it ends, and as it begins)."""
+    with _rings_lock:
+        _forget_exited()
+
+
+def _forget_exited() -> None:
+    for token in [t for t, r in _RINGS.items() if not _alive(r.pid)]:
+        _RINGS.pop(token).close()
 
 
 def _from_ring(

@@ -88,6 +88,7 @@ class WebLoader(DataPipeline, FluidInterface):
         self._collate: Optional[loaderstate.StatsSender] = None  # what sends the workers' statistics, if any
         self._unstats: Optional[loaderstate.Unstats] = None
         self._workers = bool(num_workers) and HAVE_TORCH
+        self._frames = False  # whether batches cross through wds_cloud.loader.frames
         if pin_memory is None:  # on where batches go to a CUDA device (pinned memory makes that copy async)
             pin_memory = device is not None and str(device).startswith("cuda")
         if num_workers and HAVE_TORCH and multiprocessing_context is None:
@@ -101,6 +102,7 @@ class WebLoader(DataPipeline, FluidInterface):
             if pack_bytes is None:
                 pack = frames.frame
                 frames.keep_freed_heap()  # (before the workers fork: they inherit it)
+                self._frames = True
             elif pack_bytes:
                 pack = transport.pack_batch
             else:  # pickled through the pipe: views (zero_copy=True) cross as bytes, never unpicklable
@@ -198,6 +200,9 @@ class WebLoader(DataPipeline, FluidInterface):
             _imported_for_workers()
             if self._collate is not None:  # what workers started now inherit: they send what they add to it
                 self._collate.stats_sent = loaderstate.transfer_stats(dataset)
+        if self._frames:  # the shared memory of this pass's workers goes with them (and any before's)
+            frames.forget_exited()
+            return _forgetting_exited(super().__iter__())
         return super().__iter__()
 
     @property
@@ -563,3 +568,11 @@ def _warn_if_every_worker_reads_every_shard(dataset: Any, num_workers: Optional[
             UserWarning,
             stacklevel=3,
         )
+
+
+def _forgetting_exited(batches: Iterator) -> Iterator:
+    """``batches``, then the shared memory of workers that have exited dropped (see ``frames.forget_exited``)."""
+    try:
+        yield from batches
+    finally:
+        frames.forget_exited()
