@@ -9,13 +9,17 @@ measured level, on a host this process has not read from before):
   range costs in proportion to the object), 2 shards of 128 MB;
 - a host that suffers from connections (``FaultProxy(crowd=4)``: 30 ms, 6 MB/s per connection while at
   most 4 send, every one slowed to 1 MB/s while more do), 8 shards of 22 MB: the best fixed level is 4,
-  and the table gives the level the default learned and its time against the best fixed level's.
+  and the table gives the level the default learned and its time against the best fixed level's;
+- a host crowded mid-read (30 ms, 10 MB/s per connection; from 1.5 s after it came up, more than 2
+  connections sending slow every one to 0.3 MB/s), 6 shards of 22 MB, pinned at 1 and 2 only: whether the
+  default, which climbed while the host was fast, comes back to 2.
 
-``--only suffering`` runs the last one alone; ``--levels 4`` reads it at those fixed levels only (a short run).
+``--only suffering`` (or ``--only crowded``) runs that one alone; ``--levels 4`` reads the suffering host at
+those fixed levels only (a short run).
 
 Prints a table and writes the figure of ``docs/cloud.md`` (``--svg``, default docs/img/concurrency.svg).
 
-    python bench/bench_concurrency.py [--svg PATH] [--repeat 2] [--only suffering [--levels 4]]
+    python bench/bench_concurrency.py [--svg PATH] [--repeat 2] [--only suffering [--levels 4] | --only crowded]
 """
 
 from __future__ import annotations
@@ -45,12 +49,21 @@ CROWDED = (
     "print(p.port, flush=True)\ntime.sleep(1e9)\n"
 )
 
+#: the host crowded mid-read: 30 ms, 10 MB/s per connection, until 1.5 s after it came up more than 2 connections
+#: sending slow every one to 0.3 MB/s (the best pinned level is then 2)
+CROWDED_LATER = (
+    "import sys, time\nfrom wds_cloud.testing.faults import FaultProxy\n"
+    "p = FaultProxy(sys.argv[1], latency=0.03, rate=10e6)\n"
+    "print(p.port, flush=True)\ntime.sleep(1.5)\np.crowd_rate = 0.3e6\np.crowd = 2\ntime.sleep(1e9)\n"
+)
 
-def suffering(repeat, levels=LEVELS):
-    """Rates per fixed level and the default's against a host that suffers past 4 connections."""
+
+def suffering(repeat, levels=LEVELS, script=CROWDED, shards=8, name="suffering host"):
+    """Rates per fixed level and the default's against a host that suffers past 4 connections (``script``: the
+    script of another such host)."""
     spec, _ = common.dataset("wan", 8, 64, bench_wan.sample)
     directory = os.path.dirname(spec)
-    names = sorted(p for p in os.listdir(directory) if p.endswith(".tar"))[:8]
+    names = sorted(p for p in os.listdir(directory) if p.endswith(".tar"))[:shards]
     port = cloud.free_port()
     server = subprocess.Popen(
         [sys.executable, os.path.join(os.path.dirname(HERE), "tests", "servers.py"), "http", str(port), directory],
@@ -63,20 +76,27 @@ def suffering(repeat, levels=LEVELS):
 
         def urls():  # a new proxy (a new host) each time: the default starts from nothing learned
             proxy = subprocess.Popen(
-                [sys.executable, "-c", CROWDED, f"http://127.0.0.1:{port}"], stdout=subprocess.PIPE, text=True
+                [sys.executable, "-c", script, f"http://127.0.0.1:{port}"], stdout=subprocess.PIPE, text=True
             )
             proxies.append(proxy)
             assert proxy.stdout is not None
             proxy_port = int(proxy.stdout.readline())
             return [f"http://127.0.0.1:{proxy_port}/{name}" for name in names]
 
-        return curve("suffering host", urls, None, repeat, levels)
+        return curve(name, urls, None, repeat, levels)
     finally:
         for proxy in proxies:
             proxy.kill()
             proxy.wait()
         server.kill()
         server.wait()
+
+
+def crowded_later(repeat):
+    """The row of a host crowded mid-read (6 x 22 MB; pinned at 1 and 2 only: pinned higher, the read takes minutes
+    at 0.3 MB/s per connection): whether the default finds 2 again once the level it climbed to slows."""
+    title = "crowded from 1.5 s: 30 ms, 10 MB/s per connection, 0.3 MB/s past 2"
+    return (title, *suffering(repeat, (1, 2), CROWDED_LATER, shards=6, name="crowded mid-read"))
 
 
 def read(urls, concurrency, options=None) -> tuple[float, dict]:
@@ -167,7 +187,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--svg", default=os.path.join(os.path.dirname(HERE), "docs", "img", "concurrency.svg"))
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--only", choices=["suffering"], help="run one store only (no figure)")
+    parser.add_argument("--only", choices=["suffering", "crowded"], help="run one store only (no figure)")
     parser.add_argument(
         "--levels", type=int, nargs="+", choices=LEVELS, default=list(LEVELS), help="fixed levels read (with --only)"
     )
@@ -181,6 +201,8 @@ def main() -> None:
         return report_rows(
             [("suffering host: 30 ms, 6 MB/s per connection, 1 MB/s past 4", *suffering(args.repeat, args.levels))]
         )
+    if args.only == "crowded":
+        return report_rows([crowded_later(args.repeat)])
     panels = []
     spec, _ = common.dataset("wan", 8, 64, bench_wan.sample)
     directory, name = os.path.dirname(spec), os.path.basename(spec)
@@ -236,7 +258,9 @@ def main() -> None:
     finally:
         cloud.stop(moto)
 
-    report_rows(panels + [("suffering host: 30 ms, 6 MB/s per connection, 1 MB/s past 4", *suffering(1))])
+    report_rows(
+        panels + [("suffering host: 30 ms, 6 MB/s per connection, 1 MB/s past 4", *suffering(1)), crowded_later(1)]
+    )
     svg(panels, args.svg)
     print(f"\nfigure: {args.svg}")
 
