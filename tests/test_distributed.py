@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -57,16 +58,22 @@ RANK_SCRIPT = textwrap.dedent("""
 """)
 
 
-def wait_for_ranks(procs, timeout=180):
-    """Wait for every rank process; fail naming the hang or the first rank's error output."""
+def wait_for_ranks(procs, timeout=900):
+    """Wait for every rank process (each started in a session of its own, ``start_new_session=True``); fail naming
+    the hang or the first rank's error output.  The bound is a hang's, not a speed's: spawned workers import torch
+    afresh every pass, minutes on a loaded 2-core machine.  On a hang the whole session goes, the rank's DataLoader
+    workers with it (a worker left alive holds the rank's stderr open, and reading it would never end)."""
     errors = []
     for proc in procs:
         try:
             _, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             for p in procs:
-                p.kill()
-                p.communicate()
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.communicate(timeout=60)
             pytest.fail("a rank hung")
         errors.append((proc.returncode, err.decode()[-3000:]))
     for code, err in errors:
@@ -100,6 +107,7 @@ def test_two_ranks_two_workers(tmp_path, context):
             ],
             env=env,
             stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         for rank in range(2)
     ]

@@ -77,6 +77,7 @@ def test_gather_merges_every_ranks_state(tmp_path):
             ],
             env=env,
             stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         for rank in range(2)
     ]
