@@ -482,9 +482,9 @@ def row_shardlist_memory(n: int, data: str) -> Callable[[], dict]:
 
 def _rings_mapped() -> int:
     """Bytes of worker rings this process maps (wds_cloud.loader.frames: the default batch transport)."""
-    from wds_cloud.loader import frames
+    from wds_cloud.loader import unframe
 
-    return sum(ring.size for ring in frames._RINGS.values())
+    return sum(ring.size for ring in unframe.RINGS.values())
 
 
 def row_loader_rings(workers: int, data: str) -> Callable[[], dict]:

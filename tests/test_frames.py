@@ -15,7 +15,7 @@ import wds_cloud as wds
 
 torch = pytest.importorskip("torch")
 
-from wds_cloud.loader import frames  # noqa: E402
+from wds_cloud.loader import frames, unframe  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not frames._MEMFD, reason="frames need Linux memfd")
 
@@ -143,13 +143,13 @@ def test_tensors_sharing_a_storage_arrive_whole_and_still_sharing_it(tmp_path):
 def test_each_column_of_bytes_is_made_in_one_call(monkeypatch):
     """The main process's work per batch: one call per column of byte strings, not one per item."""
     calls = []
-    made = frames._Unpickler.persistent_load
-    monkeypatch.setattr(frames._Unpickler, "persistent_load", lambda self, pid: calls.append(pid[0]) or made(self, pid))
+    made = unframe.Unpickler.persistent_load
+    monkeypatch.setattr(unframe.Unpickler, "persistent_load", lambda self, pid: calls.append(pid[0]) or made(self, pid))
     for n in (8, 80, 800):
         calls.clear()
         batch = ([os.urandom(600) for _ in range(n)], [os.urandom(700) for _ in range(n)], list(range(n)))
         assert same(batch, cross(batch))
-        assert calls == [frames._LIST, frames._LIST]
+        assert calls == [unframe.KIND_LIST, unframe.KIND_LIST]
 
 
 def test_small_buffers_and_what_cannot_be_left_out_stay_in_the_pickle():
@@ -187,7 +187,7 @@ def test_a_full_ring_grows_and_a_batch_too_large_for_any_ring_gets_a_segment(mon
     later = [os.urandom(9000) for _ in range(2)]
     assert cross(later) == later
     assert not frames._retired  # the main process took what the old rings held: the worker let them go
-    assert frames._ring.token in frames._RINGS
+    assert frames._ring.token in unframe.RINGS
 
 
 def test_rings_replaced_are_dropped_by_the_main_process(monkeypatch):
@@ -197,10 +197,10 @@ def test_rings_replaced_are_dropped_by_the_main_process(monkeypatch):
     first = cross([os.urandom(20_000), os.urandom(20_000)])
     old = frames._ring.token
     pending = [ForkingPickler.dumps(frames.frame([os.urandom(20_000), os.urandom(20_000)])) for _ in range(8)]
-    assert frames._ring.token != old and old in frames._RINGS  # grown while batches on the old one are on their way
+    assert frames._ring.token != old and old in unframe.RINGS  # grown while batches on the old one are on their way
     for message in pending:
         assert len(pickle.loads(message)) == 2
-    assert old not in frames._RINGS and len(first) == 2
+    assert old not in unframe.RINGS and len(first) == 2
 
 
 def test_without_memfd_the_batch_is_pickled_whole(monkeypatch):
@@ -212,9 +212,13 @@ def test_without_memfd_the_batch_is_pickled_whole(monkeypatch):
 def test_a_region_outside_the_frame_is_refused():
     body = frames._Pickler().pickle([os.urandom(4000)])
     with pytest.raises(pickle.UnpicklingError, match="outside its 100 bytes"):
-        frames._Unpickler(body, memoryview(bytearray(100))).load()
-    unpickler = frames._Unpickler(b"", memoryview(bytearray(100)))
-    for pid in ((frames._LIST, 0, 10, "20s"), (frames._TUPLE, 0, 30, "20s"), (frames._LIST, 0, 20, "20q")):
+        unframe.Unpickler(body, memoryview(bytearray(100))).load()
+    unpickler = unframe.Unpickler(b"", memoryview(bytearray(100)))
+    for pid in (
+        (unframe.KIND_LIST, 0, 10, "20s"),
+        (unframe.KIND_TUPLE, 0, 30, "20s"),
+        (unframe.KIND_LIST, 0, 20, "20q"),
+    ):
         with pytest.raises(pickle.UnpicklingError, match="does not fit"):
             unpickler.persistent_load(pid)
     with pytest.raises(pickle.UnpicklingError, match="unknown kind"):
@@ -263,14 +267,14 @@ def test_a_users_collation_arrives_as_it_built_the_batch(tmp_path):
 def test_persistent_workers_keep_their_rings_over_epochs(tmp_path):
     urls = make_shards(tmp_path / "d", per=60)
     loader = read(urls, persistent_workers=True)
-    before = set(frames._RINGS)
+    before = set(unframe.RINGS)
     first = list(loader)
-    tokens = set(frames._RINGS) - before
+    tokens = set(unframe.RINGS) - before
     assert len(tokens) == 2
     for _ in range(3):
         assert all(map(same, first, list(loader)))
-    assert set(frames._RINGS) - before == tokens  # the same workers, the same rings: nothing new mapped
-    assert all(frames._RINGS[t].size == frames.RING_BYTES for t in tokens)  # kept up with: never grown
+    assert set(unframe.RINGS) - before == tokens  # the same workers, the same rings: nothing new mapped
+    assert all(unframe.RINGS[t].size == frames.RING_BYTES for t in tokens)  # kept up with: never grown
 
 
 def test_spawned_workers_frame_too(tmp_path):
@@ -283,13 +287,13 @@ def test_the_rings_of_workers_that_exited_are_dropped_as_a_pass_ends(tmp_path):
     """Adversary: a loader's rings (grown to 64 MiB) stayed mapped after the loader was gone, until another ring
     arrived; they go as the pass that made them ends."""
     urls = make_shards(tmp_path / "d")
-    before = set(frames._RINGS)
+    before = set(unframe.RINGS)
     for _ in range(3):
         assert len(list(read(urls))) == 8
-        assert not set(frames._RINGS) - before
+        assert not set(unframe.RINGS) - before
     loader = read(urls, persistent_workers=True)
     list(loader)
-    assert len(set(frames._RINGS) - before) == 2  # its workers live on, with their rings
+    assert len(set(unframe.RINGS) - before) == 2  # its workers live on, with their rings
 
 
 def _dies_at(sample, key="0-050"):

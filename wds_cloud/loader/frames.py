@@ -23,42 +23,47 @@ What a main process keeps: one mapped ring per worker that has sent a batch, dro
 replaced by a larger one, and once the worker has exited: as a ``WebLoader`` pass ends or begins, or a new ring
 arrives (:func:`forget_exited`).
 
-The main process makes every batch's buffers anew, and frees the last batch's: with glibc's first thresholds, the
-free memory at the top of its heap goes back to the kernel once it passes 128 KiB, so each batch faults its pages
-in again (a third of the main process's time went to the kernel).  :func:`keep_freed_heap`, called as a loader
-with workers is made, moves glibc's thresholds where glibc itself moves them after a large block is freed
-(allocations under :data:`HEAP_BYTES` come from the heap, which keeps up to twice that free): it allocates and
-frees one such block, untouched.
+The main process's side (mapping rings, making the buffers anew, forgetting exited workers, keeping its freed
+heap) is :mod:`~wds_cloud.loader.unframe`.
 """
 
 from __future__ import annotations
 
-import ctypes
 import io
 import mmap
 import os
 import pickle
 import secrets
-import struct
 import sys
 import threading
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Optional
 
 from ..resume.views import as_bytes, view_keeping, views_pickle_as_bytes
+from .unframe import (
+    HEADER,
+    KIND_ARRAY,
+    KIND_BYTEARRAY,
+    KIND_BYTES,
+    KIND_LIST,
+    KIND_SMALL_TENSOR,
+    KIND_TENSOR,
+    KIND_TUPLE,
+    U64,
+    from_body,
+    from_ring,
+    from_segment,
+)
 
 __all__ = [
     "MIN_ITEM_BYTES",
     "RING_BYTES",
     "MAX_RING_BYTES",
     "MAX_TENSOR_BYTES",
-    "HEAP_BYTES",
     "PLAIN_STREAK",
     "PLAIN_SKIP",
     "frame",
     "FramingCollate",
-    "keep_freed_heap",
-    "forget_exited",
 ]
 
 #: a buffer this large or larger crosses in the ring; a smaller one is pickled with the batch (a region of
@@ -82,17 +87,6 @@ MAX_TENSOR_BYTES = 1 << 20
 PLAIN_STREAK = 4
 PLAIN_SKIP = 63
 
-#: see :func:`keep_freed_heap`: glibc serves allocations under this from its heap and keeps twice this free there
-HEAP_BYTES = 8 << 20
-
-#: the ring's header: how far the main process has taken (a little-endian u64 at 0), whether it has mapped
-#: the ring (a u64 at 8, written once), then padding to a cache line
-_HEADER = 64
-_U64 = struct.Struct("<Q")
-
-# what a left-out buffer is made as in the main process (the first field of its persistent id)
-_BYTES, _BYTEARRAY, _ARRAY, _TENSOR, _LIST, _TUPLE, _SMALL_TENSOR = 0, 1, 2, 3, 4, 5, 6
-
 _MEMFD = hasattr(os, "memfd_create") and sys.platform.startswith("linux")
 
 
@@ -103,8 +97,8 @@ class _Ring:
     def __init__(self, size: int) -> None:
         fd = os.memfd_create("wds_cloud-frames", os.MFD_CLOEXEC)
         try:
-            os.ftruncate(fd, _HEADER + size)
-            self.map = mmap.mmap(fd, _HEADER + size)
+            os.ftruncate(fd, HEADER + size)
+            self.map = mmap.mmap(fd, HEADER + size)
         except BaseException:
             os.close(fd)
             raise
@@ -117,11 +111,11 @@ class _Ring:
 
     def mapped(self) -> bool:
         """Whether the main process has the ring (until then, each batch carries its descriptor)."""
-        return _U64.unpack_from(self.map, 8)[0] == 1
+        return U64.unpack_from(self.map, 8)[0] == 1
 
     def taken(self) -> int:
         """How far the main process has copied out (a running count)."""
-        return _U64.unpack_from(self.map, 0)[0]
+        return U64.unpack_from(self.map, 0)[0]
 
     def reserve(self, n: int) -> Optional[int]:
         """A running position of ``n`` contiguous free bytes, or None where the ring has not that much free."""
@@ -240,20 +234,22 @@ class _Pickler(ForkingPickler):
         if kind is list or kind is tuple:  # a column of byte strings: made in the main process in one call
             if len(obj) < 2 or not all(type(item) is bytes and len(item) >= MIN_ITEM_BYTES for item in obj):
                 return None
-            return self._column(obj, _LIST if kind is list else _TUPLE)
+            return self._column(obj, KIND_LIST if kind is list else KIND_TUPLE)
         if kind is bytes or kind is bytearray:
             n = len(obj)
             if n < MIN_ITEM_BYTES:
                 return None
-            return self._add(obj, obj, n, (_BYTES if kind is bytes else _BYTEARRAY,))
+            return self._add(obj, obj, n, (KIND_BYTES if kind is bytes else KIND_BYTEARRAY,))
         if kind is memoryview:
             if obj.nbytes < MIN_ITEM_BYTES or not obj.c_contiguous:
                 return None  # (pickled as bytes: see _view_as_bytes)
-            return self._add(obj, obj.cast("B") if obj.format != "B" or obj.ndim != 1 else obj, obj.nbytes, (_BYTES,))
+            return self._add(
+                obj, obj.cast("B") if obj.format != "B" or obj.ndim != 1 else obj, obj.nbytes, (KIND_BYTES,)
+            )
         if kind is self.array:
             if obj.nbytes < MIN_ITEM_BYTES or obj.dtype.hasobject or not obj.flags.c_contiguous:
                 return None
-            return self._add(obj, obj.reshape(-1).view("u1"), obj.nbytes, (_ARRAY, obj.dtype, obj.shape))
+            return self._add(obj, obj.reshape(-1).view("u1"), obj.nbytes, (KIND_ARRAY, obj.dtype, obj.shape))
         if kind is self.tensor:
             return self._tensor(obj)
         return None
@@ -290,9 +286,9 @@ class _Pickler(ForkingPickler):
             self.taken.add(storage)
         data = memoryview(obj.detach().view(-1).view(_uint8()).numpy())
         if n < MIN_ITEM_BYTES:  # in the pickle, where torch would give it shared memory of its own
-            pid = self.seen[id(obj)] = (_SMALL_TENSOR, data.tobytes(), obj.dtype, tuple(obj.shape))
+            pid = self.seen[id(obj)] = (KIND_SMALL_TENSOR, data.tobytes(), obj.dtype, tuple(obj.shape))
             return pid
-        return self._add(obj, data, n, (_TENSOR, obj.dtype, tuple(obj.shape)))
+        return self._add(obj, data, n, (KIND_TENSOR, obj.dtype, tuple(obj.shape)))
 
     def _column(self, obj: Any, kind: int) -> tuple:
         known = self.seen.get(id(obj))
@@ -360,11 +356,11 @@ class _Framed:
             fd, self.segment = self.segment, None
             assert fd is not None, "a framed batch is sent once"
             try:
-                return (_from_segment, (self.body, DupFd(fd), self.stop))
+                return (from_segment, (self.body, DupFd(fd), self.stop))
             finally:
                 os.close(fd)  # (DupFd keeps a duplicate until the main process has it)
         handle = None if ring.mapped() else DupFd(ring.fd)
-        return (_from_ring, (self.body, ring.token, ring.pid, handle, ring.size, self.start, self.stop, self.retired))
+        return (from_ring, (self.body, ring.token, ring.pid, handle, ring.size, self.start, self.stop, self.retired))
 
     def __del__(self) -> None:
         if self.segment is not None:
@@ -398,7 +394,7 @@ def frame(batch: Any) -> Any:
     except OSError:  # memfd refused (a sandbox, no memory): the batch is pickled whole
         return batch
     ring, start, retired = place
-    at = _HEADER + start % ring.size
+    at = HEADER + start % ring.size
     memory = ring.memory
     for offset, data in parts:
         memory[at + offset : at + offset + len(data)] = data
@@ -419,7 +415,7 @@ def _pickler() -> _Pickler:
 
 class _Pickled:
     """A batch with no buffer to leave out, as it crosses: the pickle :func:`frame` made of it (``inline``: it
-    holds small tensors, made by :class:`_Unpickler`)."""
+    holds small tensors, made by :class:`Unpickler`)."""
 
     __slots__ = ("body", "inline")
 
@@ -427,7 +423,7 @@ class _Pickled:
         self.body, self.inline = body, inline
 
     def __reduce__(self) -> Any:
-        return (_from_body if self.inline else pickle.loads, (self.body,))
+        return (from_body if self.inline else pickle.loads, (self.body,))
 
 
 def _segment(body: bytes, parts: list, n: int) -> _Framed:
@@ -460,182 +456,3 @@ class FramingCollate:
             return as_bytes(out)
         views_pickle_as_bytes()
         return frame(out)
-
-
-# --- the main process ---------------------------------------------------------------------------------------
-
-_heap_kept = [False]
-
-
-def keep_freed_heap() -> None:
-    """Once per process, where the C library is glibc: raise its thresholds as freeing a block of
-    :data:`HEAP_BYTES` does (see the module's docstring); workers forked later inherit them.  Nothing anywhere
-    else, and never an error."""
-    if _heap_kept[0]:
-        return
-    _heap_kept[0] = True
-    try:
-        if not sys.platform.startswith("linux") or not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
-            return
-        libc = ctypes.CDLL(None)
-        malloc, free = libc.malloc, libc.free
-        malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-        free.restype, free.argtypes = None, [ctypes.c_void_p]
-        free(malloc(HEAP_BYTES))  # mapped (over the first threshold), freed untouched: glibc raises its thresholds
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
-class _Mapped:
-    """The main process's mapping of a worker's ring."""
-
-    __slots__ = ("map", "memory", "pid", "size")
-
-    def __init__(self, fd: int, size: int, pid: int) -> None:
-        self.map = mmap.mmap(fd, _HEADER + size)
-        self.memory = memoryview(self.map)
-        self.pid = pid
-        self.size = size
-        _U64.pack_into(self.map, 8, 1)  # mapped: the worker stops sending its descriptor
-
-    def close(self) -> None:
-        try:
-            self.memory.release()
-            self.map.close()
-        except BufferError:  # a batch being made from it still holds a view: the mapping goes with the view
-            pass
-
-
-_RINGS: dict = {}  # token -> _Mapped
-_rings_lock = threading.Lock()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # (not ours to signal: it exists)
-        return True
-    return True
-
-
-def _register(token: bytes, pid: int, handle: Any, size: int, retired: Optional[bytes]) -> _Mapped:
-    with _rings_lock:
-        fd = handle.detach()
-        try:
-            ring = _RINGS.get(token)
-            if ring is None:
-                ring = _RINGS[token] = _Mapped(fd, size, pid)
-        finally:
-            os.close(fd)
-        if retired is not None and retired in _RINGS:  # the ring this one replaced
-            _RINGS.pop(retired).close()
-        _forget_exited()
-        return ring
-
-
-def forget_exited() -> None:
-    """Drop the rings of workers that have exited (a loader's pass calls it as it ends, and as it begins)."""
-    with _rings_lock:
-        _forget_exited()
-
-
-def _forget_exited() -> None:
-    for token in [t for t, r in _RINGS.items() if not _alive(r.pid)]:
-        _RINGS.pop(token).close()
-
-
-def _from_ring(
-    body: bytes, token: bytes, pid: int, handle: Any, size: int, start: int, stop: int, retired: Optional[bytes]
-) -> Any:
-    """The batch a worker framed in its ring, made anew here; the ring's region freed for the worker."""
-    ring = _RINGS.get(token)
-    if handle is not None:
-        ring = _register(token, pid, handle, size, retired)
-    elif retired is not None:
-        with _rings_lock:
-            old = _RINGS.pop(retired, None)
-        if old is not None:
-            old.close()
-    if ring is None:
-        raise RuntimeError(
-            f"a batch from DataLoader worker process {pid} refers to shared memory this process never received "
-            "(its first batch was lost); pass pack_bytes=False to WebLoader to send batches through the pipe"
-        )
-    at = _HEADER + start % size
-    try:
-        return _Unpickler(body, ring.memory[at : at + stop - start]).load()
-    finally:
-        _U64.pack_into(ring.map, 0, stop)
-
-
-def _from_body(body: bytes) -> Any:
-    """A batch with nothing in shared memory (its small tensors are in the pickle)."""
-    return _Unpickler(body, memoryview(b"")).load()
-
-
-def _from_segment(body: bytes, handle: Any, size: int) -> Any:
-    fd = handle.detach()
-    try:
-        with mmap.mmap(fd, size) as memory:
-            region = memoryview(memory)
-            try:
-                return _Unpickler(body, region).load()
-            finally:
-                region.release()
-    finally:
-        os.close(fd)
-
-
-class _Unpickler(pickle.Unpickler):
-    """Unpickles a framed batch, each left-out buffer copied out of ``region`` into the type it was."""
-
-    def __init__(self, body: bytes, region: memoryview) -> None:
-        super().__init__(io.BytesIO(body))
-        self.region = region
-        self.made: dict = {}
-
-    def persistent_load(self, pid: Any) -> Any:
-        kind, start, stop = pid[0], pid[1], pid[2]
-        if kind == _SMALL_TENSOR:
-            return _tensor(start, stop, pid[3])
-        made = self.made.get(start)
-        if made is not None:
-            return made
-        if not 0 <= start < stop <= len(self.region):
-            raise pickle.UnpicklingError(f"a framed buffer at {start}:{stop} lies outside its {len(self.region)} bytes")
-        if kind == _LIST or kind == _TUPLE:
-            try:
-                if struct.calcsize(pid[3]) != stop - start:
-                    raise struct.error(f"its layout holds {struct.calcsize(pid[3])} bytes")
-                items = struct.unpack_from(pid[3], self.region, start)
-            except (struct.error, TypeError) as error:
-                raise pickle.UnpicklingError(f"a framed column at {start}:{stop} does not fit: {error}") from None
-            out: Any = list(items) if kind == _LIST else items
-            self.made[start] = out
-            return out
-        data = self.region[start:stop]
-        if kind == _BYTES:
-            out = data.tobytes()
-        elif kind == _BYTEARRAY:
-            out = bytearray(data)
-        elif kind == _ARRAY:
-            import numpy
-
-            out = numpy.frombuffer(bytearray(data), dtype=pid[3]).reshape(pid[4])
-        elif kind == _TENSOR:
-            out = _tensor(data, pid[3], pid[4])
-        else:
-            raise pickle.UnpicklingError(f"a framed buffer of unknown kind {kind!r}")
-        self.made[start] = out
-        return out
-
-
-def _tensor(data: Any, dtype: Any, shape: tuple) -> Any:
-    """A tensor of ``dtype`` and ``shape`` holding a copy of ``data``."""
-    import torch
-
-    if not len(data):
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)

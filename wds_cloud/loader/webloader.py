@@ -26,7 +26,7 @@ from ..resume.state import RESHAPE_FIX, check_same, check_seal, expect, inexact_
 from ..resume.views import KeepingViews, default_collate, view_keeping
 from ..resume.wiring import stage_name
 from ..tar import table as tables
-from . import frames, pipes, transport
+from . import frames, pipes, transport, unframe
 
 __all__ = ["WebLoader", "gather_states", "gather_merged", "merge_gathered"]
 
@@ -101,7 +101,7 @@ class WebLoader(DataPipeline, FluidInterface):
         if num_workers and HAVE_TORCH:
             if pack_bytes is None:
                 pack = frames.frame
-                frames.keep_freed_heap()  # (before the workers fork: they inherit it)
+                unframe.keep_freed_heap()  # (before the workers fork: they inherit it)
                 self._frames = True
             elif pack_bytes:
                 pack = transport.pack_batch
@@ -201,7 +201,7 @@ class WebLoader(DataPipeline, FluidInterface):
             if self._collate is not None:  # what workers started now inherit: they send what they add to it
                 self._collate.stats_sent = loaderstate.transfer_stats(dataset)
         if self._frames:  # the shared memory of this pass's workers goes with them (and any before's)
-            frames.forget_exited()
+            unframe.forget_exited()
             return _forgetting_exited(super().__iter__())
         return super().__iter__()
 
@@ -571,8 +571,8 @@ def _warn_if_every_worker_reads_every_shard(dataset: Any, num_workers: Optional[
 
 
 def _forgetting_exited(batches: Iterator) -> Iterator:
-    """``batches``, then the shared memory of workers that have exited dropped (see ``frames.forget_exited``)."""
+    """``batches``, then the shared memory of workers that have exited dropped (see ``unframe.forget_exited``)."""
     try:
         yield from batches
     finally:
-        frames.forget_exited()
+        unframe.forget_exited()
