@@ -96,3 +96,5 @@ def test_the_test_extra_holds_torch_to_the_torch_extras_range():
 
     assert torch_ranges("torch") and torch_ranges("test") == torch_ranges("torch")
     assert torch_ranges("all") in (set(), torch_ranges("torch"))
+    # new user: `pip install '.[gpu]'` over the supported CPU torch replaced it with the newest CUDA torch (2.14)
+    assert torch_ranges("gpu") == torch_ranges("torch")

@@ -66,3 +66,23 @@ def test_an_emulated_link_serves_a_folder_with_ranges(tmp_path):
             assert stream.read() == data
         link.proxy.wait_idle()
         assert link.proxy.delayed >= 2 and len(link.store.requests) >= 3
+
+
+def test_a_reader_that_stops_early_leaves_no_server_traceback(tmp_path, capfd):
+    """New user: reading through EmulatedLink printed "Exception occurred during processing of request ...
+    BrokenPipeError" for every part a reader gave up; a client that goes away is no error of the server's."""
+    from wds_cloud.testing.link import EmulatedLink
+
+    with wds.TarWriter(str(tmp_path / "s-0.tar")) as sink:
+        for i in range(40):
+            sink.write({"__key__": f"k{i:03d}", "bin": os.urandom(100_000)})
+    with EmulatedLink(str(tmp_path), latency=0.001, rate=None) as link:
+        for _ in range(3):
+            stream = wds.gopen(f"{link.store_url}/s-0.tar")
+            stream.read(1000)
+            stream.close()  # the rest of the answer is refused: the server's write fails
+        ds = wds.WebDataset(f"{link.url}/s-0.tar", shardshuffle=False)
+        assert next(iter(ds))["__key__"] == "k000"
+        link.proxy.wait_idle()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception occurred" not in err, err

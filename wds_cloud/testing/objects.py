@@ -23,21 +23,29 @@ import html
 import json
 import os
 import re
+import sys
 import threading
 import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler
 from http.server import ThreadingHTTPServer as _ThreadingHTTPServer
-from typing import Optional
+from typing import Any, Optional
 
 __all__ = ["Store", "HTTPObjectHandler", "ObjectHandler", "Server", "ThreadingHTTPServer", "http_server", "parse_range"]
 
 
 class ThreadingHTTPServer(_ThreadingHTTPServer):
     """The standard threading server with a listen backlog for many parallel connections (the default is 5:
-    a burst of parallel ranged reads would see dropped SYNs and a second's wait each)."""
+    a burst of parallel ranged reads would see dropped SYNs and a second's wait each).  A client that goes away
+    mid-answer (a reader that stopped, a part paused or given up) is no error of the server's: it is not
+    printed (the standard server prints a traceback for each)."""
 
     request_queue_size = 128
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
 
 
 class Store:
