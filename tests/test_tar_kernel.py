@@ -85,6 +85,46 @@ def test_any_size_field_reads_alike_fast_and_general(field):
         assert fast[1] == format.number(field) == _tarfile_size(block)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    edits=st.lists(st.tuples(st.integers(0, 511), st.integers(0, 255)), max_size=6),
+    spelling=st.sampled_from([b"%06o\0 ", b"%06o  ", b"%07o\0", b"%o\0"]),
+    off=st.sampled_from([0, 0, 65521, -65521, 1, -1]),
+)
+def test_the_fast_check_takes_a_header_exactly_where_the_general_rules_do(edits, spelling, off):
+    """Bytes changed anywhere (high ones too), the checksum written in other spellings or off by adler32's modulus:
+    the fast check (one struct call and one sum per header) takes a header only where the checksum rule
+    (sum_matches), number() and the type, prefix and folder rules take it, and the usual spellings always."""
+    block = bytearray(_header(b"00000000012\0"))
+    for at, value in edits:
+        block[at] = value
+    block[148:156] = b" " * 8
+    total = sum(block) + off
+    block[148:156] = (spelling % total)[:8].ljust(8, b"\0") if total >= 0 else b"x" * 8
+    block = bytes(block)
+    fast = format.plain_header(block, memoryview(block), 0, 1 << 62)
+    try:
+        stored = format.checksum_at(block, 0)
+        size = format.number(block[124:136])
+    except ValueError:
+        assert fast is None
+        return
+    name = format.header_name(block)
+    usual_size = block[135] in (0, 32) or block[124:136].isdigit()
+    expected = (
+        format.sum_matches(memoryview(block), 0, stored)
+        and block[156] in format.PLAIN
+        and block[345] == 0
+        and 0 <= size
+        and usual_size
+        and not (name[-1:] == "/" and block[156] == 0)
+    )
+    if fast is not None:
+        assert expected and fast == (name, size)
+    elif expected and block[148:156] == b"%06o\0 " % stored and block[124:136] == b"%011o\0" % size:
+        raise AssertionError("a header in the usual spellings that every rule takes was left to the general reader")
+
+
 def test_what_is_written_reads_back():
     """The writer's fields are the reader's: octal numbers and PAX records read back as written."""
     for value in (0, 1, 511, 8**11 - 1):
