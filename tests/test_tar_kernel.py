@@ -125,6 +125,57 @@ def test_the_fast_check_takes_a_header_exactly_where_the_general_rules_do(edits,
         raise AssertionError("a header in the usual spellings that every rule takes was left to the general reader")
 
 
+class _Chunks:
+    """A stream that hands over at most ``step`` bytes a read (with ``readinto``, or ``read`` alone)."""
+
+    def __init__(self, data: bytes, step: int, readinto: bool) -> None:
+        self._data, self._pos, self._step = data, 0, step
+        if readinto:
+            self.readinto = self._readinto
+
+    def read(self, size: int = -1) -> bytes:
+        size = self._step if size is None or size < 0 else min(size, self._step)
+        out = self._data[self._pos : self._pos + size]
+        self._pos += len(out)
+        return out
+
+    def _readinto(self, buffer) -> int:
+        out = self.read(len(buffer))
+        memoryview(buffer)[: len(out)] = out
+        return len(out)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("readinto", [True, False])
+def test_large_members_of_a_stream_in_a_row_read_as_tarfile_reads_them_and_a_cut_anywhere_is_an_error(readinto):
+    """Members larger than the chunk one after another (the padding and the next header read alone after each),
+    among small ones: streamed, they read as tarfile reads them; cut at any block or inside one before the
+    end-of-archive block, an error."""
+    sizes = [3000, 5000, 10, 4096, 7000, 2049, 1, 0, 9000]
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i, size in enumerate(sizes):
+            info = tarfile.TarInfo(f"s{i:02d}.bin")
+            info.size = size
+            tar.addfile(info, io.BytesIO(bytes([i + 1]) * size))
+    data = out.getvalue()
+    expected = [(f"s{i:02d}.bin", bytes([i + 1]) * size) for i, size in enumerate(sizes)]
+
+    def read(blob: bytes) -> list:
+        members = TarMembers(_Chunks(blob, 700, readinto), "s.tar", chunk=1024)
+        return [(name, bytes(value)) for name, value in members]
+
+    assert read(data) == expected
+    archive_end = sum(512 + format.padded_size(size) for size in sizes)
+    # iteration stops at the first zero block: a cut in the second is not seen
+    cuts = sorted({c + d for c in range(0, archive_end + 512, 512) for d in (0, 1, 100, 511)})
+    for cut in cuts:
+        with pytest.raises(CorruptShardError):
+            read(data[:cut])
+
+
 def test_what_is_written_reads_back():
     """The writer's fields are the reader's: octal numbers and PAX records read back as written."""
     for value in (0, 1, 511, 8**11 - 1):
