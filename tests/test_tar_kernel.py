@@ -85,6 +85,97 @@ def test_any_size_field_reads_alike_fast_and_general(field):
         assert fast[1] == format.number(field) == _tarfile_size(block)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    edits=st.lists(st.tuples(st.integers(0, 511), st.integers(0, 255)), max_size=6),
+    spelling=st.sampled_from([b"%06o\0 ", b"%06o  ", b"%07o\0", b"%o\0"]),
+    off=st.sampled_from([0, 0, 65521, -65521, 1, -1]),
+)
+def test_the_fast_check_takes_a_header_exactly_where_the_general_rules_do(edits, spelling, off):
+    """Bytes changed anywhere (high ones too), the checksum written in other spellings or off by adler32's modulus:
+    the fast check (one struct call and one sum per header) takes a header only where the checksum rule
+    (sum_matches), number() and the type, prefix and folder rules take it, and the usual spellings always."""
+    block = bytearray(_header(b"00000000012\0"))
+    for at, value in edits:
+        block[at] = value
+    block[148:156] = b" " * 8
+    total = sum(block) + off
+    block[148:156] = (spelling % total)[:8].ljust(8, b"\0") if total >= 0 else b"x" * 8
+    block = bytes(block)
+    fast = format.plain_header(block, memoryview(block), 0, 1 << 62)
+    try:
+        stored = format.checksum_at(block, 0)
+        size = format.number(block[124:136])
+    except ValueError:
+        assert fast is None
+        return
+    name = format.header_name(block)
+    usual_size = block[135] in (0, 32) or block[124:136].isdigit()
+    expected = (
+        format.sum_matches(memoryview(block), 0, stored)
+        and block[156] in format.PLAIN
+        and block[345] == 0
+        and 0 <= size
+        and usual_size
+        and not (name[-1:] == "/" and block[156] == 0)
+    )
+    if fast is not None:
+        assert expected and fast == (name, size)
+    elif expected and block[148:156] == b"%06o\0 " % stored and block[124:136] == b"%011o\0" % size:
+        raise AssertionError("a header in the usual spellings that every rule takes was left to the general reader")
+
+
+class _Chunks:
+    """A stream that hands over at most ``step`` bytes a read (with ``readinto``, or ``read`` alone)."""
+
+    def __init__(self, data: bytes, step: int, readinto: bool) -> None:
+        self._data, self._pos, self._step = data, 0, step
+        if readinto:
+            self.readinto = self._readinto
+
+    def read(self, size: int = -1) -> bytes:
+        size = self._step if size is None or size < 0 else min(size, self._step)
+        out = self._data[self._pos : self._pos + size]
+        self._pos += len(out)
+        return out
+
+    def _readinto(self, buffer) -> int:
+        out = self.read(len(buffer))
+        memoryview(buffer)[: len(out)] = out
+        return len(out)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("readinto", [True, False])
+def test_large_members_of_a_stream_in_a_row_read_as_tarfile_reads_them_and_a_cut_anywhere_is_an_error(readinto):
+    """Members larger than the chunk one after another (the padding and the next header read alone after each),
+    among small ones: streamed, they read as tarfile reads them; cut at any block or inside one before the
+    end-of-archive block, an error."""
+    sizes = [3000, 5000, 10, 4096, 7000, 2049, 1, 0, 9000]
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i, size in enumerate(sizes):
+            info = tarfile.TarInfo(f"s{i:02d}.bin")
+            info.size = size
+            tar.addfile(info, io.BytesIO(bytes([i + 1]) * size))
+    data = out.getvalue()
+    expected = [(f"s{i:02d}.bin", bytes([i + 1]) * size) for i, size in enumerate(sizes)]
+
+    def read(blob: bytes) -> list:
+        members = TarMembers(_Chunks(blob, 700, readinto), "s.tar", chunk=1024)
+        return [(name, bytes(value)) for name, value in members]
+
+    assert read(data) == expected
+    archive_end = sum(512 + format.padded_size(size) for size in sizes)
+    # iteration stops at the first zero block: a cut in the second is not seen
+    cuts = sorted({c + d for c in range(0, archive_end + 512, 512) for d in (0, 1, 100, 511)})
+    for cut in cuts:
+        with pytest.raises(CorruptShardError):
+            read(data[:cut])
+
+
 def test_what_is_written_reads_back():
     """The writer's fields are the reader's: octal numbers and PAX records read back as written."""
     for value in (0, 1, 511, 8**11 - 1):

@@ -219,8 +219,9 @@ class StreamBuffer:
         """Where the fast path may read to from ``pos``: the bytes read (a streamed shard)."""
         return self.end
 
-    def fill(self, need: int) -> bool:
-        """Make ``need`` bytes available at ``pos``; False if the stream ends first.
+    def fill(self, need: int, exact: bool = False) -> bool:
+        """Make ``need`` bytes available at ``pos``; False if the stream ends first.  With ``exact``, no more than
+        ``need`` is read (not a chunk ahead).
 
         A damaged or cut compressed stream raises only once the bytes decompressed before
         the damage are used up, so the complete samples before it are still delivered.
@@ -230,7 +231,7 @@ class StreamBuffer:
             return True  # already there (a mapped shard, or what the last read brought)
         store = self._reading_buffer(need)
         if store is None:
-            return self._fill_joined(need, have)
+            return self._fill_joined(need, have, exact)
         # the bytes not yet used go to the front of the read buffer, and the stream is read in after them: the
         # buffer is reused, nothing is joined (the members are copied out of it once, as bytes)
         if have and self.buf is store:
@@ -246,7 +247,7 @@ class StreamBuffer:
                 if self._failure is not None:
                     failure = self._failure
                     break
-                step = self.chunk if self.base + have >= self._small_until else FIRST_READ
+                step = 0 if exact else self.chunk if self.base + have >= self._small_until else FIRST_READ
                 try:
                     got = self._read_into(view[have : have + min(max(step, need - have), len(store) - have)])
                 except CorruptShardError as exc:
@@ -273,7 +274,7 @@ class StreamBuffer:
             store = self._store = mmap.mmap(-1, 2 * max(self.chunk, FIRST_READ) + 2 * BLOCK)
         return store if need <= len(store) - max(self.chunk, FIRST_READ) else None
 
-    def _fill_joined(self, need: int, have: int) -> bool:
+    def _fill_joined(self, need: int, have: int, exact: bool = False) -> bool:
         """:meth:`fill` by joining the bytes not yet used with those read after them (views, or a large need)."""
         parts = [self.buf[self.pos : self.end]] if have else []
         failure = None
@@ -282,7 +283,7 @@ class StreamBuffer:
                 failure = self._failure
                 break
             try:
-                step = self.chunk if self.base + self.pos + have >= self._small_until else FIRST_READ
+                step = 0 if exact else self.chunk if self.base + self.pos + have >= self._small_until else FIRST_READ
                 data = self.read(max(step, need - have))
             except CorruptShardError as exc:
                 self._failure = exc
@@ -316,11 +317,14 @@ class StreamBuffer:
             data = self._read_payload(head, size, name, header_offset)
             self.base += self.end + size - len(head)
             self.pos = self.end = 0
+            # only the padding and the next header are read now: when the next member is large too, none of its
+            # data is read ahead into the chunk buffer, to be copied out of it again (it all goes straight into its
+            # own payload)
             pad = padded - size
-            if pad:
-                if not self.fill(pad):
-                    raise self.fail(cut_in_padding(size, self.end - self.pos), name, header_offset)
-                self.pos = pad
+            self.fill(pad + BLOCK, exact=True)
+            if self.end < pad:
+                raise self.fail(cut_in_padding(size, self.end - self.pos), name, header_offset)
+            self.pos = pad
             return data
         if not self.fill(padded):
             got = self.end - self.pos

@@ -14,6 +14,7 @@ to it.  Where the fast check reads a value, it is the general reader's.  The wri
 
 from __future__ import annotations
 
+import struct
 import zlib
 from typing import Any, Optional
 
@@ -45,6 +46,7 @@ __all__ = [
     "sum_matches",
     "checksum_ok",
     "plain_header",
+    "plain_headers",
     "header_name",
     "is_tar_header",
     "plain_member",
@@ -152,33 +154,80 @@ def checksum_ok(header: bytes) -> bool:
     return stored == signed + 256
 
 
+#: the fields the fast path reads from a header, in one call: the name, the size's first eleven digits and the
+#: byte after them, the checksum's six digits and the two bytes after them, the type flag and the prefix's first byte
+_PLAIN_FIELDS = struct.Struct("100s24x11sB12x6sBBB188xB")
+
+
+def plain_headers(
+    buf: Any, pos: int, end: int, max_member: int, names: list, heads: list, sizes: list, one: bool = False
+) -> int:
+    """The plain members whose headers and padded data lie in ``buf[pos:end]``, one after another from ``pos``:
+    each one's name, header offset and size appended to ``names``, ``heads`` and ``sizes``, until a header the
+    fast path may not take (see :func:`plain_header`) or a member past ``end``; returns where it stopped.  With
+    ``one``, the header at ``pos`` alone is read, wherever its data lies.
+
+    Its check is :func:`plain_header`'s, written out in one loop (it runs per member of a shard of tiny samples):
+    each header's fields come out of one ``struct`` call, and its checksum is one C pass over the block
+    (:func:`sum_matches`'s rule, the checksum field's own bytes taken back out of the sum)."""
+    unpack = _PLAIN_FIELDS.unpack_from
+    view = memoryview(buf)
+    try:
+        while pos + 512 <= end:
+            raw, digits, after, sum_digits, sum_end, sum_pad, flag, prefix = unpack(buf, pos)
+            if flag not in PLAIN or prefix:
+                break
+            try:
+                size = int(digits if after == 0 or after == 32 else buf[pos + _SIZE : pos + _SIZE_END], 8)
+                if sum_end == 0:  # the usual spelling: six digits and a NUL
+                    stored = int(sum_digits, 8)
+                    field = sum(sum_digits) + sum_pad
+                else:
+                    stored = checksum_at(buf, pos)
+                    field = sum(buf[pos + _CHECKSUM : pos + _CHECKSUM_END])
+            except ValueError:
+                break
+            nxt = pos + 512 + ((size + 511) & ~511)
+            # the sum of the block with its checksum field counted as spaces, modulo 65521 as adler32's first half
+            # gives it (see sum_matches): the stored value is taken at that sum, or 65521 above it
+            if (
+                not 0 <= size <= max_member
+                or not 0 <= stored - 256 < 131042
+                or (stored - 255 + field - (zlib.adler32(view[pos : pos + 512]) & 0xFFFF)) % 65521
+                or (nxt > end and not one)
+            ):
+                break
+            nul = raw.find(0)
+            name = (raw[:nul] if nul >= 0 else raw).decode("utf-8", "surrogateescape")
+            if name[-1:] == "/" and not flag:
+                break  # an old-style directory (see DIRECTORY)
+            names.append(name)
+            heads.append(pos)
+            sizes.append(size)
+            pos = nxt
+            if one:
+                break
+    finally:
+        view.release()
+    return pos
+
+
 def plain_header(buf: Any, view: Any, pos: int, max_member: int) -> Optional[tuple[str, int]]:
     """``(name, size)`` of the member whose header is at ``pos`` when the fast path may take it: a plain regular
-    member (type ``0``) of at most ``max_member`` bytes, its size and checksum in their usual spellings
+    member (type ``0``) of at most ``max_member`` bytes, its size and checksum in their usual spellings,
     the checksum right, no name prefix; else None (the general reader takes it, and says what is wrong
     with it).  ``view`` is a memoryview of ``buf``.
 
     The size is read in its usual spellings, the twelve digits or eleven when a NUL or a space ends them: where
     that reads a value it is :func:`number`'s (tests check every byte at the end), and where it cannot, the
     general reader asks :func:`number`.  The checksum's usual spelling (six digits and a NUL) is read here, any
-    other by :func:`checksum_at`.  Asked once per member by the fast path: written out, not split in calls."""
-    try:
-        size = int(buf[pos + _SIZE : pos + (135 if buf[pos + 135] in (0, 32) else _SIZE_END)], 8)
-        stored = int(buf[pos + _CHECKSUM : pos + 154], 8) if buf[pos + 154] == 0 else checksum_at(buf, pos)
-    except ValueError:
+    other by :func:`checksum_at`.  The fast path reads whole runs of headers with :func:`plain_headers`, this
+    check written out in one loop."""
+    names: list = []
+    sizes: list = []
+    if plain_headers(buf, pos, pos + 512, max_member, names, [], sizes, True) == pos:
         return None
-    if (
-        not 0 <= size <= max_member
-        or buf[pos + _TYPE] not in PLAIN
-        or buf[pos + _PREFIX]
-        or not sum_matches(view, pos, stored)
-    ):
-        return None
-    end = buf.find(b"\0", pos, pos + 100)
-    name = buf[pos : end if end >= 0 else pos + 100].decode("utf-8", "surrogateescape")
-    if name[-1:] == "/" and not buf[pos + _TYPE]:
-        return None  # an old-style directory (see DIRECTORY)
-    return name, size
+    return names[0], sizes[0]
 
 
 def header_name(header: bytes) -> str:

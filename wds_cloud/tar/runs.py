@@ -2,7 +2,7 @@
 
 A member source hands its members to grouping in runs (:class:`Run`): every plain member lying wholly in the
 buffer's current window, read in one tight pass over their headers (:meth:`Runs.scan`, each header checked by
-:func:`~wds_cloud.tar.format.plain_header`), or taken from the member table an earlier pass over the same file
+:func:`~wds_cloud.tar.format.plain_headers`), or taken from the member table an earlier pass over the same file
 kept (:meth:`Runs.table_run`: no header read, the first and last checked against the file).  Under the default
 key rule a table's names come split into keys and field names already (:class:`KeyedRun`, from
 :meth:`Runs.keyed_run`), and what is left per member is the slice and the dict.  Whatever a run does not take
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import table as tables
-from .format import plain_header, same_header
+from .format import plain_headers, same_header
 from .table import MemberTable, Recorder
 
 __all__ = ["Run", "KeyedRun", "Runs"]
@@ -99,43 +99,31 @@ class Runs:
         moved past them; the members the filter drops are left out (and move no offset).  None where the member
         at the position is not one (the general reader reads it)."""
         buf, pos, base = b.buf, b.pos, b.base
-        end = b.window(pos)
-        start = pos
-        view = memoryview(buf)
-        source = view if self.views else buf
-        max_member = self.max_member
-        select = self.select
-        keep_all = select is None
-        meta_only = self.meta_only
-        recorder = self._recorder
         names: list = []
-        datas: list = []
         heads: list = []
-        try:
-            while pos + 512 <= end:
-                found = plain_header(buf, view, pos, max_member)
-                if found is None:
-                    break
-                name, size = found
-                nxt = pos + 512 + ((size + 511) & ~511)
-                if nxt > end:
-                    break
-                if recorder is not None:
-                    recorder.names.append(name)
-                    recorder.heads.append(pos)
-                    recorder.sizes.append(size)
-                if keep_all or (meta_only and name[:2] != "__") or select(name):  # type: ignore[misc]
-                    names.append(name)
-                    datas.append(source[pos + 512 : pos + 512 + size])
-                    heads.append(pos)
-                pos = nxt
-        finally:
-            view.release()  # the views handed out stay valid (each holds the buffer)
-        if pos == start:
+        sizes: list = []
+        end = plain_headers(buf, pos, b.window(pos), self.max_member, names, heads, sizes)
+        if end == pos:
             return None
-        b.pos = pos
-        if recorder is not None and not recorder.flush():  # larger than the bound: no more is recorded this pass
-            self._recorder = None
+        b.pos = end
+        recorder = self._recorder
+        if recorder is not None:
+            recorder.names += names
+            recorder.heads += heads
+            recorder.sizes += sizes
+            if not recorder.flush():  # larger than the bound: no more is recorded this pass
+                self._recorder = None
+        select = self.select
+        if select is not None:
+            meta_only = self.meta_only
+            keep = [i for i, name in enumerate(names) if (meta_only and name[:2] != "__") or select(name)]
+            if len(keep) < len(names):
+                names, heads, sizes = [names[i] for i in keep], [heads[i] for i in keep], [sizes[i] for i in keep]
+        if self.views:
+            with memoryview(buf) as view:  # the views handed out stay valid (each holds the buffer)
+                datas = [view[head + 512 : head + 512 + size] for head, size in zip(heads, sizes)]
+        else:
+            datas = [buf[head + 512 : head + 512 + size] for head, size in zip(heads, sizes)]
         return Run(names, datas, heads, base)
 
     def table_run(self, b: Any) -> Optional[Run]:
