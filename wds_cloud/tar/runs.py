@@ -113,18 +113,22 @@ class Runs:
             recorder.sizes += sizes
             if not recorder.flush():  # larger than the bound: no more is recorded this pass
                 self._recorder = None
-        select = self.select
-        if select is not None:
-            meta_only = self.meta_only
-            keep = [i for i, name in enumerate(names) if (meta_only and name[:2] != "__") or select(name)]
-            if len(keep) < len(names):
-                names, heads, sizes = [names[i] for i in keep], [heads[i] for i in keep], [sizes[i] for i in keep]
+        if self.select is not None:
+            names, heads, sizes = self._selected(names, heads, sizes)
         if self.views:
             with memoryview(buf) as view:  # the views handed out stay valid (each holds the buffer)
                 datas = [view[head + 512 : head + 512 + size] for head, size in zip(heads, sizes)]
         else:
             datas = [buf[head + 512 : head + 512 + size] for head, size in zip(heads, sizes)]
         return Run(names, datas, heads, base)
+
+    def _selected(self, names: list, heads: list, sizes: list) -> tuple:
+        """The members of a run the filter keeps (``select``, or the metadata rule): names, heads and sizes."""
+        select, meta_only = self.select, self.meta_only
+        keep = [i for i, name in enumerate(names) if (meta_only and name[:2] != "__") or select(name)]  # type: ignore[misc]
+        if len(keep) == len(names):
+            return names, heads, sizes
+        return [names[i] for i in keep], [heads[i] for i in keep], [sizes[i] for i in keep]
 
     def table_run(self, b: Any) -> Optional[Run]:
         """The next run from the member table (see :meth:`scan`); None where the table has no entry at the
@@ -139,12 +143,8 @@ class Runs:
         if not self._matches(b.buf, heads[0], names[0], sizes[0], heads[-1], names[-1], sizes[-1]):
             return None
         b.pos = end
-        select = self.select
-        if select is not None:
-            meta_only = self.meta_only
-            keep = [i for i, name in enumerate(names) if (meta_only and name[:2] != "__") or select(name)]
-            if len(keep) < len(names):
-                names, heads, sizes = [names[i] for i in keep], [heads[i] for i in keep], [sizes[i] for i in keep]
+        if self.select is not None:
+            names, heads, sizes = self._selected(names, heads, sizes)
         source = self._source(b.buf)
         datas = [source[head + 512 : head + 512 + size] for head, size in zip(heads, sizes)]
         return Run(names, datas, heads, b.base)
