@@ -660,3 +660,48 @@ def test_a_resume_between_large_samples_is_exact(tmp_path, monkeypatch):
         again = wds.WebDataset([str(path)], shardshuffle=False)
         again.load_state_dict(state)
         assert [s["__key__"] for s in again] == whole[k:]
+
+
+@pytest.mark.parametrize("count", [4, 40, 400])
+def test_large_plain_members_are_handed_over_by_the_fast_path_at_a_bounded_cost_each(tmp_path, monkeypatch, count):
+    """A plain member larger than the window of a mapped shard comes from the fast path as a run whose read()
+    reads it (after the sample before it is handed over), not from the general reader; per member, on a first
+    pass and on one from the kept member table alike: one pread, one size check of the file (the table's runs
+    and the scan ask for the window at the same position), and the pages given back at most once per 64 windows
+    (a madvise per member cost more than the pages of the headers it gave back)."""
+    from wds_cloud.tar import table as tables
+
+    monkeypatch.setattr(tables, "SETTLED", -1.0)  # a file written just now keeps its table here
+    monkeypatch.setattr(buffers, "LARGE", 50_000)
+    sizes = [70_000 + i for i in range(count)]
+    path = tmp_path / "large.tar"
+    path.write_bytes(_large_tar(sizes))
+    counts = dict.fromkeys(("slow", "pread", "size checks", "drops"), 0)
+
+    def counted(name, real):
+        def call(*args):
+            counts[name] += 1
+            return real(*args)
+
+        return call
+
+    monkeypatch.setattr(TarMembers, "_next_slow", counted("slow", TarMembers._next_slow))
+    monkeypatch.setattr(os, "pread", counted("pread", os.pread))
+    monkeypatch.setattr(buffers.MappedBuffer, "_check_size", counted("size checks", buffers.MappedBuffer._check_size))
+    monkeypatch.setattr(buffers, "drop", counted("drops", buffers.drop))
+    st = os.stat(path)
+    identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    window = 65536
+    for first in (True, False):
+        assert (tables.lookup(identity) is None) == first
+        counts.update(dict.fromkeys(counts, 0))
+        members = TarMembers(gopen(str(path)), str(path), chunk=window)
+        members.begin()
+        assert members.mapped
+        got = [sample["bin"] for sample in group(members.runs(False, defer=True), members, str(path))]
+        members.close()
+        assert got == [bytes([i % 251]) * size for i, size in enumerate(sizes)]
+        assert counts["slow"] == 1, counts  # the end of the archive alone
+        assert counts["pread"] == count, counts
+        assert counts["size checks"] == count + 1, counts
+        assert counts["drops"] <= sum(sizes) // (64 * window), counts

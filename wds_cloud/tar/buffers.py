@@ -441,6 +441,7 @@ class MappedBuffer(StreamBuffer):
         self._source = source
         self.buf, self.base, self.pos, self.end = mapping, streamed.base - at, at, len(mapping)
         self._dropped = self._populated = at  # pages given back before, and mapped up to, these offsets
+        self._asked = self._answered = -1  # the position window() was last asked at, and its answer
         self.stream = _DRAINED  # every byte is in the buffer: a read past it finds the end
 
     @classmethod
@@ -460,18 +461,27 @@ class MappedBuffer(StreamBuffer):
     def window(self, pos: int) -> int:
         """Where the fast path stops (a window of ``chunk`` bytes past ``pos``): the pages read before the last
         window are given back, and those of the window not mapped for the one before are mapped, unless the member
-        at ``pos`` is larger than the window (the general reader reads it, with one ``pread``)."""
+        at ``pos`` is larger than the window (read with one ``pread``).  Asked again at the same position (the
+        member table's runs, then the scan), it answers at once.
+
+        Pages are given back every 8 windows read, or where none were mapped for a window since (large members
+        one after another: only the pages their headers were read from) every 64: a ``madvise`` per 8 MB member
+        cost more than the headers' pages it gave back."""
+        if pos == self._asked:
+            return self._answered
         window = self.chunk
         end = pos + window
         if self.buf is self.mapping:
             self._check_size()
-            if pos - self._dropped >= 8 * window:
+            behind = pos - self._dropped
+            if behind >= 8 * window and (self._populated > self._dropped or behind >= 64 * window):
                 drop(self.mapping, self._dropped, pos - window)
                 self._dropped = pos - window
             if end > self._populated and self._fits(pos, end):
                 populate(self.mapping, max(pos, self._populated), end)
                 self._populated = end
-        return min(self.end, end)
+        self._asked, self._answered = pos, min(self.end, end)
+        return self._answered
 
     def _fits(self, pos: int, end: int) -> bool:
         """Whether the member whose header is at ``pos`` may end by ``end`` (no: it is read by the general reader,

@@ -206,7 +206,7 @@ class TarMembers:
                 if run is None:
                     run = runs.table_run(b) if runs.table is not None else None
                     if run is None:
-                        run = runs.scan(b)
+                        run = runs.scan(b, defer)
             if run is None:
                 item = self._next_slow()
                 if item is _END:

@@ -18,8 +18,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Optional
 
+from . import buffers
 from . import table as tables
 from .format import plain_headers, same_header
 from .table import MemberTable, Recorder
@@ -94,18 +96,28 @@ class Runs:
                 tables.SETTLED,
             )
 
-    def scan(self, b: Any) -> Optional[Run]:
+    def scan(self, b: Any, defer: bool = False) -> Optional[Run]:
         """The plain members from ``b.pos`` that lie wholly in the window ``b.window`` gives, the read position
-        moved past them; the members the filter drops are left out (and move no offset).  None where the member
-        at the position is not one (the general reader reads it)."""
+        moved past them; the members the filter drops are left out (and move no offset).  With ``defer``, a plain
+        member larger than the window whose bytes the buffer holds (a mapped file's) comes alone, as a run whose
+        ``read()`` reads its data (see :class:`Run`).  None where the member at the position is neither (the
+        general reader reads it)."""
         buf, pos, base = b.buf, b.pos, b.base
         names: list = []
         heads: list = []
         sizes: list = []
         end = plain_headers(buf, pos, b.window(pos), self.max_member, names, heads, sizes)
         if end == pos:
-            return None
-        b.pos = end
+            if not defer or self.views:
+                return None
+            end = plain_headers(buf, pos, min(pos + 512, b.end), self.max_member, names, heads, sizes, True)
+            if end == pos or sizes[0] < buffers.LARGE or end > b.end:
+                return None
+            b.pos = pos + 512  # the header is read; the data stays unread until the run's read() is called
+            read: Optional[Callable[[], Any]] = partial(b.take, sizes[0], names[0], base + pos)
+        else:
+            b.pos = end
+            read = None
         recorder = self._recorder
         if recorder is not None:
             recorder.names += names
@@ -115,6 +127,11 @@ class Runs:
                 self._recorder = None
         if self.select is not None:
             names, heads, sizes = self._selected(names, heads, sizes)
+        if read is not None:
+            if not names:  # the filter drops it: its data is never read
+                b.pos = end
+                return Run(names, [], heads, base)
+            return Run(names, [None], heads, base, None, None, read)
         if self.views:
             with memoryview(buf) as view:  # the views handed out stay valid (each holds the buffer)
                 datas = [view[head + 512 : head + 512 + size] for head, size in zip(heads, sizes)]
