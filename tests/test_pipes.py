@@ -376,3 +376,32 @@ def test_a_length_claiming_more_than_arrives_takes_memory_only_as_bytes_arrive(t
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     message, grew = done.stdout.split("\n")[:2]
     assert message == "got end of file during message" and int(grew) < 64, done.stderr
+
+
+def test_waiting_for_a_message_makes_no_selector_and_answers_as_multiprocessing_does(monkeypatch):
+    """The queue waits for a batch with a poll object each receiving thread keeps (the connection's made,
+    registered and closed a selector per batch): no selector per get, and the same answers as multiprocessing's
+    queue: a message, Empty on a timeout and on get_nowait, empty(), and EOFError once the writer is gone."""
+    import multiprocessing.connection
+    import os
+
+    made: list = []
+    real = multiprocessing.connection.wait
+    monkeypatch.setattr(multiprocessing.connection, "wait", lambda *a, **k: (made.append(1), real(*a, **k))[1])
+    got = {}
+    for name, q in _queues():
+        made.clear()
+        outcomes = [_outcome(lambda q=q: q.get(timeout=0.01)), _outcome(q.get_nowait), q.empty()]
+        for i in range(50):
+            q._sem.acquire()  # as put() counts a message
+            os.write(q._writer.fileno(), _frame(("batch", i)))
+        outcomes.append(q.empty())
+        outcomes += [q.get(timeout=60) for _ in range(50)]
+        outcomes.append(_outcome(lambda q=q: q.get(timeout=0)))
+        q._writer.close()
+        outcomes.append(_outcome(lambda q=q: q.get(timeout=60)))
+        got[name] = (outcomes, len(made))
+    (wide, selectors), (plain, _) = got["wide"], got["multiprocessing"]
+    assert wide == plain
+    assert wide[0][0] == wide[1][0] == "Empty" and wide[-1][0] == "EOFError" and wide[2] is True and wide[3] is False
+    assert selectors == 0

@@ -18,10 +18,12 @@ message of up to :data:`KEPT_BYTES` goes into a buffer each receiving thread kee
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.queues
 import os
+import select
 import struct
 import threading
 from typing import Any, Optional
@@ -75,7 +77,8 @@ class WideQueue(multiprocessing.queues.Queue):
         # the base class's own hook: messages are then received by _recv_whole (see there)
         super()._reset(after_fork)  # type: ignore[misc]
         self._recv_bytes = self._recv_whole
-        self._kept = threading.local()  # each receiving thread's buffer (see _recv_whole)
+        self._poll = self._poll_kept
+        self._kept = threading.local()  # each receiving thread's buffer (see _recv_whole) and poll object
 
     def _recv_whole(self) -> Any:
         """One message of the pipe (``multiprocessing``'s framing: a 4-byte big-endian length, -1 then an 8-byte
@@ -97,6 +100,17 @@ class WideQueue(multiprocessing.queues.Queue):
         if buffer is None or len(buffer) < size:  # the next power of two: batches of about one size share it
             buffer = kept.buffer = bytearray(1 << (max(size, 1 << 16) - 1).bit_length())
         return _read_exactly(fd, size, buffer)
+
+    def _poll_kept(self, timeout: Optional[float] = 0.0) -> bool:
+        """Whether a message (or the end of the pipe) is there within ``timeout`` seconds (None: wait), as the
+        connection's ``poll`` says it, with one ``poll`` object each receiving thread keeps: the connection's
+        makes a selector, registers the pipe and closes it again for every batch."""
+        kept = self._kept
+        poller = getattr(kept, "poller", None)
+        if poller is None:
+            poller = kept.poller = select.poll()
+            poller.register(self._reader.fileno(), select.POLLIN)  # type: ignore[attr-defined]  # (as in put)
+        return bool(poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000))))
 
     def get(self, block: bool = True, timeout: Optional[float] = None) -> Any:
         # how deep this thread is in gets: one asked while another's message is unpickled (by an object's
