@@ -17,7 +17,7 @@ from ..dataset.fluid import FluidInterface
 from ..errors import ConfigError, NotResumableError, StateMismatchError
 from ..io.resilient import TransferStats
 from ..pipeline import DataPipeline
-from ..pytorch import HAVE_TORCH, DataLoader, IterableDataset
+from ..pytorch import HAVE_TORCH, IterableDataset
 from ..resume import loader as loaderstate
 from ..resume.elastic import LOADER_FORMAT, check_merged, is_merged, items_share
 from ..resume.merge import merge_states
@@ -27,6 +27,7 @@ from ..resume.views import KeepingViews, default_collate, view_keeping
 from ..resume.wiring import stage_name
 from ..tar import table as tables
 from . import frames, pipes, transport, unframe
+from .torchloader import TorchLoader
 
 __all__ = ["WebLoader", "gather_states", "gather_merged", "merge_gathered"]
 
@@ -161,7 +162,7 @@ class WebLoader(DataPipeline, FluidInterface):
             persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device,
         )
-        super().__init__(DataLoader(given, **loader_args, **kw))
+        super().__init__(TorchLoader(given, **loader_args, **kw))
         if self._untag is not None:
             self.append(self._untag)
         if self._unstats is not None:
