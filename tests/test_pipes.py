@@ -405,3 +405,39 @@ def test_waiting_for_a_message_makes_no_selector_and_answers_as_multiprocessing_
     assert wide == plain
     assert wide[0][0] == wide[1][0] == "Empty" and wide[-1][0] == "EOFError" and wide[2] is True and wide[3] is False
     assert selectors == 0
+
+
+def _get_all(queue, count: int, out) -> None:
+    out.put([queue.get(timeout=120) for _ in range(count)])
+
+
+def test_the_main_process_writes_small_messages_itself_in_order_and_never_waits_on_a_full_pipe():
+    """The process that made a queue writes a small message (an index) itself, no feeder thread started; where
+    the pipe has no room, or the message is large, the feeder thread takes it and every message after it: a
+    reader gets them all, in order, and put() never blocks on a full pipe."""
+    import multiprocessing
+
+    ctx = pipes.context()
+    q = ctx.Queue()
+    for i in range(10):
+        q.put(("index", i))
+    assert q._thread is None  # no feeder thread for small messages with room
+    messages = [("index", i) for i in range(10)]
+    i = 10
+    while q._thread is None:  # nobody reads: the pipe fills, then the feeder thread takes over
+        q.put(("index", i))
+        messages.append(("index", i))
+        i += 1
+    assert i < 10_000
+    big = ("batch", b"x" * 100_000)
+    q.put(big)
+    messages.append(big)
+    messages += [("index", j) for j in range(i, i + 20)]
+    for message in messages[-20:]:
+        q.put(message)
+    out = multiprocessing.get_context("fork").SimpleQueue()
+    reader = multiprocessing.get_context("fork").Process(target=_get_all, args=(q, len(messages), out))
+    reader.start()
+    assert out.get() == messages
+    reader.join(60)
+    assert reader.exitcode == 0

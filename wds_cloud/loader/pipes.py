@@ -18,17 +18,20 @@ message of up to :data:`KEPT_BYTES` goes into a buffer each receiving thread kee
 
 from __future__ import annotations
 
+import array
 import math
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.queues
 import os
+import queue
 import select
 import struct
 import threading
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Optional
 
-__all__ = ["PIPE_BYTES", "ALLOWANCE_FLOOR", "KEPT_BYTES", "allowance", "context", "widen", "WideQueue"]
+__all__ = ["PIPE_BYTES", "ALLOWANCE_FLOOR", "KEPT_BYTES", "DIRECT_BYTES", "allowance", "context", "widen", "WideQueue"]
 
 #: the size asked for a worker result pipe (64 pages): a 1 MiB batch crosses in four writes, not sixteen, which
 #: measured as fast as one (bench/README.md), while a loader takes a quarter of what a 1 MiB pipe would of the
@@ -44,14 +47,20 @@ ALLOWANCE_FLOOR = 4096
 #: buffer of its own, freed with it): what a kept buffer may hold on to
 KEPT_BYTES = 4 << 20
 
+#: the largest message the process that made a queue writes itself (see WideQueue._put_now): an index
+DIRECT_BYTES = 1024
+_PAGE = 4096  # what a small write may take of a pipe, at most
+
 _ALLOWANCE = "/proc/sys/fs/pipe-user-pages-soft"
 
 try:
     import fcntl
+    import termios
 
     _SETPIPE = getattr(fcntl, "F_SETPIPE_SZ", None)
 except ImportError:  # not a POSIX system
     fcntl = None  # type: ignore[assignment]
+    termios = None  # type: ignore[assignment]
     _SETPIPE = None
 
 
@@ -123,10 +132,34 @@ class WideQueue(multiprocessing.queues.Queue):
             kept.depth -= 1
 
     def put(self, obj: Any, block: bool = True, timeout: Optional[float] = None) -> None:
-        if not self._widened and os.getpid() != self._made_in:
+        if os.getpid() == self._made_in:
+            if self._thread is None and self._put_now(obj, block, timeout):  # type: ignore[attr-defined]
+                return
+        elif not self._widened:
             self._widened = True
             widen(self._writer.fileno())  # type: ignore[attr-defined]  # (its base class's pipe, not in the stubs)
         super().put(obj, block, timeout)
+
+    def _put_now(self, obj: Any, block: bool, timeout: Optional[float]) -> bool:
+        """In the process that made the queue (the main process, putting the next index for a worker), a small
+        message is written by the caller, where the pipe has room for it: ``multiprocessing`` hands every
+        message to a feeder thread, whose waking cost the main process more than the write.  False (nothing
+        done) for a large message, a pipe without room, or a closed queue: the feeder thread takes it, and every
+        message after it (none is written ahead of one the thread still holds)."""
+        if self._closed:  # type: ignore[attr-defined]
+            return False
+        data = ForkingPickler.dumps(obj)
+        if len(data) > DIRECT_BYTES:
+            return False
+        fd = self._writer.fileno()  # type: ignore[attr-defined]  # (as in put)
+        if _room(fd) < len(data) + 4 + _PAGE:
+            return False
+        if not self._sem.acquire(block, timeout):  # type: ignore[attr-defined]  # (as multiprocessing's put counts)
+            raise queue.Full
+        message = struct.pack("!i", len(data)) + bytes(data)
+        with self._wlock:  # type: ignore[attr-defined]
+            os.write(fd, message)  # at most a page into a pipe with room: whole, and at once
+        return True
 
     def capacity(self) -> Optional[int]:
         """How many bytes the queue's pipe holds (``F_GETPIPE_SZ``), None where that cannot be asked."""
@@ -137,6 +170,20 @@ class WideQueue(multiprocessing.queues.Queue):
             return fcntl.fcntl(self._reader.fileno(), getpipe)  # type: ignore[attr-defined]  # (as in put)
         except OSError:
             return None
+
+
+def _room(fd: int) -> int:
+    """The bytes the pipe behind ``fd`` can take now (its size less what it holds), 0 where that cannot be asked."""
+    getpipe = getattr(fcntl, "F_GETPIPE_SZ", None) if fcntl is not None else None
+    if getpipe is None:
+        return 0
+    try:
+        size = fcntl.fcntl(fd, getpipe)
+        held = array.array("i", [0])
+        fcntl.ioctl(fd, termios.FIONREAD, held)
+    except OSError:
+        return 0
+    return size - held[0]
 
 
 def _read_exactly(fd: int, size: int, into: Optional[bytearray] = None) -> Any:
