@@ -325,3 +325,28 @@ def test_the_reading_commands_help_says_their_own_exit_codes(capsys):
             cli_main([command, "--help"])
         text = capsys.readouterr().out
         assert "exit codes: 0 done" in text and "recorded at the destination" not in text, command
+
+
+@pytest.mark.parametrize("samples_flag", [[], ["--samples"], ["--json"]])
+def test_a_damaged_shard_is_listed_up_to_the_damage_then_the_error(tmp_path, capsys, samples_flag):
+    """As `tar tv` lists a cut archive: the samples whole before the damage, then the error (exit 1); the
+    listing showed nothing at all (new user finding).  With --json, the one document is the error's."""
+    path = tmp_path / "cut.tar"
+    with wds.TarWriter(str(path)) as writer:
+        for i in range(50):
+            writer.write({"__key__": f"s{i:03d}", "txt": b"x" * 1000, "cls": b"%d" % i})
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2 + 100])  # cut inside a member
+    code, out, err = run(capsys, "ls", *samples_flag, str(path))
+    whole = len(data) // 2 // (1536 + 1024)  # each sample: members of 512 + 1024 and 512 + 512 bytes
+    if samples_flag == ["--json"]:
+        error = json.loads(out)
+        assert code == 1 and error["ok"] is False and "truncated" in error["error"]
+        return
+    assert code == 1 and "truncated" in err and str(path) in err
+    if samples_flag:
+        keys = [line.split()[0] for line in out.splitlines()]
+        assert keys == [f"s{i:03d}" for i in range(len(keys))] and len(keys) >= whole - 2
+    else:
+        names = [line.split()[-1] for line in out.splitlines()]
+        assert names[:2] == ["s000.cls", "s000.txt"] and len(names) >= 2 * (whole - 2)

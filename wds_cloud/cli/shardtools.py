@@ -23,7 +23,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import IO, Any, Optional, Union, cast
 
 from ..errors import ConfigError, CorruptShardError, ShardNotFoundError, WdsCloudError, redact
-from ..index.formats import index_stream
+from ..index.formats import group_members, index_stream
 from ..index.sidecar import build_index, index_of, read_index, read_range, wids_description, write_index
 from ..io.descriptions import write_description
 from ..io.integrity import Hashing
@@ -106,12 +106,17 @@ def _ls(args: argparse.Namespace) -> int:
     if is_folder(args.url):  # a folder or a store's prefix: its objects with their sizes, as `aws s3 ls` lists
         list_folder(args.url, args.json)
         return EXIT_OK
+    damage: Optional[CorruptShardError] = None
     try:
-        index = build_index(args.url, storage_options=None)
+        samples = build_index(args.url, storage_options=None).samples
     except ShardNotFoundError as exc:
         if is_local(args.url):  # its message names the path looked for
             raise
         raise ShardNotFoundError(f"{exc}; {_look_beside(args.url)}", url=args.url) from None
+    except CorruptShardError as exc:  # as `tar tv` does: what lies before the damage is listed, then the error
+        if args.json:  # (one JSON document: the error's)
+            raise
+        samples, damage = _before_damage(args.url), exc
     if args.samples:
         data = [
             {
@@ -119,7 +124,7 @@ def _ls(args: argparse.Namespace) -> int:
                 "fields": {ext: size for ext, _, size, _ in s.fields},
                 "bytes": sum(size for _, _, size, _ in s.fields),
             }
-            for s in index.samples
+            for s in samples
         ]
         emit(
             args,
@@ -129,11 +134,27 @@ def _ls(args: argparse.Namespace) -> int:
             ),
         )
     else:
-        data = [
-            {"name": name, "size": size, "offset": offset} for s in index.samples for _, offset, size, name in s.fields
-        ]
+        data = [{"name": name, "size": size, "offset": offset} for s in samples for _, offset, size, name in s.fields]
         emit(args, data, lambda rows: "\n".join(f"{r['size']:>10}  {r['name']}" for r in rows))
+    if damage is not None:
+        raise damage
     return EXIT_OK
+
+
+def _before_damage(url: str) -> list:
+    """The whole samples of a damaged shard that lie before the damage (its last sample read is left out: the
+    damage may have cut it short)."""
+    read: list = []
+    try:
+        with gopen(url, "rb") as stream:
+            index_stream(stream, url, read=read)
+    except (WdsCloudError, OSError):
+        pass  # the error the index gave is the one reported
+    try:
+        samples = group_members(read, None, url)
+    except CorruptShardError:  # a repeated field: the index's error says it
+        return []
+    return samples[:-1]
 
 
 def _look_beside(url: str) -> str:

@@ -321,16 +321,20 @@ def index_stream(
     keys: Optional[Callable[[str], tuple]] = None,
     max_member: Optional[int] = None,
     on_member: Optional[Callable[[str, bytes], None]] = None,
+    read: Optional[list] = None,
 ) -> tuple[list[SampleEntry], TarMembers]:
     """The samples of a tar stream read once from its start (``keys``: the key rule, default first dot).
 
     Members whose key is empty (hidden files, names without a dot) and ``__meta__`` files are left out,
-    as the readers leave them out.  ``on_member(name, data)`` sees every member read (for checksums).
+    as the readers leave them out.  ``on_member(name, data)`` sees every member read (for checksums);
+    ``read`` (a list), where given, gets each member's ``(name, data offset, size)`` as it is read: what was read
+    before damage stops the stream (``wds-cloud ls`` lists it before the error).
     """
     if max_member is None:  # the limit every reader applies (WDS_MAX_MEMBER_SIZE), so the tools agree with them
         max_member = config.current().max_member_size
     members = TarMembers(stream, url, select=member_filter(SKIP_META, None, None), max_member=max_member)
-    read: list[tuple[str, int, int]] = []
+    if read is None:
+        read = []
     for name, data in members:
         if on_member is not None:
             on_member(name, data)
