@@ -373,3 +373,24 @@ def test_an_epoch_writes_the_index_as_a_by_product():
         assert all(rng for method, key, rng in store.requests if key.endswith(".tar"))  # only ranged reads
     finally:
         server.stop()
+
+
+def test_the_index_lists_the_samples_and_fields_the_reader_yields(tmp_path):
+    """Adversary finding: the index split names by a rule of its own (no key for `d/.hidden`, no field for `a.`),
+    so it listed fewer samples and fields than WebDataset yields from the same shard."""
+    import io as _io
+    import tarfile as _tarfile
+
+    import wds_cloud as wds
+    from wds_cloud.index.sidecar import build_index as _build
+
+    path = tmp_path / "names.tar"
+    with _tarfile.open(path, "w", format=_tarfile.USTAR_FORMAT) as tar:
+        for name in ["dir/.hidden", "a.", "a.x", "b/.x", "b.x", ".top", "nodot", "x.y/.z"]:
+            info = _tarfile.TarInfo(name)
+            info.size = 2
+            tar.addfile(info, _io.BytesIO(b"hi"))
+    read = [(s["__key__"], sorted(k for k in s if not k.startswith("__"))) for s in wds.WebDataset(str(path))]
+    for url in (str(path), f"pipe:cat {path}"):  # the header walk, and the tar reader
+        indexed = [(s.key, sorted(f[0] for f in s.fields)) for s in _build(url).samples]
+        assert indexed == read == [("dir/", ["hidden"]), ("a", ["", "x"]), ("b/", ["x"]), ("b", ["x"])]

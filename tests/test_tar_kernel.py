@@ -705,3 +705,118 @@ def test_large_plain_members_are_handed_over_by_the_fast_path_at_a_bounded_cost_
         assert counts["pread"] == count, counts
         assert counts["size checks"] == count + 1, counts
         assert counts["drops"] <= sum(sizes) // (64 * window), counts
+
+
+def _shard_of(path, members) -> str:
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, size in members:
+            info = tarfile.TarInfo(name)
+            info.size = size
+            tar.addfile(info, io.BytesIO(b"z" * size))
+    then = os.stat(path).st_mtime - 100  # settled: a member table is kept after a first pass
+    os.utime(path, (then, then))
+    return str(path)
+
+
+def test_a_sample_the_user_let_go_is_not_held_while_the_next_large_one_is_read(tmp_path):
+    """Adversary finding: the pipeline's generators (and the kernel's last member) still held the sample before,
+    so reading a large member after handing that sample over saved no memory: two large samples alive."""
+    import gc
+    import tracemalloc
+
+    import wds_cloud as wds
+
+    mb = 1 << 20
+    url = _shard_of(tmp_path / "big.tar", [("a.x", 100), ("b.x", 8 * mb), ("c.x", 8 * mb), ("d.x", 10)])
+    tracemalloc.start()
+    try:
+        it = iter(wds.WebDataset(url, shardshuffle=False))
+        peaks = {}
+        while True:
+            gc.collect()
+            tracemalloc.reset_peak()
+            try:
+                sample = next(it)
+            except StopIteration:
+                break
+            peaks[sample["__key__"]] = tracemalloc.get_traced_memory()[1] / mb
+            del sample  # the user holds nothing while the next sample is read
+    finally:
+        tracemalloc.stop()
+    assert peaks["c"] < 12, peaks
+
+
+def test_zero_copy_hands_a_large_member_out_without_a_copy(tmp_path):
+    """Adversary finding: a member larger than the window of a mapped shard was sliced out of the mapping as
+    bytes (a copy of the whole member), then thrown away for the view."""
+    import tracemalloc
+
+    import wds_cloud as wds
+
+    mb = 1 << 20
+    url = _shard_of(tmp_path / "big.tar", [("a.x", 100), ("b.x", 16 * mb), ("c.x", 10)])
+    for _ in range(2):  # a first pass, then one from the member table
+        tracemalloc.start()
+        try:
+            kinds = [type(s["x"]) for s in wds.WebDataset(url, shardshuffle=False, zero_copy=True)]
+            peak = tracemalloc.get_traced_memory()[1] / mb
+        finally:
+            tracemalloc.stop()
+        assert kinds == [memoryview] * 3 and peak < 4, peak
+
+
+_CUT_LARGE = r"""
+import io, os, sys, tarfile
+import wds_cloud as wds
+path, zero_copy = sys.argv[1], sys.argv[2] == "1"
+mb = 1 << 20
+with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+    for name, size in [("s0.a", 100), ("s1.a", 2 * mb), ("s2.a", 2 * mb)]:
+        info = tarfile.TarInfo(name); info.size = size
+        tar.addfile(info, io.BytesIO(b"x" * size))
+try:
+    for i, sample in enumerate(wds.WebDataset(path, shardshuffle=False, zero_copy=zero_copy)):
+        bytes(sample["a"])
+        if i == 0:
+            os.truncate(path, 1_500_000)
+    print("no error")
+except Exception as exc:
+    print(type(exc).__name__)
+"""
+
+
+@pytest.mark.parametrize("zero_copy", ["0", "1"])
+def test_a_file_cut_in_place_inside_a_large_member_not_read_yet_is_an_error_with_views_too(tmp_path, zero_copy):
+    """Adversary finding: with zero_copy, a shard cut in place after a sample was handed over, inside the next
+    large member (past the window being read), ended the process with SIGBUS; bytes gave ObjectChangedError."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", _CUT_LARGE, str(tmp_path / "cut.tar"), zero_copy], capture_output=True, text=True
+    )
+    assert (run.returncode, run.stdout.strip()) == (0, "ObjectChangedError"), run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("field,at", [("mode", 100), ("uid", 108), ("gid", 116), ("mtime", 136), ("devminor", 337)])
+def test_a_numeric_field_no_reader_uses_is_not_read_in_any_mode(tmp_path, field, at):
+    """hostile-shards.md: mode, uid, gid, mtime, devmajor and devminor are not read (tarfile refuses a header where
+    one is not a number): such a member is taken alike by the fast path (mapped and streamed), the general
+    reader, views and webdataset's stages, its data untouched (adversary finding, documented)."""
+    from wds_cloud.tar.samples import tar_file_expander
+
+    data = bytearray(_large_tar([10, 20, 30]))
+    head = 512 + 512  # the second member's header
+    data[head + at : head + at + 3] = b"zz9"
+    data[head + 148 : head + 156] = b"        "
+    data[head + 148 : head + 156] = b"%06o\0 " % sum(data[head : head + 512])
+    path = tmp_path / "odd.tar"
+    path.write_bytes(bytes(data))
+    expected = [(f"{i:03d}.bin", bytes([i]) * size) for i, size in enumerate([10, 20, 30])]
+    for views in (False, True):
+        mapped = TarMembers(gopen(str(path)), str(path), views=views)
+        assert [(n, bytes(d)) for n, d in mapped] == expected
+        mapped.close()
+        assert [(n, bytes(d)) for n, d in TarMembers(io.BytesIO(bytes(data)), "s", views=views)] == expected
+    expanded = tar_file_expander([{"url": str(path), "stream": io.BytesIO(bytes(data))}])
+    assert [(s["fname"], s["data"]) for s in expanded if "fname" in s] == expected

@@ -137,6 +137,7 @@ class DataPipeline(IterableDataset, PipelineStage):
                     count += 1
                     progress[1] = count
                     yield sample
+                    sample = None  # not held while the next is made (a large one is read after this is let go)
                     if limit is not None and count >= limit:
                         progress[3] = True
                         return

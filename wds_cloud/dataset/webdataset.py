@@ -56,6 +56,7 @@ class CheckEmpty(PassHolder, PipelineStage):
         for sample in src:
             seen[0] = True
             yield sample
+            sample = None  # (not held while the next is made, see DataPipeline._run)
         if not seen[0]:
             next(check_empty(()))
 

@@ -33,7 +33,7 @@ from ..io.open import gopen
 from ..io.urls import is_local, local_path, local_version, name_in_file
 from ..tar.decompress import COMPRESSIONS, HEAD_SIZE, detect_compression
 from ..tar.format import ZERO_BLOCK, plain_member
-from ..tar.grouping import SKIP_META, member_filter, repeated_field
+from ..tar.grouping import SKIP_META, base_plus_ext, member_filter, repeated_field
 from ..tar.members import TarMembers
 
 __all__ = [
@@ -75,13 +75,12 @@ def _acyclic() -> Iterator[None]:
 
 
 def split_name(name: str) -> tuple[str, str]:
-    """``(key, extension)`` of a member name: split at the first dot of its last path part (``a/b.seg.png``
-    -> ``("a/b", "seg.png")``), the rule of webdataset, wids and DALI; ``("", "")`` when there is none."""
-    slash = name.rfind("/")
-    dot = name.find(".", slash + 1)
-    if dot <= slash + 1:
-        return "", ""
-    return name[:dot], name[dot + 1 :]
+    """``(key, extension)`` of a member name, as the reader splits it (webdataset's rule,
+    :func:`~wds_cloud.tar.grouping.base_plus_ext`): at the first dot of its last path part (``a/b.seg.png`` ->
+    ``("a/b", "seg.png")``; ``d/.hidden`` -> ``("d/", "hidden")``, ``a.`` -> ``("a", "")``); ``("", "")``
+    when it has no key.  The extension keeps its case (as wids and DALI read it; WebDataset lower-cases it)."""
+    key, ext = base_plus_ext(name)
+    return ("", "") if key is None else (key, cast(str, ext))
 
 
 @dataclasses.dataclass
@@ -360,7 +359,7 @@ def group_members(
     taken: set = set()
     for name, offset, size in members:
         key, ext = split(name)
-        if not key or not ext:
+        if not key:  # (an empty extension is a field, as the reader groups it)
             continue
         field = ext.lower()
         if key != last:
@@ -493,6 +492,11 @@ def dali_text(index: ShardIndex) -> str:
             raise ConfigError(
                 f"{redact(index.url)}: member names with spaces cannot be written in DALI's "
                 f"index format (sample {sample.key!r})"
+            )
+        if any(not ext for ext, *_ in sample.fields):
+            raise ConfigError(
+                f"{redact(index.url)}: a member whose name ends with its dot (a field without an extension) "
+                f"cannot be written in DALI's index format (sample {sample.key!r}); use the json format"
             )
         lines.append(" ".join(f"{ext} {offset} {size} {name}" for ext, offset, size, name in sample.fields))
     return "\n".join(lines) + "\n"

@@ -76,7 +76,7 @@ class Buffer(Protocol):
 
     def skip(self, size: int, name: str, header_offset: int) -> None: ...
 
-    def view(self, data: Any, size: int) -> memoryview: ...
+    def take_view(self, size: int, name: str, header_offset: int) -> memoryview: ...
 
     def fail(self, what: str, member: Optional[str] = None, offset: Optional[int] = None) -> CorruptShardError: ...
 
@@ -405,9 +405,9 @@ class StreamBuffer:
                 cut = cut_in_padding(size, arrived - size) if arrived >= size else cut_in_data(size, arrived)
                 raise self.fail(cut, name, header_offset)
 
-    def view(self, data: Any, size: int) -> memoryview:
-        """A member just taken (``size`` bytes ending where its padding begins), as a read-only view."""
-        return memoryview(data).toreadonly()
+    def take_view(self, size: int, name: str, header_offset: int) -> memoryview:
+        """:meth:`take`, as a read-only view."""
+        return memoryview(self.take(size, name, header_offset)).toreadonly()
 
     def finish(self, ranged: bool) -> None:
         """After the end-of-archive block: read what follows, a bounded amount (a ``pipe:`` command's output to its
@@ -511,9 +511,30 @@ class MappedBuffer(StreamBuffer):
             )
 
     def take(self, size: int, name: str, header_offset: int) -> Any:
-        """The next ``size`` bytes; a large member (not a view) is read with one ``pread`` (see :data:`LARGE`)."""
+        """The next ``size`` bytes; a large member is read with one ``pread`` (see :data:`LARGE`)."""
         if self.buf is not self.mapping:
             return super().take(size, name, header_offset)
+        pos = self._claim(size, name, header_offset)
+        if size >= LARGE:
+            data = self._pread(size, pos, name, header_offset)
+            if data is not None:
+                return data
+        return self.buf[pos : pos + size]
+
+    def take_view(self, size: int, name: str, header_offset: int) -> memoryview:
+        """The next ``size`` bytes as a read-only view of the mapping itself (no copy).  A member larger than the
+        window is first checked to lie within the file as it is now: its pages are read only as the view is, and
+        a file cut short in place since it was mapped would stop the program there with SIGBUS."""
+        if self.buf is not self.mapping:
+            return super().take_view(size, name, header_offset)
+        pos = self._claim(size, name, header_offset)
+        if size > self.chunk:
+            self._check_size()
+        return memoryview(self.mapping)[pos : pos + size]
+
+    def _claim(self, size: int, name: str, header_offset: int) -> int:
+        """Where the next ``size`` bytes begin, the position moved past them and their padding (an error where the
+        file ends before them)."""
         pos = self.pos
         padded = padded_size(size)
         got = self.end - pos
@@ -522,11 +543,7 @@ class MappedBuffer(StreamBuffer):
                 raise self.fail(cut_in_padding(size, got - size), name, header_offset)
             raise self.fail(cut_in_data(size, got), name, header_offset)
         self.pos = pos + padded
-        if size >= LARGE and not self.views:
-            data = self._pread(size, pos, name, header_offset)
-            if data is not None:
-                return data
-        return self.buf[pos : pos + size]
+        return pos
 
     def _pread(self, size: int, pos: int, name: str, header_offset: int) -> Optional[bytes]:
         """``size`` bytes of the file at ``pos`` read into a new bytes object, or None where the source has no
@@ -543,13 +560,6 @@ class MappedBuffer(StreamBuffer):
             self._check_size()
             raise self.fail(cut_in_data(size, len(data)), name, header_offset)
         return data
-
-    def view(self, data: Any, size: int) -> memoryview:
-        """A member just taken, as a read-only view of the mapping itself (no copy)."""
-        if self.buf is self.mapping and self.mapping is not None:
-            begin = self.pos - padded_size(size)
-            return memoryview(self.mapping)[begin : begin + size]
-        return super().view(data, size)
 
     def close(self) -> None:
         mapping, self.mapping, self.buf, self.end = self.mapping, None, b"", 0

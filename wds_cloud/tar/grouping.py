@@ -261,6 +261,7 @@ def group(
                     position.samples += 1
                 yield current
                 current = None
+            data = None  # (the last member of the sample handed over: not held while this one is read)
             run.datas[0] = run.read()
         at = items is None  # offsets are the tar stream's (member dicts have none to name)
         for name, data, head in zip(run.names, run.datas, run.heads) if at else items:

@@ -300,8 +300,7 @@ class TarMembers:
     def _take(self, size: int, name: str, header_offset: int) -> Any:
         """The data of the member whose header was just read."""
         b = self._b
-        data = b.take(size, name, header_offset)
-        return b.view(data, size) if self.views else data
+        return b.take_view(size, name, header_offset) if self.views else b.take(size, name, header_offset)
 
     def _name(self, header: bytes) -> str:
         """The member name: a pending GNU long name, else a PAX ``path``, else the header's (ustar prefix joined)."""
