@@ -820,3 +820,15 @@ def test_a_numeric_field_no_reader_uses_is_not_read_in_any_mode(tmp_path, field,
         assert [(n, bytes(d)) for n, d in TarMembers(io.BytesIO(bytes(data)), "s", views=views)] == expected
     expanded = tar_file_expander([{"url": str(path), "stream": io.BytesIO(bytes(data))}])
     assert [(s["fname"], s["data"]) for s in expanded if "fname" in s] == expected
+
+
+def test_a_sample_limit_taken_from_the_member_limit_says_so(tmp_path):
+    """New user finding: with only max_member_size= given, the sample limit (which defaults to it) named only
+    WDS_MAX_SAMPLE_SIZE and max_sample_size=, settings the user never set."""
+    import wds_cloud as wds
+
+    url = _shard_of(tmp_path / "s.tar", [("k.a", 600_000), ("k.b", 600_000)])
+    with pytest.raises(CorruptShardError) as info:
+        list(wds.WebDataset(url, shardshuffle=False, max_member_size=1_000_000))
+    message = str(info.value)
+    assert "max_sample_size=" in message and "max_member_size=" in message and url in message

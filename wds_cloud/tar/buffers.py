@@ -173,7 +173,7 @@ class StreamBuffer:
         about = f", member {member!r}" if member else ""
         return CorruptShardError(
             f"{redact(self.url) or '<stream>'}: corrupt tar {where}{about}: {what}. "
-            "Re-create or re-download the shard; to skip damaged shards pass handler=warn_and_continue",
+            "Re-create or re-download the shard (handler=warn_and_continue skips damaged shards)",
             url=self.url,
             offset=offset,
             member=member,

@@ -58,7 +58,8 @@ def sample_too_large(url: Any, start: int, end: int, limit: int, member: Optiona
         f"one sample{about} (it runs on past byte {start + limit}): a shard whose members share one key would fill "
         "memory. "
         "Raise the limit with WDS_MAX_SAMPLE_SIZE (such as 8GiB) or WebDataset(..., max_sample_size=) if the shard "
-        "is trusted; to skip such shards pass handler=warn_and_continue",
+        "is trusted (where neither is set, a sample's limit is the one on a member: WDS_MAX_MEMBER_SIZE or "
+        "max_member_size=; handler=warn_and_continue skips such shards)",
         url=url,
         offset=start,
         member=member,
