@@ -827,7 +827,7 @@ def test_a_sample_limit_taken_from_the_member_limit_says_so(tmp_path):
     WDS_MAX_SAMPLE_SIZE and max_sample_size=, settings the user never set."""
     import wds_cloud as wds
 
-    url = _shard_of(tmp_path / "s.tar", [("k.a", 600_000), ("k.b", 600_000)])
+    url = _shard_of(tmp_path / "s.tar", [("k.a", 600_000), ("k.b", 600_000), ("k.c", 10)])
     with pytest.raises(CorruptShardError) as info:
         list(wds.WebDataset(url, shardshuffle=False, max_member_size=1_000_000))
     message = str(info.value)
