@@ -350,3 +350,25 @@ def test_a_damaged_shard_is_listed_up_to_the_damage_then_the_error(tmp_path, cap
     else:
         names = [line.split()[-1] for line in out.splitlines()]
         assert names[:2] == ["s000.cls", "s000.txt"] and len(names) >= 2 * (whole - 2)
+
+
+def test_index_says_which_shards_it_indexed_when_one_among_them_is_damaged(tmp_path, capsys):
+    """New user finding: one damaged shard among good ones printed only its error, though the others' indexes
+    were written; now each shard's line, the failure, and a count (exit 1), as stat and verify say it."""
+    good = []
+    for name in ("g1", "g2"):
+        path = tmp_path / f"{name}.tar"
+        with wds.TarWriter(str(path)) as writer:
+            for i in range(5):
+                writer.write({"__key__": f"s{i}", "txt": b"x"})
+        good.append(str(path))
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes((tmp_path / "g1.tar").read_bytes()[:3000])
+    code, out, err = run(capsys, "index", good[0], str(cut), good[1])
+    assert code == 1
+    assert f"{good[0]}: 5 samples -> {good[0]}.index.json" in out and f"{good[1]}: 5 samples" in out
+    assert f"{cut}: could not be read:" in out and "2 of 3 shards indexed; 1 could not be read" in out
+    assert os.path.exists(good[0] + ".index.json") and not os.path.exists(str(cut) + ".index.json")
+    code, out, _ = run(capsys, "index", "--json", good[0], str(cut), good[1])
+    data = json.loads(out)
+    assert code == 1 and data["ok"] is False and len(data["shards"]) == 2 and data["failed"][0]["url"] == str(cut)

@@ -310,6 +310,14 @@ def _index_one(url: str, output: Optional[str], fmt: Optional[str]) -> dict:
     return row
 
 
+def _index_or_error(url: str, output: Optional[str], fmt: Optional[str]) -> Any:
+    """One shard's row, or the error that kept it from being indexed (reported beside the others' rows)."""
+    try:
+        return _index_one(url, output, fmt)
+    except (OSError, ValueError) as error:  # ours are rooted in these: a missing, unreadable or damaged shard
+        return error
+
+
 def _index(args: argparse.Namespace) -> int:
     urls = _urls(args.spec)
     if args.name is not None and args.format != "wids":  # ignored silently, it would look as if it named the index
@@ -354,9 +362,31 @@ def _index(args: argparse.Namespace) -> int:
             else ThreadPoolExecutor(max_workers=jobs)
         )
         with pool:
-            rows = list(
-                progress(pool.map(_index_one, urls, [output] * len(urls), [fmt] * len(urls)), len(urls), "index")
+            results = list(
+                progress(pool.map(_index_or_error, urls, [output] * len(urls), [fmt] * len(urls)), len(urls), "index")
             )
+    errors = [(url, r) for url, r in zip(urls, results) if isinstance(r, BaseException)]
+    if errors and (len(urls) == 1 or args.format == "wids"):
+        raise errors[0][1]  # one shard named, or one description of them all: its error is the command's
+    rows = [r for r in results if not isinstance(r, BaseException)]
+    if errors:  # each shard's own index: those written are said, and those that could not be read
+        failed = [{"url": redact(url), "error": for_cli(str(error))} for url, error in errors]
+        said = [{**r, "url": redact(r["url"]), "index": redact(r["index"])} for r in rows]
+        emit(
+            args,
+            {
+                "ok": False,
+                "error": f"{len(failed)} of {len(urls)} shards could not be read",
+                "shards": said,
+                "failed": failed,
+            },
+            lambda d: "\n".join(
+                [f"{r['url']}: {r['nsamples']} samples -> {r['index']}" for r in d["shards"]]
+                + [f"{f['url']}: could not be read: {f['error']}" for f in d["failed"]]
+                + [f"{len(d['shards'])} of {len(urls)} shards indexed; {len(d['failed'])} could not be read"]
+            ),
+        )
+        return EXIT_PROBLEM
     lines = False
     if args.format == "wids":  # the document wids reads, or one shard a line past what a document holds
         lines = write_description(args.output, wids_description(rows, at=args.output)["shardlist"], name=args.name)
