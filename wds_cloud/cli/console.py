@@ -124,7 +124,9 @@ def _shown_all(data: Any) -> Any:
 
 #: library advice that names a Python argument, and what a command line user does instead
 _CLI_WORDS = (
-    (re.compile(r"; to skip damaged shards pass handler=\S+"), "; `wds-cloud verify SPEC` lists every damaged shard"),
+    (re.compile(r" \(handler=\S+ skips damaged shards\)"), "; `wds-cloud verify SPEC` lists every damaged shard"),
+    (re.compile(r"; handler=\S+ skips such shards"), ""),
+    (re.compile(r" or max_member_size="), ""),
     (re.compile(r" or WebDataset\(\.\.\., max_sample_size=\)"), ""),
     (re.compile(r" or WebDataset\(\.\.\., max_member_size=\)"), ""),
     (re.compile(r"pass allow_missing=True"), "pass --allow-missing"),
@@ -135,7 +137,7 @@ _CLI_WORDS = (
     (re.compile(r"pass missing='drop' \(or 'skip'\)"), "pass --missing drop (or skip)"),
 )
 #: what the advice becomes inside ``wds-cloud verify``'s own rows (which list the damaged shards already)
-_IN_VERIFY = ((re.compile(r"; to skip damaged shards pass handler=\S+"), ""),)
+_IN_VERIFY = ((re.compile(r" \(handler=\S+ skips damaged shards\)"), ""),)
 
 
 def for_cli(message: str, command: str = "") -> str:
