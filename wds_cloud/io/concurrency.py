@@ -13,16 +13,20 @@ first-byte latencies:
   for the first byte, and the bytes known to be left take longer than two first bytes (on a store where
   a range costs as much as the whole object, they never do);
 - it climbs from one connection to 4 (2 when the reader waits less than half the time), then doubles while
-  each step brought nearly in proportion, else climbs a step at a time (about a third more): a level is
-  tried only once the one below it proved faster than the one below that;
-- a new level is kept only when its connections brought at least :data:`GAIN` more bytes per second
-  than the level below (or half of what they would bring in proportion, for a small step), waiting or not;
-  a window at a trial level ends as soon as it is sure to be slower than the level below (on a host that
-  suffers from connections, every second at it costs), and goes back at once when it was; one that was
-  not faster enough, or that paid far less than in proportion (or any that rose from one connection), is
-  measured again on a fresh window first; the climb stops at the first level
-  that did not pay, which is remembered (not tried again, nor the levels above it) until the next re-probe,
-  and only when it was more than a step above is the step between tried;
+  each step brought at least 0.4 of what it would in proportion, else climbs a step at a time (about a third
+  more): a level is tried only once the one below it proved faster than the one below that;
+- a level's rate is the bytes of its last :data:`SPAN` windows together (one window's rate swings 2-3x with
+  shard ends and a shared CPU), and a trial is judged on its own windows, the first (its connections still
+  starting) left out once there are more; it is kept at once when it brought :data:`GAIN` more bytes per second
+  than the level below (or half of what it would bring in proportion, for a small step; :data:`MODEST` while
+  the reader waits through it: a modest gain is worth keeping for a reader that waits) and not far from
+  proportion, goes back at once when it is sure to be slower (below :data:`SLOWER` of the level below, on two
+  windows of one of them: one window against one is a coin toss), and is otherwise measured on up to
+  :data:`CONFIRM` windows before its verdict; a window at a trial level ends as soon as it is sure to be
+  slower than the level below (on a host that suffers from connections, every second at it costs); a trial
+  faster but far from proportion (below :data:`PROPORTION` of it) has the level halfway tried; the climb stops
+  at the first level that did not pay, which is remembered (not tried again, nor the levels above it) until
+  the next re-probe, and only when it was more than a step above is the step between tried;
 - a level held whose rate falls below a third of what it brought while the reader waits (:data:`FELL`: the host
   became crowded or throttled) starts the search again from one connection: on a host that slows every
   connection past N, the levels between the held one and N look worse than both, so stepping down would not
