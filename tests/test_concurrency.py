@@ -740,9 +740,10 @@ def noisy_wan(seed, per_connection=50 * MB, knee=5.7, noise=0.5, span=0.05):
 
 
 def test_over_a_noisy_distant_link_the_climb_to_16_is_kept():
-    """One window's rate swings +-50% here: a verdict on one window against one was a coin toss (0.40x-0.91x of 16
-    over these seeds, ending at 2-16).  Verdicts on several windows, a modest gain kept while the reader waits, and
-    no middle search for a step that brought a third of its proportion: most seeds end at 16 within 1/0.8 of it."""
+    """One window's rate swings +-50% here: a verdict on one window against one was a coin toss (0.48x-0.91x of 16
+    over these seeds, median 0.56x, ending at 3-16).  With verdicts on several windows and a modest gain kept while
+    the reader waits, 8 of 10 seeds end at 16 within 1/0.8 of it (median 0.87x; the 1/0.9 goal is not met on every
+    seed: the climb from one connection costs 10-15% of this 1-second pass, and a lucky window can still stop it)."""
     near, ratios = 0, []
     for seed in range(10):
         seconds, controller, simulated, best, best_seconds = learned_against_fixed(
