@@ -3,6 +3,7 @@ over the emulated link and over a store where every range costs the whole object
 
 from __future__ import annotations
 
+import random
 import sys
 import threading
 import types
@@ -726,3 +727,28 @@ def test_the_requests_a_process_has_open_stay_within_max_concurrency(fresh_hosts
         urls = [f"{link.url}/b/s{i}.tar" for i in range(3)]
         n = sum(1 for _ in wds.WebDataset(urls, shardshuffle=False, max_concurrency=2))
     assert n == 60 and peak["max"] <= 2 and not peak["forced"], peak
+
+
+def noisy_wan(seed, per_connection=50 * MB, knee=5.7, noise=0.5, span=0.05):
+    """A distant link as the benchmark machine measures it: 30 ms first bytes (the reader's), each connection ~50 MB/s
+    but sharing a ceiling (``per_connection / (1 + open / knee)``: 16 connections bring ~1.3x what 8 do), and every
+    ``span`` seconds the rate times a seeded random factor in ``1 +- noise`` (a shared CPU; shard ends dip by
+    themselves, as parts end)."""
+    rng = random.Random(seed)
+    factors = [1 + noise * (2 * rng.random() - 1) for _ in range(4000)]
+    return lambda open_, t: per_connection / (1 + open_ / knee) * factors[int(t / span) % len(factors)]
+
+
+def test_over_a_noisy_distant_link_the_climb_to_16_is_kept():
+    """One window's rate swings +-50% here: a verdict on one window against one was a coin toss (0.48x-0.91x of 16
+    over these seeds, median 0.56x, ending at 3-16).  With verdicts on several windows and a modest gain kept while
+    the reader waits, 8 of 10 seeds end at 16 within 1/0.8 of it (median 0.87x; the 1/0.9 goal is not met on every
+    seed: the climb from one connection costs 10-15% of this 1-second pass, and a lucky window can still stop it)."""
+    near, ratios = 0, []
+    for seed in range(10):
+        seconds, controller, simulated, best, best_seconds = learned_against_fixed(
+            noisy_wan(seed), levels=(8, 16), shards=8, shard_size=22_000_000, piece=CHUNK, step=0.002
+        )
+        ratios.append(round(best_seconds / seconds, 2))
+        near += best == 16 and controller.level >= 12 and seconds <= best_seconds / 0.8
+    assert near >= 8, ratios

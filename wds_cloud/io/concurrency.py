@@ -13,16 +13,20 @@ first-byte latencies:
   for the first byte, and the bytes known to be left take longer than two first bytes (on a store where
   a range costs as much as the whole object, they never do);
 - it climbs from one connection to 4 (2 when the reader waits less than half the time), then doubles while
-  each step brought nearly in proportion, else climbs a step at a time (about a third more): a level is
-  tried only once the one below it proved faster than the one below that;
-- a new level is kept only when its connections brought at least :data:`GAIN` more bytes per second
-  than the level below (or half of what they would bring in proportion, for a small step), waiting or not;
-  a window at a trial level ends as soon as it is sure to be slower than the level below (on a host that
-  suffers from connections, every second at it costs), and goes back at once when it was; one that was
-  not faster enough, or that paid far less than in proportion (or any that rose from one connection), is
-  measured again on a fresh window first; the climb stops at the first level
-  that did not pay, which is remembered (not tried again, nor the levels above it) until the next re-probe,
-  and only when it was more than a step above is the step between tried;
+  each step brought at least 0.4 of what it would in proportion, else climbs a step at a time (about a third
+  more): a level is tried only once the one below it proved faster than the one below that;
+- a level's rate is the bytes of its last :data:`SPAN` windows together (one window's rate swings 2-3x with
+  shard ends and a shared CPU), and a trial is judged on its own windows, the first (its connections still
+  starting) left out once there are more; it is kept at once when it brought :data:`GAIN` more bytes per second
+  than the level below (or half of what it would bring in proportion, for a small step; :data:`MODEST` while
+  the reader waits through it: a modest gain is worth keeping for a reader that waits) and not far from
+  proportion, goes back at once when it is sure to be slower (below :data:`SLOWER` of the level below, on two
+  windows of one of them: one window against one is a coin toss), and is otherwise measured on up to
+  :data:`CONFIRM` windows before its verdict; a window at a trial level ends as soon as it is sure to be
+  slower than the level below (on a host that suffers from connections, every second at it costs); a trial
+  faster but far from proportion (below :data:`PROPORTION` of it) has the level halfway tried; the climb stops
+  at the first level that did not pay, which is remembered (not tried again, nor the levels above it) until
+  the next re-probe, and only when it was more than a step above is the step between tried;
 - a level held whose rate falls below a third of what it brought while the reader waits (:data:`FELL`: the host
   became crowded or throttled) starts the search again from one connection: on a host that slows every
   connection past N, the levels between the held one and N look worse than both, so stepping down would not
@@ -91,6 +95,19 @@ USED = 0.7
 ARRIVALS = 4
 #: a held level whose rate falls below 1/FELL of what it brought (the reader waiting) is searched again from one
 FELL = 3.0
+#: a level's rate is the bytes over its last SPAN windows together (one window's rate swings 2-3x with shard
+#: ends and a shared CPU: a verdict on one is a coin toss)
+SPAN = 4
+#: windows a trial is measured on before a verdict that is not sure (neither much slower nor plainly faster)
+CONFIRM = 3
+#: a trial this much slower than the level below (a fraction of its rate) is sure to be slower: back at once
+SLOWER = 0.67
+#: a trial that brings less than this share of the rate in proportion to its connections (a fraction of
+#: ``rate(below) * level / below``) is far from it: a level between the two may be as fast, and is tried
+PROPORTION = 0.33
+#: how much faster a doubling must be to be kept while the reader waits through it (more bytes for a reader that
+#: waits are worth a modest gain; :data:`GAIN` holds where the reader did not wait)
+MODEST = 0.05
 
 
 class Controller:
@@ -106,6 +123,9 @@ class Controller:
         self.level = fixed if fixed is not None else max(1, min(start, self.cap))
         #: bytes per second of all connections together, as last measured at each level
         self.rates: dict[int, float] = {}
+        #: (bytes, seconds) of the last :data:`SPAN` windows at each level, from which ``rates`` is taken
+        self._spans: dict[int, list[tuple[int, float]]] = {}
+        self._tried = 0  # windows the trial now on was measured on
         #: seconds from a request to its first byte (smoothed)
         self.latency: Optional[float] = None
         #: the share of the last window the reader spent waiting for bytes
@@ -126,7 +146,6 @@ class Controller:
         self._in_flight = 0
         self._waiters: list[Any] = []  # readers to wake when a place in the level is given back
         self._held_since: Optional[float] = None
-        self._confirmed = False  # a trial that was not faster on one window gets a second
         self._extend = False  # the next window continues this one
         self._open_window(None, settle=0.0)
 
@@ -315,8 +334,15 @@ class Controller:
             self.decisions += 1
             level = self.level
             held = self.rates.get(level) if self._trial is None else None
-            self.rates[level] = rate
-            if held is not None and level > 1 and share >= WAIT_SHARE and rate * FELL < held:
+            span = self._spans.setdefault(level, [])
+            span.append((self._bytes, seconds))
+            del span[:-SPAN]
+            fell = held is not None and level > 1 and share >= WAIT_SHARE and rate * FELL < held
+            if fell:
+                span[:] = span[-1:]  # a fall is judged on this window alone, against what the level brought
+            self.rates[level] = rate = sum(b for b, _ in span) / sum(t for _, t in span)
+            if fell:
+                assert held is not None
                 new = self._fell(level, held, rate)
             else:
                 new = self._next(level, rate, share, used, remaining, now, connection_rate, part_size)
@@ -324,6 +350,9 @@ class Controller:
                 self._held_since = now
             if new != level:
                 self.level = new
+                # a level is judged on its windows since it was taken up this time, not those of an earlier visit
+                # (a trial's connections were slowing it then, or the link has changed since)
+                self._spans.pop(new, None)
             rose = new > level
             if self._extend:  # measure again at once: the connections of this level have started by now
                 self._extend = False
@@ -382,52 +411,10 @@ class Controller:
             )
             return level
         self._trial = self._from = None
-        # a trial is judged on the rate its connections brought, whether the reader waited or not: more
-        # connections that only keep a busy reader from waiting, without more bytes per second, are not kept
-        gain = _margin(below, level) if below is not None else GAIN
-        if (
-            below is not None
-            and rate < self.rates.get(below, 0.0) * (1 + gain)
-            and (below == 1 or rate >= self.rates.get(below, 0.0))
-            and not self._confirmed
-        ):
-            # not faster on one window: measure a second one with it before going back down.  A trial that was
-            # slower than the level below goes back at once (on a host that suffers from connections, every
-            # window at it costs), unless it rose from one connection: then the request for the rest of the
-            # shard was being cut into parts, its connection closed, while the first window was measured.
-            self._trial, self._from, self._confirmed = "up", below, True
-            self._extend = True
-            self.reason = f"trying {level} connections: measuring again ({mb:.0f} MB/s so far)"
-            return level
-        if below is not None and rate < self.rates.get(below, 0.0) * (1 + gain):
-            self._confirmed = False
-            self._ceiling = level
-            self.reason = (
-                f"{level} connections were no faster than {below} ({mb:.0f} vs {self.rates[below] / 1e6:.0f} MB/s)"
-            )
-            return below
-        if (
-            below is not None
-            and level > below + 1
-            and rate < 0.75 * self.rates.get(below, 0.0) * level / below
-            and not self._confirmed
-        ):
-            # faster, but far from in proportion on one window (new connections may still be starting):
-            # measure a second one with it
-            self._trial, self._from, self._confirmed = "up", below, True
-            self._extend = True
-            self.reason = f"trying {level} connections: measuring again ({mb:.0f} MB/s so far)"
-            return level
-        self._confirmed = False
-        if below is not None and level > below + 1 and rate < 0.75 * self.rates.get(below, 0.0) * level / below:
-            # faster, but far from in proportion: a level between the two may be as fast
-            middle = (below + level) // 2
-            self._trial, self._from = "down", level
-            self.reason = (
-                f"{level} connections were faster than {below} ({mb:.0f} vs "
-                f"{self.rates[below] / 1e6:.0f} MB/s), not in proportion: trying {middle}"
-            )
-            return middle
+        if below is not None:
+            judged = self._verdict(level, below, rate, share)
+            if judged is not None:
+                return judged
         if share < WAIT_SHARE:
             self.reason = f"the reader is not waiting for bytes ({share:.0%} of the time) at {mb:.0f} MB/s"
             return self._reprobe(level, now)
@@ -441,7 +428,7 @@ class Controller:
             return self._reprobe(level, now)
         # far from a limit (the reader mostly waits, and the last step scaled nearly in proportion) it
         # quadruples, else it doubles
-        scaled = below is None or rate >= 0.75 * self.rates.get(below, 0.0) * level / below
+        scaled = below is None or rate >= 0.4 * self.rates.get(below, 0.0) * level / below
         up = self._up(level, scaled and share >= 0.5)
         if up is None:
             self.reason = f"the reader waits {share:.0%} of the time at {mb:.0f} MB/s; {level} connections is the " + (
@@ -458,13 +445,54 @@ class Controller:
         self.reason = f"the reader waited {share:.0%} of the time at {level} connections ({mb:.0f} MB/s): trying {up}"
         return up
 
+    def _verdict(self, level: int, below: int, rate: float, share: float) -> Optional[int]:
+        """Judge a trial at ``level`` above ``below`` on the bytes of its windows together: None to keep it (the
+        climb goes on from it), else the level to go to.  A verdict waits for :data:`CONFIRM` windows unless it is
+        sure: much slower than ``below`` (on a host that suffers from connections every window at it costs; not
+        on the first window of a climb from one connection, while the request for the rest of the shard was
+        being cut into parts), or faster by the margin and nearly in proportion."""
+        mb, ref = rate / 1e6, self.rates.get(below, 0.0)
+        self._tried += 1
+        windows = self._tried
+        # more connections that only keep a busy reader from waiting, without more bytes per second, are not kept;
+        # while the reader waits through the trial, a modest gain is worth keeping
+        gain = min(_margin(below, level), MODEST) if share >= WAIT_SHARE else _margin(below, level)
+        faster = rate >= ref * (1 + gain)
+        proportion = level <= below + 1 or rate >= PROPORTION * ref * level / below
+        # sure to be slower: on two windows (of the trial, or of the level below: one window against one is a coin
+        # toss), and not on the first window of a climb from one connection
+        slower = rate < SLOWER * ref and (windows > 1 or (below > 1 and len(self._spans.get(below, ())) > 1))
+        if not (slower or (faster and proportion) or windows >= CONFIRM):
+            self._trial, self._from = "up", below
+            self._extend = True
+            if windows == 1:  # its new connections were starting in the first window: judged on those after it
+                self._spans[level] = []
+            self.reason = f"trying {level} connections: measuring again ({mb:.0f} MB/s over {windows} windows)"
+            return level
+        self._tried = 0
+        if not faster:
+            self._ceiling = level
+            self.reason = f"{level} connections were no faster than {below} ({mb:.0f} vs {ref / 1e6:.0f} MB/s)"
+            return below
+        if not proportion:
+            # faster, but far from in proportion: a level between the two may be as fast
+            middle = (below + level) // 2
+            self._trial, self._from = "down", level
+            self.reason = (
+                f"{level} connections were faster than {below} ({mb:.0f} vs {ref / 1e6:.0f} MB/s), "
+                f"not in proportion: trying {middle}"
+            )
+            return middle
+        return None
+
     def _fell(self, level: int, held: float, rate: float) -> int:
         """The rate at the level held fell to a fraction of what it brought while the reader waits: the host
         changed (crowded, throttled), and the levels between may now look worse than both ends (a host that
         slows every connection past N), so the search starts again from one connection."""
         self._trial = self._from = self._ceiling = None
-        self._confirmed = False
+        self._tried = 0
         self.rates = {}
+        self._spans = {}
         self.reason = (
             f"{level} connections fell from {held / 1e6:.0f} to {rate / 1e6:.0f} MB/s while the reader waited: "
             "measuring again from one connection"
@@ -495,12 +523,16 @@ class Controller:
         part_size: Optional[int],
     ) -> bool:
         """Whether ``up`` connections can win back a new request's first byte on what is left to read: the
-        time ``level`` connections take to carry it (at the rate of a flowing body, not counting waits)
+        time ``level`` connections take to carry it (at the rate of a flowing body, not counting waits, but no faster than
+        the reader got it)
         must shrink by more than two first bytes."""
         latency = self.latency or 0.0
         if connection_rate and part_size and part_size / connection_rate < latency:
             return False  # a part would wait longer for its first byte than its body takes to flow
-        carried = level * connection_rate if connection_rate else rate
+        # what the level carries: the connections' flowing rate, but no more than what the reader got from them
+        # (over a distant link on a shared CPU 8 connections flowing at 50 MB/s each brought 200 MB/s: counted at
+        # 400, the rest of two shards looked too short for 16 to win back their first bytes, and the climb stopped)
+        carried = min(level * connection_rate, rate or level * connection_rate) if connection_rate else rate
         if remaining is None or not carried:
             return True
         left = remaining / carried
@@ -515,6 +547,7 @@ class Controller:
             return level
         self._ceiling = None
         self.rates = {level: self.rates[level]} if level in self.rates else {}
+        self._spans = {level: self._spans[level]} if level in self._spans else {}
         if level <= 1:
             return level
         self._trial, self._from = "down", level
