@@ -372,3 +372,15 @@ def test_index_says_which_shards_it_indexed_when_one_among_them_is_damaged(tmp_p
     code, out, _ = run(capsys, "index", "--json", good[0], str(cut), good[1])
     data = json.loads(out)
     assert code == 1 and data["ok"] is False and len(data["shards"]) == 2 and data["failed"][0]["url"] == str(cut)
+
+
+def test_verify_names_a_failing_shard_once(tmp_path, capsys):
+    """New user finding: a failure line read `FAIL cut.tar: cut.tar: corrupt tar ...`."""
+    path = tmp_path / "cut.tar"
+    with wds.TarWriter(str(path)) as writer:
+        for i in range(5):
+            writer.write({"__key__": f"s{i}", "txt": b"x" * 1000})
+    path.write_bytes(path.read_bytes()[:3000])
+    code, out, _ = run(capsys, "verify", str(path))
+    line = next(line for line in out.splitlines() if line.startswith("FAIL"))
+    assert code == 1 and line.count(str(path)) == 1 and "corrupt tar" in line

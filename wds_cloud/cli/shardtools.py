@@ -433,7 +433,9 @@ def _verify_one(url: str, manifest: Optional[Manifest]) -> dict:
                 if entry is not None and field in entry and entry[field] != row[field]:
                     row["problems"].append(f"{field} {row[field]!r}, the manifest says {entry[field]!r}")
     except (WdsCloudError, OSError) as exc:
-        row["problems"].append(for_cli(str(exc), "verify"))
+        problem = for_cli(str(exc), "verify")
+        named = f"{redact(url)}: "  # the row names its shard already
+        row["problems"].append(problem[len(named) :] if problem.startswith(named) else problem)
     row["ok"] = not row["problems"]
     return row
 
@@ -469,7 +471,7 @@ def _verify(args: argparse.Namespace) -> int:
         if bad:  # the rows are still printed (as JSON with --json): the refusal is one more fact of the result
             refused = (
                 f"not writing {redact(args.write_manifest)}: {_plural(len(bad), 'shard')} failed (first: "
-                f"{bad[0]['problems'][0]}); fix or leave out the failed shards"
+                f"{redact(bad[0]['url'])}: {bad[0]['problems'][0]}); fix or leave out the failed shards"
             )
             result["error"] = refused
         else:
