@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from wds_cloud.io import concurrency
@@ -39,7 +39,9 @@ class Chaos:
         return self.calls % self.every == 0
 
     def decide(self, controller, now, *args, **kwargs):
-        new = self.rng.choice([1, 1, 2, 3, 4, 8])
+        # always another level: a decision that kept the level changed nothing to test (a read of few parts,
+        # with one or two decisions, then moved no level about one time in three)
+        new = self.rng.choice([level for level in (1, 2, 3, 4, 8) if level != controller.level])
         old = controller.level
         controller.level = new
         controller._open_window(now, 0.0)
@@ -67,6 +69,7 @@ def _read_all(stream, rng: random.Random) -> bytes:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@example(sizes=[268873], part=64 * KiB, every=2, seed=0, start_level=1, offset_share=0.0)  # no level moved once
 @given(
     sizes=st.lists(st.integers(0, 3_000_000), min_size=1, max_size=3),
     part=st.sampled_from([64 * KiB, 256 * KiB, 1 << 20]),
@@ -99,8 +102,10 @@ def test_any_level_changes_keep_every_byte_in_place(
             with fetcher.open(url, offset) as stream:
                 assert _read_all(stream, rng) == data[offset:]
         fetcher.close()
-        if every <= 4 and sum(sizes) - int(sizes[0] * offset_share) > 4 * part:
-            assert chaos.changes > 0  # the levels really moved while the bytes were read
+        # the levels really moved while the bytes were read, where they were read in parts from the start (at one
+        # connection an object of a few parts may come in one request, with no decision while it is read)
+        if every <= 4 and start_level > 1 and sum(sizes) - int(sizes[0] * offset_share) > 4 * part:
+            assert chaos.changes > 0
     finally:
         concurrency.forget()
 
