@@ -249,10 +249,11 @@ def _stat_one(url: str) -> dict:
     }
 
 
-def _stat_or_error(url: str) -> Any:
-    """One shard's row, or the error that kept it from being read (reported beside the others' rows)."""
+def _row_or_error(one: Any, url: str, *args: Any) -> Any:
+    """``one(url, *args)``: one shard's row, or the error that kept it from being read (reported beside the others'
+    rows)."""
     try:
-        return _stat_one(url)
+        return one(url, *args)
     except (OSError, ValueError) as error:  # ours are rooted in these: a missing, unreadable or damaged shard
         return error
 
@@ -260,7 +261,7 @@ def _stat_or_error(url: str) -> Any:
 def _stat(args: argparse.Namespace) -> int:
     urls = _urls(args.spec)
     with ThreadPoolExecutor(max_workers=_jobs(args, urls)) as pool:
-        results = list(progress(pool.map(_stat_or_error, urls), len(urls), "stat"))
+        results = list(progress(pool.map(_row_or_error, [_stat_one] * len(urls), urls), len(urls), "stat"))
     errors = [(url, r) for url, r in zip(urls, results) if isinstance(r, BaseException)]
     if errors and len(urls) == 1:
         raise errors[0][1]  # one shard named: its error is the command's, as before
@@ -310,14 +311,6 @@ def _index_one(url: str, output: Optional[str], fmt: Optional[str]) -> dict:
     return row
 
 
-def _index_or_error(url: str, output: Optional[str], fmt: Optional[str]) -> Any:
-    """One shard's row, or the error that kept it from being indexed (reported beside the others' rows)."""
-    try:
-        return _index_one(url, output, fmt)
-    except (OSError, ValueError) as error:  # ours are rooted in these: a missing, unreadable or damaged shard
-        return error
-
-
 def _index(args: argparse.Namespace) -> int:
     urls = _urls(args.spec)
     if args.name is not None and args.format != "wids":  # ignored silently, it would look as if it named the index
@@ -363,7 +356,11 @@ def _index(args: argparse.Namespace) -> int:
         )
         with pool:
             results = list(
-                progress(pool.map(_index_or_error, urls, [output] * len(urls), [fmt] * len(urls)), len(urls), "index")
+                progress(
+                    pool.map(_row_or_error, [_index_one] * len(urls), urls, [output] * len(urls), [fmt] * len(urls)),
+                    len(urls),
+                    "index",
+                )
             )
     errors = [(url, r) for url, r in zip(urls, results) if isinstance(r, BaseException)]
     if errors and (len(urls) == 1 or args.format == "wids"):

@@ -152,7 +152,7 @@ class WideQueue(multiprocessing.queues.Queue):
         if len(data) > DIRECT_BYTES:
             return False
         fd = self._writer.fileno()  # type: ignore[attr-defined]  # (as in put)
-        if _room(fd) < len(data) + 4 + _PAGE:
+        if self._room() < len(data) + 4 + _PAGE:
             return False
         if not self._sem.acquire(block, timeout):  # type: ignore[attr-defined]  # (as multiprocessing's put counts)
             raise queue.Full
@@ -160,6 +160,19 @@ class WideQueue(multiprocessing.queues.Queue):
         with self._wlock:  # type: ignore[attr-defined]
             os.write(fd, message)  # at most a page into a pipe with room: whole, and at once
         return True
+
+    def _room(self) -> int:
+        """The bytes the queue's pipe can take now (its :meth:`capacity` less what it holds), 0 where that cannot
+        be asked."""
+        size = self.capacity()
+        if size is None:
+            return 0
+        held = array.array("i", [0])
+        try:
+            fcntl.ioctl(self._reader.fileno(), termios.FIONREAD, held)  # type: ignore[attr-defined]  # (as in put)
+        except OSError:
+            return 0
+        return size - held[0]
 
     def capacity(self) -> Optional[int]:
         """How many bytes the queue's pipe holds (``F_GETPIPE_SZ``), None where that cannot be asked."""
@@ -170,20 +183,6 @@ class WideQueue(multiprocessing.queues.Queue):
             return fcntl.fcntl(self._reader.fileno(), getpipe)  # type: ignore[attr-defined]  # (as in put)
         except OSError:
             return None
-
-
-def _room(fd: int) -> int:
-    """The bytes the pipe behind ``fd`` can take now (its size less what it holds), 0 where that cannot be asked."""
-    getpipe = getattr(fcntl, "F_GETPIPE_SZ", None) if fcntl is not None else None
-    if getpipe is None:
-        return 0
-    try:
-        size = fcntl.fcntl(fd, getpipe)
-        held = array.array("i", [0])
-        fcntl.ioctl(fd, termios.FIONREAD, held)
-    except OSError:
-        return 0
-    return size - held[0]
 
 
 def _read_exactly(fd: int, size: int, into: Optional[bytearray] = None) -> Any:
