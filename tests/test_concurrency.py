@@ -752,3 +752,106 @@ def test_over_a_noisy_distant_link_the_climb_to_16_is_kept():
         ratios.append(round(best_seconds / seconds, 2))
         near += best == 16 and controller.level >= 12 and seconds <= best_seconds / 0.8
     assert near >= 8, ratios
+
+
+def feed(controller, rate, waiting, seconds, now, in_flight=None, step=0.002, decisions=None):
+    """Drive ``controller`` for ``seconds`` of simulated time from ``now`` (or until ``decisions`` were made):
+    ``rate`` bytes/s arriving in pieces every ``step``, the reader blocked ``waiting`` of the time, ``in_flight``
+    parts (the level when None), deciding when a window is due.  Returns the clock and the levels decided on."""
+    levels = []
+    end = now + seconds
+    while now < end and (decisions is None or len(levels) < decisions):
+        controller.flight(controller.level if in_flight is None else in_flight, now)
+        now += step
+        controller.received(int(rate * step), now)
+        controller.waited(step * waiting)
+        if controller.due(now):
+            controller.decide(now)
+            levels.append(controller.level)
+    return now, levels
+
+
+def held_at(level, rate=200 * MB):
+    """A controller that holds ``level`` (its ceiling, until :meth:`Controller.limit` raises it), measured at ``rate``
+    with the reader waiting, the level below slower."""
+    controller = Controller(level, start=level)
+    controller.first_byte(0.03)
+    controller.rates[level // 2] = rate / 2
+    now, _ = feed(controller, rate, 1.0, 0.5, 0.0)
+    assert controller.level == level and controller.trying_more is False, controller.report()
+    return controller, now
+
+
+def test_one_window_that_falls_does_not_restart_the_search_two_do():
+    """Over a distant link one window of a level held fell to a third at a shard's end, and the search started
+    again from one connection (0.3 s of a 1 s pass at fewer).  A fall counts when the next window falls too; while
+    it waits to be confirmed small pieces are read (the next window ends soon)."""
+    controller, now = held_at(8)
+    now, levels = feed(controller, 200 * MB, 1.0, 0.3, now, decisions=1)
+    now, levels = feed(controller, 20 * MB, 1.0, 1.0, now, decisions=1)  # one window falls (a shard's end)
+    assert levels == [8] and controller.trying_more and "in one window" in controller.reason, controller.report()
+    now, levels = feed(controller, 200 * MB, 1.0, 0.3, now)  # the next does not: nothing changed
+    assert set(levels) == {8} and not controller.trying_more
+    now, levels = feed(controller, 200 * MB, 1.0, 1.0, now, decisions=1)
+    now, levels = feed(controller, 20 * MB, 1.0, 1.0, now, decisions=2)  # two in a row: the host changed
+    assert "measuring again from one connection" in controller.reason
+
+
+def test_a_fall_the_reader_lives_through_on_bytes_fetched_ahead_is_found():
+    """The crowded-mid-read host: the level held fell to a twentieth while the reader lived for a second on what
+    16 connections had fetched ahead (not waiting): those windows lowered the rate the fall was judged against,
+    and the fall was not seen for seconds.  A fall is judged against what the level brought while the reader
+    waited, and confirmed by the next window whether the reader waits in it or not."""
+    controller, now = held_at(16, 80 * MB)
+    now, levels = feed(controller, 80 * MB, 1.0, 1.0, now, decisions=1)
+    now, levels = feed(controller, 4 * MB, 0.0, 1.0, now)  # the reader lives on bytes fetched ahead
+    assert set(levels) == {16}
+    now, levels = feed(controller, 4 * MB, 1.0, 0.5, now)  # now it waits: a fall, then its confirmation
+    assert 1 in levels[:3], (levels, controller.report())
+
+
+def test_a_window_of_a_level_held_ends_once_it_is_sure_the_level_fell():
+    """16 connections at 0.3 MB/s each took seconds to bring a window's pieces (64 of them): the window ends once
+    a third of what the level brought would have brought them."""
+    controller, now = held_at(16, 80 * MB)
+    now, levels = feed(controller, 2 * MB, 1.0, 1.0, now, step=0.02)  # a 40 KB piece every 20 ms
+    assert levels and levels[0] == 16 and 1 in levels, (levels, controller.report())
+
+
+def test_a_trial_after_which_the_reader_no_longer_waits_is_kept():
+    """On a shared CPU, 16 connections over a distant link brought fewer bytes per second than 8 in some windows
+    (the reader's own pace, their threads taking its CPU), while the reader no longer waited: the trial did what it
+    was for, and going back to 8 left the reader waiting again."""
+    controller, now = held_at(8)
+    controller.limit(16)
+    now, levels = feed(controller, 200 * MB, 1.0, 1.0, now, decisions=1)
+    assert controller.level == 16 and controller.trying_more, controller.report()
+    now, levels = feed(controller, 170 * MB, 0.0, 0.5, now)
+    assert controller.level == 16 and not controller.trying_more, (levels, controller.report())
+    assert "not waiting" in controller.reason
+
+
+def test_a_trial_whose_connections_are_never_all_used_is_judged_after_confirm_windows():
+    """Shards too small to keep 16 connections busy (10 had parts to fetch): the trial was measured again window
+    after window, reading small pieces, for the rest of the pass.  It is judged after CONFIRM windows."""
+    controller, now = held_at(8)
+    controller.limit(16)
+    now, levels = feed(controller, 200 * MB, 1.0, 1.0, now, decisions=1)
+    assert controller.level == 16
+    now, levels = feed(controller, 260 * MB, 1.0, 1.0, now, in_flight=10)
+    assert len(levels) > concurrency.CONFIRM + 1 and not controller.trying_more, (levels, controller.report())
+
+
+def test_what_is_known_to_be_left_counts_the_shards_named_next_at_the_size_of_the_others():
+    """Counted alone, the rest of a 22 MB shard never paid for more connections at 200 MB/s, though the reader had
+    named the shards after it: they count, at the mean size of the shards whose size is known."""
+    from wds_cloud.io.parallel import known_left
+
+    def shard(size, received, state):
+        return types.SimpleNamespace(size=size, state=state, left=None if size is None else size - received)
+
+    assert known_left([]) == 0
+    assert known_left([shard(None, 0, "prefetched")]) == 0  # no size known: nothing
+    assert known_left([shard(22, 10, "active")]) == 12
+    assert known_left([shard(22, 10, "active"), shard(None, 0, "prefetched")]) == 12 + 22
+    assert known_left([shard(20, 5, "active"), shard(30, 0, "prefetched"), shard(None, 0, "prefetched")]) == 45 + 25

@@ -10,7 +10,8 @@ first-byte latencies:
   in another process is first compared with one connection);
 - it adds connections only while the reader waits for bytes (a share of the window spent blocked of at
   least :data:`WAIT_SHARE`) and more connections can pay: a part flows for longer than its request waits
-  for the first byte, and the bytes known to be left take longer than two first bytes (on a store where
+  for the first byte, and the bytes known to be left (of the shards being read, and of those the reader named
+  as coming next, counted at the size of the others) take longer than two first bytes (on a store where
   a range costs as much as the whole object, they never do);
 - it climbs from one connection to 4 (2 when the reader waits less than half the time), then doubles while
   each step brought at least 0.4 of what it would in proportion, else climbs a step at a time (about a third
@@ -22,13 +23,19 @@ first-byte latencies:
   the reader waits through it: a modest gain is worth keeping for a reader that waits) and not far from
   proportion, goes back at once when it is sure to be slower (below :data:`SLOWER` of the level below, on two
   windows of one of them: one window against one is a coin toss), and is otherwise measured on up to
-  :data:`CONFIRM` windows before its verdict; a window at a trial level ends as soon as it is sure to be
+  :data:`CONFIRM` windows before its verdict (also when too few of its connections had parts to fetch: shards
+  too small to keep them busy may never use them all); a trial after whose first window the reader no longer
+  waits is kept unless sure to be slower (the rate is then the reader's pace, not the connections'); a window
+  at a trial level ends as soon as it is sure to be
   slower than the level below (on a host that suffers from connections, every second at it costs); a trial
   faster but far from proportion (below :data:`PROPORTION` of it) has the level halfway tried; the climb stops
   at the first level that did not pay, which is remembered (not tried again, nor the levels above it) until
   the next re-probe, and only when it was more than a step above is the step between tried;
-- a level held whose rate falls below a third of what it brought while the reader waits (:data:`FELL`: the host
-  became crowded or throttled) starts the search again from one connection: on a host that slows every
+- a level held whose rate falls below a third of what it brought while the reader waited (:data:`FELL`: the host
+  became crowded or throttled), seen in a window where the reader waits and confirmed by the next (one window
+  falls at a shard's end; the next may live on bytes fetched ahead), starts the search again from one
+  connection (a window of a level held ends as soon as it is sure the level fell, and small pieces are read
+  while a fall waits to be confirmed): on a host that slows every
   connection past N, the levels between the held one and N look worse than both, so stepping down would not
   find N;
 - after :data:`REPROBE` seconds at one level it measures again: one step down (kept when the reader
@@ -125,6 +132,10 @@ class Controller:
         self.rates: dict[int, float] = {}
         #: (bytes, seconds) of the last :data:`SPAN` windows at each level, from which ``rates`` is taken
         self._spans: dict[int, list[tuple[int, float]]] = {}
+        #: the rate of a level as of its last window in which the reader waited (what it brought while the reader
+        #: waited: a fall is judged against it; windows in which the reader lives on bytes fetched ahead do not
+        #: lower it)
+        self._brought: dict[int, float] = {}
         self._tried = 0  # windows the trial now on was measured on
         #: seconds from a request to its first byte (smoothed)
         self.latency: Optional[float] = None
@@ -147,6 +158,7 @@ class Controller:
         self._waiters: list[Any] = []  # readers to wake when a place in the level is given back
         self._held_since: Optional[float] = None
         self._extend = False  # the next window continues this one
+        self._fallen: Optional[tuple[int, float]] = None  # (bytes, seconds) of a window that fell, to be confirmed
         self._open_window(None, settle=0.0)
 
     # the window being measured
@@ -181,9 +193,11 @@ class Controller:
 
     @property
     def trying_more(self) -> bool:
-        """Whether a level above a measured one is on trial now: its window may end early once it is sure to be
-        slower (see :meth:`due`), which takes pieces, so the fetcher reads smaller ones meanwhile."""
-        return self._trial == "up"
+        """Whether a level above a measured one is on trial now (its window may end early once it is sure to be
+        slower, see :meth:`due`), or a fall seen in one window waits for the next to confirm it: either takes
+        pieces, so the fetcher reads smaller ones meanwhile (on a host that became crowded, a window of large
+        pieces lasted seconds)."""
+        return self._trial == "up" or self._fallen is not None
 
     #: the ticket of a request cut short when more connections were chosen (it streamed the rest of a shard on
     #: one): while a climb from one connection is on trial its last bytes are no level's (its connection is one
@@ -300,11 +314,18 @@ class Controller:
         # A trial above a measured level is over early once it is sure to be slower than that level: the window
         # has lasted as long as the level below would have taken to bring the pieces it needs, and it has not
         # got them (on a host that suffers from connections, every second at such a level costs).
+        # So is a window of a level held once it is sure the level fell (a third of what it brought would have
+        # brought the pieces by now): on a host that became crowded, 16 connections at 0.3 MB/s took seconds to
+        # bring a window's pieces.
         below = self._from if self._trial == "up" else None
-        rate = self.rates.get(below, 0.0) if below is not None else 0.0
+        if below is not None:
+            rate = self.rates.get(below, 0.0)
+        elif self._trial is None and self.level > 1:
+            below, rate = 1, self._brought.get(self.level, self.rates.get(self.level, 0.0)) / FELL
+        else:
+            return False
         return (
-            below is not None
-            and rate > 0
+            rate > 0
             and self._arrivals >= ARRIVALS * below
             and (now - started) * rate >= need * self._bytes / self._arrivals
         )
@@ -333,15 +354,35 @@ class Controller:
             self.waiting = share
             self.decisions += 1
             level = self.level
-            held = self.rates.get(level) if self._trial is None else None
+            held = self._brought.get(level, self.rates.get(level)) if self._trial is None else None
             span = self._spans.setdefault(level, [])
-            span.append((self._bytes, seconds))
-            del span[:-SPAN]
-            fell = held is not None and level > 1 and share >= WAIT_SHARE and rate * FELL < held
-            if fell:
-                span[:] = span[-1:]  # a fall is judged on this window alone, against what the level brought
-            self.rates[level] = rate = sum(b for b, _ in span) / sum(t for _, t in span)
-            if fell:
+            # a fall is seen while the reader waits (else the connections may only be waiting for the reader), and
+            # confirmed by the next window, whether the reader waits in it or lives on what was fetched ahead
+            fell = held is not None and level > 1 and rate * FELL < held
+            fell = fell and (share >= WAIT_SHARE or self._fallen is not None)
+            doubt = fell and self._fallen is None
+            if fell and not doubt:
+                assert self._fallen is not None
+                # a fall is judged on its two windows together, against what the level brought
+                span[:] = [self._fallen, (self._bytes, seconds)]
+            elif not doubt:
+                span.append((self._bytes, seconds))
+                del span[:-SPAN]
+            self._fallen = (self._bytes, seconds) if doubt else None
+            if not doubt:
+                self.rates[level] = rate = sum(b for b, _ in span) / sum(t for _, t in span)
+                if share >= WAIT_SHARE:
+                    self._brought[level] = rate
+            if doubt:
+                # one window is a coin toss (a shard's end, a busy CPU): a fall counts on two in a row, and this
+                # window is no part of the level's rate unless the next one falls too
+                assert held is not None
+                self.reason = (
+                    f"{level} connections fell from {held / 1e6:.0f} to {rate / 1e6:.0f} MB/s in one window: "
+                    "measuring again"
+                )
+                new = level
+            elif fell:
                 assert held is not None
                 new = self._fell(level, held, rate)
             else:
@@ -353,6 +394,7 @@ class Controller:
                 # a level is judged on its windows since it was taken up this time, not those of an earlier visit
                 # (a trial's connections were slowing it then, or the link has changed since)
                 self._spans.pop(new, None)
+                self._brought.pop(new, None)
             rose = new > level
             if self._extend:  # measure again at once: the connections of this level have started by now
                 self._extend = False
@@ -403,8 +445,12 @@ class Controller:
                 return down
             return level
         below = self._from if self._trial == "up" else None
-        if below is not None and used < USED * level and share >= WAIT_SHARE:
-            # the trial level was not used (too few parts to fetch at once): measure it again
+        if below is not None and used < USED * level and share >= WAIT_SHARE and self._tried + 1 < CONFIRM:
+            # the trial level was not used (too few parts to fetch at once): measure it again, up to CONFIRM windows
+            # (shards too small to keep it busy may never use it: then it is judged on what it brought)
+            self._tried += 1
+            if self._tried == 1:  # its new connections were starting in the first window: judged on those after it
+                self._spans[level] = []
             self.reason = (
                 f"trying {level} connections: only {used:.1f} had parts to fetch so far "
                 f"(the reader waited {share:.0%} of the time)"
@@ -457,8 +503,13 @@ class Controller:
         # more connections that only keep a busy reader from waiting, without more bytes per second, are not kept;
         # while the reader waits through the trial, a modest gain is worth keeping
         gain = min(_margin(below, level), MODEST) if share >= WAIT_SHARE else _margin(below, level)
-        faster = rate >= ref * (1 + gain)
-        proportion = level <= below + 1 or rate >= PROPORTION * ref * level / below
+        # the reader no longer waits (after the trial's first window, which may live on what the level below
+        # fetched ahead): the rate is its own pace, not what the connections can bring (on a shared CPU it
+        # fell with the threads of the new connections), and the trial did what it was for; kept unless sure
+        # to be slower
+        relieved = share < WAIT_SHARE and windows > 1 and rate >= SLOWER * ref
+        faster = relieved or rate >= ref * (1 + gain)
+        proportion = relieved or level <= below + 1 or rate >= PROPORTION * ref * level / below
         # sure to be slower: on two windows (of the trial, or of the level below: one window against one is a coin
         # toss), and not on the first window of a climb from one connection
         slower = rate < SLOWER * ref and (windows > 1 or (below > 1 and len(self._spans.get(below, ())) > 1))
@@ -493,6 +544,7 @@ class Controller:
         self._tried = 0
         self.rates = {}
         self._spans = {}
+        self._brought = {}
         self.reason = (
             f"{level} connections fell from {held / 1e6:.0f} to {rate / 1e6:.0f} MB/s while the reader waited: "
             "measuring again from one connection"
@@ -548,6 +600,7 @@ class Controller:
         self._ceiling = None
         self.rates = {level: self.rates[level]} if level in self.rates else {}
         self._spans = {level: self._spans[level]} if level in self._spans else {}
+        self._brought = {level: self._brought[level]} if level in self._brought else {}
         if level <= 1:
             return level
         self._trial, self._from = "down", level
@@ -583,6 +636,8 @@ class Controller:
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self.__dict__.setdefault("_waiters", [])
+        self.__dict__.setdefault("_fallen", None)
+        self.__dict__.setdefault("_brought", {})
 
 
 def _step(level: int) -> int:

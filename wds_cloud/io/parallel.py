@@ -728,10 +728,11 @@ class Fetcher:
         """A measuring window of ``obj``'s host ended: the controller decides; more connections split the
         shards streaming on one, fewer pause the parts in flight beyond the level (lock held)."""
         controller = obj.controller
-        # what is known to be left (a shard whose size is not known yet counts for nothing: more
-        # connections must pay on what is known)
+        # what is known to be left: the shards of the host being read, and those the reader named as coming next
+        # (prefetch) at the size of those whose size is known (a stream of shards is more than the one being
+        # read: counted alone, the rest of a 22 MB shard never paid for more connections at 200 MB/s)
         mine = [o for o in self._objects if o.host == obj.host and o.state != _CLOSED]
-        remaining = sum(o.left or 0 for o in mine)
+        remaining = known_left(mine)
         rate = connection_rate((p for o in mine for p in o.parts[: o.dispatched]), now)
         before = controller.level
         changed = controller.decide(now, remaining, rate, obj.options.part_size)
@@ -922,6 +923,15 @@ class Fetcher:
                 part.stream.abort()
         self._cond.notify_all()
         self._pump()
+
+
+def known_left(objects: Sequence[Any]) -> int:
+    """The bytes known to be left of ``objects`` (the shards of one host being read or named as coming next: each
+    has ``left``, ``size`` and ``state``): what is left of those whose size is known, and a shard named ahead whose
+    size is not known yet at the mean size of those (nothing when no size is known)."""
+    sizes = [o.size for o in objects if o.size is not None]
+    expected = sum(1 for o in objects if o.size is None and o.state == _PREFETCHED)
+    return sum(o.left or 0 for o in objects) + (expected * (sum(sizes) // len(sizes)) if sizes else 0)
 
 
 def ahead_due(request: Any, left: Optional[int], now: float, latency: float) -> bool:
