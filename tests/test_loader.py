@@ -89,3 +89,47 @@ def test_the_item_conversion_of_workers_is_torchs_default_convert(data):
     assert repr(ours) == repr(theirs) and type(ours) is type(theirs)
     if isinstance(data, (list, tuple)) and data:
         assert ours is not data  # a new container, as torch's
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("batch_size", [3, 4, 7, 9, 11, 31])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_batches_and_drop_last_are_torchs(shards, num_workers, batch_size, drop_last):
+    """The adversary's finding: the mark a worker sends after its last item was one item of a batch to torch, so
+    with ``drop_last=True`` a batch of ``batch_size - 1`` items came as if whole (and a last short batch of 31
+    over one worker's 30 samples came at all): the batches are torch's DataLoader's, item for item."""
+
+    def batches(make):
+        ds = wds.WebDataset(shards, shardshuffle=False).decode().to_tuple("cls")
+        loader = make(ds, batch_size=batch_size, num_workers=num_workers, drop_last=drop_last)
+        return [[int(x) for x in batch[0]] for batch in loader]
+
+    ours = batches(wds.WebLoader)
+    assert ours == batches(torch.utils.data.DataLoader)
+    assert all(len(b) == batch_size for b in ours) or not drop_last
+
+
+def test_a_worker_whose_last_short_batch_is_dropped_holds_back_no_other_workers_batches(shards):
+    """The adversary's finding: with ``drop_last=True`` a worker whose last short batch torch dropped took its end
+    mark with it; the loader waited for that worker's turn, holding every later batch of the others until the pass
+    ended.  Worker 0 (20 samples) stops before its last batch until the main process has its batch before it."""
+    import multiprocessing
+
+    got = multiprocessing.get_context("fork").Event()
+
+    def hold(sample):
+        if int(sample[0]) == 26 and not got.wait(60):  # (the first item of worker 0's last batch)
+            raise RuntimeError("the batch before this one never reached the main process")
+        return sample
+
+    ds = wds.WebDataset(shards, shardshuffle=False).decode().to_tuple("cls").map(hold)
+    loader = wds.WebLoader(ds, batch_size=4, num_workers=2, drop_last=True, multiprocessing_context="fork")
+    seen = []
+    for batch in loader:
+        seen.append([int(x) for x in batch[0]])
+        if seen[-1][0] == 22:
+            got.set()
+    assert seen == [[0, 1, 2, 3], [10, 11, 12, 13], [4, 5, 6, 7], [14, 15, 16, 17], [8, 9, 20, 21]] + [
+        [22, 23, 24, 25],
+        [26, 27, 28, 29],
+    ]

@@ -123,8 +123,9 @@ class WebLoader(DataPipeline, FluidInterface):
         # pipeline that cannot be resumed is iterated exactly as torch's DataLoader would.
         self._blocker = _resume_blocker(dataset, sampler, batch_sampler)
         given = dataset
+        whole = batch_size if drop_last and batch_size else None  # (see Ended)
         if self._blocker is None:
-            ended = loaderstate.Ended(dataset)
+            ended = loaderstate.Ended(dataset, whole)
             given = ended
             collate_fn = self._collate = loaderstate.StateCollate(
                 collate_fn, batch_size is None, ended, pack, tables.handed
@@ -141,7 +142,7 @@ class WebLoader(DataPipeline, FluidInterface):
                 collate_fn = transport.PackingCollate(inner) if pack_bytes else transport.BytesCollate(inner)
             if isinstance(dataset, IterableDataset) and loaderstate.transfer_stats(dataset) is not None:
                 # no states to carry, but the workers' statistics: they ride with an item now and then
-                ended = loaderstate.Ended(dataset)
+                ended = loaderstate.Ended(dataset, whole)
                 given = ended
                 collate_fn = self._collate = loaderstate.StatsCollate(collate_fn, batch_size is None, ended)
                 self._unstats = loaderstate.Unstats()

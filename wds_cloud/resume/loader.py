@@ -201,15 +201,36 @@ def tagged(x: Any) -> bool:
 
 
 class Ended(IterableDataset):
-    """The dataset followed by one :class:`EndMark`, so the loader learns when a worker has finished."""
+    """The dataset followed by one :class:`EndMark`, so the loader learns when a worker has finished.
 
-    def __init__(self, dataset: Any) -> None:
+    ``whole``: the loader batches ``whole`` items at a time and drops a last short batch (torch's ``drop_last``):
+    the mark is then never one item of a batch, which torch would count (a batch of ``whole - 1`` items and the
+    mark was delivered, short, as if full; a mark alone in a short batch was dropped, and the loader never learned
+    that the worker had ended).  Items go on in whole batches, the short rest is dropped here, and the end travels
+    as a batch of ``whole`` marks.
+    """
+
+    def __init__(self, dataset: Any, whole: Optional[int] = None) -> None:
         super().__init__()
         self.dataset = dataset
+        self.whole = whole
 
     def __iter__(self) -> Iterator:
-        yield from self.dataset
-        yield EndMark()
+        whole = self.whole
+        if not whole:
+            yield from self.dataset
+            yield EndMark()
+            return
+        group: list = []
+        for item in self.dataset:
+            group.append(item)
+            if len(group) == whole:
+                batch, group = group, []
+                yield from batch
+        del group  # the short rest: dropped, as torch drops it
+        mark = EndMark()
+        for _ in range(whole):
+            yield mark
 
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.dataset, "set_epoch"):
