@@ -133,3 +133,44 @@ def test_a_worker_whose_last_short_batch_is_dropped_holds_back_no_other_workers_
         [22, 23, 24, 25],
         [26, 27, 28, 29],
     ]
+
+
+@pytest.mark.parametrize("num_workers,batch_size", [(0, 4), (2, 3), (2, 5)])
+def test_a_state_taken_at_the_last_batch_starts_the_next_epoch(shards, num_workers, batch_size):
+    """The new user's finding: a loop that stops at the epoch's last batch (a step budget) before the iterator says
+    it ended got a state naming no worker next, which ``load_state_dict`` refused as edited.  Where every worker's
+    last batch was short (its end came with it), that state is the pass's end: it starts the next epoch, as a state
+    taken after the loop ended does (and one saved as it stood by the earlier version loads as that).  Where a
+    worker's samples filled its last batch, its end comes after it: the state is that worker at its end, and loads
+    as an empty rest of the pass, then the next epoch."""
+    from wds_cloud.resume.state import seal
+
+    def make():
+        ds = wds.WebDataset(shards, shardshuffle=True, seed=1).decode().to_tuple("cls")
+        return wds.WebLoader(ds, batch_size=batch_size, num_workers=num_workers)
+
+    def cls(loader):
+        return [[int(x) for x in b[0]] for b in loader]
+
+    reference = make()
+    first, second = cls(reference), cls(reference)
+    assert first != second and sorted(sum(second, [])) == list(range(30))
+    loader = make()
+    for i, _ in enumerate(loader):
+        if i + 1 == len(first):
+            break
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    if batch_size == 5:  # 20 and 10 samples: every worker's last batch full
+        assert state["epoch"] == 0 and cls(resumed) == []
+    else:
+        assert state["next"] == 0 and state["epoch"] == 1 and state["workers"] == []
+    assert cls(resumed) == second
+    # as the earlier version saved it: no worker next, every one exhausted
+    legacy = {k: v for k, v in state.items() if not k.startswith("\0")}
+    slots = max(1, num_workers)
+    legacy = seal(dict(legacy, next=None, exhausted=list(range(slots)), epoch=0, workers=[[0, {}]]))
+    resumed = make()
+    resumed.load_state_dict(legacy)
+    assert cls(resumed) == second

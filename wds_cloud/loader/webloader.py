@@ -254,9 +254,14 @@ class WebLoader(DataPipeline, FluidInterface):
         # The pass has ended when its iterator said so (Lightning's fetcher asks one item ahead, so it
         # has at the checkpoint after an epoch's last batch) or, with a declared length, when that many
         # items were yielded (where Lightning ends a sized epoch): the state then starts the next epoch.
+        # So has it when every worker has handed over its last item (the loop stopped at the last batch, before the
+        # iterator could say it had ended): a state of the rest would be of no worker at all.
         progress = self._progress
+        untag = self._untag
         ended = self._resume_progress is None and (
-            progress[3] or (self._has_length and self.size is not None and progress[1] >= self.size > 0)
+            progress[3]
+            or (self._has_length and self.size is not None and progress[1] >= self.size > 0)
+            or (untag is not None and untag.finished())
         )
         if ended and self._untag is not None:
             rank, world_size = _rank()
@@ -367,6 +372,7 @@ class WebLoader(DataPipeline, FluidInterface):
             return
         if self._untag is None:
             raise NotResumableError(f"this WebLoader cannot load a state: {self._blocker}")
+        state = self._pass_over(state)
         expect(
             state,
             "WebLoader",
@@ -414,6 +420,20 @@ class WebLoader(DataPipeline, FluidInterface):
         self._pass_epoch = state.get("epoch", 0)
         self._auto_epoch = self._pass_epoch + 1
         self._resume_progress = list(state.get("progress") or (0, 0))
+
+    def _pass_over(self, state: dict) -> dict:
+        """A state taken after every worker handed over its last item, by a version that saved it as it stood
+        (no worker next, every one exhausted; its loading was refused): the state of the pass ended, which starts
+        the next epoch (as :meth:`state_dict` now gives it).  Any other state as it is."""
+        exhausted, workers = state.get("exhausted"), state.get("num_workers")
+        if state.get("next") is not None or type(workers) is not int or not isinstance(exhausted, list):
+            return state
+        if set(exhausted) != set(range(max(1, workers))):
+            return state
+        check_seal(state, "WebLoader")  # only a state as state_dict() gave it
+        epoch = state.get("epoch", 0)
+        epoch = epoch + 1 if type(epoch) is int and epoch >= 0 else 0
+        return seal(dict(state, next=0, exhausted=[], workers=[], epoch=epoch, progress=[0, 0]))
 
     def _load_merged(self, state: dict) -> None:
         """Continue the epoch of a merged state with this rank's share, each worker taking its own."""

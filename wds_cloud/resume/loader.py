@@ -429,6 +429,10 @@ class Untag(PipelineStage):
         #: the transfer statistics the workers sent, summed over every pass of this loader
         self.transfer = TransferStats()
 
+    def finished(self) -> bool:
+        """Whether every worker of the pass under way has handed over its last item (none is next)."""
+        return self._pending is None and self.next is None and len(self.exhausted) >= max(1, self.num_workers)
+
     def resume(self, next_worker: Optional[int], exhausted: set, states: dict) -> None:
         self._pending = (next_worker, exhausted, states)
 
