@@ -101,6 +101,11 @@ def test_import_loads_no_plugin_and_works_without_torch(tmp_path):
         again.load_state_dict(first.state_dict())
         keys = head + [s["__key__"] for s in again]
         assert sorted(keys) == ["000", "001", "002", "003", "004"], keys
+        # the loader batching without torch: the columns batched() makes (it gave a list of samples: the new
+        # user's finding, `keys, cls = batch` failed)
+        ds = wds.WebDataset({str(shard)!r}, shardshuffle=False).decode().to_tuple("txt", "cls")
+        for txt, cls in wds.WebLoader(ds, batch_size=2, num_workers=2):
+            assert type(txt) is list and cls.tolist() == [int(t[1:]) for t in txt], (txt, cls)
         assert "torch" not in sys.modules
         print([b[1].tolist() for b in batches])
     """)

@@ -37,7 +37,8 @@ else:
         """Stand-in for ``torch.utils.data.DataLoader`` without torch: iterates in this process.
 
         ``batch_size=None`` passes items through (through ``collate_fn`` when given,
-        as torch does); an integer batches them with ``collate_fn`` (default: lists).
+        as torch does); an integer batches them with ``collate_fn`` (default: the columns ``batched()`` makes,
+        :func:`wds_cloud.resume.views.columns`).
         ``num_workers`` is accepted and ignored.
         """
 
@@ -65,11 +66,14 @@ else:
                     for item in self.dataset:
                         yield self.collate_fn(item)
                 return
+            collate = self.collate_fn
+            if collate is None:
+                from .resume.views import columns as collate  # (resume is above this module)
             batch: list = []
             for item in self.dataset:
                 batch.append(item)
                 if len(batch) == self.batch_size:
-                    yield self.collate_fn(batch) if self.collate_fn else batch
+                    yield collate(batch)
                     batch = []
             if batch and not self.drop_last:
-                yield self.collate_fn(batch) if self.collate_fn else batch
+                yield collate(batch)
