@@ -107,6 +107,28 @@ def test_an_object_held_twice_is_one_object_after():
     assert out[0] is out[1] is out[3][1] and out[2] is out[3][0]
 
 
+def test_a_small_tensor_held_twice_is_one_tensor_after():
+    """The adversary's finding: a tensor under the size left out of the pickle, met twice in a batch, came as two
+    tensors (torch's pickling, and a larger one, keep it one)."""
+    small = torch.arange(10)
+    out = cross([small, {"again": small}, torch.arange(3)])
+    assert out[0] is out[1]["again"] and out[0].tolist() == list(range(10)) and out[2].tolist() == [0, 1, 2]
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks are implicitly disabled")
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype")
+def test_sparse_and_nested_tensors_cross_as_torch_sends_them():
+    """The adversary's finding: a sparse or nested tensor failed in the worker (its bytes were asked for; it has
+    none of its own): torch pickles it, as its DataLoader does."""
+    dense = torch.arange(12.0).reshape(3, 4)
+    batch = [dense.to_sparse(), dense.to_sparse_csr(), torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])]
+    out = cross(batch)
+    assert out[0].layout == torch.sparse_coo and torch.equal(out[0].to_dense(), dense)
+    assert out[1].layout == torch.sparse_csr and torch.equal(out[1].to_dense(), dense)
+    assert out[2].is_nested and [t.tolist() for t in out[2].unbind()] == [[1.0, 1.0], [1.0, 1.0, 1.0]]
+
+
 def _shared(t):
     return [
         [t, t[1:]],

@@ -174,3 +174,40 @@ def test_a_state_taken_at_the_last_batch_starts_the_next_epoch(shards, num_worke
     resumed = make()
     resumed.load_state_dict(legacy)
     assert cls(resumed) == second
+
+
+@pytest.mark.parametrize("value", ["false", "no", "0", "auto", 2, 1.0])
+def test_pack_bytes_takes_none_true_or_false_only(shards, value):
+    """The adversary's finding: any truthy ``pack_bytes`` (``"false"`` among them) meant True."""
+    ds = wds.WebDataset(shards, shardshuffle=False)
+    with pytest.raises(wds.ConfigError, match=r"pack_bytes='false'|pack_bytes='no'|pack_bytes=.*expected None"):
+        wds.WebLoader(ds, batch_size=None, num_workers=2, pack_bytes=value)
+
+
+class _Jsons(torch.utils.data.IterableDataset):
+    """A dataset of the user's own over a WebDataset (no state of its own: the loader takes none; the statistics of
+    the dataset inside still ride along with items)."""
+
+    def __init__(self, url):
+        self.inner = wds.WebDataset(url, shardshuffle=False).decode()
+
+    @property
+    def stats(self):
+        return self.inner.stats
+
+    def __iter__(self):
+        return (s["json"] for s in self.inner)
+
+
+def test_an_item_shaped_like_the_loaders_own_message_is_the_users(tmp_path):
+    """The adversary's finding: a loader that takes no states knew the message its workers send with their
+    statistics by its content (a list of four beginning with a tag): a sample of that shape (a JSON list) was
+    dropped, or replaced by its second element."""
+    tag = "\0wds_cloud.loaderstats.tag"
+    values = [[tag, None, None, True], [tag, "x", None, False], [1, 2]] * 4
+    with wds.TarWriter(str(tmp_path / "s.tar")) as sink:
+        for i, value in enumerate(values):
+            sink.write({"__key__": f"{i:03d}", "json": value})
+    loader = wds.WebLoader(_Jsons(str(tmp_path / "s.tar")), batch_size=None, num_workers=1, collate_fn=lambda x: x)
+    assert loader.resume_blocker() is not None
+    assert list(loader) == values

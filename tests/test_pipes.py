@@ -441,3 +441,34 @@ def test_the_main_process_writes_small_messages_itself_in_order_and_never_waits_
     assert out.get() == messages
     reader.join(60)
     assert reader.exitcode == 0
+
+
+def _hold_the_write_lock(q, holding, release):
+    with q._wlock:  # as a worker writing a large message into a pipe nobody reads holds it
+        holding.set()
+        release.wait(120)
+
+
+def test_the_main_process_never_waits_for_a_lock_a_worker_holds():
+    """The adversary's finding: with ``pin_memory=True`` torch's shutdown puts into the result queue from the main
+    process; where a worker was writing a message larger than the pipe (nobody reading any more), it held the
+    queue's write lock, and the main process's direct write waited for that lock for ever.  It never waits for it:
+    the feeder thread takes the message, and sends it once the lock is free."""
+    import multiprocessing
+    import threading
+
+    fork = multiprocessing.get_context("fork")
+    q = pipes.context().Queue()
+    holding, release = fork.Event(), fork.Event()
+    worker = fork.Process(target=_hold_the_write_lock, args=(q, holding, release))
+    worker.start()
+    try:
+        assert holding.wait(60)
+        done = threading.Event()
+        threading.Thread(target=lambda: (q.put((None, None)), done.set()), daemon=True).start()
+        assert done.wait(60), "put() waited for the write lock a worker holds"
+    finally:
+        release.set()
+    assert q.get(timeout=60) == (None, None)
+    worker.join(60)
+    assert worker.exitcode == 0

@@ -66,6 +66,9 @@ def test_no_profiler_label_per_batch_unless_a_profiler_records(tmp_path, entered
     assert sorted(got) == sorted(expected)
     labels = [e.name for e in prof.events() if e.name.startswith(LABEL)]
     assert len(labels) >= len(got)  # torch's label on every batch (and on the pass's last, empty next())
+    # named as torch's iterators name them (the adversary's finding: tools keyed on torch's names missed them)
+    kind = "_MultiProcessingDataLoaderIter" if workers else "_SingleProcessDataLoaderIter"
+    assert set(labels) == {f"{LABEL}{kind}.__next__"}, set(labels)
 
 
 def test_a_profiler_started_mid_pass_sees_the_batches_from_then_on(tmp_path, entered):

@@ -66,9 +66,9 @@ else:
                     for item in self.dataset:
                         yield self.collate_fn(item)
                 return
-            collate = self.collate_fn
-            if collate is None:
-                from .resume.views import columns as collate  # (resume is above this module)
+            from .resume.views import columns  # (resume is above this module)
+
+            collate: Callable = self.collate_fn if self.collate_fn is not None else columns
             batch: list = []
             for item in self.dataset:
                 batch.append(item)

@@ -258,6 +258,8 @@ class _Pickler(ForkingPickler):
         known = self.seen.get(id(obj))
         if known is not None:
             return known
+        if obj.layout is not _strided() or obj.is_nested:  # sparse, nested: no bytes of their own; torch pickles them
+            return None
         n = obj.nbytes
         storage = obj.untyped_storage().data_ptr() if n else None  # (empty tensors share no bytes)
         if storage is not None and storage in self.taken:

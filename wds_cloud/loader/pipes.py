@@ -24,7 +24,6 @@ import multiprocessing
 import multiprocessing.context
 import multiprocessing.queues
 import os
-import queue
 import select
 import struct
 import threading
@@ -152,13 +151,19 @@ class WideQueue(multiprocessing.queues.Queue):
         if len(data) > DIRECT_BYTES:
             return False
         fd = self._writer.fileno()  # type: ignore[attr-defined]  # (as in put)
-        if self._room() < len(data) + 4 + _PAGE:
+        # never waits for the lock: a worker may hold it for the whole of a large message into a pipe nobody reads
+        # any more (torch's shutdown puts into the result queue so): the feeder thread waits for it instead
+        lock = self._wlock  # type: ignore[attr-defined]
+        if lock is None or not lock.acquire(False):
             return False
-        if not self._sem.acquire(block, timeout):  # type: ignore[attr-defined]  # (as multiprocessing's put counts)
-            raise queue.Full
-        message = struct.pack("!i", len(data)) + bytes(data)
-        with self._wlock:  # type: ignore[attr-defined]
-            os.write(fd, message)  # at most a page into a pipe with room: whole, and at once
+        try:
+            if self._room() < len(data) + 4 + _PAGE:
+                return False
+            if not self._sem.acquire(False):  # type: ignore[attr-defined]  # (as multiprocessing's put counts)
+                return False  # full: put() waits as it does (or raises queue.Full)
+            os.write(fd, struct.pack("!i", len(data)) + bytes(data))  # at most a page into a pipe with room: at once
+        finally:
+            lock.release()
         return True
 
     def _room(self) -> int:

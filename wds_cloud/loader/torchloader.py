@@ -36,10 +36,11 @@ if HAVE_TORCH:
             self._num_yielded += 1  # (its own count, as torch's next() keeps it)
             return data
 
-    class _SingleProcess(_Unlabelled, _torch_dataloader._SingleProcessDataLoaderIter):
+    # named as torch's iterators: the profiler labels a batch with its iterator's class name
+    class _SingleProcessDataLoaderIter(_Unlabelled, _torch_dataloader._SingleProcessDataLoaderIter):
         pass
 
-    class _MultiProcessing(_Unlabelled, _torch_dataloader._MultiProcessingDataLoaderIter):
+    class _MultiProcessingDataLoaderIter(_Unlabelled, _torch_dataloader._MultiProcessingDataLoaderIter):
         pass
 
     class TorchLoader(DataLoader):
@@ -48,9 +49,9 @@ if HAVE_TORCH:
 
         def _get_iterator(self) -> Any:
             if self.num_workers == 0:
-                return _SingleProcess(self)
+                return _SingleProcessDataLoaderIter(self)
             self.check_worker_number_rationality()
-            return _MultiProcessing(self)
+            return _MultiProcessingDataLoaderIter(self)
 
 else:
     TorchLoader = DataLoader  # type: ignore[misc,assignment]  # without torch: the stand-in

@@ -175,11 +175,18 @@ class Unpickler(pickle.Unpickler):
         super().__init__(io.BytesIO(body))
         self.region = region
         self.made: dict = {}
+        self.small: dict = {}  # id of a small tensor's pid -> (the pid, the tensor): one tensor met twice is one
 
     def persistent_load(self, pid: Any) -> Any:
         kind, start, stop = pid[0], pid[1], pid[2]
         if kind == KIND_SMALL_TENSOR:
-            return _tensor(start, stop, pid[3])
+            # the pickler memoizes the pid of a tensor met again (the same tuple comes back): the same tensor
+            hit = self.small.get(id(pid))
+            if hit is not None and hit[0] is pid:
+                return hit[1]
+            small = _tensor(start, stop, pid[3])
+            self.small[id(pid)] = (pid, small)
+            return small
         made = self.made.get(start)
         if made is not None:
             return made

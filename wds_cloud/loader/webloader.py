@@ -84,6 +84,12 @@ class WebLoader(DataPipeline, FluidInterface):
         device: Any = None,
         **kw: Any,
     ) -> None:
+        if pack_bytes is not None and type(pack_bytes) is not bool:
+            raise ConfigError(
+                f"WebLoader(pack_bytes={pack_bytes!r}): expected None (the default: large buffers through shared "
+                "memory, as the types they are), True (columns of byte strings as PackedBytes) or False (every "
+                "batch pickled through the pipe)"
+            )
         self._dataset = dataset
         self._untag = None
         self._collate: Optional[loaderstate.StatsSender] = None  # what sends the workers' statistics, if any

@@ -44,7 +44,7 @@ __all__ = [
     "StatsSender",
     "StatsCollate",
     "Unstats",
-    "STATS_TAG",
+    "Stats",
     "default_collate",
     "Untag",
     "note",
@@ -264,9 +264,24 @@ class StatsSender:
         return gained
 
 
-#: first element of what a loader that takes no states sends with an item when statistics go with it:
-#: ``[STATS_TAG, item, stats, end]`` (``end``: the worker's last; ``item`` None: nothing to yield)
-STATS_TAG = "\0wds_cloud.loaderstats.tag"
+class Stats:
+    """An item of a loader that takes no states with the worker's statistics (``end``: the worker's last; ``item``
+    None: nothing to yield).  A class of its own, not a list of a known shape: an item of the user's data can
+    never be taken for it (a list that began with the tag was, and was dropped)."""
+
+    __slots__ = ("item", "stats", "end")
+
+    def __init__(self, item: Any, stats: Optional[TransferStats], end: bool) -> None:
+        self.item, self.stats, self.end = item, stats, end
+
+    def __reduce__(self) -> Any:
+        return (Stats, (self.item, self.stats, self.end))
+
+    def pin_memory(self, device: Any = None) -> Stats:
+        """torch's pin_memory thread pins the item inside (it calls this on an object that has it)."""
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        return Stats(pin_memory(self.item, device), self.stats, self.end)
 
 
 class StatsCollate(StatsSender):
@@ -284,16 +299,16 @@ class StatsCollate(StatsSender):
         ended = info.dataset if info is not None and isinstance(info.dataset, Ended) else self.ended
         if self.per_item:
             if isinstance(data, EndMark):
-                return [STATS_TAG, None, self._stats(ended.dataset, True), True]
+                return Stats(None, self._stats(ended.dataset, True), True)
             end, stats, out = False, self._stats(ended.dataset, False), self.collate(data)
         else:
             items = [x for x in data if not isinstance(x, EndMark)]
             end = len(items) != len(data)
             stats = self._stats(ended.dataset, end)
             if not items:
-                return [STATS_TAG, None, stats, True]
+                return Stats(None, stats, True)
             out = self.collate(items)
-        return out if stats is None and not end else [STATS_TAG, out, stats, end]
+        return out if stats is None and not end else Stats(out, stats, end)
 
 
 class Unstats(PipelineStage):
@@ -306,12 +321,12 @@ class Unstats(PipelineStage):
 
     def run(self, src: Iterable) -> Iterator:
         for x in src:
-            if type(x) is list and len(x) == 4 and type(x[0]) is str and x[0] == STATS_TAG:
-                if x[2] is not None:
-                    self.transfer.add(x[2])
-                if x[3] and x[1] is None:
+            if type(x) is Stats:
+                if x.stats is not None:
+                    self.transfer.add(x.stats)
+                if x.end and x.item is None:
                     continue
-                yield x[1]
+                yield x.item
             else:
                 yield x
 
