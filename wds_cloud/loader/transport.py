@@ -31,8 +31,9 @@ from ..resume.views import as_bytes, default_collate, view_keeping, views_pickle
 
 __all__ = ["PackedBytes", "pack_batch", "PackingCollate", "AUTO_MIN_BYTES", "as_bytes", "BytesCollate"]
 
-#: lists of byte strings shorter than this stay lists (packing two items saves nothing)
-MIN_ITEMS = 2
+#: lists of byte strings shorter than this stay lists: 1, so that a column's type does not hang on its length (a
+#: last batch of one sample came as a list, the others as PackedBytes: the adversary's finding)
+MIN_ITEMS = 1
 
 #: a ``min_bytes`` that packs only a batch whose byte strings add up to at least this many bytes: below it,
 #: handing a shared-memory segment to the main process costs more than pickling the bytes
