@@ -211,3 +211,33 @@ def test_an_item_shaped_like_the_loaders_own_message_is_the_users(tmp_path):
     loader = wds.WebLoader(_Jsons(str(tmp_path / "s.tar")), batch_size=None, num_workers=1, collate_fn=lambda x: x)
     assert loader.resume_blocker() is not None
     assert list(loader) == values
+
+
+def test_with_drop_last_a_resume_at_any_batch_gives_exactly_the_rest(tmp_path):
+    """Items go on in whole batches and a worker's short rest is dropped in the worker (drop_last): a state after
+    any batch resumes to exactly the batches a pass without a stop gives."""
+    urls = []
+    for s, n in enumerate([13, 7, 11]):
+        urls.append(str(tmp_path / f"s{s}.tar"))
+        with wds.TarWriter(urls[-1]) as sink:
+            for i in range(n):
+                sink.write({"__key__": f"{s}_{i:03d}", "cls": s * 100 + i})
+
+    def make():
+        ds = wds.WebDataset(urls, shardshuffle=True, seed=3).shuffle(5, seed=1).decode().to_tuple("cls")
+        return wds.WebLoader(ds, batch_size=4, num_workers=2, drop_last=True)
+
+    def cls(batches):
+        return [[int(x) for x in b[0]] for b in batches]
+
+    reference = cls(make())
+    assert all(len(b) == 4 for b in reference) and len(reference) == 7
+    for k in (0, 1, 3, 6, 7):
+        loader = make()
+        it = iter(loader)
+        head = cls(next(it) for _ in range(k))
+        state = loader.state_dict()
+        del it
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert head + cls(resumed) == reference, k
