@@ -99,3 +99,26 @@ def test_torchs_warning_on_a_length_outrun_still_comes(tmp_path):
         warnings.simplefilter("always")
         assert len(list(inner)) == 5
     assert any("Length of IterableDataset" in str(w.message) for w in caught)
+
+
+def test_the_shared_memory_of_persistent_workers_goes_with_their_loader(tmp_path):
+    """The adversary's finding: persistent workers exit when their loader goes, long after its pass ended, and
+    their rings of shared memory stayed mapped in the main process until another loader's pass ran."""
+    import gc
+
+    from wds_cloud.loader import unframe
+
+    urls = []
+    for s in range(2):
+        urls.append(str(tmp_path / f"big{s}.tar"))
+        with wds.TarWriter(urls[-1]) as sink:
+            for i in range(8):
+                sink.write({"__key__": f"{s}_{i}", "bin": bytes([i]) * 65536})
+    ds = wds.WebDataset(urls, shardshuffle=False).to_tuple("bin")
+    loader = wds.WebLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
+    before = set(unframe.RINGS)
+    assert len(list(loader)) == 4
+    assert set(unframe.RINGS) - before  # the workers' rings, mapped while they live
+    del loader
+    gc.collect()
+    assert not set(unframe.RINGS) - before

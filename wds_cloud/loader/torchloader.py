@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..pytorch import HAVE_TORCH, DataLoader
+from . import unframe
 
 __all__ = ["TorchLoader"]
 
@@ -41,7 +42,13 @@ if HAVE_TORCH:
         pass
 
     class _MultiProcessingDataLoaderIter(_Unlabelled, _torch_dataloader._MultiProcessingDataLoaderIter):
-        pass
+        def _shutdown_workers(self) -> None:
+            # the shared memory of workers that have exited goes with them, here too: persistent workers exit
+            # when their loader goes, long after any pass ended (their rings stayed mapped until another ran)
+            try:
+                super()._shutdown_workers()
+            finally:
+                unframe.forget_exited()
 
     class TorchLoader(DataLoader):
         """torch's ``DataLoader``, its iterators :mod:`unlabelled <wds_cloud.loader.torchloader>` while no
