@@ -37,8 +37,7 @@ else:
         """Stand-in for ``torch.utils.data.DataLoader`` without torch: iterates in this process.
 
         ``batch_size=None`` passes items through (through ``collate_fn`` when given,
-        as torch does); an integer batches them with ``collate_fn`` (default: the columns ``batched()`` makes,
-        :func:`wds_cloud.resume.views.columns`).
+        as torch does); an integer batches them with ``collate_fn`` (default: lists).
         ``num_workers`` is accepted and ignored.
         """
 
@@ -66,14 +65,11 @@ else:
                     for item in self.dataset:
                         yield self.collate_fn(item)
                 return
-            from .resume.views import columns  # (resume is above this module)
-
-            collate: Callable = self.collate_fn if self.collate_fn is not None else columns
             batch: list = []
             for item in self.dataset:
                 batch.append(item)
                 if len(batch) == self.batch_size:
-                    yield collate(batch)
+                    yield self.collate_fn(batch) if self.collate_fn else batch
                     batch = []
             if batch and not self.drop_last:
-                yield collate(batch)
+                yield self.collate_fn(batch) if self.collate_fn else batch

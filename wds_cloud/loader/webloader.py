@@ -15,6 +15,7 @@ from typing import Any, Optional
 from .. import utils
 from ..dataset.fluid import FluidInterface
 from ..errors import ConfigError, NotResumableError, StateMismatchError
+from ..filters import default_collation_fn
 from ..io.resilient import TransferStats
 from ..pipeline import DataPipeline
 from ..pytorch import HAVE_TORCH, IterableDataset
@@ -90,6 +91,8 @@ class WebLoader(DataPipeline, FluidInterface):
                 "memory, as the types they are), True (columns of byte strings as PackedBytes) or False (every "
                 "batch pickled through the pipe)"
             )
+        if not HAVE_TORCH and batch_size is not None and collate_fn is None:
+            collate_fn = _columns  # as torch's default collation would, for the batches batched() makes
         self._dataset = dataset
         self._untag = None
         self._collate: Optional[loaderstate.StatsSender] = None  # what sends the workers' statistics, if any
@@ -596,6 +599,14 @@ def _warn_if_every_worker_reads_every_shard(dataset: Any, num_workers: Optional[
             UserWarning,
             stacklevel=3,
         )
+
+
+def _columns(batch: list) -> Any:
+    """A batch without torch: the columns ``batched()`` makes of tuples, lists and dicts (numbers as numpy arrays,
+    arrays stacked, the rest lists), any other items as the list they came in."""
+    if batch and isinstance(batch[0], (tuple, list, dict)):
+        return default_collation_fn(batch)
+    return batch
 
 
 def _forgetting_exited(batches: Iterator) -> Iterator:

@@ -367,10 +367,10 @@ def keeping_views(collate: Callable[[Any], Any], per_item: bool) -> KeepingViews
 def default_collate(per_item: bool, to_bytes: bool = False) -> Callable[[Any], Any]:
     """What a DataLoader collates with when given no ``collate_fn``: torch's ``default_convert`` for items
     (``batch_size=None``), ``default_collate`` for batches, each keeping views (``to_bytes``: making them
-    ``bytes``); without torch, nothing for items and :func:`columns` for batches (as ``batched()`` makes them)."""
+    ``bytes``); without torch, nothing."""
     kept = _torch_collate()
     if not kept:
-        return _unchanged if per_item else columns
+        return _unchanged
     return kept[(0 if per_item else 1) + (2 if to_bytes else 0)]
 
 
@@ -396,16 +396,6 @@ def view_keeping(collate: Optional[Callable[[Any], Any]]) -> Optional[Callable[[
 
 def _unchanged(data: Any) -> Any:
     return data
-
-
-def columns(batch: list) -> Any:
-    """A batch without torch: the columns ``batched()`` makes of tuples, lists and dicts (numbers as numpy arrays,
-    arrays stacked, the rest lists), any other items as the list they came in."""
-    from ..filters import default_collation_fn  # (filters is above this module)
-
-    if batch and isinstance(batch[0], (tuple, list, dict)):
-        return default_collation_fn(batch)
-    return batch
 
 
 #: torch's default_convert and default_collate, keeping views, then making them bytes; found on first use
