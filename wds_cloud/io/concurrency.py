@@ -7,11 +7,13 @@ host, how many parts may be in flight (the *level*) from what it measures, in wi
 first-byte latencies:
 
 - it starts at one connection (or at what this process already learned about the host; a level learned
-  in another process is first compared with one connection);
+  in another process is first compared with one connection); a host's first window (one stream) is shorter
+  (:data:`FIRST_WINDOW`), and while the level stays each window starts where the last ended (windows that
+  each began at the first bytes after a pause left out the gaps at shard ends and rated a level by its bursts);
 - it adds connections only while the reader waits for bytes (a share of the window spent blocked of at
   least :data:`WAIT_SHARE`) and more connections can pay: a part flows for longer than its request waits
   for the first byte, and the bytes known to be left (of the shards being read, and of those the reader named
-  as coming next, counted at the size of the others) take longer than two first bytes (on a store where
+  as coming next, counted at the size of the others) take longer than one first byte (on a store where
   a range costs as much as the whole object, they never do);
 - it climbs from one connection to 4 (2 when the reader waits less than half the time), then doubles while
   each step brought at least 0.4 of what it would in proportion, else climbs a step at a time (about a third
@@ -22,7 +24,8 @@ first-byte latencies:
   than the level below (or half of what it would bring in proportion, for a small step; :data:`MODEST` while
   the reader waits through it: a modest gain is worth keeping for a reader that waits) and not far from
   proportion, goes back at once when it is sure to be slower (below :data:`SLOWER` of the level below, on two
-  windows of one of them: one window against one is a coin toss), and is otherwise measured on up to
+  of its windows, or on its first against two of the level below once it lasted :data:`STARTS` first-byte
+  latencies: one window against one is a coin toss), and is otherwise measured on up to
   :data:`CONFIRM` windows before its verdict (also when too few of its connections had parts to fetch: shards
   too small to keep them busy may never use them all); a trial after whose first window the reader no longer
   waits is kept unless sure to be slower (the rate is then the reader's pace, not the connections'); a window
@@ -57,9 +60,11 @@ each other), counted in it.
 A level is judged on what arrived at it: every part carries the level it was sent at (:meth:`Controller.ticket`),
 and while a part sent at a higher level still brings bytes, no window of a lower level is measured (its
 connection is one more than the level; on a host that suffers from connections it slows the others too).
-The same holds for the request a climb from one connection cut short (:data:`Controller.CUT`), and a
-trial above a measured level is read in small pieces (:attr:`Controller.trying_more`) so that its window can
-end as soon as it is sure to be slower.
+The bytes of the request a climb from one connection cut short (:data:`Controller.CUT`) count in no window.
+A trial above a measured level is read in small pieces in its first window and while it looks much slower
+(:attr:`Controller.trying_more`), so that its window can end as soon as it is sure to be slower; one that looks
+no worse reads pieces of the usual size (small ones cost CPU, which on a shared machine made a good level look
+slow).
 
 Pure logic, with the clock passed in: the fetcher reports bytes, waits, first bytes and parts in flight.
 """
@@ -96,6 +101,8 @@ GAIN = 0.20
 REPROBE = 10.0
 #: the shortest measuring window (s); a window lasts at least one first-byte latency as well
 MIN_WINDOW = 0.05
+#: the shortest first window of a host (s): it measures one connection streaming a shard
+FIRST_WINDOW = 0.02
 #: a level counts as used when this share of its connections had parts in flight on average
 USED = 0.7
 #: a window holds at least this many pieces per connection (a few pieces are a burst, not a rate)
@@ -107,6 +114,9 @@ FELL = 3.0
 SPAN = 4
 #: windows a trial is measured on before a verdict that is not sure (neither much slower nor plainly faster)
 CONFIRM = 3
+#: a trial's first window is a verdict only once it lasted this many first-byte latencies (its connections were
+#: starting in it: a window of one or two latencies is mostly their start)
+STARTS = 4
 #: a trial this much slower than the level below (a fraction of its rate) is sure to be slower: back at once
 SLOWER = 0.67
 #: a trial that brings less than this share of the rate in proportion to its connections (a fraction of
@@ -157,7 +167,8 @@ class Controller:
         self._in_flight = 0
         self._waiters: list[Any] = []  # readers to wake when a place in the level is given back
         self._held_since: Optional[float] = None
-        self._extend = False  # the next window continues this one
+        self._seconds = 0.0  # the length of the window being decided on
+        self._fresh = False  # the window just closed was left out of the level's rate (a trial's first)
         self._fallen: Optional[tuple[int, float]] = None  # (bytes, seconds) of a window that fell, to be confirmed
         self._open_window(None, settle=0.0)
 
@@ -165,6 +176,7 @@ class Controller:
     def _open_window(self, now: Optional[float], settle: float) -> None:
         self._settle_until = (now + settle) if now is not None else None
         self._started: Optional[float] = None  # set by the first bytes after the settling time
+        self._last = 0.0  # when the window's last bytes came
         self._bytes = 0
         self._arrivals = 0
         self._waited = 0.0
@@ -172,7 +184,9 @@ class Controller:
         self._busy_at: Optional[float] = None
 
     def _window_length(self) -> float:
-        return max(MIN_WINDOW, self.latency or 0.0)
+        # the first window of a host (one connection, streaming a shard) is shorter: every window there costs the
+        # connections not yet tried, and a single stream's rate is steady
+        return max(MIN_WINDOW if self.rates else FIRST_WINDOW, self.latency or 0.0)
 
     # what the fetcher reports (the clock is the caller's: time.perf_counter in use, any clock in tests)
     def first_byte(self, seconds: float) -> None:
@@ -193,15 +207,30 @@ class Controller:
 
     @property
     def trying_more(self) -> bool:
-        """Whether a level above a measured one is on trial now (its window may end early once it is sure to be
-        slower, see :meth:`due`), or a fall seen in one window waits for the next to confirm it: either takes
-        pieces, so the fetcher reads smaller ones meanwhile (on a host that became crowded, a window of large
-        pieces lasted seconds)."""
-        return self._trial == "up" or self._fallen is not None
+        """Whether the fetcher should read small pieces now: a level above a measured one is on trial and in its
+        first window or looks much slower (its window may end early once it is sure to be slower, see :meth:`due`),
+        or a fall seen in one window waits for the next to confirm it: either takes pieces (on a host that became
+        crowded, a window of large pieces lasted seconds)."""
+        if self._fallen is not None:
+            return True
+        if self._trial != "up":
+            return False
+        ref = self.rates.get(self._from or 0, 0.0)
+        if not ref or self._tried == 0 or self.rates.get(self.level, 0.0) < SLOWER * ref:
+            return True  # its first window (its connections starting), or it looked much slower so far
+        # a trial that looked no worse reads pieces of the usual size (small ones cost CPU, which on a shared machine
+        # made it slower than the level below), unless this window, once a window long, is much slower
+        started = self._started
+        return (
+            started is not None
+            and self._last - started >= self._window_length()
+            and self._bytes < SLOWER * ref * (self._last - started)
+        )
 
     #: the ticket of a request cut short when more connections were chosen (it streamed the rest of a shard on
     #: one): while a climb from one connection is on trial its last bytes are no level's (its connection is one
-    #: more than the new level's parts), and the window starts a first byte after them; in a climb from several
+    #: more than the new level's parts), and counted in no window (the window goes on without them: restarted a
+    #: first byte after them, the first trial window began 60 ms later on a distant link); in a climb from several
     #: they count (the trial is judged with it, as the host carries it)
     CUT = sys.maxsize
 
@@ -281,6 +310,10 @@ class Controller:
         with self._lock:
             if ticket == Controller.CUT and not (self._trial == "up" and self._from == 1):
                 ticket = None  # a cut request counts in a level of several (see CUT)
+            if ticket == Controller.CUT:
+                # the last bytes of a request cut short in a climb from one connection: no level's (its connection
+                # is one more than the new level's parts), and not counted; the window goes on without them
+                return
             if ticket is not None and ticket > self.level:
                 # A part sent at a higher level is still arriving: its connection is one more than the level
                 # being judged (on a host that suffers from connections, it slows the others too), so nothing
@@ -296,6 +329,7 @@ class Controller:
                 return  # the window starts with these bytes: their transfer time is not in it
             self._bytes += nbytes
             self._arrivals += 1
+            self._last = now
 
     def waited(self, seconds: float) -> None:
         """The reader was blocked ``seconds`` waiting for the host's bytes."""
@@ -347,7 +381,7 @@ class Controller:
                 return None
             self._account(now)
             assert self._started is not None
-            seconds = now - self._started
+            seconds = self._seconds = now - self._started
             rate = self._bytes / seconds
             share = min(1.0, self._waited / seconds)
             used = self._busy / seconds
@@ -396,8 +430,16 @@ class Controller:
                 self._spans.pop(new, None)
                 self._brought.pop(new, None)
             rose = new > level
-            if self._extend:  # measure again at once: the connections of this level have started by now
-                self._extend = False
+            if new == level and not self._fresh:
+                # the level stays: the next window starts now, where this one ended (windows that each began at
+                # the first bytes after a pause left out the gaps of shard ends, and rated a level by its bursts)
+                self._open_window(now, settle=0.0)
+                self._started = self._busy_at = now
+            elif new == level:
+                # a trial's first window was left out (its connections were starting): the next starts with the
+                # next bytes, not counting them (pieces that were coming during the window left out would
+                # otherwise count in it)
+                self._fresh = False
                 self._open_window(now, settle=0.0)
             else:
                 self._open_window(now, settle=self.latency or 0.0)
@@ -451,6 +493,7 @@ class Controller:
             self._tried += 1
             if self._tried == 1:  # its new connections were starting in the first window: judged on those after it
                 self._spans[level] = []
+                self._fresh = True
             self.reason = (
                 f"trying {level} connections: only {used:.1f} had parts to fetch so far "
                 f"(the reader waited {share:.0%} of the time)"
@@ -510,14 +553,18 @@ class Controller:
         relieved = share < WAIT_SHARE and windows > 1 and rate >= SLOWER * ref
         faster = relieved or rate >= ref * (1 + gain)
         proportion = relieved or level <= below + 1 or rate >= PROPORTION * ref * level / below
-        # sure to be slower: on two windows (of the trial, or of the level below: one window against one is a coin
-        # toss), and not on the first window of a climb from one connection
-        slower = rate < SLOWER * ref and (windows > 1 or (below > 1 and len(self._spans.get(below, ())) > 1))
+        # sure to be slower: on two windows of the trial (one window against one is a coin toss), or on its first
+        # against two of the level below, once it lasted long enough for its connections' start to count little in
+        # it (STARTS first bytes; never in a climb from one connection, whose first window holds the cut request)
+        slower = rate < SLOWER * ref and (
+            windows > 1
+            or (below > 1 and len(self._spans.get(below, ())) > 1 and self._seconds >= STARTS * (self.latency or 0.0))
+        )
         if not (slower or (faster and proportion) or windows >= CONFIRM):
             self._trial, self._from = "up", below
-            self._extend = True
             if windows == 1:  # its new connections were starting in the first window: judged on those after it
                 self._spans[level] = []
+                self._fresh = True
             self.reason = f"trying {level} connections: measuring again ({mb:.0f} MB/s over {windows} windows)"
             return level
         self._tried = 0
@@ -577,7 +624,7 @@ class Controller:
         """Whether ``up`` connections can win back a new request's first byte on what is left to read: the
         time ``level`` connections take to carry it (at the rate of a flowing body, not counting waits, but no faster than
         the reader got it)
-        must shrink by more than two first bytes."""
+        must shrink by more than a first byte (what each new connection pays before it brings anything)."""
         latency = self.latency or 0.0
         if connection_rate and part_size and part_size / connection_rate < latency:
             return False  # a part would wait longer for its first byte than its body takes to flow
@@ -588,7 +635,7 @@ class Controller:
         if remaining is None or not carried:
             return True
         left = remaining / carried
-        return left * (1 - level / up) > 2 * latency
+        return left * (1 - level / up) > latency
 
     def _reprobe(self, level: int, now: float) -> int:
         """Hold ``level``; but after :data:`REPROBE` seconds at it (a link changes), forget the ceiling and try
@@ -638,6 +685,8 @@ class Controller:
         self.__dict__.setdefault("_waiters", [])
         self.__dict__.setdefault("_fallen", None)
         self.__dict__.setdefault("_brought", {})
+        self.__dict__.setdefault("_fresh", False)
+        self.__dict__.setdefault("_last", 0.0)
 
 
 def _step(level: int) -> int:
