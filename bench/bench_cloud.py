@@ -48,14 +48,6 @@ def count(ds) -> int:
     return n
 
 
-def best(fn, repeat: int) -> float:
-    rates = []
-    for _ in range(repeat):
-        n, seconds = common.timed(fn)
-        rates.append(n / seconds)
-    return max(rates)
-
-
 def best_pair(ours, reference, repeat: int) -> tuple[float, float]:
     """Best rates of two readers run alternately (ours, reference, ours, ...), so drift hits both alike."""
     a, b = [], []
@@ -138,10 +130,13 @@ def main() -> None:
         )
         os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")})
         aws = shutil.which("aws") or shutil.which("aws", path=os.path.dirname(sys.executable))
-        ours = best(lambda: count(wds.WebDataset(tiny_urls, shardshuffle=False, storage_options=options)), 1)
+
+        def ours_tiny():
+            return count(wds.WebDataset(tiny_urls, shardshuffle=False, storage_options=options))
+
         if aws:
             piped = [f"pipe:{aws} --endpoint-url {endpoint} s3 cp {u} -" for u in tiny_urls]
-            theirs = best(lambda: count(peer.WebDataset(piped, shardshuffle=False)), 1)
+            ours, theirs = best_pair(ours_tiny, lambda: count(peer.WebDataset(piped, shardshuffle=False)), args.repeat)
             report("s3", "tiny samples/s", ours, theirs, "webdataset pipe:aws", "samples/s")
         else:
             print("s3 tiny: the aws command is not installed (pip install awscli); skipping the peer", flush=True)
@@ -178,8 +173,11 @@ def main() -> None:
             return sum(len(s["npy"]) for s in wds.WebDataset(large_urls, shardshuffle=False))
 
         report("http", "large MB/s", *(r / 1e6 for r in best_pair(ours_large, curl_large, args.repeat)), "curl", "MB/s")
-        ours = best(lambda: count(wds.WebDataset(tiny_urls, shardshuffle=False)), 1)
-        theirs = best(lambda: count(peer.WebDataset([f"pipe:curl -s {u}" for u in tiny_urls], shardshuffle=False)), 1)
+        ours, theirs = best_pair(
+            lambda: count(wds.WebDataset(tiny_urls, shardshuffle=False)),
+            lambda: count(peer.WebDataset([f"pipe:curl -s {u}" for u in tiny_urls], shardshuffle=False)),
+            args.repeat,
+        )
         report("http", "tiny samples/s", ours, theirs, "webdataset pipe:curl", "samples/s")
         cloud.stop(http)
         shutil.rmtree(directory, ignore_errors=True)

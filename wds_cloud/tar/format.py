@@ -157,6 +157,13 @@ def checksum_ok(header: bytes) -> bool:
 #: the fields the fast path reads from a header, in one call: the name, the size's first eleven digits and the
 #: byte after them, the checksum's six digits and the two bytes after them, the type flag and the prefix's first byte
 _PLAIN_FIELDS = struct.Struct("100s24x11sB12x6sBBB188xB")
+#: what the usual spellings of a size (eleven octal digits) and of a checksum (six digits, as ``due`` in
+#: plain_headers) read as, for those met so far (a shard of small samples repeats a few sizes, and checksums fall in a
+#: narrow range): a dict lookup instead of parsing the number; each holds at most _KNOWN spellings (parsed as usual
+#: past that: the memory is bounded whatever the shards)
+_KNOWN_SIZES: dict = {}
+_KNOWN_SUMS: dict = {}
+_KNOWN = 4096
 
 
 def plain_headers(
@@ -171,6 +178,7 @@ def plain_headers(
     each header's fields come out of one ``struct`` call, and its checksum is one C pass over the block
     (:func:`sum_matches`'s rule, the checksum field's own bytes taken back out of the sum)."""
     unpack = _PLAIN_FIELDS.unpack_from
+    known, known_sums = _KNOWN_SIZES, _KNOWN_SUMS
     view = memoryview(buf)
     try:
         while pos + 512 <= end:
@@ -178,13 +186,31 @@ def plain_headers(
             if flag not in PLAIN or prefix:
                 break
             try:
-                size = int(digits if after == 0 or after == 32 else buf[pos + _SIZE : pos + _SIZE_END], 8)
+                if after == 0 or after == 32:
+                    size = known.get(digits, -1)
+                    if size < 0:
+                        size = int(digits, 8)
+                        if len(known) < _KNOWN:
+                            known[digits] = size
+                else:
+                    size = int(buf[pos + _SIZE : pos + _SIZE_END], 8)
+                # ``due``: the stored checksum less 255, plus the checksum field's own bytes (taken back out of the
+                # block's sum below); -1 where the stored value is out of range
                 if sum_end == 0:  # the usual spelling: six digits and a NUL
-                    stored = int(sum_digits, 8)
-                    field = sum(sum_digits) + sum_pad
+                    due = known_sums.get(sum_digits)
+                    if due is None:
+                        stored = int(sum_digits, 8)
+                        due = stored - 255 + sum(sum_digits) if 0 <= stored - 256 < 131042 else -1
+                        if len(known_sums) < _KNOWN:
+                            known_sums[sum_digits] = due
+                    if due < 0:
+                        break
+                    due += sum_pad
                 else:
                     stored = checksum_at(buf, pos)
-                    field = sum(buf[pos + _CHECKSUM : pos + _CHECKSUM_END])
+                    if not 0 <= stored - 256 < 131042:
+                        break
+                    due = stored - 255 + sum(buf[pos + _CHECKSUM : pos + _CHECKSUM_END])
             except ValueError:
                 break
             nxt = pos + 512 + ((size + 511) & ~511)
@@ -192,14 +218,12 @@ def plain_headers(
             # gives it (see sum_matches): the stored value is taken at that sum, or 65521 above it
             if (
                 not 0 <= size <= max_member
-                or not 0 <= stored - 256 < 131042
-                or (stored - 255 + field - (zlib.adler32(view[pos : pos + 512]) & 0xFFFF)) % 65521
+                or (due - (zlib.adler32(view[pos : pos + 512]) & 0xFFFF)) % 65521
                 or (nxt > end and not one)
             ):
                 break
-            nul = raw.find(0)
-            name = (raw[:nul] if nul >= 0 else raw).decode("utf-8", "surrogateescape")
-            if name[-1:] == "/" and not flag:
+            name = raw.partition(b"\0")[0].decode("utf-8", "surrogateescape")
+            if not flag and name[-1:] == "/":
                 break  # an old-style directory (see DIRECTORY)
             names.append(name)
             heads.append(pos)

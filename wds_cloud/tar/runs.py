@@ -142,6 +142,10 @@ class Runs:
     def _selected(self, names: list, heads: list, sizes: list) -> tuple:
         """The members of a run the filter keeps (``select``, or the metadata rule): names, heads and sizes."""
         select, meta_only = self.select, self.meta_only
+        if meta_only:
+            joined = "\0".join(names)  # one C pass: a run without __meta__-like names is kept whole
+            if joined[:2] != "__" and "\0__" not in joined:
+                return names, heads, sizes
         keep = [i for i, name in enumerate(names) if (meta_only and name[:2] != "__") or select(name)]  # type: ignore[misc]
         if len(keep) == len(names):
             return names, heads, sizes
