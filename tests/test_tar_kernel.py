@@ -832,3 +832,43 @@ def test_a_sample_limit_taken_from_the_member_limit_says_so(tmp_path):
         list(wds.WebDataset(url, shardshuffle=False, max_member_size=1_000_000))
     message = str(info.value)
     assert "max_sample_size=" in message and "max_member_size=" in message and url in message
+
+
+def _headers(members):
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, size in members:
+            info = tarfile.TarInfo(name)
+            info.size = size
+            tar.addfile(info, io.BytesIO(b"x" * size))
+    return out.getvalue()
+
+
+def test_the_memos_of_header_numbers_are_bounded_and_change_no_verdict(monkeypatch):
+    """The usual spellings of sizes and checksums are read from memos (a shard of small samples repeats them): at
+    most ``_KNOWN`` spellings each, whatever the shards, and a header read from them gets the verdict it gets
+    parsed (a corrupted checksum is refused the second time as the first)."""
+    monkeypatch.setattr(format, "_KNOWN_SIZES", {})
+    monkeypatch.setattr(format, "_KNOWN_SUMS", {})
+    monkeypatch.setattr(format, "_KNOWN", 50)
+    members = [(f"{i:06d}.bin", i % 300) for i in range(400)]  # 300 sizes, many checksums
+    buf = _headers(members)
+    for _ in range(2):  # the second pass reads from the memos
+        names, heads, sizes = [], [], []
+        end = format.plain_headers(buf, 0, len(buf), 1 << 62, names, heads, sizes)
+        assert list(zip(names, sizes)) == members
+        assert end == sum(512 + (size + 511) // 512 * 512 for _, size in members)
+        assert len(format._KNOWN_SIZES) <= 50 and len(format._KNOWN_SUMS) <= 50
+    # a header whose checksum is one off is refused, memo or not
+    one = bytearray(_headers([("000001.bin", 3)]))
+    stored = int(bytes(one[148:154]), 8)
+    for _ in range(2):
+        bad = bytearray(one)
+        bad[148:154] = b"%06o" % (stored + 1)
+        assert format.plain_headers(bytes(bad), 0, len(bad), 1 << 62, [], [], []) == 0
+        assert format.plain_headers(bytes(one), 0, len(one), 1 << 62, [], [], []) > 0
+    # and one whose stored value is out of range (memoized as such)
+    bad = bytearray(one)
+    bad[148:154] = b"000001"
+    assert format.plain_headers(bytes(bad), 0, len(bad), 1 << 62, [], [], []) == 0
+    assert format.plain_headers(bytes(bad), 0, len(bad), 1 << 62, [], [], []) == 0
