@@ -940,3 +940,22 @@ def test_more_connections_pay_when_they_win_back_more_than_a_first_byte():
     store = SimulatedStore(paced(50 * MB, 800 * MB), latency=0.03, remaining=3 << 19)
     controller = store.run(Controller(16), 0.5)
     assert set(store.levels) == {1} and "would not pay" in controller.reason
+
+
+def test_the_reasons_read_as_sentences():
+    """``ds.stats.hosts[...]["why"]`` said "1 connections" and "1 windows"; a reader that waited 24.9% of a window
+    was "not waiting (25% of the time)" though a quarter counts as waiting; and "more connections would not pay"
+    did not say that a larger ``part_size`` was the fix where parts were too short for the store's first byte."""
+    controller = Controller(16)
+    controller.first_byte(0.03)
+    now, levels = feed(controller, 45 * MB, 1.0, 1.0, 0.0, decisions=1)
+    assert "at 1 connection (" in controller.reason and "1 connections" not in controller.reason
+    now, levels = feed(controller, 100 * MB, 1.0, 1.0, now, decisions=1)
+    assert "1 windows" not in controller.reason, controller.reason
+    held, now = held_at(4)
+    now, _ = feed(held, 200 * MB, 0.249, 0.5, now)
+    assert "(24% of the time)" in held.reason, held.reason
+    # a 64 KiB part at 50 MB/s flows for 1.3 ms against a first byte of 30 ms
+    store = SimulatedStore(paced(50 * MB, 800 * MB), latency=0.03, part_size=64 << 10)
+    controller = store.run(Controller(16), 0.5)
+    assert "would not pay" in controller.reason and "part_size" in controller.reason, controller.reason

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 import wds_cloud as wds
 from wds_cloud.testing.faults import FaultProxy
 
@@ -86,3 +88,14 @@ def test_a_reader_that_stops_early_leaves_no_server_traceback(tmp_path, capfd):
         link.proxy.wait_idle()
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception occurred" not in err, err
+
+
+def test_a_fault_proxy_says_what_upstream_it_needs_and_stops_as_a_context_manager():
+    """``FaultProxy("http://localhost/")`` failed with "not enough values to unpack"; it says what to give, and
+    ``with FaultProxy(...)`` stops it on leaving."""
+    with pytest.raises(ValueError, match="names no port.*http://127.0.0.1:8000"):
+        FaultProxy("http://localhost/")
+    with FaultProxy("http://127.0.0.1:9") as proxy:
+        assert proxy.port and proxy.url.endswith(str(proxy.port))
+    assert proxy._stopped.is_set()
+    assert FaultProxy.__doc__ and "context manager" in FaultProxy.__doc__

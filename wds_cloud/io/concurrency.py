@@ -157,7 +157,7 @@ class Controller:
             if fixed is not None
             else "starting from one connection"
             if self.level == 1
-            else f"starting from {self.level} connections, as learned earlier in this process"
+            else f"starting from {_conns(self.level)}, as learned earlier in this process"
         )
         self.decisions = 0
         self._lock = threading.Lock()
@@ -292,7 +292,7 @@ class Controller:
             self.cap = max(1, cap)
             if self.level > self.cap:
                 self.level = self.cap
-                self.reason = reason or f"{self.cap} connections: the ceiling"
+                self.reason = reason or f"{_conns(self.cap)}: the ceiling"
             if self._ceiling is not None and self._ceiling > self.cap:
                 self._ceiling = None
 
@@ -412,7 +412,7 @@ class Controller:
                 # window is no part of the level's rate unless the next one falls too
                 assert held is not None
                 self.reason = (
-                    f"{level} connections fell from {held / 1e6:.0f} to {rate / 1e6:.0f} MB/s in one window: "
+                    f"{_conns(level)} fell from {held / 1e6:.0f} to {rate / 1e6:.0f} MB/s in one window: "
                     "measuring again"
                 )
                 new = level
@@ -464,16 +464,16 @@ class Controller:
             assert above is not None
             self._trial = self._from = None
             if share < WAIT_SHARE:
-                self.reason = f"the reader did not wait at {level} connections ({mb:.0f} MB/s): fewer suffice"
+                self.reason = f"the reader did not wait at {_conns(level)} ({mb:.0f} MB/s): fewer suffice"
                 return level
             if self.rates.get(above, 0.0) >= rate * (1 + GAIN):
                 self.reason = (
-                    f"{above} connections were faster than {level} ({self.rates[above] / 1e6:.0f} "
+                    f"{_conns(above)} were faster than {level} ({self.rates[above] / 1e6:.0f} "
                     f"vs {mb:.0f} MB/s) while the reader waited {share:.0%} of the time"
                 )
                 return above
             self._ceiling = above
-            self.reason = f"{above} connections were no faster than {level} ({mb:.0f} MB/s)"
+            self.reason = f"{_conns(above)} were no faster than {level} ({mb:.0f} MB/s)"
             down = max(1, level // 2)
             if (
                 rate > self.rates.get(above, 0.0) * (1 + GAIN)
@@ -495,7 +495,7 @@ class Controller:
                 self._spans[level] = []
                 self._fresh = True
             self.reason = (
-                f"trying {level} connections: only {used:.1f} had parts to fetch so far "
+                f"trying {_conns(level)}: only {used:.1f} of them had parts to fetch so far, on average "
                 f"(the reader waited {share:.0%} of the time)"
             )
             return level
@@ -505,13 +505,14 @@ class Controller:
             if judged is not None:
                 return judged
         if share < WAIT_SHARE:
-            self.reason = f"the reader is not waiting for bytes ({share:.0%} of the time) at {mb:.0f} MB/s"
+            # (the share rounded down: 24.9% is below the quarter that counts as waiting, and says so)
+            self.reason = f"the reader is not waiting for bytes ({int(share * 100)}% of the time) at {mb:.0f} MB/s"
             return self._reprobe(level, now)
         if below is None and level > 1 and not any(k < level for k in self.rates):
             return self._reprobe(level, now)  # a level learned elsewhere: compared with fewer first
         if below is None and level > 1 and used < USED * level:
             self.reason = (
-                f"the reader waits ({share:.0%} of the time), but only {used:.1f} of {level} connections "
+                f"the reader waits ({share:.0%} of the time), but only {used:.1f} of {_conns(level)} on average "
                 "had parts to fetch"
             )
             return self._reprobe(level, now)
@@ -520,18 +521,19 @@ class Controller:
         scaled = below is None or rate >= 0.4 * self.rates.get(below, 0.0) * level / below
         up = self._up(level, scaled and share >= 0.5)
         if up is None:
-            self.reason = f"the reader waits {share:.0%} of the time at {mb:.0f} MB/s; {level} connections is the " + (
-                "ceiling (max_concurrency)" if level >= self.cap else "best measured"
+            self.reason = f"the reader waits {share:.0%} of the time at {mb:.0f} MB/s; {_conns(level)} is the " + (
+                f"ceiling (max_concurrency: {DEFAULT_MAX_CONCURRENCY} by default, shared by a machine's DataLoader "
+                "workers and processes)"
+                if level >= self.cap
+                else "best measured"
             )
             return self._reprobe(level, now)
-        if not self._pays(level, up, rate, remaining, connection_rate, part_size):
-            self.reason = (
-                f"the reader waits {share:.0%} of the time at {mb:.0f} MB/s, but more connections would "
-                f"not pay: a request's first byte ({self.latency or 0:.3f} s) costs more than they would win"
-            )
+        why_not = self._pays(level, up, rate, remaining, connection_rate, part_size)
+        if why_not is not None:
+            self.reason = f"the reader waits {share:.0%} of the time at {mb:.0f} MB/s, but more connections would not pay: {why_not}"
             return self._reprobe(level, now)
         self._trial, self._from = "up", level
-        self.reason = f"the reader waited {share:.0%} of the time at {level} connections ({mb:.0f} MB/s): trying {up}"
+        self.reason = f"the reader waited {share:.0%} of the time at {_conns(level)} ({mb:.0f} MB/s): trying {up}"
         return up
 
     def _verdict(self, level: int, below: int, rate: float, share: float) -> Optional[int]:
@@ -565,19 +567,21 @@ class Controller:
             if windows == 1:  # its new connections were starting in the first window: judged on those after it
                 self._spans[level] = []
                 self._fresh = True
-            self.reason = f"trying {level} connections: measuring again ({mb:.0f} MB/s over {windows} windows)"
+            self.reason = (
+                f"trying {_conns(level)}: measuring again ({mb:.0f} MB/s over {windows} window{'s' * (windows > 1)})"
+            )
             return level
         self._tried = 0
         if not faster:
             self._ceiling = level
-            self.reason = f"{level} connections were no faster than {below} ({mb:.0f} vs {ref / 1e6:.0f} MB/s)"
+            self.reason = f"{_conns(level)} were no faster than {below} ({mb:.0f} vs {ref / 1e6:.0f} MB/s)"
             return below
         if not proportion:
             # faster, but far from in proportion: a level between the two may be as fast
             middle = (below + level) // 2
             self._trial, self._from = "down", level
             self.reason = (
-                f"{level} connections were faster than {below} ({mb:.0f} vs {ref / 1e6:.0f} MB/s), "
+                f"{_conns(level)} were faster than {below} ({mb:.0f} vs {ref / 1e6:.0f} MB/s), "
                 f"not in proportion: trying {middle}"
             )
             return middle
@@ -593,7 +597,7 @@ class Controller:
         self._spans = {}
         self._brought = {}
         self.reason = (
-            f"{level} connections fell from {held / 1e6:.0f} to {rate / 1e6:.0f} MB/s while the reader waited: "
+            f"{_conns(level)} fell from {held / 1e6:.0f} to {rate / 1e6:.0f} MB/s while the reader waited: "
             "measuring again from one connection"
         )
         return 1
@@ -620,22 +624,32 @@ class Controller:
         remaining: Optional[int],
         connection_rate: Optional[float],
         part_size: Optional[int],
-    ) -> bool:
-        """Whether ``up`` connections can win back a new request's first byte on what is left to read: the
-        time ``level`` connections take to carry it (at the rate of a flowing body, not counting waits, but no faster than
-        the reader got it)
-        must shrink by more than a first byte (what each new connection pays before it brings anything)."""
+    ) -> Optional[str]:
+        """None where ``up`` connections can win back a new request's first byte on what is left to read (the time
+        ``level`` connections take to carry it, at the rate of a flowing body, not counting waits, but no faster than
+        the reader got it, must shrink by more than a first byte: what each new connection pays before it brings
+        anything); else why not, in words for ``ds.stats``."""
         latency = self.latency or 0.0
         if connection_rate and part_size and part_size / connection_rate < latency:
-            return False  # a part would wait longer for its first byte than its body takes to flow
+            # a part would wait longer for its first byte than its body takes to flow
+            return (
+                f"a part of {part_size / (1 << 20):.3g} MiB flows for {part_size / connection_rate:.3f} s at "
+                f"{connection_rate / 1e6:.0f} MB/s a connection, less than its request waits for the first byte "
+                f"({latency:.3f} s); a larger part_size lets more connections pay where the store's first byte is slow"
+            )
         # what the level carries: the connections' flowing rate, but no more than what the reader got from them
         # (over a distant link on a shared CPU 8 connections flowing at 50 MB/s each brought 200 MB/s: counted at
         # 400, the rest of two shards looked too short for 16 to win back their first bytes, and the climb stopped)
         carried = min(level * connection_rate, rate or level * connection_rate) if connection_rate else rate
         if remaining is None or not carried:
-            return True
+            return None
         left = remaining / carried
-        return left * (1 - level / up) > latency
+        if left * (1 - level / up) > latency:
+            return None
+        return (
+            f"what is known to be left ({remaining / 1e6:.1f} MB) would take {left * (1 - level / up):.3f} s less on "
+            f"{up}, less than a request's first byte ({latency:.3f} s)"
+        )
 
     def _reprobe(self, level: int, now: float) -> int:
         """Hold ``level``; but after :data:`REPROBE` seconds at it (a link changes), forget the ceiling and try
@@ -653,9 +667,9 @@ class Controller:
         self._trial, self._from = "down", level
         down = 1 if unmeasured else max(1, level // 2)
         self.reason = (
-            f"{level} connections were never compared with fewer here: trying {down}"
+            f"{_conns(level)} were never compared with fewer here: trying {down}"
             if unmeasured
-            else f"measuring again after {REPROBE:.0f} s at {level} connections: trying {down}"
+            else f"measuring again after {REPROBE:.0f} s at {_conns(level)}: trying {down}"
         )
         return down
 
@@ -687,6 +701,11 @@ class Controller:
         self.__dict__.setdefault("_brought", {})
         self.__dict__.setdefault("_fresh", False)
         self.__dict__.setdefault("_last", 0.0)
+
+
+def _conns(n: int) -> str:
+    """``n`` connections, in words (one connection, not "1 connections")."""
+    return "1 connection" if n == 1 else f"{n} connections"
 
 
 def _step(level: int) -> int:
@@ -739,7 +758,7 @@ def controller_for(host: str, cap: int, fixed: Optional[int] = None) -> Controll
         if controller is None:
             controller = _learned[host] = Controller(cap)
         elif controller.cap != cap:
-            controller.limit(cap, f"{max(1, cap)} connections: this process's share of max_concurrency")
+            controller.limit(cap, f"{_conns(max(1, cap))}: this process's share of max_concurrency")
         return controller
 
 

@@ -28,6 +28,14 @@ from typing import Optional
 
 
 class FaultProxy:
+    """A proxy on a free loopback port (``port``) in front of ``upstream`` (``http://host:port``, the server
+    whose responses it forwards, faults and paces as the module docstring says); ``stop()`` ends it, and as a
+    context manager it stops on leaving::
+
+        with FaultProxy("http://127.0.0.1:8000", latency=0.03, rate=50e6) as proxy:
+            ds = wds_cloud.WebDataset(f"http://127.0.0.1:{proxy.port}/shard-000000.tar")
+    """
+
     def __init__(
         self,
         upstream: str,
@@ -43,8 +51,14 @@ class FaultProxy:
         crowd: Optional[int] = None,
         crowd_rate: Optional[float] = None,
     ) -> None:
-        host, port = upstream.split("//", 1)[-1].split("/", 1)[0].split(":")
-        self.upstream = (host, int(port))
+        hostport = upstream.split("//", 1)[-1].split("/", 1)[0]
+        host, _, port = hostport.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(
+                f"FaultProxy: upstream {upstream!r} names no port; give the server's URL with its port, "
+                "for example 'http://127.0.0.1:8000'"
+            )
+        self.upstream = (host.strip("[]"), int(port))
         self.reset_after = reset_after
         self.stall_after = stall_after
         self.truncate_after = truncate_after
@@ -245,9 +259,16 @@ class FaultProxy:
             pass
 
     def stop(self) -> None:
+        """Stop accepting and end the proxy's threads."""
         self._stopped.set()
         self._listener.close()
         self._thread.join(timeout=5)
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 #: a connection counts as sending for this long after it last sent (pieces are paced, so a busy one sends often)
