@@ -651,13 +651,47 @@ def test_two_readers_taking_turns_in_one_thread_never_wait_for_each_other(counti
     assert bytes(got_a) == a and bytes(got_b) == b
 
 
-def test_a_lower_ceiling_brings_the_level_down_through_the_public_method():
-    """``controller_for`` with a smaller ``max_concurrency`` (a worker's share) lowers the learned level to it."""
+def test_a_lower_ceiling_bounds_its_readers_parts_and_a_workers_share_lowers_the_level():
+    """Readers of one host in one process share its level: one given ``max_concurrency=2`` after another given
+    16 set the ceiling of both (the adversary's F1: the last to open a shard set it, and a dataset capped at 2 then
+    held 8 connections).  The level stays for the reader that allows it; the capped reader's parts go out only
+    while fewer than its ceiling are in flight.  What a forked worker inherited takes the worker's share."""
     concurrency.forget()
     try:
         controller = concurrency.controller_for("h", 16)
         controller.level = 8
+        assert concurrency.controller_for("h", 2) is controller and controller.level == 8 and controller.cap == 16
+        assert controller.take(0.0, cap=2) is not None and controller.take(0.0, cap=2) is not None
+        assert controller.take(0.0, cap=2) is None and controller.take(0.0) is not None
+        woken = []
+        controller.notify(lambda: woken.append(1), cap=2)  # no room below 2: not woken
+        controller.give(0.0)
+        assert woken == []
+        controller.forked()  # a worker: what the parent learned stays, its ceiling is the worker's share
         assert concurrency.controller_for("h", 2) is controller and controller.level == 2 and controller.cap == 2
+    finally:
+        concurrency.forget()
+
+
+def test_a_datasets_max_concurrency_holds_beside_another_datasets_on_the_same_host(tmp_path):
+    """Through a real server: a dataset with ``max_concurrency=2`` reads after another dataset of the same host
+    with the default; its report says its own ceiling, and never a level above it."""
+    import wds_cloud as wds
+    from wds_cloud.testing.link import EmulatedLink
+
+    with wds.ShardWriter(str(tmp_path / "s-%04d.tar"), maxcount=8) as sink:
+        for i in range(32):
+            sink.write({"__key__": f"k{i:04d}", "bin": bytes(200_000)})
+    concurrency.forget()
+    try:
+        with EmulatedLink(str(tmp_path), latency=0.01, rate=20e6) as link:
+            urls = f"{link.url}/s-{{0000..0003}}.tar"
+            capped = wds.WebDataset(urls, shardshuffle=False, max_concurrency=2, part_size="256KB")
+            other = wds.WebDataset(urls, shardshuffle=False, part_size="256KB")
+            assert sum(1 for _ in other) == 32
+            assert sum(1 for _ in capped) == 32
+            (report,) = capped.stats.hosts.values()
+            assert report["cap"] == 2 and report["level"] <= 2, report
     finally:
         concurrency.forget()
 
@@ -709,8 +743,8 @@ def test_the_requests_a_process_has_open_stay_within_max_concurrency(fresh_hosts
     peak = {"now": 0, "max": 0, "forced": 0}
     take, give = Controller.take, Controller.give
 
-    def counted_take(self, now, force=False):
-        ticket = take(self, now, force)
+    def counted_take(self, now, force=False, cap=None):
+        ticket = take(self, now, force, cap)
         if ticket is not None:
             peak["now"] += 1
             peak["max"] = max(peak["max"], peak["now"])
@@ -959,3 +993,14 @@ def test_the_reasons_read_as_sentences():
     store = SimulatedStore(paced(50 * MB, 800 * MB), latency=0.03, part_size=64 << 10)
     controller = store.run(Controller(16), 0.5)
     assert "would not pay" in controller.reason and "part_size" in controller.reason, controller.reason
+
+
+def test_the_process_report_redacts_credentials_of_a_host():
+    """``wds_cloud.io.concurrency.report()`` was keyed by the host as given, a URL's password and all (the
+    adversary's F2); ``ds.stats.hosts`` was redacted."""
+    concurrency.forget()
+    try:
+        concurrency.controller_for("http://alice:S3CRETPASS@127.0.0.1:9", 16)
+        assert "S3CRETPASS" not in repr(concurrency.report())
+    finally:
+        concurrency.forget()

@@ -77,6 +77,8 @@ import threading
 import weakref
 from typing import Any, Optional
 
+from ..errors import redact
+
 __all__ = [
     "Controller",
     "controller_for",
@@ -168,6 +170,9 @@ class Controller:
         self._waiters: list[Any] = []  # readers to wake when a place in the level is given back
         self._held_since: Optional[float] = None
         self._seconds = 0.0  # the length of the window being decided on
+        #: what was learned came from another process (forked, or handed over): the ceiling is set anew by this
+        #: process's first reader of the host
+        self.inherited = False
         self._fresh = False  # the window just closed was left out of the level's rate (a trial's first)
         self._fallen: Optional[tuple[int, float]] = None  # (bytes, seconds) of a window that fell, to be confirmed
         self._open_window(None, settle=0.0)
@@ -246,13 +251,19 @@ class Controller:
         """Parts in flight to this host now, from every reader that shares this controller."""
         return self._in_flight
 
-    def take(self, now: float, force: bool = False) -> Optional[int]:
+    def _room(self, cap: Optional[int]) -> bool:
+        """Whether a part of a reader whose own ceiling is ``cap`` may go out now (lock held)."""
+        return self._in_flight < (self.level if cap is None else min(self.level, cap))
+
+    def take(self, now: float, force: bool = False, cap: Optional[int] = None) -> Optional[int]:
         """A place in the level for a part sent now: its ticket (see :meth:`ticket`), or None when the level is
         full (then ``wake``, when given to :meth:`notify`, is called once a place is given back).  ``force``:
         a part a reader is blocked on goes out even at a full level (counted in it), so that two readers
-        taking turns in one thread never wait for each other."""
+        taking turns in one thread never wait for each other.  ``cap``: the reader's own ceiling (its
+        ``max_concurrency``), where readers of one host were given different ones: its parts go out only while
+        fewer than that are in flight to the host, whatever the level another reader's ceiling lets it reach."""
         with self._lock:
-            if not force and self._in_flight >= self.level:
+            if not force and not self._room(cap):
                 return None
             self._account(now)
             self._in_flight += 1
@@ -265,23 +276,24 @@ class Controller:
             self._in_flight = max(0, self._in_flight - 1)
         self._wake()
 
-    def notify(self, wake: Any) -> None:
-        """Call ``wake()`` once a place in the level is free (at once if one is now); a bound method is held
-        weakly (a reader dropped meanwhile is not kept alive, nor woken)."""
+    def notify(self, wake: Any, cap: Optional[int] = None) -> None:
+        """Call ``wake()`` once a place in the level is free for a reader whose own ceiling is ``cap`` (at once if
+        one is now); a bound method is held weakly (a reader dropped meanwhile is not kept alive, nor woken)."""
         ref = weakref.WeakMethod(wake) if hasattr(wake, "__self__") else (lambda: wake)
         with self._lock:
-            if ref not in self._waiters:
-                self._waiters.append(ref)
+            if (ref, cap) not in self._waiters:
+                self._waiters.append((ref, cap))
         self._wake()
 
     def _wake(self) -> None:
-        """Tell the waiting readers when there is room, each in a thread of its own: no reader's lock is taken
+        """Tell the waiting readers that have room now, each in a thread of its own: no reader's lock is taken
         under another's (a reader gives a place back holding its own lock)."""
         with self._lock:
-            if self._in_flight >= self.level or not self._waiters:
+            waiting = [entry for entry in self._waiters if self._room(entry[1])]
+            if not waiting:
                 return
-            waiting, self._waiters = self._waiters, []
-        for ref in waiting:
+            self._waiters = [entry for entry in self._waiters if entry not in waiting]
+        for ref, _ in waiting:
             wake = ref()
             if wake is not None:
                 threading.Thread(target=wake, daemon=True, name="wds_cloud: the level has room").start()
@@ -302,6 +314,7 @@ class Controller:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._waiters = []
+        self.inherited = True  # this process's first reader of the host sets the ceiling (its share)
         self._open_window(None, settle=0.0)
 
     def received(self, nbytes: int, now: float, ticket: Optional[int] = None) -> None:
@@ -691,6 +704,7 @@ class Controller:
         state = self.__dict__.copy()
         del state["_lock"]
         state["_in_flight"], state["_waiters"] = 0, []  # parts and readers of this process only
+        state["inherited"] = True
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -700,6 +714,7 @@ class Controller:
         self.__dict__.setdefault("_fallen", None)
         self.__dict__.setdefault("_brought", {})
         self.__dict__.setdefault("_fresh", False)
+        self.__dict__.setdefault("inherited", True)
         self.__dict__.setdefault("_last", 0.0)
 
 
@@ -757,8 +772,15 @@ def controller_for(host: str, cap: int, fixed: Optional[int] = None) -> Controll
         controller = _learned.get(host)
         if controller is None:
             controller = _learned[host] = Controller(cap)
-        elif controller.cap != cap:
-            controller.limit(cap, f"{_conns(max(1, cap))}: this process's share of max_concurrency")
+        elif controller.inherited:
+            # learned in the parent, or handed over: this process's ceiling is its own (a worker's share)
+            controller.inherited = False
+            if controller.cap != cap:
+                controller.limit(cap, f"{_conns(max(1, cap))}: this process's share of max_concurrency")
+        elif cap > controller.cap:
+            # another reader of the host allows more: the level may climb for it, while the readers with a lower
+            # ceiling send their parts only below theirs (Controller.take's cap)
+            controller.limit(cap)
         return controller
 
 
@@ -780,6 +802,7 @@ def seed(table: dict[str, Any]) -> None:
             if not isinstance(level, int) or isinstance(level, bool) or not 1 <= level <= 1024:
                 continue
             controller = Controller(DEFAULT_MAX_CONCURRENCY, start=level)
+            controller.inherited = True
             latency = entry.get("latency")
             if isinstance(latency, float) and latency >= 0:
                 controller.latency = latency
@@ -790,7 +813,7 @@ def report() -> dict[str, dict]:
     """Each host's level and why (as in ``ds.stats``), for every host this process read from in parts."""
     with _learned_lock:
         controllers = dict(_learned)
-    return {host: c.report() for host, c in controllers.items()}
+    return {redact(host): c.report() for host, c in controllers.items()}  # no credential of a URL in a report
 
 
 def forget() -> None:

@@ -288,6 +288,8 @@ class _Object:
         self.md5: Optional[str] = None
         self.planned = False
         self.single = False  # the store ignored Range: the rest is read as one stream
+        #: this reader's own ceiling (another reader of the host may have let the shared level climb past it)
+        self.cap: Optional[int] = None
         self.deferred = state == _ACTIVE  # opened cold: the other parts wait for the first sample's bytes
         # At one connection the first request asks for the whole rest of the shard (one request, as one
         # stream would); with more, for the first half part, and the rest is planned once its answer tells
@@ -391,14 +393,20 @@ class Fetcher:
         """The level of ``host`` for these settings: pinned by ``concurrency``, else measured (and shared by
         the process's readers of that host); the ceiling is ``max_concurrency``, or this worker's share of
         the default."""
-        cap = options.max_concurrency
-        if cap is None:
-            cap = concurrency.worker_share(concurrency.DEFAULT_MAX_CONCURRENCY, config.current().local_world_size)
+        cap = self.cap(options)
         key = (host, options.concurrency, cap)
         found = self._controllers.get(key)
         if found is None:
             found = self._controllers[key] = concurrency.controller_for(host, cap, options.concurrency)
         return found
+
+    @staticmethod
+    def cap(options: TransferOptions) -> int:
+        """This reader's ceiling: ``max_concurrency``, or this worker's share of the default."""
+        cap = options.max_concurrency
+        if cap is None:
+            cap = concurrency.worker_share(concurrency.DEFAULT_MAX_CONCURRENCY, config.current().local_world_size)
+        return cap
 
     def _remote(self, url: str) -> Optional[tuple[RemoteObject, TransferOptions]]:
         """The object and its settings when ``url`` is read in parts (None: one stream, through gopen)."""
@@ -410,7 +418,9 @@ class Fetcher:
 
     def _object(self, url: str, remote: RemoteObject, options: TransferOptions, offset: int, state: str) -> _Object:
         host = _host(remote.url)
-        return _Object(url, remote, options, offset, state, host, self.controller(host, options))
+        obj = _Object(url, remote, options, offset, state, host, self.controller(host, options))
+        obj.cap = self.cap(options)
+        return obj
 
     # opening
     def open(self, url: str, offset: int = 0) -> Any:
@@ -515,12 +525,12 @@ class Fetcher:
             controller = obj.controller
             if obj.state == _CLOSED or id(controller) in full or (held_back and obj.state != _ACTIVE):
                 continue
-            budget = controller.level * obj.options.part_size
+            budget = min(controller.level, obj.cap or controller.level) * obj.options.part_size
             for part in obj.parts[obj.reading : obj.dispatched] if obj.paused else ():
                 # parts paused when the level fell come first, in order
                 if part.paused:
                     waited_on = obj.state == _ACTIVE and obj.reading >= part.index
-                    ticket = self._take(controller, waited_on)
+                    ticket = self._take(controller, waited_on, obj.cap)
                     if ticket is None:
                         full.add(id(controller))
                         break
@@ -539,7 +549,7 @@ class Fetcher:
                 if not (waited_on or ahead) and window and window + part.holds > budget:
                     full.add(id(controller))
                     break
-                ticket = self._take(controller, waited_on or ahead)
+                ticket = self._take(controller, waited_on or ahead, obj.cap)
                 if ticket is None:
                     full.add(id(controller))
                     break
@@ -584,11 +594,12 @@ class Fetcher:
         if at < len(self._objects) and not self._objects[at].dispatched and self._ahead(self._objects[at]):
             self._pump()
 
-    def _take(self, controller: Controller, force: bool) -> Optional[int]:
-        """A place in ``controller``'s level (its ticket), or None: this reader is woken when one is free."""
-        ticket = controller.take(time.perf_counter(), force)
+    def _take(self, controller: Controller, force: bool, cap: Optional[int] = None) -> Optional[int]:
+        """A place in ``controller``'s level below this reader's ceiling ``cap`` (its ticket), or None: this reader
+        is woken when one is free."""
+        ticket = controller.take(time.perf_counter(), force, cap)
         if ticket is None:
-            controller.notify(self._wake)
+            controller.notify(self._wake, cap)
         return ticket
 
     def _wake(self) -> None:
@@ -736,7 +747,7 @@ class Fetcher:
         rate = connection_rate((p for o in mine for p in o.parts[: o.dispatched]), now)
         before = controller.level
         changed = controller.decide(now, remaining, rate, obj.options.part_size)
-        self.stats.add(TransferStats(hosts={redact(obj.host): controller.report()}))
+        self.stats.add(TransferStats(hosts={redact(obj.host): _report(obj)}))
         if changed is not None:
             log.debug("%s: %d -> %d connections (%s)", redact(obj.host), before, changed, controller.reason)
             for other in self._objects:
@@ -923,6 +934,20 @@ class Fetcher:
                 part.stream.abort()
         self._cond.notify_all()
         self._pump()
+
+
+def _report(obj: Any) -> dict:
+    """The host's report (``ds.stats.hosts``) as this reader sees it: under its own ceiling."""
+    report = obj.controller.report()
+    cap = obj.cap
+    if cap is not None and not report.get("pinned") and cap < report["cap"]:
+        report["cap"] = cap
+        if report["level"] > cap:
+            report["level"] = cap
+            report["why"] = (
+                f"{cap} connections: this dataset's max_concurrency (the host's level is {obj.controller.level})"
+            )
+    return report
 
 
 def known_left(objects: Sequence[Any]) -> int:
@@ -1172,7 +1197,7 @@ class PartedStream:
                 streams=1,
                 seconds=time.perf_counter() - obj.created,
                 concurrency=obj.peak,
-                hosts={redact(obj.host): obj.controller.report()},
+                hosts={redact(obj.host): _report(obj)},
             )
         )
 
