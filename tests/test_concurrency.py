@@ -1004,3 +1004,20 @@ def test_the_process_report_redacts_credentials_of_a_host():
         assert "S3CRETPASS" not in repr(concurrency.report())
     finally:
         concurrency.forget()
+
+
+def test_a_host_crowded_after_the_climb_by_less_than_a_fall_is_searched_again_at_the_reprobe():
+    """The adversary's F5: the level climbed to 16 at 0.75 MB/s a connection; then the host let 4 connections
+    send at 2.5 MB/s and slowed every one to 0.3 MB/s past 4.  16 fell from 12 to 5 MB/s (less than to a third:
+    no fall), and the re-probe's one step down (8, crowded too) looked slower, so 16 stayed for the rest of the
+    read at half of what 4 would bring.  At the re-probe, a level that brings under half of what it did when it
+    came to be held, the reader waiting, is searched for again from one connection."""
+
+    def rate(level, t):
+        if t < 4:
+            return level * 0.75 * MB
+        return level * 2.5 * MB if level <= 4 else level * 0.3 * MB
+
+    store = SimulatedStore(rate)
+    controller = store.run(Controller(16), 25.0)
+    assert held(store.levels[2 * len(store.levels) // 3 :]) <= 5, controller.report()

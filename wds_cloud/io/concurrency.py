@@ -42,7 +42,9 @@ first-byte latencies:
   connection past N, the levels between the held one and N look worse than both, so stepping down would not
   find N;
 - after :data:`REPROBE` seconds at one level it measures again: one step down (kept when the reader
-  still does not wait, or gets no less), and up again while the reader waits;
+  still does not wait, or gets no less), and up again while the reader waits; but where the level then brings
+  under half of what it did when it came to be held, the reader waiting (a host crowded by less than a fall),
+  the search starts again from one connection;
 - ``concurrency=N`` pins the level: nothing is measured or changed.
 
 What is learned about a host (the level, the rate per level, the latency) lives in this module for the
@@ -173,6 +175,7 @@ class Controller:
         #: what was learned came from another process (forked, or handed over): the ceiling is set anew by this
         #: process's first reader of the host
         self.inherited = False
+        self._settled: Optional[float] = None  # the rate of the level held, as it came to be held
         self._fresh = False  # the window just closed was left out of the level's rate (a trial's first)
         self._fallen: Optional[tuple[int, float]] = None  # (bytes, seconds) of a window that fell, to be confirmed
         self._open_window(None, settle=0.0)
@@ -442,6 +445,7 @@ class Controller:
                 # (a trial's connections were slowing it then, or the link has changed since)
                 self._spans.pop(new, None)
                 self._brought.pop(new, None)
+                self._settled = None
             rose = new > level
             if new == level and not self._fresh:
                 # the level stays: the next window starts now, where this one ended (windows that each began at
@@ -669,8 +673,24 @@ class Controller:
         one step down; and at once when no level below it was measured (it was learned in another
         process), try one connection."""
         unmeasured = level > 1 and not any(k < level for k in self.rates)
+        if self._settled is None and level in self.rates:
+            self._settled = self.rates[level]  # what the level brought as it came to be held
         if not unmeasured and (self._held_since is None or now - self._held_since < REPROBE):
             return level
+        settled, self._settled = self._settled, None
+        rate = self.rates.get(level, 0.0)
+        if level > 1 and settled and rate * 2 < settled and self.waiting >= WAIT_SHARE:
+            # it brings less than half of what it did when it came to be held, and the reader waits: the host
+            # changed (crowded past a few connections, where the levels between look worse than both ends, so one
+            # step down would find the held level faster and come back to it; a fall of less than a third is not
+            # seen at once): the search starts again from one connection
+            new = self._fell(level, settled, rate)
+            self.reason = (
+                f"{_conns(level)} brought {rate / 1e6:.0f} MB/s after {REPROBE:.0f} s, under half of the "
+                f"{settled / 1e6:.0f} MB/s they brought when chosen, while the reader waited: measuring again from "
+                "one connection"
+            )
+            return new
         self._ceiling = None
         self.rates = {level: self.rates[level]} if level in self.rates else {}
         self._spans = {level: self._spans[level]} if level in self._spans else {}
@@ -714,6 +734,7 @@ class Controller:
         self.__dict__.setdefault("_fallen", None)
         self.__dict__.setdefault("_brought", {})
         self.__dict__.setdefault("_fresh", False)
+        self.__dict__.setdefault("_settled", None)
         self.__dict__.setdefault("inherited", True)
         self.__dict__.setdefault("_last", 0.0)
 
