@@ -872,3 +872,68 @@ def test_the_memos_of_header_numbers_are_bounded_and_change_no_verdict(monkeypat
     bad[148:154] = b"000001"
     assert format.plain_headers(bytes(bad), 0, len(bad), 1 << 62, [], [], []) == 0
     assert format.plain_headers(bytes(bad), 0, len(bad), 1 << 62, [], [], []) == 0
+
+
+# the errors of the general reader for a damaged header: the field, the bytes found and what was expected
+_URL = "http://example.com/bad.tar?token=secret"
+_GOOD = _entry(b"good.txt", b"x")
+
+
+def _resealed(block: bytes, at: int, field: bytes, checksum: int = 0) -> bytes:
+    """``block`` with ``field`` written at ``at``, its checksum made right again, ``checksum`` off."""
+    h = bytearray(block)
+    h[at : at + len(field)] = field
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\0 " % (sum(h) + checksum)
+    return bytes(h)
+
+
+def _refused(data: bytes) -> str:
+    with pytest.raises(CorruptShardError) as info:
+        list(shard_samples(_URL, io.BytesIO(data + bytes(1024))))
+    message = str(info.value)
+    assert message.startswith("http://example.com/bad.tar?token=***: corrupt tar at byte ") and "secret" not in message
+    assert "Re-create or re-download the shard (handler=warn_and_continue" in message  # the fix, as before
+    return message
+
+
+def test_a_checksum_one_off_says_what_the_header_stores_and_what_its_bytes_sum_to():
+    """A header checksum one off names the value stored (decimal, octal and the field's bytes) and the sum the
+    header's bytes give, the value it should be, at the header's byte."""
+    bad = _resealed(_block(b"a.txt", 0), 0, b"a.txt", checksum=1)
+    stored = int(bad[148:154], 8)
+    message = _refused(_GOOD + bad)
+    assert f"corrupt tar at byte {len(_GOOD)}: the header checksum does not match: " in message
+    assert f"the header stores {stored} (octal {stored:06o}, the field {bad[148:156]!r})" in message
+    assert f"its bytes sum to {stored - 1} (octal {stored - 1:06o}" in message
+
+
+def test_a_size_field_that_is_not_octal_shows_its_bytes_and_the_spelling_expected():
+    """A size field with an 8 in it shows the field's bytes, escaped, and says a size is octal digits."""
+    message = _refused(_GOOD + _resealed(_block(b"a.txt", 0), 124, b"00000000008\0"))
+    assert f"corrupt tar at byte {len(_GOOD)}: the size field b'00000000008\\x00' is not an octal number" in message
+    assert "expected octal digits ended by a NUL or a space" in message
+
+
+_HOSTILE = b"\x1b[2J\x1b]0;owned\x07\r\n\x08\x7f\x9b\x00" * 100
+HOSTILE_FIELDS = {
+    # the checksum field, and a name of control bytes (which the error does not show: the header is damaged)
+    "checksum": (_GOOD + _block(_HOSTILE, 0)[:148] + _HOSTILE[:8] + _block(_HOSTILE, 0)[156:], repr(_HOSTILE[:8])),
+    "size": (_GOOD + _resealed(_block(_HOSTILE, 0), 124, _HOSTILE[:12]), repr(_HOSTILE[:12])),
+    # a GNU long name of 64 KiB of control bytes, naming a member the stream ends inside
+    "long name": (
+        _GOOD + _entry(b"././@LongLink", _HOSTILE.replace(b"\0", b"") * 50 + b"\0", b"L") + _block(b"a", 1 << 20),
+        r"'\x1b[2J\x1b]0;owned\x07\r\n\x08\x7f\udc9b\x1b[2J",
+    ),
+}
+
+
+@pytest.mark.parametrize("field", list(HOSTILE_FIELDS))
+def test_a_field_of_control_bytes_is_shown_escaped_and_cut(field):
+    """A header whose field is full of terminal control bytes (escapes, a bell, CR/LF, DEL, C1): the error shows
+    them escaped, never raw, and a bounded part of them, whatever their length."""
+    data, shown = HOSTILE_FIELDS[field]
+    message = _refused(data)
+    assert message.isprintable() and "\x1b" not in message and "\r" not in message and "\n" not in message
+    assert shown in message
+    assert len(message) < 1600  # 64 KiB of name or not: at most a few hundred characters of it

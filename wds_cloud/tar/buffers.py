@@ -31,7 +31,7 @@ from typing import IO, Any, Optional, Protocol
 from ..errors import CorruptShardError, ObjectChangedError, TransferError, WdsCloudError, redact
 from ..io.mapped import drop, populate
 from .decompress import FIRST_READ, HEAD_SIZE, decompression_errors, detect_compression
-from .format import BLOCK, padded_size, size_field
+from .format import BLOCK, SHOWN_NAME, padded_size, shown, size_field
 
 __all__ = ["Buffer", "StreamBuffer", "MappedBuffer", "unreadable", "LARGE"]
 
@@ -170,7 +170,7 @@ class StreamBuffer:
         """The error for damage at ``offset`` (default: the read position), in ``member`` when known."""
         offset = self.offset if offset is None else offset
         where = f"at byte {offset}" + (" of the decompressed stream" if self.compression else "")
-        about = f", member {member!r}" if member else ""
+        about = f", member {shown(member, SHOWN_NAME)}" if member else ""  # a hostile long name is 1 MiB
         return CorruptShardError(
             f"{redact(self.url) or '<stream>'}: corrupt tar {where}{about}: {what}. "
             "Re-create or re-download the shard (handler=warn_and_continue skips damaged shards)",

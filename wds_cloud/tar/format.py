@@ -45,6 +45,11 @@ __all__ = [
     "checksum_at",
     "sum_matches",
     "checksum_ok",
+    "SHOWN",
+    "SHOWN_NAME",
+    "shown",
+    "checksum_problem",
+    "size_problem",
     "plain_header",
     "plain_headers",
     "header_name",
@@ -152,6 +157,51 @@ def checksum_ok(header: bytes) -> bool:
         b - 256 if b > 127 else b for b in header[_TYPE:BLOCK]
     )
     return stored == signed + 256
+
+
+#: the most bytes of a header field an error message shows (a hostile header's, escaped: see :func:`shown`)
+SHOWN = 40
+#: the most characters of a member name an error message shows (real names run longer than a field's bytes)
+SHOWN_NAME = 200
+
+
+def shown(raw: Any, limit: int = SHOWN) -> str:
+    """Bytes of a header (or a name) for an error message: their ``repr``, which escapes every control byte and
+    character (a hostile header cannot move a terminal's cursor), cut to ``limit`` bytes or characters."""
+    raw = raw if isinstance(raw, str) else bytes(raw)
+    if len(raw) <= limit:
+        return repr(raw)
+    return f"{raw[:limit]!r}... ({len(raw)} {'characters' if isinstance(raw, str) else 'bytes'})"
+
+
+def checksum_problem(header: bytes) -> str:
+    """What is wrong with a header whose checksum does not hold (:func:`checksum_ok` False): the checksum field's
+    bytes, the value they store, and the value they should store (the sum of the header's bytes)."""
+    field = header[_CHECKSUM:_CHECKSUM_END]
+    total = sum(header[:_CHECKSUM]) + 8 * 32 + sum(header[_TYPE:BLOCK])
+    expected = f"its bytes sum to {total} (octal {total:06o}, the checksum field counted as eight spaces)"
+    try:
+        stored = number(field)
+    except ValueError:
+        return (
+            f"the header checksum does not match: the checksum field {shown(field)} is not an octal number, {expected}"
+        )
+    return (
+        f"the header checksum does not match: the header stores {stored} (octal {stored:06o}, the field "
+        f"{shown(field)}), {expected}"
+    )
+
+
+def size_problem(header: bytes, size: Optional[int] = None) -> str:
+    """What is wrong with a header's size field: the bytes found, and what a size field holds.  ``size`` is the
+    negative value the field read as; None: :func:`number` does not read it."""
+    field = shown(header[_SIZE:_SIZE_END])
+    if size is not None:
+        return f"the header gives a negative size ({size}, the size field {field}): expected 0 or more"
+    return (
+        f"the size field {field} is not an octal number (expected octal digits ended by a NUL or a space, as tar "
+        "writes b'00000001750\\x00' for 1000 bytes, or GNU base-256)"
+    )
 
 
 #: the fields the fast path reads from a header, in one call: the name, the size's first eleven digits and the
@@ -314,7 +364,10 @@ def pax_records(payload: bytes) -> dict[str, str]:
         space = payload.find(b" ", pos, min(end, pos + 21))
         digits = payload[pos:space] if space > pos else b""
         if not digits.isdigit():
-            raise ValueError(f"a PAX header record at byte {pos} of the header has no valid length")
+            raise ValueError(
+                f"a PAX header record at byte {pos} of the header has no valid length: it begins "
+                f"{shown(payload[pos : pos + 21])}, expected decimal digits and a space"
+            )
         length = int(digits)
         if length <= space - pos + 1 or pos + length > end or payload[pos + length - 1] != 10:
             raise ValueError(
@@ -323,7 +376,10 @@ def pax_records(payload: bytes) -> dict[str, str]:
             )
         key, equals, value = payload[space + 1 : pos + length - 1].partition(b"=")
         if not equals:
-            raise ValueError(f"a PAX header record at byte {pos} of the header has no '='")
+            raise ValueError(
+                f"a PAX header record at byte {pos} of the header has no '=': it is "
+                f"{shown(payload[pos : pos + length])}, expected <length> <key>=<value> and a newline"
+            )
         records[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
         pos += length
     return records

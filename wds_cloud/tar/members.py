@@ -32,13 +32,18 @@ from .format import (
     PAX,
     PAX_GLOBAL,
     REGULAR,
+    SHOWN,
+    SHOWN_NAME,
     SOLARIS_PAX,
     ZERO_BLOCK,
     checksum_ok,
+    checksum_problem,
     header_name,
     pax_records,
     pax_size,
+    shown,
     size_field,
+    size_problem,
     typeflag,
 )
 from .runs import KeyedRun, Run, Runs
@@ -260,10 +265,10 @@ class TarMembers:
         if not self._extended:
             self._record_begin = header_offset
         if not checksum_ok(header):
-            first = header_offset == 0 and b.compression is None
-            raise b.fail(
-                "this is not a tar archive" if first else "the header checksum does not match", None, header_offset
-            )
+            what = checksum_problem(header)
+            if header_offset == 0 and b.compression is None:
+                what = f"this is not a tar archive: it begins {shown(header[:SHOWN])}, not a tar header ({what})"
+            raise b.fail(what, None, header_offset)
         b.pos = pos + BLOCK
         flag = typeflag(header)
         if not flag and header_name(header)[-1:] == "/":
@@ -313,8 +318,8 @@ class TarMembers:
 
     def _too_large(self, name: str, header_offset: int, size: int) -> CorruptShardError:
         return CorruptShardError(
-            f"{redact(self.url) or '<stream>'}: member {name!r} at byte {header_offset} is {size} bytes, "
-            f"more than the limit of {self.max_member} byte{'s' * (self.max_member != 1)} on one member; raise it with "
+            f"{redact(self.url) or '<stream>'}: member {shown(name, SHOWN_NAME)} at byte {header_offset} is {size} "
+            f"bytes, more than the limit of {self.max_member} byte{'s' * (self.max_member != 1)} on one member; raise it with "
             "WDS_MAX_MEMBER_SIZE (such as 8GiB) or WebDataset(..., max_member_size=) if the shard is "
             "trusted",
             url=self.url,
@@ -329,14 +334,14 @@ class TarMembers:
         try:
             size = size_field(header)
         except ValueError:
-            raise self._b.fail("the size field is not a number", None, header_offset) from None
+            raise self._b.fail(size_problem(header), None, header_offset) from None
         if "size" in self._pax:
             try:
                 size = pax_size(self._pax["size"])
             except ValueError as exc:
                 raise self._b.fail(str(exc), None, header_offset) from None
         if size < 0:
-            raise self._b.fail(f"the header gives a negative size ({size})", None, header_offset)
+            raise self._b.fail(size_problem(header, size), None, header_offset)
         return size
 
     def _metadata(self, flag: int, size: int, name: str, header_offset: int) -> None:
