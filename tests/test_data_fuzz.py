@@ -5,6 +5,7 @@ import copy
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -116,7 +117,11 @@ def test_a_mutated_description_opens_or_fails_with_our_error(corpus, data):
         ds = wds.ShardListDataset(str(path), transformations=[])
         return (ds[0], ds[len(ds) - 1]) if len(ds) else None  # a description may declare no samples
 
-    ours_or_result(run)
+    # a mutation that gives a shard 'nsamples': 0 is read with our warning that the shard is never read (a
+    # hypothesis example found it: not an error)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="the dataset description lists", category=UserWarning)
+        ours_or_result(run)
 
 
 @fuzz
