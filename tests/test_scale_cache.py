@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import pathlib
 import stat
+import threading
 
 import pytest
 
@@ -19,6 +20,7 @@ from .remote import Remote
 
 SIZE = 1000
 DATA = os.urandom(SIZE)
+WAIT = 60  # seconds a step may take before it counts as a hang (each takes well under one)
 
 
 def fill(cache: ShardCache, url: str, data: bytes = DATA) -> bytes:
@@ -189,6 +191,96 @@ def test_processes_sharing_a_bounded_cache_agree_on_what_it_holds(tmp_path):
     entries = len([f for f in os.listdir(directory) if f.endswith(".tar")])
     assert views == [(entries, held)] * processes
     assert newcomer(directory) == (entries, held)
+
+
+def viewed_at_rest(cache: ShardCache) -> tuple:
+    """(entries, bytes) the ledger holds once every fill ended, the same for this process's view and a newcomer's."""
+    seen = cache.usage()
+    assert newcomer(cache.directory) == seen
+    return seen
+
+
+def finish_in_a_thread(stream, monkeypatch) -> tuple:
+    """Read ``stream`` to its end and close it in a thread: (the thread, an event set once its fill lock is let go)."""
+    released = threading.Event()
+    release = shardcache.CachedShard._release
+
+    def releasing(self):
+        was_held = self._lock is not None
+        release(self)
+        if was_held and self is stream:
+            released.set()
+
+    def run():
+        stream.read()
+        stream.close()
+
+    monkeypatch.setattr(shardcache.CachedShard, "_release", releasing)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, released
+
+
+@pytest.mark.parametrize("moment", ["after its record was read", "between its record and its rename"])
+def test_a_fill_that_publishes_while_a_pass_looks_at_it_is_counted_and_evicted_whole(tmp_path, monkeypatch, moment):
+    """A fill published (and its lock let go) while another process's eviction pass looks at it, at either moment,
+    leaves no file without its record and none uncounted: at rest the directory is within its bound and is what
+    every view says it holds."""
+    cache = ShardCache(str(tmp_path / "c"), size_limit=SIZE)
+    first = cache.open(url(0), lambda offset: Remote(DATA, offset))
+    assert len(first.read(10)) == 10  # a fill in progress, its lock held
+    path = cache.path_for(url(0))
+    threads = []
+    if moment == "after its record was read":
+        read_meta = shardcache._read_meta
+
+        def publish_after_reading(at):
+            meta = read_meta(at)
+            if at == path and not threads and meta is not None and not meta.get("complete"):
+                thread, released = finish_in_a_thread(first, monkeypatch)  # the filler publishes and lets go, right now
+                threads.append(thread)
+                assert released.wait(WAIT)
+            return meta
+
+        monkeypatch.setattr(shardcache, "_read_meta", publish_after_reading)
+        fill(cache, url(1))  # its pass looks at the fill of url(0)
+    else:
+        write_meta, recorded, resume = shardcache._write_meta, threading.Event(), threading.Event()
+
+        def pause_before_the_rename(at, meta):
+            write_meta(at, meta)
+            if at == path and meta.get("complete"):
+                recorded.set()  # the record says complete; the entry is still N.part
+                assert resume.wait(WAIT)
+
+        monkeypatch.setattr(shardcache, "_write_meta", pause_before_the_rename)
+        thread, _ = finish_in_a_thread(first, monkeypatch)
+        threads.append(thread)
+        assert recorded.wait(WAIT)
+        fill(cache, url(1))  # its pass looks at url(0) between its record and its rename
+        resume.set()
+    threads[0].join(WAIT)
+    assert not threads[0].is_alive() and first.closed
+    entries = [f for f in os.listdir(cache.directory) if f.endswith(".tar")]
+    assert all(os.path.exists(os.path.join(cache.directory, f + ".meta")) for f in entries)  # none left unrecorded
+    assert on_disk(cache.directory) <= SIZE
+    assert viewed_at_rest(cache) == (len(entries), on_disk(cache.directory)) == (1, SIZE)
+
+
+@pytest.mark.parametrize("ends", ["published", "stopped early"])
+def test_fills_that_ran_at_once_leave_the_cache_within_its_bound_once_they_end(tmp_path, ends):
+    """A pass cannot evict a fill in progress, so fills running at once may hold the directory over its bound;
+    the last one to end (published, or stopped early) brings it back within it."""
+    cache = ShardCache(str(tmp_path / "c"), size_limit=SIZE)
+    first = cache.open(url(0), lambda offset: Remote(DATA, offset))
+    assert len(first.read(10)) == 10  # a fill in progress, its lock held
+    fill(cache, url(1))  # its pass finds only the fill of url(0) to evict, and cannot
+    if ends == "published":
+        assert first.read() == DATA[10:]
+    first.close()
+    assert on_disk(cache.directory) <= SIZE
+    assert os.path.exists(cache.path_for(url(0)) + ("" if ends == "published" else ".part"))  # the last one read
+    assert viewed_at_rest(cache) == (1, SIZE)  # a stopped fill counts at its announced size, to be resumed
 
 
 def test_a_torn_last_line_is_closed_and_never_trusted(tmp_path):

@@ -21,7 +21,8 @@ it was published is fetched again (with ``verify=True`` every entry carries a CR
 checked against it, and a modified entry whose bytes still match is kept).  Eviction is
 least-recently-used by last access (a clock: an entry read since it was queued gets a second chance), resists a
 loop over more shards than the cache holds (see :meth:`ShardCache.make_room`),
-never takes an entry another reader holds, and never deletes a file that has no ``.meta`` of ours.
+never takes an entry another reader holds nor a fill in progress (each fill's end evicts again: once the fills
+that ran at once ended, the cache is within its bound), and never deletes a file that has no ``.meta`` of ours.
 A bounded cache keeps what eviction needs in ``.evict.ledger`` (see :mod:`wds_cloud.io.cacheledger`), so
 that a miss costs the same whether the cache holds ten entries or a hundred thousand.  Locks are ``flock`` locks: the cache directory must be on a
 local filesystem (not NFS).  POSIX only.
@@ -98,6 +99,16 @@ def _as_recorded(meta: dict, st: os.stat_result) -> bool:
         return False
     mtime = meta.get("mtime_ns")
     return mtime is None or st.st_mtime_ns == mtime
+
+
+def _look(path: str, meta: dict) -> tuple[bool, Optional[os.stat_result]]:
+    """(whether the record ``meta`` says the entry is complete, the file that stands for it then: ``N``, or
+    ``N.part`` for a fill; None when absent)."""
+    complete = bool(meta.get("complete"))
+    try:
+        return complete, os.stat(path if complete else path + ".part", follow_symlinks=False)
+    except FileNotFoundError:
+        return complete, None
 
 
 def _scan(directory: str) -> list[tuple[str, int, int]]:
@@ -180,17 +191,6 @@ def _try_lock(path: str, mode: int = fcntl.LOCK_EX):
             return f
         f.close()  # removed or replaced while we locked it: lock the file that is there now
     return None
-
-
-def _drop_lock_file(path: str) -> None:
-    """Remove ``N.lock`` when nobody holds it (entries leave no lock files behind)."""
-    try:
-        lock = _try_lock(path + ".lock")
-    except Planted:
-        return  # the entry is gone; what is planted in its lock's place is for whoever wants the entry again
-    if lock is not None:
-        with lock:
-            _unlink(path + ".lock")
 
 
 def _inside(directory: str, name: str) -> bool:
@@ -507,25 +507,48 @@ class ShardCache:
                 reuse = ledger.filled - ghost.filled  # bytes the node filled since this shard's last fill
                 protect = self._admit(ledger, size, ghost.seen_ns)
             ledger.add(name, size, protect=protect)
-            # each entry under the hand twice at most (a second chance, then eviction), those on probation first
-            probation = 2 * len(ledger.entries)
-            for _ in range(2 * len(ledger)):
-                if ledger.total <= self.size_limit:
-                    break
-                probation -= 1
-                if probation >= 0 and ledger.entries:
-                    candidate, held = ledger.front()
-                elif ledger.protected:
-                    candidate, held = ledger.front(protected=True)
-                else:
-                    break
-                if candidate == name:
-                    ledger.requeue(candidate, held.seen_ns)
-                else:
-                    self._visit(ledger, candidate, held)
+            self._shrink(ledger, name)
         if reuse is not None:
             self._count(cache_reuse_misses=1)
             self._warn_thrashing(ledger, reuse)
+
+    def settle(self, keep: str) -> None:
+        """Evict until the cache fits again, now that the fill of ``keep`` ended (published, or stopped early).
+
+        A pass cannot evict a fill in progress: fills that run at once may leave a pass over the bound, and nothing
+        else would bring the directory back within it once they all ended.  The pass after each fill does, so at
+        rest the cache fits (but for one entry larger than the whole bound: the last one read is kept).  One look
+        at the ledger's totals when it fits; constant work in the entries held, amortized, as for a miss.
+        """
+        if self.size_limit is None:
+            return
+        try:
+            with self._view().locked() as ledger:
+                self._shrink(ledger, self._name(keep))
+        except Planted as exc:  # the ledger's lock or file cannot be used: the next miss tries again
+            _warn_planted(self.directory, exc)
+        except OSError as exc:  # the shard was read, and stays read: the next miss applies the bound
+            log.warning("cache: could not apply the bound of %s after a fill (%s)", self.directory, exc)
+
+    def _shrink(self, ledger: Ledger, name: str) -> None:
+        """Evict entries until the ledger's total fits the limit, never ``name`` (the entry just filled)."""
+        assert self.size_limit is not None
+        # each entry under the hand twice at most (a second chance, then eviction), those on probation first
+        probation = 2 * len(ledger.entries)
+        for _ in range(2 * len(ledger)):
+            if ledger.total <= self.size_limit:
+                break
+            probation -= 1
+            if probation >= 0 and ledger.entries:
+                candidate, held = ledger.front()
+            elif ledger.protected:
+                candidate, held = ledger.front(protected=True)
+            else:
+                break
+            if candidate == name:
+                ledger.requeue(candidate, held.seen_ns)
+            else:
+                self._visit(ledger, candidate, held)
 
     def _admit(self, ledger: Ledger, size: int, last_ns: int) -> bool:
         """Whether an entry fetched again ``size`` bytes, last read at ``last_ns`` before it was evicted, is
@@ -547,18 +570,49 @@ class ShardCache:
         """The clock's hand on ``name``: evict it, give it a second chance, or forget it (not an entry of ours);
         False only when it was last read at or after ``stale_ns`` (then it is left as it is).
 
-        The ledger is only a hint here: the entry's own files decide.
+        The ledger is only a hint here: the entry's own files decide, judged while this holds the entry's fill
+        lock.  A fill publishes (its record says complete, then ``N.part`` becomes ``N``) and lets go of that lock
+        without taking the ledger's: files looked at without it may be a moment old, and acting on them lost a fill
+        published meanwhile (its record removed as an abandoned fill's, or its entry forgotten as missing: on disk,
+        uncounted, never evicted).  With the lock held no fill of the entry begins, resumes or publishes.
         """
         path = os.path.join(self.directory, name)
         meta = _read_meta(path) if _inside(self.directory, name) else None
-        if meta is None:  # gone, or never ours: forgotten, never deleted
+        if meta is None:  # gone, or never ours: forgotten, never deleted (nor a lock file made for it)
             ledger.remove(name)
             return True
-        complete = bool(meta.get("complete"))
         try:
-            st: Optional[os.stat_result] = os.stat(path if complete else path + ".part", follow_symlinks=False)
-        except FileNotFoundError:
-            st = None
+            lock = _try_lock(path + ".lock")
+        except Planted:  # nobody can fill or publish the entry while that stays there
+            return self._judge(ledger, name, path, meta, held, stale_ns, locked=False)
+        if lock is None:  # a fill in progress (or publishing): counted already, evicted once it is abandoned
+            ledger.requeue(name, time.time_ns())
+            return True
+        with lock:
+            try:
+                return self._judge(ledger, name, path, meta, held, stale_ns, locked=True)
+            finally:
+                _unlink(path + ".lock")  # entries leave no lock files behind
+
+    def _judge(
+        self, ledger: Ledger, name: str, path: str, meta: dict, held: Held, stale_ns: Optional[int], *, locked: bool
+    ) -> bool:
+        """:meth:`_visit`'s verdict on ``name``, whose record ``meta`` was read just before its fill lock was taken
+        (``locked``; or there is none to take)."""
+        complete, st = _look(path, meta)
+        if not (complete and st is not None and _as_recorded(meta, st)):
+            # Not the complete entry that record describes: the record may be older than the lock (a fill published,
+            # or the entry was discarded and filled anew, meanwhile) and is read again, now that it stays as it is.
+            # A complete entry as recorded, the usual case, costs one read of its record, as before the lock.
+            now = _read_meta(path)
+            if now is None:  # discarded as damaged a moment ago
+                ledger.remove(name)
+                return True
+            meta = now
+            complete, st = _look(path, meta)
+        if not complete and not locked:  # an abandoned fill: left for whoever wants that entry (it reads it uncached)
+            ledger.requeue(name, time.time_ns())
+            return True
         if complete and (st is None or not stat.S_ISREG(st.st_mode)):
             ledger.remove(name)  # a record without its entry
             return True
@@ -573,7 +627,7 @@ class ShardCache:
             return False
         if self._evict(path, complete):
             ledger.remove(name)
-        else:  # in use, or a fill in progress
+        else:  # a reader holds it
             ledger.requeue(name, time.time_ns())
         return True
 
@@ -638,6 +692,7 @@ class ShardCache:
                 _warn_planted(self.directory, exc)
 
     def _evict(self, path: str, complete: bool) -> bool:
+        """Remove the entry, or the abandoned fill, at ``path`` (its fill lock held): False when a reader holds it."""
         if complete:  # an entry someone reads holds a shared lock on it
             try:
                 f = os.fdopen(open_regular(path, os.O_RDONLY), "rb")
@@ -649,16 +704,8 @@ class ShardCache:
                 except BlockingIOError:
                     return False
                 _unlink(path, path + ".meta")
-            _drop_lock_file(path)
-        else:  # an abandoned fill (nobody holds its lock)
-            try:
-                lock = _try_lock(path + ".lock")
-            except Planted:
-                lock = None  # left for whoever wants that entry: it reads it uncached
-            if lock is None:
-                return False
-            with lock:
-                _unlink(path + ".part", path + ".meta", path + ".lock")
+        else:  # an abandoned fill (nobody else holds its lock)
+            _unlink(path + ".part", path + ".meta")
         self._count(cache_evictions=1)
         log.info("cache: evicted %s", path)
         return True
@@ -717,7 +764,7 @@ class CachedShard:
             self._start_fill(lock)
         except BaseException:
             self._lock = lock
-            self.close()  # the writer thread, the remote and the lock, all let go
+            self._stop()  # the writer thread, the remote and the lock, all let go
             self._release()
             lock.close()
             raise
@@ -783,6 +830,7 @@ class CachedShard:
         self.cache.make_room(keep=self.path, size=self.size or 0)
 
     def _publish(self) -> None:
+        stored = False
         sink, self._sink = self._sink, None
         meta = self._meta
         if sink is None or meta is None:  # cannot happen: only a fill that began publishes
@@ -809,7 +857,8 @@ class CachedShard:
             _write_meta(self.path, meta)
             os.replace(part, self.path)
             log.debug("cache: stored %s as %s", redact(self.url), self.path)
-            if not self._announced:  # a stream of unknown length: the bound learns its size now
+            stored = True
+            if not self._announced:  # a stream of unknown length: the bound learns its size now (and is applied)
                 self.cache.make_room(keep=self.path, size=self.size)
         except TransferError:
             raise
@@ -829,6 +878,8 @@ class CachedShard:
             if self._remote is not None:
                 self._remote.close()
             self._release()
+        if stored and self._announced:
+            self.cache.settle(self.path)  # the fill ended: fills in progress that a pass could not evict are done
 
     def _release(self) -> None:
         if self._lock is not None:
@@ -914,12 +965,17 @@ class CachedShard:
         return bytes(memoryview(buffer)[:n])
 
     def close(self) -> None:
+        if self._stop():
+            self.cache.settle(self.path)  # the fill ended: fills in progress that a pass could not evict are done
+
+    def _stop(self) -> bool:
+        """Let go of everything; True when that stopped a fill early."""
         if self.closed:
-            return
+            return False
         self.closed = True
+        sink, self._sink = self._sink, None
         try:
-            if self._sink is not None:  # stopped early: what arrived stays in N.part, to be resumed
-                sink, self._sink = self._sink, None
+            if sink is not None:  # stopped early: what arrived stays in N.part, to be resumed
                 sink.finish()
             for stream in (self._remote, self._file):
                 if stream is not None:
@@ -928,10 +984,12 @@ class CachedShard:
             self._release()
             if self.size is not None and self._remote is None:
                 self.cache._count(bytes_saved=self.position)
+        return sink is not None
 
     def __del__(self) -> None:
+        # no eviction pass from a finalizer: it may run while this very thread holds the ledger's lock
         with contextlib.suppress(Exception):
-            self.close()
+            self._stop()
 
     def __enter__(self) -> CachedShard:
         return self
