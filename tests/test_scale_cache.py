@@ -433,3 +433,71 @@ def test_a_ledger_listing_more_entries_than_any_cache_holds_is_rebuilt(tmp_path,
     with open(ledger_path(cache), "ab") as f:
         f.write(b"".join(b"+ 1 0 forged-%d.tar\n" % i for i in range(50)))
     assert newcomer(cache.directory) == (1, SIZE)
+
+
+class Unsized(Remote):
+    """A stream of unknown length (a pipe): the cache learns its size at its end."""
+
+    def __init__(self, data: bytes, offset: int = 0) -> None:
+        super().__init__(data, offset)
+        self.size = None
+
+
+def test_an_unsized_fill_that_cannot_apply_the_bound_at_its_end_leaves_no_unrecorded_entry(tmp_path):
+    """A stream of unknown length whose end cannot reach the ledger (a folder with files in it planted as its lock)
+    is read whole, and leaves no shard on disk without its record nor more bytes than the ledger counts."""
+    cache = ShardCache(str(tmp_path / "c"), size_limit=3 * SIZE)
+    stream = cache.open(url(0), lambda offset: Unsized(DATA, offset))
+    assert len(stream.read(10)) == 10  # the fill began, recorded at 0 bytes (its size is not known yet)
+    guard = os.path.join(cache.directory, cacheledger.GUARD)
+    os.unlink(guard)
+    os.mkdir(guard)
+    with open(os.path.join(guard, "keep"), "wb") as f:
+        f.write(b"precious")  # a folder the cache cannot remove
+    assert stream.read() == DATA[10:]  # the read is not failed
+    stream.close()
+    entries = [f for f in os.listdir(cache.directory) if f.endswith(".tar")]
+    assert all(os.path.exists(os.path.join(cache.directory, f + ".meta")) for f in entries)
+    os.unlink(os.path.join(guard, "keep"))
+    os.rmdir(guard)  # the ledger can be used again: nothing on disk escapes its count
+    assert on_disk(cache.directory) <= newcomer(cache.directory)[1]
+    assert fill(cache, url(0)) == DATA and viewed_at_rest(cache) == (1, SIZE)
+
+
+def test_forgetting_a_damaged_entry_never_drops_a_new_fill_of_its_name(tmp_path, monkeypatch):
+    """A damaged entry is discarded and forgotten while a new fill of the same shard may begin (another process):
+    that fill, once recorded, stays counted, so the ledger never holds less than is on disk."""
+    cache = ShardCache(str(tmp_path / "c"), size_limit=3 * SIZE)
+    fill(cache, url(0))
+    path = cache.path_for(url(0))
+    with open(path, "ab") as f:
+        f.write(b"more")  # no longer the size recorded: the next hit discards it
+    decided, other = threading.Event(), []
+    forget, try_lock, make_room = ShardCache.forget, shardcache._try_lock, ShardCache.make_room
+
+    def refusing(at, *args):  # the other fill finds the entry's fill lock held: it waits for it
+        lock = try_lock(at, *args)
+        if lock is None and at == path + ".lock" and threading.current_thread() in other:
+            decided.set()
+        return lock
+
+    def recording(self, keep, size=None):  # the other fill is recorded
+        make_room(self, keep, size)
+        if keep == path and threading.current_thread() in other:
+            decided.set()
+
+    def forgetting(self, at):
+        if at == path and not other:  # the discard forgets: another fill of the shard begins right now
+            other.append(threading.Thread(target=fill, args=(cache, url(0)), daemon=True))
+            other[0].start()
+            assert decided.wait(WAIT)  # it is recorded, or waits for the lock the discard holds
+        forget(self, at)
+
+    monkeypatch.setattr(shardcache, "_try_lock", refusing)
+    monkeypatch.setattr(ShardCache, "make_room", recording)
+    monkeypatch.setattr(ShardCache, "forget", forgetting)
+    assert fill(cache, url(0)) == DATA  # a hit finds the entry damaged, discards it, and reads the shard
+    other[0].join(WAIT)
+    assert not other[0].is_alive()
+    assert os.path.getsize(path) == SIZE and os.path.exists(path + ".meta")
+    assert viewed_at_rest(cache) == (1, SIZE) == (1, on_disk(cache.directory))

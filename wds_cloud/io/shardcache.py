@@ -463,12 +463,15 @@ class ShardCache:
         log.warning("cache entry %s was changed or damaged since it was stored (%s); fetching it again", path, why)
         lock = _try_lock(path + ".lock")
         if lock is not None:
+            # Forgotten before the fill lock is let go (its file last: a new lock file is a new lock): a fill of the
+            # same name begins only after, so the ledger's "-" of this entry never follows, and drops, its "+".
             try:
                 remove_planted(path)  # a file, or what was planted: a FIFO, an empty folder (Planted: a full one)
-                _unlink(path + ".meta", path + ".lock")
+                _unlink(path + ".meta")
+                self.forget(path)
             finally:
+                _unlink(path + ".lock")
                 lock.close()
-            self.forget(path)
         return None
 
     # size bound
@@ -683,13 +686,20 @@ class ShardCache:
             return len(ledger), ledger.total
 
     def forget(self, path: str) -> None:
-        """Record that the entry ``path`` was removed other than by eviction (found damaged, or a failed fill)."""
+        """Record that the entry ``path`` was removed other than by eviction (found damaged, or a failed fill).
+
+        The caller holds the entry's fill lock (and removed its files under it): a new fill of that name, recorded
+        after, is never the record forgotten.  A ledger that cannot be used costs nothing but the record (the
+        ledger is a hint: a pass forgets a name whose files are gone).
+        """
         if self.size_limit is not None:
             try:
                 with self._view().locked() as ledger:
                     ledger.remove(self._name(path))
             except Planted as exc:  # the ledger's lock or file cannot be used: nothing to record it in
                 _warn_planted(self.directory, exc)
+            except OSError as exc:  # the entry is gone either way; the read goes on
+                log.warning("cache: could not record that %s left %s (%s)", path, self.directory, exc)
 
     def _evict(self, path: str, complete: bool) -> bool:
         """Remove the entry, or the abandoned fill, at ``path`` (its fill lock held): False when a reader holds it."""
@@ -853,13 +863,16 @@ class CachedShard:
             meta["size"] = self.size
             if st.st_size != self.size:
                 raise OSError(errno.EIO, f"{part} holds {st.st_size} bytes, not {self.size}")
+            if not self._announced:
+                # A stream of unknown length: the bound learns its size now (and is applied), before the entry is
+                # published, so that a ledger that cannot be used (Planted) costs the entry whole, below; failing
+                # after the rename left a published shard whose record the handler removed: uncounted, never evicted.
+                self.cache.make_room(keep=self.path, size=self.size)
             meta = dict(meta, complete=True, crc32=sink.crc, mtime_ns=st.st_mtime_ns)
             _write_meta(self.path, meta)
             os.replace(part, self.path)
             log.debug("cache: stored %s as %s", redact(self.url), self.path)
             stored = True
-            if not self._announced:  # a stream of unknown length: the bound learns its size now (and is applied)
-                self.cache.make_room(keep=self.path, size=self.size)
         except TransferError:
             raise
         except OSError as exc:
