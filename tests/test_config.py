@@ -180,18 +180,20 @@ def test_every_variable_accepts_sane_values_or_names_itself(name):
 
 
 def test_numeric_variables_all_have_a_documented_range():
-    """A variable that takes a number (refuses a word, takes a digit) has a bound in config.BOUNDS, so a new one is
-    range-checked and fuzzed by the test above without anyone listing it; each bound's range is in the docs."""
+    """A variable that takes a number (refuses a word, takes a few digits) has a bound in config.BOUNDS, so a new
+    one is range-checked and fuzzed by the test above without anyone listing it; each bound's range is in the
+    docs."""
     numeric = set()
     for name in config.ENV_VARS:
         try:
             Settings.from_environ({name: "abc"})
         except ConfigError:
-            try:
-                Settings.from_environ({name: "5"})
-            except ConfigError:
-                continue
-            numeric.add(name)
+            for digits in ("5", "65536"):  # a part size is at least 64 KiB
+                try:
+                    Settings.from_environ({name: digits})
+                except ConfigError:
+                    continue
+                numeric.add(name)
     assert numeric == set(config.BOUNDS)
     rows = {name: row for row in config.ENV_DOCS for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", row[0])}
     for name, bound in config.BOUNDS.items():
@@ -417,3 +419,99 @@ def test_a_size_that_is_part_of_a_byte_is_refused_not_cut(monkeypatch, value):
         2_300_000_000,
         1000,
     ]
+
+
+NOWHERE = "http://127.0.0.1:1/x.tar"  # never opened: the settings are refused when the dataset is built
+
+
+@pytest.mark.parametrize("value", [0, 1, 16, 100, 511, (64 << 10) - 1, "1", "16KB", "0.06MiB"])
+def test_a_part_size_below_the_floor_is_refused_alike_from_every_source(tmp_path, monkeypatch, value):
+    """part_size=1 was taken and reads then hung or crawled (a request per byte): a part size below 64 KiB is a
+    ConfigError naming the value, the range with its units and the fix, worded alike from an argument, a
+    profile's key and WDS_PART_SIZE; 64 KiB itself is taken from each, and the docs state that floor."""
+    import wds_cloud as wds
+    from wds_cloud.io.parallel import Fetcher
+
+    assert config.BOUNDS["WDS_PART_SIZE"].describe() == "from 64 KiB to 4 GiB"
+    rule = "accepts a size (a number of bytes such as 4096, or with a unit such as 256MB or 2GiB) from 64 KiB to 4 GiB"
+    with pytest.raises(ConfigError) as argument:
+        wds.WebDataset(NOWHERE, part_size=value)
+    assert str(argument.value) == (
+        f"part_size={value!r} is out of range: part_size {rule}; pass a value within that range, or leave it out "
+        "for the default (WDS_PART_SIZE)"
+    )
+    monkeypatch.setenv("WDS_PART_SIZE", str(value))
+    with pytest.raises(ConfigError) as variable:
+        config.current()
+    assert str(variable.value) == (
+        f"WDS_PART_SIZE={str(value)!r} is out of range: WDS_PART_SIZE {rule}; set it within that range, or unset it "
+        "for the default"
+    )
+    monkeypatch.delenv("WDS_PART_SIZE")
+    profile = tmp_path / "profiles.toml"
+    profile.write_text(f'["http://fast.example/"]\npart_size = {value!r}\n')  # an int, or a TOML literal string
+    monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profile))
+    with pytest.raises(ConfigError) as key:
+        Fetcher().options("http://fast.example/x.tar")
+    assert str(key.value) == (
+        f'part_size={value!r} (in the profile ["http://fast.example/"] of {profile}) is out of range: part_size '
+        f"{rule}; set it within that range there, or remove it for the default (WDS_PART_SIZE)"
+    )
+    # the floor itself, from each source
+    profile.write_text('["http://fast.example/"]\npart_size = "64KiB"\n')
+    assert Fetcher().options("http://fast.example/x.tar").part_size == 64 << 10
+    monkeypatch.setenv("WDS_PART_SIZE", "65536")
+    assert config.current().part_size == 64 << 10
+    assert wds.WebDataset(NOWHERE, part_size="64KiB").options.part_size == 64 << 10
+    for page in ("cloud.md", "parallel-reads.md"):
+        assert "at least 64 KiB" in (ROOT / "docs" / page).read_text(), page
+
+
+@pytest.mark.parametrize(
+    "keyword, bad",
+    [
+        ("part_size", 0),
+        ("part_size", "lots"),
+        ("part_size", 1.5),
+        ("concurrency", 0),
+        ("concurrency", "four"),
+        ("concurrency", 2000),
+        ("max_concurrency", 0),
+        ("max_concurrency", 2.5),
+        ("prefetch", -1),
+        ("prefetch", 65),
+        ("prefetch", "next"),
+    ],
+)
+def test_an_argument_is_refused_as_informatively_as_its_variable(monkeypatch, keyword, bad):
+    """part_size=0 as an argument said only "give a whole number of at least 1" (no bytes, no "16MB"), where
+    WDS_PART_SIZE=0 named the value, the range with its units and the fix: an argument's refusal now says what its
+    variable's does (the kind, with units and spellings, and the range), and how to fix an argument."""
+    import wds_cloud as wds
+
+    variable = config.variable_for(keyword)
+    with pytest.raises(ConfigError) as argument:
+        wds.WebDataset(NOWHERE, **{keyword: bad})
+    monkeypatch.setenv(variable, str(bad))
+    with pytest.raises(ConfigError) as environment:
+        config.current()
+    said, told = str(argument.value), str(environment.value)
+    assert said.startswith(f"{keyword}={bad!r} ") and told.startswith(f"{variable}={str(bad)!r} ")
+    accepts = told.split(f"{variable} accepts ", 1)[1].split(";")[0]
+    assert f": {keyword} accepts {accepts}; pass a value within that range, or leave it out for the default " in said
+    assert said.endswith(f"({variable})")
+
+
+def test_a_count_given_as_text_is_taken_as_its_variable_takes_it(monkeypatch):
+    """concurrency='4' was refused ("is not a count") where WDS_CONCURRENCY=4, text, is taken: an argument takes
+    the text its variable takes (and a whole float), holding the number; text and number are one value."""
+    import wds_cloud as wds
+
+    options = wds.ReadOptions(concurrency="4", max_concurrency=" 8 ", prefetch="0", part_size="16MB", retries=3.0)
+    assert options.transfer == {"part_size": 16_000_000, "concurrency": 4, "max_concurrency": 8, "prefetch": 0}
+    assert options.retries == 3 and type(options.retries) is int
+    assert wds.WebDataset(NOWHERE, concurrency="4").options.concurrency == 4
+    assert wds.WebDataset(NOWHERE, options=options, part_size=16_000_000, concurrency=4).options == options
+    for name, value in options.transfer.items():
+        monkeypatch.setenv(config.variable_for(name), str(value))
+    assert dataclasses.asdict(config.current())["concurrency"] == options.concurrency

@@ -4,7 +4,9 @@ one connection hands the stream to the reader), over a real server, read with re
 
 from __future__ import annotations
 
+import dataclasses
 import random
+import threading
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -117,3 +119,65 @@ def test_an_empty_object_reads_as_empty_at_any_level(store, concurrency_):
     objects.put("/chaos/empty.bin", b"")
     with Fetcher(concurrency=concurrency_).open(server.url + "/chaos/empty.bin") as stream:
         assert stream.read() == b""
+
+
+class RiseOnce:
+    """Replaces the controller's decisions: every report closes a window (so no window's length matters), and the
+    first moves the level from one connection to two, where it stays."""
+
+    def due(self, controller, now):
+        return True
+
+    def decide(self, controller, now, *args, **kwargs):
+        if controller.level != 1:
+            return None
+        controller.level = 2
+        return 2
+
+
+class SmallParts(Fetcher):
+    """A fetcher whose parts are ``part`` bytes, below the floor the settings hold ``part_size`` to: the floor is a
+    policy (refused as a setting, see test_config), that the reader always makes progress is not."""
+
+    def __init__(self, part, **given):
+        super().__init__(**given)
+        self.part = part
+
+    def options(self, url):
+        return dataclasses.replace(super().options(url), part_size=self.part)
+
+
+@pytest.mark.parametrize("part", [1, 2, 3, 511, 4097])
+def test_parts_smaller_than_a_piece_or_a_header_never_stall_the_reader(store, monkeypatch, part):
+    """A part size below a tar header, a piece or FIRST_PIECE, one byte included, reads every byte: the next shard,
+    fetched ahead on one connection (holding at most a part unread) and read after the level rose to two, too short
+    to be split, is handed over by its filler piece by piece.  With a one-byte part that filler waited for the
+    reader to leave less than none unread (half of one byte), the reader for its bytes: both, forever."""
+    server, objects = store
+    urls = []
+    for i in range(2):
+        key = f"/small/{part}-{i}.bin"
+        objects.put(key, random.Random(i).randbytes(3000))
+        urls.append(server.url + key)
+    rise = RiseOnce()
+    monkeypatch.setattr(concurrency.Controller, "due", lambda self, now: rise.due(self, now))
+    monkeypatch.setattr(concurrency.Controller, "decide", lambda self, now, *a, **k: rise.decide(self, now))
+    concurrency.forget()
+    fetcher = SmallParts(part, prefetch=1)
+    got: list = []
+
+    def read():
+        for i, url in enumerate(urls):
+            with fetcher.open(url) as stream:
+                fetcher.prefetch(urls[i + 1 :])  # the next shard is fetched ahead at one connection
+                got.append(_read_all(stream, random.Random(part)))
+
+    reader = threading.Thread(target=read, daemon=True)
+    try:
+        reader.start()
+        reader.join(timeout=120)  # generous: only turns a hang into a failure (it takes well under a second)
+        assert not reader.is_alive(), "the reader stalled"
+        assert got == [objects.objects[url[len(server.url) :]] for url in urls]
+    finally:
+        fetcher.close()  # a stalled reader gets an error and ends
+        concurrency.forget()

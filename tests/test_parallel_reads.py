@@ -377,3 +377,62 @@ def test_a_server_answering_the_wrong_range_is_an_error_not_a_splice():
         assert "/b/obj.bin" in str(info.value)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    "sources",
+    [
+        ("environment", "environment"),
+        ("environment", "argument"),
+        ("argument", "environment"),
+        ("profile", "argument"),
+        ("argument", "profile"),
+        ("environment", "profile"),
+        ("profile", "profile"),
+        ("argument", "argument"),
+    ],
+)
+def test_concurrency_above_max_concurrency_is_refused_whatever_set_each(web, tmp_path, monkeypatch, sources):
+    """WDS_CONCURRENCY=8 with WDS_MAX_CONCURRENCY=4 (or either of them an argument, or a profile's key) was taken,
+    and the host was read at a level of 8 under a cap of 4: the settings resolved from every source are checked,
+    and the error names where each value came from."""
+    server, store = web
+    store.put("/pair/s.tar", shard_bytes("p", samples=2, size=100))
+    profile = tmp_path / "profiles.toml"
+    arguments, keys, said = {}, [], []
+    for key, value, source in zip(("concurrency", "max_concurrency"), (8, 4), sources):
+        if source == "environment":
+            monkeypatch.setenv(f"WDS_{key.upper()}", str(value))
+            said.append(f"from WDS_{key.upper()}")
+        elif source == "argument":
+            arguments[key] = value
+            said.append("given as an argument")
+        else:
+            keys.append(f"{key} = {value}")
+            said.append(f'from the profile ["{server.url}/"] of {profile}')
+    if keys:
+        profile.write_text(f'["{server.url}/"]\n' + "\n".join(keys) + "\n")
+        monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profile))
+    with pytest.raises(ConfigError) as info:
+        list(wds.WebDataset(f"{server.url}/pair/s.tar", shardshuffle=False, **arguments))
+    assert f"concurrency=8 ({said[0]}) is above max_concurrency=4 ({said[1]}): " in str(info.value)
+    assert "give a concurrency of at most 4" in str(info.value)
+    assert not [key for method, key, _ in store.requests if method == "GET"]  # refused before any request
+
+
+def test_a_pair_in_conflict_is_taken_where_a_source_above_it_settles_it(web, tmp_path, monkeypatch):
+    """What is checked is what is used: WDS_CONCURRENCY=8 over WDS_MAX_CONCURRENCY=4 is no conflict for a dataset
+    given concurrency=2, nor for a URL whose profile raises the ceiling to 16."""
+    server, store = web
+    store.put("/pair/s.tar", shard_bytes("p", samples=2, size=100))
+    monkeypatch.setenv("WDS_CONCURRENCY", "8")
+    monkeypatch.setenv("WDS_MAX_CONCURRENCY", "4")
+    ds = wds.WebDataset(f"{server.url}/pair/s.tar", shardshuffle=False, concurrency=2)
+    assert len(list(ds)) == 2
+    assert [(h["level"], h["cap"]) for h in ds.stats.hosts.values()] == [(2, 4)]
+    profile = tmp_path / "profiles.toml"
+    profile.write_text(f'["{server.url}/"]\nmax_concurrency = 16\n')
+    monkeypatch.setenv("WDS_CLOUD_CONFIG", str(profile))
+    ds = wds.WebDataset(f"{server.url}/pair/s.tar", shardshuffle=False)
+    assert len(list(ds)) == 2
+    assert [(h["level"], h["cap"]) for h in ds.stats.hosts.values()] == [(8, 16)]

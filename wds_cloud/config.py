@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import operator
 import os
 import re
 from collections.abc import Mapping
@@ -27,6 +28,10 @@ __all__ = [
     "parse_bool",
     "parse_count",
     "check_setting",
+    "check_ceiling",
+    "AS_ARGUMENT",
+    "variable_for",
+    "MIN_PART_SIZE",
     "Bound",
     "BOUNDS",
     "ENV_VARS",
@@ -325,7 +330,7 @@ _ENV_ROWS = (
         "size",
         "`8MiB`",
         "`16MB`",
-        "parallel ranged reads of remote shards: the longest part one request fetches; the first request asks for half of it, and a shard no longer than that is read with that one request. `WebDataset(part_size=)` and a profile's `part_size` set it too",
+        "parallel ranged reads of remote shards: the longest part one request fetches; the first request asks for half of it, and a shard no longer than that is read with that one request. `WebDataset(part_size=)` and a profile's `part_size` set it too, held to the same range: every part is a request of its own, so the floor is 64 KiB",
     ),
     (
         "`WDS_CONCURRENCY`",
@@ -339,7 +344,7 @@ _ENV_ROWS = (
         "count",
         "`16`, shared",
         "`32`",
-        "the ceiling of the measured level; memory held is at most this many parts. Unset, 16 is shared by the machine's readers: each of N DataLoader workers (and of `LOCAL_WORLD_SIZE` processes) gets 16 / N; set, it is each process's own ceiling",
+        "the ceiling of the measured level; memory held is at most this many parts. Unset, 16 is shared by the machine's readers: each of N DataLoader workers (and of `LOCAL_WORLD_SIZE` processes) gets 16 / N; set, it is each process's own ceiling. A pinned concurrency above the ceiling in use is refused, whatever set each (this variable, `WDS_CONCURRENCY`, a profile or an argument), naming where each came from",
     ),
     (
         "`WDS_PREFETCH`",
@@ -471,6 +476,11 @@ class Bound:
         return f"{number:,}"
 
 
+#: the smallest ``part_size`` accepted (``WDS_PART_SIZE``, the argument, a profile's key): every part is a request
+#: of its own, so parts of a few bytes spent the link on requests and threads (100-byte parts read a shard in
+#: seconds that one stream reads in milliseconds); 64 KiB is also the first piece a part's bytes are read in
+MIN_PART_SIZE = 64 << 10
+
 #: The accepted range of every numeric variable, read where the variable is read (:meth:`Settings.from_environ`)
 #: and shown in docs/environment.md.  The bounds are sane, not tight: a value past them is a typo or a unit
 #: mistake (a timeout of a year, a part of a terabyte), never a setting that works.
@@ -478,7 +488,7 @@ BOUNDS: dict[str, Bound] = {
     "WDS_MAX_MEMBER_SIZE": Bound("size", 1, 1 << 40, "max_member_size", "max_member_size"),
     "WDS_MAX_SAMPLE_SIZE": Bound("size", 1, 1 << 40, "max_sample_size", "max_sample_size"),
     "WDS_MAX_DATA_FILE_SIZE": Bound("size", 1, 1 << 40, "max_data_file_size"),
-    "WDS_PART_SIZE": Bound("size", 1, 4 << 30, "part_size", "part_size"),
+    "WDS_PART_SIZE": Bound("size", MIN_PART_SIZE, 4 << 30, "part_size", "part_size"),
     "GOPEN_BUFFER": Bound("size", 1, 1 << 30, "bufsize"),
     "WDS_CACHE_SIZE": Bound("size", 0, 1 << 50, "cache_size", "cache_size", "0: no cache"),
     "WDS_TABLE_CACHE": Bound("size", 0, 1 << 40, "table_cache", None, "0: no member tables kept"),
@@ -508,70 +518,126 @@ _KINDS = {
 }
 
 
-def _refuse(name: str, value: object, problem: str, bound: Bound, variable: Optional[str]) -> ConfigError:
+def _refuse(
+    name: str, value: object, problem: str, bound: Bound, variable: Optional[str], where: Optional[str] = None
+) -> ConfigError:
+    """The error for ``name=value``: the value, the rule broken (``problem``), what ``name`` accepts (kind, units
+    and range, worded alike for a variable, an argument and a profile's key) and the fix where it was given:
+    the environment (``name`` is the variable), an argument (``variable`` is the variable it overrides) or a file
+    (``where``: ``the profile ["s3://b/"] of FILE``)."""
     shown = repr(value) if len(repr(value)) <= 60 else f"{repr(value)[:40]}... ({len(str(value))} characters)"
-    if variable is None or variable == name:
+    if where is not None:
+        shown = f"{shown} (in {where})"
+        fix = f"set it within that range there, or remove it for the default ({variable or 'none'})"
+    elif variable is None or variable == name:
         fix = "set it within that range, or unset it for the default" if name.isupper() else "give one in that range"
     else:
         fix = f"pass a value within that range, or leave it out for the default ({variable})"
     return ConfigError(f"{name}={shown} {problem}: {name} accepts {_KINDS[bound.kind]} {bound.describe()}; {fix}")
 
 
-def _number(name: str, value: object, bound: Bound, variable: Optional[str]) -> float:
-    """``value`` (text from the environment, or a Python number) as a number of ``bound``'s kind, unchecked."""
+def _number(name: str, value: object, bound: Bound, variable: Optional[str], where: Optional[str] = None) -> float:
+    """``value`` (text from the environment or a file, or a Python number of any type) as a number of ``bound``'s
+    kind, unchecked: text is read as the environment's is (``"4"``, ``"16MB"``), so an argument or a profile's key
+    takes what the variable takes; a Python real that is whole (``4.0``) is a count too."""
     if isinstance(value, str):
         pattern = {"count": _WHOLE, "seconds": _REAL, "size": _SIZE}[bound.kind]
         match = pattern.match(value)
         unit = match.group(2).lower() if match and bound.kind == "size" else ""
         if not match or unit not in _UNITS:
-            raise _refuse(name, value, f"is not {_KINDS[bound.kind].split(' (')[0]}", bound, variable)
+            raise _refuse(name, value, f"is not {_KINDS[bound.kind].split(' (')[0]}", bound, variable, where)
         if bound.kind == "count":
             digits = match.group(1)
             if len(digits.lstrip("+-")) > 40:  # int() refuses past 4,300 digits; no bound is near 40
-                raise _refuse(name, value, "is out of range", bound, variable)
+                raise _refuse(name, value, "is out of range", bound, variable, where)
             return int(digits)
         return float(match.group(1)) * _UNITS[unit]
-    if isinstance(value, bool):  # numpy's bool is neither Integral nor Real: refused below
-        raise _refuse(name, value, "is a boolean, not a number", bound, variable)
+    if isinstance(value, bool) or getattr(getattr(value, "dtype", None), "kind", None) == "b":  # numpy's bool too
+        raise _refuse(name, value, "is a boolean, not a number", bound, variable, where)
     if isinstance(value, numbers.Integral):
         return int(value)
-    if isinstance(value, numbers.Real) and bound.kind != "count":
-        return float(value)
-    raise _refuse(name, value, f"is not {_KINDS[bound.kind].split(' (')[0]}", bound, variable)
+    if isinstance(value, numbers.Real):
+        try:
+            return float(value)
+        except OverflowError:  # an int-like real past a float: out of every range
+            return math.inf
+    if hasattr(value, "__index__"):  # an integer type that is not registered as one
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    kind = _KINDS[bound.kind].split(" (")[0]
+    raise _refuse(name, value, f"is a {type(value).__name__}, not {kind}", bound, variable, where)
 
 
-def _checked(name: str, value: object, bound: Bound, variable: Optional[str]) -> Any:
-    number = _number(name, value, bound, variable)
+def _checked(name: str, value: object, bound: Bound, variable: Optional[str], where: Optional[str] = None) -> Any:
+    number = _number(name, value, bound, variable, where)
     if isinstance(number, float) and math.isnan(number):
-        raise _refuse(name, value, "is not a number", bound, variable)
+        raise _refuse(name, value, "is not a number", bound, variable, where)
     if not bound.least <= number <= bound.most:  # inf and 1e999 included
-        raise _refuse(name, value, "is out of range", bound, variable)
+        raise _refuse(name, value, "is out of range", bound, variable, where)
     if bound.kind == "seconds":
         return float(number)
     whole = round(number)
-    if abs(number - whole) > 1e-9 * max(1.0, abs(number)):  # a part of a byte (1.5, 1.1KiB): never cut silently
-        raise _refuse(name, value, f"is {number!r} bytes, not a whole number of them", bound, variable)
+    # a part of a byte (1.5, 1.1KiB) is never cut silently; a size with a unit may miss a whole number by a float's
+    # rounding ("0.3GB"), a count (4.0) may not
+    slack = 1e-9 * max(1.0, abs(number)) if bound.kind == "size" else 0.0
+    if abs(number - whole) > slack:
+        problem = (
+            f"is {number!r} bytes, not a whole number of them" if bound.kind == "size" else "is not a whole number"
+        )
+        raise _refuse(name, value, problem, bound, variable, where)
     return int(whole)
 
 
-def check_setting(name: str, value: object, default: Any = None, bound: Optional[Bound] = None) -> Any:
+def check_setting(
+    name: str, value: object, default: Any = None, bound: Optional[Bound] = None, where: Optional[str] = None
+) -> Any:
     """``value`` of a numeric setting, checked against its range in :data:`BOUNDS` (``default`` when unset).
 
     ``name`` is a variable (``WDS_RETRY_TIMEOUT``, whose text is parsed) or the Python argument that sets the
-    same thing (``timeout``, which also takes numbers, numpy's included); both get the same range.  A value
-    outside it is a :class:`ConfigError` naming ``name``, the value and the range.  ``bound`` checks a setting
-    that has no variable (a field of an object built directly) the same way.
+    same thing (``timeout``, which also takes numbers, numpy's included, and the variable's text); both get the
+    same range.  A value outside it is a :class:`ConfigError` naming ``name``, the value, the kind and range
+    accepted (with units) and the fix; ``where`` names the file that set it (a profile), for that fix.
+    ``bound`` checks a setting that has no variable (a field of an object built directly) the same way.
     """
     if value is None or (isinstance(value, str) and value.strip() == ""):
         return default
     if bound is not None:
-        return _checked(name, value, bound, name)
+        return _checked(name, value, bound, name, where)
     if name in BOUNDS:
-        return _checked(name, value, BOUNDS[name], name)
+        return _checked(name, value, BOUNDS[name], name, where)
     if name in _BY_KEYWORD:
         variable, bound = _BY_KEYWORD[name]
-        return _checked(name, value, bound, variable)
+        return _checked(name, value, bound, variable, where)
     raise KeyError(f"{name!r} is no bounded setting: add it to wds_cloud.config.BOUNDS")
+
+
+def variable_for(keyword: str) -> str:
+    """The variable that sets what the Python argument ``keyword`` sets (``part_size``: ``WDS_PART_SIZE``)."""
+    return _BY_KEYWORD[keyword][0]
+
+
+#: where a setting came from, in an error's words, when it was a Python argument (see :func:`check_ceiling`)
+AS_ARGUMENT = "given as an argument"
+
+
+def check_ceiling(
+    concurrency: Optional[int], max_concurrency: Optional[int], origins: Optional[Mapping[str, str]] = None
+) -> None:
+    """A pinned ``concurrency`` is no more than ``max_concurrency``, whatever set each: checked on the settings
+    resolved from every source (argument, profile, environment), ``origins`` saying in words where each came from
+    (``from WDS_CONCURRENCY``; unsaid, both are arguments).  Above it the pin wins and the ceiling bounds nothing,
+    silently."""
+    if origins is None:
+        origins = {"concurrency": AS_ARGUMENT, "max_concurrency": AS_ARGUMENT}
+    if concurrency is not None and max_concurrency is not None and concurrency > max_concurrency:
+        raise ConfigError(
+            f"concurrency={concurrency} ({origins['concurrency']}) is above max_concurrency={max_concurrency} "
+            f"({origins['max_concurrency']}): concurrency pins the connections per host, max_concurrency bounds the "
+            f"level measured when it is not pinned; give a concurrency of at most {max_concurrency}, or a "
+            "max_concurrency of at least the concurrency, or leave one of them out"
+        )
 
 
 def parse_size(name: str, value: object) -> int:
@@ -757,8 +823,8 @@ class Settings:
         # built directly or by replace(): the numeric fields get the variables' ranges (from_environ's are in them)
         for field, (_, bound) in _BY_FIELD.items():
             value = getattr(self, field)
-            if value is not None:
-                _checked(f"Settings {field}", value, bound, f"Settings {field}")
+            if value is not None:  # made plain (4.0 or numpy's 4 is 4): frozen, so set the one way it can be
+                object.__setattr__(self, field, _checked(f"Settings {field}", value, bound, f"Settings {field}"))
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> Settings:

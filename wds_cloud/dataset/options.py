@@ -11,10 +11,30 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional, Union
 
+from .. import config
 from ..errors import ConfigError
-from ..resume.arguments import as_count, as_real, as_size
 
 __all__ = ["ReadOptions"]
+
+#: the fields that are numbers: each is held to the range of the variable that sets the same thing
+#: (``part_size``: ``WDS_PART_SIZE``), by the function that checks the variable, so that an argument takes what
+#: the variable takes (``"16MB"``, ``"4"``) and a refusal says as much (the kind, units, range and fix)
+_NUMBERS = (
+    "retries",
+    "timeout",
+    "part_size",
+    "concurrency",
+    "max_concurrency",
+    "prefetch",
+    "max_member_size",
+    "max_sample_size",
+)
+
+
+def _plain(name: str, value: Any) -> Any:
+    """``value`` of field ``name`` as the readers take it (a number of any type or text made a plain int or float),
+    or a ConfigError naming the argument, the kind and range it takes, and the fix."""
+    return config.check_setting(name, value) if name in _NUMBERS and value is not None else value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,32 +62,14 @@ class ReadOptions:
     manifest: Any = None
 
     def __post_init__(self) -> None:
-        # numbers of any type made plain, nonsense (nan, inf, negative, True) refused naming the setting, here
-        # rather than at the first transfer, where the error would name neither the setting nor where it was given
-        checks = {
-            "retries": lambda name, v: as_count(name, v),
-            "timeout": lambda name, v: as_real(name, v, positive=True),
-            "part_size": lambda name, v: as_size(name, v, least=1),
-            "concurrency": lambda name, v: as_count(name, v, least=1),
-            "max_concurrency": lambda name, v: as_count(name, v, least=1),
-            "prefetch": lambda name, v: as_count(name, v),
-            "max_member_size": lambda name, v: as_size(name, v, least=1),
-            "max_sample_size": lambda name, v: as_size(name, v, least=1),
-        }
-        for name, check in checks.items():
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, check(name, value))  # frozen: the one place values are set
-        if (
-            self.concurrency is not None
-            and self.max_concurrency is not None
-            and self.concurrency > self.max_concurrency
-        ):
-            raise ConfigError(
-                f"concurrency={self.concurrency} is above max_concurrency={self.max_concurrency}: concurrency pins "
-                "the connections per host, max_concurrency bounds the level measured when it is not pinned; give "
-                "one of them (or a concurrency within the bound)"
-            )
+        # numbers of any type made plain, nonsense (nan, inf, negative, True, a part size below the floor) refused
+        # naming the setting, here rather than at the first transfer, where the error would name neither the
+        # setting nor where it was given
+        for name in _NUMBERS:
+            object.__setattr__(self, name, _plain(name, getattr(self, name)))  # frozen: the one place values are set
+        # both given here: the arguments win over every profile and variable, so the two are in conflict whatever
+        # else is set (a pair from other sources is checked once resolved, when a shard is opened)
+        config.check_ceiling(self.concurrency, self.max_concurrency)
 
     def with_keywords(self, **given: Any) -> ReadOptions:
         """These options with the keyword arguments a dataset was given (None: not given) filled in; a setting
@@ -76,6 +78,7 @@ class ReadOptions:
         for name, value in given.items():
             if value is None:
                 continue
+            value = _plain(name, value)  # "16MB" and 16000000 are one value (this object holds the number)
             mine = getattr(self, name)
             if mine is not None and mine is not value and mine != value:
                 raise ConfigError(

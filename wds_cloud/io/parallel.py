@@ -12,9 +12,10 @@ the tar reader in order as one stream (:class:`PartedStream`):
   between, as a plain stream); when more connections are chosen while it flows, it stops a little
   ahead of where it is and the rest is asked for as parts;
 - at more, the first request asks for ``part_size / 2`` bytes; its answer tells the size and version,
-  and the rest is split into parts of at most ``part_size`` (at least as many as the level, down to
-  1 MiB).  A store that ignores ``Range`` is read as one stream, and so is every later shard of that
-  host;
+  and the rest is split into parts of at most ``part_size`` (at least as many as the level while each
+  keeps :data:`MIN_PART`, or the whole ``part_size`` where that is smaller; ``part_size`` itself is at
+  least :data:`~wds_cloud.config.MIN_PART_SIZE`, 64 KiB).  A store that ignores ``Range`` is read as
+  one stream, and so is every later shard of that host;
 - every part is a :class:`~wds_cloud.io.resilient.ResumableStream` pinned to the version of the
   first part: a fault resumes that part at its next unread byte, and an object replaced between
   parts raises :class:`~wds_cloud.errors.ObjectChangedError`, never a splice;
@@ -75,7 +76,8 @@ FIRST_PIECE = 64 << 10
 #: a shard opened cold (not fetched ahead) asks for its other parts once this much of the first part
 #: has come: the first sample arrives as fast as over one stream, not sharing the link with them
 FIRST_SAMPLE_BYTES = 1 << 20
-#: parts are not split finer than this to use more connections (unless ``part_size`` is smaller)
+#: parts are not split finer than this to use more connections (unless ``part_size`` is smaller: it may be as
+#: small as config.MIN_PART_SIZE, and below that only where TransferOptions are built directly, as tests do)
 MIN_PART = 1 << 20
 
 
@@ -89,18 +91,22 @@ class TransferOptions:
     prefetch: int = 1
 
     @classmethod
-    def resolve(cls, settings: Settings, *layers: Mapping[str, Any]) -> TransferOptions:
-        """The environment's settings, overridden by each of ``layers`` in turn (a profile, the dataset)."""
-        values: dict[str, Any] = {
-            "part_size": settings.part_size,
-            "concurrency": settings.concurrency,
-            "max_concurrency": settings.max_concurrency,
-            "prefetch": settings.prefetch,
-        }
-        for layer in layers:
-            for key, value in layer.items():
-                if value is not None:
-                    values[key] = _checked(key, value)
+    def resolve(
+        cls, settings: Settings, profile: Mapping[str, tuple[Any, str]], given: Mapping[str, Any]
+    ) -> TransferOptions:
+        """The environment's settings, overridden by the URL's ``profile`` (each key's value and the profile that
+        set it, as :func:`~wds_cloud.io.profiles.transfer_for` gives them), then by the dataset's arguments
+        (``given``).  Each value is held to its range naming where it was set, and a pinned ``concurrency``
+        above ``max_concurrency`` is refused whatever set each (an error naming both sources)."""
+        values: dict[str, Any] = {key: getattr(settings, key) for key in profiles.TRANSFER_KEYS}
+        origins = {key: f"from {config.variable_for(key)}" for key in profiles.TRANSFER_KEYS}
+        for key, (value, where) in profile.items():
+            if value is not None:
+                values[key], origins[key] = _checked(key, value, where), f"from {where}"
+        for key, value in given.items():
+            if value is not None:
+                values[key], origins[key] = _checked(key, value), config.AS_ARGUMENT
+        config.check_ceiling(values["concurrency"], values["max_concurrency"], origins)
         return cls(**values)
 
     @property
@@ -113,10 +119,10 @@ class TransferOptions:
         return self.concurrency != 1
 
 
-def _checked(key: str, value: Any) -> Any:
-    if key not in ("part_size", "concurrency", "max_concurrency", "prefetch"):
+def _checked(key: str, value: Any, where: Optional[str] = None) -> Any:
+    if key not in profiles.TRANSFER_KEYS:
         raise ConfigError(f"{key!r} is not a transfer setting: use part_size, concurrency, max_concurrency or prefetch")
-    return config.check_setting(key, value)  # the range of its WDS_* variable (config.BOUNDS)
+    return config.check_setting(key, value, where=where)  # the range of its WDS_* variable (config.BOUNDS)
 
 
 def part_step(start: int, size: int, part_size: int, concurrency: int) -> tuple[int, int]:
@@ -209,6 +215,18 @@ class _Part:
     @property
     def length(self) -> Optional[int]:
         return None if self.end is None else self.end - self.start
+
+    def room(self) -> bool:
+        """Whether its filler may read on as far as its cap goes: while it holds less than the cap unread, and once
+        it waited for the reader, only when the reader has taken it down to half the cap (one wake-up per half a
+        part, not per piece: a reader busy decoding is not interrupted by a filler taking the interpreter back for
+        every piece).  Half of a cap of one byte is none: that filler reads on once nothing is left unread (waiting
+        for fewer than none left its reader and it waiting for each other forever).  The reader wakes the filler
+        on the same test."""
+        if self.cap is None:
+            return True
+        unread = self.filled - self.taken
+        return unread <= self.cap // 2 if self.blocked else unread < self.cap
 
     @property
     def holds(self) -> int:
@@ -340,6 +358,7 @@ class Fetcher:
         self.timeout = timeout
         self.stats = stats if stats is not None else StatsSink()
         self.given = {key: _checked(key, value) for key, value in given.items() if value is not None}
+        config.check_ceiling(self.given.get("concurrency"), self.given.get("max_concurrency"))
         self._reset()
         _load_plugins()
 
@@ -812,12 +831,8 @@ class Fetcher:
                                 return  # fewer connections: the rest of its range waits for one (see _shed)
                         if length is not None and at >= length:
                             break
-                        # full: wait until the reader has taken half of what it holds (one wake-up per
-                        # half a part, not per piece: a reader busy decoding is not interrupted by a
-                        # filler taking the interpreter back for every piece)
-                        if (part.limit is not None and at >= part.limit) or (
-                            part.cap is not None and (at - part.taken >= (part.cap // 2 if part.blocked else part.cap))
-                        ):
+                        # full: wait until the reader has taken half of what it holds (see _Part.room)
+                        if (part.limit is not None and at >= part.limit) or not part.room():
                             part.blocked = True
                             cond.wait()
                             continue
@@ -1070,7 +1085,7 @@ class PartedStream:
                         else:
                             piece, chunks[0] = head[:limit], head[limit:]
                         part.taken += len(piece)
-                        if part.blocked and part.cap is not None and part.filled - part.taken <= part.cap // 2:
+                        if part.blocked and part.room():
                             cond.notify_all()  # its filler waits for room
                         return piece, None, 0
                     if part.error is not None:

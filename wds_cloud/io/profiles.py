@@ -27,6 +27,7 @@ options: they tune the parallel ranged reads of the matching URLs (:mod:`wds_clo
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import threading
 from typing import Any, Optional
@@ -122,10 +123,12 @@ def options_for(url: str, settings: Settings, storage_options: Optional[dict] = 
     return options
 
 
-def transfer_for(url: str, settings: Settings) -> dict:
-    """The transfer keys (``part_size``, ``concurrency``, ...) the matching profiles set for ``url``."""
-    found: dict = {}
+def transfer_for(url: str, settings: Settings) -> dict[str, tuple[Any, str]]:
+    """The transfer keys (``part_size``, ``concurrency``, ...) the matching profiles set for ``url``, each as its
+    value and the profile that set it (``the profile ["s3://bucket/"] of FILE``, for an error to name)."""
+    found: dict[str, tuple[Any, str]] = {}
     for prefix, values in load_profiles(settings.cloud_config):
         if url.startswith(prefix):
-            found.update({k: v for k, v in values.items() if k in TRANSFER_KEYS})
+            where = f"the profile [{json.dumps(prefix)}] of {settings.cloud_config}"
+            found.update({k: (v, where) for k, v in values.items() if k in TRANSFER_KEYS})
     return found

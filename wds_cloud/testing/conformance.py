@@ -41,6 +41,7 @@ truncated bodies, 503 answers)::
 from __future__ import annotations
 
 import io
+import random
 import time
 from typing import Optional
 
@@ -218,17 +219,16 @@ class BackendConformance:
             pytest.skip("this backend declares no ranged reads: shards are read as one stream")
 
     def test_parallel_parts_read_like_one_stream(self, base_url: str, storage_options: dict) -> None:
-        """Shards read as 16 KiB parts on 4 connections (the next shard fetched ahead) give the samples of
-        one stream per shard, in the same order, plain and gzip-compressed."""
+        """Shards read as 64 KiB parts (the smallest part size) on 4 connections (the next shard fetched ahead)
+        give the samples of one stream per shard, in the same order, plain and gzip-compressed."""
         self._ranged(base_url, storage_options)
         urls = []
         for name in ("parted-plain.tar", "parted-packed.tar.gz"):
             out = io.BytesIO()
             with TarWriter(out, compress=name.endswith(".gz")) as writer:
                 for i in range(40):
-                    writer.write(
-                        {"__key__": f"{name[7]}{i:03d}", "bin": bytes((i * 7 + j) % 251 for j in range(3000)), "cls": i}
-                    )
+                    # bytes gzip cannot shrink: the compressed shard too is several parts (about 180 KB each)
+                    writer.write({"__key__": f"{name[7]}{i:03d}", "bin": random.Random(i).randbytes(3000), "cls": i})
             self.put(base_url + name, out.getvalue(), storage_options)
             urls.append(base_url + name)
         one = [
@@ -236,13 +236,13 @@ class BackendConformance:
             for s in WebDataset(urls, shardshuffle=False, storage_options=storage_options, concurrency=1)
         ]
         dataset = WebDataset(
-            urls, shardshuffle=False, storage_options=storage_options, part_size=16384, concurrency=4, prefetch=1
+            urls, shardshuffle=False, storage_options=storage_options, part_size="64KiB", concurrency=4, prefetch=1
         )
         parted = [(s["__key__"], s["bin"]) for s in dataset]
         assert parted == one and len(one) == 80
-        assert dataset.stats.requests > 2 * len(urls)  # parts, not one request per shard
+        assert dataset.stats.requests >= 3 * len(urls)  # parts, not one request per shard
         for url in urls:
-            with Fetcher(storage_options, part_size=16384, concurrency=3).open(url, 512) as stream:
+            with Fetcher(storage_options, part_size="64KiB", concurrency=3).open(url, 512) as stream:
                 assert stream.read() == self.get(url, storage_options, 512)
 
     def test_object_replaced_between_parts(self, base_url: str, storage_options: dict) -> None:
