@@ -557,9 +557,7 @@ class Controller:
             )
             return self._reprobe(level, now)
         why_not = (
-            self._opens(level)
-            if self._opening
-            else self._pays(level, up, rate, remaining, connection_rate, part_size)
+            self._opens(level) if self._opening else self._pays(level, up, rate, remaining, connection_rate, part_size)
         )
         if why_not is not None:
             self.reason = f"the reader waits {share:.0%} of the time at {mb:.0f} MB/s, but more connections would not pay: {why_not}"
