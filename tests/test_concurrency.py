@@ -23,7 +23,6 @@ from wds_cloud.io.parallel import (
     connection_rate,
     part_step,
 )
-from wds_cloud.testing.faults import FaultProxy
 from wds_cloud.testing.link import EmulatedLink
 from wds_cloud.testing.objects import HTTPObjectHandler, Server, Store, http_server
 
@@ -1022,38 +1021,3 @@ def test_a_host_crowded_after_the_climb_by_less_than_a_fall_is_searched_again_at
     store = SimulatedStore(rate)
     controller = store.run(Controller(16), 25.0)
     assert held(store.levels[2 * len(store.levels) // 3 :]) <= 5, controller.report()
-
-
-def test_a_reader_blocked_on_a_shards_first_byte_counts_as_waiting(fresh_hosts):
-    """Many small shards behind a slow first byte, prefetch=4: the reader spends its time opening shards, which
-    counts as waiting for the host's bytes, and the level rises above one connection (it stayed at one, saying
-    the reader was not waiting)."""
-    server, store = http_server()
-    try:
-        for i in range(24):
-            store.put(f"/b/s-{i:02d}.tar", shard_bytes(f"{i}-", samples=2, size=1000))
-        with FaultProxy(server.url, latency=0.05) as proxy:
-            ds = wds.WebDataset(f"http://127.0.0.1:{proxy.port}/b/s-{{00..23}}.tar", shardshuffle=False, prefetch=4)
-            assert len(list(ds)) == 48
-            (figures,) = ds.stats.hosts.values()
-        assert figures["level"] > 1 or max(figures["rates"]) > 1, figures
-        assert figures["waiting"] >= concurrency.WAIT_SHARE and "not waiting" not in figures["why"], figures
-    finally:
-        server.stop()
-
-
-def test_waiting_for_first_bytes_pays_only_with_more_shards_named_than_the_level_asks_for():
-    """A window spent waiting for shards' first bytes climbs while more shards are read or named next than the
-    level requests (one connection asks for two: the next one's goes out before the current one ends)."""
-    for shards, climbs in ((2, False), (5, True)):
-        controller = Controller(16)
-        controller.first_byte(0.1)
-        controller.received(1000, 0.0)
-        controller.received(1000, 0.01)
-        controller.waited(0.5, first=True)
-        for i in range(8):
-            controller.received(1000, 0.02 + i * 0.08)
-        assert controller.due(0.7)
-        changed = controller.decide(0.7, remaining=0, connection_rate=1e9, part_size=8 << 20, shards=shards)
-        assert (changed is not None and changed > 1) is climbs, controller.report()
-        assert controller.report()["waiting"] >= concurrency.WAIT_SHARE

@@ -178,8 +178,6 @@ class Controller:
         self._settled: Optional[float] = None  # the rate of the level held, as it came to be held
         self._fresh = False  # the window just closed was left out of the level's rate (a trial's first)
         self._fallen: Optional[tuple[int, float]] = None  # (bytes, seconds) of a window that fell, to be confirmed
-        self._shards: Optional[int] = None  # the shards being read or named next, as of the last decision
-        self._opening = False  # the last window's waiting was mostly for shards' first bytes
         self._open_window(None, settle=0.0)
 
     # the window being measured
@@ -190,7 +188,6 @@ class Controller:
         self._bytes = 0
         self._arrivals = 0
         self._waited = 0.0
-        self._waited_first = 0.0  # of which for a shard's first byte (the reader blocked opening it)
         self._busy = 0.0
         self._busy_at: Optional[float] = None
 
@@ -350,13 +347,11 @@ class Controller:
             self._arrivals += 1
             self._last = now
 
-    def waited(self, seconds: float, first: bool = False) -> None:
-        """The reader was blocked ``seconds`` waiting for the host's bytes (``first``: for a shard's first byte)."""
+    def waited(self, seconds: float) -> None:
+        """The reader was blocked ``seconds`` waiting for the host's bytes."""
         with self._lock:
             if self._started is not None:
                 self._waited += seconds
-                if first:
-                    self._waited_first += seconds
 
     def due(self, now: float) -> bool:
         """Whether the current window is long enough to decide on."""
@@ -392,13 +387,11 @@ class Controller:
         remaining: Optional[int] = None,
         connection_rate: Optional[float] = None,
         part_size: Optional[int] = None,
-        shards: Optional[int] = None,
     ) -> Optional[int]:
         """Close the window: the new level when it changes, else None.  ``remaining``: the bytes the
         reader has still to get from this host as far as is known (None: unknown, taken as plenty);
         ``connection_rate``: bytes/s one connection carries while a body flows (None: unknown);
-        ``part_size``: the longest part a new request would ask for; ``shards``: the shards of the host being
-        read or named next (None: unknown), whose first requests more connections could send at once."""
+        ``part_size``: the longest part a new request would ask for."""
         with self._lock:
             if not self.due(now):
                 return None
@@ -407,10 +400,6 @@ class Controller:
             seconds = self._seconds = now - self._started
             rate = self._bytes / seconds
             share = min(1.0, self._waited / seconds)
-            self._shards = shards
-            # the reader waited mostly for shards' first bytes: more connections pay only by asking for more shards
-            # at once (a part's flow against its first byte, or the bytes left, do not say whether they do)
-            self._opening = self._waited_first >= 0.5 * self._waited > 0
             used = self._busy / seconds
             self.waiting = share
             self.decisions += 1
@@ -556,9 +545,7 @@ class Controller:
                 else "best measured"
             )
             return self._reprobe(level, now)
-        why_not = (
-            self._opens(level) if self._opening else self._pays(level, up, rate, remaining, connection_rate, part_size)
-        )
+        why_not = self._pays(level, up, rate, remaining, connection_rate, part_size)
         if why_not is not None:
             self.reason = f"the reader waits {share:.0%} of the time at {mb:.0f} MB/s, but more connections would not pay: {why_not}"
             return self._reprobe(level, now)
@@ -645,18 +632,6 @@ class Controller:
         if self._ceiling is not None and up >= self._ceiling:
             up = _step(level)  # the ceiling was a bigger jump than a step: the step below it is worth a window
         return up if self._ceiling is None or up < self._ceiling else None
-
-    def _opens(self, level: int) -> Optional[str]:
-        """None where more connections can ask for more shards at once than ``level`` does (the reader waited mostly
-        for shards' first bytes); else why not.  At one connection the next shard's first request already goes out
-        before the current one ends (one beyond the level), so two shards are what one connection requests."""
-        shards = self._shards
-        if shards is None or shards > level + (level == 1):
-            return None
-        return (
-            f"it waits for shards' first bytes, and no more shards ({shards}) are being read or named next than "
-            f"{_conns(level)} already ask for; a larger prefetch lets more connections pay"
-        )
 
     def _pays(
         self,
@@ -762,9 +737,6 @@ class Controller:
         self.__dict__.setdefault("_settled", None)
         self.__dict__.setdefault("inherited", True)
         self.__dict__.setdefault("_last", 0.0)
-        self.__dict__.setdefault("_waited_first", 0.0)
-        self.__dict__.setdefault("_shards", None)
-        self.__dict__.setdefault("_opening", False)
 
 
 def _conns(n: int) -> str:

@@ -370,9 +370,6 @@ class Fetcher:
         self._window: dict[str, int] = {}  # bytes reserved by parts, per host
         self._controllers: dict[tuple, Controller] = {}
         self._single_hosts: set[str] = set()
-        #: the shards last named as coming next (all of them, not only the first ``prefetch``): when the first is
-        #: opened, those after it are named at once (see :meth:`open`)
-        self._named: list[str] = []
 
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
@@ -455,8 +452,6 @@ class Fetcher:
                 self._cancel(other)  # the order went another way: what was fetched ahead of it is dropped
             if obj is not None:
                 self._activate(obj)
-            named = self._named
-            upcoming = named[1:] if named and named[0] == url and offset == 0 else None
         if obj is None:
             found = self._remote(url)
             if found is None:
@@ -474,11 +469,6 @@ class Fetcher:
                 actives = sum(1 for o in self._objects if o.state == _ACTIVE)
                 self._objects.insert(actives, obj)
                 self._pump()
-        if upcoming:
-            # The shards after this one are known: named now, their first requests go out with this one's where the
-            # level has places (at one connection they wait for this one's, as before), so that at a level of
-            # several the reader does not wait for a whole first byte at every shard
-            self.prefetch(upcoming)
         stream = PartedStream(obj, self)
         try:
             stream.wait_planned()
@@ -502,20 +492,18 @@ class Fetcher:
         self._cond.notify_all()
 
     def prefetch(self, urls: Sequence[str]) -> None:
-        """The shards that come next, in order: the first ``prefetch`` of them are requested ahead.  When the first
-        is opened, those after it (to one beyond the first ``prefetch``) are named at once, before its first byte.
+        """The shards that come next, in order: the first ``prefetch`` of them are requested ahead.
 
         An expected shard no longer named is cancelled; an empty list cancels them all (the reader stopped).
         A URL that cannot be opened is left for ``open`` to report.
         """
         self._here()
-        named: list[str] = []  # the first ``prefetch`` and one more: the shard after them, named when the first opens
+        wanted: list[str] = []
         for url in urls:
-            if len(named) > self.depth:
+            if len(wanted) >= self.depth:
                 break
-            if url not in named:
-                named.append(url)
-        wanted = named[: self.depth]
+            if url not in wanted:
+                wanted.append(url)
         with self._cond:
             expected = {o.url: o for o in self._objects if o.state == _PREFETCHED}
         fresh: dict[str, _Object] = {}
@@ -529,7 +517,6 @@ class Fetcher:
             if found is not None:
                 fresh[url] = self._object(url, *found, 0, _PREFETCHED)
         with self._cond:
-            self._named = named
             for obj in list(self._objects):
                 if obj.state == _PREFETCHED and obj.url not in wanted:
                     self._cancel(obj)
@@ -778,7 +765,7 @@ class Fetcher:
         remaining = known_left(mine)
         rate = connection_rate((p for o in mine for p in o.parts[: o.dispatched]), now)
         before = controller.level
-        changed = controller.decide(now, remaining, rate, obj.options.part_size, len(mine))
+        changed = controller.decide(now, remaining, rate, obj.options.part_size)
         self.stats.add(TransferStats(hosts={redact(obj.host): _report(obj)}))
         if changed is not None:
             log.debug("%s: %d -> %d connections (%s)", redact(obj.host), before, changed, controller.reason)
@@ -1044,16 +1031,9 @@ class PartedStream:
         """Wait for the first part's answer; raise its error (a missing object, refused credentials)."""
         obj = self._obj
         first = obj.parts[0]
-        waited: Optional[float] = None
         with self._fetcher._cond:
             while not obj.planned:
-                if waited is None:
-                    waited = time.perf_counter()
                 self._fetcher._cond.wait()
-        if waited is not None:
-            # the reader is blocked on the host's first byte: waiting for bytes as much as in a read (with many
-            # small shards it is nearly all of its waiting, and uncounted the level stayed at one)
-            obj.controller.waited(time.perf_counter() - waited, first=True)
         if first.error is not None and first.filled == 0:
             raise first.error
         self.size, self.version, self.md5 = obj.size, obj.version, obj.md5

@@ -315,9 +315,7 @@ class TarSamples(PassHolder):
                         on_repeat,
                     )
                     if lookahead is not None:
-                        # one more than are fetched ahead: when the next shard is opened, the one after the
-                        # shards fetched ahead then is named at once (before the next shard's first byte)
-                        ahead.prefetch(_urls(lookahead.peek(ahead.prefetch_depth + 1)))
+                        ahead.prefetch(_urls(lookahead.peek(ahead.prefetch_depth)))
                     before = position.samples
                     if limit is None and skipping is None:
                         yield from samples  # the common path: one generator layer per sample, not two
