@@ -25,6 +25,7 @@ from wds_cloud.io import (
     SpooledPut,
     exchange,
     hookimpl,
+    pinning_headers,
     raise_for_status,
 )
 
@@ -75,8 +76,7 @@ class AISBackend(Backend):
         length: Optional[int] = None,
     ) -> InStream:
         headers = self._headers()
-        if version:
-            headers["If-Match"] = version
+        headers.update(pinning_headers(version))
         # the gateway sends the read on to a target, which needs the token too
         return HTTPReadStream(
             self._object_url(url),

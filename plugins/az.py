@@ -24,7 +24,7 @@ from wds_cloud.errors import (
     TransferError,
     redact,
 )
-from wds_cloud.io import FsspecBackend, HTTPReadStream, InStream, ReadStream, hookimpl
+from wds_cloud.io import FsspecBackend, HTTPReadStream, InStream, ReadStream, hookimpl, pinning_headers
 
 REQUIRES = ("adlfs",)
 CREDENTIALS_HINT = (
@@ -227,7 +227,7 @@ class AzureBackend(FsspecBackend):
         signed = self._signed_url(container, blob)
         if signed is None:
             return _ChunkStream(self.fs, url, container, blob, offset, version)
-        headers = {"If-Match": version} if version else {}
+        headers = pinning_headers(version)
         return HTTPReadStream(
             signed,
             offset,

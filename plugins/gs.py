@@ -28,6 +28,7 @@ from wds_cloud.io import (
     OutStream,
     exchange,
     hookimpl,
+    pinning_headers,
     raise_for_status,
 )
 
@@ -126,7 +127,12 @@ class GCSBackend(FsspecBackend):
     ) -> InStream:
         fs = self.fs
         headers = self._auth_headers(url)
-        media = fs.url(self.path(url), generation=version)  # a resumed read asks for the generation first read
+        # a resumed read asks for the generation first read; a version that is no generation (an ETag or a date,
+        # from a GCS-compatible server that sends no x-goog-generation) is asked for by the headers that pin it
+        generation = version if version and version.isdigit() else None
+        if version and generation is None:
+            headers.update(pinning_headers(version))
+        media = fs.url(self.path(url), generation=generation)
         try:
             stream = HTTPReadStream(
                 media,
@@ -144,7 +150,7 @@ class GCSBackend(FsspecBackend):
                     url=url,
                 ) from exc
             raise
-        stream.version = stream.headers.get("x-goog-generation") or stream.etag
+        stream.version = stream.headers.get("x-goog-generation") or stream.version
         return stream
 
     def _auth_headers(self, url: str) -> dict[str, str]:

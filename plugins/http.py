@@ -23,7 +23,9 @@ from wds_cloud.io import (
     SpooledPut,
     exchange,
     hookimpl,
+    pinning_headers,
     raise_for_status,
+    version_of,
 )
 
 HINT = "pass the header it needs in storage_options={'headers': {'Authorization': ...}}"
@@ -53,15 +55,15 @@ class HTTPBackend(Backend):
         length: Optional[int] = None,
     ) -> InStream:
         headers = self._headers
-        if version:
-            headers["If-Match"] = version
+        headers.update(pinning_headers(version))
         return HTTPReadStream(url, offset, headers, timeout or self._timeout, credentials_hint=HINT, length=length)
 
     def stat(self, url: str) -> ObjectInfo:
         with exchange("HEAD", url, self._headers, timeout=self._timeout) as response:
             raise_for_status(response, url, HINT)
             length = response.getheader("Content-Length")
-            return ObjectInfo(url, int(length) if length is not None else None, response.getheader("ETag"))
+            version = version_of(response.getheader("ETag"), response.getheader("Last-Modified"))
+            return ObjectInfo(url, int(length) if length is not None else None, version)
 
     def list(self, prefix: str) -> Iterator[str]:
         base = prefix if prefix.endswith("/") else prefix.rsplit("/", 1)[0] + "/"

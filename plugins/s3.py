@@ -24,7 +24,7 @@ from wds_cloud.errors import (
     WdsCloudError,
     redact,
 )
-from wds_cloud.io import FsspecBackend, HTTPReadStream, InStream, hookimpl, require
+from wds_cloud.io import FsspecBackend, HTTPReadStream, InStream, hookimpl, pinning_headers, require
 
 REQUIRES = ("s3fs", "botocore")
 CREDENTIALS_HINT = (
@@ -357,7 +357,7 @@ class S3Backend(FsspecBackend):
         appears in messages (they name the s3:// URL).
         """
         bucket, key = split(url)
-        headers = {"If-Match": version} if version else {}
+        headers = pinning_headers(version)
         try:
             signed = self.presign(bucket, key)
             stream = HTTPReadStream(

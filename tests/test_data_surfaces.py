@@ -23,7 +23,7 @@ from wds_cloud.errors import (
 )
 from wds_cloud.io.security import UntrustedURL, check_pipe, resolve, untrusted
 from wds_cloud.manifest import load_manifest
-from wds_cloud.testing.objects import HTTPObjectHandler, Server, Store, http_server
+from wds_cloud.testing.objects import HTTPObjectHandler, Server, Store, http_server, parse_range
 
 from .conftest import make_shards
 
@@ -272,8 +272,7 @@ class _Claiming(HTTPObjectHandler):
 
     def _send_object(self, key, extra_headers=None):
         data = self.store.objects[key]
-        rng = self.headers.get("Range")
-        start, end = (int(x) for x in rng.split("=")[1].split("-")) if rng else (0, len(data) - 1)
+        start, end = parse_range(self.headers.get("Range"), len(data)) or (0, len(data) - 1)
         body = data[start : end + 1]
         self.send_response(206)
         self.send_header("Content-Length", str(len(body)))

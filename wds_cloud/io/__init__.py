@@ -16,7 +16,15 @@ from .atomic import AtomicFile
 from .backend import Backend, InStream, ObjectInfo, OutStream, ReadStream, missing_modules, require, skip
 from .fsbackend import FsspecBackend
 from .hookspecs import hookimpl, hookspec
-from .httpstream import HTTPReadStream, connection_error, exchange, raise_for_status, request
+from .httpstream import (
+    HTTPReadStream,
+    connection_error,
+    exchange,
+    pinning_headers,
+    raise_for_status,
+    request,
+    version_of,
+)
 from .mapped import map_file
 from .open import gopen, open_backend, rewrite_url
 from .pipes import Pipe
@@ -46,6 +54,8 @@ __all__ = [
     "exchange",
     "raise_for_status",
     "connection_error",
+    "version_of",
+    "pinning_headers",
     "SpooledPut",
     "FsspecUpload",
     "AtomicFile",

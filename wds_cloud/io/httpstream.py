@@ -36,7 +36,15 @@ from ..errors import (
 from .backend import read_to_end, skip
 from .keepalive import POOL, STALE
 
-__all__ = ["HTTPReadStream", "request", "exchange", "raise_for_status", "connection_error"]
+__all__ = [
+    "HTTPReadStream",
+    "request",
+    "exchange",
+    "raise_for_status",
+    "connection_error",
+    "version_of",
+    "pinning_headers",
+]
 
 REDIRECTS = {301, 302, 303, 307, 308}
 
@@ -94,8 +102,52 @@ def _connection(parts: urllib.parse.SplitResult, timeout: float) -> http.client.
 
 #: headers a redirect to another host (or from https to http) keeps; every other one may carry a credential
 _REDIRECT_SAFE = frozenset(
-    {"range", "if-match", "if-none-match", "accept", "accept-encoding", "user-agent", "content-type", "content-length"}
+    {
+        "range",
+        "if-match",
+        "if-none-match",
+        "if-unmodified-since",
+        "accept",
+        "accept-encoding",
+        "user-agent",
+        "content-type",
+        "content-length",
+    }
 )
+
+#: how a version taken from ``Last-Modified`` begins (an ETag begins with a quote, or ``W/``)
+_MODIFIED = "Last-Modified: "
+
+
+def version_of(etag: Optional[str], last_modified: Optional[str]) -> Optional[str]:
+    """The version of an object as an HTTP answer names it: its ETag; without one, its ``Last-Modified`` date
+    (``"Last-Modified: Tue, 15 Nov 1994 08:12:31 GMT"``); None when the server sends neither.
+
+    A server without ETags (Python's ``http.server``, RangeHTTPServer, many file servers) still says when
+    the object last changed: a part answered with another date is another version.  The object's size is
+    compared beside the version wherever the version is (a replacement of another size is caught even within
+    the one second a date can tell apart)."""
+    if etag and etag.strip():
+        return etag.strip()
+    if last_modified and last_modified.strip():
+        return _MODIFIED + last_modified.strip()
+    return None
+
+
+def pinning_headers(version: Optional[str]) -> dict[str, str]:
+    """The request headers that ask a server for ``version`` (from :func:`version_of`) and no other.
+
+    A strong ETag is ``If-Match``; a weak one (``W/"..."``) asks for nothing, as ``If-Match`` compares strong
+    tags only and a server that honours it would refuse every part; a ``Last-Modified`` version is
+    ``If-Unmodified-Since``.  Servers may ignore these headers: every answer's version is compared with the
+    pinned one as well (:class:`~wds_cloud.io.resilient.ResumableStream`)."""
+    if not version or not _sendable_header(version):  # a value HTTP cannot carry back: the answers are compared
+        return {}
+    if version.startswith(_MODIFIED):
+        return {"If-Unmodified-Since": version[len(_MODIFIED) :]}
+    if version.startswith("W/"):
+        return {}
+    return {"If-Match": version}
 
 
 def _same_trust(old: urllib.parse.SplitResult, new: urllib.parse.SplitResult) -> bool:
@@ -344,10 +396,13 @@ def whole_object_md5(headers: Mapping[str, str], whole: bool) -> Optional[str]:
 class HTTPReadStream:
     """The body of ``GET url`` from byte ``offset``, readable with ``read``/``readinto``.
 
-    ``size`` is the whole object's size and ``etag`` its version tag, when the
-    server sent them.  Every read returns what one receive brought (``partial_reads``),
-    so a fault never discards bytes already received; ``skipped`` counts the bytes a
-    server that ignores Range sent before ``offset`` (refetched, then dropped).
+    ``size`` is the whole object's size, ``etag`` its ETag and ``version`` its version
+    (:func:`version_of`: the ETag, else the ``Last-Modified`` date), when the server sent
+    them.  Every request asks with a ``Range`` (``bytes=0-`` for the whole object), so
+    ``ranged`` tells whether the server honours ranges.  Every read returns what one
+    receive brought (``partial_reads``), so a fault never discards bytes already received;
+    ``skipped`` counts the bytes a server that ignores Range sent before ``offset``
+    (refetched, then dropped).
     """
 
     partial_reads = True
@@ -385,23 +440,26 @@ class HTTPReadStream:
         self.skipped = 0
         self._pending: Optional[bytes] = None  # http.client's buffered body bytes, taken once
         self._direct: Optional[bool] = None
-        #: whether the server honoured the Range asked for (None: none was asked)
-        self.ranged: Optional[bool] = None if (wanted is None and not offset) else True
+        #: whether the server honoured the Range asked for (None: it cannot tell, an empty object answered whole)
+        self.ranged: Optional[bool] = True
+        self._beyond = 0  # bytes of an answer that ignored Range past the length asked for (see read_on)
         request_headers = dict(headers or {})
         if wanted is not None:  # a bounded range: the server sends no more than asked
             request_headers["Range"] = f"bytes={offset}-{offset + max(wanted, 1) - 1}"
-        elif offset:
+        else:
+            # from 0 as well: the answer then says whether the server honours Range (206) or not (200), before
+            # a reader in parallel parts asks it for any part (a 200 to each part would be the whole object)
             request_headers["Range"] = f"bytes={offset}-"
         self._conn, self._response = request(
             "GET", url, request_headers, timeout=timeout, display_url=self.url, trust_redirects=trust_redirects
         )
         try:
             # a range from the very end (or any range of an empty object) is not satisfiable: nothing left
-            if self._response.status == 416 and (offset or wanted is not None):
+            if self._response.status == 416:
                 self.size: Optional[int] = offset
                 self._response.read()
                 self.remaining: Optional[int] = 0
-                self.etag = self.version = self.md5 = None
+                self.etag = self.last_modified = self.version = self.md5 = None
                 self.headers = {}
                 self.closed = False
                 return
@@ -412,21 +470,28 @@ class HTTPReadStream:
         header = self._response.getheader("Content-Length")
         self.remaining = self._header_int("Content-Length", header) if header is not None else None
         content_range = self._response.getheader("Content-Range")
-        if (offset or wanted is not None) and self._response.status == 200:  # the server ignored Range
-            self.ranged = False
+        if self._response.status == 200:  # the server ignored Range
+            # (an empty object tells nothing: a range of it cannot be satisfied, and a 200 is a fair answer)
+            self.ranged = None if (self.remaining == 0 and not offset) else False
             self._discard(offset)
             self.size = self.remaining + offset if self.remaining is not None else None
-            if wanted is not None and self.remaining is not None:
-                self.remaining = min(self.remaining, wanted)  # the rest of the body is left unread
+            if wanted is not None and self.remaining is not None and self.remaining > wanted:
+                # the rest of the body is left unread, unless the reader goes on (read_on)
+                self._beyond, self.remaining = self.remaining - wanted, wanted
         elif content_range and "/" in content_range and not content_range.endswith("*"):
             self.size = self._header_int("Content-Range", content_range.rsplit("/", 1)[1])
             self._check_range(content_range, offset)
         else:
             self.size = (self.remaining + offset) if self.remaining is not None else None
         self.etag = self._response.getheader("ETag")
-        self.version = self.etag
+        self.last_modified = self._response.getheader("Last-Modified")
+        self.version = version_of(self.etag, self.last_modified)
         self.headers = self._response.headers
-        self.md5 = whole_object_md5(self.headers, whole=self._response.status == 200)
+        # the body is the whole object: an answer that ignored Range, or a range from 0 that covers it all
+        whole = self._response.status == 200 or (
+            offset == 0 and self.remaining is not None and self.remaining == self.size
+        )
+        self.md5 = whole_object_md5(self.headers, whole=whole)
         self._body = self.remaining  # the bytes this response should bring from ``offset``
         self.closed = False
 
@@ -442,6 +507,18 @@ class HTTPReadStream:
                 offset=offset,
                 status=206,
             )  # 206: no retry gets other bytes
+
+    def read_on(self) -> bool:
+        """Go on past the length asked for, to the end of the object, in this same response: where the server
+        ignored Range it is sending the whole object anyway, and the rest costs no request.  False where it
+        honoured the range (this answer ends where it was asked to end)."""
+        if self.ranged is not False:
+            return False
+        if self.remaining is not None:
+            self.remaining += self._beyond
+            self._body = (self._body or 0) + self._beyond
+        self._beyond = 0
+        return True
 
     def _discard(self, n: int) -> None:
         self.skipped += skip(self._response.read, n)
@@ -561,7 +638,7 @@ class HTTPReadStream:
         reusable = (
             getattr(self, "remaining", None) == 0
             and not self._pending
-            and self.ranged is not False
+            and not getattr(self, "_beyond", 0)  # an answer that ignored Range, cut short: its rest is on the wire
             and response.status in (200, 206, 416)
             and not response.will_close
             and conn.sock is not None

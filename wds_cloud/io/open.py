@@ -252,8 +252,8 @@ class RemoteObject:
     ) -> ResumableStream:
         """A :class:`ResumableStream` over ``[offset, end)``; ``version``/``size`` pin it to a version read before."""
 
-        def opener(at: int, pinned: Optional[str]) -> InStream:
-            return self.open_at(at, pinned, end)
+        def opener(at: int, pinned: Optional[str], until: Optional[int]) -> InStream:
+            return self.open_at(at, pinned, until)
 
         return ResumableStream(opener, self.url, offset, self.policy, sink, end=end, version=version, size=size)
 

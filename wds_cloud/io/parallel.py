@@ -15,7 +15,9 @@ the tar reader in order as one stream (:class:`PartedStream`):
   and the rest is split into parts of at most ``part_size`` (at least as many as the level while each
   keeps :data:`MIN_PART`, or the whole ``part_size`` where that is smaller; ``part_size`` itself is at
   least :data:`~wds_cloud.config.MIN_PART_SIZE`, 64 KiB).  A store that ignores ``Range`` is read as
-  one stream, and so is every later shard of that host;
+  one stream, and so is every later shard of that host: its first answer to a ranged request (every
+  request asks with one, from byte 0 too) is the whole object, read on as that shard's one stream, and
+  no part goes to that host after it;
 - every part is a :class:`~wds_cloud.io.resilient.ResumableStream` pinned to the version of the
   first part: a fault resumes that part at its next unread byte, and an object replaced between
   parts raises :class:`~wds_cloud.errors.ObjectChangedError`, never a splice;
@@ -699,15 +701,21 @@ class Fetcher:
         first = obj.parts[0]
         obj.size, obj.version, obj.md5 = stream.size, stream.version, stream.md5
         if not stream.ranged:
-            self._single_hosts.add(obj.host)
-            log.info("%s: the server ignores Range requests; reading its shards as one stream", redact(obj.url))
-        if first.streamed:
+            self._ignores_range(obj)
+        if not stream.ranged and stream.read_on():
+            # the answer is the whole object from its start (what came before the part was dropped): the shard is
+            # this one request, read to its end, never a second one for the rest
+            first.streamed = True
+            first.end = max(first.start, obj.size) if obj.size is not None else None
+            first.cap = obj.options.part_size
+            first.limit = FIRST_SAMPLE_BYTES if obj.state == _PREFETCHED else None
+        elif first.streamed:
             if obj.size is not None:
                 first.end = max(first.start, obj.size)  # one request for the whole rest of the shard
         else:
             if obj.size is not None:
                 first.end = max(first.start, min(first.end or 0, obj.size))
-            if not stream.ranged or obj.size is None:
+            if not stream.ranged or obj.size is None or obj.host in self._single_hosts:
                 obj.single = True  # the rest, if any, as one stream (see PartedStream)
             else:
                 assert first.end is not None
@@ -720,6 +728,38 @@ class Fetcher:
             self._split(obj)
         self._cond.notify_all()
         self._pump()
+
+    def _ignores_range(self, obj: _Object) -> None:
+        """``obj``'s host answered a ranged GET with the whole object: no further part of any shard goes to it
+        (each would be the whole object again, cut off after its range).  Its shards not yet opened are read as
+        one stream each; the parts planned and not yet asked for, of the shards of the host being read or
+        fetched ahead, are dropped, and the rest of each such shard is one stream after the parts in flight
+        (lock held)."""
+        if obj.host not in self._single_hosts:
+            self._single_hosts.add(obj.host)
+            log.info("%s: the server ignores Range requests; reading its shards as one stream", redact(obj.url))
+        for other in self._objects:
+            if other.host != obj.host or other.state == _CLOSED or not other.planned or other.single:
+                continue
+            if other.dispatched < other.total:
+                del other.parts[other.dispatched :]
+                other.total = other.dispatched
+                other.single = True
+        self._cond.notify_all()
+
+    def _host_report(self, obj: _Object) -> dict:
+        """``obj``'s host as ``ds.stats.hosts`` shows it (:func:`_report`), and whether it ignores Range requests
+        (then one stream per shard, whatever the level measured before)."""
+        figures = _report(obj)
+        ignores = obj.host in self._single_hosts
+        figures["ignores_range"] = ignores
+        if ignores:
+            figures["level"] = 1
+            figures["why"] = (
+                "the server ignores Range requests (it answered a ranged GET with the whole object): "
+                "each shard is read as one stream, one GET per shard"
+            )
+        return figures
 
     def _split(self, obj: _Object) -> None:
         """More connections were chosen while ``obj`` streams on one: its request stops a little ahead of
@@ -766,7 +806,7 @@ class Fetcher:
         rate = connection_rate((p for o in mine for p in o.parts[: o.dispatched]), now)
         before = controller.level
         changed = controller.decide(now, remaining, rate, obj.options.part_size)
-        self.stats.add(TransferStats(hosts={redact(obj.host): _report(obj)}))
+        self.stats.add(TransferStats(hosts={redact(obj.host): self._host_report(obj)}))
         if changed is not None:
             log.debug("%s: %d -> %d connections (%s)", redact(obj.host), before, changed, controller.reason)
             for other in self._objects:
@@ -801,6 +841,13 @@ class Fetcher:
                 if part.index == 0:
                     self._planned(obj, stream)
                     self._offer(part)
+                elif not stream.ranged:  # a host that honoured the first range ignores this one
+                    self._ignores_range(obj)
+                    if part.index == obj.total - 1 and obj.size is not None and stream.read_on():
+                        part.end, obj.single = obj.size, False  # the rest of the shard is this answer too
+                        if part.length is not None and part.length > obj.options.part_size:
+                            part.cap = obj.options.part_size
+                        self._reserve(part)
             while True:
                 with cond:
                     while True:
@@ -1212,7 +1259,7 @@ class PartedStream:
                 streams=1,
                 seconds=time.perf_counter() - obj.created,
                 concurrency=obj.peak,
-                hosts={redact(obj.host): _report(obj)},
+                hosts={redact(obj.host): self._fetcher._host_report(obj)},
             )
         )
 

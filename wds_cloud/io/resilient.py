@@ -5,10 +5,14 @@ connection is reset, stalls past the read timeout, ends before the size the
 first response announced, or the store answers 5xx / 429 / ``SlowDown``, it
 reopens the object **at the next unread byte** with a Range request, after a
 bounded exponential backoff with jitter.  The resumed request is pinned to the
-version first read (``If-Match`` on the ETag, the GCS generation, the Azure
-ETag): if the object was replaced meanwhile, :class:`ObjectChangedError` is
-raised instead of splicing two versions.  The reader above sees one
-continuous byte stream, so no sample is lost and none is repeated.
+version first read (``If-Match`` on the ETag, ``If-Unmodified-Since`` on the
+``Last-Modified`` date of a server without ETags, the GCS generation, the Azure
+ETag), and every answer's version and size are compared with the first's (a
+server may ignore the condition): if the object was replaced meanwhile,
+:class:`ObjectChangedError` is raised instead of splicing two versions.  The
+reader above sees one continuous byte stream, so no sample is lost and none is
+repeated.  Where the store names no version at all (neither an ETag nor a date),
+only a change of size can be seen.
 """
 
 from __future__ import annotations
@@ -175,7 +179,7 @@ def is_transient(exc: BaseException) -> bool:
 
 
 class ResumableStream:
-    """A read stream over ``opener(offset, version)`` that recovers from faults (see the module docstring)."""
+    """A read stream over ``opener(offset, version, end)`` that recovers from faults (see the module docstring)."""
 
     def __init__(
         self,
@@ -218,10 +222,10 @@ class ResumableStream:
         while True:
             attempt += 1
             try:
-                stream = self._opener(self.position, self.version)
+                stream = self._opener(self.position, self.version, self.end)
             except BaseException as exc:
                 if self._is_version_change(exc) and (self._pinned or not first):
-                    raise self._changed(exc) from exc
+                    raise self._changed(self._refused(exc)) from exc
                 if first and not is_transient(exc):
                     raise
                 if not is_transient(exc) or attempt >= self.policy.attempts:
@@ -246,24 +250,48 @@ class ResumableStream:
         size = getattr(stream, "size", None)
         # A store that ignores the condition and gives no version cannot show it served the pinned one: an
         # answer without a version where one was pinned is a change, never a match.
-        if (self.version and served != self.version) or (
-            size is not None and self.size is not None and size != self.size
-        ):
+        what = None
+        if self.version and served != self.version:
+            what = (
+                f"the server now sends no version where the first answer said {self.version!r:.80}"
+                if not served
+                else f"its version was {self.version!r:.80}, the server now says {served!r:.80}"
+            )
+        elif size is not None and self.size is not None and size != self.size:
+            what = f"it was {self.size} bytes, the server now says {size}"
+        if what is not None:
             try:
                 stream.close()
             finally:
-                raise self._changed(None)
+                raise self._changed(what)
 
     def _is_version_change(self, exc: BaseException) -> bool:
         return isinstance(exc, ObjectChangedError) or getattr(exc, "status", None) == 412
 
-    def _changed(self, exc: Optional[BaseException]) -> ObjectChangedError:
+    def _refused(self, exc: BaseException) -> str:
+        """What a store's refusal of the pinned version says changed."""
+        if getattr(exc, "status", None) == 412:
+            return f"the server refused the version first read, {self.version!r:.80} (HTTP 412 Precondition Failed)"
+        return f"the store no longer serves the version first read, {self.version!r:.80}"
+
+    def _changed(self, what: str) -> ObjectChangedError:
+        """The object was replaced while it was read; ``what`` says what changed."""
         return ObjectChangedError(
-            f"{redact(self.url)}: the object changed while it was being read (version {self.version!r}, "
-            f"at byte {self.position} of {self.size}); two versions are never spliced: read it again",
+            f"{redact(self.url)}: the object changed while it was being read ({what}; at byte {self.position} "
+            f"of {self.size}); two versions are never spliced: read it again",
             url=self.url,
             offset=self.position,
         )
+
+    def read_on(self) -> bool:
+        """Read on past ``end`` to the end of the object, in the response this stream has: for a store that ignored
+        Range and is sending the whole object anyway (the rest then costs no request).  False where the stream
+        cannot (a store that honoured the range: its answer ends where it was asked to)."""
+        read_on = getattr(self._stream, "read_on", None)
+        if read_on is None or not read_on():
+            return False
+        self.end = None  # a resumed request asks for the rest of the object too
+        return True
 
     def _exhausted(self, exc: BaseException, attempts: int) -> TransferError:
         return TransferError(
@@ -313,14 +341,14 @@ class ResumableStream:
                 raise self._exhausted(exc, self._failures) from exc
             self._backoff(self._failures, exc)
             try:
-                stream = self._opener(self.position, self.version)
+                stream = self._opener(self.position, self.version, self.end)
                 self._check_version(stream)
                 self._stream = stream
                 self.stats.bytes_refetched += getattr(stream, "skipped", 0)
                 break
             except BaseException as again:
                 if self._is_version_change(again):
-                    raise self._changed(again) from again
+                    raise self._changed(self._refused(again)) from again
                 if not is_transient(again):
                     raise
                 self._failures += 1
@@ -393,7 +421,7 @@ class ResumableStream:
                         f"{redact(self.url)}: the read was cancelled", url=self.url, offset=self.position, status=499
                     ) from None  # 499: client closed
                 if self._is_version_change(exc):
-                    raise self._changed(exc) from exc
+                    raise self._changed(self._refused(exc)) from exc
                 if not is_transient(exc):
                     raise
                 if not getattr(self._stream, "partial_reads", False):

@@ -24,7 +24,8 @@ and read through a ``WDS_REWRITE`` rule that points at it.
 
 When the backend declares ``ranged_reads``, the suite also checks parallel ranged reads: parts on
 several connections give the bytes and samples of one stream (plain and gzip shards), and an
-object replaced between parts raises ``ObjectChangedError``.
+object replaced between parts raises ``ObjectChangedError``, also when the replacement has the same size
+(where a read names the object's version: without one, only a change of size can be seen).
 
 The fault tests run when the subclass also says how to reach the store through
 a :class:`~wds_cloud.testing.faults.FaultProxy` (connection resets, stalls,
@@ -258,6 +259,26 @@ class BackendConformance:
                 while stream.read(65536):
                     pass
 
+    def _versioned(self, url: str, storage_options: dict) -> None:
+        """Skip unless a read of ``url`` names its version (the ``version`` of the stream ``gopen`` opens)."""
+        with gopen(url, "rb", storage_options=storage_options) as stream:
+            if getattr(stream, "version", None) is None:
+                pytest.skip("the store's reads name no version: a replacement of the same size cannot be seen")
+
+    def test_object_replaced_by_one_of_the_same_size_between_parts(self, base_url: str, storage_options: dict) -> None:
+        """A replacement of the same size, seen by its version alone: ObjectChangedError, never a splice."""
+        self._ranged(base_url, storage_options)
+        url = base_url + "swapped-same-size.bin"
+        old = PAYLOAD * 64
+        self.put(url, old, storage_options)
+        self._versioned(url, storage_options)
+        with Fetcher(storage_options, part_size=65536, concurrency=2, prefetch=0).open(url) as stream:
+            assert stream.read(1000) == old[:1000]
+            self.put(url, old[::-1], storage_options)
+            with pytest.raises(ObjectChangedError, match="changed"):
+                while stream.read(65536):
+                    pass
+
     # faults
     #: how the store says "slow down": (status, body) the proxy answers with in the throttling test
     throttle: tuple = (429, b"")
@@ -309,6 +330,23 @@ class BackendConformance:
         with gopen(url.replace(base_url, proxied_base), storage_options=proxied_options) as stream:
             assert stream.read(100_000) == (PAYLOAD * 50)[:100_000]
             self.put(url, b"new version" * 50000, storage_options)
+            with pytest.raises(ObjectChangedError, match="changed"):
+                while stream.read(65536):
+                    pass
+
+    def test_object_replaced_by_one_of_the_same_size_mid_read(
+        self, faults, base_url: str, storage_options: dict
+    ) -> None:
+        """A replacement of the same size, met on resume after a reset: ObjectChangedError, no splicing."""
+        proxy, proxied_base, proxied_options = faults
+        url = base_url + "changing-same-size.bin"
+        old = PAYLOAD * 50
+        self.put(url, old, storage_options)
+        self._versioned(url, storage_options)
+        proxy.reset_after = 400_000
+        with gopen(url.replace(base_url, proxied_base), storage_options=proxied_options) as stream:
+            assert stream.read(100_000) == old[:100_000]
+            self.put(url, old[::-1], storage_options)
             with pytest.raises(ObjectChangedError, match="changed"):
                 while stream.read(65536):
                     pass

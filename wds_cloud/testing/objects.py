@@ -14,10 +14,17 @@ With :class:`~wds_cloud.testing.faults.FaultProxy` in front it is a distant stor
 :mod:`wds_cloud.testing.link`).  With ``range_cost`` it is a store where every GET, ranged or not,
 costs time in proportion to the whole object, one request at a time (as a store that reads the whole
 object for each request does): ``http_server(range_cost=0.01)`` charges 10 ms per MB of the object.
+
+``validators`` says how answers name an object's version: ``"etag"`` (a strong ETag, and ``Last-Modified``),
+``"weak"`` (a weak ETag, ``W/"..."``, and ``Last-Modified``), ``"last-modified"`` (no ETag, as Python's
+``http.server`` and RangeHTTPServer answer) or ``"none"``; each version of an object is dated one second after
+the one before.  ``conditions=False`` ignores ``If-Match`` and ``If-Unmodified-Since``, as those file servers do
+(by default they are honoured, ``If-Match`` comparing strong tags only, as RFC 9110 says).
 """
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import html
 import json
@@ -48,12 +55,25 @@ class ThreadingHTTPServer(_ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
-class Store:
-    """Objects in memory, with an ETag per version."""
+#: the date of the first version stored (each later one is a second after the one before)
+_FIRST_DATE = 1_700_000_000
 
-    def __init__(self) -> None:
+#: how answers may name a version (see the module docstring)
+VALIDATORS = ("etag", "weak", "last-modified", "none")
+
+
+class Store:
+    """Objects in memory, with an ETag and a modification date per version."""
+
+    def __init__(self, validators: str = "etag", conditions: bool = True) -> None:
+        if validators not in VALIDATORS:
+            raise ValueError(f"validators={validators!r}: expected one of {', '.join(VALIDATORS)}")
+        self.validators = validators
+        self.conditions = conditions
         self.objects: dict[str, bytes] = {}
         self.etags: dict[str, str] = {}
+        self.modified: dict[str, float] = {}  # seconds since the epoch, one second apart per version stored
+        self._versions = 0
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str, Optional[str]]] = []
         self.bytes_sent = 0
@@ -68,6 +88,8 @@ class Store:
         with self.lock:
             self.objects[key] = data
             self.etags[key] = etag
+            self._versions += 1
+            self.modified[key] = _FIRST_DATE + self._versions
 
     def put_directory(self, directory: str) -> None:
         """Store every file of ``directory`` as ``/NAME``."""
@@ -79,6 +101,34 @@ class Store:
 
     def etag(self, key: str) -> str:
         return self.etags[key]
+
+    def version_headers(self, key: str) -> dict[str, str]:
+        """The headers that name the stored version of ``key``, as ``validators`` says."""
+        headers = {}
+        if self.validators in ("etag", "weak"):
+            headers["ETag"] = ("W/" if self.validators == "weak" else "") + self.etags[key]
+        if self.validators != "none":
+            headers["Last-Modified"] = email.utils.formatdate(self.modified[key], usegmt=True)
+        return headers
+
+    def refuses(self, key: str, if_match: Optional[str], if_unmodified_since: Optional[str]) -> bool:
+        """Whether the conditions of a request fail for the stored version of ``key`` (HTTP 412): ``If-Match``
+        compares strong tags only (a weak tag, or none, never matches), ``If-Unmodified-Since`` compares the date
+        (ignored when ``If-Match`` is present, or when the date cannot be read)."""
+        if not self.conditions:
+            return False
+        if if_match is not None:
+            if if_match.strip() == "*":
+                return False
+            strong = self.etags[key] if self.validators == "etag" else None
+            return strong is None or strong not in [tag.strip() for tag in if_match.split(",")]
+        if if_unmodified_since is not None and self.validators in ("etag", "weak", "last-modified"):
+            try:
+                since = email.utils.parsedate_to_datetime(if_unmodified_since).timestamp()
+            except (TypeError, ValueError):
+                return False
+            return self.modified[key] > since
+        return False
 
 
 def parse_range(header: Optional[str], size: int) -> Optional[tuple[int, int]]:
@@ -141,9 +191,7 @@ class ObjectHandler(BaseHTTPRequestHandler):
             if key.endswith("/") or key == "":
                 return self._listing(key)
             return self._error(404, f"{key} does not exist")
-        etag = self.store.etag(key)
-        if_match = self.headers.get("If-Match")
-        if if_match and if_match != etag:
+        if self.store.refuses(key, self.headers.get("If-Match"), self.headers.get("If-Unmodified-Since")):
             return self._error(412, "precondition failed: the object changed")
         rng = parse_range(self.headers.get("Range"), len(data))
         if rng and rng[0] >= len(data):
@@ -155,7 +203,8 @@ class ObjectHandler(BaseHTTPRequestHandler):
         status, body = (206, view[rng[0] : rng[1] + 1]) if rng else (200, view)
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
-        self.send_header("ETag", etag)
+        for name, value in self.store.version_headers(key).items():
+            self.send_header(name, value)
         self.send_header("Accept-Ranges", "bytes")
         if rng:
             self.send_header("Content-Range", f"bytes {rng[0]}-{rng[1]}/{len(data)}")
@@ -191,7 +240,8 @@ class ObjectHandler(BaseHTTPRequestHandler):
         data = self.rfile.read(length)
         self.store.put(key, data)
         self.send_response(201)
-        self.send_header("ETag", self.store.etag(key))
+        for name, value in self.store.version_headers(key).items():
+            self.send_header(name, value)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -226,10 +276,16 @@ class Server:
         self.httpd.server_close()
 
 
-def http_server(token: Optional[str] = None, range_cost: Optional[float] = None) -> tuple[Server, Store]:
+def http_server(
+    token: Optional[str] = None,
+    range_cost: Optional[float] = None,
+    validators: str = "etag",
+    conditions: bool = True,
+) -> tuple[Server, Store]:
     """A server and its store; ``token`` requires that bearer token, ``range_cost`` charges every GET
-    that many seconds per MB of the whole object, one GET at a time."""
-    store = Store()
+    that many seconds per MB of the whole object, one GET at a time; ``validators`` and ``conditions``: how
+    answers name a version and whether requests' conditions are honoured (see the module docstring)."""
+    store = Store(validators, conditions)
     store.range_cost = range_cost
     handler = type("Handler", (HTTPObjectHandler,), {"store": store, "token": token})
     return Server(handler), store
