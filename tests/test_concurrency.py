@@ -1021,3 +1021,30 @@ def test_a_host_crowded_after_the_climb_by_less_than_a_fall_is_searched_again_at
     store = SimulatedStore(rate)
     controller = store.run(Controller(16), 25.0)
     assert held(store.levels[2 * len(store.levels) // 3 :]) <= 5, controller.report()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open fault (adversary F4, present before this session): a reader blocked on a shard's first byte is not "
+    "counted as waiting, so over many small shards behind a slow first byte the level stays at one connection and "
+    "`why` says the reader is not waiting (40 shards at a 0.2 s first byte, prefetch=4: 8.1 s where 4 connections "
+    "pinned take 2.2). A fix (counting the wait, climbing only while more shards are named than the level asks "
+    "for, naming the next shards as one opens) broke the claim queue's shard order and was taken back",
+)
+def test_a_reader_blocked_on_a_shards_first_byte_counts_as_waiting(fresh_hosts):
+    """Many small shards behind a slow first byte, prefetch=4: the reader spends its time opening shards, which
+    should count as waiting for the host's bytes, and the level rise above one connection."""
+    from wds_cloud.testing.faults import FaultProxy
+
+    server, store = http_server()
+    try:
+        for i in range(24):
+            store.put(f"/b/s-{i:02d}.tar", shard_bytes(f"{i}-", samples=2, size=1000))
+        with FaultProxy(server.url, latency=0.05) as proxy:
+            ds = wds.WebDataset(f"http://127.0.0.1:{proxy.port}/b/s-{{00..23}}.tar", shardshuffle=False, prefetch=4)
+            assert len(list(ds)) == 48
+            (figures,) = ds.stats.hosts.values()
+        assert figures["level"] > 1 or max(figures["rates"]) > 1, figures
+        assert figures["waiting"] >= concurrency.WAIT_SHARE and "not waiting" not in figures["why"], figures
+    finally:
+        server.stop()
